@@ -1,0 +1,166 @@
+"""The ``medrobust`` command line (typer).
+
+Kept outside ``medrobust_lib`` because ``demo`` drives Dagster; every other command only needs
+the library. Heavy imports happen inside the commands so ``medrobust --help`` is instant.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="medrobust: how does a medical imaging foundation model fail?")
+
+EXAMPLE_QUERIES = [
+    "select modality, level, round(avg(band_hit_rate), 3) as hit_rate, round(avg(mean_ssim), 3) as ssim "
+    "from perturbation_summary group by all order by all",
+    "select perturbation, level, n, round(mean_strength, 4) as strength, round(mean_ssim, 3) as ssim "
+    "from perturbation_summary where modality = 'mri' order by perturbation, level",
+    "select perturbation, count(*) as unreachable from perturbation_manifest "
+    "where miss_reason = 'unreachable' group by all order by 2 desc",
+]
+
+
+class OutFormat(StrEnum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+    parquet = "parquet"
+
+
+class ImgFormat(StrEnum):
+    png = "png"
+    npy = "npy"
+
+
+def _echo(msg: str) -> None:
+    typer.echo(msg, err=True)
+
+
+@app.command()
+def demo(
+    suite: Annotated[str, typer.Option(help="suite YAML")] = "configs/demo.yaml",
+    workers: Annotated[int, typer.Option(help="processes inside a partition (0: the suite's value)")] = 0,
+) -> None:
+    """Materialize the whole asset graph on the embedded offline demo, with progress."""
+    from medrobust_assets.runner import run_demo
+
+    t0 = time.perf_counter()
+    mart = run_demo(suite, workers=workers, log=_echo)
+    typer.echo(f"\nDone in {time.perf_counter() - t0:.0f} s.")
+    typer.echo(f"  mart:     {mart}   (medrobust query \"SQL\")")
+    typer.echo("  results:  var/results/<table>/  (Parquet, hive-partitioned)")
+    typer.echo("  MLflow:   mlruns/  (make mlflow-ui)      Dagster runs: var/dagster  (make ui)")
+    typer.echo("\nTry:")
+    for q in EXAMPLE_QUERIES:
+        typer.echo(f'  medrobust query "{q}"')
+
+
+@app.command()
+def query(
+    sql: Annotated[str, typer.Argument(help="a read-only SQL statement")],
+    format: Annotated[OutFormat, typer.Option("--format", "-f")] = OutFormat.table,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="write to this file")] = None,
+    mart: Annotated[str, typer.Option(help="DuckDB mart")] = "var/marts.duckdb",
+) -> None:
+    """Run SQL against the mart (opened read-only: statements that write are refused)."""
+    import duckdb
+
+    from medrobust_lib.store.marts import connect_readonly
+
+    try:
+        con = connect_readonly(mart)
+    except FileNotFoundError as exc:
+        _echo(str(exc))
+        raise typer.Exit(2) from None
+    try:
+        df = con.execute(sql).df()
+    except duckdb.Error as exc:
+        _echo(f"query failed: {exc}")
+        raise typer.Exit(1) from None
+    finally:
+        con.close()
+    if format is OutFormat.parquet and output is None:
+        _echo("--format parquet needs --output FILE")
+        raise typer.Exit(2)
+    if format is OutFormat.table:
+        text = df.to_string(index=False) if len(df) else "(no rows)"
+    elif format is OutFormat.csv:
+        text = df.to_csv(index=False)
+    elif format is OutFormat.json:
+        text = df.to_json(orient="records", indent=None, date_format="iso")
+    if output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        if format is OutFormat.parquet:
+            df.to_parquet(output, index=False)
+        else:
+            output.write_text(text)
+        _echo(f"wrote {len(df)} rows to {output}")
+    else:
+        typer.echo(text.rstrip("\n"))
+
+
+@app.command("list-perturbations")
+def list_perturbations_cmd(
+    modality: Annotated[str | None, typer.Option(help="only types for this modality")] = None,
+    format: Annotated[OutFormat, typer.Option("--format", "-f")] = OutFormat.table,
+) -> None:
+    """Every registered perturbation: name, family, modalities, geometry, strength, reference."""
+    from medrobust_lib.perturb.spec import get_perturbation, list_perturbations
+    from medrobust_lib.types import ALL_MODALITIES
+
+    rows = []
+    for name in list_perturbations(modality=modality):
+        s = get_perturbation(name)
+        mods = "all" if set(s.modalities) == set(ALL_MODALITIES) else ",".join(s.modalities)
+        rows.append({"name": name, "family": s.family, "modalities": mods, "geometry": s.geometry,
+                     "channels": s.channels, "strength": f"{s.strength_range[0]:g}..{s.strength_range[1]:g} {s.unit}".strip()
+                     + (" (smaller is stronger)" if s.inverse else ""), "reference": s.reference})
+    if format is OutFormat.json:
+        typer.echo(json.dumps(rows, indent=1))
+        return
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    typer.echo(df.to_csv(index=False) if format is OutFormat.csv else df.to_string(index=False))
+
+
+@app.command()
+def perturb(
+    input: Annotated[Path, typer.Argument(help="image: PNG, JPEG, TIFF, DICOM, NIfTI slice or .npy")],
+    type: Annotated[str, typer.Option("--type", "-t", help="perturbation name or 'all'")] = "all",
+    level: Annotated[str, typer.Option("--level", "-l", help="1..5 or 'all'")] = "all",
+    modality: Annotated[str | None, typer.Option(help="modality; adds its specific types to 'all'")] = None,
+    seed: Annotated[int, typer.Option()] = 0,
+    mask: Annotated[Path | None, typer.Option(help="mask image moved along with spatial types")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="one output file (.png or .npy)")] = None,
+    output_dir: Annotated[Path | None, typer.Option(help="folder for one file per (type, level)")] = None,
+    format: Annotated[ImgFormat, typer.Option("--format", help="file format with --output-dir")] = ImgFormat.png,
+) -> None:
+    """Perturb one image file at calibrated severities; prints one JSON line per output."""
+    from medrobust_lib.perturb.single import perturb_file
+
+    try:
+        for rec in perturb_file(input, type, level, modality=modality, seed=seed, mask_path=mask, output=output,
+                                output_dir=output_dir, fmt=format.value):
+            typer.echo(json.dumps(rec))
+    except (ValueError, KeyError, FileNotFoundError) as exc:
+        _echo(f"error: {exc}")
+        raise typer.Exit(2) from None
+
+
+def main() -> Any:  # pragma: no cover
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    return app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,653 @@
+"""Reading and writing single images in the medrobust convention.
+
+Every reader returns ``float32`` arrays with values in ``[0, 1]``: ``(H, W)`` for grayscale and
+``(H, W, 3)`` for RGB (channel order R, G, B). Rows are image rows (y), columns are image columns
+(x); row 0 is the first row stored in the file.
+
+The mapping from stored values to ``[0, 1]`` is always linear (with clipping for windows) and is
+described by an *intensity record*, a plain JSON-friendly dict::
+
+    {"mapping": "linear", "low": L, "high": H, "invert": bool, "clipped": bool,
+     "source": "bit_depth" | "npy" | "options" | "file" | "percentile", "unit": str, ...}
+
+so that ``native = L + y' * (H - L)`` with ``y' = 1 - y`` when ``invert`` is true and ``y'`` = ``y``
+otherwise (see :func:`intensity_to_native`). Values that were clipped by a window (``clipped``)
+cannot be recovered beyond the window edges. 8-bit files use ``L = 0, H = 255``, 16-bit files
+``L = 0, H = 65535``. DICOM records additionally carry ``rescale_slope`` / ``rescale_intercept``
+(``native`` is then the rescaled value, e.g. HU for CT; stored = (native - intercept) / slope).
+
+Formats: PNG (8/16-bit), JPEG, TIFF, BMP (decoded by OpenCV, converted from BGR to RGB; EXIF
+orientation is deliberately ignored so that images stay aligned with their masks, which are
+stored in raw pixel order), ``.npy`` (float32 in [0, 1] only), DICOM (``.dcm``/``.dicom``, see
+:func:`read_dicom`) and 2-D NIfTI (``.nii``/``.nii.gz``, see :func:`read_nifti_2d`). RGBA drops
+alpha; gray+alpha drops alpha. A file that cannot be used raises
+:class:`~medrobust_lib.data.sample.SampleError` with reason ``empty_file``, ``unreadable_image``,
+``unreadable_dicom``, ``unsupported_dicom``, ``unreadable_nifti`` or ``unsupported_nifti``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import cv2
+import numpy as np
+import numpy.typing as npt
+
+from medrobust_lib.data.sample import SampleError
+from medrobust_lib.types import BoolMask, FloatImage
+
+RASTER_EXTENSIONS: tuple[str, ...] = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
+DICOM_EXTENSIONS: tuple[str, ...] = (".dcm", ".dicom")
+NIFTI_EXTENSIONS: tuple[str, ...] = (".nii", ".nii.gz")
+SUPPORTED_EXTENSIONS: tuple[str, ...] = RASTER_EXTENSIONS + (".npy",) + DICOM_EXTENSIONS + NIFTI_EXTENSIONS
+
+LUMA_WEIGHTS: tuple[float, float, float] = (0.299, 0.587, 0.114)
+"""ITU-R BT.601 luma weights for R, G, B (the same weights as OpenCV/PIL gray conversion)."""
+
+DEFAULT_PERCENTILES: tuple[float, float] = (0.5, 99.5)
+"""Percentile window used when neither the options nor the file give one."""
+
+
+# --------------------------------------------------------------------------------------------------
+# small helpers
+
+
+def file_extension(path: str | os.PathLike[str]) -> str:
+    """Lower-case extension, with ``.nii.gz`` treated as one extension."""
+    name = Path(path).name.lower()
+    if name.endswith(".nii.gz"):
+        return ".nii.gz"
+    return Path(name).suffix
+
+
+def _check_nonempty(path: Path) -> None:
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise SampleError("missing_file", str(path)) from None
+    if size == 0:
+        raise SampleError("empty_file", str(path))
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise SampleError("missing_file", str(path)) from None
+    except OSError as e:
+        raise SampleError("unreadable_image", f"{path}: {e}") from None
+    if len(data) == 0:
+        raise SampleError("empty_file", str(path))
+    return data
+
+
+def _check_complete(data: bytes, ext: str, path: Path) -> None:
+    """Reject truncated PNG/JPEG files that a lenient decoder might still partially decode."""
+    if ext == ".png":
+        if not data.startswith(b"\x89PNG\r\n\x1a\n"):
+            raise SampleError("unreadable_image", f"{path}: not a PNG file")
+        if data.rfind(b"IEND") < 0:
+            raise SampleError("unreadable_image", f"{path}: truncated PNG (no IEND chunk)")
+    elif ext in (".jpg", ".jpeg"):
+        if not data.startswith(b"\xff\xd8"):
+            raise SampleError("unreadable_image", f"{path}: not a JPEG file")
+        # Inside entropy-coded data 0xFF is always stuffed, so FFD9 after the last scan header is
+        # the real end-of-image marker (an EXIF thumbnail's EOI comes before the main scan).
+        if data.rfind(b"\xff\xd9") < data.rfind(b"\xff\xda"):
+            raise SampleError("unreadable_image", f"{path}: truncated JPEG (no EOI marker)")
+
+
+def rgb_to_gray(image: FloatImage) -> FloatImage:
+    """BT.601 luminance of an RGB float image; grayscale input is returned unchanged.
+
+    (H, W, 3) float32 in [0, 1] -> (H, W) float32 in [0, 1]."""
+    if image.ndim == 2:
+        return image
+    w = np.asarray(LUMA_WEIGHTS, np.float32)
+    out = image[..., 0] * w[0] + image[..., 1] * w[1] + image[..., 2] * w[2]
+    return np.clip(out, 0.0, 1.0).astype(np.float32)
+
+
+def gray_to_rgb(image: FloatImage) -> FloatImage:
+    """Replicate a grayscale (H, W) image into (H, W, 3); RGB input is returned unchanged."""
+    if image.ndim == 3:
+        return image
+    return np.repeat(image[..., None], 3, axis=2).astype(np.float32)
+
+
+def _bit_depth_record(bits: int) -> dict[str, Any]:
+    return {
+        "mapping": "linear",
+        "low": 0.0,
+        "high": float(2**bits - 1),
+        "invert": False,
+        "clipped": False,
+        "source": "bit_depth",
+        "unit": "stored",
+        "bit_depth": bits,
+    }
+
+
+def intensity_to_native(image: npt.ArrayLike, intensity: Mapping[str, Any]) -> npt.NDArray[np.float64]:
+    """Invert an intensity record: map a [0, 1] image back to native units (float64).
+
+    For a window the result is exact inside the window; clipped values come back as the window
+    edges. For DICOM the native unit is the rescaled value (HU for CT)."""
+    if intensity.get("mapping") != "linear":
+        raise ValueError(f"unknown intensity mapping {intensity.get('mapping')!r}; valid: linear")
+    y = np.asarray(image, np.float64)
+    if intensity.get("invert", False):
+        y = 1.0 - y
+    low = float(intensity["low"])
+    high = float(intensity["high"])
+    return low + y * (high - low)
+
+
+def window_to_unit(values: npt.ArrayLike, low: float, high: float, *, invert: bool = False) -> FloatImage:
+    """Map ``[low, high]`` linearly to ``[0, 1]`` with clipping (then ``1 - y`` if ``invert``).
+
+    Works on any shape; returns float32. ``high`` must exceed ``low``."""
+    if not high > low:
+        raise ValueError(f"window high ({high}) must be greater than low ({low})")
+    v = np.asarray(values, np.float64)
+    y = np.clip((v - low) / (high - low), 0.0, 1.0)
+    if invert:
+        y = 1.0 - y
+    return y.astype(np.float32)
+
+
+def percentile_window(
+    values: npt.ArrayLike, percentiles: Sequence[float] = DEFAULT_PERCENTILES
+) -> tuple[float, float]:
+    """``(low, high)`` = the given percentiles of the finite values; a constant image gets
+    ``high = low + 1`` so that the mapping stays defined (and maps everything to 0)."""
+    v = np.asarray(values, np.float64)
+    v = v[np.isfinite(v)]
+    if v.size == 0:
+        return 0.0, 1.0
+    lo, hi = np.percentile(v, [float(percentiles[0]), float(percentiles[1])])
+    lo, hi = float(lo), float(hi)
+    if not hi > lo:
+        hi = lo + 1.0
+    return lo, hi
+
+
+def window_record(
+    low: float,
+    high: float,
+    *,
+    source: str,
+    unit: str,
+    invert: bool = False,
+    percentiles: Sequence[float] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The intensity record for a clipped linear window ``[low, high] -> [0, 1]``."""
+    rec: dict[str, Any] = {
+        "mapping": "linear",
+        "low": float(low),
+        "high": float(high),
+        "center": (float(low) + float(high)) / 2.0,
+        "width": float(high) - float(low),
+        "invert": bool(invert),
+        "clipped": True,
+        "source": source,
+        "unit": unit,
+    }
+    if percentiles is not None:
+        rec["percentiles"] = [float(p) for p in percentiles]
+    rec.update(extra)
+    return rec
+
+
+def resolve_window(
+    values: npt.ArrayLike,
+    *,
+    window_center: float | None,
+    window_width: float | None,
+    file_window: tuple[float, float] | None = None,
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+) -> tuple[float, float, str]:
+    """Pick the window: explicit options, else the file's (center, width), else percentiles.
+
+    Returns ``(low, high, source)`` with ``low = c - w/2`` and ``high = c + w/2``."""
+    if window_center is not None or window_width is not None:
+        if window_center is None or window_width is None:
+            raise ValueError("give both window_center and window_width, or neither")
+        if not window_width > 0:
+            raise ValueError(f"window_width must be > 0, got {window_width}")
+        return window_center - window_width / 2, window_center + window_width / 2, "options"
+    if file_window is not None and file_window[1] > 0:
+        c, w = file_window
+        return c - w / 2, c + w / 2, "file"
+    lo, hi = percentile_window(values, percentiles)
+    return lo, hi, "percentile"
+
+
+# --------------------------------------------------------------------------------------------------
+# raster formats
+
+
+def read_raw(path: str | os.PathLike[str]) -> np.ndarray:
+    """Decode a PNG/JPEG/TIFF/BMP file to its stored integer values.
+
+    Returns uint8 or uint16, shaped (H, W) or (H, W, 3) in RGB order (alpha dropped). Raises
+    SampleError ``empty_file`` for a zero-byte file, ``unreadable_image`` for a truncated or
+    undecodable file or an unsupported sample type (float or 32-bit rasters)."""
+    p = Path(path)
+    ext = file_extension(p)
+    if ext not in RASTER_EXTENSIONS:
+        raise ValueError(f"read_raw handles {', '.join(RASTER_EXTENSIONS)}; got {p.name!r}")
+    data = _read_bytes(p)
+    _check_complete(data, ext, p)
+    try:
+        arr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+    except cv2.error as e:
+        raise SampleError("unreadable_image", f"{p}: {e}") from None
+    if arr is None:
+        arr = _pil_fallback(data, p)
+    if arr.dtype not in (np.uint8, np.uint16):
+        raise SampleError("unreadable_image", f"{p}: unsupported sample type {arr.dtype} (need 8/16-bit)")
+    if arr.ndim == 3 and arr.shape[2] == 1:
+        arr = arr[..., 0]
+    if arr.ndim == 3:
+        if arr.shape[2] == 2:  # gray + alpha
+            arr = arr[..., 0]
+        elif arr.shape[2] == 3:
+            arr = cv2.cvtColor(arr, cv2.COLOR_BGR2RGB)
+        elif arr.shape[2] == 4:
+            arr = cv2.cvtColor(arr, cv2.COLOR_BGRA2RGB)
+        else:
+            raise SampleError("unreadable_image", f"{p}: unsupported channel count {arr.shape[2]}")
+    if arr.ndim not in (2, 3) or arr.shape[0] == 0 or arr.shape[1] == 0:
+        raise SampleError("unreadable_image", f"{p}: unsupported shape {arr.shape}")
+    return np.ascontiguousarray(arr)
+
+
+def _pil_fallback(data: bytes, path: Path) -> np.ndarray:
+    """Second decoder for files OpenCV rejects; returns a BGR(A)-ordered array like cv2."""
+    import io
+
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as opened:
+            opened.load()
+            im: Image.Image = opened
+            if im.mode in ("P", "PA", "CMYK", "YCbCr", "LAB", "HSV"):
+                im = im.convert("RGBA" if "A" in im.mode or "transparency" in im.info else "RGB")
+            arr = np.asarray(im)
+    except Exception as e:  # PIL raises many types for broken files
+        raise SampleError("unreadable_image", f"{path}: {type(e).__name__}: {e}") from None
+    if arr.dtype == np.bool_:
+        arr = arr.astype(np.uint8) * 255
+    if arr.dtype in (np.int32, np.uint32) and arr.size and arr.min() >= 0 and arr.max() <= 65535:
+        arr = arr.astype(np.uint16)  # PIL stores 16-bit grayscale PNG/TIFF as mode I
+    if arr.ndim == 3 and arr.shape[2] in (3, 4):
+        arr = arr[..., [2, 1, 0] + ([3] if arr.shape[2] == 4 else [])]
+    return arr
+
+
+def raw_to_float(raw: np.ndarray) -> tuple[FloatImage, dict[str, Any]]:
+    """uint8 -> /255, uint16 -> /65535; returns the float32 image and its intensity record."""
+    if raw.dtype == np.uint8:
+        return (raw.astype(np.float32) / np.float32(255.0)), _bit_depth_record(8)
+    if raw.dtype == np.uint16:
+        return (raw.astype(np.float32) / np.float32(65535.0)), _bit_depth_record(16)
+    raise SampleError("unreadable_image", f"unsupported sample type {raw.dtype}")
+
+
+def _read_npy(path: Path) -> FloatImage:
+    _check_nonempty(path)
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except Exception as e:
+        raise SampleError("unreadable_image", f"{path}: {type(e).__name__}: {e}") from None
+    if not isinstance(arr, np.ndarray) or arr.dtype != np.float32:
+        raise SampleError(
+            "unreadable_image", f"{path}: wrong dtype {getattr(arr, 'dtype', type(arr))}, need float32"
+        )
+    if arr.ndim == 3 and arr.shape[2] == 1:
+        arr = arr[..., 0]
+    if arr.ndim not in (2, 3) or (arr.ndim == 3 and arr.shape[2] != 3) or 0 in arr.shape:
+        raise SampleError("unreadable_image", f"{path}: wrong shape {arr.shape}, need (H, W) or (H, W, 3)")
+    if not np.isfinite(arr).all() or arr.min() < 0.0 or arr.max() > 1.0:
+        raise SampleError("unreadable_image", f"{path}: values outside [0, 1] or not finite")
+    return np.ascontiguousarray(arr)
+
+
+# --------------------------------------------------------------------------------------------------
+# DICOM
+
+
+def _first_number(value: Any) -> float | None:
+    """First element of a (possibly multi-valued) DICOM numeric element, or None."""
+    if value is None:
+        return None
+    try:
+        if isinstance(value, str | bytes):
+            return float(value)
+        if hasattr(value, "__len__") and hasattr(value, "__getitem__"):
+            return float(value[0]) if len(value) else None
+        return float(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+
+
+def read_dicom(
+    path: str | os.PathLike[str],
+    *,
+    window_center: float | None = None,
+    window_width: float | None = None,
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+    keep_rgb: bool = False,
+    frame: int | None = None,
+) -> tuple[FloatImage, dict[str, Any]]:
+    """Read one 2-D DICOM image and map it to [0, 1].
+
+    Monochrome: ``value = stored * RescaleSlope + RescaleIntercept`` (HU for CT), then the window
+    ``[c - w/2, c + w/2] -> [0, 1]`` linearly with clipping, where (c, w) come from the arguments,
+    else the file's first WindowCenter/WindowWidth, else the ``percentiles`` of the rescaled
+    values. This is the plain linear window (not the DICOM LINEAR function with its -0.5/-1
+    offsets); VOI LUT sequences and SIGMOID functions are ignored. MONOCHROME1 is inverted after
+    windowing so that bright means dense/high for every file.
+
+    Colour (RGB, YBR_* which pydicom converts to RGB, PALETTE COLOR): divided by the maximum of
+    the stored bit depth; converted to BT.601 luminance (H, W) unless ``keep_rgb``.
+
+    Returns ``(image, meta)`` with ``meta["intensity"]`` (see module docstring) and
+    ``meta["dicom"]`` (modality, photometric interpretation, pixel spacing, ...). Multi-frame files
+    need ``frame``. Raises SampleError ``empty_file``, ``unreadable_dicom`` or ``unsupported_dicom``.
+    """
+    import pydicom
+    from pydicom.pixels import apply_color_lut
+
+    p = Path(path)
+    _check_nonempty(p)
+    try:
+        ds = pydicom.dcmread(p, force=True)
+    except Exception as e:
+        raise SampleError("unreadable_dicom", f"{p}: {type(e).__name__}: {e}") from None
+    if not any(k in ds for k in ("PixelData", "FloatPixelData", "DoubleFloatPixelData")):
+        raise SampleError("unreadable_dicom", f"{p}: no pixel data")
+    try:
+        arr = np.asarray(ds.pixel_array)
+        photometric = str(ds.get("PhotometricInterpretation", "MONOCHROME2")).strip().upper()
+        n_frames = int(ds.get("NumberOfFrames", 1) or 1)
+    except Exception as e:
+        raise SampleError("unreadable_dicom", f"{p}: {type(e).__name__}: {e}") from None
+
+    if n_frames > 1:
+        if frame is None:
+            raise SampleError("unsupported_dicom", f"{p}: {n_frames} frames; set the frame option")
+        if not 0 <= frame < n_frames:
+            raise SampleError("unsupported_dicom", f"{p}: frame {frame} out of range 0..{n_frames - 1}")
+        arr = arr[frame]
+    elif frame not in (None, 0):
+        raise SampleError("unsupported_dicom", f"{p}: single-frame file, frame {frame} requested")
+
+    bits_stored = int(ds.get("BitsStored", 8 * arr.dtype.itemsize) or 8 * arr.dtype.itemsize)
+    dicom_meta: dict[str, Any] = {
+        "modality": str(ds.get("Modality", "")),
+        "photometric_interpretation": photometric,
+        "rows": int(arr.shape[0]),
+        "columns": int(arr.shape[1]) if arr.ndim >= 2 else 0,
+        "bits_stored": bits_stored,
+        "transfer_syntax": str(getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", "")),
+        "frame": frame,
+    }
+    spacing = ds.get("PixelSpacing", None) or ds.get("ImagerPixelSpacing", None)
+    if spacing is not None:
+        try:
+            dicom_meta["pixel_spacing_mm"] = [float(s) for s in spacing]
+        except (TypeError, ValueError):
+            pass
+
+    meta: dict[str, Any] = {"dicom": dicom_meta}
+    if photometric in ("MONOCHROME1", "MONOCHROME2"):
+        if arr.ndim != 2:
+            raise SampleError("unsupported_dicom", f"{p}: monochrome pixel array has shape {arr.shape}")
+        slope = _first_number(ds.get("RescaleSlope", None))
+        intercept = _first_number(ds.get("RescaleIntercept", None))
+        slope = 1.0 if slope is None or slope == 0 else slope
+        intercept = 0.0 if intercept is None else intercept
+        values = arr.astype(np.float64) * slope + intercept
+        wc = _first_number(ds.get("WindowCenter", None))
+        ww = _first_number(ds.get("WindowWidth", None))
+        file_window = (wc, ww) if wc is not None and ww is not None else None
+        low, high, source = resolve_window(
+            values,
+            window_center=window_center,
+            window_width=window_width,
+            file_window=file_window,
+            percentiles=percentiles,
+        )
+        invert = photometric == "MONOCHROME1"
+        image = window_to_unit(values, low, high, invert=invert)
+        rescale_type = str(ds.get("RescaleType", "") or "").strip()
+        if rescale_type == "US":  # the DICOM code for "unspecified"
+            rescale_type = ""
+        unit = "HU" if dicom_meta["modality"] == "CT" else (rescale_type or "rescaled")
+        meta["intensity"] = window_record(
+            low,
+            high,
+            source=source,
+            unit=unit,
+            invert=invert,
+            percentiles=percentiles if source == "percentile" else None,
+            rescale_slope=float(slope),
+            rescale_intercept=float(intercept),
+        )
+        return np.ascontiguousarray(image), meta
+
+    if photometric == "PALETTE COLOR":
+        try:
+            arr = np.asarray(apply_color_lut(arr, ds))
+        except Exception as e:
+            raise SampleError("unreadable_dicom", f"{p}: palette: {type(e).__name__}: {e}") from None
+        bits = 8 * arr.dtype.itemsize
+    elif photometric in ("RGB", "YBR_FULL", "YBR_FULL_422", "YBR_ICT", "YBR_RCT", "YBR_PARTIAL_420"):
+        bits = bits_stored
+    else:
+        raise SampleError("unsupported_dicom", f"{p}: photometric interpretation {photometric}")
+    if arr.ndim != 3 or arr.shape[2] != 3:
+        raise SampleError("unsupported_dicom", f"{p}: colour pixel array has shape {arr.shape}")
+    rec = _bit_depth_record(bits)
+    rgb = np.clip(arr.astype(np.float64) / rec["high"], 0.0, 1.0).astype(np.float32)
+    if keep_rgb:
+        rec["color"] = "rgb"
+        meta["intensity"] = rec
+        return np.ascontiguousarray(rgb), meta
+    rec["color"] = "bt601_luminance"
+    meta["intensity"] = rec
+    return rgb_to_gray(rgb), meta
+
+
+# --------------------------------------------------------------------------------------------------
+# NIfTI
+
+
+def nifti_slice_to_image(slice_2d: np.ndarray) -> np.ndarray:
+    """The display convention for a 2-D slice of a NIfTI array: the two remaining voxel axes
+    ``(a, b)`` in stored order are transposed to ``(b, a)``, so image rows follow the later
+    stored axis and columns the earlier one. For an axial slice (``arr[:, :, k]``) of a volume
+    stored x, y, z this gives rows = y (the anterior-posterior axis) and columns = x (left-right).
+    No flips are applied: row 0 is voxel index 0 of that axis, as stored."""
+    return np.ascontiguousarray(slice_2d.T)
+
+
+def read_nifti_2d(
+    path: str | os.PathLike[str],
+    *,
+    window_center: float | None = None,
+    window_width: float | None = None,
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+) -> tuple[FloatImage, dict[str, Any]]:
+    """Read a 2-D NIfTI image (or a 3-D one with a single slice) and map it to [0, 1].
+
+    Singleton axes are dropped, the slice is transposed per :func:`nifti_slice_to_image`, and the
+    values (after the header's scl_slope/scl_inter) are windowed by the given center/width, else
+    by the ``percentiles`` of the image. Raises SampleError ``empty_file``, ``unreadable_nifti`` or
+    ``unsupported_nifti``."""
+    import nibabel as nib
+
+    p = Path(path)
+    _check_nonempty(p)
+    try:
+        img = nib.load(str(p))
+        data = np.asarray(img.dataobj, dtype=np.float64)  # type: ignore[attr-defined]
+    except Exception as e:
+        raise SampleError("unreadable_nifti", f"{p}: {type(e).__name__}: {e}") from None
+    squeezed = np.squeeze(data)
+    if squeezed.ndim != 2:
+        raise SampleError("unsupported_nifti", f"{p}: shape {data.shape} is not a single 2-D slice")
+    values = nifti_slice_to_image(squeezed)
+    low, high, source = resolve_window(
+        values, window_center=window_center, window_width=window_width, percentiles=percentiles
+    )
+    image = window_to_unit(values, low, high)
+    rec = window_record(
+        low, high, source=source, unit="stored", percentiles=percentiles if source == "percentile" else None
+    )
+    return image, {"intensity": rec, "nifti": {"shape": [int(s) for s in data.shape]}}
+
+
+# --------------------------------------------------------------------------------------------------
+# public entry points
+
+
+def read_image_meta(
+    path: str | os.PathLike[str],
+    *,
+    to_gray: bool = False,
+    window_center: float | None = None,
+    window_width: float | None = None,
+    keep_rgb: bool = True,
+) -> tuple[FloatImage, dict[str, Any]]:
+    """Like :func:`read_image` but also returns metadata with the ``intensity`` record.
+
+    ``window_center``/``window_width`` apply to DICOM and NIfTI only; ``keep_rgb`` (default True
+    here: keep what the file has) applies to colour DICOM."""
+    p = Path(path)
+    ext = file_extension(p)
+    meta: dict[str, Any]
+    if ext in RASTER_EXTENSIONS:
+        raw = read_raw(p)
+        image, rec = raw_to_float(raw)
+        meta = {"intensity": rec}
+    elif ext == ".npy":
+        image = _read_npy(p)
+        meta = {
+            "intensity": {
+                "mapping": "linear",
+                "low": 0.0,
+                "high": 1.0,
+                "invert": False,
+                "clipped": False,
+                "source": "npy",
+                "unit": "unit",
+            }
+        }
+    elif ext in DICOM_EXTENSIONS:
+        image, meta = read_dicom(
+            p, window_center=window_center, window_width=window_width, keep_rgb=keep_rgb and not to_gray
+        )
+    elif ext in NIFTI_EXTENSIONS:
+        image, meta = read_nifti_2d(p, window_center=window_center, window_width=window_width)
+    else:
+        raise ValueError(
+            f"unsupported image extension {ext!r} for {p.name!r}; valid: {', '.join(SUPPORTED_EXTENSIONS)}"
+        )
+    if to_gray and image.ndim == 3:
+        image = rgb_to_gray(image)
+        meta["intensity"] = {**meta["intensity"], "color": "bt601_luminance"}
+    return image, meta
+
+
+def read_image(path: str | os.PathLike[str], *, to_gray: bool = False) -> FloatImage:
+    """Read an image file as float32 in [0, 1]: (H, W) if the file is grayscale, (H, W, 3) RGB if it
+    is colour (a colour file whose channels happen to be equal stays (H, W, 3)); ``to_gray``
+    converts colour to BT.601 luminance. 8-bit values are divided by 255 and 16-bit by 65535.
+    DICOM and NIfTI use their windows (see :func:`read_dicom`, :func:`read_nifti_2d`)."""
+    return read_image_meta(path, to_gray=to_gray)[0]
+
+
+def _validate_unit_image(image: np.ndarray) -> np.ndarray:
+    arr = np.asarray(image)
+    if arr.dtype != np.float32:
+        raise ValueError(f"image must be float32, got {arr.dtype}")
+    if arr.ndim == 3 and arr.shape[2] == 1:
+        arr = arr[..., 0]
+    if arr.ndim not in (2, 3) or (arr.ndim == 3 and arr.shape[2] != 3):
+        raise ValueError(f"image must be (H, W) or (H, W, 3), got {arr.shape}")
+    if arr.size == 0:
+        raise ValueError("image is empty")
+    if not np.isfinite(arr).all() or arr.min() < 0.0 or arr.max() > 1.0:
+        raise ValueError("image values must be finite and within [0, 1]")
+    return arr
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_image(
+    path: str | os.PathLike[str], image: FloatImage, bit_depth: Literal[8, 16] | None = None
+) -> Path:
+    """Write a float32 [0, 1] image losslessly: PNG (``.png``) or ``.npy`` (float32, exact).
+
+    PNG bit depth defaults to 16 for grayscale (keeps precision; round-trip error <= 0.5/65535)
+    and 8 for RGB (round-trip error <= 0.5/255); values are rounded to the nearest level. The file
+    is written atomically (temporary file + rename). Returns the path."""
+    p = Path(path)
+    arr = _validate_unit_image(image)
+    ext = file_extension(p)
+    if ext == ".npy":
+        import io
+
+        stream = io.BytesIO()
+        np.save(stream, np.ascontiguousarray(arr, np.float32), allow_pickle=False)
+        _atomic_write(p, stream.getvalue())
+        return p
+    if ext != ".png":
+        raise ValueError(f"write_image writes .png or .npy (lossless); got {p.name!r}")
+    if bit_depth is None:
+        bit_depth = 16 if arr.ndim == 2 else 8
+    if bit_depth not in (8, 16):
+        raise ValueError(f"bit_depth must be 8 or 16, got {bit_depth}")
+    scale = 255.0 if bit_depth == 8 else 65535.0
+    scaled = np.rint(arr.astype(np.float64) * scale)
+    q: npt.NDArray[np.integer[Any]] = scaled.astype(np.uint8) if bit_depth == 8 else scaled.astype(np.uint16)
+    encoded = cv2.cvtColor(q, cv2.COLOR_RGB2BGR) if q.ndim == 3 else q
+    ok, buf = cv2.imencode(".png", encoded, [cv2.IMWRITE_PNG_COMPRESSION, 3])
+    if not ok:
+        raise OSError(f"PNG encoding failed for {p}")
+    _atomic_write(p, buf.tobytes())
+    return p
+
+
+def write_mask(path: str | os.PathLike[str], mask: BoolMask) -> Path:
+    """Write a bool (H, W) mask as an 8-bit PNG with 0 = background and 255 = foreground."""
+    p = Path(path)
+    m = np.asarray(mask)
+    if m.ndim != 2 or m.size == 0:
+        raise ValueError(f"mask must be a non-empty (H, W) array, got {m.shape}")
+    if file_extension(p) != ".png":
+        raise ValueError(f"write_mask writes .png; got {p.name!r}")
+    ok, buf = cv2.imencode(".png", m.astype(bool).astype(np.uint8) * 255)
+    if not ok:
+        raise OSError(f"PNG encoding failed for {p}")
+    _atomic_write(p, buf.tobytes())
+    return p

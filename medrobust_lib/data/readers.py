@@ -1,0 +1,335 @@
+"""The reader registry and the helpers every reader shares.
+
+A :class:`Reader` turns a dataset folder into :class:`~medrobust_lib.data.sample.SampleRef`
+entries (``index``: paths only, cheap, plus quarantine records for problems visible from the file
+listing such as a missing mask) and loads one ref into a :class:`~medrobust_lib.data.sample.Sample`
+(``load``: raises :class:`~medrobust_lib.data.sample.SampleError` with a reason code for a bad
+file). Readers are registered in :data:`READERS`; the modules ``readers_folder``,
+``readers_dicom`` and ``readers_nifti`` register the built-in ones when this module is imported.
+
+Every reader's ``options`` are a pydantic model with ``extra="forbid"``, so a misspelt option is a
+``ValueError`` naming the valid ones when the :class:`~medrobust_lib.data.dataset.DatasetConfig`
+is built.
+
+Shared conventions (implemented by :func:`finish_sample`):
+
+* the mask must have the image's (H, W) at the original resolution (else ``mask_size_mismatch``);
+* an all-background mask is ``empty_mask`` unless the reader's ``allow_empty_mask`` option is set;
+* with ``cfg.size`` the image is resized to ``size x size`` with ``cv2.INTER_AREA`` and the mask
+  with ``cv2.INTER_NEAREST_EXACT`` (pixel-centre nearest neighbour, no half-pixel shift); a mask
+  whose foreground disappears in the resize is ``mask_vanished_on_resize``;
+* boxes come from the final (resized) mask with :func:`~medrobust_lib.data.boxes.mask_to_boxes`;
+* metadata always holds ``reader``, ``image_path``, ``mask_paths``, ``original_size`` (H, W
+  before resizing), ``size`` (H, W after), ``resized``, ``intensity`` (see
+  :mod:`medrobust_lib.data.imageio`) and, when there is a mask, ``mask_rule``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import cv2
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from medrobust_lib.data.boxes import mask_to_boxes
+from medrobust_lib.data.sample import QuarantineRecord, Sample, SampleError, SampleRef
+from medrobust_lib.registry import Registry
+from medrobust_lib.types import BoolMask, FloatImage
+
+if TYPE_CHECKING:
+    from medrobust_lib.data.dataset import DatasetConfig
+
+IndexResult = tuple[list[SampleRef], list[QuarantineRecord]]
+IndexFn = Callable[["DatasetConfig"], IndexResult]
+LoadFn = Callable[["DatasetConfig", SampleRef], Sample]
+
+LOSSY_MASK_EXTENSIONS: frozenset[str] = frozenset({".jpg", ".jpeg"})
+
+
+class ReaderOptions(BaseModel):
+    """Base of every reader's options: unknown keys are rejected."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class MaskOptions(ReaderOptions):
+    """How a stored mask becomes a bool mask.
+
+    ``mask_values``: if given, exactly these stored values are foreground. Otherwise a pixel is
+    foreground when its value is ``> mask_threshold`` (in the 8-bit scale; multiplied by 257 for
+    16-bit masks). A losslessly stored mask whose values are all in {0, 1} is read as a 0/1 label
+    map (foreground = 1) instead, since thresholding it at 127 would empty it. Colour masks use
+    the maximum over channels. ``allow_empty_mask`` keeps samples whose mask has no foreground
+    (with zero boxes) instead of quarantining them as ``empty_mask``."""
+
+    mask_threshold: float = 127.0
+    mask_values: list[int] | None = None
+    allow_empty_mask: bool = False
+
+
+class WindowOptions(ReaderOptions):
+    """Intensity window in native units (HU for CT); both or neither. Without them the file's
+    window (DICOM) or the ``percentiles`` of the values are used."""
+
+    window_center: float | None = None
+    window_width: float | None = Field(default=None, gt=0)
+    percentiles: tuple[float, float] = (0.5, 99.5)
+
+    @field_validator("percentiles")
+    @classmethod
+    def _check_percentiles(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not 0.0 <= v[0] < v[1] <= 100.0:
+            raise ValueError(f"percentiles must satisfy 0 <= low < high <= 100, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _check_pair(self) -> WindowOptions:
+        if (self.window_center is None) != (self.window_width is None):
+            raise ValueError("give both window_center and window_width, or neither")
+        return self
+
+
+@dataclass(frozen=True)
+class Reader:
+    """One registered dataset reader.
+
+    ``index(cfg) -> (refs, quarantined)`` lists samples sorted by id; ``load(cfg, ref) -> Sample``
+    loads one (raises SampleError). ``options_model`` validates ``cfg.options``. ``layout`` is the
+    folder layout it expects (for docs); ``citation`` the dataset's publication for presets."""
+
+    name: str
+    description: str
+    index: IndexFn = field(repr=False, compare=False)
+    load: LoadFn = field(repr=False, compare=False)
+    options_model: type[ReaderOptions] = field(default=ReaderOptions, repr=False, compare=False)
+    layout: str = ""
+    citation: str = ""
+    kind: str = "generic"  # "generic" or "preset"
+
+    def parse_options(self, options: Mapping[str, Any]) -> ReaderOptions:
+        """Validate ``options`` against this reader's model; ValueError names the valid keys."""
+        try:
+            return self.options_model.model_validate(dict(options))
+        except ValidationError as e:
+            valid = ", ".join(sorted(self.options_model.model_fields))
+            raise ValueError(f"invalid options for reader {self.name!r} (valid keys: {valid}): {e}") from None
+
+
+READERS: Registry[Reader] = Registry("reader")
+"""All dataset readers by name (``folder``, ``dicom``, ``nifti`` and the presets)."""
+
+OptionsT = TypeVar("OptionsT", bound=ReaderOptions)
+
+
+def options_for(cfg: DatasetConfig, model: type[OptionsT]) -> OptionsT:
+    """Parse ``cfg.options`` with the given options model."""
+    return model.model_validate(dict(cfg.options))
+
+
+# --------------------------------------------------------------------------------------------------
+# files
+
+
+def is_hidden(path: Path) -> bool:
+    """Dot files, including macOS AppleDouble ``._name`` files that ship inside some archives
+    (the Medical Segmentation Decathlon tarballs have them next to every volume)."""
+    return path.name.startswith(".")
+
+
+def sample_id_for(rel: Path, strip: str = "") -> str:
+    """Sample id from a path relative to the image folder: POSIX path without the extension
+    (``strip`` removes a multi-part extension such as ``.nii.gz``)."""
+    posix = rel.as_posix()
+    if strip and posix.lower().endswith(strip.lower()):
+        return posix[: -len(strip)]
+    return rel.with_suffix("").as_posix()
+
+
+def child_dir(parent: Path, *names: str) -> Path | None:
+    """The first existing sub-directory of ``parent`` whose name equals one of ``names``, exactly
+    or else case-insensitively; None if there is none."""
+    for n in names:
+        if (parent / n).is_dir():
+            return parent / n
+    if parent.is_dir():
+        lowered = {n.lower() for n in names}
+        for c in sorted(parent.iterdir()):
+            if c.is_dir() and c.name.lower() in lowered:
+                return c
+    return None
+
+
+def require_dir(path: Path, what: str) -> Path:
+    """Raise FileNotFoundError (a configuration error, not a bad sample) if ``path`` is missing."""
+    if not path.is_dir():
+        raise FileNotFoundError(f"{what} not found: {path}")
+    return path
+
+
+def quarantine(
+    cfg: DatasetConfig, sample_id: str, path: str | Path, reason: str, detail: str = ""
+) -> QuarantineRecord:
+    return QuarantineRecord(
+        dataset=cfg.name, sample_id=sample_id, path=str(path), reason=reason, detail=detail
+    )
+
+
+def make_ref(
+    cfg: DatasetConfig,
+    sample_id: str,
+    image_path: Path,
+    mask_paths: Sequence[Path] = (),
+    **extra: Any,
+) -> SampleRef:
+    return SampleRef(
+        sample_id=sample_id,
+        dataset=cfg.name,
+        modality=cfg.modality,
+        image_path=str(image_path),
+        mask_paths=tuple(str(m) for m in mask_paths),
+        extra=dict(extra),
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# masks
+
+
+def single_channel(raw: np.ndarray, how: str = "max") -> np.ndarray:
+    """(H, W) from a (H, W) or (H, W, C) stored mask: ``max`` or ``mean`` over channels."""
+    if raw.ndim == 2:
+        return raw
+    if how == "max":
+        return raw.max(axis=2)
+    return np.rint(raw.astype(np.float64).mean(axis=2)).astype(raw.dtype)
+
+
+def binarize_mask(
+    raw: np.ndarray,
+    *,
+    threshold: float = 127.0,
+    values: Sequence[int] | None = None,
+    lossless: bool = True,
+) -> tuple[BoolMask, str]:
+    """Stored mask values -> bool (H, W) mask and a short description of the rule used.
+
+    See :class:`MaskOptions` for the rules; ``lossless`` is False for JPEG masks, which disables
+    the 0/1 label-map detection (JPEG noise around 0 would otherwise become foreground)."""
+    m = single_channel(np.asarray(raw), "max")
+    if values is not None:
+        return np.isin(m, np.asarray(list(values))), f"value in {sorted(int(v) for v in values)}"
+    if lossless and np.issubdtype(m.dtype, np.integer) and m.size and int(m.max()) == 1:
+        return m == 1, "label map {0,1}: value == 1"
+    t = float(threshold) * (257.0 if m.dtype == np.uint16 else 1.0)
+    return m > t, f"value > {t:g}"
+
+
+def read_binary_mask(path: Path, opts: MaskOptions) -> tuple[BoolMask, str]:
+    """Read a stored mask file and binarise it with the options' rule. Raises SampleError
+    ``missing_mask`` if the file is gone and ``unreadable_mask`` for a broken one."""
+    from medrobust_lib.data.imageio import file_extension, read_raw
+
+    if not path.is_file():
+        raise SampleError("missing_mask", str(path))
+    try:
+        raw = read_raw(path)
+    except SampleError as e:
+        raise SampleError(
+            "unreadable_mask" if e.reason != "empty_file" else "empty_mask_file", e.detail
+        ) from None
+    return binarize_mask(
+        raw,
+        threshold=opts.mask_threshold,
+        values=opts.mask_values,
+        lossless=file_extension(path) not in LOSSY_MASK_EXTENSIONS,
+    )
+
+
+def union_masks(masks: Sequence[BoolMask], paths: Sequence[Path]) -> BoolMask:
+    """Pixelwise OR of same-shaped masks; different shapes are ``mask_size_mismatch``."""
+    out = masks[0].copy()
+    for m, p in zip(masks[1:], paths[1:], strict=True):
+        if m.shape != out.shape:
+            raise SampleError("mask_size_mismatch", f"{p}: {m.shape} != {out.shape} of {paths[0]}")
+        out |= m
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# finishing a sample
+
+
+def resize_image(image: FloatImage, hw: tuple[int, int]) -> FloatImage:
+    """Resize a float32 [0, 1] image to ``hw`` = (H, W) with area interpolation."""
+    out = cv2.resize(image, (hw[1], hw[0]), interpolation=cv2.INTER_AREA)
+    return np.clip(out, 0.0, 1.0).astype(np.float32)
+
+
+def resize_mask(mask: BoolMask, hw: tuple[int, int]) -> BoolMask:
+    """Resize a bool mask to ``hw`` = (H, W) with pixel-centre nearest neighbour."""
+    out = cv2.resize(mask.astype(np.uint8), (hw[1], hw[0]), interpolation=cv2.INTER_NEAREST_EXACT)
+    return out.astype(bool)
+
+
+def finish_sample(
+    cfg: DatasetConfig,
+    ref: SampleRef,
+    image: FloatImage,
+    mask: BoolMask | None,
+    metadata: Mapping[str, Any],
+    *,
+    allow_empty_mask: bool = False,
+) -> Sample:
+    """Validate, resize and box one loaded sample (see the module docstring for the rules).
+
+    ``image``: float32 (H, W) or (H, W, 3) in [0, 1] at the original resolution; ``mask``: bool
+    (H, W) or None."""
+    image = np.ascontiguousarray(image, dtype=np.float32)
+    if image.ndim not in (2, 3) or (image.ndim == 3 and image.shape[2] != 3):
+        raise SampleError("unreadable_image", f"{ref.image_path}: image shape {image.shape}")
+    if not np.isfinite(image).all():
+        raise SampleError("unreadable_image", f"{ref.image_path}: non-finite values")
+    original = (int(image.shape[0]), int(image.shape[1]))
+    if mask is not None:
+        if mask.shape != original:
+            raise SampleError("mask_size_mismatch", f"mask {mask.shape} != image {original}")
+        if not allow_empty_mask and not mask.any():
+            raise SampleError("empty_mask", f"{', '.join(ref.mask_paths) or ref.image_path}: no foreground")
+    had_foreground = bool(mask is not None and mask.any())
+    resized = False
+    if cfg.size is not None and original != (cfg.size, cfg.size):
+        hw = (cfg.size, cfg.size)
+        image = resize_image(image, hw)
+        if mask is not None:
+            mask = resize_mask(mask, hw)
+            if had_foreground and not mask.any():
+                raise SampleError("mask_vanished_on_resize", f"foreground lost resizing {original} -> {hw}")
+        resized = True
+    boxes = None if mask is None else mask_to_boxes(mask, per_component=cfg.per_component_boxes)
+    meta: dict[str, Any] = {
+        "reader": cfg.format,
+        "image_path": ref.image_path,
+        "mask_paths": list(ref.mask_paths),
+        "original_size": list(original),
+        "size": [int(image.shape[0]), int(image.shape[1])],
+        "resized": resized,
+    }
+    meta.update(metadata)
+    return Sample(
+        sample_id=ref.sample_id,
+        dataset=cfg.name,
+        modality=cfg.modality,
+        image=np.clip(image, 0.0, 1.0).astype(np.float32, copy=False),
+        mask=mask,
+        boxes=boxes,
+        metadata=meta,
+    )
+
+
+# Importing the reader modules registers the built-in readers. They import this module's names,
+# which are all defined above, so the circular import is safe in either import order.
+from medrobust_lib.data import readers_dicom, readers_folder, readers_nifti  # noqa: E402, F401

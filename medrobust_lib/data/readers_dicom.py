@@ -1,0 +1,126 @@
+"""The ``dicom`` reader: a folder of single-image DICOM files with optional PNG masks.
+
+Intensity (see :func:`medrobust_lib.data.imageio.read_dicom`): stored values are rescaled with
+RescaleSlope/RescaleIntercept (HU for CT), then windowed ``[c - w/2, c + w/2] -> [0, 1]`` with
+clipping, using the options' window, else the file's WindowCenter/WindowWidth, else the 0.5/99.5
+percentiles of the rescaled values; MONOCHROME1 is inverted. The window and the rescale are kept in
+``metadata["intensity"]`` so that :func:`~medrobust_lib.data.imageio.intensity_to_native` maps
+the image back to HU. Colour DICOM (ultrasound RGB/YBR) becomes BT.601 luminance unless
+``keep_rgb``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pydantic import Field
+
+from medrobust_lib.data.imageio import read_dicom
+from medrobust_lib.data.readers import (
+    READERS,
+    IndexResult,
+    MaskOptions,
+    Reader,
+    WindowOptions,
+    finish_sample,
+    is_hidden,
+    make_ref,
+    options_for,
+    quarantine,
+    read_binary_mask,
+    require_dir,
+    sample_id_for,
+    union_masks,
+)
+from medrobust_lib.data.sample import QuarantineRecord, Sample, SampleRef
+from medrobust_lib.types import BoolMask
+
+if TYPE_CHECKING:
+    from medrobust_lib.data.dataset import DatasetConfig
+
+
+class DicomOptions(MaskOptions, WindowOptions):
+    """Options of the ``dicom`` reader. ``image_dir`` and ``mask_dir`` are relative to the root;
+    ``extensions`` are matched case-insensitively; ``frame`` selects one frame of multi-frame files."""
+
+    image_dir: str = "."
+    recursive: bool = True
+    extensions: list[str] = Field(default_factory=lambda: [".dcm"])
+    mask_dir: str | None = None
+    mask_suffix: str = ""
+    mask_ext: str = ".png"
+    keep_rgb: bool = False
+    frame: int | None = Field(default=None, ge=0)
+
+
+def _mask_path(img: Path, img_dir: Path, mask_dir: Path, opts: DicomOptions) -> Path:
+    rel = img.relative_to(img_dir)
+    return mask_dir / rel.parent / f"{img.stem}{opts.mask_suffix}{opts.mask_ext}"
+
+
+def index_dicom(cfg: DatasetConfig) -> IndexResult:
+    opts = options_for(cfg, DicomOptions)
+    root = Path(cfg.root).expanduser()
+    img_dir = require_dir(root / opts.image_dir, "DICOM folder")
+    mask_dir = None if opts.mask_dir is None else require_dir(root / opts.mask_dir, "mask folder")
+    exts = {e.lower() if e.startswith(".") else f".{e.lower()}" for e in opts.extensions}
+    walker = img_dir.rglob("*") if opts.recursive else img_dir.glob("*")
+    files = sorted(
+        p
+        for p in walker
+        if p.suffix.lower() in exts
+        and p.is_file()
+        and not any(is_hidden(part) for part in p.relative_to(img_dir).parents if part.name)
+        and not is_hidden(p)
+    )
+    refs: list[SampleRef] = []
+    bad: list[QuarantineRecord] = []
+    for p in files:
+        if mask_dir is not None and mask_dir.resolve() in p.resolve().parents:
+            continue
+        sid = sample_id_for(p.relative_to(img_dir))
+        if mask_dir is None:
+            refs.append(make_ref(cfg, sid, p))
+            continue
+        mp = _mask_path(p, img_dir, mask_dir, opts)
+        if not mp.is_file():
+            bad.append(quarantine(cfg, sid, p, "missing_mask", f"expected {mp}"))
+        else:
+            refs.append(make_ref(cfg, sid, p, [mp]))
+    return refs, bad
+
+
+def load_dicom(cfg: DatasetConfig, ref: SampleRef) -> Sample:
+    opts = options_for(cfg, DicomOptions)
+    image, meta = read_dicom(
+        ref.image_path,
+        window_center=opts.window_center,
+        window_width=opts.window_width,
+        percentiles=opts.percentiles,
+        keep_rgb=opts.keep_rgb,
+        frame=opts.frame,
+    )
+    mask: BoolMask | None = None
+    if ref.mask_paths:
+        paths = [Path(m) for m in ref.mask_paths]
+        decoded = [read_binary_mask(p, opts) for p in paths]
+        mask = union_masks([d[0] for d in decoded], paths)
+        meta["mask_rule"] = decoded[0][1]
+    return finish_sample(cfg, ref, image, mask, meta, allow_empty_mask=opts.allow_empty_mask)
+
+
+READERS.register(
+    "dicom",
+    Reader(
+        name="dicom",
+        description=(
+            "Folder of single-image DICOM files (recursive); HU/VOI window to [0, 1], MONOCHROME1 "
+            "inverted, colour to luminance; optional PNG masks <mask_dir>/<stem>.png."
+        ),
+        index=index_dicom,
+        load=load_dicom,
+        options_model=DicomOptions,
+        layout="<image_dir>/**/<stem>.dcm [+ <mask_dir>/<same sub-path>/<stem><mask_suffix>.png]",
+    ),
+)

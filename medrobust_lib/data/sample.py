@@ -1,0 +1,98 @@
+"""The Sample model and the quarantine record.
+
+A reader turns a dataset folder into :class:`SampleRef` entries (cheap: paths only) and loads each
+one into a :class:`Sample`. A file that cannot be used raises :class:`SampleError` with a short
+reason; callers turn that into a :class:`QuarantineRecord`, so a bad file is counted and reported,
+never silently dropped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from medrobust_lib.types import BoolMask, Boxes, FloatImage
+
+
+class SampleError(Exception):
+    """A sample's files cannot be used. ``reason`` is a short machine-friendly code
+    (``empty_file``, ``unreadable_image``, ``mask_size_mismatch``, ``empty_mask``,
+    ``unreadable_dicom``, ``missing_mask``, ...); ``detail`` is for humans."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class SampleRef:
+    """Where one sample lives. ``extra`` holds reader-specific fields (slice index, class label)."""
+
+    sample_id: str
+    dataset: str
+    modality: str
+    image_path: str
+    mask_paths: tuple[str, ...] = ()
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One image with optional ground truth.
+
+    image: float32, (H, W) grayscale or (H, W, 3) RGB, values in [0, 1] after the reader's
+    documented intensity mapping (recorded in ``metadata["intensity"]``).
+    mask: bool (H, W) or None. boxes: float32 (N, 4) pixel XYXY (end exclusive) or None.
+    """
+
+    sample_id: str
+    dataset: str
+    modality: str
+    image: FloatImage
+    mask: BoolMask | None = None
+    boxes: Boxes | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.image.dtype != np.float32:
+            raise ValueError(f"Sample.image must be float32, got {self.image.dtype}")
+        if self.image.ndim not in (2, 3) or (self.image.ndim == 3 and self.image.shape[2] != 3):
+            raise ValueError(f"Sample.image must be (H, W) or (H, W, 3), got {self.image.shape}")
+        if self.mask is not None and self.mask.shape != self.image.shape[:2]:
+            raise ValueError(f"Sample.mask shape {self.mask.shape} != image shape {self.image.shape[:2]}")
+
+    @property
+    def n_channels(self) -> int:
+        return 1 if self.image.ndim == 2 else int(self.image.shape[2])
+
+    def content_hash(self) -> str:
+        return array_hash(self.image, self.mask)
+
+
+@dataclass(frozen=True)
+class QuarantineRecord:
+    """A sample that could not be loaded, with the reason. Reported and counted in every table."""
+
+    dataset: str
+    sample_id: str
+    path: str
+    reason: str
+    detail: str = ""
+
+
+def array_hash(*arrays: np.ndarray | None) -> str:
+    """SHA-256 hex over the dtype, shape and bytes of each array (None hashes as a marker)."""
+    h = hashlib.sha256()
+    for a in arrays:
+        if a is None:
+            h.update(b"<none>")
+            continue
+        c = np.ascontiguousarray(a)
+        h.update(f"{c.dtype.str}{c.shape}".encode())
+        h.update(c.tobytes())
+    return h.hexdigest()

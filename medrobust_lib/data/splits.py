@@ -1,0 +1,19 @@
+"""Deterministic train/val/test splits by a hash of (dataset, sample id)."""
+
+from __future__ import annotations
+
+from medrobust_lib.seeding import stable_fraction
+
+SPLIT_FRACTIONS: tuple[tuple[str, float], ...] = (("train", 0.60), ("val", 0.15), ("test", 0.25))
+
+
+def split_for(dataset: str, sample_id: str) -> str:
+    """'train', 'val' or 'test' for a sample: stable across runs, machines and dataset order.
+    Not seeded by the suite seed on purpose, so every suite sees the same held-out images."""
+    u = stable_fraction("split", dataset, sample_id)
+    acc = 0.0
+    for name, frac in SPLIT_FRACTIONS:
+        acc += frac
+        if u < acc:
+            return name
+    return SPLIT_FRACTIONS[-1][0]

@@ -1,0 +1,236 @@
+"""Perturbation specifications and the perturbation registry.
+
+A perturbation is a pure function of ``(image, strength, rng)``. All randomness enters through the
+``numpy.random.Generator``; callers derive it from ``(seed, dataset, sample_id, perturbation)``
+without the level, so the random field is shared by every level (common random numbers) and SSIM
+moves with strength alone.
+
+Two kinds of functions are registered:
+
+* ``intensity``: ``fn(image, strength, rng) -> image``. Masks and boxes are returned unchanged.
+* ``spatial``: ``fn(image, strength, rng) -> (map_x, map_y)``, float32 ``(H, W)`` backward
+  coordinate maps in pixels (output pixel ``(y, x)`` samples the input at ``(map_y[y, x],
+  map_x[y, x])``), as for ``cv2.remap``. The image is resampled bilinearly with a zero border,
+  the mask with nearest neighbour, and each box by warping its rasterised rectangle and taking the
+  tight box of the result, so image, mask and boxes always move with the same draw.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import cv2
+import numpy as np
+
+from medrobust_lib.registry import Registry
+from medrobust_lib.types import ALL_MODALITIES, BoolMask, Boxes, FloatImage
+
+Geometry = Literal["intensity", "spatial"]
+Channels = Literal["any", "rgb"]
+
+
+@dataclass(frozen=True)
+class PerturbOutput:
+    """Result of one perturbation: image float32 in [0, 1] (same shape as the input), mask bool
+    (H, W) or None, boxes float32 (N, 4) pixel XYXY or None."""
+
+    image: FloatImage
+    mask: BoolMask | None
+    boxes: Boxes | None
+
+
+@dataclass(frozen=True)
+class PerturbationSpec:
+    """One registered perturbation type.
+
+    ``strength_range`` is ``(weakest, strongest)`` in the type's own unit when ``inverse`` is
+    false, and ``(strongest, weakest)`` sorted ascending when ``inverse`` is true (a smaller value
+    is stronger, e.g. JPEG quality). ``levels`` are default strengths for severity 1..5, used as
+    the calibration start. At the weakest strength the output must be (near) identical to the
+    input (SSIM >= 0.98), which the contract tests check.
+    """
+
+    name: str
+    family: str
+    modalities: tuple[str, ...]
+    geometry: Geometry
+    strength_range: tuple[float, float]
+    levels: tuple[float, float, float, float, float]
+    reference: str
+    fn: Callable[..., object] = field(repr=False, compare=False)
+    inverse: bool = False
+    integer: bool = False
+    channels: Channels = "any"
+    unit: str = ""
+
+    @property
+    def weakest(self) -> float:
+        return self.strength_range[1] if self.inverse else self.strength_range[0]
+
+    @property
+    def strongest(self) -> float:
+        return self.strength_range[0] if self.inverse else self.strength_range[1]
+
+    def applies_to(self, modality: str, n_channels: int) -> bool:
+        """Whether the type is defined for this modality and channel count (1 or 3)."""
+        if modality not in self.modalities:
+            return False
+        return self.channels == "any" or n_channels == 3
+
+    def clamp(self, strength: float) -> float:
+        lo, hi = self.strength_range
+        s = float(min(max(strength, lo), hi))
+        return float(round(s)) if self.integer else s
+
+    def apply(
+        self,
+        image: FloatImage,
+        strength: float,
+        rng: np.random.Generator,
+        *,
+        mask: BoolMask | None = None,
+        boxes: Boxes | None = None,
+    ) -> PerturbOutput:
+        """Apply at ``strength`` (clamped to the range). Pure: the inputs are not modified."""
+        _check_image(image)
+        if mask is not None and mask.shape != image.shape[:2]:
+            raise ValueError(f"mask shape {mask.shape} does not match image shape {image.shape[:2]}")
+        if self.channels == "rgb" and image.ndim != 3:
+            raise ValueError(f"perturbation {self.name!r} needs an RGB image, got shape {image.shape}")
+        s = self.clamp(strength)
+        if self.geometry == "intensity":
+            out = np.asarray(self.fn(image, s, rng), dtype=np.float32)
+            return PerturbOutput(
+                image=_finish(out, image.shape),
+                mask=None if mask is None else mask.copy(),
+                boxes=None if boxes is None else np.asarray(boxes, np.float32).copy(),
+            )
+        maps = self.fn(image, s, rng)
+        if not (isinstance(maps, tuple) and len(maps) == 2):
+            raise RuntimeError(f"spatial perturbation {self.name!r} must return (map_x, map_y)")
+        map_x: np.ndarray = np.asarray(maps[0], np.float32)
+        map_y: np.ndarray = np.asarray(maps[1], np.float32)
+        warped = remap_image(image, map_x, map_y)
+        return PerturbOutput(
+            image=_finish(warped, image.shape),
+            mask=None if mask is None else remap_mask(mask, map_x, map_y),
+            boxes=None if boxes is None else remap_boxes(boxes, map_x, map_y, image.shape[:2]),
+        )
+
+
+def _check_image(image: FloatImage) -> None:
+    if image.dtype != np.float32:
+        raise ValueError(f"images must be float32 in [0, 1], got dtype {image.dtype}")
+    if image.ndim not in (2, 3) or (image.ndim == 3 and image.shape[2] != 3):
+        raise ValueError(f"images must be (H, W) or (H, W, 3), got shape {image.shape}")
+
+
+def _finish(out: np.ndarray, shape: tuple[int, ...]) -> FloatImage:
+    if out.shape != shape:
+        raise RuntimeError(f"perturbation changed the image shape {shape} -> {out.shape}")
+    out = np.nan_to_num(out, nan=0.0, posinf=1.0, neginf=0.0)
+    return np.clip(out, 0.0, 1.0).astype(np.float32, copy=False)
+
+
+def identity_maps(h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
+    """Backward maps of the identity transform, float32 (H, W) each."""
+    ys, xs = np.mgrid[0:h, 0:w].astype(np.float32)
+    return xs, ys
+
+
+def affine_maps(h: int, w: int, matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Backward maps for a forward 2x3 affine ``matrix`` acting on (x, y) pixel coordinates."""
+    inv = cv2.invertAffineTransform(np.asarray(matrix, np.float64))
+    xs, ys = identity_maps(h, w)
+    map_x = inv[0, 0] * xs + inv[0, 1] * ys + inv[0, 2]
+    map_y = inv[1, 0] * xs + inv[1, 1] * ys + inv[1, 2]
+    return map_x.astype(np.float32), map_y.astype(np.float32)
+
+
+def remap_image(image: FloatImage, map_x: np.ndarray, map_y: np.ndarray) -> FloatImage:
+    out = cv2.remap(image, map_x, map_y, interpolation=cv2.INTER_LINEAR,
+                    borderMode=cv2.BORDER_CONSTANT, borderValue=0)
+    return np.asarray(out, np.float32).reshape(image.shape)
+
+
+def remap_mask(mask: BoolMask, map_x: np.ndarray, map_y: np.ndarray) -> BoolMask:
+    out = cv2.remap(mask.astype(np.uint8), map_x, map_y, interpolation=cv2.INTER_NEAREST,
+                    borderMode=cv2.BORDER_CONSTANT, borderValue=0)
+    return out.astype(bool)
+
+
+def remap_boxes(boxes: Boxes, map_x: np.ndarray, map_y: np.ndarray, hw: tuple[int, int]) -> Boxes:
+    """Move each XYXY box by warping its filled rectangle; a box warped out of view becomes
+    ``[nan, nan, nan, nan]`` (kept, so box indices stay aligned with their labels)."""
+    from medrobust_lib.data.boxes import mask_to_box  # local import: data depends on types only
+
+    h, w = hw
+    out = np.full((len(boxes), 4), np.nan, np.float32)
+    for i, (x0, y0, x1, y1) in enumerate(np.asarray(boxes, np.float64)):
+        rect = np.zeros((h, w), bool)
+        rect[max(int(np.floor(y0)), 0) : int(np.ceil(y1)), max(int(np.floor(x0)), 0) : int(np.ceil(x1))] = True
+        box = mask_to_box(remap_mask(rect, map_x, map_y))
+        if box is not None:
+            out[i] = box
+    return out
+
+
+PERTURBATIONS: Registry[PerturbationSpec] = Registry("perturbation")
+
+
+def perturbation(
+    name: str,
+    *,
+    family: str,
+    strength_range: tuple[float, float],
+    levels: tuple[float, float, float, float, float],
+    reference: str,
+    modalities: tuple[str, ...] = ALL_MODALITIES,
+    geometry: Geometry = "intensity",
+    inverse: bool = False,
+    integer: bool = False,
+    channels: Channels = "any",
+    unit: str = "",
+) -> Callable[[Callable[..., object]], Callable[..., object]]:
+    """Register ``fn`` as perturbation ``name`` (decorator). Raises on a duplicate name."""
+
+    def wrap(fn: Callable[..., object]) -> Callable[..., object]:
+        lo, hi = strength_range
+        if not lo < hi:
+            raise ValueError(f"{name}: strength_range must be ascending, got {strength_range}")
+        seq = list(levels) if not inverse else [-v for v in levels]
+        if any(b <= a for a, b in zip(seq, seq[1:], strict=False)):
+            raise ValueError(f"{name}: default levels must get strictly stronger, got {levels}")
+        PERTURBATIONS.register(
+            name,
+            PerturbationSpec(
+                name=name, family=family, modalities=tuple(modalities), geometry=geometry,
+                strength_range=(float(lo), float(hi)), levels=tuple(float(v) for v in levels),  # type: ignore[arg-type]
+                reference=reference, fn=fn, inverse=inverse, integer=integer, channels=channels, unit=unit,
+            ),
+        )
+        return fn
+
+    return wrap
+
+
+def get_perturbation(name: str) -> PerturbationSpec:
+    _load_families()
+    return PERTURBATIONS.get(name)
+
+
+def list_perturbations(pattern: str = "*", *, modality: str | None = None, n_channels: int | None = None,
+                       **filters: object) -> list[str]:
+    """Registered type names matching ``pattern`` and filters (e.g. ``family="mri"``); with
+    ``modality`` (and optionally ``n_channels``) only the types that apply to such images."""
+    _load_families()
+    names = PERTURBATIONS.list(pattern, **filters)
+    if modality is not None:
+        names = [n for n in names if PERTURBATIONS.get(n).applies_to(modality, n_channels or 3)]
+    return names
+
+
+def _load_families() -> None:
+    import medrobust_lib.perturb.families  # noqa: F401  (registers every family on import)

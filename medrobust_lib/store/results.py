@@ -1,0 +1,127 @@
+"""Tidy result tables as hive-partitioned Parquet, written idempotently.
+
+Layout: ``<results_dir>/<table>/<key>=<value>/.../<chunk>.parquet``. A partition is a folder; a
+chunk is one file in it, written to a temporary name and renamed into place, so a reader (or a
+killed run) only ever sees whole chunks. Each chunk records a fingerprint of its inputs in the
+Parquet metadata: a resumed run skips chunks whose fingerprint matches and recomputes the rest,
+and :func:`finalize_partition` removes chunks that are no longer expected. Re-running a partition
+therefore never duplicates or loses rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+FINGERPRINT_KEY = b"medrobust.fingerprint"
+_SAFE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+def fingerprint(payload: Any) -> str:
+    """Stable SHA-256 of a JSON-serialisable payload (sorted keys)."""
+    blob = json.dumps(payload, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def partition_dir(results_dir: str | Path, table: str, partition: Mapping[str, object]) -> Path:
+    """Folder of one partition, e.g. ``results/perturbation_manifest/modality=ct/level=3``."""
+    parts = [f"{k}={_safe(str(v))}" for k, v in partition.items()]
+    return Path(results_dir, _safe(table), *parts)
+
+
+def _safe(name: str) -> str:
+    if not _SAFE.match(name):
+        raise ValueError(f"unsafe name for a path component: {name!r}")
+    return name
+
+
+def chunk_path(results_dir: str | Path, table: str, partition: Mapping[str, object], chunk: str) -> Path:
+    return partition_dir(results_dir, table, partition) / f"{_safe(chunk)}.parquet"
+
+
+def read_chunk_fingerprint(path: Path) -> str | None:
+    """The fingerprint stored in a chunk, or None if the file is missing or unreadable."""
+    try:
+        meta = pq.read_schema(path).metadata or {}
+    except (OSError, pa.ArrowInvalid):
+        return None
+    fp = meta.get(FINGERPRINT_KEY)
+    return fp.decode() if fp else None
+
+
+def chunk_is_current(path: Path, fp: str) -> bool:
+    return path.is_file() and read_chunk_fingerprint(path) == fp
+
+
+def write_chunk(path: Path, rows: Sequence[Mapping[str, Any]] | pd.DataFrame, fp: str,
+                columns: Sequence[str] | None = None, schema: pa.Schema | None = None) -> int:
+    """Atomically write one chunk (temp file + rename). Partition columns are not stored in the
+    file (they are in the folder names). Returns the number of rows."""
+    df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows), columns=list(columns) if columns else None)
+    partition_cols = {p.split("=", 1)[0] for p in path.parent.parts if "=" in p}
+    df = df.drop(columns=[c for c in df.columns if c in partition_cols])
+    table = pa.Table.from_pandas(df, schema=schema, preserve_index=False)
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), FINGERPRINT_KEY: fp.encode()})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return len(df)
+
+
+def finalize_partition(results_dir: str | Path, table: str, partition: Mapping[str, object],
+                       expected_chunks: Iterable[str]) -> list[Path]:
+    """Remove chunk files (and stray temp files) that are not in ``expected_chunks``; returns
+    the removed paths."""
+    folder = partition_dir(results_dir, table, partition)
+    keep = {f"{c}.parquet" for c in expected_chunks}
+    removed = []
+    if folder.is_dir():
+        for f in folder.iterdir():
+            if f.is_file() and f.name not in keep:
+                f.unlink()
+                removed.append(f)
+    return removed
+
+
+def read_partition(results_dir: str | Path, table: str, partition: Mapping[str, object]) -> pd.DataFrame:
+    """All chunks of one partition, with the partition columns added back."""
+    folder = partition_dir(results_dir, table, partition)
+    files = sorted(folder.glob("*.parquet")) if folder.is_dir() else []
+    if not files:
+        return pd.DataFrame()
+    df = pd.concat([pq.read_table(f).to_pandas() for f in files], ignore_index=True)
+    for k, v in partition.items():
+        df[k] = v
+    return df
+
+
+def read_table(results_dir: str | Path, table: str) -> pd.DataFrame:
+    """A whole hive-partitioned table (every partition), or an empty frame."""
+    root = Path(results_dir, table)
+    if not root.is_dir() or not any(root.rglob("*.parquet")):
+        return pd.DataFrame()
+    import duckdb
+
+    glob = str(root / "**" / "*.parquet")
+    con = duckdb.connect()
+    try:
+        return con.execute(
+            "select * from read_parquet(?, hive_partitioning = true, union_by_name = true)", [glob]
+        ).df()
+    finally:
+        con.close()

@@ -1,0 +1,47 @@
+"""Shared fixtures: small real images that ship inside installed wheels (no downloads)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+from skimage import data
+
+
+def _resize(img: np.ndarray, size: int) -> np.ndarray:
+    return np.asarray(cv2.resize(img, (size, size), interpolation=cv2.INTER_AREA), np.float32)
+
+
+@pytest.fixture(scope="session")
+def gray_image() -> np.ndarray:
+    """float32 (128, 128) in [0, 1]: skimage's camera."""
+    return _resize(data.camera().astype(np.float32) / 255.0, 128)
+
+
+@pytest.fixture(scope="session")
+def rgb_image() -> np.ndarray:
+    """float32 (128, 128, 3) in [0, 1]: skimage's retina crop."""
+    return _resize(data.retina()[100:900, 100:900].astype(np.float32) / 255.0, 128)
+
+
+@pytest.fixture(scope="session")
+def square_sample() -> tuple[np.ndarray, np.ndarray]:
+    """A textured gray image with a bright off-centre square and its mask."""
+    rng = np.random.default_rng(0)
+    img = (0.25 + 0.1 * rng.random((128, 128))).astype(np.float32)
+    mask = np.zeros((128, 128), bool)
+    mask[30:60, 70:100] = True
+    img[mask] = 0.9
+    return img, mask
+
+
+@pytest.fixture(scope="session")
+def demo_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small demo build (4 images per modality), shared by the whole session."""
+    from medrobust_lib.data.demo import build_demo
+
+    root = tmp_path_factory.mktemp("demo")
+    build_demo(root, seed=0, n_per_modality=4)
+    return root

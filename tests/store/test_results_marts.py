@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from medrobust_lib.store import results
+from medrobust_lib.store.marts import build_mart, connect_readonly
+
+
+def test_chunks_are_atomic_fingerprinted_and_finalized(tmp_path: Path) -> None:
+    part = {"modality": "ct", "level": 2}
+    p1 = results.chunk_path(tmp_path, "t", part, "a")
+    p2 = results.chunk_path(tmp_path, "t", part, "b")
+    results.write_chunk(p1, [{"x": 1, "modality": "ct"}], "fp1")
+    results.write_chunk(p2, [{"x": 2}], "fp2")
+    assert results.chunk_is_current(p1, "fp1") and not results.chunk_is_current(p1, "other")
+    # rewriting replaces, never appends
+    results.write_chunk(p1, [{"x": 10}, {"x": 11}], "fp1b")
+    df = results.read_partition(tmp_path, "t", part)
+    assert sorted(df["x"]) == [2, 10, 11] and set(df["level"]) == {2}
+    (p1.parent / ".a.parquet.123.tmp").write_bytes(b"partial")  # a killed writer's leftover
+    removed = results.finalize_partition(tmp_path, "t", part, ["a"])
+    assert {p.name for p in removed} == {"b.parquet", ".a.parquet.123.tmp"}
+    assert sorted(results.read_partition(tmp_path, "t", part)["x"]) == [10, 11]
+    with pytest.raises(ValueError, match="unsafe"):
+        results.partition_dir(tmp_path, "t", {"modality": "../etc"})
+
+
+def test_mart_has_every_table_and_view_even_without_data(tmp_path: Path) -> None:
+    mart = tmp_path / "m.duckdb"
+    counts = build_mart(tmp_path / "results", mart)
+    assert counts == {"clean_samples": 0, "perturbation_manifest": 0}
+    con = connect_readonly(mart)
+    try:
+        assert con.execute("select count(*) from perturbation_summary").fetchall() == [(0,)]
+        with pytest.raises(duckdb.Error):
+            con.execute("create table x (a int)")  # read-only
+    finally:
+        con.close()
+
+
+def test_mart_reads_hive_partitions(tmp_path: Path) -> None:
+    res = tmp_path / "results"
+    for lv in (1, 2):
+        p = results.chunk_path(res, "perturbation_manifest", {"modality": "mri", "level": lv}, "ds__noise")
+        results.write_chunk(p, [{"sample_id": "a", "dataset": "ds", "perturbation": "noise", "ssim": 0.9 - lv / 10,
+                                 "strength": lv * 0.1, "band_reached": True, "status": "ok", "n_ssim_evals": 2}], "fp")
+    build_mart(res, tmp_path / "m.duckdb")
+    con = connect_readonly(tmp_path / "m.duckdb")
+    try:
+        rows = con.execute("select modality, level, n, band_hit_rate from perturbation_summary order by level").fetchall()
+    finally:
+        con.close()
+    assert rows == [("mri", 1, 1, 1.0), ("mri", 2, 1, 1.0)]
