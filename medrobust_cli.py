@@ -34,6 +34,7 @@ class OutFormat(StrEnum):
     csv = "csv"
     json = "json"
     parquet = "parquet"
+    markdown = "markdown"
 
 
 class ImgFormat(StrEnum):
@@ -57,7 +58,7 @@ def demo(
     mart = run_demo(suite, workers=workers, log=_echo)
     typer.echo(f"\nDone in {time.perf_counter() - t0:.0f} s.")
     typer.echo(f"  mart:     {mart}   (medrobust query \"SQL\")")
-    typer.echo("  results:  var/results/<table>/  (Parquet, hive-partitioned)")
+    typer.echo("  results:  <results_dir>/<table>/  (Parquet, hive-partitioned; see the suite YAML)")
     typer.echo("  MLflow:   mlruns/  (make mlflow-ui)      Dagster runs: var/dagster  (make ui)")
     typer.echo("\nTry:")
     for q in EXAMPLE_QUERIES:
@@ -97,6 +98,8 @@ def query(
         text = df.to_csv(index=False)
     elif format is OutFormat.json:
         text = df.to_json(orient="records", indent=None, date_format="iso")
+    else:
+        text = df.to_markdown(index=False)
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
         if format is OutFormat.parquet:
@@ -130,7 +133,19 @@ def list_perturbations_cmd(
     import pandas as pd
 
     df = pd.DataFrame(rows)
-    typer.echo(df.to_csv(index=False) if format is OutFormat.csv else df.to_string(index=False))
+    if format is OutFormat.markdown:
+        typer.echo(perturbation_table_markdown(df))
+    else:
+        typer.echo(df.to_csv(index=False) if format is OutFormat.csv else df.to_string(index=False))
+
+
+def perturbation_table_markdown(df: Any) -> str:
+    """The README table (kept in sync by a test)."""
+    cols = ["name", "family", "modalities", "geometry", "strength", "reference"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in df[cols].to_dict("records"):
+        lines.append("| " + " | ".join(str(r[c]).replace("|", "/") for c in cols) + " |")
+    return "\n".join(lines)
 
 
 @app.command()

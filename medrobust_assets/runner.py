@@ -14,6 +14,9 @@ from medrobust_assets.definitions import ALL_ASSETS, build_resources
 from medrobust_lib.config import load_suite
 from medrobust_lib.types import SEVERITY_LEVELS
 
+# Progress is printed by run_demo; Dagster's own event stream stays in the instance (and the UI).
+QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+
 
 def get_instance() -> dg.DagsterInstance:
     """The instance of $DAGSTER_HOME, defaulting to this project folder when it has a dagster.yaml."""
@@ -35,7 +38,7 @@ def run_demo(suite_path: str, *, workers: int = 0, log: Callable[[str], None] = 
     def step(asset: str, partition: str | None = None) -> None:
         t0 = time.perf_counter()
         res = dg.materialize(ALL_ASSETS, selection=[asset], partition_key=partition, instance=inst,
-                             resources=resources, raise_on_error=False,
+                             resources=resources, raise_on_error=False, run_config=QUIET,
                              tags={"medrobust/source": "medrobust demo"})
         label = f"{asset}[{partition}]" if partition else asset
         if not res.success:
