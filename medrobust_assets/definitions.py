@@ -2,14 +2,42 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import dagster as dg
 
 from medrobust_assets.assets.datasets import clean_samples, demo_data
 from medrobust_assets.assets.marts import marts
 from medrobust_assets.assets.perturbed import perturbation_gallery, perturbed_samples
+from medrobust_assets.assets.segmentation import segmentation_family, segmentation_report
 from medrobust_assets.resources import SuiteResource, TrackingResource
 
-ALL_ASSETS = [demo_data, clean_samples, perturbed_samples, perturbation_gallery, marts]
+
+def _suite_for_definitions() -> Any:
+    """The suite whose model list shapes the asset graph ($MEDROBUST_SUITE or the demo suite).
+    Only the model ids are read here; everything else is read at run time by the resources."""
+    from medrobust_lib.config import load_suite
+
+    path = dg.EnvVar("MEDROBUST_SUITE").get_value("configs/demo.yaml") or "configs/demo.yaml"
+    return load_suite(path) if Path(path).is_file() else None
+
+
+def _model_assets() -> list[dg.AssetsDefinition]:
+    from medrobust_lib.pipeline.segmentation import seg_config
+
+    suite = _suite_for_definitions()
+    assets: list[dg.AssetsDefinition] = []
+    if suite is not None:
+        for m in seg_config(suite).models:
+            assets.extend(segmentation_family(m.id, trained=m.checkpoint == "trained"))
+    return assets
+
+
+MODEL_ASSETS = _model_assets()
+SEGMENTATION_REPORT = segmentation_report([a for a in MODEL_ASSETS if a.key.path[-1] != "base_checkpoint"])
+ALL_ASSETS = [demo_data, clean_samples, perturbed_samples, perturbation_gallery, *MODEL_ASSETS,
+              SEGMENTATION_REPORT, marts]
 
 
 def build_resources(suite_path: str = "", mlruns_dir: str = "mlruns", workers: int = 0) -> dict[str, object]:

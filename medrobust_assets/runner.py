@@ -37,7 +37,7 @@ def run_demo(suite_path: str, *, workers: int = 0, log: Callable[[str], None] = 
 
     def step(asset: str, partition: str | None = None) -> None:
         t0 = time.perf_counter()
-        res = dg.materialize(ALL_ASSETS, selection=[asset], partition_key=partition, instance=inst,
+        res = dg.materialize(ALL_ASSETS, selection=[dg.AssetKey.from_user_string(asset)], partition_key=partition, instance=inst,
                              resources=resources, raise_on_error=False, run_config=QUIET,
                              tags={"medrobust/source": "medrobust demo"})
         label = f"{asset}[{partition}]" if partition else asset
@@ -56,6 +56,21 @@ def run_demo(suite_path: str, *, workers: int = 0, log: Callable[[str], None] = 
                 step("perturbed_samples", dg.MultiPartitionKey({"modality": m, "severity": str(lv)}))
     for m in suite.modalities:
         step("perturbation_gallery", m)
+    from medrobust_lib.pipeline.segmentation import seg_config
+
+    models = seg_config(suite).models
+    for model in models:
+        log(f"== segmentation: {model.id}")
+        if model.checkpoint == "trained":
+            step(f"{model.id}/base_checkpoint")
+        for m in suite.modalities:
+            step(f"{model.id}/clean_predictions", m)
+        for kind in ("perturbed_predictions", "attack_predictions"):
+            for m in suite.modalities:
+                for lv in suite.perturbations.levels:
+                    step(f"{model.id}/{kind}", dg.MultiPartitionKey({"modality": m, "severity": str(lv)}))
+    if models:
+        step("segmentation_report")
     log("== mart")
     step("marts")
     return suite.mart_path

@@ -40,6 +40,21 @@ MART_TABLES: list[MartTable] = [
         ("band_reached", "BOOLEAN"), ("miss_reason", "VARCHAR"), ("n_ssim_evals", "INTEGER"),
         ("seed_key", "VARCHAR"), ("sha256", "VARCHAR"), ("status", "VARCHAR"), ("error", "VARCHAR"),
     ), "one row per (sample, perturbation, level): calibrated strength, SSIM and band flag"),
+    MartTable("segmentation_results", (
+        ("model", "VARCHAR"), ("checkpoint", "VARCHAR"), ("strategy", "VARCHAR"), ("dataset", "VARCHAR"),
+        ("modality", "VARCHAR"), ("sample_id", "VARCHAR"), ("condition", "VARCHAR"), ("perturbation", "VARCHAR"),
+        ("level", "INTEGER"), ("strength", "DOUBLE"), ("ssim", "DOUBLE"), ("epsilon", "DOUBLE"), ("iou", "DOUBLE"),
+        ("dice", "DOUBLE"), ("clean_iou", "DOUBLE"), ("clean_dice", "DOUBLE"), ("iou_drop", "DOUBLE"),
+        ("dice_drop", "DOUBLE"), ("prompt", "VARCHAR"), ("status", "VARCHAR"), ("error", "VARCHAR"),
+        ("empty_gt_policy", "VARCHAR"),
+    ), "one row per (model, image, condition): IoU/Dice and signed drops vs clean"),
+    MartTable("segmentation_stats", (
+        ("model", "VARCHAR"), ("checkpoint", "VARCHAR"), ("strategy", "VARCHAR"), ("condition", "VARCHAR"),
+        ("perturbation", "VARCHAR"), ("level", "INTEGER"), ("n", "INTEGER"), ("iou", "DOUBLE"), ("dice", "DOUBLE"),
+        ("iou_drop", "DOUBLE"), ("iou_drop_ci_low", "DOUBLE"), ("iou_drop_ci_high", "DOUBLE"),
+        ("dice_drop", "DOUBLE"), ("dice_drop_ci_low", "DOUBLE"), ("dice_drop_ci_high", "DOUBLE"),
+        ("wilcoxon_p", "DOUBLE"), ("wilcoxon_q", "DOUBLE"),
+    ), "per (model, condition, type, level): bootstrap CIs of the drops, paired Wilcoxon p and BH q"),
 ]
 
 MART_VIEWS: dict[str, str] = {
@@ -55,6 +70,55 @@ MART_VIEWS: dict[str, str] = {
         from perturbation_manifest
         group by modality, perturbation, level
         order by modality, perturbation, level""",
+    "segmentation_by_level": """
+        select r.model, r.checkpoint, r.strategy, r.condition, r.perturbation, r.level,
+               count(*) as n, count(*) filter (where r.status <> 'ok') as n_failed,
+               avg(r.iou) filter (where r.status = 'ok') as iou, avg(r.dice) filter (where r.status = 'ok') as dice,
+               avg(r.iou_drop) filter (where r.status = 'ok') as iou_drop,
+               avg(r.dice_drop) filter (where r.status = 'ok') as dice_drop,
+               avg(r.ssim) as mean_ssim, any_value(r.epsilon) as epsilon,
+               any_value(s.dice_drop_ci_low) as dice_drop_ci_low, any_value(s.dice_drop_ci_high) as dice_drop_ci_high,
+               any_value(s.iou_drop_ci_low) as iou_drop_ci_low, any_value(s.iou_drop_ci_high) as iou_drop_ci_high,
+               any_value(s.wilcoxon_p) as wilcoxon_p, any_value(s.wilcoxon_q) as wilcoxon_q
+        from segmentation_results r
+        left join segmentation_stats s using (model, checkpoint, strategy, condition, perturbation, level)
+        where r.condition <> 'clean'
+        group by all order by all""",
+    "segmentation_summary": """
+        with ok as (select * from segmentation_results where status = 'ok'),
+        clean as (
+            select model, checkpoint, strategy, avg(iou) as iou, avg(dice) as dice, count(*) as n
+            from ok where condition = 'clean' group by all),
+        per_type as (
+            select model, checkpoint, strategy,
+                   case when condition = 'perturbation' then 'corruption' else 'attack' end as row_kind,
+                   perturbation, avg(iou) as iou, avg(dice) as dice, avg(iou_drop) as iou_drop,
+                   avg(dice_drop) as dice_drop, count(*) as n
+            from ok where condition <> 'clean' group by all),
+        avg_row as (
+            select model, checkpoint, strategy, avg(iou) as iou, avg(dice) as dice, avg(iou_drop) as iou_drop,
+                   avg(dice_drop) as dice_drop, sum(n) as n
+            from per_type where row_kind = 'corruption' group by all)
+        select model, checkpoint, strategy, 'Clean' as row_kind, 'Clean' as perturbation, iou, dice,
+               0.0 as iou_drop, 0.0 as dice_drop, n, 0 as sort_key from clean
+        union all
+        select model, checkpoint, strategy, row_kind, perturbation, iou, dice, iou_drop, dice_drop, n,
+               case when row_kind = 'corruption' then 1 else 2 end from per_type
+        union all
+        select model, checkpoint, strategy, 'Avg', 'Avg', iou, dice, iou_drop, dice_drop, n, 3 from avg_row
+        union all
+        select a.model, a.checkpoint, a.strategy, 'Delta', 'Delta', c.iou - a.iou, c.dice - a.dice,
+               c.iou - a.iou, c.dice - a.dice, a.n, 4
+        from avg_row a join clean c using (model, checkpoint, strategy)
+        order by model, strategy, sort_key, perturbation""",
+    "segmentation_top_corruptions": """
+        with per_type as (
+            select model, strategy, perturbation, avg(dice_drop) as dice_drop, avg(iou_drop) as iou_drop,
+                   count(*) as n
+            from segmentation_results where status = 'ok' and condition = 'perturbation'
+            group by model, strategy, perturbation)
+        select *, rank() over (partition by model, strategy order by dice_drop desc) as rank
+        from per_type order by model, strategy, rank""",
     "quarantine": """
         select dataset, modality, sample_id, image_path, reason, detail
         from clean_samples where status <> 'ok' order by dataset, sample_id""",

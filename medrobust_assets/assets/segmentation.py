@@ -1,0 +1,154 @@
+"""Segmentation asset family, one per configured model (key prefix = model id), plus the report."""
+
+import math
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from medrobust_assets.assets.datasets import clean_samples
+from medrobust_assets.assets.perturbed import perturbed_samples
+from medrobust_assets.metadata import image_md, markdown_table
+from medrobust_assets.partitions import (
+    by_modality,
+    modality_and_level,
+    modality_partitions,
+    modality_severity_partitions,
+)
+from medrobust_assets.resources import SuiteResource, TrackingResource
+
+
+def _log_metrics(run: Any, metrics: dict[str, float]) -> None:
+    if run is not None:
+        import mlflow
+
+        mlflow.log_metrics({k: float(v) for k, v in metrics.items() if v is not None and not math.isnan(float(v))})
+
+
+def _eval_metadata(summary: Any) -> dict[str, Any]:
+    overhead = summary.total_seconds / summary.model_seconds if summary.model_seconds else float("nan")
+    return {"n_rows": summary.n_rows, "n_failed": summary.n_failed, "mean_iou": summary.mean_iou,
+            "mean_dice": summary.mean_dice, "clean_cache_hits": summary.clean_cache_hits,
+            "clean_cache_misses": summary.clean_cache_misses, "images_per_s": summary.n_images / summary.total_seconds
+            if summary.total_seconds else float("nan"), "pipeline_overhead": overhead}
+
+
+def segmentation_family(model_id: str, trained: bool) -> list[dg.AssetsDefinition]:
+    """Assets for one model: [base_checkpoint], clean_predictions (by modality),
+    perturbed_predictions and attack_predictions (by modality x severity)."""
+    out: list[dg.AssetsDefinition] = []
+    deps_clean: list[Any] = [clean_samples]
+    if trained:
+        @dg.asset(
+            key=[model_id, "base_checkpoint"], group_name="segmentation", kinds={"pytorch", "safetensors"},
+            deps=[clean_samples], pool="gpu",
+            description=f"{model_id}: trained from scratch on the demo train split (selection on val), saved as "
+                        "safetensors + config.json; reports test Dice.",
+        )
+        def base_checkpoint(context: dg.AssetExecutionContext, suite: SuiteResource,
+                            tracking: TrackingResource) -> dg.MaterializeResult:
+            from medrobust_lib.pipeline.segmentation import train_base_checkpoint
+
+            s = suite.load()
+            with tracking.run(context, "segmentation_training", {"model": model_id}) as run:
+                r = train_base_checkpoint(s, model_id, log=context.log.info)
+                _log_metrics(run, {"val_dice": r.val_dice, "test_dice": r.test_dice, "steps": r.steps,
+                                   "train_seconds": r.seconds})
+                if run is not None:
+                    import mlflow
+
+                    mlflow.log_artifact(r.checkpoint, artifact_path="checkpoint")
+            return dg.MaterializeResult(metadata={"val_dice": r.val_dice, "test_dice": r.test_dice, "steps": r.steps,
+                                                  "seconds": r.seconds, "n_train": r.n_train,
+                                                  "checkpoint": dg.MetadataValue.path(r.checkpoint)})
+
+        out.append(base_checkpoint)
+        deps_clean.append(base_checkpoint)
+
+    @dg.asset(
+        key=[model_id, "clean_predictions"], group_name="segmentation", kinds={"pytorch", "parquet"},
+        partitions_def=modality_partitions, deps=deps_clean, pool="gpu",
+        description=f"{model_id}: clean predictions with tight box prompts, one row per test image "
+                    "(segmentation_results, condition 'clean'); the clean cache for every other condition.",
+    )
+    def clean_predictions(context: dg.AssetExecutionContext, suite: SuiteResource,
+                          tracking: TrackingResource) -> dg.MaterializeResult:
+        from medrobust_lib.pipeline.segmentation import evaluate_clean
+
+        with tracking.run(context, "segmentation_eval", {"model": model_id, "condition": "clean"}) as run:
+            summary = evaluate_clean(suite.load(), model_id, context.partition_key)
+            meta = _eval_metadata(summary)
+            _log_metrics(run, meta)
+        return dg.MaterializeResult(metadata=meta)
+
+    @dg.asset(
+        key=[model_id, "perturbed_predictions"], group_name="segmentation", kinds={"pytorch", "parquet"},
+        partitions_def=modality_severity_partitions, pool="gpu",
+        deps=[perturbed_samples, dg.AssetDep(clean_predictions, partition_mapping=by_modality)],
+        description=f"{model_id}: predictions on every perturbed test image of the partition, regenerated from "
+                    "the manifest (spatial types with moved masks and boxes); IoU/Dice and drops vs clean.",
+    )
+    def perturbed_predictions(context: dg.AssetExecutionContext, suite: SuiteResource,
+                              tracking: TrackingResource) -> dg.MaterializeResult:
+        from medrobust_lib.pipeline.segmentation import evaluate_perturbed
+
+        modality, level = modality_and_level(context)
+        with tracking.run(context, "segmentation_eval", {"model": model_id, "condition": "perturbation",
+                                                          "level": level}) as run:
+            summary = evaluate_perturbed(suite.load(), model_id, modality, level)
+            meta = _eval_metadata(summary)
+            _log_metrics(run, meta)
+        return dg.MaterializeResult(metadata=meta)
+
+    @dg.asset(
+        key=[model_id, "attack_predictions"], group_name="segmentation", kinds={"pytorch", "parquet"},
+        partitions_def=modality_severity_partitions, pool="gpu",
+        deps=[dg.AssetDep(clean_predictions, partition_mapping=by_modality)],
+        description=f"{model_id}: L-inf FGSM and PGD in pixel space (eps = 2, 4, 6, 8, 10 /255 by severity; PGD "
+                    "steps 3, 5, 7, 10, 15), model in eval mode, fixed box prompt, seeded random start.",
+    )
+    def attack_predictions(context: dg.AssetExecutionContext, suite: SuiteResource,
+                           tracking: TrackingResource) -> dg.MaterializeResult:
+        from medrobust_lib.pipeline.segmentation import evaluate_attacks
+
+        modality, level = modality_and_level(context)
+        with tracking.run(context, "segmentation_eval", {"model": model_id, "condition": "attack",
+                                                          "level": level}) as run:
+            summary = evaluate_attacks(suite.load(), model_id, modality, level)
+            meta = _eval_metadata(summary)
+            _log_metrics(run, meta)
+        return dg.MaterializeResult(metadata=meta)
+
+    out.extend([clean_predictions, perturbed_predictions, attack_predictions])
+    return out
+
+
+def segmentation_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinition:
+    @dg.asset(
+        group_name="segmentation", kinds={"python", "png", "parquet"}, deps=upstream,
+        description="Bootstrap CIs, paired Wilcoxon + Benjamini-Hochberg per (model, type, level) "
+                    "(table segmentation_stats) and robustness curves (metric vs level per type), logged to MLflow.",
+    )
+    def segmentation_report(context: dg.AssetExecutionContext, suite: SuiteResource,
+                            tracking: TrackingResource) -> dg.MaterializeResult:
+        from medrobust_lib.pipeline.seg_report import robustness_curves, write_segmentation_stats
+
+        s = suite.load()
+        with tracking.run(context, "segmentation_report") as run:
+            stats = write_segmentation_stats(s.results_dir, s.seed)
+            paths = robustness_curves(stats, Path(s.results_dir).parent / "reports" / "segmentation")
+            if run is not None:
+                import mlflow
+
+                for p in paths:
+                    mlflow.log_artifact(str(p), artifact_path="curves")
+        meta: dict[str, Any] = {"n_stats_rows": len(stats)}
+        if len(stats):
+            top = (stats[stats["condition"] == "perturbation"].groupby(["model", "perturbation"])["dice_drop"].mean()
+                   .sort_values(ascending=False).head(10).reset_index())
+            meta["top_dice_drops"] = markdown_table(top)
+        for p in paths:
+            meta[p.stem] = image_md(p)
+        return dg.MaterializeResult(metadata=meta)
+
+    return segmentation_report

@@ -1,0 +1,31 @@
+"""Adversarial attacks in pixel space (DESIGN.md section 5)."""
+
+from __future__ import annotations
+
+from medrobust_lib.attacks.linf import (
+    ATTACK_KINDS,
+    DEFAULT_STEP_SIZE_FACTOR,
+    EPSILONS,
+    PGD_STEPS,
+    AttackConfig,
+    AttackKind,
+    DifferentiableSegmenter,
+    eval_mode,
+    fgsm,
+    pgd,
+    torch_generator_for,
+)
+
+__all__ = [
+    "ATTACK_KINDS",
+    "DEFAULT_STEP_SIZE_FACTOR",
+    "EPSILONS",
+    "PGD_STEPS",
+    "AttackConfig",
+    "AttackKind",
+    "DifferentiableSegmenter",
+    "eval_mode",
+    "fgsm",
+    "pgd",
+    "torch_generator_for",
+]

@@ -1,0 +1,196 @@
+"""Supervised training of a promptable segmentation model with box prompts.
+
+AdamW, linear warmup then cosine decay, gradient clipping, true batching, AMP on CUDA, model
+selection and early stopping on the validation split (never on test). All randomness (shuffling,
+box jitter, initialisation) comes from generators derived from the seed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import torch
+
+from medrobust_lib.data.sample import Sample
+from medrobust_lib.metrics.segmentation import dice
+from medrobust_lib.models.losses import dice_bce_loss
+from medrobust_lib.models.sam import SamSegmenter, to_tensor_batch
+from medrobust_lib.prompts import PromptConfig, prompt_boxes
+from medrobust_lib.seeding import rng_for
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    max_steps: int = 400
+    batch_size: int = 8
+    lr: float = 2e-3
+    weight_decay: float = 1e-4
+    warmup_steps: int = 20
+    grad_clip: float = 1.0
+    w_dice: float = 0.7
+    w_bce: float = 0.3
+    eval_every: int = 50
+    patience: int = 4
+    time_budget_s: float | None = None
+    box_jitter: float = 0.05
+    augment: bool = True
+    seed: int = 0
+
+
+@dataclass
+class TrainResult:
+    best_val_dice: float
+    best_step: int
+    steps: int
+    seconds: float
+    history: list[dict[str, float]]
+    stopped_early: bool
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup to cfg.lr, then cosine decay to 0 at max_steps."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    t = (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps)
+    return cfg.lr * 0.5 * (1 + math.cos(math.pi * min(t, 1.0)))
+
+
+def evaluate_dice(model: SamSegmenter, samples: Sequence[Sample], prompt: PromptConfig) -> float:
+    """Mean Dice over samples with the evaluation prompt (no jitter)."""
+    if not samples:
+        return float("nan")
+    boxes = [prompt_boxes(s, prompt) for s in samples]
+    probs = model.predict([s.image for s in samples], boxes)
+    scores = []
+    for s, p in zip(samples, probs, strict=True):
+        assert s.mask is not None
+        scores.append(dice(p.max(axis=0) > 0.5 if len(p) else np.zeros_like(s.mask), s.mask))
+    return float(np.mean(scores))
+
+
+def augment(sample: Sample, rng: np.random.Generator) -> Sample:
+    """A random dihedral transform (flips / 90-degree rotations) of image and mask plus a mild
+    gain/offset change, for training only; the prompt box is re-derived from the moved mask."""
+    k = int(rng.integers(4))
+    flip = bool(rng.integers(2))
+    gain, offset = rng.uniform(0.85, 1.15), rng.uniform(-0.08, 0.08)
+    assert sample.mask is not None
+    img, mask = np.rot90(sample.image, k, axes=(0, 1)), np.rot90(sample.mask, k)
+    if flip:
+        img, mask = img[:, ::-1], mask[:, ::-1]
+    img = np.clip(img * gain + offset, 0.0, 1.0).astype(np.float32)
+    # random zoom (0.8-1.25) and shift (up to 10%) about the centre; skipped if it loses the lesion
+    h, w = mask.shape
+    scale = float(np.exp(rng.uniform(np.log(0.8), np.log(1.25))))
+    tx, ty = rng.uniform(-0.1, 0.1, 2) * (w, h)
+    mat = cv2.getRotationMatrix2D((w / 2, h / 2), 0.0, scale)
+    mat[:, 2] += (tx, ty)
+    moved = cv2.warpAffine(np.ascontiguousarray(mask).astype(np.uint8), mat, (w, h), flags=cv2.INTER_NEAREST) > 0
+    if moved.sum() >= 0.9 * mask.sum() * scale * scale:
+        img = cv2.warpAffine(np.ascontiguousarray(img), mat, (w, h), flags=cv2.INTER_LINEAR,
+                             borderMode=cv2.BORDER_REFLECT).reshape(img.shape)
+        mask = moved
+    return replace(sample, image=np.ascontiguousarray(img), mask=np.ascontiguousarray(mask), boxes=None)
+
+
+def train_segmenter(
+    model: SamSegmenter, train: Sequence[Sample], val: Sequence[Sample], cfg: TrainConfig,
+    *, trainable: Callable[[str], bool] | None = None, log: Callable[[str], None] | None = None,
+) -> TrainResult:
+    """Train in place; at the end the model holds the best-on-validation weights and is in eval mode.
+
+    ``trainable(name)`` selects parameters by name (default: all). Training images are grouped by
+    shape; each batch is one shape (the demo images are all 256 x 256)."""
+    params = [p for n, p in model.sam.named_parameters() if trainable is None or trainable(n)]
+    for n, p in model.sam.named_parameters():
+        p.requires_grad_(trainable is None or trainable(n))
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    use_amp = model.device.type == "cuda"
+    eval_prompt = PromptConfig()
+    train_prompt = PromptConfig(jitter=cfg.box_jitter, seed=cfg.seed)
+    usable = [s for s in train if s.mask is not None and s.mask.any()]
+    if not usable:
+        raise ValueError("no training samples with a non-empty mask")
+    best = (-1.0, 0)
+    best_state = {k: v.detach().clone() for k, v in model.sam.state_dict().items()}
+    history: list[dict[str, float]] = []
+    bad_evals = 0
+    t0 = time.perf_counter()
+    step = 0
+    epoch = 0
+    stopped = False
+    while step < cfg.max_steps and not stopped:
+        order = rng_for(cfg.seed, "train-order", epoch).permutation(len(usable))
+        by_shape: dict[tuple[int, ...], list[int]] = {}
+        for i in order:
+            by_shape.setdefault(usable[i].image.shape[:2], []).append(int(i))
+        batches = [idx[j : j + cfg.batch_size] for idx in by_shape.values() for j in range(0, len(idx), cfg.batch_size)]
+        for bi in rng_for(cfg.seed, "batch-order", epoch).permutation(len(batches)):
+            batch = [usable[i] for i in batches[bi]]
+            if cfg.augment:
+                batch = [augment(s, rng_for(cfg.seed, "augment", step, s.dataset, s.sample_id)) for s in batch]
+            model.sam.train()
+            x = to_tensor_batch([s.image for s in batch]).to(model.device)
+            boxes = torch.as_tensor(np.stack([prompt_boxes(s, train_prompt, salt=f"e{epoch}")[0] for s in batch]))
+            y = torch.from_numpy(np.stack([np.asarray(s.mask) for s in batch]).astype(np.float32))[:, None].to(model.device)
+            for g in opt.param_groups:
+                g["lr"] = lr_at(step, cfg)
+            with torch.autocast(device_type=model.device.type, dtype=torch.bfloat16, enabled=use_amp):
+                logits = model.forward_logits(x, boxes)
+            loss = dice_bce_loss(logits.float(), y, cfg.w_dice, cfg.w_bce)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            opt.step()
+            step += 1
+            out_of_time = cfg.time_budget_s is not None and time.perf_counter() - t0 > cfg.time_budget_s
+            if step % cfg.eval_every == 0 or step >= cfg.max_steps or out_of_time:
+                model.sam.eval()
+                vd = evaluate_dice(model, val, eval_prompt)
+                history.append({"step": step, "loss": float(loss.detach()), "val_dice": vd})
+                if log:
+                    log(f"step {step} loss {float(loss.detach()):.4f} val_dice {vd:.4f}")
+                if vd > best[0]:
+                    best = (vd, step)
+                    best_state = {k: v.detach().clone() for k, v in model.sam.state_dict().items()}
+                    bad_evals = 0
+                else:
+                    bad_evals += 1
+                    if bad_evals >= cfg.patience:
+                        stopped = True
+                if out_of_time:
+                    stopped = True
+            if step >= cfg.max_steps or stopped:
+                break
+        epoch += 1
+    model.sam.load_state_dict(best_state)
+    model.sam.eval()
+    for p in model.sam.parameters():
+        p.requires_grad_(True)
+    return TrainResult(best[0], best[1], step, time.perf_counter() - t0, history, stopped)
+
+
+def save_checkpoint(model: SamSegmenter, folder: str | Path, meta: dict[str, Any]) -> Path:
+    """``model.safetensors`` plus ``config.json`` (family, arch and provenance)."""
+    from safetensors.torch import save_file
+
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu().contiguous() for k, v in model.sam.state_dict().items()}
+    tmp = out / "model.safetensors.tmp"
+    save_file(state, str(tmp))
+    tmp.replace(out / "model.safetensors")
+    (out / "config.json").write_text(json.dumps(meta, indent=1, sort_keys=True, default=str))
+    return out / "model.safetensors"
+
+
+def config_dict(cfg: TrainConfig) -> dict[str, Any]:
+    return asdict(cfg)

@@ -1,0 +1,357 @@
+"""SAM-family adapters over segment-anything: SAM (vit_b/l/h), MedSAM and SAM-Med2D, plus the
+tiny demo architecture.
+
+Preprocessing per family (``predict`` and ``forward_logits`` share it, so attack gradients and
+fine-tuning see exactly the evaluated model):
+
+* ``sam``: resize the longest side to ``image_size`` (bilinear, antialiased), scale to 0-255,
+  normalise with SAM's pixel mean/std, zero-pad bottom/right to a square (as
+  ``segment_anything.SamPredictor`` does).
+* ``medsam``: resize to ``image_size`` x ``image_size`` regardless of aspect (MedSAM's
+  ``transform.resize(img, (1024, 1024))``; bilinear antialiased here instead of skimage's bicubic),
+  per-image min-max normalisation to [0, 1], **no** mean/std normalisation (MedSAM feeds
+  ``image_encoder`` directly, bypassing ``Sam.preprocess``). Box scaled to the 1024 grid.
+* ``sam_med2d``: channels in BGR order, resize to 256 x 256 regardless of aspect with nearest
+  neighbour (``F.interpolate(mode="nearest")`` equals ``cv2.INTER_NEAREST`` exactly), scale to 0-255
+  and normalise with the pixel mean/std in the listed order. This is SAM-Med2D's pipeline:
+  ``DataLoader.py`` and ``predictor_example.ipynb`` read images with ``cv2.imread`` (BGR) and
+  normalise with the RGB-ordered mean/std, ``predictor_sammed.py`` and ``utils.train_transforms``
+  resize with ``cv2.INTER_NEAREST`` (``test.py`` centre-pads images smaller than 256 on both sides
+  instead; the predictor always resizes, as here). Grayscale inputs are unaffected by the channel
+  order. Image encoder with adapter blocks (``medrobust_lib.models.sam_med2d``).
+
+The mask decoder's low-resolution logits are upsampled to the model grid, the padding is cropped,
+and the result is resized to the input resolution (bilinear). Probabilities = sigmoid(logits).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from functools import partial
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from medrobust_lib.types import Boxes, FloatImage
+
+Family = Literal["sam", "medsam", "sam_med2d"]
+PIXEL_MEAN = (123.675, 116.28, 103.53)
+PIXEL_STD = (58.395, 57.12, 57.375)
+
+
+@dataclass(frozen=True)
+class SamArch:
+    """Architecture hyper-parameters of a SAM image encoder + prompt encoder + mask decoder."""
+
+    encoder_embed_dim: int
+    encoder_depth: int
+    encoder_num_heads: int
+    encoder_global_attn_indexes: tuple[int, ...]
+    image_size: int = 1024
+    patch_size: int = 16
+    prompt_embed_dim: int = 256
+    window_size: int = 14
+    use_rel_pos: bool = True
+    decoder_depth: int = 2
+    decoder_mlp_dim: int = 2048
+    decoder_num_heads: int = 8
+    iou_head_hidden_dim: int = 256
+    mask_in_chans: int = 16
+    adapter: bool = False
+    adapter_mlp_ratio: float = 0.25
+
+
+ARCHS: dict[str, SamArch] = {
+    "vit_b": SamArch(768, 12, 12, (2, 5, 8, 11)),
+    "vit_l": SamArch(1024, 24, 16, (5, 11, 17, 23)),
+    "vit_h": SamArch(1280, 32, 16, (7, 15, 23, 31)),
+    # Demo architecture (DESIGN.md section 4): a 64-wide, 2-block encoder at 256 px.
+    "tiny": SamArch(64, 2, 2, (1,), image_size=256, prompt_embed_dim=64, window_size=0, use_rel_pos=False,
+                    decoder_depth=2, decoder_mlp_dim=256, decoder_num_heads=2, iou_head_hidden_dim=64,
+                    mask_in_chans=8),
+}
+
+
+def arch_for(name: str, family: Family) -> SamArch:
+    """The architecture for an arch name; SAM-Med2D is ViT-B at 256 px with adapters."""
+    if name not in ARCHS:
+        raise KeyError(f"unknown SAM architecture {name!r}; valid: {', '.join(sorted(ARCHS))}")
+    arch = ARCHS[name]
+    if family == "sam_med2d":
+        arch = replace(arch, adapter=True, image_size=256 if name != "tiny" else arch.image_size)
+    return arch
+
+
+def build_sam(arch: SamArch, seed: int = 0) -> torch.nn.Module:
+    """A randomly initialised ``segment_anything.modeling.Sam`` of this architecture (weights
+    from a ``torch.Generator`` seeded by ``seed``; global RNG untouched)."""
+    from segment_anything.modeling import ImageEncoderViT, MaskDecoder, PromptEncoder, Sam, TwoWayTransformer
+
+    devnull = torch.random.fork_rng(devices=[])
+    with devnull:
+        torch.random.manual_seed(seed)  # scoped: fork_rng restores the global state on exit
+        emb = arch.image_size // arch.patch_size
+        encoder = ImageEncoderViT(
+            depth=arch.encoder_depth, embed_dim=arch.encoder_embed_dim, img_size=arch.image_size,
+            mlp_ratio=4, norm_layer=partial(torch.nn.LayerNorm, eps=1e-6), num_heads=arch.encoder_num_heads,
+            patch_size=arch.patch_size, qkv_bias=True, use_rel_pos=arch.use_rel_pos,
+            global_attn_indexes=arch.encoder_global_attn_indexes, window_size=arch.window_size,
+            out_chans=arch.prompt_embed_dim,
+        )
+        if arch.adapter:
+            from medrobust_lib.models.sam_med2d import insert_adapters
+
+            insert_adapters(encoder, arch.adapter_mlp_ratio)
+        sam = Sam(
+            image_encoder=encoder,
+            prompt_encoder=PromptEncoder(embed_dim=arch.prompt_embed_dim, image_embedding_size=(emb, emb),
+                                         input_image_size=(arch.image_size, arch.image_size),
+                                         mask_in_chans=arch.mask_in_chans),
+            mask_decoder=MaskDecoder(
+                num_multimask_outputs=3,
+                transformer=TwoWayTransformer(depth=arch.decoder_depth, embedding_dim=arch.prompt_embed_dim,
+                                              mlp_dim=arch.decoder_mlp_dim, num_heads=arch.decoder_num_heads),
+                transformer_dim=arch.prompt_embed_dim, iou_head_depth=3, iou_head_hidden_dim=arch.iou_head_hidden_dim,
+            ),
+            pixel_mean=list(PIXEL_MEAN), pixel_std=list(PIXEL_STD),
+        )
+    sam.eval()
+    return sam
+
+
+class CheckpointMismatch(ValueError):
+    """A checkpoint that does not fit the architecture (missing/unexpected keys, wrong shapes)."""
+
+
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """Tensors from ``.safetensors`` or a torch checkpoint loaded with ``weights_only=True``.
+    Published layouts: a plain state dict (SAM, MedSAM) or ``{"model": state_dict, ...}``
+    (SAM-Med2D). A ``module.`` prefix (DataParallel) is stripped."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(
+            f"checkpoint not found: {p}. Place the published weights there (SAM: sam_vit_b_01ec64.pth from "
+            "the segment-anything release; MedSAM: medsam_vit_b.pth from the MedSAM release; SAM-Med2D: "
+            "sam-med2d_b.pth from its release) or point models[].checkpoint in the suite YAML at your file. "
+            "Nothing is downloaded at run time."
+        )
+    if p.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        sd = load_file(str(p))
+    else:
+        import pickle
+
+        try:
+            obj = torch.load(p, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as exc:
+            raise CheckpointMismatch(
+                f"{p} holds pickled Python objects besides tensors (SAM-Med2D's train.py saves the whole "
+                "optimizer object next to the weights), so it cannot be read with weights_only=True. Convert "
+                "it once, in an environment you trust: python -c \"import torch; ck = torch.load('IN.pth', "
+                "weights_only=False); torch.save({'model': ck['model']}, 'OUT.pth')\" and point the suite at "
+                f"OUT.pth. ({type(exc).__name__}: {str(exc)[:200]})"
+            ) from None
+        if isinstance(obj, dict) and "model" in obj and isinstance(obj["model"], dict):
+            obj = obj["model"]
+        if not isinstance(obj, dict):
+            raise CheckpointMismatch(f"{p}: expected a state dict, got {type(obj).__name__}")
+        sd = obj
+    return {k.removeprefix("module."): v for k, v in sd.items() if isinstance(v, torch.Tensor)}
+
+
+def load_into(model: torch.nn.Module, sd: dict[str, torch.Tensor], source: str) -> None:
+    """Load strictly, or raise CheckpointMismatch listing what does not fit."""
+    own = model.state_dict()
+    missing = sorted(set(own) - set(sd))
+    unexpected = sorted(set(sd) - set(own))
+    shapes = sorted(f"{k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(own[k].shape)}"
+                    for k in set(own) & set(sd) if own[k].shape != sd[k].shape)
+    if missing or unexpected or shapes:
+        def head(xs: list[str]) -> str:
+            return ", ".join(xs[:5]) + (f" ... (+{len(xs) - 5})" if len(xs) > 5 else "")
+
+        raise CheckpointMismatch(
+            f"checkpoint {source} does not fit this architecture: {len(missing)} missing keys [{head(missing)}], "
+            f"{len(unexpected)} unexpected keys [{head(unexpected)}], {len(shapes)} shape mismatches [{head(shapes)}]"
+        )
+    model.load_state_dict(sd, strict=True)
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with Path(path).open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def state_dict_hash(model: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    for k, v in sorted(model.state_dict().items()):
+        h.update(k.encode())
+        h.update(v.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def to_tensor_batch(images: Sequence[FloatImage]) -> torch.Tensor:
+    """Stack same-size images to (B, 3, H, W) float32 (grayscale replicated)."""
+    arrs = [np.repeat(im[..., None], 3, axis=2) if im.ndim == 2 else im for im in images]
+    return torch.from_numpy(np.stack(arrs).astype(np.float32)).permute(0, 3, 1, 2).contiguous()
+
+
+class SamSegmenter:
+    """A SAM-family model behind the SegmentationModel protocol."""
+
+    def __init__(self, sam: torch.nn.Module, family: Family, model_id: str, checkpoint_hash: str,
+                 device: str = "cpu", autocast_dtype: torch.dtype | None = None) -> None:
+        self.sam: Any = sam.to(device).eval()
+        self.family: Family = family
+        self.model_id = model_id
+        self.checkpoint_hash = checkpoint_hash
+        self.device = torch.device(device)
+        encoder: Any = self.sam.image_encoder
+        self.image_size = int(encoder.img_size)
+        self.autocast_dtype = autocast_dtype
+        self.n_encoder_calls = 0
+        self.register_buffers()
+
+    def register_buffers(self) -> None:
+        self.mean = torch.tensor(PIXEL_MEAN, device=self.device).view(1, 3, 1, 1)
+        self.std = torch.tensor(PIXEL_STD, device=self.device).view(1, 3, 1, 1)
+
+    # ---- preprocessing -------------------------------------------------------------------
+    def _geometry(self, h: int, w: int) -> tuple[int, int]:
+        """Size (h', w') of the resized image inside the model grid."""
+        s = self.image_size
+        if self.family == "sam":
+            scale = s / max(h, w)
+            return int(h * scale + 0.5), int(w * scale + 0.5)
+        return s, s
+
+    def preprocess(self, images: torch.Tensor) -> torch.Tensor:
+        """(B, 3, H, W) in [0, 1] -> (B, 3, S, S) model input; differentiable."""
+        _, _, h, w = images.shape
+        nh, nw = self._geometry(h, w)
+        x = images
+        if self.family == "sam_med2d":
+            # SAM-Med2D was trained and evaluated on cv2.imread (BGR) input resized with INTER_NEAREST.
+            x = x.flip(1)
+            if (nh, nw) != (h, w):
+                x = F.interpolate(x, size=(nh, nw), mode="nearest")
+        elif (nh, nw) != (h, w):
+            x = F.interpolate(x, size=(nh, nw), mode="bilinear", align_corners=False, antialias=True)
+        if self.family == "medsam":
+            lo = x.amin(dim=(1, 2, 3), keepdim=True)
+            hi = x.amax(dim=(1, 2, 3), keepdim=True)
+            return (x - lo) / (hi - lo).clamp_min(1e-8)
+        x = (x * 255.0 - self.mean) / self.std
+        s = self.image_size
+        return F.pad(x, (0, s - nw, 0, s - nh))
+
+    def transform_boxes(self, boxes: torch.Tensor, h: int, w: int) -> torch.Tensor:
+        nh, nw = self._geometry(h, w)
+        scale = torch.tensor([nw / w, nh / h, nw / w, nh / h], dtype=boxes.dtype, device=boxes.device)
+        return boxes * scale
+
+    def postprocess(self, low_res: torch.Tensor, h: int, w: int) -> torch.Tensor:
+        s = self.image_size
+        nh, nw = self._geometry(h, w)
+        x = F.interpolate(low_res, size=(s, s), mode="bilinear", align_corners=False)[..., :nh, :nw]
+        return F.interpolate(x, size=(h, w), mode="bilinear", align_corners=False)
+
+    # ---- model ---------------------------------------------------------------------------
+    def embed(self, images: torch.Tensor) -> torch.Tensor:
+        self.n_encoder_calls += int(images.shape[0])
+        with self._autocast():
+            return self.sam.image_encoder(self.preprocess(images.to(self.device)))
+
+    def decode(self, embedding: torch.Tensor, boxes: torch.Tensor, h: int, w: int) -> torch.Tensor:
+        """One image embedding (1, C, e, e) and its K boxes (K, 4) -> logits (K, 1, H, W)."""
+        tb = self.transform_boxes(boxes.to(self.device, torch.float32), h, w)
+        with self._autocast():
+            sparse, dense = self.sam.prompt_encoder(points=None, boxes=tb, masks=None)
+            low, _ = self.sam.mask_decoder(image_embeddings=embedding, image_pe=self.sam.prompt_encoder.get_dense_pe(),
+                                           sparse_prompt_embeddings=sparse, dense_prompt_embeddings=dense,
+                                           multimask_output=False)
+        return self.postprocess(low.float(), h, w)
+
+    def decode_batch(self, embeddings: torch.Tensor, boxes: torch.Tensor, h: int, w: int) -> torch.Tensor:
+        """B image embeddings (B, C, e, e) with one box each (B, 4) -> logits (B, 1, H, W).
+
+        segment-anything's ``MaskDecoder.predict_masks`` repeats one image embedding per prompt,
+        so it cannot pair B embeddings with B boxes; this runs the same modules batched (as
+        MedSAM's patched decoder does). Single-mask output (mask token 0), as ``decode``."""
+        md = self.sam.mask_decoder
+        tb = self.transform_boxes(boxes.to(self.device, torch.float32), h, w)
+        with self._autocast():
+            sparse, dense = self.sam.prompt_encoder(points=None, boxes=tb, masks=None)
+            b = embeddings.shape[0]
+            out_tokens = torch.cat([md.iou_token.weight, md.mask_tokens.weight], dim=0)
+            tokens = torch.cat([out_tokens.unsqueeze(0).expand(b, -1, -1), sparse], dim=1)
+            src = embeddings + dense
+            pos = self.sam.prompt_encoder.get_dense_pe().expand(b, -1, -1, -1)
+            _, c, eh, ew = src.shape
+            hs, src = md.transformer(src, pos, tokens)
+            mask_token_out = hs[:, 1, :]
+            up = md.output_upscaling(src.transpose(1, 2).reshape(b, c, eh, ew))
+            hyper = md.output_hypernetworks_mlps[0](mask_token_out)
+            _, uc, uh, uw = up.shape
+            low = (hyper.unsqueeze(1) @ up.reshape(b, uc, uh * uw)).reshape(b, 1, uh, uw)
+        return self.postprocess(low.float(), h, w)
+
+    def forward_logits(self, images: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+        _, _, h, w = images.shape
+        return self.decode_batch(self.embed(images), boxes, h, w)
+
+    def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        from medrobust_lib.models.losses import dice_bce_loss
+
+        return dice_bce_loss(logits, target)
+
+    @torch.no_grad()
+    def predict(self, images: Sequence[FloatImage], boxes: Sequence[Boxes], batch_size: int = 8) -> list[np.ndarray]:
+        self.sam.eval()
+        out: list[np.ndarray] = []
+        for start in range(0, len(images), batch_size):
+            chunk = list(images[start : start + batch_size])
+            groups: dict[tuple[int, ...], list[int]] = {}
+            for i, im in enumerate(chunk):
+                groups.setdefault(im.shape, []).append(i)
+            probs: dict[int, np.ndarray] = {}
+            for idx in groups.values():
+                batch = to_tensor_batch([chunk[i] for i in idx])
+                _, _, h, w = batch.shape
+                emb = self.embed(batch)
+                for j, i in enumerate(idx):
+                    b = torch.as_tensor(np.asarray(boxes[start + i], np.float32)).reshape(-1, 4)
+                    if len(b) == 0:
+                        probs[i] = np.zeros((0, h, w), np.float32)
+                        continue
+                    logits = self.decode(emb[j : j + 1], b, h, w)
+                    probs[i] = torch.sigmoid(logits[:, 0]).cpu().numpy().astype(np.float32)
+            out.extend(probs[i] for i in range(len(chunk)))
+        return out
+
+    def _autocast(self) -> torch.autocast:
+        enabled = self.autocast_dtype is not None and self.device.type == "cuda"
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype or torch.bfloat16,
+                              enabled=enabled)
+
+
+def load_segmenter(family: Family, arch: str, checkpoint: str | Path, *, model_id: str | None = None,
+                   device: str = "cpu", autocast_dtype: torch.dtype | None = None) -> SamSegmenter:
+    """Build the architecture and load a local checkpoint in its published layout."""
+    if family not in ("sam", "medsam", "sam_med2d"):
+        raise ValueError(f"unknown SAM family {family!r}; valid: sam, medsam, sam_med2d")
+    a = arch_for(arch, family)
+    sd = read_state_dict(checkpoint)
+    model = build_sam(a)
+    load_into(model, sd, str(checkpoint))
+    return SamSegmenter(model, family, model_id or f"{family}-{arch}", file_sha256(checkpoint)[:16], device,
+                        autocast_dtype)

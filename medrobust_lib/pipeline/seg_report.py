@@ -1,0 +1,102 @@
+"""Segmentation statistics and figures: bootstrap CIs, paired Wilcoxon with Benjamini-Hochberg,
+robustness curves. Computed from the result rows; written as the ``segmentation_stats`` table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from medrobust_lib.metrics.stats import benjamini_hochberg, bootstrap_ci, wilcoxon_paired
+from medrobust_lib.seeding import rng_for
+from medrobust_lib.store import results
+
+STATS_TABLE = "segmentation_stats"
+N_BOOT = 1000
+
+
+def segmentation_stats(df: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
+    """One row per (model, checkpoint, strategy, condition, perturbation, level): n, mean IoU and
+    Dice, mean drops with bootstrap 95% CIs over images, paired Wilcoxon p (clean vs condition
+    Dice) and the Benjamini-Hochberg q over the model's type x level grid."""
+    if df.empty:
+        return pd.DataFrame()
+    ok = df[(df["status"] == "ok") & (df["condition"] != "clean")]
+    keys = ["model", "checkpoint", "strategy", "condition", "perturbation", "level"]
+    rows = []
+    for key, g in ok.groupby(keys, sort=True):
+        rec = dict(zip(keys, key, strict=True))
+        rng = rng_for(seed, "segstats", *map(str, key))
+        _, ilo, ihi = bootstrap_ci(g["iou_drop"].to_numpy(), n_boot=N_BOOT, rng=rng)
+        _, dlo, dhi = bootstrap_ci(g["dice_drop"].to_numpy(), n_boot=N_BOOT, rng=rng)
+        _, p = wilcoxon_paired(g["clean_dice"].to_numpy(), g["dice"].to_numpy())
+        rec.update(n=len(g), iou=g["iou"].mean(), dice=g["dice"].mean(), iou_drop=g["iou_drop"].mean(),
+                   iou_drop_ci_low=ilo, iou_drop_ci_high=ihi, dice_drop=g["dice_drop"].mean(),
+                   dice_drop_ci_low=dlo, dice_drop_ci_high=dhi, wilcoxon_p=p)
+        rows.append(rec)
+    out = pd.DataFrame(rows)
+    out["wilcoxon_q"] = np.nan
+    for _, idx in out.groupby(["model", "checkpoint", "strategy"]).groups.items():
+        out.loc[idx, "wilcoxon_q"] = benjamini_hochberg(out.loc[idx, "wilcoxon_p"].to_numpy())
+    return out
+
+
+def write_segmentation_stats(results_dir: str | Path, seed: int = 0) -> pd.DataFrame:
+    """Recompute the stats table from every result row (one chunk per model)."""
+    df = results.read_table(results_dir, "segmentation_results")
+    stats = segmentation_stats(df, seed)
+    models = sorted(stats["model"].unique()) if len(stats) else []
+    for m in models:
+        part = {"model": m}
+        results.write_chunk(results.chunk_path(results_dir, STATS_TABLE, part, "stats"),
+                            stats[stats["model"] == m], results.fingerprint(["stats", len(stats)]))
+    root = Path(results_dir, STATS_TABLE)
+    if root.is_dir():
+        for d in root.iterdir():
+            if d.is_dir() and d.name.removeprefix("model=") not in models:
+                for f in d.iterdir():
+                    f.unlink()
+                d.rmdir()
+    return stats
+
+
+def robustness_curves(stats: pd.DataFrame, out_dir: str | Path, metric: str = "dice") -> list[Path]:
+    """One PNG per model: ``metric`` vs severity level for each corruption type (thin lines),
+    their mean (thick) and the two attacks (dashed), with the clean value at level 0."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths: list[Path] = []
+    if stats.empty:
+        return paths
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for model, g in stats.groupby("model"):
+        fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+        drop = f"{metric}_drop"
+        clean = float((g[metric] + g[drop]).mean())
+        corr = g[g["condition"] == "perturbation"]
+        for _, t in corr.groupby("perturbation"):
+            t = t.sort_values("level")
+            ax.plot([0, *t["level"]], [clean, *t[metric]], color="0.75", lw=0.7)
+        mean = corr.groupby("level")[metric].mean()
+        ax.plot([0, *mean.index], [clean, *mean.values], color="C0", lw=2.5, label="corruptions (mean)")
+        for i, kind in enumerate(["fgsm", "pgd"]):
+            t = g[g["perturbation"] == kind].sort_values("level")
+            if len(t):
+                ax.plot([0, *t["level"]], [clean, *t[metric]], "--", color=f"C{i + 1}", lw=2, label=kind.upper())
+        ax.set_xlabel("severity level (0 = clean; attacks: eps = 2, 4, 6, 8, 10 /255)")
+        ax.set_ylabel(metric.capitalize())
+        ax.set_title(f"{model}: {metric} under corruption and attack")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower left")
+        fig.tight_layout()
+        p = out / f"{model}_{metric}_curves.png"
+        fig.savefig(p)
+        plt.close(fig)
+        paths.append(p)
+    return paths
