@@ -29,8 +29,7 @@ RESULT_COLUMNS: tuple[str, ...] = (
 
 class SegModelConfig(BaseModel):
     """One segmentation model of the suite. ``checkpoint``: a local file (.pth / .safetensors in
-    the published layout), ``trained`` (the demo base-checkpoint asset trains it) or a registry
-    URI ``models:/<name>@<alias>`` / ``models:/<name>/<version>``."""
+    the published layout) or ``trained`` (the demo base-checkpoint asset trains it)."""
 
     model_config = ConfigDict(extra="forbid")
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9_\-]*$")
@@ -101,9 +100,8 @@ def resolve_checkpoint(suite: Suite, m: SegModelConfig) -> Path:
             raise FileNotFoundError(f"no trained checkpoint for {m.id!r} at {p}: materialize '{m.id}/base_checkpoint' first")
         return p
     if m.checkpoint.startswith("models:/"):
-        from medrobust_lib.store.registry import resolve_model_uri
-
-        return resolve_model_uri(m.checkpoint)
+        raise ValueError(f"{m.id}: MLflow registry URIs ({m.checkpoint}) are not resolvable yet (the registry loop "
+                         "is a later issue); export the registered safetensors file and give its path")
     return Path(m.checkpoint)
 
 

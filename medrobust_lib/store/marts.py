@@ -107,9 +107,10 @@ MART_VIEWS: dict[str, str] = {
         union all
         select model, checkpoint, strategy, 'Avg', 'Avg', iou, dice, iou_drop, dice_drop, n, 3 from avg_row
         union all
-        select a.model, a.checkpoint, a.strategy, 'Delta', 'Delta', c.iou - a.iou, c.dice - a.dice,
-               c.iou - a.iou, c.dice - a.dice, a.n, 4
-        from avg_row a join clean c using (model, checkpoint, strategy)
+        -- Delta: the mean paired drop over corruption types. Types cover different modalities, so
+        -- Clean minus Avg(dice) would mix sample sets; the paired drop does not.
+        select model, checkpoint, strategy, 'Delta', 'Delta', iou_drop, dice_drop, iou_drop, dice_drop, n, 4
+        from avg_row
         order by model, strategy, sort_key, perturbation""",
     "segmentation_top_corruptions": """
         with per_type as (

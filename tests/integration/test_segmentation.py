@@ -88,10 +88,13 @@ def test_track_end_to_end(seg_suite: Suite) -> None:
     finally:
         con.close()
     assert list(summ["row_kind"]) == ["Clean", "corruption", "corruption", "attack", "attack", "Avg", "Delta"]
-    clean_d = summ.loc[summ["row_kind"] == "Clean", "dice"].item()
-    avg_d = summ.loc[summ["row_kind"] == "Avg", "dice"].item()
-    assert summ.loc[summ["row_kind"] == "Delta", "dice"].item() == pytest.approx(clean_d - avg_d)
+    avg = summ[summ["row_kind"] == "Avg"].iloc[0]
     per = summ[summ["row_kind"] == "corruption"]
-    assert avg_d == pytest.approx(per["dice"].mean())
+    assert avg["dice"] == pytest.approx(per["dice"].mean())
+    assert avg["dice_drop"] == pytest.approx(per["dice_drop"].mean())
+    # Delta is the mean paired drop over types
+    assert summ.loc[summ["row_kind"] == "Delta", "dice"].item() == pytest.approx(avg["dice_drop"])
+    clean_d = summ.loc[summ["row_kind"] == "Clean", "dice"].item()
+    assert clean_d == pytest.approx(df.loc[df["condition"] == "clean", "dice"].mean())
     assert set(by_level["condition"]) == {"perturbation", "fgsm", "pgd"} and by_level["wilcoxon_p"].notna().any()
     assert list(top["rank"]) == sorted(top["rank"])

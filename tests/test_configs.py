@@ -1,0 +1,29 @@
+"""The shipped suite YAMLs validate (the demo and the real-data example)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from medrobust_lib.config import load_suite
+from medrobust_lib.data.dataset import DatasetConfig
+from medrobust_lib.pipeline.segmentation import seg_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("name", ["demo.yaml", "example_real.yaml"])
+def test_suites_validate(name: str) -> None:
+    suite = load_suite(ROOT / "configs" / name)
+    seg = seg_config(suite)
+    assert seg.models and len({m.id for m in seg.models}) == len(seg.models)
+    for d in suite.datasets:
+        DatasetConfig(**d)
+
+
+def test_unknown_fields_are_rejected(tmp_path: Path) -> None:
+    p = tmp_path / "bad.yaml"
+    p.write_text("perturbations: {levls: [1]}\n")
+    with pytest.raises(ValueError, match="levls"):
+        load_suite(p)
