@@ -33,6 +33,16 @@ def _eval_metadata(summary: Any) -> dict[str, Any]:
             if summary.total_seconds else float("nan"), "pipeline_overhead": overhead}
 
 
+def _run_partition(context: dg.AssetExecutionContext, suite: SuiteResource, tracking: TrackingResource,
+                   model_id: str, condition: str, evaluate: Any) -> dg.MaterializeResult:
+    """One modality x severity evaluation with its MLflow run and metadata."""
+    modality, level = modality_and_level(context)
+    with tracking.run(context, "segmentation_eval", {"model": model_id, "condition": condition, "level": level}) as run:
+        meta = _eval_metadata(evaluate(suite.load(), model_id, modality, level))
+        _log_metrics(run, meta)
+    return dg.MaterializeResult(metadata=meta)
+
+
 def segmentation_family(model_id: str, trained: bool) -> list[dg.AssetsDefinition]:
     """Assets for one model: [base_checkpoint], clean_predictions (by modality),
     perturbed_predictions and attack_predictions (by modality x severity)."""
@@ -92,13 +102,7 @@ def segmentation_family(model_id: str, trained: bool) -> list[dg.AssetsDefinitio
                               tracking: TrackingResource) -> dg.MaterializeResult:
         from medrobust_lib.pipeline.segmentation import evaluate_perturbed
 
-        modality, level = modality_and_level(context)
-        with tracking.run(context, "segmentation_eval", {"model": model_id, "condition": "perturbation",
-                                                          "level": level}) as run:
-            summary = evaluate_perturbed(suite.load(), model_id, modality, level)
-            meta = _eval_metadata(summary)
-            _log_metrics(run, meta)
-        return dg.MaterializeResult(metadata=meta)
+        return _run_partition(context, suite, tracking, model_id, "perturbation", evaluate_perturbed)
 
     @dg.asset(
         key=[model_id, "attack_predictions"], group_name="segmentation", kinds={"pytorch", "parquet"},
@@ -111,13 +115,7 @@ def segmentation_family(model_id: str, trained: bool) -> list[dg.AssetsDefinitio
                            tracking: TrackingResource) -> dg.MaterializeResult:
         from medrobust_lib.pipeline.segmentation import evaluate_attacks
 
-        modality, level = modality_and_level(context)
-        with tracking.run(context, "segmentation_eval", {"model": model_id, "condition": "attack",
-                                                          "level": level}) as run:
-            summary = evaluate_attacks(suite.load(), model_id, modality, level)
-            meta = _eval_metadata(summary)
-            _log_metrics(run, meta)
-        return dg.MaterializeResult(metadata=meta)
+        return _run_partition(context, suite, tracking, model_id, "attack", evaluate_attacks)
 
     out.extend([clean_predictions, perturbed_predictions, attack_predictions])
     return out

@@ -62,8 +62,9 @@ def write_segmentation_stats(results_dir: str | Path, seed: int = 0) -> pd.DataF
 
 
 def robustness_curves(stats: pd.DataFrame, out_dir: str | Path, metric: str = "dice") -> list[Path]:
-    """One PNG per model: ``metric`` vs severity level for each corruption type (thin lines),
-    their mean (thick) and the two attacks (dashed), with the clean value at level 0."""
+    """One PNG per model: the paired ``metric`` drop (clean minus condition, so 0 at level 0) vs
+    severity level for each corruption type (thin lines), their mean (thick) and the two attacks
+    (dashed). Drops, not raw scores, because each type covers its own modalities' images."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -74,26 +75,25 @@ def robustness_curves(stats: pd.DataFrame, out_dir: str | Path, metric: str = "d
         return paths
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    drop = f"{metric}_drop"
     for model, g in stats.groupby("model"):
         fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
-        drop = f"{metric}_drop"
-        clean = float((g[metric] + g[drop]).mean())
         corr = g[g["condition"] == "perturbation"]
         for _, t in corr.groupby("perturbation"):
             t = t.sort_values("level")
-            ax.plot([0, *t["level"]], [clean, *t[metric]], color="0.75", lw=0.7)
-        mean = corr.groupby("level")[metric].mean()
-        ax.plot([0, *mean.index], [clean, *mean.values], color="C0", lw=2.5, label="corruptions (mean)")
+            ax.plot([0, *t["level"]], [0.0, *t[drop]], color="0.75", lw=0.7)
+        mean = corr.groupby("level")[drop].mean()
+        ax.plot([0, *mean.index], [0.0, *mean.values], color="C0", lw=2.5, label="corruptions (mean over types)")
         for i, kind in enumerate(["fgsm", "pgd"]):
             t = g[g["perturbation"] == kind].sort_values("level")
             if len(t):
-                ax.plot([0, *t["level"]], [clean, *t[metric]], "--", color=f"C{i + 1}", lw=2, label=kind.upper())
+                ax.plot([0, *t["level"]], [0.0, *t[drop]], "--", color=f"C{i + 1}", lw=2, label=kind.upper())
+        ax.axhline(0, color="k", lw=0.5)
         ax.set_xlabel("severity level (0 = clean; attacks: eps = 2, 4, 6, 8, 10 /255)")
-        ax.set_ylabel(metric.capitalize())
-        ax.set_title(f"{model}: {metric} under corruption and attack")
-        ax.set_ylim(0, 1)
+        ax.set_ylabel(f"{metric.capitalize()} drop (clean - condition, paired)")
+        ax.set_title(f"{model}: {metric} drop under corruption and attack")
         ax.grid(alpha=0.3)
-        ax.legend(loc="lower left")
+        ax.legend(loc="upper left")
         fig.tight_layout()
         p = out / f"{model}_{metric}_curves.png"
         fig.savefig(p)

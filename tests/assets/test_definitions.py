@@ -61,3 +61,21 @@ def test_small_graph_materializes(tmp_path: Path, demo_root: Path) -> None:
     client = mlflow.MlflowClient()
     arts = [a.path for a in client.list_artifacts(gal.iloc[0]["run_id"], "galleries")]
     assert arts == ["galleries/ct_demo.png"]
+
+
+def test_one_segmentation_family_per_configured_model() -> None:
+    from medrobust_assets.assets.segmentation import segmentation_family
+
+    repo = defs.get_repository_def()
+    keys = {k.to_user_string() for k in repo.asset_graph.get_all_asset_keys()}
+    # configs/demo.yaml configures tiny-sam, trained by its own base-checkpoint asset
+    assert {"tiny-sam/base_checkpoint", "tiny-sam/clean_predictions", "tiny-sam/perturbed_predictions",
+            "tiny-sam/attack_predictions", "segmentation_report"} <= keys
+    pert = repo.asset_graph.get(dg.AssetKey(["tiny-sam", "perturbed_predictions"]))
+    assert isinstance(pert.partitions_def, dg.MultiPartitionsDefinition)
+    clean = repo.asset_graph.get(dg.AssetKey(["tiny-sam", "clean_predictions"]))
+    assert clean.partitions_def is not None and len(clean.partitions_def.get_partition_keys()) == 10
+    # a model with a local checkpoint gets no training asset
+    family = segmentation_family("medsam", trained=False)
+    assert [a.key.to_user_string() for a in family] == [
+        "medsam/clean_predictions", "medsam/perturbed_predictions", "medsam/attack_predictions"]
