@@ -1,0 +1,137 @@
+"""Local Hugging Face vision-language models (LLaVA-style, Gemma3-style) behind one adapter.
+
+Loaded with ``AutoModelForImageTextToText`` + ``AutoProcessor`` from a local folder, or from the
+local Hugging Face cache by hub id with ``local_files_only=True``: nothing is downloaded at run
+time. Prompts go through the processor's chat template. Decoding is greedy. Batches are
+left-padded so greedy outputs do not depend on the batch composition.
+
+Images: float32 in [0, 1], (H, W) grayscale (replicated to RGB for the processor) or (H, W, 3), or
+``None`` for a text-only prompt (the image-removal baseline of the safety taxonomy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+
+class ModelNotAvailable(FileNotFoundError):
+    """A model folder or cached hub id that is not on this machine."""
+
+
+def _to_uint8_rgb(image: np.ndarray) -> np.ndarray:
+    u8 = np.round(np.clip(image, 0.0, 1.0) * 255.0).astype(np.uint8)
+    return np.repeat(u8[..., None], 3, axis=2) if u8.ndim == 2 else u8
+
+
+class HFVisionLanguageModel:
+    """``generate`` and ``score`` over a local transformers image-text-to-text model."""
+
+    def __init__(self, source: str | Path, *, model_id: str | None = None, device: str = "cpu",
+                 dtype: torch.dtype | None = None, revision: str | None = None) -> None:
+        from transformers import AutoModelForImageTextToText, AutoProcessor
+
+        src = str(source)
+        local = Path(src).is_dir()
+        if not local and ("/" not in src or Path(src).suffix or src.startswith((".", "/"))):
+            raise ModelNotAvailable(f"model folder not found: {src}")
+        kwargs: dict[str, Any] = {"local_files_only": True, "revision": revision}
+        try:
+            self.processor = AutoProcessor.from_pretrained(src, **kwargs)
+            loaded: Any = AutoModelForImageTextToText.from_pretrained(src, dtype=dtype, **kwargs)  # type: ignore[arg-type]
+            self.model = loaded.to(device).eval()
+        except OSError as exc:
+            raise ModelNotAvailable(
+                f"{src} is not available locally ({type(exc).__name__}). Nothing is downloaded at run time: put the "
+                "model folder on disk (save_pretrained layout) and name the folder, or pre-fill the Hugging Face "
+                "cache (HF_HOME) on a machine with access and name the hub id."
+            ) from None
+        self.model_id = model_id or Path(src).name
+        self.device = torch.device(device)
+        tok = self.processor.tokenizer
+        tok.padding_side = "left"
+        if tok.pad_token is None:
+            tok.pad_token = tok.eos_token
+        self.n_vision_calls = 0
+        tower = getattr(self.model, "vision_tower", None) or getattr(self.model.model, "vision_tower", None)
+        if tower is not None:
+            tower.register_forward_hook(self._count_vision)
+
+    def _count_vision(self, module: Any, args: Any, output: Any) -> None:
+        self.n_vision_calls += int(args[0].shape[0]) if args and hasattr(args[0], "shape") else 1
+
+    # ---- prompts ---------------------------------------------------------------------------
+    def chat_prompt(self, question: str, with_image: bool) -> str:
+        content: list[dict[str, str]] = [{"type": "image"}] if with_image else []
+        content.append({"type": "text", "text": question})
+        return str(self.processor.apply_chat_template([{"role": "user", "content": content}],
+                                                      add_generation_prompt=True))
+
+    def _inputs(self, images: Sequence[np.ndarray | None], prompts: Sequence[str]) -> Any:
+        with_image = images[0] is not None
+        if any((im is not None) != with_image for im in images):
+            raise ValueError("a batch must be all image prompts or all text-only prompts")
+        texts = [self.chat_prompt(p, with_image) for p in prompts]
+        if with_image:
+            pics = [_to_uint8_rgb(np.asarray(im)) for im in images if im is not None]
+            batch = self.processor(images=pics, text=texts, return_tensors="pt", padding=True)
+        else:
+            batch = self.processor(text=texts, return_tensors="pt", padding=True)
+        return batch.to(self.device)
+
+    @staticmethod
+    def _groups(images: Sequence[np.ndarray | None], batch_size: int) -> list[list[int]]:
+        """Index batches, each all-image or all-text-only, in input order within a kind."""
+        out: list[list[int]] = []
+        for kind in (True, False):
+            idx = [i for i, im in enumerate(images) if (im is not None) == kind]
+            out.extend(idx[j : j + batch_size] for j in range(0, len(idx), batch_size))
+        return out
+
+    @torch.no_grad()
+    def generate(self, images: Sequence[np.ndarray | None], prompts: Sequence[str], *, max_new_tokens: int = 32,
+                 batch_size: int = 8) -> list[str]:
+        """Greedy answers, one per (image, prompt); the prompt echo is stripped."""
+        if len(images) != len(prompts):
+            raise ValueError(f"{len(images)} images for {len(prompts)} prompts")
+        out: list[str] = [""] * len(prompts)
+        for idx in self._groups(images, batch_size):
+            batch = self._inputs([images[i] for i in idx], [prompts[i] for i in idx])
+            gen = self.model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False,
+                                      pad_token_id=self.processor.tokenizer.pad_token_id)
+            new = gen[:, batch["input_ids"].shape[1]:]
+            for i, text in zip(idx, self.processor.tokenizer.batch_decode(new, skip_special_tokens=True), strict=True):
+                out[i] = text.strip()
+        return out
+
+    def option_token_ids(self, options: Sequence[str]) -> list[int]:
+        """The first token of each option as it would follow the generation prompt."""
+        tok = self.processor.tokenizer
+        ids = []
+        for o in options:
+            enc = tok(o, add_special_tokens=False)["input_ids"]
+            if not enc:
+                raise ValueError(f"option {o!r} encodes to no token")
+            ids.append(int(enc[0]))
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"options {list(options)} share a first token; cannot score them by log-probability")
+        return ids
+
+    @torch.no_grad()
+    def score(self, images: Sequence[np.ndarray | None], prompts: Sequence[str], options: Sequence[str], *,
+              batch_size: int = 8) -> list[dict[str, float]]:
+        """Log-probability (natural log, over the whole vocabulary) of each option's first token as
+        the next token after the generation prompt, one dict per (image, prompt)."""
+        ids = self.option_token_ids(options)
+        out: list[dict[str, float]] = [{} for _ in prompts]
+        for idx in self._groups(images, batch_size):
+            batch = self._inputs([images[i] for i in idx], [prompts[i] for i in idx])
+            logits = self.model(**batch).logits[:, -1, :].float()
+            logp = torch.log_softmax(logits, dim=-1)[:, ids].cpu().numpy()
+            for row, i in enumerate(idx):
+                out[i] = {o: float(logp[row, k]) for k, o in enumerate(options)}
+        return out

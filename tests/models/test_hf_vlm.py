@@ -1,0 +1,73 @@
+"""The local Hugging Face adapter on a tiny LLaVA saved with save_pretrained."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from medrobust_lib.models.hf_vlm import HFVisionLanguageModel, ModelNotAvailable
+from medrobust_lib.models.tiny_vlm import build_tiny_llava, build_tokenizer, save_tiny, words
+from medrobust_lib.seeding import rng_for
+
+TEXTS = ["Is there a lesion in the left half of the image?", "Which modality is this? A. CT B. MRI",
+         "The lesion is small and bright.", "yes", "no"]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tok = build_tokenizer(TEXTS)
+    model, proc = build_tiny_llava(tok, seed=1)
+    return save_tiny(model, proc, tmp_path_factory.mktemp("tiny_llava"))
+
+
+@pytest.fixture(scope="module")
+def vlm(folder: Path) -> HFVisionLanguageModel:
+    return HFVisionLanguageModel(folder)
+
+
+def _images(n: int) -> list[np.ndarray]:
+    return [rng_for("vlm", i).random((64, 64), dtype=np.float32) for i in range(n)]
+
+
+def test_tokenizer_is_local_and_deterministic() -> None:
+    a, b = build_tokenizer(TEXTS), build_tokenizer(reversed(TEXTS))
+    assert a.get_vocab() == b.get_vocab()
+    assert words("Left-half, 3.5 mm?") == ["left-half", ",", "3.5", "mm", "?"]
+    ids = a("is there a lesion ?", add_special_tokens=False)["input_ids"]
+    assert a.unk_token_id not in ids
+
+
+def test_loads_through_the_public_path_and_generates_greedily(vlm: HFVisionLanguageModel) -> None:
+    assert type(vlm.model).__name__ == "LlavaForConditionalGeneration"
+    imgs = _images(3)
+    qs = ["is there a lesion in the left half of the image ?", "which modality is this ?", "is the lesion small ?"]
+    batched = vlm.generate(imgs, qs, max_new_tokens=4)
+    single = [vlm.generate([im], [q], max_new_tokens=4)[0] for im, q in zip(imgs, qs, strict=True)]
+    assert batched == single  # left padding: greedy output independent of the batch
+    assert vlm.n_vision_calls == 6
+    text_only = vlm.generate([None, None], qs[:2], max_new_tokens=4)
+    assert len(text_only) == 2 and vlm.n_vision_calls == 6  # no vision call without an image
+
+
+def test_score_is_next_token_log_probability(vlm: HFVisionLanguageModel) -> None:
+    imgs = _images(2)
+    qs = ["is there a lesion ?", "is the lesion bright ?"]
+    scores = vlm.score(imgs, qs, ["yes", "no"])
+    assert all(s["yes"] < 0 and s["no"] < 0 for s in scores)
+    batch = vlm._inputs([imgs[0]], [qs[0]])
+    with torch.no_grad():
+        logits = vlm.model(**batch).logits[0, -1]
+    ref = torch.log_softmax(logits.float(), -1)[vlm.option_token_ids(["yes"])[0]].item()
+    assert scores[0]["yes"] == pytest.approx(ref, abs=1e-5)
+    with pytest.raises(ValueError, match="share a first token"):
+        vlm.option_token_ids(["yes", "yes please"])
+
+
+def test_missing_model_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ModelNotAvailable, match="not found"):
+        HFVisionLanguageModel(tmp_path / "nope")
+    with pytest.raises(ModelNotAvailable, match="Nothing is downloaded"):
+        HFVisionLanguageModel("some-org/some-model-that-is-not-cached")
