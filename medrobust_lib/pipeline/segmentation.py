@@ -314,7 +314,7 @@ def evaluate_perturbed(suite: Suite, model_id: str, modality: str, level: int, m
     samples = {(s.dataset, s.sample_id): s for v in load_clean_samples(suite, modality, split=sc.split).values() for s in v}
     cache = CleanCache(suite, m, modality, model, sc.prompt, summary)
     rows: list[dict[str, Any]] = []
-    pending: list[tuple[dict[str, Any], np.ndarray, np.ndarray, np.ndarray]] = []
+    todo: list[tuple[dict[str, Any], dict[str, Any], Sample]] = []
     for rec in manifest.to_dict("records"):
         mr = {str(k): v for k, v in rec.items()}
         s = samples.get((mr["dataset"], mr["sample_id"]))
@@ -325,23 +325,39 @@ def evaluate_perturbed(suite: Suite, model_id: str, modality: str, level: int, m
         rows.append(r)
         if mr["status"] != "ok":
             r.update(status="perturbation_error", error=mr["error"])
-            continue
-        if s.mask is None:
+        elif s.mask is None:
             r.update(status="no_mask", error="sample has no ground-truth mask")
-            continue
-        out = regenerate(mr, s)
-        assert out.mask is not None
-        boxes = prompt_boxes(s, sc.prompt, mask=out.mask)
-        if len(boxes) == 0:
-            r.update(status="mask_out_of_view", error="the spatial perturbation moved the mask out of the image")
-            continue
-        pending.append((r, out.image, boxes, out.mask))
-    for start in range(0, len(pending), 64):
-        chunk = pending[start : start + 64]
-        probs = _predict_timed(model, [c[1] for c in chunk], [c[2] for c in chunk], summary, m.batch_size)
-        for (r, _img, _b, gt), p in zip(chunk, probs, strict=True):
-            r["iou"], r["dice"] = _score(p, gt)
-            _with_clean(r, cache.get(samples[(r["dataset"], r["sample_id"])]))
+        else:
+            todo.append((r, mr, s))
+
+    def regenerate_chunk(items: list[tuple[dict[str, Any], dict[str, Any], Sample]]) -> list[tuple[Any, ...]]:
+        ready = []
+        for r, mr, s in items:
+            out = regenerate(mr, s)
+            assert out.mask is not None
+            boxes = prompt_boxes(s, sc.prompt, mask=out.mask)
+            if len(boxes) == 0:
+                r.update(status="mask_out_of_view", error="the spatial perturbation moved the mask out of the image")
+                continue
+            ready.append((r, out.image, boxes, out.mask))
+        return ready
+
+    # Regenerate the next chunk on a thread (OpenCV/numpy release the GIL) while the model
+    # predicts the current one.
+    from concurrent.futures import ThreadPoolExecutor
+
+    size = 32
+    chunks = [todo[i : i + size] for i in range(0, len(todo), size)]
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        nxt = pool.submit(regenerate_chunk, chunks[0]) if chunks else None
+        for k in range(len(chunks)):
+            assert nxt is not None
+            ready = nxt.result()
+            nxt = pool.submit(regenerate_chunk, chunks[k + 1]) if k + 1 < len(chunks) else None
+            probs = _predict_timed(model, [c[1] for c in ready], [c[2] for c in ready], summary, m.batch_size)
+            for (r, _img, _b, gt), p in zip(ready, probs, strict=True):
+                r["iou"], r["dice"] = _score(p, gt)
+                _with_clean(r, cache.get(samples[(r["dataset"], r["sample_id"])]))
     fp = results.fingerprint([EVAL_VERSION, model.checkpoint_hash, sc.prompt.protocol, level,
                               sorted(manifest["sha256"].dropna()) if len(manifest) else []])
     _write(suite, _partition(m, "perturbation", modality, level), rows, fp)
