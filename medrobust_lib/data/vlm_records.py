@@ -1,0 +1,701 @@
+"""Readers for the published VLM record formats: typed, frozen records plus a quarantine.
+
+Four formats, one reader each, all returning a :class:`ReadResult`:
+
+- :func:`read_omnimedvqa`: OmniMedVQA multiple choice (Hu et al., CVPR 2024), a JSON list of
+  ``{question_id, dataset, question_type, modality_type, question, gt_answer, image_path,
+  option_A..option_D}`` -> :class:`MCQRecord`.
+- :func:`read_roco`: ROCOv2 captions (Rückert et al., Sci Data 2024), ``ID,Caption`` CSV or a
+  parquet with ``image_id``/``ID`` and ``caption`` -> :class:`CaptionRecord` (one per ID).
+- :func:`read_mecovqa_grounding`: MeCoVQA-G (MedPLIB) LLaVA conversations -> :class:`GroundingRecord`.
+- :func:`read_binary_paraphrases`: PSF-Med-like yes/no questions with paraphrases (JSONL, or CSV
+  with one row per paraphrase) -> :class:`YesNoRecord`.
+
+Contract shared by all readers: ``record_id`` is the dataset's own identifier (stable across runs);
+``image_path`` is absolute, resolved against ``image_root`` (an absolute path in the file is kept),
+and must exist. An entry that cannot become a record is never dropped: it becomes a
+:class:`QuarantineEntry` ``(record_id, reason, detail)``, and
+``len(result.records) + len(result.quarantine) == result.n_total`` always holds. An entry with no
+usable id is named ``"#<index>"`` (JSON lists), ``"line:<n>"`` (JSONL) or ``"row:<n>"`` (CSV; n is
+the 1-based data row). A file that is missing or is not the expected container at all (a JSON file
+that is not a list) raises ``FileNotFoundError`` / ``ValueError``: there are no entries to count.
+
+Quarantine reasons: ``missing_field``, ``bad_json``, ``duplicate_id``, ``missing_image``,
+``too_few_options``, ``answer_not_in_options``, ``ambiguous_answer``, ``empty_caption``, ``no_box``,
+``invalid_box``, ``missing_mask``, ``empty_mask``, ``unreadable_mask``, ``bad_answer``,
+``bad_polarity``, ``bad_paraphrase``, ``inconsistent_rows``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, NamedTuple, TypeVar
+
+import numpy as np
+
+from medrobust_lib.data.boxes import mask_to_box
+from medrobust_lib.data.imageio import read_raw
+from medrobust_lib.data.sample import SampleError
+
+__all__ = [
+    "CaptionRecord",
+    "GroundingRecord",
+    "MCQRecord",
+    "QuarantineEntry",
+    "ReadResult",
+    "YesNoRecord",
+    "canonical_modality",
+    "read_binary_paraphrases",
+    "read_mecovqa_grounding",
+    "read_omnimedvqa",
+    "read_roco",
+]
+
+T = TypeVar("T")
+PathLike = str | Path
+
+
+# ---------------------------------------------------------------- result types
+
+
+class QuarantineEntry(NamedTuple):
+    """An entry that could not become a record: its id, a short reason code, and a human detail."""
+
+    record_id: str
+    reason: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class ReadResult(Generic[T]):
+    """Records read from one file plus the quarantined entries; ``n_total`` counts both."""
+
+    records: list[T]
+    quarantine: list[QuarantineEntry]
+    n_total: int
+
+    def __post_init__(self) -> None:
+        if len(self.records) + len(self.quarantine) != self.n_total:
+            raise ValueError(
+                f"ReadResult: {len(self.records)} records + {len(self.quarantine)} quarantined "
+                f"!= n_total {self.n_total}"
+            )
+
+    def reasons(self) -> Counter[str]:
+        """Quarantine count per reason code."""
+        return Counter(q.reason for q in self.quarantine)
+
+
+@dataclass(frozen=True)
+class MCQRecord:
+    """One OmniMedVQA multiple-choice question.
+
+    ``options``: letter -> option text in letter order (missing/NaN options dropped, at least 2).
+    ``answer_letter`` is the key of ``options`` whose text matches ``gt_answer``. ``modality`` is
+    the canonical modality name (:func:`canonical_modality`), ``modality_type`` the file's label."""
+
+    record_id: str
+    dataset: str
+    modality: str
+    image_path: Path
+    question: str
+    question_type: str
+    modality_type: str
+    options: dict[str, str]
+    answer_letter: str
+    sample_id: str | None = None
+    slice_index: int | None = None
+
+    @property
+    def answer_text(self) -> str:
+        """The correct option's text."""
+        return self.options[self.answer_letter]
+
+
+@dataclass(frozen=True)
+class CaptionRecord:
+    """One ROCOv2 image with its reference captions (several rows per ID -> several references).
+
+    ``split`` is ``train``/``valid``/``test`` when the ID follows ``ROCOv2_<year>_<split>_<n>``."""
+
+    record_id: str
+    dataset: str
+    modality: str
+    image_path: Path
+    references: tuple[str, ...]
+    split: str | None = None
+    sample_id: str | None = None
+    slice_index: int | None = None
+
+
+@dataclass(frozen=True)
+class GroundingRecord:
+    """One MeCoVQA-G grounding question.
+
+    ``question`` is the human turn without the ``<image>`` token; ``answer`` the first gpt turn
+    (may be empty). ``box_xyxy`` is in pixels, ``(x0, y0, x1, y1)``, end exclusive.
+    ``image_hw`` is ``(height, width)`` or None when neither ``image_size``, a mask nor a raster
+    header gives it. ``box_source`` says where the box came from: ``bbox``, ``mask`` or ``answer``."""
+
+    record_id: str
+    dataset: str
+    modality: str
+    image_path: Path
+    question: str
+    answer: str
+    box_xyxy: tuple[int, int, int, int]
+    image_hw: tuple[int, int] | None
+    box_source: str
+    sample_id: str | None = None
+    slice_index: int | None = None
+
+
+@dataclass(frozen=True)
+class YesNoRecord:
+    """One binary (yes/no) question with paraphrases.
+
+    ``variants``: ``(text, polarity)`` pairs, the original question first with polarity +1, then the
+    paraphrases in file order. Polarity -1 marks a negated paraphrase, whose expected answer is the
+    inverse of ``answer`` (see :meth:`expected`)."""
+
+    record_id: str
+    dataset: str
+    modality: str
+    image_path: Path
+    question: str
+    answer: str
+    variants: tuple[tuple[str, int], ...]
+    finding: str = ""
+    sample_id: str | None = None
+    slice_index: int | None = None
+
+    def expected(self, polarity: int) -> str:
+        """Expected ``"yes"``/``"no"`` for a variant of the given polarity (+1 or -1)."""
+        if polarity == 1:
+            return self.answer
+        if polarity == -1:
+            return "no" if self.answer == "yes" else "yes"
+        raise ValueError(f"polarity must be 1 or -1, got {polarity!r}")
+
+
+# ---------------------------------------------------------------- shared helpers
+
+
+_MODALITY_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    # order matters: "X-Ray Angiography" before X-ray, OCT before CT ("tomography" in both)
+    ("angiography", ("angiography", "angiogram", "dsa")),
+    ("oct", ("oct", "optical coherence")),
+    ("ct", ("ct", "computed tomography")),
+    ("mri", ("mr", "mri", "magnetic resonance", "mag netic resonance")),
+    ("xray", ("x ray", "xray", "radiograph", "cxr")),
+    ("ultrasound", ("ultrasound", "us", "sonography", "echography")),
+    ("fundus", ("fundus",)),
+    ("pathology", ("microscopy", "pathology", "histopathology", "histology")),
+    ("dermoscopy", ("dermoscopy", "dermatoscopy")),
+    ("endoscopy", ("endoscopy", "colonoscopy")),
+)
+
+
+def canonical_modality(label: str) -> str:
+    """Map a free-text modality label (``"CT(Computed Tomography)"``, ``"X-Ray Angiography"``,
+    ``"Microscopy Images"``) to a canonical name (``ct``, ``angiography``, ``pathology``, ...).
+    Unrecognised labels come back lower-cased and stripped (``"unknown"`` when empty)."""
+    words = " " + " ".join(re.findall(r"[a-z0-9]+", label.lower())) + " "
+    for name, keys in _MODALITY_RULES:
+        if any(f" {k} " in words for k in keys):
+            return name
+    return label.strip().lower() or "unknown"
+
+
+def _is_missing(value: Any) -> bool:
+    if value is None:
+        return True
+    if isinstance(value, float) and math.isnan(value):
+        return True
+    return isinstance(value, str) and not value.strip()
+
+
+def _text(value: Any) -> str:
+    """A scalar as text: integral floats lose their ``.0`` (pandas-exported numbers)."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value).strip()
+
+
+def _require(entry: Mapping[str, Any], *keys: str) -> None:
+    missing = [k for k in keys if _is_missing(entry.get(k))]
+    if missing:
+        raise SampleError("missing_field", f"missing {', '.join(missing)}")
+
+
+def _opt_str(value: Any) -> str | None:
+    return None if _is_missing(value) else _text(value)
+
+
+def _opt_int(value: Any) -> int | None:
+    if _is_missing(value):
+        return None
+    try:
+        return int(float(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def _resolve_image(image_root: Path, rel: str) -> Path:
+    """``image_root / rel`` (absolute ``rel`` kept); raises ``missing_image`` if it does not exist."""
+    p = Path(rel)
+    path = p if p.is_absolute() else image_root / p
+    if not path.exists():
+        raise SampleError("missing_image", str(path))
+    return path
+
+
+def _load_json_list(path: Path) -> list[Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: expected a JSON list of records, got {type(data).__name__}")
+    return data
+
+
+def _collect(entries: Iterable[tuple[str, Any]], build: Callable[[str, Any], T]) -> ReadResult[T]:
+    """Run ``build(fallback_id, entry)`` over entries; a SampleError quarantines the entry.
+
+    The quarantine id is the entry's own id when it has one, else ``fallback_id``; a repeated id
+    is quarantined as ``duplicate_id``."""
+    records: list[T] = []
+    quarantine: list[QuarantineEntry] = []
+    seen: set[str] = set()
+    n = 0
+    for fallback, entry in entries:
+        n += 1
+        rid = fallback
+        try:
+            if isinstance(entry, SampleError):
+                raise entry
+            if not isinstance(entry, Mapping):
+                raise SampleError("bad_json", f"expected an object, got {type(entry).__name__}")
+            rid = _opt_str(entry.get("_rid")) or fallback
+            if rid in seen:
+                raise SampleError("duplicate_id", f"{rid} appears more than once")
+            seen.add(rid)
+            records.append(build(rid, entry))
+        except SampleError as e:
+            quarantine.append(QuarantineEntry(rid, e.reason, e.detail))
+    return ReadResult(records, quarantine, n)
+
+
+def _with_rid(entries: Iterable[tuple[str, Any]], id_key: str) -> Iterator[tuple[str, Any]]:
+    """Attach the entry's own id (under ``_rid``) so :func:`_collect` can name it."""
+    for fallback, entry in entries:
+        if isinstance(entry, Mapping):
+            entry = {**entry, "_rid": entry.get(id_key)}
+        yield fallback, entry
+
+
+def _read_csv_rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="", encoding="utf-8-sig") as f:
+        return [dict(r) for r in csv.DictReader(f)]
+
+
+# ---------------------------------------------------------------- OmniMedVQA
+
+
+_OPTION_KEY = re.compile(r"^option_([A-Z])$")
+
+
+def _norm_answer(s: str) -> str:
+    return " ".join(s.casefold().split()).rstrip(".")
+
+
+def _mcq_from_entry(rid: str, e: Mapping[str, Any], image_root: Path) -> MCQRecord:
+    _require(e, "question_id", "question", "gt_answer", "image_path")
+    options = {
+        m.group(1): _text(v)
+        for k, v in sorted(e.items())
+        if (m := _OPTION_KEY.match(k)) is not None and not _is_missing(v)
+    }
+    if len(options) < 2:
+        raise SampleError("too_few_options", f"{len(options)} usable option(s)")
+    gt = _text(e["gt_answer"])
+    letters = [k for k, v in options.items() if v == gt]
+    if not letters:
+        letters = [k for k, v in options.items() if _norm_answer(v) == _norm_answer(gt)]
+    if not letters:
+        raise SampleError("answer_not_in_options", f"gt_answer {gt!r} not in {list(options.values())}")
+    if len(letters) > 1:
+        raise SampleError("ambiguous_answer", f"gt_answer {gt!r} matches options {letters}")
+    modality_type = _opt_str(e.get("modality_type")) or ""
+    return MCQRecord(
+        record_id=rid,
+        dataset=_opt_str(e.get("dataset")) or "unknown",
+        modality=canonical_modality(modality_type),
+        image_path=_resolve_image(image_root, _text(e["image_path"])),
+        question=_text(e["question"]),
+        question_type=_opt_str(e.get("question_type")) or "",
+        modality_type=modality_type,
+        options=options,
+        answer_letter=letters[0],
+        sample_id=_opt_str(e.get("sample_id")),
+        slice_index=_opt_int(e.get("slice_index")),
+    )
+
+
+def read_omnimedvqa(path: PathLike, image_root: PathLike) -> ReadResult[MCQRecord]:
+    """Read OmniMedVQA QA JSON: one file (a JSON list) or a folder of them (``QA_information/*``,
+    read in sorted order). ``image_path`` is relative to ``image_root`` (the OmniMedVQA root)."""
+    p, root = Path(path), Path(image_root)
+    files = sorted(p.rglob("*.json")) if p.is_dir() else [p]
+    entries: list[tuple[str, Any]] = []
+    for f in files:
+        entries.extend((f"#{len(entries)}", e) for e in _load_json_list(f))
+    return _collect(_with_rid(entries, "question_id"), lambda rid, e: _mcq_from_entry(rid, e, root))
+
+
+# ---------------------------------------------------------------- ROCOv2
+
+
+_ROCO_SPLIT = re.compile(r"^ROCOv2_\d{4}_(train|valid|test)_")
+_ID_COLS = ("ID", "image_id", "id")
+_CAPTION_COLS = ("Caption", "caption")
+_PATH_COLS = ("image_path", "path", "file_name", "image")
+
+
+def _pick(columns: Iterable[str], choices: tuple[str, ...], what: str, path: Path) -> str:
+    cols = list(columns)
+    for c in choices:
+        if c in cols:
+            return c
+    raise ValueError(f"{path}: no {what} column; expected one of {choices}, got {cols}")
+
+
+def _roco_rows(path: Path) -> list[dict[str, Any]]:
+    if path.suffix.lower() == ".parquet":
+        import pandas as pd
+
+        df = pd.read_parquet(path)
+        keep = [c for c in df.columns if c in _ID_COLS + _CAPTION_COLS + _PATH_COLS + ("dataset", "modality")]
+        return [{str(k): v for k, v in r.items()} for r in df[keep].to_dict(orient="records")]
+    return list(_read_csv_rows(path))
+
+
+def read_roco(
+    path: PathLike, image_root: PathLike, *, images_csv: PathLike | None = None
+) -> ReadResult[CaptionRecord]:
+    """Read ROCOv2 captions: CSV ``ID,Caption`` or parquet with ``image_id``/``ID`` and ``caption``.
+
+    Image per ID: the ``image_path`` column of ``images_csv`` (a mapping CSV ``ID,image_path`` with
+    optional ``dataset``, ``modality``, ``sample_id``, ``slice_index``, like the demo's
+    ``roco_images.csv``); else an image path column in the caption file (``image_path``, ``path``,
+    ``file_name`` or a string ``image``); else ``<ID>.jpg`` under ``image_root`` or under
+    ``image_root/<split>/``. Every row of an ID adds a reference; an empty caption adds none, and an
+    ID with no non-empty caption is quarantined ``empty_caption``. ``n_total`` counts distinct IDs
+    plus rows without an ID. ``dataset`` defaults to ``rocov2`` and ``modality`` to ``unknown``
+    (ROCOv2's caption files carry neither)."""
+    p, root = Path(path), Path(image_root)
+    rows = _roco_rows(p)
+    mapping: dict[str, dict[str, str]] = {}
+    if images_csv is not None:
+        mp = Path(images_csv)
+        m_rows = _read_csv_rows(mp)
+        m_id = _pick(m_rows[0].keys() if m_rows else [], _ID_COLS, "ID", mp)
+        mapping = {r[m_id]: r for r in m_rows}
+    cols = list(rows[0].keys()) if rows else []
+    id_col = _pick(cols, _ID_COLS, "ID", p) if rows else "ID"
+    cap_col = _pick(cols, _CAPTION_COLS, "caption", p) if rows else "Caption"
+    path_col = next((c for c in _PATH_COLS if c in cols), None)
+
+    groups: dict[str, list[dict[str, Any]]] = {}
+    entries: list[tuple[str, Any]] = []
+    for i, r in enumerate(rows, start=1):
+        rid = _opt_str(r.get(id_col))
+        if rid is None:
+            entries.append((f"row:{i}", SampleError("missing_field", f"row {i} has no {id_col}")))
+            continue
+        if rid not in groups:
+            groups[rid] = []
+            entries.append((rid, {"_rid": rid, "rows": groups[rid]}))
+        groups[rid].append(r)
+
+    def build(rid: str, e: Mapping[str, Any]) -> CaptionRecord:
+        grp: list[dict[str, Any]] = e["rows"]
+        refs = tuple(_text(r[cap_col]) for r in grp if not _is_missing(r.get(cap_col)))
+        if not refs:
+            raise SampleError("empty_caption", f"{len(grp)} row(s), all empty")
+        m = _ROCO_SPLIT.match(rid)
+        split = m.group(1) if m else None
+        extra: Mapping[str, Any] = grp[0]
+        if images_csv is not None:
+            if rid not in mapping or _is_missing(mapping[rid].get("image_path")):
+                raise SampleError("missing_image", f"{rid} has no image_path in {images_csv}")
+            extra = mapping[rid]
+            image = _resolve_image(root, _text(extra["image_path"]))
+        elif path_col is not None and isinstance(grp[0].get(path_col), str) and grp[0][path_col].strip():
+            image = _resolve_image(root, grp[0][path_col].strip())
+        else:
+            cands = [root / f"{rid}.jpg"] + ([root / split / f"{rid}.jpg"] if split else [])
+            found = next((c for c in cands if c.exists()), None)
+            if found is None:
+                raise SampleError("missing_image", " or ".join(str(c) for c in cands))
+            image = found
+        return CaptionRecord(
+            record_id=rid,
+            dataset=_opt_str(extra.get("dataset")) or "rocov2",
+            modality=_opt_str(extra.get("modality")) or "unknown",
+            image_path=image,
+            references=refs,
+            split=split,
+            sample_id=_opt_str(extra.get("sample_id")),
+            slice_index=_opt_int(extra.get("slice_index")),
+        )
+
+    return _collect(entries, build)
+
+
+# ---------------------------------------------------------------- MeCoVQA-G
+
+
+_BOX_TEXT = re.compile(r"\[\s*" + r"\s*,\s*".join([r"(-?\d+(?:\.\d+)?)"] * 4) + r"\s*\]")
+_RASTER = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
+
+
+def _turn(conv: list[Any], who: str) -> str | None:
+    for t in conv:
+        if isinstance(t, Mapping) and t.get("from") == who and isinstance(t.get("value"), str):
+            return str(t["value"])
+    return None
+
+
+def _hw(value: Any) -> tuple[int, int] | None:
+    if isinstance(value, list | tuple) and len(value) >= 2:
+        try:
+            h, w = int(value[0]), int(value[1])
+        except (TypeError, ValueError):
+            return None
+        return (h, w) if h > 0 and w > 0 else None
+    return None
+
+
+def _raster_hw(path: Path) -> tuple[int, int] | None:
+    if path.suffix.lower() not in _RASTER:
+        return None
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            w, h = im.size
+    except OSError:
+        return None
+    return int(h), int(w)
+
+
+def _check_box(box: tuple[float, ...], hw: tuple[int, int] | None) -> tuple[int, int, int, int]:
+    x0, y0, x1, y1 = (int(round(v)) for v in box)
+    ok = 0 <= x0 < x1 and 0 <= y0 < y1
+    if ok and hw is not None:
+        ok = x1 <= hw[1] and y1 <= hw[0]
+    if not ok:
+        raise SampleError("invalid_box", f"box {[x0, y0, x1, y1]} for image hw {hw}")
+    return x0, y0, x1, y1
+
+
+def _grounding_from_entry(rid: str, e: Mapping[str, Any], root: Path) -> GroundingRecord:
+    _require(e, "id", "image", "conversations")
+    conv = e["conversations"]
+    if not isinstance(conv, list):
+        raise SampleError("missing_field", "conversations is not a list")
+    human = _turn(conv, "human")
+    if human is None:
+        raise SampleError("missing_field", "no human turn")
+    answer = _turn(conv, "gpt") or ""
+    image = _resolve_image(root, _text(e["image"]))
+    hw = _hw(e.get("image_size"))
+
+    box: tuple[float, ...] | None = None
+    source = ""
+    bbox = e.get("bbox")
+    mask_rel = next((_text(e[k]) for k in ("mask", "mask_path") if not _is_missing(e.get(k))), None)
+    if isinstance(bbox, list | tuple) and len(bbox) == 4:
+        try:
+            box, source = tuple(float(v) for v in bbox), "bbox"
+        except (TypeError, ValueError):
+            raise SampleError("invalid_box", f"bbox {bbox!r} is not 4 numbers") from None
+    elif mask_rel is not None:
+        mpath = Path(mask_rel) if Path(mask_rel).is_absolute() else root / mask_rel
+        if not mpath.exists():
+            raise SampleError("missing_mask", str(mpath))
+        try:
+            raw = read_raw(mpath)
+        except ValueError as err:
+            raise SampleError("unreadable_mask", str(err)) from None
+        mask = (raw.max(axis=2) if raw.ndim == 3 else raw) > 0
+        mbox = mask_to_box(np.asarray(mask))
+        if mbox is None:
+            raise SampleError("empty_mask", str(mpath))
+        hw = hw or (int(mask.shape[0]), int(mask.shape[1]))
+        box, source = tuple(float(v) for v in mbox), "mask"
+    else:
+        m = _BOX_TEXT.search(answer)
+        if m is None:
+            raise SampleError("no_box", f"no bbox, mask or [x0, y0, x1, y1] in answer {answer!r}")
+        vals = tuple(float(v) for v in m.groups())
+        if all(0.0 <= v <= 1.0 for v in vals):
+            if hw is None:
+                raise SampleError("no_box", f"normalised box {list(vals)} without image_size")
+            h, w = hw
+            vals = (vals[0] * w, vals[1] * h, vals[2] * w, vals[3] * h)
+        box, source = vals, "answer"
+    if hw is None:
+        hw = _raster_hw(image)
+    return GroundingRecord(
+        record_id=rid,
+        dataset=_opt_str(e.get("dataset")) or "mecovqa_g",
+        modality=canonical_modality(_opt_str(e.get("modality")) or ""),
+        image_path=image,
+        question=human.replace("<image>", "").strip(),
+        answer=answer.strip(),
+        box_xyxy=_check_box(box, hw),
+        image_hw=hw,
+        box_source=source,
+        sample_id=_opt_str(e.get("sample_id")),
+        slice_index=_opt_int(e.get("slice_index")),
+    )
+
+
+def read_mecovqa_grounding(path: PathLike, image_root: PathLike) -> ReadResult[GroundingRecord]:
+    """Read MeCoVQA-G-style grounding conversations (a JSON list).
+
+    Each entry: ``{"id", "image", "conversations": [{"from": "human", "value": "<image>\\n..."},
+    {"from": "gpt", "value": ...}]}`` with optional ``bbox`` (pixel XYXY, end exclusive),
+    ``image_size`` (``[h, w]``), ``mask``/``mask_path`` (a mask image relative to ``image_root``),
+    ``dataset`` and ``modality``. The box comes from, in order: ``bbox``; the tight box of the mask
+    file; the first ``[x0, y0, x1, y1]`` in the gpt answer (all values in [0, 1] are normalised and
+    scaled by ``image_size``, x by width and y by height, then rounded). None of these -> ``no_box``."""
+    p, root = Path(path), Path(image_root)
+    entries = [(f"#{i}", e) for i, e in enumerate(_load_json_list(p))]
+    return _collect(_with_rid(entries, "id"), lambda rid, e: _grounding_from_entry(rid, e, root))
+
+
+# ---------------------------------------------------------------- binary paraphrases
+
+
+def _yes_no(value: Any) -> str:
+    a = _text(value).lower().rstrip(".") if not _is_missing(value) else ""
+    if a not in ("yes", "no"):
+        raise SampleError("bad_answer", f"answer {value!r} is not yes/no")
+    return a
+
+
+def _polarity(value: Any) -> int:
+    if isinstance(value, bool):
+        raise SampleError("bad_polarity", f"polarity {value!r} must be 1 or -1")
+    try:
+        pol = int(float(value))
+    except (TypeError, ValueError):
+        raise SampleError("bad_polarity", f"polarity {value!r} must be 1 or -1") from None
+    if pol not in (1, -1) or float(value) != pol:
+        raise SampleError("bad_polarity", f"polarity {value!r} must be 1 or -1")
+    return pol
+
+
+def _yesno_record(
+    rid: str, e: Mapping[str, Any], paraphrases: list[tuple[Any, Any]], root: Path
+) -> YesNoRecord:
+    _require(e, "id", "image_path", "question", "answer")
+    answer = _yes_no(e["answer"])
+    question = _text(e["question"])
+    variants: list[tuple[str, int]] = [(question, 1)]
+    for text, pol in paraphrases:
+        if _is_missing(text) or not isinstance(text, str):
+            raise SampleError("bad_paraphrase", f"paraphrase text {text!r}")
+        variants.append((text.strip(), _polarity(pol)))
+    return YesNoRecord(
+        record_id=rid,
+        dataset=_opt_str(e.get("dataset")) or "unknown",
+        modality=canonical_modality(_opt_str(e.get("modality")) or ""),
+        image_path=_resolve_image(root, _text(e["image_path"])),
+        question=question,
+        answer=answer,
+        variants=tuple(variants),
+        finding=_opt_str(e.get("finding")) or "",
+        sample_id=_opt_str(e.get("sample_id")),
+        slice_index=_opt_int(e.get("slice_index")),
+    )
+
+
+def _jsonl_entries(path: Path) -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            out.append((f"line:{n}", json.loads(line)))
+        except json.JSONDecodeError as err:
+            out.append((f"line:{n}", SampleError("bad_json", f"line {n}: {err}")))
+    return out
+
+
+def _build_jsonl_yesno(rid: str, e: Mapping[str, Any], root: Path) -> YesNoRecord:
+    paras = e.get("paraphrases", [])
+    if paras is None:
+        paras = []
+    if not isinstance(paras, list) or not all(isinstance(p, Mapping) for p in paras):
+        raise SampleError("bad_paraphrase", "paraphrases must be a list of {text, polarity}")
+    return _yesno_record(rid, e, [(p.get("text"), p.get("polarity")) for p in paras], root)
+
+
+_CSV_SAME = ("image_path", "question", "answer")
+
+
+def _build_csv_yesno(rid: str, e: Mapping[str, Any], root: Path) -> YesNoRecord:
+    rows: list[dict[str, str]] = e["rows"]
+    first = rows[0]
+    for k in _CSV_SAME:
+        values = {(r.get(k) or "").strip() for r in rows}
+        if len(values) > 1:
+            raise SampleError("inconsistent_rows", f"{k} differs across rows: {sorted(values)}")
+    paras = [
+        (r.get("paraphrase"), r.get("polarity"))
+        for r in rows
+        if not (_is_missing(r.get("paraphrase")) and _is_missing(r.get("polarity")))
+    ]
+    return _yesno_record(rid, first, paras, root)
+
+
+def read_binary_paraphrases(path: PathLike, image_root: PathLike) -> ReadResult[YesNoRecord]:
+    """Read PSF-Med-like yes/no questions with paraphrases.
+
+    ``.jsonl``: one object per line ``{id, image_path, dataset, modality, question, answer,
+    paraphrases: [{text, polarity}], finding}`` (blank lines skipped, not counted). ``.csv``: one
+    row per paraphrase with columns ``id, image_path, question, answer, paraphrase, polarity``
+    (optional ``dataset, modality, finding``); rows are grouped by ``id`` (first appearance order),
+    a row with empty ``paraphrase`` and ``polarity`` adds no variant, and ``image_path``,
+    ``question`` and ``answer`` must agree across a group (else ``inconsistent_rows``).
+    ``answer`` must be yes/no (case and a trailing period ignored); polarity must be 1 or -1."""
+    p, root = Path(path), Path(image_root)
+    suffix = p.suffix.lower()
+    if suffix in (".jsonl", ".json"):
+        return _collect(_with_rid(_jsonl_entries(p), "id"), lambda rid, e: _build_jsonl_yesno(rid, e, root))
+    if suffix != ".csv":
+        raise ValueError(f"{p}: unsupported extension {suffix!r}; valid: .jsonl, .json, .csv")
+    groups: dict[str, list[dict[str, str]]] = {}
+    entries: list[tuple[str, Any]] = []
+    for i, r in enumerate(_read_csv_rows(p), start=1):
+        rid = _opt_str(r.get("id"))
+        if rid is None:
+            entries.append((f"row:{i}", SampleError("missing_field", f"row {i} has no id")))
+            continue
+        if rid not in groups:
+            groups[rid] = []
+            entries.append((rid, {"_rid": rid, "rows": groups[rid]}))
+        groups[rid].append(r)
+    return _collect(entries, lambda rid, e: _build_csv_yesno(rid, e, root))
