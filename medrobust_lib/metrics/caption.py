@@ -1,0 +1,343 @@
+"""Caption metrics without Java (DESIGN.md section 5): PTB-style tokenizer, BLEU-1..4, ROUGE-L, CIDEr-D.
+
+The scores reproduce pycocoevalcap 1.2 (``Bleu(4)``, ``Rouge()``, ``Cider()``) on the same token
+strings, to floating-point round-off; the implementation is our own, written against the formulas
+of ``bleu_scorer.py``, ``rouge.py`` and ``cider_scorer.py``:
+
+- BLEU: corpus-level modified n-gram precision (clipped by the maximum count over references),
+  geometric mean of the precisions 1..n, ``tiny=1e-15`` / ``small=1e-9`` guards instead of
+  smoothing, brevity penalty ``exp(1 - r/c)`` when ``c < r`` with ``r`` the *closest* reference
+  length (ties -> the shorter reference). Per-sample BLEU uses the same formula on one sample.
+- ROUGE-L: longest common subsequence, max precision and max recall over references,
+  F-measure with ``beta = 1.2``; the corpus score is the mean of the per-sample scores.
+- CIDEr-D: tf-idf n-gram vectors (n = 1..4) with ``idf = log(N_docs) - log(max(1, df))``,
+  clipped numerator ``min(hyp, ref) * ref``, Gaussian length penalty ``exp(-delta^2 / (2 sigma^2))``
+  with ``sigma = 6``, mean over n and references, times 10. This is what pycocoevalcap 1.2 calls
+  ``Cider``; it is the CIDEr-D formula. Like pycocoevalcap, ``delta`` is the difference of the
+  *bigram* counts (``len - 1`` for non-empty captions), which equals the length difference except
+  when exactly one caption is empty.
+
+The one intended difference: document frequencies. pycocoevalcap recomputes them from whatever
+references are scored in one call, so a subgroup or a perturbed condition is scored against a
+different idf table. :class:`DocumentFrequency` is built once (``from_references`` on the clean
+reference set) and passed to :func:`cider_d` for every condition and subgroup. With ``df=None``
+the table is built from the references being scored, which is exactly pycocoevalcap's ``Cider``.
+
+Inputs are raw strings; by default they go through :func:`ptb_tokenize` and are joined with single
+spaces (``tokenize=False`` scores already tokenised strings, split on whitespace).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+PUNCTUATIONS: frozenset[str] = frozenset(
+    ["''", "'", "``", "`", "-LRB-", "-RRB-", "-LCB-", "-RCB-", ".", "?", "!", ",", ":", "-", "--", "...", ";"]
+)
+"""Tokens pycocoevalcap drops after Stanford tokenisation (``tokenizer/ptbtokenizer.py``)."""
+
+BLEU_N = 4
+CIDER_N = 4
+CIDER_SIGMA = 6.0
+ROUGE_BETA = 1.2
+_BLEU_TINY = 1e-15
+_BLEU_SMALL = 1e-9
+
+# --- tokenizer -------------------------------------------------------------------------------------
+
+_CHAR_MAP = str.maketrans(
+    {
+        "\u2018": "'", "\u2019": "'", "\u201a": "'", "\u2032": "'",
+        "\u201c": '"', "\u201d": '"', "\u201e": '"',
+        "\u2013": " -- ", "\u2014": " -- ", "\u2212": "-",
+        "\u00a0": " ",
+    }
+)
+_BRACKETS = {"(": "-LRB-", ")": "-RRB-", "{": "-LCB-", "}": "-RCB-", "[": "-LSB-", "]": "-RSB-"}
+_CLITIC = r"n't|'(?:s|m|d|re|ve|ll)"
+_TOKEN_RE = re.compile(
+    r"""
+      (?:e\.g\.|i\.e\.)                                  # kept abbreviations
+    | n't(?![a-z0-9]) | '(?:s|m|d|re|ve|ll)(?![a-z0-9])   # clitics (split off below)
+    | \.\d+                                             # .5
+    | [a-z0-9]+(?:(?:-|/|(?<=\d)[.,:](?=\d))[a-z0-9]+)*  # words, numbers 3.5 1,000, x-ray, t1/t2
+    | \.\.\.+ | --+ | `` | ''                             # multi-char punctuation
+    | \S                                                # any other single character
+    """,
+    re.VERBOSE,
+)
+_CLITIC_SPLIT = re.compile(rf"([a-z0-9])({_CLITIC})(?![a-z0-9])")
+_CANNOT = re.compile(r"\b(can)(not)\b")
+
+
+def ptb_tokenize(text: str) -> list[str]:
+    """Tokens that pycocoevalcap's ``PTBTokenizer`` (Stanford PTBTokenizer 3.4.1 with
+    ``-lowerCase``, then :data:`PUNCTUATIONS` removed) produces for one caption, without Java.
+
+    Rules (in order): typographic quotes/dashes are mapped to ASCII (an en/em dash becomes ``--``);
+    text is lowercased; clitics are split off (``don't`` -> ``do n't``, ``can't`` -> ``ca n't``,
+    ``it's`` -> ``it 's``, ``patient's`` -> ``patient 's``, also ``'m 're 've 'll 'd``) and
+    ``cannot`` -> ``can not``; words keep inner hyphens and slashes (``x-ray``, ``t2-weighted``,
+    ``t1/t2``) and digits keep inner ``.``/``,``/``:`` (``3.5``, ``1,000``); ``e.g.``/``i.e.`` stay
+    whole; every other symbol is its own token (``%``, ``+``, ``/``, ``=``); brackets become
+    ``-LRB-``-style tokens; finally tokens in :data:`PUNCTUATIONS` are dropped (so round and curly
+    brackets, quotes, ``.,;:?!`` and dashes vanish, while ``[``/``]`` survive as ``-LSB-``/``-RSB-``
+    as in pycocoevalcap). Newlines count as spaces. Returns a possibly empty list of str.
+    """
+    s = text.translate(_CHAR_MAP).lower()
+    s = _CLITIC_SPLIT.sub(r"\1 \2", s)
+    s = _CANNOT.sub(r"\1 \2", s)
+    out: list[str] = []
+    for m in _TOKEN_RE.finditer(s):
+        tok = m.group(0)
+        if tok == '"':
+            tok = "``"  # opening or closing: both are dropped
+        elif tok in _BRACKETS:
+            tok = _BRACKETS[tok]
+        elif tok.startswith("..."):
+            tok = "..."
+        elif tok.startswith("--"):
+            tok = "--"
+        if tok not in PUNCTUATIONS:
+            out.append(tok)
+    return out
+
+
+def _tokenized(text: str, tokenize: bool) -> str:
+    return " ".join(ptb_tokenize(text)) if tokenize else text
+
+
+# --- shared helpers --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CaptionScore:
+    """A corpus score plus the per-sample scores it came from (keys = caption ids, input order)."""
+
+    corpus: float
+    per_sample: dict[Hashable, float]
+
+
+def _prepare(
+    refs: Mapping[Hashable, Sequence[str]], hyps: Mapping[Hashable, str], tokenize: bool
+) -> tuple[list[Hashable], list[list[str]], list[str]]:
+    if set(refs.keys()) != set(hyps.keys()):
+        missing = set(refs) ^ set(hyps)
+        raise ValueError(f"refs and hyps must have the same ids; differing ids: {sorted(map(str, missing))[:5]}")
+    if not refs:
+        raise ValueError("need at least one caption to score")
+    ids = list(refs.keys())
+    r: list[list[str]] = []
+    for i in ids:
+        rr = refs[i]
+        if isinstance(rr, str) or len(rr) == 0:
+            raise ValueError(f"refs[{i!r}] must be a non-empty list of strings")
+        r.append([_tokenized(x, tokenize) for x in rr])
+    h = [_tokenized(hyps[i], tokenize) for i in ids]
+    return ids, r, h
+
+
+def _ngrams(words: Sequence[str], n: int) -> Counter[tuple[str, ...]]:
+    counts: Counter[tuple[str, ...]] = Counter()
+    for k in range(1, n + 1):
+        for i in range(len(words) - k + 1):
+            counts[tuple(words[i : i + k])] += 1
+    return counts
+
+
+# --- BLEU ------------------------------------------------------------------------------------------
+
+
+def bleu(
+    refs: Mapping[Hashable, Sequence[str]], hyps: Mapping[Hashable, str], *, tokenize: bool = True
+) -> dict[str, CaptionScore]:
+    """BLEU-1..4 as pycocoevalcap ``Bleu(4).compute_score`` (closest reference length).
+
+    ``refs``: id -> one or more reference captions; ``hyps``: id -> one hypothesis caption (same
+    ids). Returns ``{"bleu_1": ..., "bleu_4": ...}``, each a :class:`CaptionScore` in [0, 1]
+    whose ``corpus`` is the corpus-level BLEU (not the mean of per-sample scores).
+    """
+    ids, r, h = _prepare(refs, hyps, tokenize)
+    n = BLEU_N
+    tot_guess = [0] * n
+    tot_correct = [0] * n
+    tot_test = 0
+    tot_ref = 0
+    per: list[list[float]] = [[] for _ in range(n)]
+    for ref_list, hyp in zip(r, h, strict=True):
+        ref_words = [x.split() for x in ref_list]
+        maxcounts: dict[tuple[str, ...], int] = {}
+        for rw in ref_words:
+            for g, c in _ngrams(rw, n).items():
+                maxcounts[g] = max(maxcounts.get(g, 0), c)
+        hw = hyp.split()
+        testlen = len(hw)
+        reflen = min((abs(len(rw) - testlen), len(rw)) for rw in ref_words)[1]
+        guess = [max(0, testlen - k + 1) for k in range(1, n + 1)]
+        correct = [0] * n
+        for g, c in _ngrams(hw, n).items():
+            correct[len(g) - 1] += min(maxcounts.get(g, 0), c)
+        tot_test += testlen
+        tot_ref += reflen
+        prod = 1.0
+        scores = []
+        for k in range(n):
+            tot_guess[k] += guess[k]
+            tot_correct[k] += correct[k]
+            prod *= (float(correct[k]) + _BLEU_TINY) / (float(guess[k]) + _BLEU_SMALL)
+            scores.append(prod ** (1.0 / (k + 1)))
+        ratio = (testlen + _BLEU_TINY) / (reflen + _BLEU_SMALL)
+        bp = math.exp(1 - 1 / ratio) if ratio < 1 else 1.0
+        for k in range(n):
+            per[k].append(scores[k] * bp if ratio < 1 else scores[k])
+    prod = 1.0
+    corpus = []
+    for k in range(n):
+        prod *= float(tot_correct[k] + _BLEU_TINY) / (tot_guess[k] + _BLEU_SMALL)
+        corpus.append(prod ** (1.0 / (k + 1)))
+    ratio = (tot_test + _BLEU_TINY) / (tot_ref + _BLEU_SMALL)
+    if ratio < 1:
+        corpus = [c * math.exp(1 - 1 / ratio) for c in corpus]
+    return {
+        f"bleu_{k + 1}": CaptionScore(corpus[k], dict(zip(ids, per[k], strict=True))) for k in range(n)
+    }
+
+
+# --- ROUGE-L ---------------------------------------------------------------------------------------
+
+
+def _lcs(a: Sequence[str], b: Sequence[str]) -> int:
+    if len(a) < len(b):
+        a, b = b, a
+    prev = [0] * (len(b) + 1)
+    for x in a:
+        cur = [0] * (len(b) + 1)
+        for j, y in enumerate(b, 1):
+            cur[j] = prev[j - 1] + 1 if x == y else max(prev[j], cur[j - 1])
+        prev = cur
+    return prev[-1]
+
+
+def rouge_l(
+    refs: Mapping[Hashable, Sequence[str]], hyps: Mapping[Hashable, str], *, tokenize: bool = True
+) -> CaptionScore:
+    """ROUGE-L F (beta 1.2) as pycocoevalcap ``Rouge().compute_score``: per sample in [0, 1],
+    corpus = mean of the per-sample scores. Tokens are split on single spaces, as there."""
+    ids, r, h = _prepare(refs, hyps, tokenize)
+    beta2 = ROUGE_BETA**2
+    per: list[float] = []
+    for ref_list, hyp in zip(r, h, strict=True):
+        tc = hyp.split(" ")
+        prec, rec = [], []
+        for ref in ref_list:
+            tr = ref.split(" ")
+            lcs = _lcs(tr, tc)
+            prec.append(lcs / float(len(tc)))
+            rec.append(lcs / float(len(tr)))
+        p, q = max(prec), max(rec)
+        per.append(((1 + beta2) * p * q) / float(q + beta2 * p) if p != 0 and q != 0 else 0.0)
+    return CaptionScore(float(np.mean(np.array(per))), dict(zip(ids, per, strict=True)))
+
+
+# --- CIDEr-D ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DocumentFrequency:
+    """CIDEr document frequencies: for each n-gram (n = 1..4), the number of *images* (caption
+    groups) whose reference set contains it, and ``n_docs``, the number of images. Build it once
+    on the clean reference set and reuse it for every condition and subgroup."""
+
+    counts: Mapping[tuple[str, ...], int]
+    n_docs: int
+
+    @classmethod
+    def from_references(
+        cls, refs: Mapping[Hashable, Sequence[str]] | Iterable[Sequence[str]], *, tokenize: bool = True
+    ) -> DocumentFrequency:
+        """From ``refs`` (id -> reference captions, or an iterable of reference lists)."""
+        groups = list(refs.values()) if isinstance(refs, Mapping) else list(refs)
+        if not groups:
+            raise ValueError("need at least one reference group to compute document frequencies")
+        counts: Counter[tuple[str, ...]] = Counter()
+        for group in groups:
+            seen: set[tuple[str, ...]] = set()
+            for ref in group:
+                seen.update(_ngrams(_tokenized(ref, tokenize).split(), CIDER_N))
+            counts.update(seen)
+        return cls(counts=dict(counts), n_docs=len(groups))
+
+
+def cider_d(
+    refs: Mapping[Hashable, Sequence[str]],
+    hyps: Mapping[Hashable, str],
+    df: DocumentFrequency | None = None,
+    *,
+    tokenize: bool = True,
+    sigma: float = CIDER_SIGMA,
+) -> CaptionScore:
+    """CIDEr-D (pycocoevalcap 1.2 ``Cider``) per sample (>= 0, typically 0..10) and corpus mean.
+
+    ``df``: the fixed document-frequency table (:meth:`DocumentFrequency.from_references` on the
+    clean references, built with the same ``tokenize`` setting). ``None`` recomputes it from
+    ``refs``, which equals pycocoevalcap's ``Cider().compute_score`` exactly.
+    """
+    ids, r, h = _prepare(refs, hyps, tokenize)
+    if df is None:
+        df = DocumentFrequency.from_references(r, tokenize=False)
+    n = CIDER_N
+    log_n_docs = float(np.log(float(df.n_docs)))
+    dfc = df.counts
+
+    def vec(words: list[str]) -> tuple[list[dict[tuple[str, ...], float]], list[float], int]:
+        v: list[dict[tuple[str, ...], float]] = [{} for _ in range(n)]
+        norm = [0.0] * n
+        length = 0
+        for g, tf in _ngrams(words, n).items():
+            k = len(g) - 1
+            w = float(tf) * (log_n_docs - float(np.log(max(1.0, float(dfc.get(g, 0))))))
+            v[k][g] = w
+            norm[k] += w**2
+            if k == 1:  # pycocoevalcap's "length" counts bigrams; kept for parity
+                length += tf
+        return v, [float(np.sqrt(x)) for x in norm], length
+
+    per: list[float] = []
+    for ref_list, hyp in zip(r, h, strict=True):
+        vh, nh, lh = vec(hyp.split())
+        total = np.zeros(n)
+        for ref in ref_list:
+            vr, nr, lr = vec(ref.split())
+            delta = float(lh - lr)
+            val = np.zeros(n)
+            for k in range(n):
+                for g, w in vh[k].items():
+                    wr = vr[k].get(g, 0.0)
+                    val[k] += min(w, wr) * wr
+                if nh[k] != 0 and nr[k] != 0:
+                    val[k] /= nh[k] * nr[k]
+                val[k] *= np.e ** (-(delta**2) / (2 * sigma**2))
+            total += val
+        per.append(float(np.mean(total) / len(ref_list) * 10.0))
+    return CaptionScore(float(np.mean(np.array(per))), dict(zip(ids, per, strict=True)))
+
+
+__all__ = [
+    "BLEU_N",
+    "CIDER_N",
+    "CIDER_SIGMA",
+    "PUNCTUATIONS",
+    "ROUGE_BETA",
+    "CaptionScore",
+    "DocumentFrequency",
+    "bleu",
+    "cider_d",
+    "ptb_tokenize",
+    "rouge_l",
+]
