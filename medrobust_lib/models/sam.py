@@ -153,9 +153,10 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
             raise CheckpointMismatch(
                 f"{p} holds pickled Python objects besides tensors (SAM-Med2D's train.py saves the whole "
                 "optimizer object next to the weights), so it cannot be read with weights_only=True. Convert "
-                "it once, in an environment you trust: python -c \"import torch; ck = torch.load('IN.pth', "
-                "weights_only=False); torch.save({'model': ck['model']}, 'OUT.pth')\" and point the suite at "
-                f"OUT.pth. ({type(exc).__name__}: {str(exc)[:200]})"
+                "it once, in an environment you trust: open it with torch's loader allowing pickles "
+                "(weights_only=False), keep only its 'model' entry and re-save it as torch.save({'model': "
+                "state_dict}, 'OUT.pth') or as safetensors; then point the suite at OUT.pth. "
+                f"({type(exc).__name__}: {str(exc)[:200]})"
             ) from None
         if isinstance(obj, dict) and "model" in obj and isinstance(obj["model"], dict):
             obj = obj["model"]

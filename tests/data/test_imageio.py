@@ -350,7 +350,6 @@ def test_shipped_dicom_files() -> None:
     assert mr.shape == (64, 64) and meta["intensity"]["source"] == "file"
     assert (meta["intensity"]["low"], meta["intensity"]["high"]) == (-200.0, 1400.0)  # c 600, w 1600
     us_path = get_testdata_file("US1_UNCR.dcm")
-    if us_path is None:  # pydicom-data not installed
-        pytest.skip("pydicom-data not available")
+    assert us_path is not None, "pydicom-data (a declared dependency) must provide US1_UNCR.dcm"
     us, meta = read_dicom(str(us_path))
     assert us.shape == (480, 640) and us.dtype == np.float32 and meta["dicom"]["modality"] == "US"

@@ -90,7 +90,8 @@ def test_window_shift_is_the_linear_window_remap() -> None:
     for i in range(8):
         a, b = ct.window_edges(rng_for("win", i))
         s = 1.5
-        assert 1.0 + ct.WINDOW_MAX_MOVE * (b - a) >= ct.WINDOW_MIN_WIDTH - 1e-9
+        width_at_max_move = 1.0 + ct.WINDOW_MAX_MOVE * (b - a)
+        assert width_at_max_move >= ct.WINDOW_MIN_WIDTH - 1e-9
         out = get_perturbation("window_shift").apply(ramp, s, rng_for("win", i)).image
         expected = np.clip((ramp - s * a) / (1.0 + s * (b - a)), 0.0, 1.0)
         np.testing.assert_allclose(out, expected, atol=1e-6)
