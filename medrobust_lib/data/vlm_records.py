@@ -388,6 +388,23 @@ def _roco_rows(path: Path) -> list[dict[str, Any]]:
     return list(_read_csv_rows(path))
 
 
+
+def _group_rows(rows: Iterable[Mapping[str, Any]], id_col: str) -> list[tuple[str, Any]]:
+    """Rows grouped by id, in first-seen order, as ``(id, {"_rid", "rows"})`` entries; a row
+    without an id becomes a ``missing_field`` entry named ``row:<n>`` (1-based)."""
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    entries: list[tuple[str, Any]] = []
+    for i, r in enumerate(rows, start=1):
+        rid = _opt_str(r.get(id_col))
+        if rid is None:
+            entries.append((f"row:{i}", SampleError("missing_field", f"row {i} has no {id_col}")))
+            continue
+        if rid not in groups:
+            groups[rid] = []
+            entries.append((rid, {"_rid": rid, "rows": groups[rid]}))
+        groups[rid].append(r)
+    return entries
+
 def read_roco(
     path: PathLike, image_root: PathLike, *, images_csv: PathLike | None = None
 ) -> ReadResult[CaptionRecord]:
@@ -414,17 +431,7 @@ def read_roco(
     cap_col = _pick(cols, _CAPTION_COLS, "caption", p) if rows else "Caption"
     path_col = next((c for c in _PATH_COLS if c in cols), None)
 
-    groups: dict[str, list[dict[str, Any]]] = {}
-    entries: list[tuple[str, Any]] = []
-    for i, r in enumerate(rows, start=1):
-        rid = _opt_str(r.get(id_col))
-        if rid is None:
-            entries.append((f"row:{i}", SampleError("missing_field", f"row {i} has no {id_col}")))
-            continue
-        if rid not in groups:
-            groups[rid] = []
-            entries.append((rid, {"_rid": rid, "rows": groups[rid]}))
-        groups[rid].append(r)
+    entries = _group_rows(rows, id_col)
 
     def build(rid: str, e: Mapping[str, Any]) -> CaptionRecord:
         grp: list[dict[str, Any]] = e["rows"]
@@ -687,15 +694,5 @@ def read_binary_paraphrases(path: PathLike, image_root: PathLike) -> ReadResult[
         return _collect(_with_rid(_jsonl_entries(p), "id"), lambda rid, e: _build_jsonl_yesno(rid, e, root))
     if suffix != ".csv":
         raise ValueError(f"{p}: unsupported extension {suffix!r}; valid: .jsonl, .json, .csv")
-    groups: dict[str, list[dict[str, str]]] = {}
-    entries: list[tuple[str, Any]] = []
-    for i, r in enumerate(_read_csv_rows(p), start=1):
-        rid = _opt_str(r.get("id"))
-        if rid is None:
-            entries.append((f"row:{i}", SampleError("missing_field", f"row {i} has no id")))
-            continue
-        if rid not in groups:
-            groups[rid] = []
-            entries.append((rid, {"_rid": rid, "rows": groups[rid]}))
-        groups[rid].append(r)
+    entries = _group_rows(_read_csv_rows(p), "id")
     return _collect(entries, lambda rid, e: _build_csv_yesno(rid, e, root))

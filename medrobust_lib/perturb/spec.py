@@ -24,6 +24,7 @@ from typing import Literal
 import cv2
 import numpy as np
 
+from medrobust_lib.data.boxes import mask_to_box
 from medrobust_lib.registry import Registry
 from medrobust_lib.types import ALL_MODALITIES, BoolMask, Boxes, FloatImage
 
@@ -164,8 +165,6 @@ def remap_mask(mask: BoolMask, map_x: np.ndarray, map_y: np.ndarray) -> BoolMask
 def remap_boxes(boxes: Boxes, map_x: np.ndarray, map_y: np.ndarray, hw: tuple[int, int]) -> Boxes:
     """Move each XYXY box by warping its filled rectangle; a box warped out of view becomes
     ``[nan, nan, nan, nan]`` (kept, so box indices stay aligned with their labels)."""
-    from medrobust_lib.data.boxes import mask_to_box  # local import: data depends on types only
-
     h, w = hw
     out = np.full((len(boxes), 4), np.nan, np.float32)
     for i, (x0, y0, x1, y1) in enumerate(np.asarray(boxes, np.float64)):

@@ -11,9 +11,10 @@ import numpy as np
 import pandas as pd
 
 from medrobust_lib.config import Suite
-from medrobust_lib.pipeline.datasets import load_clean_samples
+from medrobust_lib.pipeline.datasets import CLEAN_TABLE, load_clean_samples
 from medrobust_lib.pipeline.perturbed import PerturbSummary, read_manifest, selected_types
 from medrobust_lib.report.gallery import write_gallery
+from medrobust_lib.store import results
 
 BAND_HIT_THRESHOLD = 0.95
 
@@ -51,13 +52,7 @@ def partition_checks(suite: Suite, modality: str, level: int, summary: PerturbSu
     finite = bool(np.isfinite(ok["strength"]).all() and np.isfinite(ok["ssim"]).all()
                   and ok["ssim"].between(-1, 1).all())
     out.results.append(CheckOutcome("finite_outputs", finite, "error", {"n_ok": len(ok)}))
-    index = pd.DataFrame()
-    try:
-        from medrobust_lib.store import results
-
-        index = results.read_partition(suite.results_dir, "clean_samples", {"modality": modality})
-    except Exception:  # the check reports a missing index rather than raising
-        pass
+    index = results.read_partition(suite.results_dir, CLEAN_TABLE, {"modality": modality})
     n_dup = int(df.duplicated(["dataset", "sample_id", "perturbation"]).sum())
     expected = 0
     if not index.empty:

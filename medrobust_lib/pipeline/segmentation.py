@@ -206,13 +206,15 @@ def _partition(m: SegModelConfig, run: str, modality: str, level: int) -> dict[s
     return {"model": m.id, "run": run, "modality": modality, "level": level}
 
 
-def _write(suite: Suite, part: dict[str, object], rows: list[dict[str, Any]], fp: str) -> None:
+def _write(suite: Suite, part: dict[str, object], rows: list[dict[str, Any]], fp: str,
+           columns: tuple[str, ...] = RESULT_COLUMNS) -> None:
+    """One chunk per dataset (rows sorted by type and sample id); stale chunks are removed."""
     by_ds: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         by_ds.setdefault(str(r["dataset"]), []).append(r)
     for ds, rs in by_ds.items():
         rs.sort(key=lambda r: (str(r["perturbation"]), str(r["sample_id"])))
-        results.write_chunk(results.chunk_path(suite.results_dir, RESULTS_TABLE, part, ds), rs, fp, columns=RESULT_COLUMNS)
+        results.write_chunk(results.chunk_path(suite.results_dir, RESULTS_TABLE, part, ds), rs, fp, columns=columns)
     results.finalize_partition(suite.results_dir, RESULTS_TABLE, part, list(by_ds))
 
 
@@ -253,14 +255,7 @@ def evaluate_clean(suite: Suite, model_id: str, modality: str, model: Any | None
     fp = results.fingerprint([EVAL_VERSION, model.checkpoint_hash, sc.prompt.protocol,
                               sorted((s.sample_id, s.content_hash()) for s in samples)])
     # the sample hash is the clean-prediction cache key; keep it in the chunk
-    cols = RESULT_COLUMNS + ("sample_sha256",)
-    part = _partition(m, "clean", modality, 0)
-    by_ds: dict[str, list[dict[str, Any]]] = {}
-    for r in rows:
-        by_ds.setdefault(str(r["dataset"]), []).append(r)
-    for ds, rs in by_ds.items():
-        results.write_chunk(results.chunk_path(suite.results_dir, RESULTS_TABLE, part, ds), rs, fp, columns=cols)
-    results.finalize_partition(suite.results_dir, RESULTS_TABLE, part, list(by_ds))
+    _write(suite, _partition(m, "clean", modality, 0), rows, fp, RESULT_COLUMNS + ("sample_sha256",))
     summary.clean_cache_misses = len(samples)
     summary.total_seconds = time.perf_counter() - t0
     return _summarize(rows, summary)
