@@ -172,6 +172,38 @@ def perturb(
         raise typer.Exit(2) from None
 
 
+class ScoreTask(StrEnum):
+    vqa = "vqa"
+    caption = "caption"
+    grounding = "grounding"
+
+
+class BoxScale(StrEnum):
+    unit = "0-1"
+    thousandths = "0-1000"
+    pixels = "pixels"
+
+
+@app.command()
+def score(
+    task: Annotated[ScoreTask, typer.Argument(help="vqa, caption or grounding")],
+    predictions: Annotated[Path, typer.Option(help="JSONL: one {\"id\", \"prediction\", ...} per line")],
+    references: Annotated[Path, typer.Option(help="JSONL: one reference record per line")],
+    scale: Annotated[BoxScale | None, typer.Option(help="grounding: box scale of every answer "
+                                                        "(default: detected per answer)")] = None,
+) -> None:
+    """Score predictions made elsewhere against references; prints one JSON summary."""
+    from medrobust_lib.tasks.score_files import score_file
+
+    try:
+        summary = score_file(task.value, predictions, references,  # type: ignore[arg-type]
+                             declared_scale=scale.value if scale is not None else None)
+    except (FileNotFoundError, IsADirectoryError, PermissionError, ValueError) as exc:
+        _echo(f"error: {exc}")
+        raise typer.Exit(2) from None
+    typer.echo(json.dumps(summary, sort_keys=True, indent=2))
+
+
 def main() -> Any:  # pragma: no cover
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     return app()

@@ -11,6 +11,7 @@ from medrobust_assets.assets.datasets import clean_samples, demo_data
 from medrobust_assets.assets.marts import marts
 from medrobust_assets.assets.perturbed import perturbation_gallery, perturbed_samples
 from medrobust_assets.assets.segmentation import segmentation_family, segmentation_report
+from medrobust_assets.assets.vlm import vlm_family, vlm_report
 from medrobust_assets.resources import SuiteResource, TrackingResource
 
 
@@ -34,10 +35,30 @@ def _model_assets() -> list[dg.AssetsDefinition]:
     return assets
 
 
+def _vlm_assets() -> list[dg.AssetsDefinition]:
+    from medrobust_lib.pipeline.vlm_config import vlm_config
+
+    suite = _suite_for_definitions()
+    assets: list[dg.AssetsDefinition] = []
+    if suite is None:
+        return assets
+    produced: dict[str, dg.AssetsDefinition] = {}
+    models = vlm_config(suite).models
+    for m in sorted(models, key=lambda m: m.base is not None):  # bases first
+        trained = m.kind == "hf" and m.base is None and m.source == "trained"
+        family = vlm_family(m.id, trained, m.adapter == "finetuned", produced.get(m.base) if m.base else None)
+        if trained:
+            produced[m.id] = family[0]
+        assets.extend(family)
+    return assets
+
+
 MODEL_ASSETS = _model_assets()
+VLM_ASSETS = _vlm_assets()
 SEGMENTATION_REPORT = segmentation_report([a for a in MODEL_ASSETS if a.key.path[-1] != "base_checkpoint"])
+VLM_REPORT = vlm_report([a for a in VLM_ASSETS if "predictions" in a.key.path[-1]])
 ALL_ASSETS = [demo_data, clean_samples, perturbed_samples, perturbation_gallery, *MODEL_ASSETS,
-              SEGMENTATION_REPORT, marts]
+              SEGMENTATION_REPORT, *VLM_ASSETS, VLM_REPORT, marts]
 
 
 def build_resources(suite_path: str = "", mlruns_dir: str = "mlruns", workers: int = 0) -> dict[str, object]:

@@ -71,6 +71,21 @@ def run_demo(suite_path: str, *, workers: int = 0, log: Callable[[str], None] = 
                     step(f"{model.id}/{kind}", dg.MultiPartitionKey({"modality": m, "severity": str(lv)}))
     if models:
         step("segmentation_report")
+    from medrobust_lib.pipeline.vlm_config import vlm_config
+
+    vlms = sorted(vlm_config(suite).models, key=lambda v: v.base is not None)
+    for v in vlms:
+        log(f"== vision-language: {v.id}")
+        if v.kind == "hf" and v.base is None and v.source == "trained":
+            step(f"{v.id}/base_checkpoint")
+        if v.adapter == "finetuned":
+            step(f"{v.id}/finetuned_adapter")
+        for m in suite.modalities:
+            step(f"{v.id}/vlm_clean_predictions", m)
+        for m in suite.modalities:
+            for lv in suite.perturbations.levels:
+                step(f"{v.id}/vlm_perturbed_predictions", dg.MultiPartitionKey({"modality": m, "severity": str(lv)}))
+    step("vlm_report")
     log("== mart")
     step("marts")
     return suite.mart_path

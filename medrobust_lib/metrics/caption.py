@@ -209,6 +209,46 @@ def bleu(
     }
 
 
+@dataclass(frozen=True)
+class BleuStats:
+    """BLEU sufficient statistics of one caption: clipped n-gram matches ``correct[k]`` and
+    hypothesis n-gram counts ``guess[k]`` for n = k + 1, the hypothesis length and the closest
+    reference length (pycocoevalcap's ``closest`` rule)."""
+
+    correct: tuple[int, ...]
+    guess: tuple[int, ...]
+    hyp_len: int
+    ref_len: int
+
+
+def bleu_stats(refs: Sequence[str], hyp: str, *, tokenize: bool = True) -> BleuStats:
+    """Sufficient statistics for one hypothesis against its references (same rules as :func:`bleu`)."""
+    ref_words = [_tokenized(x, tokenize).split() for x in refs]
+    if not ref_words:
+        raise ValueError("need at least one reference")
+    hw = _tokenized(hyp, tokenize).split()
+    maxcounts: dict[tuple[str, ...], int] = {}
+    for rw in ref_words:
+        for g, c in _ngrams(rw, BLEU_N).items():
+            maxcounts[g] = max(maxcounts.get(g, 0), c)
+    correct = [0] * BLEU_N
+    for g, c in _ngrams(hw, BLEU_N).items():
+        correct[len(g) - 1] += min(maxcounts.get(g, 0), c)
+    reflen = min((abs(len(rw) - len(hw)), len(rw)) for rw in ref_words)[1]
+    return BleuStats(tuple(correct), tuple(max(0, len(hw) - k) for k in range(BLEU_N)), len(hw), reflen)
+
+
+def bleu_from_stats(correct: Sequence[float], guess: Sequence[float], hyp_len: float, ref_len: float,
+                    n: int = BLEU_N) -> float:
+    """Corpus BLEU-n from summed statistics, exactly as pycocoevalcap (same smoothing constants)."""
+    prod = 1.0
+    for k in range(n):
+        prod *= (float(correct[k]) + _BLEU_TINY) / (float(guess[k]) + _BLEU_SMALL)
+    score = prod ** (1.0 / n)
+    ratio = (hyp_len + _BLEU_TINY) / (ref_len + _BLEU_SMALL)
+    return score * math.exp(1 - 1 / ratio) if ratio < 1 else score
+
+
 # --- ROUGE-L ---------------------------------------------------------------------------------------
 
 

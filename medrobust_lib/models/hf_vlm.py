@@ -32,9 +32,12 @@ class HFVisionLanguageModel:
     """``generate`` and ``score`` over a local transformers image-text-to-text model."""
 
     def __init__(self, source: str | Path, *, model_id: str | None = None, device: str = "cpu",
-                 dtype: torch.dtype | None = None, revision: str | None = None) -> None:
+                 dtype: torch.dtype | None = None, revision: str | None = None,
+                 adapter: str | Path | None = None) -> None:
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
+        self.adapter_hash: str | None = None
+        adapter_weights = self._adapter_weights(adapter) if adapter is not None else None
         src = str(source)
         local = Path(src).is_dir()
         if not local and ("/" not in src or Path(src).suffix or src.startswith((".", "/"))):
@@ -50,6 +53,8 @@ class HFVisionLanguageModel:
                 "model folder on disk (save_pretrained layout) and name the folder, or pre-fill the Hugging Face "
                 "cache (HF_HOME) on a machine with access and name the hub id."
             ) from None
+        if adapter_weights is not None:
+            self.model = self._merge_adapter(self.model, adapter_weights)
         self.model_id = model_id or Path(src).name
         self.device = torch.device(device)
         tok = self.processor.tokenizer
@@ -60,6 +65,36 @@ class HFVisionLanguageModel:
         tower = getattr(self.model, "vision_tower", None) or getattr(self.model.model, "vision_tower", None)
         if tower is not None:
             tower.register_forward_hook(self._count_vision)
+
+    @staticmethod
+    def _adapter_weights(adapter: str | Path) -> Path:
+        """The safetensors file of a peft LoRA adapter folder (pickle ``.bin`` adapters are refused)."""
+        folder = Path(adapter)
+        weights, config = folder / "adapter_model.safetensors", folder / "adapter_config.json"
+        if not folder.is_dir():
+            raise ModelNotAvailable(f"LoRA adapter folder not found: {folder}")
+        if not weights.is_file() or not config.is_file():
+            raise ModelNotAvailable(
+                f"LoRA adapter folder {folder} lacks adapter_config.json or adapter_model.safetensors "
+                "(save it with save_pretrained(..., safe_serialization=True); pickle .bin adapters are not loaded)"
+            )
+        return weights
+
+    def _merge_adapter(self, model: Any, weights: Path) -> Any:
+        """Load the LoRA adapter beside ``weights`` onto ``model`` frozen, merge it into the base
+        weights and record the first 16 hex digits of the safetensors file's SHA-256."""
+        import hashlib
+
+        from peft import PeftModel
+
+        h = hashlib.sha256()
+        with weights.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        peft_model = PeftModel.from_pretrained(model, str(weights.parent), is_trainable=False)
+        merged = peft_model.merge_and_unload()
+        self.adapter_hash = h.hexdigest()[:16]
+        return merged.eval()
 
     def _count_vision(self, module: Any, args: Any, output: Any) -> None:
         self.n_vision_calls += int(args[0].shape[0]) if args and hasattr(args[0], "shape") else 1

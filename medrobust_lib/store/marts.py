@@ -15,6 +15,8 @@ from pathlib import Path
 
 import duckdb
 
+from medrobust_lib.pipeline.vlm_schema import PRIMARY_METRIC, VLM_COLUMNS, VLM_TABLE
+
 
 @dataclass(frozen=True)
 class MartTable:
@@ -55,7 +57,123 @@ MART_TABLES: list[MartTable] = [
         ("dice_drop", "DOUBLE"), ("dice_drop_ci_low", "DOUBLE"), ("dice_drop_ci_high", "DOUBLE"),
         ("wilcoxon_p", "DOUBLE"), ("wilcoxon_q", "DOUBLE"),
     ), "per (model, condition, type, level): bootstrap CIs of the drops, paired Wilcoxon p and BH q"),
+    MartTable(VLM_TABLE, VLM_COLUMNS,
+              "one row per (model, checkpoint, task, record, prompt variant, image mode, condition): "
+              "parsed answer, outcome (ok/unparseable/refused/error/excluded:<reason>) and scores"),
+    MartTable("vlm_stats", (
+        ("model", "VARCHAR"), ("checkpoint", "VARCHAR"), ("adapter", "VARCHAR"), ("task", "VARCHAR"),
+        ("perturbation", "VARCHAR"), ("level", "INTEGER"), ("metric", "VARCHAR"), ("n_pairs", "INTEGER"),
+        ("n_excluded", "INTEGER"), ("n_unmatched", "INTEGER"), ("clean_value", "DOUBLE"),
+        ("clean_ci_low", "DOUBLE"), ("clean_ci_high", "DOUBLE"), ("perturbed_value", "DOUBLE"),
+        ("perturbed_ci_low", "DOUBLE"), ("perturbed_ci_high", "DOUBLE"), ("drop", "DOUBLE"),
+        ("drop_ci_low", "DOUBLE"), ("drop_ci_high", "DOUBLE"), ("test", "VARCHAR"), ("p_value", "DOUBLE"),
+        ("q_value", "DOUBLE"),
+    ), "per (model, checkpoint, adapter, task, type, level): paired clean vs perturbed primary metric, "
+       "bootstrap CIs, McNemar (binary) or Wilcoxon (caption) p and BH q over the type x level grid"),
 ]
+
+VLM_SCORED_OUTCOMES: tuple[str, ...] = ("ok", "unparseable", "refused", "error")
+"""Outcomes inside the denominators (the last three scored as wrong); ``excluded:<reason>`` is outside."""
+VLM_PRIMARY_COLUMN: dict[str, str] = {t: ("acc_50" if m == "acc@0.5" else m) for t, m in PRIMARY_METRIC.items()}
+"""Task -> the ``vlm_by_level`` column of its primary metric (``acc@0.5`` is the column ``acc_50``)."""
+
+_SCORED_SQL = "outcome in (" + ", ".join(f"'{o}'" for o in VLM_SCORED_OUTCOMES) + ")"
+_PRIMARY_SQL = "case task " + " ".join(f"when '{t}' then {c}" for t, c in VLM_PRIMARY_COLUMN.items()) + " end"
+_BLEU_TINY_SQL = "1e-15"
+_BLEU_SMALL_SQL = "1e-9"
+_BLEU4_SQL = (
+    "power(" + " * ".join(f"((c{k} + {_BLEU_TINY_SQL}) / (g{k} + {_BLEU_SMALL_SQL}))" for k in range(1, 5))
+    + ", 0.25)"
+)
+_BLEU_RATIO_SQL = f"((hyp_len + {_BLEU_TINY_SQL}) / (ref_len + {_BLEU_SMALL_SQL}))"
+
+# vlm_by_level: one row per (model, checkpoint, adapter, task, perturbation, level) over image_mode
+# 'image'. Counts: n (all rows), n_scored, n_unparseable, n_refused, n_error, n_excluded. Metrics over
+# the scored rows: accuracy in [0, 1] (VQA and grounding, NULL for captions); grounding mean_iou,
+# acc_50 (= accuracy), acc_75; captions cider_d (mean, >= 0), rouge_l (mean, [0, 1]) and bleu_4, the
+# corpus BLEU-4 from the summed sufficient statistics (medrobust_lib.metrics.caption.bleu_from_stats,
+# same constants and brevity penalty); mean_ssim over all rows.
+_VLM_BY_LEVEL = f"""
+        with base as (
+            select *, {_SCORED_SQL} as scored from {VLM_TABLE} where image_mode = 'image'),
+        agg as (
+            select model, checkpoint, adapter, task, perturbation, level,
+                   count(*) as n,
+                   count(*) filter (where scored) as n_scored,
+                   count(*) filter (where outcome = 'unparseable') as n_unparseable,
+                   count(*) filter (where outcome = 'refused') as n_refused,
+                   count(*) filter (where outcome = 'error') as n_error,
+                   count(*) filter (where outcome like 'excluded:%') as n_excluded,
+                   avg(correct) filter (where scored) as mean_correct,
+                   avg(iou) filter (where scored) as mean_iou_all,
+                   avg(acc_75) filter (where scored) as mean_acc_75,
+                   avg(cider_d) filter (where scored) as mean_cider_d,
+                   avg(rouge_l) filter (where scored) as mean_rouge_l,
+                   sum(bleu_c1) filter (where scored) as c1, sum(bleu_c2) filter (where scored) as c2,
+                   sum(bleu_c3) filter (where scored) as c3, sum(bleu_c4) filter (where scored) as c4,
+                   sum(bleu_g1) filter (where scored) as g1, sum(bleu_g2) filter (where scored) as g2,
+                   sum(bleu_g3) filter (where scored) as g3, sum(bleu_g4) filter (where scored) as g4,
+                   sum(hyp_len) filter (where scored) as hyp_len, sum(ref_len) filter (where scored) as ref_len,
+                   avg(ssim) as mean_ssim
+            from base group by model, checkpoint, adapter, task, perturbation, level)
+        select model, checkpoint, adapter, task, perturbation, level, n, n_scored, n_unparseable, n_refused,
+               n_error, n_excluded,
+               case when task <> 'caption' then mean_correct end as accuracy,
+               case when task = 'grounding' then mean_iou_all end as mean_iou,
+               case when task = 'grounding' then mean_correct end as acc_50,
+               case when task = 'grounding' then mean_acc_75 end as acc_75,
+               case when task = 'caption' then mean_cider_d end as cider_d,
+               case when task = 'caption' then mean_rouge_l end as rouge_l,
+               case when task = 'caption' then
+                   {_BLEU4_SQL}
+                   * case when {_BLEU_RATIO_SQL} < 1 then exp(1 - 1 / {_BLEU_RATIO_SQL}) else 1.0 end
+               end as bleu_4,
+               mean_ssim
+        from agg
+        order by model, checkpoint, adapter, task, perturbation, level"""
+
+# vlm_task_drops: the published wide table in long form. Per (model, checkpoint, adapter, task):
+# column_name 'Clean' (level 0), one row per perturbation type (the primary metric averaged over the
+# per-level values of levels 1..5), 'Avg' (mean over types) and 'ΔTP' (Clean - Avg; positive = worse
+# under perturbation). metric names the primary metric column; n_unparseable is the unparseable count
+# behind each number (Avg: all types; ΔTP: Clean plus all types); ord orders the columns (Clean 0,
+# types alphabetically, then Avg, ΔTP).
+_VLM_TASK_DROPS = f"""
+        with lv as (
+            select model, checkpoint, adapter, task, perturbation, level, {_PRIMARY_SQL} as value,
+                   n_unparseable
+            from vlm_by_level),
+        clean as (
+            select model, checkpoint, adapter, task, 'Clean' as column_name, 0 as grp, avg(value) as value,
+                   cast(sum(n_unparseable) as bigint) as n_unparseable
+            from lv where perturbation = 'clean' and level = 0
+            group by model, checkpoint, adapter, task),
+        per_type as (
+            select model, checkpoint, adapter, task, perturbation as column_name, 1 as grp, avg(value) as value,
+                   cast(sum(n_unparseable) as bigint) as n_unparseable
+            from lv where perturbation <> 'clean' and level between 1 and 5
+            group by model, checkpoint, adapter, task, perturbation),
+        avg_row as (
+            select model, checkpoint, adapter, task, 'Avg' as column_name, 2 as grp, avg(value) as value,
+                   cast(sum(n_unparseable) as bigint) as n_unparseable
+            from per_type group by model, checkpoint, adapter, task),
+        delta as (
+            select model, checkpoint, adapter, task, 'ΔTP' as column_name, 3 as grp,
+                   max(value) filter (where column_name = 'Clean') - max(value) filter (where column_name = 'Avg')
+                       as value,
+                   cast(sum(n_unparseable) as bigint) as n_unparseable
+            from (select * from clean union all select * from avg_row)
+            group by model, checkpoint, adapter, task),
+        rows as (
+            select * from clean union all select * from per_type union all select * from avg_row
+            union all select * from delta)
+        select model, checkpoint, adapter, task, column_name,
+               case task {" ".join(f"when '{t}' then '{c}'" for t, c in VLM_PRIMARY_COLUMN.items())} end as metric,
+               value, n_unparseable,
+               cast(row_number() over (partition by model, checkpoint, adapter, task order by grp, column_name) - 1
+                    as integer) as ord
+        from rows
+        order by model, checkpoint, adapter, task, ord"""
 
 MART_VIEWS: dict[str, str] = {
     "perturbation_summary": """
@@ -123,6 +241,8 @@ MART_VIEWS: dict[str, str] = {
     "quarantine": """
         select dataset, modality, sample_id, image_path, reason, detail
         from clean_samples where status <> 'ok' order by dataset, sample_id""",
+    "vlm_by_level": _VLM_BY_LEVEL,
+    "vlm_task_drops": _VLM_TASK_DROPS,
 }
 
 

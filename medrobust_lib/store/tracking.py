@@ -66,3 +66,20 @@ def tracked_run(experiment: str, run_name: str, tags: Mapping[str, str], mlruns_
         if params:
             mlflow.log_params(safe_params(params))
         yield run
+
+
+def register_artifact(run: Any, artifact_path: str, name: str, tags: Mapping[str, str] | None = None) -> str:
+    """Register the run's logged artifact folder ``artifact_path`` as a new version of the
+    registered model ``name`` (created when missing); returns the version number. The version's
+    source is the artifact location, so ``models:/<name>/<version>`` resolves to those files."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient()
+    try:
+        client.get_registered_model(name)
+    except MlflowException:
+        client.create_registered_model(name)
+    mv = client.create_model_version(name, source=f"{run.info.artifact_uri}/{artifact_path}", run_id=run.info.run_id,
+                                     tags=safe_params(tags or {}))
+    return str(mv.version)

@@ -92,6 +92,7 @@ def extract_choice(answer: str, options: Sequence[str]) -> ChoiceResult:
     2. Explicit letter forms: an answer prefix anywhere, case-insensitive ("Answer: B",
        "The answer is (b)", "correct option is B"), else a leading letter that is the whole answer
        or is bracketed or followed by ``.`` ``)`` ``:`` ``,`` ("B", "B.", "(B)", "B)", "B: text").
+       A single letter of any case that is the whole answer ("b", "(b)", "b.") is a letter form.
        A leading bare capital followed by a space and more words ("A mass is seen") is not a
        letter form (it is the article). If another valid letter also appears in an explicit form
        ("(C)", "C." / "C)" / "C:" followed by space or end, "or C", "and C", "/C") the answer names
@@ -119,6 +120,8 @@ def extract_choice(answer: str, options: Sequence[str]) -> ChoiceResult:
         m = re.match(r"^\s*(?:[\(\[]([A-Z])[\)\]]|([A-Z])(?:[.):,]|\s*$))", text)
         if m and (m.group(1) or m.group(2)) in valid:
             letter = m.group(1) or m.group(2)
+        elif re.fullmatch(r"\s*[\(\[]?([A-Za-z])[\)\]]?[.)]?\s*", text) and text.strip(" ([).]").upper() in valid:
+            letter = text.strip(" ([).]").upper()  # a single letter, any case, is the whole answer
     if letter is not None:
         others = {g for groups in _OTHER_LETTER_RE.findall(text) for g in groups if g}
         if others & (set(valid) - {letter}):

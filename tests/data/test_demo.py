@@ -332,12 +332,15 @@ def test_yesno_records(demo: DemoManifest) -> None:
         assert " yes" not in q and " no " not in q
         s = truth[(r["dataset"], r["sample_id"])]
         f = r["finding"]
-        expected = (
-            (s.horizontal in f or s.vertical in f)
-            if " half" in f
-            else (s.size in f if f.startswith(("small", "large")) else s.brightness in f)
-        )
+        if f.startswith("modality "):
+            expected = f == f"modality {s.modality}"
+        elif " half" in f:
+            expected = s.horizontal in f or s.vertical in f
+        else:
+            expected = s.size in f if f.startswith(("small", "large")) else s.brightness in f
         assert r["answer"] == ("yes" if expected else "no"), (r["question"], s)
+    kinds = Counter(r["finding"].startswith("modality ") for r in recs)
+    assert kinds[True] == kinds[False] == len(recs) // 2  # one image-level question and one finding per image
 
 
 def test_yesno_question_wording_is_not_an_answer_cue(demo: DemoManifest) -> None:

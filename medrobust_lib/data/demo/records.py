@@ -12,8 +12,10 @@ load the image through the dataset readers.
   Identification``, ``Lesion Location``); the answer's letter is seeded.
 - ``yesno_paraphrases.jsonl``: PSF-Med-style binary questions, one JSON object per line:
   ``{id, image_path, dataset, modality, question, answer, paraphrases: [{text, polarity}], finding}``.
-  Two questions per sample (location left/right or upper/lower; size or brightness, never
-  brightness for angiography, where it is ambiguous); exactly half
+  Two questions per sample: an image-level one (is this image a <modality>?, the asked modality
+  the true one for a yes and a seeded other one for a no) and a finding (location left/right or
+  upper/lower, size, or brightness, never brightness for angiography, where it is ambiguous);
+  exactly half
   of all answers are ``yes``. A paraphrase with ``polarity`` -1 is a negation: its expected answer
   is the inverse of ``answer``. The question asked for a yes and for a no uses the same template,
   so the wording carries no answer cue.
@@ -240,6 +242,19 @@ def _location_question(noun: str, mod: str, side: str) -> tuple[str, list[tuple[
     return q, paras
 
 
+def _modality_question(phrase: str) -> tuple[str, list[tuple[str, int]]]:
+    q = f"Is this image a {phrase}?"
+    paras = [
+        (f"Does this picture show a {phrase}?", 1),
+        (f"Was this image acquired as a {phrase}?", 1),
+        (f"Would you classify this image as a {phrase}?", 1),
+        (f"Looking at the image, is it a {phrase}?", 1),
+        (f"Is this image not a {phrase}?", -1),
+        (f"Is it false that this image is a {phrase}?", -1),
+    ]
+    return q, paras
+
+
 def _size_question(noun: str, mod: str, size: str) -> tuple[str, list[tuple[str, int]]]:
     if size == "large":
         q = f"Is the {noun} large, covering more than {_PCT} of the image area?"
@@ -299,14 +314,24 @@ def yesno_records(samples: Sequence[DemoSample], seed: int) -> list[dict[str, An
     plan: list[tuple[DemoSample, str]] = []
     for s in samples:
         rng = rng_for(seed, "records", "yesno", s.dataset, s.sample_id)
-        plan.append((s, "horizontal" if rng.random() < 0.5 else "vertical"))
-        second = "size" if (rng.random() < 0.5 or s.modality in _NO_BRIGHTNESS) else "brightness"
+        plan.append((s, "modality"))
+        u = rng.random()
+        second = "horizontal" if u < 0.3 else "vertical" if u < 0.6 else "size" if (
+            u < 0.8 or s.modality in _NO_BRIGHTNESS) else "brightness"
         plan.append((s, second))
     order = rng_for(seed, "records", "yesno", "answers").permutation(len(plan))
     yes = np.zeros(len(plan), bool)
     yes[order[: len(plan) // 2]] = True
     out: list[dict[str, Any]] = []
     for k, ((s, kind), is_yes) in enumerate(zip(plan, yes, strict=True)):
+        if kind == "modality":
+            others = sorted(m for m in MODALITY_PHRASE if m != s.modality)
+            other = others[int(rng_for(seed, "records", "yesno", "other", s.dataset, s.sample_id).integers(len(others)))]
+            asked_mod = s.modality if is_yes else other
+            q, paras = _modality_question(MODALITY_PHRASE[asked_mod])
+            finding = f"modality {asked_mod}"
+            out.append(_yesno_rec(k, s, q, is_yes, paras, finding))
+            continue
         truth = {
             "horizontal": s.horizontal,
             "vertical": s.vertical,
@@ -324,19 +349,24 @@ def yesno_records(samples: Sequence[DemoSample], seed: int) -> list[dict[str, An
         else:
             q, paras = _brightness_question(noun, mod, s.modality, _surround(s), asked == "brighter")
             finding = f"{noun} {asked} than surroundings"
-        rec: dict[str, Any] = {
-            "id": f"demo_yn_{k:06d}",
-            "image_path": s.image_path,
-            "dataset": s.dataset,
-            "modality": s.modality,
-            "question": q,
-            "answer": "yes" if is_yes else "no",
-            "paraphrases": [{"text": t, "polarity": p} for t, p in paras],
-            "finding": finding,
-        }
-        rec.update(_common(s))
-        out.append(rec)
+        out.append(_yesno_rec(k, s, q, is_yes, paras, finding))
     return out
+
+
+def _yesno_rec(k: int, s: DemoSample, q: str, is_yes: bool, paras: list[tuple[str, int]],
+               finding: str) -> dict[str, Any]:
+    rec: dict[str, Any] = {
+        "id": f"demo_yn_{k:06d}",
+        "image_path": s.image_path,
+        "dataset": s.dataset,
+        "modality": s.modality,
+        "question": q,
+        "answer": "yes" if is_yes else "no",
+        "paraphrases": [{"text": t, "polarity": p} for t, p in paras],
+        "finding": finding,
+    }
+    rec.update(_common(s))
+    return rec
 
 
 # ---------------------------------------------------------------- captions

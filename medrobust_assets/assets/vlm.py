@@ -1,0 +1,143 @@
+"""VLM asset family, one per configured model (key prefix = model id): [base_checkpoint |
+finetuned_adapter], clean_predictions (by modality), perturbed_predictions (modality x severity)."""
+
+import math
+from typing import Any
+
+import dagster as dg
+
+from medrobust_assets.assets.datasets import clean_samples
+from medrobust_assets.assets.perturbed import perturbed_samples
+from medrobust_assets.partitions import (
+    by_modality,
+    modality_and_level,
+    modality_partitions,
+    modality_severity_partitions,
+)
+from medrobust_assets.resources import SuiteResource, TrackingResource
+
+
+def _log(run: Any, metrics: dict[str, Any]) -> None:
+    if run is not None:
+        import mlflow
+
+        mlflow.log_metrics({k: float(v) for k, v in metrics.items()
+                            if isinstance(v, int | float) and not math.isnan(float(v))})
+
+
+def _eval_meta(s: Any) -> dict[str, Any]:
+    meta: dict[str, Any] = {"n_rows": s.n_rows, "n_images": s.n_images, "seconds": s.seconds,
+                            "model_seconds": s.model_seconds, "n_vision_calls": s.n_vision_calls}
+    meta.update({f"n_{k.replace(':', '_')}": v for k, v in s.outcomes.items()})
+    meta.update(s.metrics)
+    return meta
+
+
+def vlm_family(model_id: str, trained: bool, finetuned: bool, upstream: dg.AssetsDefinition | None
+               ) -> list[dg.AssetsDefinition]:
+    """Assets of one VLM. ``upstream``: the asset that produces the weights it builds on (another
+    model's base_checkpoint), or None for a model on disk / behind an API."""
+    out: list[dg.AssetsDefinition] = []
+    deps: list[Any] = [clean_samples] + ([upstream] if upstream is not None else [])
+    if trained:
+        @dg.asset(key=[model_id, "base_checkpoint"], group_name="vlm", kinds={"pytorch", "safetensors"},
+                  deps=[clean_samples], pool="gpu",
+                  description=f"{model_id}: a tiny LLaVA (CLIP tower + Llama, word-level tokenizer) trained from "
+                              "scratch on the demo train split (VQA, yes/no paraphrases, captions, grounding), "
+                              "selected on val; saved with save_pretrained, registered in MLflow.")
+        def base_checkpoint(context: dg.AssetExecutionContext, suite: SuiteResource,
+                            tracking: TrackingResource) -> dg.MaterializeResult:
+            from medrobust_lib.pipeline.vlm_train_demo import train_base_vlm
+
+            with tracking.run(context, "vlm_training", {"model": model_id}) as run:
+                r = train_base_vlm(suite.load(), model_id, log=context.log.info)
+                meta = {"seconds": r.seconds, "steps": r.steps, "best_step": r.best_step,
+                        "best_val_loss": r.best_val_loss, "n_train": r.n_train, "n_val": r.n_val, **r.heldout}
+                _log(run, meta)
+                if run is not None:
+                    import mlflow
+
+                    from medrobust_lib.store.tracking import register_artifact
+
+                    mlflow.log_artifacts(r.folder, artifact_path="model")
+                    meta["registered_version"] = register_artifact(run, "model", f"medrobust-vlm-{model_id}",
+                                                                   {"task": "all", "kind": "base"})
+            return dg.MaterializeResult(metadata={**meta, "folder": dg.MetadataValue.path(r.folder)})
+
+        out.append(base_checkpoint)
+        deps.append(base_checkpoint)
+    if finetuned:
+        @dg.asset(key=[model_id, "finetuned_adapter"], group_name="vlm", kinds={"pytorch", "safetensors"},
+                  deps=list(deps), pool="gpu",
+                  description=f"{model_id}: a LoRA adapter (peft; language-model projections only, prompt tokens "
+                              "masked, early stopping on val) saved as safetensors, logged and registered in MLflow.")
+        def finetuned_adapter(context: dg.AssetExecutionContext, suite: SuiteResource,
+                              tracking: TrackingResource) -> dg.MaterializeResult:
+            from medrobust_lib.pipeline.vlm_train_demo import finetune_adapter
+
+            with tracking.run(context, "vlm_finetuning", {"model": model_id}) as run:
+                r = finetune_adapter(suite.load(), model_id, log=context.log.info)
+                meta = {"task": r.task, "adapter_hash": r.adapter_hash, "initial_val_loss": r.initial_val_loss,
+                        "best_val_loss": r.best_val_loss, "steps": r.steps, "seconds": r.seconds,
+                        "n_trainable": r.n_trainable, "n_total": r.n_total, "n_target_modules": len(r.target_modules)}
+                _log(run, meta)
+                if run is not None:
+                    import mlflow
+
+                    from medrobust_lib.store.tracking import register_artifact
+
+                    mlflow.log_artifacts(r.folder, artifact_path="adapter")
+                    meta["registered_version"] = register_artifact(
+                        run, "adapter", f"medrobust-vlm-{model_id}", {"task": r.task, "kind": "lora",
+                                                                      "adapter_hash": r.adapter_hash})
+            return dg.MaterializeResult(metadata={**meta, "folder": dg.MetadataValue.path(r.folder)})
+
+        out.append(finetuned_adapter)
+        deps.append(finetuned_adapter)
+
+    @dg.asset(key=[model_id, "vlm_clean_predictions"], group_name="vlm", kinds={"pytorch", "parquet"},
+              partitions_def=modality_partitions, deps=deps, pool="gpu",
+              description=f"{model_id}: clean answers for every VQA, yes/no, caption and grounding record of the "
+                          "evaluation split (vlm_results, perturbation 'clean').")
+    def vlm_clean_predictions(context: dg.AssetExecutionContext, suite: SuiteResource,
+                              tracking: TrackingResource) -> dg.MaterializeResult:
+        from medrobust_lib.pipeline.vlm import evaluate_clean
+
+        with tracking.run(context, "vlm_eval", {"model": model_id, "condition": "clean"}) as run:
+            meta = _eval_meta(evaluate_clean(suite.load(), model_id, context.partition_key))
+            _log(run, meta)
+        return dg.MaterializeResult(metadata=meta)
+
+    @dg.asset(key=[model_id, "vlm_perturbed_predictions"], group_name="vlm", kinds={"pytorch", "parquet"},
+              partitions_def=modality_severity_partitions, pool="gpu",
+              deps=[perturbed_samples, dg.AssetDep(vlm_clean_predictions, partition_mapping=by_modality)],
+              description=f"{model_id}: answers on every perturbed image of the partition (regenerated from the "
+                          "manifest; spatial types move the grounding box).")
+    def vlm_perturbed_predictions(context: dg.AssetExecutionContext, suite: SuiteResource,
+                                  tracking: TrackingResource) -> dg.MaterializeResult:
+        from medrobust_lib.pipeline.vlm import evaluate_perturbed
+
+        modality, level = modality_and_level(context)
+        with tracking.run(context, "vlm_eval", {"model": model_id, "condition": "perturbation", "level": level}) as run:
+            meta = _eval_meta(evaluate_perturbed(suite.load(), model_id, modality, level))
+            _log(run, meta)
+        return dg.MaterializeResult(metadata=meta)
+
+    out.extend([vlm_clean_predictions, vlm_perturbed_predictions])
+    return out
+
+
+def vlm_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinition:
+    @dg.asset(group_name="vlm", kinds={"python", "parquet"}, deps=upstream,
+              description="McNemar (binary) / Wilcoxon (captions) tests with Benjamini-Hochberg over the type x "
+                          "level grid and paired bootstrap CIs of every drop (table vlm_stats).")
+    def vlm_report(context: dg.AssetExecutionContext, suite: SuiteResource,
+                   tracking: TrackingResource) -> dg.MaterializeResult:
+        from medrobust_lib.pipeline.vlm_report import write_vlm_stats
+
+        s = suite.load()
+        with tracking.run(context, "vlm_report"):
+            stats = write_vlm_stats(s.results_dir, s.seed)
+        return dg.MaterializeResult(metadata={"n_stats_rows": len(stats)})
+
+    return vlm_report

@@ -1,0 +1,199 @@
+"""LoRA fine-tuning of a transformers image-text-to-text model (LLaVA-, Gemma3-style) with peft.
+
+Adapters go on the language model's attention and MLP projections only (q/k/v/o, gate/up/down);
+the vision tower (whose CLIP/SigLIP attention also has ``q_proj``/``k_proj``/``v_proj``), the
+multimodal projector, the embeddings and the LM head stay frozen and unadapted. Training is
+:func:`medrobust_lib.finetune.vlm_train.train_vlm` (answer-only loss, early stopping on the
+validation loss); the adapter is saved with safetensors only, next to a ``training.json`` that
+records the settings and the outcome. Evaluation loads it with
+``HFVisionLanguageModel(base_folder, adapter=out_dir)``.
+
+Randomness: peft draws the LoRA A initialisation, and LoRA dropout draws its masks, from torch's
+global generator; both happen inside ``torch.random.fork_rng`` scopes seeded from the training
+seed, so a run is reproducible and the caller's global RNG state is left untouched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from medrobust_lib.finetune.vlm_train import (
+    VLMExample,
+    VLMTrainConfig,
+    VLMTrainResult,
+    encode_examples,
+    mean_loss,
+    train_vlm,
+)
+from medrobust_lib.seeding import key_digest
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+TRAINING_JSON = "training.json"
+
+# Full-match (peft's semantics for a string ``target_modules``) over module names of the base model.
+# transformers 5 LLaVA/Gemma3: ``model.language_model.layers.0.self_attn.q_proj``; transformers 4:
+# ``language_model.model.layers.0.self_attn.q_proj``. Vision towers live under ``vision_tower`` and
+# projectors under ``multi_modal_projector``, neither under ``language_model``, so they never match.
+LM_PROJ_REGEX = (
+    r"(?:.*\.)?language_model\.(?:model\.)?layers\.\d+\."
+    r"(?:self_attn\.(?:q_proj|k_proj|v_proj|o_proj)|mlp\.(?:gate_proj|up_proj|down_proj))"
+)
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.05
+    target_regex: str = LM_PROJ_REGEX
+
+
+@dataclass
+class LoraResult:
+    """What :func:`finetune_lora` produced. ``model`` is the trained peft model (eval mode)."""
+
+    model: Any
+    adapter_dir: Path
+    adapter_file: Path
+    config_file: Path
+    training_json: Path
+    adapter_hash: str
+    initial_val_loss: float
+    train: VLMTrainResult
+    n_trainable: int
+    n_total: int
+    target_modules: list[str]
+
+
+def _base(model: Any) -> Any:
+    """The underlying transformers model of a peft model (or the model itself)."""
+    get = getattr(model, "get_base_model", None)
+    return get() if callable(get) else model
+
+
+def lora_target_modules(model: Any, regex: str = LM_PROJ_REGEX) -> list[str]:
+    """Names of the ``nn.Linear`` modules of ``model`` (or, on a peft model, the LoRA layers wrapping
+    them) whose full name matches ``regex`` (full match, as peft applies it), in module order.
+    Raises ``ValueError`` when nothing matches."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    pattern = re.compile(regex)
+    names = [n for n, m in _base(model).named_modules()
+             if n and isinstance(m, torch.nn.Linear | BaseTunerLayer) and pattern.fullmatch(n)]
+    if not names:
+        linear = [n for n, m in _base(model).named_modules() if isinstance(m, torch.nn.Linear)]
+        raise ValueError(
+            f"LoRA target regex {regex!r} matches no Linear module of {type(_base(model)).__name__} "
+            f"(full match over module names; {len(linear)} Linear modules, e.g. {linear[:4]})"
+        )
+    return names
+
+
+@contextmanager
+def scoped_seed(seed: int, *parts: object, model: Any = None) -> Iterator[None]:
+    """Seed torch's global generators from ``(seed, *parts)`` inside the block and restore the
+    previous state on exit (CPU, and the model's CUDA device when it has one)."""
+    devices: list[int] = []
+    if model is not None:
+        p = next(iter(model.parameters()), None)
+        if p is not None and p.device.type == "cuda":
+            devices = [p.device.index or 0]
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(int.from_bytes(key_digest(seed, *parts)[:8], "little") & (2**63 - 1))
+        yield
+
+
+def apply_lora(model: Any, settings: LoraSettings, *, seed: int = 0) -> Any:
+    """Wrap ``model`` with peft LoRA on the modules matched by ``settings.target_regex``; only the
+    LoRA parameters require grad afterwards. The model is modified in place (peft injects the
+    layers) and the returned peft model shares its weights."""
+    from peft import LoraConfig, get_peft_model
+
+    lora_target_modules(model, settings.target_regex)  # clear error before peft's
+    cfg = LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
+                     target_modules=settings.target_regex, bias="none")
+    with scoped_seed(seed, "lora-init", model=model):
+        peft_model = get_peft_model(model, cfg)
+    return peft_model
+
+
+def trainable_summary(model: Any) -> dict[str, Any]:
+    """``n_trainable`` / ``n_total`` parameter counts and ``modules``: names (in the base model)
+    of the modules that carry a LoRA adapter."""
+    from peft.tuners.lora import LoraLayer
+
+    params = list(model.parameters())
+    return {
+        "n_trainable": sum(p.numel() for p in params if p.requires_grad),
+        "n_total": sum(p.numel() for p in params),
+        "modules": [n for n, m in _base(model).named_modules() if isinstance(m, LoraLayer)],
+    }
+
+
+def adapter_hash(folder: str | Path) -> str:
+    """First 16 hex digits of the SHA-256 of the adapter's safetensors file."""
+    h = hashlib.sha256()
+    with (Path(folder) / ADAPTER_WEIGHTS).open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:16]
+
+
+def finetune_lora(model: Any, processor: Any, train_examples: Sequence[VLMExample],
+                  val_examples: Sequence[VLMExample], settings: LoraSettings, train_cfg: VLMTrainConfig,
+                  out_dir: str | Path, *, base_model_hash: str | None = None,
+                  log: Callable[[str], None] | None = None) -> LoraResult:
+    """Apply LoRA to ``model`` (in place), train it on ``train_examples`` with early stopping on
+    ``val_examples``, and save the adapter (safetensors) and ``training.json`` under ``out_dir``."""
+    if not train_examples or not val_examples:
+        raise ValueError("LoRA fine-tuning needs training and validation examples")
+    peft_model = apply_lora(model, settings, seed=train_cfg.seed)
+    summary = trainable_summary(peft_model)
+    train_set = encode_examples(processor, train_examples)
+    val_set = encode_examples(processor, val_examples)
+    pad_id = int(processor.tokenizer.pad_token_id)
+    initial = mean_loss(peft_model, val_set, pad_id)  # LoRA B starts at zero: the base model's loss
+    with scoped_seed(train_cfg.seed, "lora-train", model=peft_model):
+        result = train_vlm(peft_model, processor, train_set, val_set, train_cfg, log=log)
+    peft_model.eval()
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    # Embeddings are never trained here; "auto" would look the base model up (possibly on the Hub).
+    peft_model.save_pretrained(str(out), safe_serialization=True, save_embedding_layers=False)
+    weights, config = out / ADAPTER_WEIGHTS, out / ADAPTER_CONFIG
+    if not weights.is_file() or not config.is_file():
+        raise RuntimeError(f"peft did not write {ADAPTER_WEIGHTS} and {ADAPTER_CONFIG} under {out}")
+    digest = adapter_hash(out)
+    record = {
+        "lora": asdict(settings),
+        "train_config": asdict(train_cfg),
+        "base_model_hash": base_model_hash,
+        "adapter_hash": digest,
+        "n_train": len(train_examples),
+        "n_val": len(val_examples),
+        "initial_val_loss": initial,
+        "best_val_loss": result.best_val_loss,
+        "best_step": result.best_step,
+        "steps": result.steps,
+        "stopped_early": result.stopped_early,
+        "seconds": result.seconds,
+        "n_trainable": summary["n_trainable"],
+        "n_total": summary["n_total"],
+        "target_modules": summary["modules"],
+        "history": result.history,
+    }
+    training_json = out / TRAINING_JSON
+    training_json.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return LoraResult(peft_model, out, weights, config, training_json, digest, initial, result,
+                      summary["n_trainable"], summary["n_total"], summary["modules"])
