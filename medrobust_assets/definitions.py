@@ -11,6 +11,7 @@ from medrobust_assets.assets.datasets import clean_samples, demo_data
 from medrobust_assets.assets.marts import marts
 from medrobust_assets.assets.perturbed import perturbation_gallery, perturbed_samples
 from medrobust_assets.assets.segmentation import segmentation_family, segmentation_report
+from medrobust_assets.assets.taxonomy import taxonomy_family, taxonomy_report
 from medrobust_assets.assets.vlm import vlm_family, vlm_report
 from medrobust_assets.resources import SuiteResource, TrackingResource
 
@@ -53,12 +54,38 @@ def _vlm_assets() -> list[dg.AssetsDefinition]:
     return assets
 
 
+def _taxonomy_assets(vlm_assets: list[dg.AssetsDefinition]) -> list[dg.AssetsDefinition]:
+    from medrobust_lib.pipeline.taxonomy import taxonomy_config
+
+    suite = _suite_for_definitions()
+    if suite is None:
+        return []
+    by_key = {a.key.to_user_string(): a for a in vlm_assets}
+    assets: list[dg.AssetsDefinition] = []
+    made: dict[str, dg.AssetsDefinition] = {}
+    configs = taxonomy_config(suite).configs
+    for c in sorted(configs, key=lambda c: c.base is not None):  # bases first
+        upstream: list[Any] = []
+        if c.model is not None:
+            upstream = [a for k, a in by_key.items() if k.startswith(f"{c.model}/") and "predictions" not in k]
+        elif c.base is not None and c.base in made:
+            upstream = [made[c.base]]
+        family = taxonomy_family(c.id, c.demo_training is not None, upstream)
+        if c.demo_training is not None:
+            made[c.id] = family[0]
+        assets.extend(family)
+    return assets
+
+
 MODEL_ASSETS = _model_assets()
 VLM_ASSETS = _vlm_assets()
+TAXONOMY_ASSETS = _taxonomy_assets(VLM_ASSETS)
 SEGMENTATION_REPORT = segmentation_report([a for a in MODEL_ASSETS if a.key.path[-1] != "base_checkpoint"])
 VLM_REPORT = vlm_report([a for a in VLM_ASSETS if "predictions" in a.key.path[-1]])
+TAXONOMY_REPORT = taxonomy_report([a for a in TAXONOMY_ASSETS if a.key.path[-1].startswith("taxonomy_")
+                                   and a.key.path[-1] != "taxonomy_model"])
 ALL_ASSETS = [demo_data, clean_samples, perturbed_samples, perturbation_gallery, *MODEL_ASSETS,
-              SEGMENTATION_REPORT, *VLM_ASSETS, VLM_REPORT, marts]
+              SEGMENTATION_REPORT, *VLM_ASSETS, VLM_REPORT, *TAXONOMY_ASSETS, TAXONOMY_REPORT, marts]
 
 
 def build_resources(suite_path: str = "", mlruns_dir: str = "mlruns", workers: int = 0) -> dict[str, object]:

@@ -86,6 +86,19 @@ def run_demo(suite_path: str, *, workers: int = 0, log: Callable[[str], None] = 
             for lv in suite.perturbations.levels:
                 step(f"{v.id}/vlm_perturbed_predictions", dg.MultiPartitionKey({"modality": m, "severity": str(lv)}))
     step("vlm_report")
+    from medrobust_lib.pipeline.taxonomy import taxonomy_config
+
+    for c in sorted(taxonomy_config(suite).configs, key=lambda c: c.base is not None):
+        log(f"== safety taxonomy: {c.id}")
+        if c.demo_training is not None:
+            step(f"{c.id}/taxonomy_model")
+        for m in suite.modalities:
+            step(f"{c.id}/text_only_baselines", m)
+            step(f"{c.id}/taxonomy_clean", m)
+        for m in suite.modalities:
+            for lv in suite.perturbations.levels:
+                step(f"{c.id}/taxonomy_perturbed", dg.MultiPartitionKey({"modality": m, "severity": str(lv)}))
+    step("taxonomy_report")
     log("== mart")
     step("marts")
     return suite.mart_path

@@ -12,7 +12,7 @@ from medrobust_lib.store.marts import build_mart, connect_readonly
 @dg.asset(
     group_name="marts", kinds={"duckdb"},
     deps=[clean_samples, perturbed_samples, perturbation_gallery, dg.AssetKey("segmentation_report"),
-          dg.AssetKey("vlm_report")],
+          dg.AssetKey("vlm_report"), dg.AssetKey("taxonomy_report")],
     description="DuckDB mart (single writer, atomic replace): tables clean_samples and perturbation_manifest, "
                 "views perturbation_summary and quarantine.",
 )

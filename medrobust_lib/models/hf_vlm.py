@@ -35,6 +35,9 @@ class HFVisionLanguageModel:
                  dtype: torch.dtype | None = None, revision: str | None = None,
                  adapter: str | Path | None = None) -> None:
         from transformers import AutoModelForImageTextToText, AutoProcessor
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # one "Loading weights" bar per partition drowns the logs
 
         self.adapter_hash: str | None = None
         adapter_weights = self._adapter_weights(adapter) if adapter is not None else None
@@ -170,3 +173,43 @@ class HFVisionLanguageModel:
             for row, i in enumerate(idx):
                 out[i] = {o: float(logp[row, k]) for k, o in enumerate(options)}
         return out
+
+    @torch.no_grad()
+    def score_variants(self, image: np.ndarray | None, prompts: Sequence[str], options: Sequence[str], *,
+                       batch_size: int = 16) -> list[dict[str, float]]:
+        """:meth:`score` for several prompts about ONE image, running the vision tower once.
+
+        The image features are computed once and handed to the model as precomputed encoder
+        outputs (``mm_encoder_outputs``) for every prompt; models whose forward does not accept
+        them fall back to :meth:`score` (the tower then runs per prompt, visible in
+        ``n_vision_calls``). ``image`` None scores text-only prompts. Returns one dict per prompt,
+        equal to :meth:`score` up to float rounding."""
+        if image is None or not self._accepts_encoder_outputs():
+            return self.score([image] * len(prompts), prompts, options, batch_size=batch_size)
+        ids = self.option_token_ids(options)
+        pic = _to_uint8_rgb(np.asarray(image))
+        first = self._inputs([image], [prompts[0]])
+        feats = self.model.model.get_image_features(pixel_values=first["pixel_values"], return_dict=True)
+        per_image = list(feats.pooler_output)
+        out: list[dict[str, float]] = []
+        for s in range(0, len(prompts), batch_size):
+            chunk = list(prompts[s : s + batch_size])
+            texts = [self.chat_prompt(p, True) for p in chunk]
+            # tokenise with the image placeholder expanded, but without computing pixels again
+            batch = self.processor(images=[pic] * len(chunk), text=texts, return_tensors="pt", padding=True)
+            batch.pop("pixel_values", None)
+            batch = batch.to(self.device)
+            from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+            mm = {"image": BaseModelOutputWithPooling(pooler_output=per_image * len(chunk))}  # type: ignore[arg-type]
+            logits = self.model(**batch, mm_encoder_outputs=mm).logits[:, -1, :].float()
+            logp = torch.log_softmax(logits, dim=-1)[:, ids].cpu().numpy()
+            out.extend({o: float(logp[r, k]) for k, o in enumerate(options)} for r in range(len(chunk)))
+        return out
+
+    def _accepts_encoder_outputs(self) -> bool:
+        import inspect
+
+        inner = getattr(self.model, "model", None)
+        return (inner is not None and hasattr(inner, "get_image_features")
+                and "mm_encoder_outputs" in inspect.signature(inner.forward).parameters)

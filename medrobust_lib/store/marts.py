@@ -16,6 +16,7 @@ from pathlib import Path
 import duckdb
 
 from medrobust_lib.pipeline.vlm_schema import PRIMARY_METRIC, VLM_COLUMNS, VLM_TABLE
+from medrobust_lib.taxonomy.schema import QUADRANTS, TAXONOMY_COLUMNS, TAXONOMY_TABLE
 
 
 @dataclass(frozen=True)
@@ -299,3 +300,69 @@ def connect_readonly(mart_path: str | Path) -> duckdb.DuckDBPyConnection:
     if not p.is_file():
         raise FileNotFoundError(f"no mart at {p}: run `medrobust demo` (or materialize the 'marts' asset) first")
     return duckdb.connect(str(p), read_only=True)
+
+
+# --- Safety taxonomy ("Consistent but Dangerous"): per-sample rows, quadrant and correlation stats ---
+
+TAXONOMY_QUADRANT_STATS_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("config", "VARCHAR"), ("dataset", "VARCHAR"), ("perturbation", "VARCHAR"), ("level", "INTEGER"),
+    ("image_mode", "VARCHAR"), ("quadrant", "VARCHAR"), ("n", "BIGINT"), ("n_total", "BIGINT"),
+    ("share", "DOUBLE"), ("share_ci_low", "DOUBLE"), ("share_ci_high", "DOUBLE"), ("accuracy", "DOUBLE"),
+    ("accuracy_ci_low", "DOUBLE"), ("accuracy_ci_high", "DOUBLE"), ("mean_entropy", "DOUBLE"),
+    ("mean_flip_rate", "DOUBLE"), ("n_error", "BIGINT"),
+)
+TAXONOMY_CORRELATION_STATS_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("scope", "VARCHAR"), ("perturbation", "VARCHAR"), ("level", "INTEGER"), ("image_mode", "VARCHAR"),
+    ("n_points", "BIGINT"), ("r", "DOUBLE"), ("p_value", "DOUBLE"), ("ci_low", "DOUBLE"), ("ci_high", "DOUBLE"),
+    ("note", "VARCHAR"),
+)
+
+MART_TABLES.extend([
+    MartTable(TAXONOMY_TABLE, TAXONOMY_COLUMNS,
+              "one row per (config, yes/no record, condition, image-removal mode): consistency over question "
+              "variants, image reliance and the quadrant (Ideal/Fragile/Dangerous/Worst); outcome ok/error/"
+              "excluded:<reason>"),
+    MartTable("taxonomy_quadrant_stats", TAXONOMY_QUADRANT_STATS_COLUMNS,
+              "per (config, dataset, type, level, image mode, quadrant): count and share of the ok rows with "
+              "bootstrap CIs, accuracy with CIs, mean entropy and flip rate, error count"),
+    MartTable("taxonomy_correlation_stats", TAXONOMY_CORRELATION_STATS_COLUMNS,
+              "Pearson r between mean flip rate and Dangerous share over (config, dataset[, condition]) points, "
+              "with p-value and bootstrap CI, per scope"),
+])
+
+_QUADRANT_ORDER_SQL = "case {col} " + " ".join(f"when '{q}' then {i}" for i, q in enumerate(QUADRANTS)) + " end"
+"""Sort key of a quadrant column: Ideal, Fragile, Dangerous, Worst (unknown values last)."""
+
+# taxonomy_transitions: each perturbed ok row paired with the clean ok row (perturbation 'clean') of
+# the same (config, dataset, record_id, image_mode). n pairs per (cell, from, to); share_of_from =
+# n / all pairs of that from_quadrant in the same (config, dataset, perturbation, level, image_mode).
+_TAXONOMY_TRANSITIONS = f"""
+        with ok as (
+            select config, dataset, record_id, image_mode, perturbation, level, quadrant
+            from {TAXONOMY_TABLE} where outcome = 'ok' and quadrant is not null),
+        clean as (select config, dataset, record_id, image_mode, quadrant from ok where perturbation = 'clean'),
+        pert as (select * from ok where perturbation <> 'clean'),
+        counts as (
+            select p.config, p.dataset, p.perturbation, p.level, p.image_mode, c.quadrant as from_quadrant,
+                   p.quadrant as to_quadrant, count(*) as n
+            from pert p join clean c
+              on p.config = c.config and p.dataset = c.dataset and p.record_id = c.record_id
+                 and p.image_mode = c.image_mode
+            group by all)
+        select config, dataset, perturbation, level, image_mode, from_quadrant, to_quadrant,
+               cast(n as bigint) as n,
+               cast(n as double) / sum(n) over (
+                   partition by config, dataset, perturbation, level, image_mode, from_quadrant) as share_of_from
+        from counts
+        order by config, dataset, perturbation, level, image_mode, {_QUADRANT_ORDER_SQL.format(col="from_quadrant")},
+                 {_QUADRANT_ORDER_SQL.format(col="to_quadrant")}"""
+
+MART_VIEWS.update({
+    "taxonomy_quadrants": f"""
+        select * from taxonomy_quadrant_stats
+        order by config, dataset, perturbation, level, image_mode, {_QUADRANT_ORDER_SQL.format(col="quadrant")}""",
+    "taxonomy_transitions": _TAXONOMY_TRANSITIONS,
+    "taxonomy_correlation": """
+        select * from taxonomy_correlation_stats
+        order by scope, perturbation nulls first, level nulls first, image_mode nulls first""",
+})

@@ -79,3 +79,69 @@ def test_one_segmentation_family_per_configured_model() -> None:
     family = segmentation_family("medsam", trained=False)
     assert [a.key.to_user_string() for a in family] == [
         "medsam/clean_predictions", "medsam/perturbed_predictions", "medsam/attack_predictions"]
+
+
+def test_vlm_and_taxonomy_families_follow_the_suite() -> None:
+    repo = defs.get_repository_def()
+    keys = {k.to_user_string() for k in repo.asset_graph.get_all_asset_keys()}
+    assert {"tiny-llava/base_checkpoint", "tiny-llava/vlm_clean_predictions", "tiny-llava/vlm_perturbed_predictions",
+            "tiny-llava-lora/finetuned_adapter", "vlm_report"} <= keys
+    assert "tiny-llava-lora/base_checkpoint" not in keys  # it builds on tiny-llava's weights
+    for c in ("demo-image-reliant", "demo-shortcut", "demo-consistency-lora"):
+        assert {f"{c}/taxonomy_model", f"{c}/text_only_baselines", f"{c}/taxonomy_clean",
+                f"{c}/taxonomy_perturbed"} <= keys
+    lora = repo.asset_graph.get(dg.AssetKey(["tiny-llava-lora", "finetuned_adapter"]))
+    assert dg.AssetKey(["tiny-llava", "base_checkpoint"]) in lora.parent_keys
+    cons = repo.asset_graph.get(dg.AssetKey(["demo-consistency-lora", "taxonomy_model"]))
+    assert dg.AssetKey(["demo-image-reliant", "taxonomy_model"]) in cons.parent_keys
+    pert = repo.asset_graph.get(dg.AssetKey(["demo-shortcut", "taxonomy_perturbed"]))
+    assert isinstance(pert.partitions_def, dg.MultiPartitionsDefinition)
+
+
+def test_vlm_and_taxonomy_assets_materialize(tmp_path: Path, demo_root: Path) -> None:
+    vlm = {"models": [{"id": "tiny-llava", "source": "trained", "box_scale": "0-1"}], "split": "all",
+           "train": {"max_steps": 10, "eval_every": 5, "time_budget_s": 30, "batch_size": 8}}
+    tax = {"configs": [{"id": "demo-shortcut", "demo_training": "shortcut"}], "image_modes": ["none", "noise"],
+           "split": "all", "train": {"max_steps": 10, "eval_every": 5, "time_budget_s": 30}}
+    suite = write_suite(tmp_path, demo_root, modalities=["ct"], vlm=vlm, taxonomy=tax,
+                        perturbations={"include": ["gaussian_noise"], "split": "all", "calibration_subset": 2})
+    mlruns = tmp_path / "mlruns"
+    resources = build_resources(suite_path=str(suite), mlruns_dir=str(mlruns))
+    instance = dg.DagsterInstance.ephemeral()
+
+    def run(asset: str, partition: str | dg.MultiPartitionKey | None = None) -> dg.ExecuteInProcessResult:
+        res = dg.materialize(ALL_ASSETS, selection=[asset], partition_key=partition, instance=instance,
+                             resources=resources)
+        assert res.success
+        return res
+
+    ct2 = dg.MultiPartitionKey({"modality": "ct", "severity": "2"})
+    run("demo_data")
+    run("clean_samples", "ct")
+    run("perturbed_samples", ct2)
+    r = run("tiny-llava/base_checkpoint")
+    assert r.asset_materializations_for_node("tiny_llava__base_checkpoint")[0].metadata["steps"].value <= 10
+    r = run("tiny-llava/vlm_clean_predictions", "ct")
+    meta = r.asset_materializations_for_node("tiny_llava__vlm_clean_predictions")[0].metadata
+    assert meta["n_rows"].value == 7 * 4 and meta["n_vision_calls"].value > 0
+    run("tiny-llava/vlm_perturbed_predictions", ct2)
+    run("demo-shortcut/taxonomy_model")
+    run("demo-shortcut/text_only_baselines", "ct")
+    r = run("demo-shortcut/taxonomy_clean", "ct")
+    meta = r.asset_materializations_for_node("demo_shortcut__taxonomy_clean")[0].metadata
+    assert meta["n_vision_calls"].value == meta["n_images"].value == 4  # the tower runs once per image
+    assert meta["n_rows"].value == 2 * 4 * 2  # 2 questions per image x 4 images x 2 image modes
+    run("demo-shortcut/taxonomy_perturbed", ct2)
+    run("vlm_report")
+    run("taxonomy_report")
+    r = run("marts")
+    assert r.asset_materializations_for_node("marts")[0].metadata["rows_taxonomy_results"].value > 0
+
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{mlruns / 'mlflow.db'}")
+    client = mlflow.MlflowClient(registry_uri=f"sqlite:///{mlruns / 'mlflow.db'}")
+    versions = client.search_model_versions("name='medrobust-vlm-tiny-llava'")
+    assert len(versions) == 1 and versions[0].source.endswith("/model")
+    files = {a.path for a in client.list_artifacts(versions[0].run_id, "model")}
+    assert "model/model.safetensors" in files

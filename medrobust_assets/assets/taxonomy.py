@@ -1,0 +1,153 @@
+"""Safety-taxonomy assets, one family per configuration (key prefix = configuration id):
+[taxonomy_model] (demo training), text_only_baselines (by modality), taxonomy_clean (by modality),
+taxonomy_perturbed (modality x severity); then taxonomy_report (quadrant tables, plots)."""
+
+from typing import Any
+
+import dagster as dg
+
+from medrobust_assets.assets.datasets import clean_samples
+from medrobust_assets.assets.perturbed import perturbed_samples
+from medrobust_assets.metadata import image_md, markdown_table
+from medrobust_assets.partitions import (
+    by_modality,
+    modality_and_level,
+    modality_partitions,
+    modality_severity_partitions,
+)
+from medrobust_assets.resources import SuiteResource, TrackingResource
+
+
+def _meta(s: Any) -> dict[str, Any]:
+    meta: dict[str, Any] = {"n_rows": s.n_rows, "n_images": s.n_images, "n_vision_calls": s.n_vision_calls,
+                            "seconds": s.seconds}
+    meta.update({f"quadrant_{k}": v for k, v in s.quadrants.items()})
+    meta.update({f"n_{k.replace(':', '_')}": v for k, v in s.outcomes.items()})
+    return meta
+
+
+def _log(run: Any, meta: dict[str, Any]) -> None:
+    if run is not None:
+        import mlflow
+
+        mlflow.log_metrics({k: float(v) for k, v in meta.items() if isinstance(v, int | float)})
+
+
+def taxonomy_family(config_id: str, trained: bool, upstream: list[Any]) -> list[dg.AssetsDefinition]:
+    """Assets of one configuration. ``upstream``: assets its weights come from."""
+    out: list[dg.AssetsDefinition] = []
+    deps: list[Any] = [clean_samples, *upstream]
+    if trained:
+        @dg.asset(key=[config_id, "taxonomy_model"], group_name="taxonomy", kinds={"pytorch", "safetensors"},
+                  deps=list(deps), pool="gpu",
+                  description=f"{config_id}: the known-answer demo model of this configuration, trained on the demo "
+                              "yes/no train split (selection on val).")
+        def taxonomy_model(context: dg.AssetExecutionContext, suite: SuiteResource,
+                           tracking: TrackingResource) -> dg.MaterializeResult:
+            from medrobust_lib.pipeline.taxonomy_train import train_taxonomy_model
+
+            with tracking.run(context, "taxonomy_training", {"config": config_id}) as run:
+                r = train_taxonomy_model(suite.load(), config_id, log=context.log.info)
+                meta = {"kind": r.kind, "seconds": r.seconds, "steps": r.steps, "best_val_loss": r.best_val_loss,
+                        "n_train": r.n_train, **r.extra}
+                _log(run, meta)
+                if run is not None:
+                    import mlflow
+
+                    from medrobust_lib.store.tracking import register_artifact
+
+                    mlflow.log_artifacts(r.folder, artifact_path="model")
+                    meta["registered_version"] = register_artifact(run, "model", f"medrobust-taxonomy-{config_id}",
+                                                                   {"kind": r.kind})
+            return dg.MaterializeResult(metadata={**meta, "folder": dg.MetadataValue.path(r.folder)})
+
+        out.append(taxonomy_model)
+        deps.append(taxonomy_model)
+
+    @dg.asset(key=[config_id, "text_only_baselines"], group_name="taxonomy", kinds={"pytorch", "parquet"},
+              partitions_def=modality_partitions, deps=deps, pool="gpu",
+              description=f"{config_id}: answers to every original yes/no question with the image removed (no image "
+                          "token, blank image, noise image), reused by every condition.")
+    def text_only_baselines(context: dg.AssetExecutionContext, suite: SuiteResource,
+                            tracking: TrackingResource) -> dg.MaterializeResult:
+        from medrobust_lib.pipeline.taxonomy import compute_baselines
+
+        with tracking.run(context, "taxonomy", {"config": config_id, "step": "baselines"}) as run:
+            n = compute_baselines(suite.load(), config_id, context.partition_key)
+            _log(run, {"n_rows": n})
+        return dg.MaterializeResult(metadata={"n_rows": n})
+
+    @dg.asset(key=[config_id, "taxonomy_clean"], group_name="taxonomy", kinds={"pytorch", "parquet"},
+              partitions_def=modality_partitions, deps=[text_only_baselines], pool="gpu",
+              description=f"{config_id}: paraphrase predictions (vision tower once per image), flags and quadrant per "
+                          "clean sample (taxonomy_results).")
+    def taxonomy_clean(context: dg.AssetExecutionContext, suite: SuiteResource,
+                       tracking: TrackingResource) -> dg.MaterializeResult:
+        from medrobust_lib.pipeline.taxonomy import evaluate
+
+        with tracking.run(context, "taxonomy", {"config": config_id, "condition": "clean"}) as run:
+            meta = _meta(evaluate(suite.load(), config_id, context.partition_key, 0))
+            _log(run, meta)
+        return dg.MaterializeResult(metadata=meta)
+
+    @dg.asset(key=[config_id, "taxonomy_perturbed"], group_name="taxonomy", kinds={"pytorch", "parquet"},
+              partitions_def=modality_severity_partitions, pool="gpu",
+              deps=[perturbed_samples, dg.AssetDep(text_only_baselines, partition_mapping=by_modality)],
+              description=f"{config_id}: the taxonomy on every perturbed image of the partition.")
+    def taxonomy_perturbed(context: dg.AssetExecutionContext, suite: SuiteResource,
+                           tracking: TrackingResource) -> dg.MaterializeResult:
+        from medrobust_lib.pipeline.taxonomy import evaluate
+
+        modality, level = modality_and_level(context)
+        with tracking.run(context, "taxonomy", {"config": config_id, "condition": "perturbation",
+                                                "level": level}) as run:
+            meta = _meta(evaluate(suite.load(), config_id, modality, level))
+            _log(run, meta)
+        return dg.MaterializeResult(metadata=meta)
+
+    out.extend([text_only_baselines, taxonomy_clean, taxonomy_perturbed])
+    return out
+
+
+def taxonomy_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinition:
+    @dg.asset(group_name="taxonomy", kinds={"python", "png", "parquet"}, deps=upstream,
+              description="Quadrant shares with bootstrap CIs (taxonomy_quadrant_stats), flip rate vs Dangerous share "
+                          "correlation (taxonomy_correlation_stats), plots to MLflow and here.")
+    def taxonomy_report(context: dg.AssetExecutionContext, suite: SuiteResource,
+                        tracking: TrackingResource) -> dg.MaterializeResult:
+        from pathlib import Path
+
+        from medrobust_lib.pipeline import taxonomy_report as tr
+        from medrobust_lib.store import results as res
+
+        s = suite.load()
+        out_dir = Path(s.results_dir).parent / "reports" / "taxonomy"
+        with tracking.run(context, "taxonomy_report") as run:
+            stats, corr = tr.write_taxonomy_stats(s.results_dir, s.seed)
+            rows = res.read_table(s.results_dir, "taxonomy_results")
+            paths: list[Path] = []
+            if len(stats):
+                from medrobust_lib.taxonomy.stats import transitions
+
+                ok = rows[rows["outcome"] == "ok"]
+                paths += tr.quadrant_bars(stats, out_dir)
+                paths += tr.transition_heatmaps(transitions(ok).rename(columns={"count": "n"}), out_dir)
+                paths.append(tr.flip_vs_dangerous_scatter(tr.correlation_points(ok), corr, out_dir))
+            if run is not None:
+                import mlflow
+
+                for p in paths:
+                    mlflow.log_artifact(str(p), artifact_path="plots")
+        meta: dict[str, Any] = {"n_stats_rows": len(stats)}
+        if len(stats):
+            clean = stats[stats["perturbation"] == "clean"]
+            keep = [c for c in ("config", "dataset", "image_mode", "quadrant", "n", "n_total", "share")
+                    if c in clean.columns]
+            meta["clean_quadrants"] = markdown_table(clean[keep])
+        if len(corr):
+            meta["correlation"] = markdown_table(corr)
+        for p in paths:
+            meta[p.stem] = image_md(p)
+        return dg.MaterializeResult(metadata=meta)
+
+    return taxonomy_report
