@@ -40,3 +40,27 @@ class SegmentationModel(Protocol):
     def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Scalar training/attack loss for logits (B, 1, H, W) and target masks (B, 1, H, W) in {0, 1}."""
         ...
+
+
+@runtime_checkable
+class VisionLanguageModel(Protocol):
+    """A vision-language model answering questions about images.
+
+    Images: float32 in [0, 1], (H, W) or (H, W, 3), or None for a text-only prompt (the
+    image-removal baseline). Decoding is greedy. Local models implement this directly
+    (:class:`medrobust_lib.models.hf_vlm.HFVisionLanguageModel`); the API adapter returns richer
+    per-request results (outcome, latency, cache hit) and the evaluation's runner
+    (:class:`medrobust_lib.pipeline.vlm_runner.Runner`) maps both onto one interface."""
+
+    model_id: str
+
+    def generate(self, images: Sequence[np.ndarray | None], prompts: Sequence[str], *, max_new_tokens: int = 32,
+                 batch_size: int = 8) -> list[str]:
+        """One answer per (image, prompt), in input order, prompt echo stripped."""
+        ...
+
+    def score(self, images: Sequence[np.ndarray | None], prompts: Sequence[str], options: Sequence[str], *,
+              batch_size: int = 8) -> list[dict[str, float]]:
+        """Natural-log probability of each option's first token as the next token after the
+        generation prompt (over the whole vocabulary, so values are <= 0), one dict per input."""
+        ...

@@ -94,7 +94,11 @@ class HFVisionLanguageModel:
         with weights.open("rb") as fh:
             for block in iter(lambda: fh.read(1 << 20), b""):
                 h.update(block)
-        peft_model = PeftModel.from_pretrained(model, str(weights.parent), is_trainable=False)
+        import warnings
+
+        with warnings.catch_warnings():  # peft calls a deprecated transformers property while loading
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            peft_model = PeftModel.from_pretrained(model, str(weights.parent), is_trainable=False)
         merged = peft_model.merge_and_unload()
         self.adapter_hash = h.hexdigest()[:16]
         return merged.eval()

@@ -73,6 +73,9 @@ class TaxonomyConfig(BaseModel):
     configs: list[TaxonomyConfigEntry] = Field(default_factory=list)
     image_modes: list[Literal["none", "blank", "noise"]] = Field(default_factory=lambda: ["none"])  # type: ignore[arg-type]
     min_paraphrases: int = 5
+    api_paraphraser: str | None = None
+    """A ``kind: api`` model of ``vlm.models`` that writes extra paraphrases for records with too
+    few (cached; each candidate passes the recorded equivalence filter before use)."""
     split: str = "test"
     train: dict[str, Any] = Field(default_factory=dict)
 
@@ -115,6 +118,47 @@ def variants_of(item: VLMItem, min_paraphrases: int) -> tuple[tuple[str, int], .
         return tuple(vs)
     extra = [v for v in template_paraphrases(vs[0][0]) if v[0] not in {t for t, _ in vs}]
     return tuple(vs) + tuple(extra[: min_paraphrases - (len(vs) - 1)])
+
+
+PARAPHRASE_TABLE = "taxonomy_paraphrases"
+PARAPHRASE_COLUMNS = ("config", "dataset", "record_id", "question", "candidate", "accepted", "reason", "overlap",
+                      "source")
+
+
+def paraphrase_sets(suite: Suite, items: Sequence[VLMItem]) -> tuple[dict[str, tuple[tuple[str, int], ...]],
+                                                                    list[dict[str, Any]]]:
+    """Variants per record id (original first) and the audit of every model-written candidate.
+
+    Records with fewer than ``min_paraphrases`` paraphrases get accepted API paraphrases first
+    (when ``api_paraphraser`` is set), then template paraphrases (negations included)."""
+    from medrobust_lib.taxonomy.paraphrase import api_paraphrases
+
+    tc = taxonomy_config(suite)
+    api = None
+    if tc.api_paraphraser is not None:
+        from medrobust_lib.pipeline.vlm_runner import Runner
+
+        m = vlm_model(suite, tc.api_paraphraser)
+        if m.kind != "api":
+            raise ValueError(f"api_paraphraser {m.id!r} must be a kind: api model")
+        api = Runner(suite, m).api
+    out: dict[str, tuple[tuple[str, int], ...]] = {}
+    audit: list[dict[str, Any]] = []
+    try:
+        for it in items:
+            vs = tuple(it.variants or ((it.question, 1),))
+            need = tc.min_paraphrases - (len(vs) - 1)
+            if need > 0 and api is not None:
+                accepted, records = api_paraphrases(api, vs[0][0], n=need)
+                known = {t for t, _ in vs}
+                vs = vs + tuple(a for a in accepted if a[0] not in known)
+                audit.extend({"dataset": it.dataset, "record_id": it.record_id, "question": vs[0][0],
+                              "source": tc.api_paraphraser, **r} for r in records)
+            out[it.record_id] = variants_of(dataclasses.replace(it, variants=vs), tc.min_paraphrases)
+    finally:
+        if api is not None:
+            api.close()
+    return out, audit
 
 
 def removed_image(mode: str, like: np.ndarray, key: tuple[str, ...], seed: int) -> np.ndarray | None:
@@ -207,6 +251,10 @@ def compute_baselines(suite: Suite, config_id: str, modality: str, log: Callable
     part = {"config": config_id, "modality": modality}
     fp = results.fingerprint([VERSION, scorer.runner.checkpoint, scorer.runner.adapter, tc.model_dump(), len(rows)])
     _write_rows(suite, BASELINE_TABLE, part, rows, fp, BASELINE_COLUMNS)
+    _, audit = paraphrase_sets(suite, _yes_no_items(suite, samples))
+    for a in audit:
+        a.update(config=config_id, accepted=bool(a.get("accepted")))
+    _write_rows(suite, PARAPHRASE_TABLE, part, audit, fp, PARAPHRASE_COLUMNS)  # none: stale chunks removed
     return len(rows)
 
 
@@ -216,7 +264,8 @@ def _write_rows(suite: Suite, table: str, part: Mapping[str, object], rows: list
     for r in rows:
         by_ds.setdefault(str(r["dataset"]), []).append(r)
     for ds, rs in by_ds.items():
-        rs.sort(key=lambda r: (str(r.get("perturbation", "")), str(r["record_id"]), str(r["image_mode"])))
+        rs.sort(key=lambda r: (str(r.get("perturbation", "")), str(r["record_id"]), str(r.get("image_mode", "")),
+                               str(r.get("candidate", ""))))
         results.write_chunk(results.chunk_path(suite.results_dir, table, part, ds), rs, fp, columns=columns)
     results.finalize_partition(suite.results_dir, table, part, list(by_ds))
 
@@ -241,13 +290,14 @@ class _Cond:
 
 
 def _classify_rows(suite: Suite, entry: TaxonomyConfigEntry, scorer: _Scorer, items: list[VLMItem],
-                   cond: _Cond, base: dict[tuple[str, str], dict[str, Any]]) -> list[dict[str, Any]]:
+                   cond: _Cond, base: dict[tuple[str, str], dict[str, Any]],
+                   variants: dict[str, tuple[tuple[str, int], ...]]) -> list[dict[str, Any]]:
     """Rows for every yes/no item of one (possibly perturbed) image: all variants of all items
     are scored in one vision-once call."""
     from medrobust_lib.taxonomy.quadrants import classify, classify_labels
 
     tc = taxonomy_config(suite)
-    per_item = [(it, variants_of(it, tc.min_paraphrases)) for it in items]
+    per_item = [(it, variants[it.record_id]) for it in items]
     prompts = [t + YESNO_SUFFIX for _, vs in per_item for t, _ in vs]
     error: str | None = None
     lps: list[dict[str, float] | None] = [None] * len(prompts)
@@ -310,12 +360,14 @@ def evaluate(suite: Suite, config_id: str, modality: str, level: int,
     for it in _yes_no_items(suite, samples):
         by.setdefault((it.dataset, it.sample_id), []).append(it)
     base = _baselines(suite, config_id, modality)
+    variants, _ = paraphrase_sets(suite, [it for v in by.values() for it in v])
     v0 = scorer.vision_calls
     rows: list[dict[str, Any]] = []
     n_images = 0
     if level == 0:
         for key, items in sorted(by.items()):
-            rows.extend(_classify_rows(suite, entry, scorer, items, _Cond(samples[key], samples[key].image), base))
+            rows.extend(_classify_rows(suite, entry, scorer, items, _Cond(samples[key], samples[key].image), base,
+                                       variants))
             n_images += 1
         fp_extra: list[Any] = sorted((k, s.content_hash()) for k, s in samples.items())
     else:
@@ -338,7 +390,7 @@ def evaluate(suite: Suite, config_id: str, modality: str, level: int,
                         rows.append(r)
                 continue
             cond = dataclasses.replace(cond, image=regenerate(mr, s).image)
-            rows.extend(_classify_rows(suite, entry, scorer, by[key], cond, base))
+            rows.extend(_classify_rows(suite, entry, scorer, by[key], cond, base, variants))
             n_images += 1
         fp_extra = [sorted(manifest["sha256"].dropna()) if len(manifest) else []]
     part = {"config": config_id, "run": "clean" if level == 0 else "perturbation", "modality": modality,

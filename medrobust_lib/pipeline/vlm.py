@@ -78,9 +78,24 @@ def _with_answer(r: dict[str, Any], a: Answer, scored: dict[str, Any]) -> dict[s
     return r
 
 
+def _judge(judge: Runner, pairs: list[tuple[VLMItem, dict[str, Any]]]) -> None:
+    """Fill the judge columns of unparseable multiple-choice rows (text only; failures recorded)."""
+    from medrobust_lib.tasks.judge import judge_mc
+
+    if not pairs or judge.api is None:
+        return
+    verdicts = judge_mc(judge.api, [it.question for it, _ in pairs], [list(it.options) for it, _ in pairs],
+                        [str(r["prediction"]) for _, r in pairs])
+    for (it, r), v in zip(pairs, verdicts, strict=True):
+        r.update(judge_model=judge.m.id, judge_outcome=v.outcome, judge_parsed=v.letter,
+                 judge_correct=None if v.letter is None else float(v.letter == it.answer))
+
+
 def ask(items_by_sample: dict[tuple[str, str], list[VLMItem]], conditions: Sequence[Condition], runner: Runner,
-        caption_df_refs: Mapping[str, Sequence[str]], summary: VLMEvalSummary) -> list[dict[str, Any]]:
-    """Every item of every condition's sample, batched per task across conditions."""
+        caption_df_refs: Mapping[str, Sequence[str]], summary: VLMEvalSummary,
+        judge: Runner | None = None) -> list[dict[str, Any]]:
+    """Every item of every condition's sample, batched per task across conditions. ``judge``: the
+    optional LLM judge for unparseable multiple-choice answers (recorded separately)."""
     from medrobust_lib.tasks.scoring import score_captions, score_grounding, score_mc, score_yes_no
 
     m = runner.m
@@ -97,8 +112,11 @@ def ask(items_by_sample: dict[tuple[str, str], list[VLMItem]], conditions: Seque
     t0 = time.perf_counter()
     mc = jobs["vqa_mc"]
     answers = runner.generate([c.image for _, c in mc], [prompt_for(it) for it, _ in mc], m.max_new_tokens)
-    for (it, c), a in zip(mc, answers, strict=True):
-        rows.append(_with_answer(_row(it, c, runner), a, score_mc(a.text, it.options, it.answer)))
+    mc_rows = [_with_answer(_row(it, c, runner), a, score_mc(a.text, it.options, it.answer))
+               for (it, c), a in zip(mc, answers, strict=True)]
+    if judge is not None:
+        _judge(judge, [(it, r) for (it, _), r in zip(mc, mc_rows, strict=True) if r["outcome"] == "unparseable"])
+    rows.extend(mc_rows)
     yn = jobs["vqa_yesno"]
     scored = runner.yes_no([c.image for _, c in yn], [prompt_for(it, 0) for it, _ in yn])
     for (it, c), (lp, a) in zip(yn, scored, strict=True):
@@ -197,11 +215,22 @@ def _summarize(rows: list[dict[str, Any]], s: VLMEvalSummary, t0: float, runner:
     return s
 
 
+def _judge_runner(suite: Suite) -> Runner | None:
+    vc = vlm_config(suite)
+    if vc.judge is None:
+        return None
+    m = vlm_model(suite, vc.judge)
+    if m.kind != "api":
+        raise ValueError(f"vlm.judge {m.id!r} must be a kind: api model")
+    return Runner(suite, m)
+
+
 def _fingerprint(runner: Runner, suite: Suite, extra: list[Any]) -> str:
     from medrobust_lib.pipeline.vlm_config import records_config
 
+    vc = vlm_config(suite)
     return results.fingerprint([EVAL_VERSION, runner.checkpoint, runner.adapter, runner.m.model_dump(),
-                                records_config(suite).model_dump(), vlm_config(suite).max_records_per_task, *extra])
+                                records_config(suite).model_dump(), vc.max_records_per_task, vc.judge, *extra])
 
 
 def evaluate_clean(suite: Suite, model_id: str, modality: str, runner: Runner | None = None,
@@ -219,7 +248,8 @@ def evaluate_clean(suite: Suite, model_id: str, modality: str, runner: Runner | 
     by, missing, df_refs = _items_for(suite, samples)
     conds = [Condition(s, s.image, boxes=_grounding_boxes(by.get(k, []), s)) for k, s in sorted(samples.items())]
     summary = VLMEvalSummary()
-    rows = ask(by, conds, runner, df_refs, summary)
+    judge = _judge_runner(suite)
+    rows = ask(by, conds, runner, df_refs, summary, judge)
     for it in missing:
         if it.modality == modality:
             r = _row(it, Condition(Sample(it.sample_id, it.dataset, modality, np.zeros((1, 1), np.float32)),
@@ -247,6 +277,7 @@ def evaluate_perturbed(suite: Suite, model_id: str, modality: str, level: int, r
     by, _, df_refs = _items_for(suite, samples)
     manifest = read_manifest(suite, modality, level)
     summary = VLMEvalSummary()
+    judge = _judge_runner(suite)
     rows: list[dict[str, Any]] = []
     conds: list[Condition] = []
     chunk = 64
@@ -268,9 +299,9 @@ def evaluate_perturbed(suite: Suite, model_id: str, modality: str, level: int, r
         moved = {rid: _move_box(mr, s, box) for rid, box in gt.items() if box is not None}
         conds.append(dataclasses.replace(base, image=out.image, boxes=moved))
         if len(conds) >= chunk:
-            rows.extend(ask(by, conds, runner, df_refs, summary))
+            rows.extend(ask(by, conds, runner, df_refs, summary, judge))
             conds = []
-    rows.extend(ask(by, conds, runner, df_refs, summary))
+    rows.extend(ask(by, conds, runner, df_refs, summary, judge))
     fp = _fingerprint(runner, suite, [modality, level, sorted(manifest["sha256"].dropna()) if len(manifest) else []])
     _write(suite, model_id, "perturbation", modality, level, rows, fp)
     return _summarize(rows, summary, t0, runner)

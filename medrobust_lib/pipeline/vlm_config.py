@@ -115,6 +115,9 @@ class VLMConfig(BaseModel):
     train: VLMTrainSettings = Field(default_factory=lambda: VLMTrainSettings())
     finetune: VLMFinetuneSettings = Field(default_factory=lambda: VLMFinetuneSettings())
     max_records_per_task: int | None = None
+    judge: str | None = None
+    """Optional LLM judge (a ``kind: api`` model id) for multiple-choice answers the rules cannot
+    parse; recorded in separate columns, never replacing the rule-based ``correct``."""
 
 
 def vlm_config(suite: Suite) -> VLMConfig:

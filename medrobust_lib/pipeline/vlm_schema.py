@@ -24,6 +24,9 @@ Columns (SQL types in :data:`VLM_COLUMNS`):
   reference set) and BLEU sufficient statistics ``bleu_c1..4``, ``bleu_g1..4``, ``hyp_len``,
   ``ref_len`` (sum them over any group for that group's corpus BLEU).
 - ``latency_s`` (per answer, batch time divided by batch size), ``cache_hit`` (API cache).
+- Optional LLM judge (``vlm.judge``, off by default): for multiple-choice answers the rules could
+  not parse, ``judge_model``, ``judge_outcome``, ``judge_parsed`` (letter) and ``judge_correct``;
+  NULL when no judge ran. ``correct`` is always the rule-based score.
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ VLM_COLUMNS: tuple[tuple[str, str], ...] = (
     ("bleu_c1", "DOUBLE"), ("bleu_c2", "DOUBLE"), ("bleu_c3", "DOUBLE"), ("bleu_c4", "DOUBLE"),
     ("bleu_g1", "DOUBLE"), ("bleu_g2", "DOUBLE"), ("bleu_g3", "DOUBLE"), ("bleu_g4", "DOUBLE"),
     ("hyp_len", "DOUBLE"), ("ref_len", "DOUBLE"), ("latency_s", "DOUBLE"), ("cache_hit", "BOOLEAN"),
-    ("error", "VARCHAR"),
+    ("error", "VARCHAR"), ("judge_model", "VARCHAR"), ("judge_outcome", "VARCHAR"), ("judge_parsed", "VARCHAR"),
+    ("judge_correct", "DOUBLE"),
 )
 COLUMN_NAMES: tuple[str, ...] = tuple(c for c, _ in VLM_COLUMNS)
 PRIMARY_METRIC: dict[str, str] = {"vqa_mc": "accuracy", "vqa_yesno": "accuracy", "caption": "cider_d",

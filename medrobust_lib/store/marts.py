@@ -328,6 +328,11 @@ MART_TABLES.extend([
     MartTable("taxonomy_correlation_stats", TAXONOMY_CORRELATION_STATS_COLUMNS,
               "Pearson r between mean flip rate and Dangerous share over (config, dataset[, condition]) points, "
               "with p-value and bootstrap CI, per scope"),
+    MartTable("taxonomy_paraphrases", (
+        ("config", "VARCHAR"), ("dataset", "VARCHAR"), ("record_id", "VARCHAR"), ("question", "VARCHAR"),
+        ("candidate", "VARCHAR"), ("accepted", "BOOLEAN"), ("reason", "VARCHAR"), ("overlap", "DOUBLE"),
+        ("source", "VARCHAR"), ("modality", "VARCHAR"),
+    ), "audit of every model-written paraphrase candidate: accepted or the equivalence-filter reason"),
 ])
 
 _QUADRANT_ORDER_SQL = "case {col} " + " ".join(f"when '{q}' then {i}" for i, q in enumerate(QUADRANTS)) + " end"

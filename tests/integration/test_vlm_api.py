@@ -35,7 +35,18 @@ class _Fake(BaseHTTPRequestHandler):
         content = body["messages"][-1]["content"]
         text = next(p["text"] for p in content if p["type"] == "text") if isinstance(content, list) else content
         status, payload = 200, None
-        if "Which organ" in text:
+        if text.startswith("A model answered a multiple-choice question"):
+            payload = {"choices": [{"index": 0, "finish_reason": "stop",
+                                    "message": {"role": "assistant", "content": "C"}}]}
+        elif "In which part" in text:  # lesion-location MC: an answer the rules cannot parse
+            payload = {"choices": [{"index": 0, "finish_reason": "stop",
+                                    "message": {"role": "assistant", "content": "somewhere near the edge"}}]}
+        elif text.startswith("Rewrite the following yes/no question"):
+            q = text.split("Question: ", 1)[1].strip()
+            lines = [f"In this image, {q[0].lower()}{q[1:]}", "What is shown here?", f"Honestly, {q[0].lower()}{q[1:]}"]
+            payload = {"choices": [{"index": 0, "finish_reason": "stop",
+                                    "message": {"role": "assistant", "content": "\n".join(lines)}}]}
+        elif "Which organ" in text:
             status, payload = 500, {"error": "overloaded"}  # every anatomy MC question fails
         elif "yes or no" in text:
             choice: dict[str, Any] = {"index": 0, "finish_reason": "stop",
@@ -101,6 +112,8 @@ def test_api_model_from_yaml(api_suite: Suite) -> None:
     assert mc_ok["parsed"].eq("B").all()
     gr = df[df["task"] == "grounding"]
     assert gr["box_scale"].eq("0-1").all() and gr["outcome"].eq("ok").all()
+    unp = df[df["outcome"] == "unparseable"]
+    assert len(unp) > 0 and unp["judge_model"].isna().all()  # the judge is off by default
     # the key never reaches a row
     assert not df.astype(str).apply(lambda c: c.str.contains("sk-test-secret")).any().any()
     # a re-run is answered from the cache: 0 HTTP calls for the successes; only failures retry
@@ -111,3 +124,36 @@ def test_api_model_from_yaml(api_suite: Suite) -> None:
     assert _Fake.hits == n_failed * 2  # failed requests are not cached: each is retried once again
     df2 = results.read_table(s.results_dir, VLM_TABLE)
     assert df2[df2["outcome"] == "ok"]["cache_hit"].all()
+
+
+def test_api_paraphraser_feeds_the_taxonomy(api_suite: Suite, monkeypatch: pytest.MonkeyPatch) -> None:
+    from medrobust_lib.pipeline import taxonomy as tx
+    from medrobust_lib.pipeline.vlm_config import load_items
+
+    s = api_suite.model_copy(update={"taxonomy": {"configs": [{"id": "fake", "model": "fake-gpt"}],
+                                                  "min_paraphrases": 8, "api_paraphraser": "fake-gpt"}})
+    items = [it for it in load_items(s).items if it.task == "vqa_yesno"][:3]
+    _Fake.hits = 0
+    variants, audit = tx.paraphrase_sets(s, items)
+    assert _Fake.hits == 3
+    for it in items:
+        vs = variants[it.record_id]
+        assert len(vs) - 1 >= 8 and vs[0] == (it.question, 1)
+        assert any(t.startswith("In this image,") and p == 1 for t, p in vs)
+        assert not any(t == "What is shown here?" for t, _ in vs)  # rejected by the equivalence filter
+    reasons = {a["reason"] for a in audit if not a["accepted"]}
+    assert "low_overlap" in reasons and sum(a["accepted"] for a in audit) == 2 * 3
+    _Fake.hits = 0
+    again, _ = tx.paraphrase_sets(s, items)
+    assert again == variants and _Fake.hits == 0  # cached
+
+
+def test_optional_judge_is_recorded_separately(api_suite: Suite) -> None:
+    s = api_suite.model_copy(update={"vlm": {**api_suite.vlm, "judge": "fake-gpt"}})  # type: ignore[attr-defined]
+    evaluate_clean(s, "fake-gpt", "ct")
+    df = results.read_table(s.results_dir, VLM_TABLE)
+    unp = df[df["outcome"] == "unparseable"]
+    assert len(unp) > 0 and unp["judge_model"].eq("fake-gpt").all() and unp["judge_parsed"].eq("C").all()
+    assert unp["correct"].eq(0.0).all()  # the rule-based score is unchanged
+    assert set(unp["judge_correct"]) <= {0.0, 1.0}
+    assert df[df["outcome"] != "unparseable"]["judge_model"].isna().all()

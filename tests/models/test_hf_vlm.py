@@ -41,6 +41,9 @@ def test_tokenizer_is_local_and_deterministic() -> None:
 
 
 def test_loads_through_the_public_path_and_generates_greedily(vlm: HFVisionLanguageModel) -> None:
+    from medrobust_lib.models.base import VisionLanguageModel
+
+    assert isinstance(vlm, VisionLanguageModel)
     assert type(vlm.model).__name__ == "LlavaForConditionalGeneration"
     imgs = _images(3)
     qs = ["is there a lesion in the left half of the image ?", "which modality is this ?", "is the lesion small ?"]
@@ -71,3 +74,17 @@ def test_missing_model_is_a_clear_error(tmp_path: Path) -> None:
         HFVisionLanguageModel(tmp_path / "nope")
     with pytest.raises(ModelNotAvailable, match="Nothing is downloaded"):
         HFVisionLanguageModel("some-org/some-model-that-is-not-cached")
+
+
+def test_score_variants_runs_the_vision_tower_once(vlm: HFVisionLanguageModel) -> None:
+    img = np.random.default_rng(0).random((64, 64)).astype(np.float32)
+    prompts = ["is there a lesion ?", "is there no lesion ?", "is the lesion small ?"]
+    vlm.n_vision_calls = 0
+    per = vlm.score([img] * 3, prompts, ["yes", "no"])
+    assert vlm.n_vision_calls == 3
+    vlm.n_vision_calls = 0
+    once = vlm.score_variants(img, prompts, ["yes", "no"])
+    assert vlm.n_vision_calls == 1
+    for a, b in zip(per, once, strict=True):
+        assert abs(a["yes"] - b["yes"]) < 1e-5 and abs(a["no"] - b["no"]) < 1e-5
+    assert vlm.score_variants(None, prompts, ["yes", "no"]) == vlm.score([None] * 3, prompts, ["yes", "no"])
