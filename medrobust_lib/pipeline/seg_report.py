@@ -46,18 +46,7 @@ def write_segmentation_stats(results_dir: str | Path, seed: int = 0) -> pd.DataF
     """Recompute the stats table from every result row (one chunk per model)."""
     df = results.read_table(results_dir, "segmentation_results")
     stats = segmentation_stats(df, seed)
-    models = sorted(stats["model"].unique()) if len(stats) else []
-    for m in models:
-        part = {"model": m}
-        results.write_chunk(results.chunk_path(results_dir, STATS_TABLE, part, "stats"),
-                            stats[stats["model"] == m], results.fingerprint(["stats", len(stats)]))
-    root = Path(results_dir, STATS_TABLE)
-    if root.is_dir():
-        for d in root.iterdir():
-            if d.is_dir() and d.name.removeprefix("model=") not in models:
-                for f in d.iterdir():
-                    f.unlink()
-                d.rmdir()
+    results.write_per_key(results_dir, STATS_TABLE, stats, "model", results.fingerprint(["stats", len(stats)]))
     return stats
 
 

@@ -209,13 +209,8 @@ def _partition(m: SegModelConfig, run: str, modality: str, level: int) -> dict[s
 def _write(suite: Suite, part: dict[str, object], rows: list[dict[str, Any]], fp: str,
            columns: tuple[str, ...] = RESULT_COLUMNS) -> None:
     """One chunk per dataset (rows sorted by type and sample id); stale chunks are removed."""
-    by_ds: dict[str, list[dict[str, Any]]] = {}
-    for r in rows:
-        by_ds.setdefault(str(r["dataset"]), []).append(r)
-    for ds, rs in by_ds.items():
-        rs.sort(key=lambda r: (str(r["perturbation"]), str(r["sample_id"])))
-        results.write_chunk(results.chunk_path(suite.results_dir, RESULTS_TABLE, part, ds), rs, fp, columns=columns)
-    results.finalize_partition(suite.results_dir, RESULTS_TABLE, part, list(by_ds))
+    results.write_rows_by_dataset(suite.results_dir, RESULTS_TABLE, part, rows, fp, columns,
+                                  sort_key=lambda r: (str(r["perturbation"]), str(r["sample_id"])))
 
 
 def _summarize(rows: list[dict[str, Any]], s: EvalSummary) -> EvalSummary:

@@ -260,14 +260,10 @@ def compute_baselines(suite: Suite, config_id: str, modality: str, log: Callable
 
 def _write_rows(suite: Suite, table: str, part: Mapping[str, object], rows: list[dict[str, Any]], fp: str,
                 columns: Sequence[str]) -> None:
-    by_ds: dict[str, list[dict[str, Any]]] = {}
-    for r in rows:
-        by_ds.setdefault(str(r["dataset"]), []).append(r)
-    for ds, rs in by_ds.items():
-        rs.sort(key=lambda r: (str(r.get("perturbation", "")), str(r["record_id"]), str(r.get("image_mode", "")),
-                               str(r.get("candidate", ""))))
-        results.write_chunk(results.chunk_path(suite.results_dir, table, part, ds), rs, fp, columns=columns)
-    results.finalize_partition(suite.results_dir, table, part, list(by_ds))
+    results.write_rows_by_dataset(
+        suite.results_dir, table, part, rows, fp, columns,
+        sort_key=lambda r: (str(r.get("perturbation", "")), str(r["record_id"]), str(r.get("image_mode", "")),
+                            str(r.get("candidate", ""))))
 
 
 def _baselines(suite: Suite, config_id: str, modality: str) -> dict[tuple[str, str], dict[str, Any]]:

@@ -76,11 +76,7 @@ def write_taxonomy_stats(results_dir: str | Path, seed: int = 0) -> tuple[pd.Dat
         corr["level"] = pd.to_numeric(corr["level"]).astype("Int64")
 
     fp = results.fingerprint(["taxonomy_stats", seed, len(df), len(quad), len(corr)])
-    configs = sorted(quad["config"].unique()) if len(quad) else []
-    for c in configs:
-        results.write_chunk(results.chunk_path(results_dir, QUADRANT_STATS_TABLE, {"config": c}, "stats"),
-                            quad[quad["config"] == c], fp)
-    _remove_stale(results_dir, QUADRANT_STATS_TABLE, {f"config={c}" for c in configs})
+    results.write_per_key(results_dir, QUADRANT_STATS_TABLE, quad, "config", fp)
 
     keep: set[str] = set()
     if len(corr):

@@ -184,14 +184,10 @@ def _grounding_boxes(items: list[VLMItem], s: Sample) -> dict[str, np.ndarray | 
 
 def _write(suite: Suite, model_id: str, run: str, modality: str, level: int, rows: list[dict[str, Any]],
            fp: str) -> None:
-    part = {"model": model_id, "run": run, "modality": modality, "level": level}
-    by_ds: dict[str, list[dict[str, Any]]] = {}
-    for r in rows:
-        by_ds.setdefault(str(r["dataset"]), []).append(r)
-    for ds, rs in by_ds.items():
-        rs.sort(key=lambda r: (str(r["perturbation"]), str(r["task"]), str(r["record_id"]), int(r["prompt_id"])))
-        results.write_chunk(results.chunk_path(suite.results_dir, VLM_TABLE, part, ds), rs, fp, columns=COLUMN_NAMES)
-    results.finalize_partition(suite.results_dir, VLM_TABLE, part, list(by_ds))
+    results.write_rows_by_dataset(
+        suite.results_dir, VLM_TABLE, {"model": model_id, "run": run, "modality": modality, "level": level}, rows,
+        fp, COLUMN_NAMES,
+        sort_key=lambda r: (str(r["perturbation"]), str(r["task"]), str(r["record_id"]), int(r["prompt_id"])))
 
 
 def _summarize(rows: list[dict[str, Any]], s: VLMEvalSummary, t0: float, runner: Runner) -> VLMEvalSummary:

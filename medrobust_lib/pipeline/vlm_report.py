@@ -177,18 +177,7 @@ def write_vlm_stats(results_dir: str | Path, seed: int = 0) -> pd.DataFrame:
     """Recompute ``vlm_stats`` from every ``vlm_results`` row: one chunk per model under
     ``vlm_stats/model=<id>/stats.parquet``; folders of models without stats are removed."""
     stats = vlm_stats(_read_results(results_dir), seed)
-    models = sorted(stats["model"].unique()) if len(stats) else []
-    for m in models:
-        part = {"model": m}
-        results.write_chunk(results.chunk_path(results_dir, STATS_TABLE, part, "stats"),
-                            stats[stats["model"] == m], results.fingerprint(["vlm_stats", seed, len(stats)]))
-    root = Path(results_dir, STATS_TABLE)
-    if root.is_dir():
-        for d in root.iterdir():
-            if d.is_dir() and d.name.removeprefix("model=") not in models:
-                for f in d.iterdir():
-                    f.unlink()
-                d.rmdir()
+    results.write_per_key(results_dir, STATS_TABLE, stats, "model", results.fingerprint(["vlm_stats", seed, len(stats)]))
     return stats
 
 

@@ -125,3 +125,35 @@ def read_table(results_dir: str | Path, table: str) -> pd.DataFrame:
         ).df()
     finally:
         con.close()
+
+
+def write_rows_by_dataset(results_dir: str | Path, table: str, partition: Mapping[str, object],
+                          rows: Sequence[Mapping[str, Any]], fp: str, columns: Sequence[str],
+                          sort_key: Any = None) -> None:
+    """Write a partition's rows as one chunk per ``dataset`` value (sorted by ``sort_key`` when
+    given) and remove the partition's chunks of datasets that no longer have rows."""
+    by_ds: dict[str, list[Mapping[str, Any]]] = {}
+    for r in rows:
+        by_ds.setdefault(str(r["dataset"]), []).append(r)
+    for ds, rs in by_ds.items():
+        if sort_key is not None:
+            rs.sort(key=sort_key)
+        write_chunk(chunk_path(results_dir, table, partition, ds), rs, fp, columns=columns)
+    finalize_partition(results_dir, table, partition, list(by_ds))
+
+
+def write_per_key(results_dir: str | Path, table: str, df: pd.DataFrame, key: str, fp: str,
+                  chunk: str = "stats") -> list[str]:
+    """Write ``df`` as one chunk per value of column ``key`` (folder ``<key>=<value>``) and remove
+    the folders of values that are gone. Returns the values written."""
+    values = sorted(str(v) for v in df[key].unique()) if len(df) else []
+    for v in values:
+        write_chunk(chunk_path(results_dir, table, {key: v}, chunk), df[df[key].astype(str) == v], fp)
+    root = Path(results_dir, table)
+    if root.is_dir():
+        for d in root.iterdir():
+            if d.is_dir() and d.name.removeprefix(f"{key}=") not in values:
+                for f in d.iterdir():
+                    f.unlink()
+                d.rmdir()
+    return values
