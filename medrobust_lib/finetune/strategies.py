@@ -1,0 +1,371 @@
+"""Fine-tuning strategies for the SAM family (SAM, MedSAM, SAM-Med2D).
+
+:func:`apply_strategy` prepares a :class:`~medrobust_lib.models.sam.SamSegmenter` in place: it adds
+the strategy's new modules (LoRA layers, adapters) when needed and sets ``requires_grad`` so that
+exactly the strategy's parameters train. Strategies:
+
+* ``full``: every parameter.
+* ``decoder_only``: the mask decoder.
+* ``decoder_prompt``: the mask decoder and the prompt encoder.
+* ``encoder_partial``: the last ``encoder_blocks`` image-encoder blocks (default 2) plus the mask
+  decoder and the prompt encoder. The encoder's patch embedding, position embedding and neck stay
+  frozen.
+* ``lora``: LoRA (peft ``inject_adapter_in_model``, so the model stays a plain ``Sam`` module whose
+  parameter names keep their prefixes) on the ``nn.Linear`` modules whose full name matches
+  ``lora_targets`` (full match, peft's semantics for a string target). The default,
+  :data:`DEFAULT_LORA_TARGETS`, covers the image encoder's attention (``blocks.{i}.attn.qkv`` and
+  ``blocks.{i}.attn.proj``, the real names in segment-anything's ``ImageEncoderViT``) and every
+  attention projection of the mask decoder's two-way transformer (``q_proj``, ``k_proj``,
+  ``v_proj``, ``out_proj`` of ``self_attn``, ``cross_attn_token_to_image``,
+  ``cross_attn_image_to_token`` and ``final_attn_token_to_image``). Only the LoRA matrices train.
+  This deliberately avoids the published MedSAM "LoRA" defect: targeting ``q_proj``/``v_proj`` only
+  adapts the decoder, because the vision encoder has no such modules.
+* ``adapter``: SAM-Med2D's bottleneck adapters in every encoder block
+  (:func:`medrobust_lib.models.sam_med2d.insert_adapters`, ratio ``adapter_ratio``), inserted
+  when the encoder has none (vanilla SAM, MedSAM); a SAM-Med2D model keeps its own. Only the
+  adapter parameters train. The inserted adapters are not zero-initialised (SAM-Med2D's Kaiming
+  init; the adapter output is added unscaled), so they change the model's output before training.
+
+All random initialisation (LoRA ``A`` matrices, adapters) runs inside ``torch.random.fork_rng``
+seeded from ``(seed, "strategy-init", name)``: the same seed gives the same initial weights and the
+caller's global RNG state is left untouched.
+
+Evaluation: call :func:`prepare_for_eval` before evaluating; it puts every module in eval mode,
+so LoRA dropout (and any other dropout) is inactive. (The published code evaluated LoRA models
+with dropout active.)
+
+Saving: :func:`state_dict_for_save` gives weights loadable without peft: for a LoRA model the
+LoRA update ``B @ A * alpha / r`` is merged into each base weight under the plain SAM key (so
+``medrobust_lib.models.sam.load_into`` loads it strictly into a freshly built model of the same
+architecture); otherwise the full state dict (with ``...blocks.{i}.Adapter.*`` keys when adapters
+are present; those load into ``build_sam(replace(arch, adapter=True, adapter_mlp_ratio=ratio))``).
+:func:`merge_lora` does the same merge in place and removes the LoRA layers.
+:func:`trainable_state_dict` gives only the trained tensors, for small checkpoints.
+
+Training with :func:`medrobust_lib.finetune.train.train_segmenter`: pass
+``trainable=report.is_trainable`` (its default, ``None``, makes every parameter trainable). Note
+that ``train_segmenter`` sets ``requires_grad=True`` on every parameter when it returns, so pass
+the report to :func:`trainable_state_dict` after training.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from medrobust_lib.models.sam import SamSegmenter
+from medrobust_lib.seeding import key_digest
+
+STRATEGIES = ("full", "decoder_only", "decoder_prompt", "encoder_partial", "lora", "adapter")
+
+_DECODER_ATTN = r"(?:layers\.\d+\.(?:self_attn|cross_attn_token_to_image|cross_attn_image_to_token)|final_attn_token_to_image)"
+#: Default LoRA targets (full match over module names of ``Sam``): image-encoder attention
+#: ``qkv``/``proj`` in every block, and all mask-decoder transformer attention projections.
+DEFAULT_LORA_TARGETS = (
+    r"image_encoder\.blocks\.\d+\.attn\.(?:qkv|proj)"
+    rf"|mask_decoder\.transformer\.{_DECODER_ATTN}\.(?:q_proj|k_proj|v_proj|out_proj)"
+)
+_LORA_PARAM = re.compile(r"\.lora_[A-Za-z_]+(?:\..*)?$")
+
+
+@dataclass(frozen=True)
+class StrategyConfig:
+    """Which strategy and its settings. ``encoder_blocks`` is used by ``encoder_partial``; the
+    ``lora_*`` fields by ``lora`` (``lora_targets=None``: :data:`DEFAULT_LORA_TARGETS`);
+    ``adapter_ratio`` (hidden width / embed dim) by ``adapter`` when adapters are inserted."""
+
+    name: str
+    encoder_blocks: int = 2
+    lora_r: int = 8
+    lora_alpha: int = 16
+    lora_dropout: float = 0.05
+    lora_targets: str | None = None
+    adapter_ratio: float = 0.25
+
+
+@dataclass(frozen=True)
+class StrategyReport:
+    """What :func:`apply_strategy` did.
+
+    ``trainable_modules``: a readable summary of what trains, in natural sort order. Rule: each
+    trainable parameter is reported by its highest enclosing module whose parameters are *all*
+    trainable, never above the top-level components (``image_encoder``, ``prompt_encoder``,
+    ``mask_decoder``) and never a bare ``ModuleList``/``ModuleDict`` (so trained encoder blocks
+    are listed one by one); a trainable parameter with no such module is reported by its own
+    name.
+    LoRA matrices (``X.lora_A.default.weight``, ``X.lora_B...``) are reported once as ``X.lora``.
+    Examples: ``decoder_prompt`` -> ``["mask_decoder", "prompt_encoder"]``; ``encoder_partial``
+    with N=1 on a 2-block encoder adds ``"image_encoder.blocks.1"``; ``lora`` lists
+    ``"image_encoder.blocks.0.attn.qkv.lora"`` etc.; ``adapter`` lists
+    ``"image_encoder.blocks.{i}.Adapter"``.
+
+    ``targets``: for ``lora``, the names of the wrapped modules (in module order); else empty.
+    ``param_names``: every trainable parameter name (``named_parameters`` of ``segmenter.sam``).
+    ``adapters_inserted``: ``adapter`` added adapters (False when the encoder already had them).
+    """
+
+    name: str
+    n_trainable: int
+    n_total: int
+    trainable_modules: tuple[str, ...]
+    targets: tuple[str, ...] = ()
+    param_names: tuple[str, ...] = ()
+    adapters_inserted: bool = False
+
+    def is_trainable(self, param_name: str) -> bool:
+        """Predicate for ``train_segmenter(..., trainable=report.is_trainable)``."""
+        return param_name in self.param_names
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-friendly summary (without the full parameter-name list)."""
+        d = asdict(self)
+        d.pop("param_names")
+        d["trainable_modules"] = list(self.trainable_modules)
+        d["targets"] = list(self.targets)
+        d["n_targets"] = len(self.targets)
+        return d
+
+
+def _natural_key(s: str) -> list[Any]:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
+
+
+@contextmanager
+def _scoped_seed(seed: int, *parts: object, module: nn.Module | None = None) -> Iterator[None]:
+    """Seed torch's global generators from ``(seed, *parts)`` inside the block; restore on exit
+    (CPU, plus the module's CUDA device when it has one)."""
+    devices: list[int] = []
+    if module is not None:
+        p = next(iter(module.parameters()), None)
+        if p is not None and p.device.type == "cuda":
+            devices = [p.device.index or 0]
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(int.from_bytes(key_digest(seed, *parts)[:8], "little") & (2**63 - 1))
+        yield
+
+
+def _lora_layers(model: nn.Module) -> dict[str, Any]:
+    """Name -> peft LoRA layer, in module order (empty when peft is absent or unused)."""
+    try:
+        from peft.tuners.lora import LoraLayer
+    except ImportError:  # pragma: no cover - peft is a dependency
+        return {}
+    return {n: m for n, m in model.named_modules() if isinstance(m, LoraLayer)}
+
+
+def lora_target_names(model: nn.Module, regex: str = DEFAULT_LORA_TARGETS) -> list[str]:
+    """Names of the ``nn.Linear`` modules of ``model`` whose full name matches ``regex`` (full
+    match, as peft applies a string ``target_modules``), in module order.
+
+    Raises:
+        ValueError: the regex is invalid or matches no ``nn.Linear`` module.
+    """
+    try:
+        pattern = re.compile(regex)
+    except re.error as exc:
+        raise ValueError(f"invalid LoRA target regex {regex!r}: {exc}") from None
+    linear = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    names = [n for n in linear if pattern.fullmatch(n)]
+    if not names:
+        raise ValueError(
+            f"LoRA target regex {regex!r} matches no nn.Linear module of {type(model).__name__} "
+            f"(full match over module names; it has {len(linear)} Linear modules, e.g. "
+            f"{', '.join(linear[:3])}; default targets: {DEFAULT_LORA_TARGETS!r})"
+        )
+    return names
+
+
+def _trainable_modules(model: nn.Module) -> tuple[str, ...]:
+    """The collapsed module list described in :class:`StrategyReport`."""
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    fully: set[str] = set()
+    for name, module in model.named_modules():
+        if not name or isinstance(module, nn.ModuleList | nn.ModuleDict):
+            continue  # containers are never reported: list their members instead
+        own = [f"{name}.{n}" for n, _ in module.named_parameters()]
+        if own and all(n in trainable for n in own):
+            fully.add(name)
+    out: set[str] = set()
+    for pname in trainable:
+        parts = pname.split(".")
+        label = pname
+        for k in range(1, len(parts)):
+            prefix = ".".join(parts[:k])
+            if prefix in fully:
+                label = prefix
+                break
+        out.add(_LORA_PARAM.sub(".lora", label))
+    return tuple(sorted(out, key=_natural_key))
+
+
+def _set_trainable(model: nn.Module, keep: Any) -> None:
+    for n, p in model.named_parameters():
+        p.requires_grad_(bool(keep(n)))
+
+
+def apply_strategy(segmenter: SamSegmenter, cfg: StrategyConfig, seed: int = 0) -> StrategyReport:
+    """Apply ``cfg`` to ``segmenter.sam`` in place and report what trains.
+
+    Everything is frozen except the strategy's parameters. New modules (LoRA, adapters) are
+    initialised inside a ``fork_rng`` scope seeded from ``seed`` and take the model's device and
+    dtype. The model's train/eval mode is not changed.
+
+    Raises:
+        ValueError: unknown strategy; ``encoder_blocks`` outside 1..depth; LoRA targets that
+            match nothing (or an already LoRA-wrapped model); invalid LoRA/adapter settings.
+    """
+    if cfg.name not in STRATEGIES:
+        raise ValueError(f"unknown fine-tuning strategy {cfg.name!r}; valid: {', '.join(STRATEGIES)}")
+    sam: nn.Module = segmenter.sam
+    encoder: Any = sam.image_encoder
+    targets: tuple[str, ...] = ()
+    inserted = False
+
+    if cfg.name == "full":
+        _set_trainable(sam, lambda n: True)
+    elif cfg.name == "decoder_only":
+        _set_trainable(sam, lambda n: n.startswith("mask_decoder."))
+    elif cfg.name == "decoder_prompt":
+        _set_trainable(sam, lambda n: n.startswith(("mask_decoder.", "prompt_encoder.")))
+    elif cfg.name == "encoder_partial":
+        depth = len(encoder.blocks)
+        n_blocks = cfg.encoder_blocks
+        if not 1 <= n_blocks <= depth:
+            raise ValueError(f"encoder_partial: encoder_blocks must be in 1..{depth} (the encoder has "
+                             f"{depth} blocks), got {n_blocks}")
+        prefixes = tuple(f"image_encoder.blocks.{i}." for i in range(depth - n_blocks, depth))
+        _set_trainable(sam, lambda n: n.startswith(("mask_decoder.", "prompt_encoder.", *prefixes)))
+    elif cfg.name == "lora":
+        targets = tuple(_apply_lora(sam, cfg, seed))
+    else:  # adapter
+        from medrobust_lib.models.sam_med2d import SamMed2dBlock, insert_adapters
+
+        if not any(isinstance(b, SamMed2dBlock) for b in encoder.blocks):
+            if cfg.adapter_ratio <= 0:
+                raise ValueError(f"adapter_ratio must be > 0, got {cfg.adapter_ratio}")
+            with _scoped_seed(seed, "strategy-init", "adapter", module=sam):
+                # the layers' default init draws from the (scoped) global RNG, then
+                # insert_adapters re-initialises the weights from this generator
+                gen = torch.Generator().manual_seed(torch.initial_seed())
+                insert_adapters(encoder, cfg.adapter_ratio, generator=gen)
+            inserted = True
+        _set_trainable(sam, lambda n: n.startswith("image_encoder.blocks.") and ".Adapter." in n)
+
+    params = list(sam.named_parameters())
+    names = tuple(n for n, p in params if p.requires_grad)
+    return StrategyReport(
+        name=cfg.name,
+        n_trainable=sum(p.numel() for _, p in params if p.requires_grad),
+        n_total=sum(p.numel() for _, p in params),
+        trainable_modules=_trainable_modules(sam),
+        targets=targets,
+        param_names=names,
+        adapters_inserted=inserted,
+    )
+
+
+def _apply_lora(sam: nn.Module, cfg: StrategyConfig, seed: int) -> list[str]:
+    from peft import LoraConfig, inject_adapter_in_model
+
+    if _lora_layers(sam):
+        raise ValueError("this model already has LoRA layers; apply the lora strategy to a fresh model")
+    if cfg.lora_r < 1:
+        raise ValueError(f"lora_r must be >= 1, got {cfg.lora_r}")
+    if not 0.0 <= cfg.lora_dropout < 1.0:
+        raise ValueError(f"lora_dropout must be in [0, 1), got {cfg.lora_dropout}")
+    regex = cfg.lora_targets if cfg.lora_targets is not None else DEFAULT_LORA_TARGETS
+    names = lora_target_names(sam, regex)  # a clear error before peft's
+    peft_cfg = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                          target_modules=regex, bias="none")
+    with _scoped_seed(seed, "strategy-init", "lora", module=sam):
+        inject_adapter_in_model(peft_cfg, sam)
+    wrapped = list(_lora_layers(sam))
+    if wrapped != names:  # pragma: no cover - peft and our matcher disagree
+        raise RuntimeError(f"peft wrapped {len(wrapped)} modules, expected {len(names)}: {wrapped[:4]}")
+    _set_trainable(sam, lambda n: _LORA_PARAM.search(n) is not None)
+    return names
+
+
+def prepare_for_eval(segmenter: SamSegmenter) -> SamSegmenter:
+    """Put every module of ``segmenter.sam`` in eval mode (LoRA and other dropout off, no
+    batch-norm updates); ``requires_grad`` is left as it is. Returns the segmenter."""
+    segmenter.sam.eval()
+    return segmenter
+
+
+def trainable_state_dict(segmenter: SamSegmenter, report: StrategyReport | None = None) -> dict[str, torch.Tensor]:
+    """Detached CPU copies of the trainable parameters only, keyed as in ``segmenter.sam``.
+
+    With ``report``, its ``param_names`` decide (use this after ``train_segmenter``, which leaves
+    every parameter with ``requires_grad=True``); otherwise ``requires_grad`` does. Load back with
+    ``segmenter.sam.load_state_dict(sd, strict=False)`` after applying the same strategy."""
+    keep = report.is_trainable if report is not None else None
+    return {n: p.detach().cpu().clone() for n, p in segmenter.sam.named_parameters()
+            if (keep(n) if keep is not None else p.requires_grad)}
+
+
+def _pending_delta(layer: Any) -> torch.Tensor | None:
+    """The summed weight update of the active, not yet merged adapters of a LoRA layer."""
+    delta: torch.Tensor | None = None
+    for name in layer.active_adapters:
+        if name in layer.merged_adapters or name not in layer.lora_A:
+            continue
+        if layer.use_dora.get(name, False):  # pragma: no cover - never configured here
+            raise NotImplementedError("merging DoRA adapters is not supported here")
+        d = layer.get_delta_weight(name)
+        delta = d if delta is None else delta + d
+    return delta
+
+
+def state_dict_for_save(segmenter: SamSegmenter) -> dict[str, torch.Tensor]:
+    """A state dict loadable without peft, leaving the model untouched (detached CPU tensors).
+
+    LoRA model: plain ``Sam`` keys, each wrapped weight replaced by ``W + B @ A * alpha / r``
+    (LoRA keys dropped), so it loads strictly into ``build_sam`` of the same architecture and
+    reproduces the model's outputs. Otherwise: ``segmenter.sam.state_dict()`` (including
+    ``Adapter`` keys when adapters are present)."""
+    sam: nn.Module = segmenter.sam
+    layers = _lora_layers(sam)
+    sd = {k: v.detach().cpu().clone() for k, v in sam.state_dict().items()}
+    if not layers:
+        return sd
+    out: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        deltas = {name: _pending_delta(layer) for name, layer in layers.items()}
+    for key, value in sd.items():
+        owner = next((n for n in layers if key.startswith(n + ".")), None)
+        if owner is None:
+            out[key] = value
+            continue
+        rest = key[len(owner) + 1:]
+        if not rest.startswith("base_layer."):
+            continue  # lora_A / lora_B / ... : merged below
+        plain = f"{owner}.{rest.removeprefix('base_layer.')}"
+        delta = deltas[owner]
+        if rest == "base_layer.weight" and delta is not None:
+            value = (value.float() + delta.detach().cpu().float()).to(value.dtype)
+        out[plain] = value
+    return out
+
+
+def merge_lora(segmenter: SamSegmenter) -> int:
+    """Merge every LoRA layer into its base weight and put the base ``nn.Linear`` back, in place,
+    so ``segmenter.sam`` is a plain ``Sam`` again (its state dict has the published keys). The
+    merged weights keep ``requires_grad=False``. Returns the number of merged modules (0 when the
+    model has no LoRA)."""
+    sam: nn.Module = segmenter.sam
+    layers = _lora_layers(sam)
+    for name, layer in layers.items():
+        layer.merge(safe_merge=True)
+        parent_name, _, child = name.rpartition(".")
+        parent = sam.get_submodule(parent_name) if parent_name else sam
+        setattr(parent, child, layer.get_base_layer())
+    if layers and "peft_config" in vars(sam):
+        delattr(sam, "peft_config")
+    return len(layers)
