@@ -352,6 +352,8 @@ def load_segmenter(family: Family, arch: str, checkpoint: str | Path, *, model_i
         raise ValueError(f"unknown SAM family {family!r}; valid: sam, medsam, sam_med2d")
     a = arch_for(arch, family)
     sd = read_state_dict(checkpoint)
+    if not a.adapter and any(".Adapter." in k for k in sd):
+        a = replace(a, adapter=True)  # a vanilla SAM fine-tuned with bottleneck adapters (adapter strategy)
     model = build_sam(a)
     load_into(model, sd, str(checkpoint))
     return SamSegmenter(model, family, model_id or f"{family}-{arch}", file_sha256(checkpoint)[:16], device,

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from medrobust_lib.config import Suite
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.prompts import PromptConfig, prompt_boxes
-from medrobust_lib.store import results
+from medrobust_lib.store import registry, results
 
 RESULTS_TABLE = "segmentation_results"
 ATTACK_KINDS: tuple[Literal["fgsm", "pgd"], ...] = ("fgsm", "pgd")
@@ -68,6 +68,7 @@ class SegmentationConfig(BaseModel):
     prompt_jitter: float = 0.0
     split: str = "test"
     attacks: AttackSuiteConfig = Field(default_factory=lambda: AttackSuiteConfig())
+    finetune: dict[str, Any] | None = None  # fine-tuning strategies (pipeline.strategies.FinetuneConfig)
 
     @property
     def prompt(self) -> PromptConfig:
@@ -93,15 +94,15 @@ def checkpoint_dir(suite: Suite, model_id: str) -> Path:
 # ---- models ---------------------------------------------------------------------------------
 
 def resolve_checkpoint(suite: Suite, m: SegModelConfig) -> Path:
-    """The local checkpoint file for a model config (clear errors when missing)."""
+    """The local checkpoint file for a model config (clear errors when missing). ``models:/...``
+    URIs resolve through the local MLflow registry in ``$MEDROBUST_MLRUNS`` (default ``mlruns``)."""
     if m.checkpoint == "trained":
         p = checkpoint_dir(suite, m.id) / "model.safetensors"
         if not p.is_file():
             raise FileNotFoundError(f"no trained checkpoint for {m.id!r} at {p}: materialize '{m.id}/base_checkpoint' first")
         return p
     if m.checkpoint.startswith("models:/"):
-        raise ValueError(f"{m.id}: MLflow registry URIs ({m.checkpoint}) are not resolvable yet (the registry loop "
-                         "is a later issue); export the registered safetensors file and give its path")
+        return registry.resolve_model_uri(m.checkpoint, registry.mlruns_dir())
     return Path(m.checkpoint)
 
 
