@@ -204,6 +204,68 @@ def score(
     typer.echo(json.dumps(summary, sort_keys=True, indent=2))
 
 
+class CheckFormat(StrEnum):
+    table = "table"
+    markdown = "markdown"
+    json = "json"
+
+
+@app.command()
+def check(
+    candidate: Annotated[str, typer.Option(help="model id, stored checkpoint hash or models:/name@alias")],
+    baseline: Annotated[str, typer.Option(help="model id, stored checkpoint hash or models:/name@alias")],
+    suite: Annotated[str, typer.Option(help="suite YAML (gives the results dir)")] = "configs/demo.yaml",
+    results_dir: Annotated[Path | None, typer.Option(help="results store (default: the suite's)")] = None,
+    mlruns: Annotated[Path | None, typer.Option(help="MLflow store for models:/ URIs "
+                                                     "(default: $MEDROBUST_MLRUNS or mlruns)")] = None,
+    max_iou_drop_increase: Annotated[float, typer.Option(help="tolerated mean IoU-drop increase")] = 0.01,
+    max_dice_drop_increase: Annotated[float, typer.Option(help="tolerated mean Dice-drop increase")] = 0.01,
+    alpha: Annotated[float, typer.Option(help="Benjamini-Hochberg q threshold")] = 0.05,
+    min_pairs: Annotated[int, typer.Option(help="groups with fewer paired samples never fail")] = 5,
+    format: Annotated[CheckFormat, typer.Option("--format", "-f")] = CheckFormat.table,
+) -> None:
+    """Regression gate: exit 1 when the candidate is significantly less robust than the baseline
+    on the same samples and conditions (0: passed, 2: bad input)."""
+    from medrobust_lib.pipeline.gate import (
+        GateInputError,
+        GateThresholds,
+        compare,
+        render,
+        resolve_ref,
+        select_rows,
+    )
+    from medrobust_lib.pipeline.segmentation import RESULTS_TABLE
+    from medrobust_lib.store.results import read_table
+
+    try:
+        thresholds = GateThresholds(max_iou_drop_increase, max_dice_drop_increase, alpha, min_pairs)
+        if results_dir is None:
+            from medrobust_lib.config import load_suite
+
+            results_dir = Path(load_suite(suite).results_dir)
+        rows = read_table(results_dir, RESULTS_TABLE)
+        sides = {}
+        for side, ref in (("candidate", candidate), ("baseline", baseline)):
+            selector = resolve_ref(ref, mlruns)
+            sel = select_rows(rows, selector, side)
+            if sel.empty:
+                shown = ref if selector == ref else f"{ref} (checkpoint {selector})"
+                _echo(f"no {RESULTS_TABLE} rows for the {side} {shown} in {results_dir}: evaluate it first "
+                      "(materialize <model>/clean_predictions, <model>/perturbed_predictions and "
+                      "<model>/attack_predictions for a model whose checkpoint it is)")
+                raise typer.Exit(2)
+            sides[side] = sel
+        result = compare(sides["candidate"], sides["baseline"], thresholds)
+    except (GateInputError, ValueError, FileNotFoundError) as exc:
+        _echo(f"error: {exc}")
+        raise typer.Exit(2) from None
+    typer.echo(render(result, format.value))
+    if format is CheckFormat.json:
+        _echo(result.verdict)
+    if not result.passed:
+        raise typer.Exit(1)
+
+
 def main() -> Any:  # pragma: no cover
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     return app()

@@ -345,6 +345,21 @@ class SamSegmenter:
                               enabled=enabled)
 
 
+def _adapter_strategy_checkpoint(checkpoint: Path) -> bool:
+    """Whether the ``config.json`` beside a checkpoint says the adapter strategy added bottleneck
+    adapters to a vanilla SAM (a SAM-Med2D release checkpoint without that file stays refused by
+    the plain SAM family: it needs SAM-Med2D's preprocessing)."""
+    import json
+
+    cfg = checkpoint.parent / "config.json"
+    if not cfg.is_file():
+        return False
+    try:
+        return json.loads(cfg.read_text()).get("strategy") == "adapter"
+    except (OSError, ValueError):
+        return False
+
+
 def load_segmenter(family: Family, arch: str, checkpoint: str | Path, *, model_id: str | None = None,
                    device: str = "cpu", autocast_dtype: torch.dtype | None = None) -> SamSegmenter:
     """Build the architecture and load a local checkpoint in its published layout."""
@@ -352,7 +367,7 @@ def load_segmenter(family: Family, arch: str, checkpoint: str | Path, *, model_i
         raise ValueError(f"unknown SAM family {family!r}; valid: sam, medsam, sam_med2d")
     a = arch_for(arch, family)
     sd = read_state_dict(checkpoint)
-    if not a.adapter and any(".Adapter." in k for k in sd):
+    if not a.adapter and _adapter_strategy_checkpoint(Path(checkpoint)):
         a = replace(a, adapter=True)  # a vanilla SAM fine-tuned with bottleneck adapters (adapter strategy)
     model = build_sam(a)
     load_into(model, sd, str(checkpoint))
