@@ -8,7 +8,7 @@ import dagster as dg
 
 from medrobust_assets.assets.datasets import clean_samples
 from medrobust_assets.assets.perturbed import perturbed_samples
-from medrobust_assets.metadata import image_md, markdown_table
+from medrobust_assets.metadata import image_md, log_and_register, markdown_table
 from medrobust_assets.partitions import (
     by_modality,
     modality_and_level,
@@ -51,14 +51,9 @@ def taxonomy_family(config_id: str, trained: bool, upstream: list[Any]) -> list[
                 meta = {"kind": r.kind, "seconds": r.seconds, "steps": r.steps, "best_val_loss": r.best_val_loss,
                         "n_train": r.n_train, **r.extra}
                 _log(run, meta)
-                if run is not None:
-                    import mlflow
-
-                    from medrobust_lib.store.tracking import register_artifact
-
-                    mlflow.log_artifacts(r.folder, artifact_path="model")
-                    meta["registered_version"] = register_artifact(run, "model", f"medrobust-taxonomy-{config_id}",
-                                                                   {"kind": r.kind})
+                meta["registered_version"] = log_and_register(run, r.folder, "model",
+                                                              f"medrobust-taxonomy-{config_id}", {"kind": r.kind})
+            meta = {k: v for k, v in meta.items() if v is not None}  # no version when tracking is off
             return dg.MaterializeResult(metadata={**meta, "folder": dg.MetadataValue.path(r.folder)})
 
         out.append(taxonomy_model)

@@ -8,6 +8,7 @@ import dagster as dg
 
 from medrobust_assets.assets.datasets import clean_samples
 from medrobust_assets.assets.perturbed import perturbed_samples
+from medrobust_assets.metadata import log_and_register
 from medrobust_assets.partitions import (
     by_modality,
     modality_and_level,
@@ -54,14 +55,9 @@ def vlm_family(model_id: str, trained: bool, finetuned: bool, upstream: dg.Asset
                 meta = {"seconds": r.seconds, "steps": r.steps, "best_step": r.best_step,
                         "best_val_loss": r.best_val_loss, "n_train": r.n_train, "n_val": r.n_val, **r.heldout}
                 _log(run, meta)
-                if run is not None:
-                    import mlflow
-
-                    from medrobust_lib.store.tracking import register_artifact
-
-                    mlflow.log_artifacts(r.folder, artifact_path="model")
-                    meta["registered_version"] = register_artifact(run, "model", f"medrobust-vlm-{model_id}",
-                                                                   {"task": "all", "kind": "base"})
+                meta["registered_version"] = log_and_register(run, r.folder, "model", f"medrobust-vlm-{model_id}",
+                                                              {"task": "all", "kind": "base"})
+            meta = {k: v for k, v in meta.items() if v is not None}  # no version when tracking is off
             return dg.MaterializeResult(metadata={**meta, "folder": dg.MetadataValue.path(r.folder)})
 
         out.append(base_checkpoint)
@@ -81,15 +77,10 @@ def vlm_family(model_id: str, trained: bool, finetuned: bool, upstream: dg.Asset
                         "best_val_loss": r.best_val_loss, "steps": r.steps, "seconds": r.seconds,
                         "n_trainable": r.n_trainable, "n_total": r.n_total, "n_target_modules": len(r.target_modules)}
                 _log(run, meta)
-                if run is not None:
-                    import mlflow
-
-                    from medrobust_lib.store.tracking import register_artifact
-
-                    mlflow.log_artifacts(r.folder, artifact_path="adapter")
-                    meta["registered_version"] = register_artifact(
-                        run, "adapter", f"medrobust-vlm-{model_id}", {"task": r.task, "kind": "lora",
-                                                                      "adapter_hash": r.adapter_hash})
+                meta["registered_version"] = log_and_register(
+                    run, r.folder, "adapter", f"medrobust-vlm-{model_id}",
+                    {"task": r.task, "kind": "lora", "adapter_hash": r.adapter_hash})
+            meta = {k: v for k, v in meta.items() if v is not None}  # no version when tracking is off
             return dg.MaterializeResult(metadata={**meta, "folder": dg.MetadataValue.path(r.folder)})
 
         out.append(finetuned_adapter)

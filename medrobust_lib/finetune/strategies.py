@@ -316,8 +316,8 @@ def _pending_delta(layer: Any) -> torch.Tensor | None:
     for name in layer.active_adapters:
         if name in layer.merged_adapters or name not in layer.lora_A:
             continue
-        if layer.use_dora.get(name, False):  # pragma: no cover - never configured here
-            raise NotImplementedError("merging DoRA adapters is not supported here")
+        if layer.use_dora.get(name, False):  # the lora strategy never enables DoRA
+            raise ValueError("this layer carries a DoRA adapter; the lora strategy only merges plain LoRA updates")
         d = layer.get_delta_weight(name)
         delta = d if delta is None else delta + d
     return delta
