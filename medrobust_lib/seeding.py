@@ -9,6 +9,9 @@ and only the strength changes between levels.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 
@@ -36,3 +39,20 @@ def rng_for(*parts: object) -> np.random.Generator:
 def stable_fraction(*parts: object) -> float:
     """A number in [0, 1) determined by the key (used for hash-based splits and orderings)."""
     return int.from_bytes(key_digest(*parts)[:8], "little") / 2**64
+
+
+@contextmanager
+def scoped_torch_seed(*parts: object, module: Any = None) -> Iterator[None]:
+    """Seed torch's global generators from the key inside the block and restore the previous
+    state on exit (CPU, plus the module's CUDA device when it has one). Only for library code
+    (peft, transformers initialisers) that draws from the global generator and takes none."""
+    import torch
+
+    devices: list[int] = []
+    if module is not None:
+        p = next(iter(module.parameters()), None)
+        if p is not None and p.device.type == "cuda":
+            devices = [p.device.index or 0]
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(int.from_bytes(key_digest(*parts)[:8], "little") & (2**63 - 1))
+        yield

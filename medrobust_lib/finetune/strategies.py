@@ -51,8 +51,6 @@ the report to :func:`trainable_state_dict` after training.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -60,7 +58,7 @@ import torch
 from torch import nn
 
 from medrobust_lib.models.sam import SamSegmenter
-from medrobust_lib.seeding import key_digest
+from medrobust_lib.seeding import scoped_torch_seed
 
 STRATEGIES = ("full", "decoder_only", "decoder_prompt", "encoder_partial", "lora", "adapter")
 
@@ -136,18 +134,6 @@ def _natural_key(s: str) -> list[Any]:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
 
 
-@contextmanager
-def _scoped_seed(seed: int, *parts: object, module: nn.Module | None = None) -> Iterator[None]:
-    """Seed torch's global generators from ``(seed, *parts)`` inside the block; restore on exit
-    (CPU, plus the module's CUDA device when it has one)."""
-    devices: list[int] = []
-    if module is not None:
-        p = next(iter(module.parameters()), None)
-        if p is not None and p.device.type == "cuda":
-            devices = [p.device.index or 0]
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(int.from_bytes(key_digest(seed, *parts)[:8], "little") & (2**63 - 1))
-        yield
 
 
 def _lora_layers(model: nn.Module) -> dict[str, Any]:
@@ -249,7 +235,7 @@ def apply_strategy(segmenter: SamSegmenter, cfg: StrategyConfig, seed: int = 0) 
         if not any(isinstance(b, SamMed2dBlock) for b in encoder.blocks):
             if cfg.adapter_ratio <= 0:
                 raise ValueError(f"adapter_ratio must be > 0, got {cfg.adapter_ratio}")
-            with _scoped_seed(seed, "strategy-init", "adapter", module=sam):
+            with scoped_torch_seed(seed, "strategy-init", "adapter", module=sam):
                 # the layers' default init draws from the (scoped) global RNG, then
                 # insert_adapters re-initialises the weights from this generator
                 gen = torch.Generator().manual_seed(torch.initial_seed())
@@ -283,7 +269,7 @@ def _apply_lora(sam: nn.Module, cfg: StrategyConfig, seed: int) -> list[str]:
     names = lora_target_names(sam, regex)  # a clear error before peft's
     peft_cfg = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                           target_modules=regex, bias="none")
-    with _scoped_seed(seed, "strategy-init", "lora", module=sam):
+    with scoped_torch_seed(seed, "strategy-init", "lora", module=sam):
         inject_adapter_in_model(peft_cfg, sam)
     wrapped = list(_lora_layers(sam))
     if wrapped != names:  # pragma: no cover - peft and our matcher disagree

@@ -18,8 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ from medrobust_lib.finetune.vlm_train import (
     mean_loss,
     train_vlm,
 )
-from medrobust_lib.seeding import key_digest
+from medrobust_lib.seeding import scoped_torch_seed
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -99,18 +98,6 @@ def lora_target_modules(model: Any, regex: str = LM_PROJ_REGEX) -> list[str]:
     return names
 
 
-@contextmanager
-def scoped_seed(seed: int, *parts: object, model: Any = None) -> Iterator[None]:
-    """Seed torch's global generators from ``(seed, *parts)`` inside the block and restore the
-    previous state on exit (CPU, and the model's CUDA device when it has one)."""
-    devices: list[int] = []
-    if model is not None:
-        p = next(iter(model.parameters()), None)
-        if p is not None and p.device.type == "cuda":
-            devices = [p.device.index or 0]
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(int.from_bytes(key_digest(seed, *parts)[:8], "little") & (2**63 - 1))
-        yield
 
 
 def apply_lora(model: Any, settings: LoraSettings, *, seed: int = 0) -> Any:
@@ -122,7 +109,7 @@ def apply_lora(model: Any, settings: LoraSettings, *, seed: int = 0) -> Any:
     lora_target_modules(model, settings.target_regex)  # clear error before peft's
     cfg = LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
                      target_modules=settings.target_regex, bias="none")
-    with scoped_seed(seed, "lora-init", model=model):
+    with scoped_torch_seed(seed, "lora-init", module=model):
         peft_model = get_peft_model(model, cfg)
     return peft_model
 
@@ -163,7 +150,7 @@ def finetune_lora(model: Any, processor: Any, train_examples: Sequence[VLMExampl
     val_set = encode_examples(processor, val_examples)
     pad_id = int(processor.tokenizer.pad_token_id)
     initial = mean_loss(peft_model, val_set, pad_id)  # LoRA B starts at zero: the base model's loss
-    with scoped_seed(train_cfg.seed, "lora-train", model=peft_model):
+    with scoped_torch_seed(train_cfg.seed, "lora-train", module=peft_model):
         result = train_vlm(peft_model, processor, train_set, val_set, train_cfg, log=log)
     peft_model.eval()
 
