@@ -136,15 +136,12 @@ def train_base_checkpoint(suite: Suite, model_id: str, log: Callable[[str], None
         train_segmenter,
     )
     from medrobust_lib.models.sam import SamSegmenter, arch_for, build_sam, state_dict_hash
-    from medrobust_lib.pipeline.datasets import load_clean_samples
 
     m = model_config(suite, model_id)
     tc = seg_config(suite).train
-    splits: dict[str, list[Sample]] = {"train": [], "val": [], "test": []}
-    for modality in suite.modalities:
-        for name in splits:
-            for items in load_clean_samples(suite, modality, split=name).values():
-                splits[name].extend(s for s in items if s.mask is not None and s.mask.any())
+    from medrobust_lib.pipeline.strategies import seg_splits
+
+    splits = seg_splits(suite)
     model = SamSegmenter(build_sam(arch_for(m.arch, m.family), seed=suite.seed), m.family, m.id, "untrained", m.device)
     cfg = TrainConfig(max_steps=tc.max_steps, batch_size=tc.batch_size, lr=tc.lr, warmup_steps=tc.warmup_steps,
                       eval_every=tc.eval_every, patience=tc.patience, time_budget_s=tc.time_budget_s,

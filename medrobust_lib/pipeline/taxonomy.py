@@ -227,7 +227,8 @@ def compute_baselines(suite: Suite, config_id: str, modality: str, log: Callable
     samples = {(s.dataset, s.sample_id): s for v in load_clean_samples(suite, modality, split=tc.split).values()
                for s in v}
     rows: list[dict[str, Any]] = []
-    for it in _yes_no_items(suite, samples):
+    items = _yes_no_items(suite, samples)
+    for it in items:
         s = samples[(it.dataset, it.sample_id)]
         for mode in tc.image_modes:
             img = removed_image(mode, s.image, (it.dataset, it.sample_id), suite.seed)
@@ -251,7 +252,7 @@ def compute_baselines(suite: Suite, config_id: str, modality: str, log: Callable
     part = {"config": config_id, "modality": modality}
     fp = results.fingerprint([VERSION, scorer.runner.checkpoint, scorer.runner.adapter, tc.model_dump(), len(rows)])
     _write_rows(suite, BASELINE_TABLE, part, rows, fp, BASELINE_COLUMNS)
-    _, audit = paraphrase_sets(suite, _yes_no_items(suite, samples))
+    _, audit = paraphrase_sets(suite, items)
     for a in audit:
         a.update(config=config_id, accepted=bool(a.get("accepted")))
     _write_rows(suite, PARAPHRASE_TABLE, part, audit, fp, PARAPHRASE_COLUMNS)  # none: stale chunks removed

@@ -76,7 +76,8 @@ def train_taxonomy_model(suite: Suite, config_id: str, log: Callable[[str], None
     ts = {"max_steps": 1500, "batch_size": 32, "lr": 2e-3, "eval_every": 150, "patience": 4,
           "time_budget_s": 60.0, "image_size": 64, "patch_size": 16, "hidden": 64, "layers": 2,
           "lora_steps": 300, "lora_lr": 2e-3, **tc.train}
-    items = [it for it in load_items(suite).items if it.task == "vqa_yesno"]
+    all_items = load_items(suite).items
+    items = [it for it in all_items if it.task == "vqa_yesno"]
     by_split = _samples_by_split(suite)
     kind = entry.demo_training
     shortcut = suite.seed if kind == "shortcut" else None
@@ -112,7 +113,7 @@ def train_taxonomy_model(suite: Suite, config_id: str, log: Callable[[str], None
 
     from medrobust_lib.models.tiny_vlm import build_tiny_llava, build_tokenizer, save_tiny
 
-    tok = build_tokenizer(vocabulary_texts(load_items(suite).items) + [e.question for e in train + val])
+    tok = build_tokenizer(vocabulary_texts(all_items) + [e.question for e in train + val])
     model, proc = build_tiny_llava(tok, image_size=int(ts["image_size"]), patch_size=int(ts["patch_size"]),
                                    text_hidden=int(ts["hidden"]), vision_hidden=int(ts["hidden"]),
                                    layers=int(ts["layers"]), seed=suite.seed)
