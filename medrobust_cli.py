@@ -67,46 +67,77 @@ def demo(
 
 @app.command()
 def query(
-    sql: Annotated[str, typer.Argument(help="a read-only SQL statement")],
-    format: Annotated[OutFormat, typer.Option("--format", "-f")] = OutFormat.table,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="write to this file")] = None,
+    sql: Annotated[str, typer.Argument(help="one read-only SQL statement (SELECT, WITH, DESCRIBE, SHOW, "
+                                            "SUMMARIZE, EXPLAIN of a SELECT)")],
+    format: Annotated[OutFormat | None, typer.Option(
+        "--format", "-f", help="default: table on screen; with --out, from the file's extension")] = None,
+    output: Annotated[Path | None, typer.Option(
+        "--out", "--output", "-o", help="write the result to this file (.csv, .parquet, .json)")] = None,
     mart: Annotated[str, typer.Option(help="DuckDB mart")] = "var/marts.duckdb",
 ) -> None:
-    """Run SQL against the mart (opened read-only: statements that write are refused)."""
+    """Run one SQL statement against the mart, read-only.
+
+    Statements that write or change state (INSERT, COPY ... TO, ATTACH, SET, PRAGMA, CALL, ...) and
+    several statements at once are refused with exit code 2 before anything runs; a failing query
+    exits 1. See medrobust_lib/store/query.py for exactly what is allowed.
+    """
     import duckdb
 
-    from medrobust_lib.store.marts import connect_readonly
+    from medrobust_lib.store.query import (
+        FILE_FORMATS,
+        check_read_only,
+        frame_to_json,
+        infer_format,
+        run_query,
+        write_frame,
+    )
 
     try:
-        con = connect_readonly(mart)
-    except FileNotFoundError as exc:
+        check_read_only(sql)
+    except ValueError as exc:
         _echo(str(exc))
         raise typer.Exit(2) from None
-    try:
-        df = con.execute(sql).df()
     except duckdb.Error as exc:
         _echo(f"query failed: {exc}")
         raise typer.Exit(1) from None
-    finally:
-        con.close()
-    if format is OutFormat.parquet and output is None:
-        _echo("--format parquet needs --output FILE")
+    fmt = format or OutFormat.table
+    if output is not None and format is None:
+        try:
+            fmt = OutFormat(infer_format(output))
+        except ValueError as exc:
+            _echo(str(exc))
+            raise typer.Exit(2) from None
+    if fmt is OutFormat.parquet and output is None:
+        _echo("--format parquet needs --out FILE")
         raise typer.Exit(2)
-    if format is OutFormat.table:
+    try:
+        df = run_query(mart, sql)
+    except FileNotFoundError as exc:
+        _echo(str(exc))
+        raise typer.Exit(2) from None
+    except duckdb.Error as exc:
+        _echo(f"query failed: {exc}")
+        raise typer.Exit(1) from None
+    if output is not None and fmt.value in FILE_FORMATS:
+        try:
+            write_frame(df, output, fmt.value)
+        except OSError as exc:
+            _echo(f"cannot write {output}: {exc}")
+            raise typer.Exit(1) from None
+        _echo(f"wrote {len(df)} rows to {output} ({fmt.value})")
+        return
+    if fmt is OutFormat.table:
         text = df.to_string(index=False) if len(df) else "(no rows)"
-    elif format is OutFormat.csv:
+    elif fmt is OutFormat.csv:
         text = df.to_csv(index=False)
-    elif format is OutFormat.json:
-        text = df.to_json(orient="records", indent=None, date_format="iso")
+    elif fmt is OutFormat.json:
+        text = frame_to_json(df)
     else:
         text = df.to_markdown(index=False)
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
-        if format is OutFormat.parquet:
-            df.to_parquet(output, index=False)
-        else:
-            output.write_text(text)
-        _echo(f"wrote {len(df)} rows to {output}")
+        output.write_text(text)
+        _echo(f"wrote {len(df)} rows to {output} ({fmt.value})")
     else:
         typer.echo(text.rstrip("\n"))
 
@@ -223,38 +254,26 @@ def check(
     alpha: Annotated[float, typer.Option(help="Benjamini-Hochberg q threshold")] = 0.05,
     min_pairs: Annotated[int, typer.Option(help="groups with fewer paired samples never fail")] = 5,
     format: Annotated[CheckFormat, typer.Option("--format", "-f")] = CheckFormat.table,
+    evaluate: Annotated[bool, typer.Option(help="evaluate a models:/ side that has no rows yet (on the suite's "
+                                                "fine-tuning evaluation set); --no-evaluate only reuses rows")] = True,
 ) -> None:
     """Regression gate: exit 1 when the candidate is significantly less robust than the baseline
-    on the same samples and conditions (0: passed, 2: bad input)."""
-    from medrobust_lib.pipeline.gate import (
-        GateInputError,
-        GateThresholds,
-        compare,
-        render,
-        resolve_ref,
-        select_rows,
-    )
-    from medrobust_lib.pipeline.segmentation import RESULTS_TABLE
-    from medrobust_lib.store.results import read_table
+    on the same samples and conditions (0: passed, 2: bad input). Each side's rows are reused when
+    they exist, else (models:/ URIs) the version is evaluated first."""
+    from medrobust_lib.config import load_suite
+    from medrobust_lib.pipeline.gate import GateInputError, GateThresholds, compare, gather_side, render
 
+    if mlruns is not None:
+        os.environ["MEDROBUST_MLRUNS"] = str(mlruns)
     try:
         thresholds = GateThresholds(max_iou_drop_increase, max_dice_drop_increase, alpha, min_pairs)
+        s = load_suite(suite) if Path(suite).is_file() else None
         if results_dir is None:
-            from medrobust_lib.config import load_suite
-
-            results_dir = Path(load_suite(suite).results_dir)
-        rows = read_table(results_dir, RESULTS_TABLE)
-        sides = {}
-        for side, ref in (("candidate", candidate), ("baseline", baseline)):
-            selector = resolve_ref(ref, mlruns)
-            sel = select_rows(rows, selector, side)
-            if sel.empty:
-                shown = ref if selector == ref else f"{ref} (checkpoint {selector})"
-                _echo(f"no {RESULTS_TABLE} rows for the {side} {shown} in {results_dir}: evaluate it first "
-                      "(materialize <model>/clean_predictions, <model>/perturbed_predictions and "
-                      "<model>/attack_predictions for a model whose checkpoint it is)")
-                raise typer.Exit(2)
-            sides[side] = sel
+            if s is None:
+                raise FileNotFoundError(f"suite {suite} not found (it gives the results dir); pass --results-dir")
+            results_dir = Path(s.results_dir)
+        sides = {side: gather_side(ref, side, results_dir, suite=s, mlruns_dir=mlruns, evaluate=evaluate, log=_echo)
+                 for side, ref in (("candidate", candidate), ("baseline", baseline))}
         result = compare(sides["candidate"], sides["baseline"], thresholds)
     except (GateInputError, ValueError, FileNotFoundError) as exc:
         _echo(f"error: {exc}")
@@ -264,6 +283,30 @@ def check(
         _echo(result.verdict)
     if not result.passed:
         raise typer.Exit(1)
+
+
+@app.command()
+def report(
+    models: Annotated[str | None, typer.Option(help="comma-separated model / taxonomy config ids (default: all)")] = None,
+    out: Annotated[Path, typer.Option(help="output folder (index.html, tables/, figures/)")] = Path("var/reports"),
+    mart: Annotated[str, typer.Option(help="DuckDB mart (opened read-only)")] = "var/marts.duckdb",
+    mlruns: Annotated[Path, typer.Option(help="MLflow folder (SQLite backend)")] = Path("mlruns"),
+    no_mlflow: Annotated[bool, typer.Option("--no-mlflow", help="do not log the report to MLflow")] = False,
+) -> None:
+    """Paper-ready tables (CSV, Markdown, LaTeX), PNG figures and one index.html from the mart;
+    logged as artifacts of one MLflow run in experiment 'reports' (exit 2: no mart or unknown ids)."""
+    from medrobust_lib.report.paper import build_report, parse_models
+
+    try:
+        summary = build_report(mart, out, parse_models(models), mlruns_dir=mlruns, log_mlflow=not no_mlflow)
+    except (FileNotFoundError, ValueError) as exc:
+        _echo(f"error: {exc}")
+        raise typer.Exit(2) from None
+    for name, reason in summary.skipped.items():
+        _echo(f"skipped {name}: {reason}")
+    _echo(f"wrote {len(summary.tables)} tables x 3 formats and {len(summary.figures)} figures in "
+          f"{summary.seconds:.1f} s" + (f"; MLflow run {summary.mlflow_run_id}" if summary.mlflow_run_id else ""))
+    typer.echo(str(summary.html))
 
 
 def main() -> Any:  # pragma: no cover

@@ -8,12 +8,19 @@ from typing import Any
 import dagster as dg
 
 from medrobust_assets.assets.datasets import clean_samples, demo_data
+from medrobust_assets.assets.finetune import finetune_family, registry_evaluation
 from medrobust_assets.assets.marts import marts
 from medrobust_assets.assets.perturbed import perturbation_gallery, perturbed_samples
 from medrobust_assets.assets.segmentation import segmentation_family, segmentation_report
 from medrobust_assets.assets.taxonomy import taxonomy_family, taxonomy_report
 from medrobust_assets.assets.vlm import vlm_family, vlm_report
 from medrobust_assets.resources import SuiteResource, TrackingResource
+from medrobust_assets.sensors import (
+    mart_after_evaluation,
+    marts_job,
+    registry_evaluation_job,
+    registry_sensor,
+)
 
 
 def _suite_for_definitions() -> Any:
@@ -77,7 +84,19 @@ def _taxonomy_assets(vlm_assets: list[dg.AssetsDefinition]) -> list[dg.AssetsDef
     return assets
 
 
+def _finetune_assets(model_assets: list[dg.AssetsDefinition]) -> list[dg.AssetsDefinition]:
+    from medrobust_lib.pipeline.strategies import finetune_config
+
+    suite = _suite_for_definitions()
+    ft = finetune_config(suite) if suite is not None else None
+    if ft is None:
+        return []
+    base = next((a for a in model_assets if a.key.path == [ft.base, "base_checkpoint"]), None)
+    return finetune_family(ft.base, list(ft.strategies), base)
+
+
 MODEL_ASSETS = _model_assets()
+FINETUNE_ASSETS = _finetune_assets(MODEL_ASSETS)
 VLM_ASSETS = _vlm_assets()
 TAXONOMY_ASSETS = _taxonomy_assets(VLM_ASSETS)
 SEGMENTATION_REPORT = segmentation_report([a for a in MODEL_ASSETS if a.key.path[-1] != "base_checkpoint"])
@@ -85,7 +104,10 @@ VLM_REPORT = vlm_report([a for a in VLM_ASSETS if "predictions" in a.key.path[-1
 TAXONOMY_REPORT = taxonomy_report([a for a in TAXONOMY_ASSETS if a.key.path[-1].startswith("taxonomy_")
                                    and a.key.path[-1] != "taxonomy_model"])
 ALL_ASSETS = [demo_data, clean_samples, perturbed_samples, perturbation_gallery, *MODEL_ASSETS,
-              SEGMENTATION_REPORT, *VLM_ASSETS, VLM_REPORT, *TAXONOMY_ASSETS, TAXONOMY_REPORT, marts]
+              SEGMENTATION_REPORT, *FINETUNE_ASSETS, registry_evaluation, *VLM_ASSETS, VLM_REPORT,
+              *TAXONOMY_ASSETS, TAXONOMY_REPORT, marts]
+JOBS = [registry_evaluation_job, marts_job]
+SENSORS = [registry_sensor, mart_after_evaluation]
 
 
 def build_resources(suite_path: str = "", mlruns_dir: str = "mlruns", workers: int = 0) -> dict[str, object]:
@@ -97,4 +119,4 @@ def build_resources(suite_path: str = "", mlruns_dir: str = "mlruns", workers: i
     }
 
 
-defs = dg.Definitions(assets=ALL_ASSETS, resources=build_resources())
+defs = dg.Definitions(assets=ALL_ASSETS, jobs=JOBS, sensors=SENSORS, resources=build_resources())

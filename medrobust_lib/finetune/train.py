@@ -101,18 +101,34 @@ def augment(sample: Sample, rng: np.random.Generator) -> Sample:
     return replace(sample, image=np.ascontiguousarray(img), mask=np.ascontiguousarray(mask), boxes=None)
 
 
+def _save_state(path: Path, state: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)
+
+
 def train_segmenter(
     model: SamSegmenter, train: Sequence[Sample], val: Sequence[Sample], cfg: TrainConfig,
     *, trainable: Callable[[str], bool] | None = None, log: Callable[[str], None] | None = None,
+    state_path: str | Path | None = None,
 ) -> TrainResult:
     """Train in place; at the end the model holds the best-on-validation weights and is in eval mode.
 
     ``trainable(name)`` selects parameters by name (default: all). Training images are grouped by
-    shape; each batch is one shape (the demo images are all 256 x 256)."""
+    shape; each batch is one shape (the demo images are all 256 x 256).
+
+    ``state_path``: a resume file written at every evaluation (model and best weights, AdamW and
+    LR-scheduler state, step, epoch, position in the epoch, early-stopping counters, history) and
+    read back with ``torch.load(weights_only=True)`` when it exists, so an interrupted run continues
+    where it stopped and ends with the same weights as an uninterrupted one (the data order and
+    augmentation are functions of (seed, epoch, step)). The caller removes it after a finished run.
+    The CPU generator state is saved too, so global-RNG dropout (LoRA) continues its stream; callers
+    scope that generator (``seeding.scoped_torch_seed``) to make the run itself reproducible."""
     params = [p for n, p in model.sam.named_parameters() if trainable is None or trainable(n)]
     for n, p in model.sam.named_parameters():
         p.requires_grad_(trainable is None or trainable(n))
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_at(s, cfg) / cfg.lr)
     use_amp = model.device.type == "cuda"
     eval_prompt = PromptConfig()
     train_prompt = PromptConfig(jitter=cfg.box_jitter, seed=cfg.seed)
@@ -126,14 +142,38 @@ def train_segmenter(
     t0 = time.perf_counter()
     step = 0
     epoch = 0
+    skip = 0  # batches of the current epoch already trained (resume)
     stopped = False
+    spath = Path(state_path) if state_path is not None else None
+    # a resume file from another configuration (or other data / trainable set) is not resumed
+    run_key = json.dumps([asdict(cfg), sorted(n for n, p in model.sam.named_parameters() if p.requires_grad),
+                          sorted((s.dataset, s.sample_id) for s in usable)], sort_keys=True, default=str)
+    st = torch.load(spath, map_location=model.device, weights_only=True) if spath and spath.is_file() else None
+    if st is not None and st.get("run_key") != run_key:
+        if log:
+            log(f"ignoring {spath}: it was written by a different training configuration")
+        st = None
+    if st is not None:
+        model.sam.load_state_dict(st["model"])
+        best_state = st["best_state"]
+        opt.load_state_dict(st["optimizer"])
+        sched.load_state_dict(st["scheduler"])
+        step, epoch, skip = int(st["step"]), int(st["epoch"]), int(st["batch_pos"])
+        best, bad_evals = (float(st["best_val"]), int(st["best_step"])), int(st["bad_evals"])
+        history = list(st["history"])
+        torch.set_rng_state(st["torch_rng"])  # dropout (LoRA) continues its random stream
+        stopped = bool(st["stopped"])
+        if log:
+            log(f"resumed from {spath} at step {step} (epoch {epoch}, batch {skip})")
     while step < cfg.max_steps and not stopped:
         order = rng_for(cfg.seed, "train-order", epoch).permutation(len(usable))
         by_shape: dict[tuple[int, ...], list[int]] = {}
         for i in order:
             by_shape.setdefault(usable[i].image.shape[:2], []).append(int(i))
         batches = [idx[j : j + cfg.batch_size] for idx in by_shape.values() for j in range(0, len(idx), cfg.batch_size)]
-        for bi in rng_for(cfg.seed, "batch-order", epoch).permutation(len(batches)):
+        for pos, bi in enumerate(rng_for(cfg.seed, "batch-order", epoch).permutation(len(batches))):
+            if pos < skip:
+                continue
             batch = [usable[i] for i in batches[bi]]
             if cfg.augment:
                 batch = [augment(s, rng_for(cfg.seed, "augment", step, s.dataset, s.sample_id)) for s in batch]
@@ -141,8 +181,6 @@ def train_segmenter(
             x = to_tensor_batch([s.image for s in batch]).to(model.device)
             boxes = torch.as_tensor(np.stack([prompt_boxes(s, train_prompt, salt=f"e{epoch}")[0] for s in batch]))
             y = torch.from_numpy(np.stack([np.asarray(s.mask) for s in batch]).astype(np.float32))[:, None].to(model.device)
-            for g in opt.param_groups:
-                g["lr"] = lr_at(step, cfg)
             with torch.autocast(device_type=model.device.type, dtype=torch.bfloat16, enabled=use_amp):
                 logits = model.forward_logits(x, boxes)
             loss = dice_bce_loss(logits.float(), y, cfg.w_dice, cfg.w_bce)
@@ -150,6 +188,7 @@ def train_segmenter(
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
             opt.step()
+            sched.step()
             step += 1
             out_of_time = cfg.time_budget_s is not None and time.perf_counter() - t0 > cfg.time_budget_s
             if step % cfg.eval_every == 0 or step >= cfg.max_steps or out_of_time:
@@ -168,9 +207,18 @@ def train_segmenter(
                         stopped = True
                 if out_of_time:
                     stopped = True
+                if spath is not None:
+                    last = pos + 1 >= len(batches)
+                    _save_state(spath, {
+                        "model": model.sam.state_dict(), "best_state": best_state, "optimizer": opt.state_dict(),
+                        "scheduler": sched.state_dict(), "step": step, "epoch": epoch + 1 if last else epoch,
+                        "batch_pos": 0 if last else pos + 1, "best_val": best[0], "best_step": best[1],
+                        "bad_evals": bad_evals, "history": history, "stopped": stopped, "run_key": run_key,
+                        "torch_rng": torch.get_rng_state()})
             if step >= cfg.max_steps or stopped:
                 break
         epoch += 1
+        skip = 0
     model.sam.load_state_dict(best_state)
     model.sam.eval()
     for p in model.sam.parameters():

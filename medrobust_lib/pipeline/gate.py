@@ -209,6 +209,60 @@ def select_rows(df: pd.DataFrame, ref: str, side: str = "rows") -> pd.DataFrame:
     return out
 
 
+def gather_side(ref: str, side: str, results_dir: str | Path, *, suite: Any = None,
+                mlruns_dir: str | Path | None = None, evaluate: bool = True,
+                log: Any = None) -> pd.DataFrame:
+    """One side's ``segmentation_results`` rows, evaluating the model when it has none yet.
+
+    ``models:/name/<version>|@alias|/latest`` refs: the rows of the registry evaluation
+    ``<name>-v<version>`` (written by the ``registry_evaluation`` asset, or here); otherwise any
+    model's rows for the same checkpoint hash (e.g. the ``<base>-<strategy>`` rows of the strategy
+    asset, which are the same weights); otherwise, when ``evaluate`` and a ``suite`` are given,
+    the version is evaluated now with :func:`medrobust_lib.pipeline.strategies.evaluate_model` on
+    the suite's fine-tuning evaluation set, so both sides see the same samples and conditions.
+    Other refs (model id, checkpoint hash) are only read. Raises :class:`GateInputError` when no
+    rows can be had."""
+    from medrobust_lib.pipeline.segmentation import RESULTS_TABLE
+    from medrobust_lib.store.results import read_table
+
+    rows = read_table(results_dir, RESULTS_TABLE)
+    if not ref.startswith("models:/"):
+        sel = select_rows(rows, ref, side)
+        if sel.empty:
+            raise GateInputError(f"no {RESULTS_TABLE} rows for the {side} {ref} in {results_dir}: evaluate it first "
+                                 "(materialize its segmentation assets) or pass a models:/ URI")
+        return sel
+    from medrobust_lib.pipeline.strategies import registry_model_config, registry_model_id
+    from medrobust_lib.store import registry
+
+    try:
+        name, version = registry.resolve_version(ref, mlruns_dir)
+    except (LookupError, ValueError, OSError) as exc:
+        raise GateInputError(f"cannot resolve {ref}: {exc}") from exc
+    model_id = registry_model_id(name, version)
+    if len(rows) and (rows["model"] == model_id).any():
+        return select_rows(rows, model_id, side)
+    digest = resolve_ref(f"models:/{name}/{version}", mlruns_dir)
+    same = rows[_matches(rows, digest)] if len(rows) else rows
+    if len(same):
+        # the same weights evaluated under another id: identical rows by construction; take the
+        # id with the most rows
+        best = same.groupby("model").size().sort_values(ascending=False, kind="stable").index[0]
+        if log:
+            log(f"{side} {ref}: reusing the rows of {best} (same checkpoint {digest})")
+        return select_rows(rows, str(best), side)
+    if not evaluate or suite is None:
+        raise GateInputError(f"no {RESULTS_TABLE} rows for the {side} {ref} (version {version}, checkpoint "
+                             f"{digest}) in {results_dir}; materialize registry_evaluation[{name}:{version}] or "
+                             "let the gate evaluate it (a suite and --evaluate)")
+    from medrobust_lib.pipeline.strategies import evaluate_model
+
+    if log:
+        log(f"{side} {ref}: no rows yet, evaluating {model_id}")
+    evaluate_model(suite, registry_model_config(suite, ref, mlruns_dir), log=log)
+    return select_rows(read_table(results_dir, RESULTS_TABLE), model_id, side)
+
+
 # ---- comparing -----------------------------------------------------------------------------------
 
 def _prepare(df: pd.DataFrame, side: str) -> pd.DataFrame:

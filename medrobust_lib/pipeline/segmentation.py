@@ -80,7 +80,11 @@ def seg_config(suite: Suite) -> SegmentationConfig:
     return raw if isinstance(raw, SegmentationConfig) else SegmentationConfig.model_validate(raw)
 
 
-def model_config(suite: Suite, model_id: str) -> SegModelConfig:
+def model_config(suite: Suite, model_id: str | SegModelConfig) -> SegModelConfig:
+    """The suite's model ``model_id``; a :class:`SegModelConfig` is returned as it is (fine-tuned
+    strategy checkpoints and registry versions are evaluated without being listed in the suite)."""
+    if isinstance(model_id, SegModelConfig):
+        return model_id
     for m in seg_config(suite).models:
         if m.id == model_id:
             return m
@@ -222,7 +226,7 @@ def _summarize(rows: list[dict[str, Any]], s: EvalSummary) -> EvalSummary:
     return s
 
 
-def evaluate_clean(suite: Suite, model_id: str, modality: str, model: Any | None = None) -> EvalSummary:
+def evaluate_clean(suite: Suite, model_id: str | SegModelConfig, modality: str, model: Any | None = None) -> EvalSummary:
     """Clean predictions of the evaluation split, one row per sample (condition 'clean')."""
     from medrobust_lib.pipeline.datasets import load_clean_samples
 
@@ -286,9 +290,11 @@ def _with_clean(r: dict[str, Any], clean: tuple[float, float]) -> None:
     r["dice_drop"] = clean[1] - r["dice"]
 
 
-def evaluate_perturbed(suite: Suite, model_id: str, modality: str, level: int, model: Any | None = None) -> EvalSummary:
+def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: str, level: int, model: Any | None = None,
+                       perturbations: Sequence[str] | None = None) -> EvalSummary:
     """Predictions on every perturbed sample of one (modality, level) manifest partition. Images
-    are regenerated from the manifest; spatial types use their moved masks and boxes."""
+    are regenerated from the manifest; spatial types use their moved masks and boxes.
+    ``perturbations``: glob patterns (``fnmatch``) restricting the types evaluated (None: all)."""
     from medrobust_lib.perturb.engine import regenerate
     from medrobust_lib.pipeline.datasets import load_clean_samples
     from medrobust_lib.pipeline.perturbed import read_manifest
@@ -299,6 +305,11 @@ def evaluate_perturbed(suite: Suite, model_id: str, modality: str, level: int, m
     model = model or load_model(suite, m)
     summary = EvalSummary()
     manifest = read_manifest(suite, modality, level)
+    if perturbations is not None and len(manifest):
+        from fnmatch import fnmatchcase
+
+        keep = manifest["perturbation"].map(lambda t: any(fnmatchcase(str(t), p) for p in perturbations))
+        manifest = manifest[keep]
     samples = {(s.dataset, s.sample_id): s for v in load_clean_samples(suite, modality, split=sc.split).values() for s in v}
     cache = CleanCache(suite, m, modality, model, sc.prompt, summary)
     rows: list[dict[str, Any]] = []
@@ -347,13 +358,14 @@ def evaluate_perturbed(suite: Suite, model_id: str, modality: str, level: int, m
                 r["iou"], r["dice"] = _score(p, gt)
                 _with_clean(r, cache.get(samples[(r["dataset"], r["sample_id"])]))
     fp = results.fingerprint([EVAL_VERSION, model.checkpoint_hash, sc.prompt.protocol, level,
-                              sorted(manifest["sha256"].dropna()) if len(manifest) else []])
+                              sorted(manifest["sha256"].dropna()) if len(manifest) else [],
+                              sorted(perturbations) if perturbations is not None else None])
     _write(suite, _partition(m, "perturbation", modality, level), rows, fp)
     summary.total_seconds = time.perf_counter() - t0
     return _summarize(rows, summary)
 
 
-def evaluate_attacks(suite: Suite, model_id: str, modality: str, level: int, model: Any | None = None) -> EvalSummary:
+def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str, level: int, model: Any | None = None) -> EvalSummary:
     """FGSM and PGD at the level's epsilon on every evaluation sample (conditions 'fgsm', 'pgd')."""
     import torch
 

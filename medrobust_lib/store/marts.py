@@ -15,6 +15,7 @@ from pathlib import Path
 
 import duckdb
 
+from medrobust_lib.pipeline.strategy_schema import RANKING_COLUMNS, RANKING_TABLE, RANKING_VIEW
 from medrobust_lib.pipeline.vlm_schema import PRIMARY_METRIC, VLM_COLUMNS, VLM_TABLE
 from medrobust_lib.taxonomy.schema import QUADRANTS, TAXONOMY_COLUMNS, TAXONOMY_TABLE
 
@@ -371,3 +372,12 @@ MART_VIEWS.update({
         select * from taxonomy_correlation_stats
         order by scope, perturbation nulls first, level nulls first, image_mode nulls first""",
 })
+
+MART_TABLES.append(MartTable(
+    RANKING_TABLE, RANKING_COLUMNS,
+    "per (base model, fine-tuning strategy, kind corruption|attack): mean IoU / Dice drop over the test samples "
+    "(each sample's mean over conditions) with percentile bootstrap 95 % CIs, clean scores, trainable "
+    "parameters and the rank by mean IoU drop (1 = most robust)"))
+MART_VIEWS[RANKING_VIEW] = f"""
+        select * from {RANKING_TABLE}
+        order by model, kind, rank, strategy"""

@@ -160,6 +160,13 @@ def set_alias(name: str, alias: str, version: int, mlruns_dir: str | Path | None
     client.set_registered_model_alias(name, alias, str(version))
 
 
+def set_version_tag(name: str, version: int, key: str, value: str, mlruns_dir: str | Path | None = None) -> None:
+    """Set one tag on a registered version (e.g. the gate verdict)."""
+    client = _client(mlruns_dir)
+    _model_version(client, name, version)
+    client.set_model_version_tag(name, str(version), key, value)
+
+
 # ---- read ------------------------------------------------------------------------------------
 
 def get_alias_version(name: str, alias: str, mlruns_dir: str | Path | None = None) -> int | None:
@@ -183,6 +190,48 @@ def list_versions(name: str, mlruns_dir: str | Path | None = None) -> list[dict[
     return [{"version": int(mv.version), "aliases": sorted(by_version.get(int(mv.version), [])),
              "tags": dict(mv.tags or {}), "run_id": mv.run_id, "creation_timestamp": mv.creation_timestamp,
              "source": mv.source} for mv in _all_versions(client, name)]
+
+
+def snapshot(prefix: str = "medrobust-seg-", mlruns_dir: str | Path | None = None) -> dict[str, dict[str, Any]]:
+    """What the registry holds for every model whose name starts with ``prefix``:
+    ``{name: {"versions": [1, 2, ...], "aliases": {"candidate": 2, ...}}}`` (versions ascending).
+    One ``search_registered_models`` page walk plus one version search per model; used by the
+    Dagster registry sensor on every tick."""
+    client = _client(mlruns_dir)
+    out: dict[str, dict[str, Any]] = {}
+    token: str | None = None
+    while True:
+        page = client.search_registered_models(filter_string=f"name LIKE '{prefix}%'", page_token=token)
+        for rm in page:
+            out[rm.name] = {"versions": [int(mv.version) for mv in _all_versions(client, rm.name)],
+                            "aliases": {a: int(v) for a, v in dict(rm.aliases or {}).items()}}
+        token = page.token
+        if not token:
+            return dict(sorted(out.items()))
+
+
+def resolve_version(uri: str, mlruns_dir: str | Path | None = None) -> tuple[str, int]:
+    """``(name, version)`` that ``models:/name/<version>|@<alias>|/latest`` points at now."""
+    name, version, alias = parse_model_uri(uri)
+    client = _client(mlruns_dir)
+    rm = _registered_model(client, name)
+    if alias is not None:
+        aliases = dict(rm.aliases or {})
+        if alias not in aliases:
+            raise RegistryError(f"registered model {name!r} has no alias {alias!r}; aliases: "
+                                f"{sorted(aliases) or 'none'}")
+        return name, int(aliases[alias])
+    if version is None:
+        versions = _all_versions(client, name)
+        if not versions:
+            raise RegistryError(f"registered model {name!r} has no versions")
+        return name, int(versions[-1].version)
+    return name, int(_model_version(client, name, version).version)
+
+
+def version_tags(name: str, version: int, mlruns_dir: str | Path | None = None) -> dict[str, str]:
+    """The tags of one registered version."""
+    return dict(_model_version(_client(mlruns_dir), name, version).tags or {})
 
 
 def parse_model_uri(uri: str) -> tuple[str, int | None, str | None]:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
-import types
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import cast
@@ -194,41 +192,38 @@ def test_cli_exit_codes(res_dir: Path) -> None:
 
 def test_cli_missing_side_and_bad_options(res_dir: Path) -> None:
     res = runner.invoke(app, ["check", "--candidate", "nope", "--baseline", "base", "--results-dir", str(res_dir)])
-    assert res.exit_code == 2 and "candidate nope" in res.stderr and "perturbed_predictions" in res.stderr
+    assert res.exit_code == 2 and "candidate nope" in res.stderr and "evaluate it first" in res.stderr
     res = runner.invoke(app, ["check", "--candidate", "good", "--baseline", "base", "--results-dir", str(res_dir),
                               "--alpha", "1.5"])
     assert res.exit_code == 2 and "alpha" in res.stderr
 
 
 def test_models_uri_resolution(res_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    uri = "models:/medrobust-seg-tiny-sam-lora@candidate"
-    monkeypatch.setitem(sys.modules, "medrobust_lib.store.registry", None)  # import fails
-    with pytest.raises(GateInputError, match="not available"):
-        resolve_ref(uri)
-    res = runner.invoke(app, ["check", "--candidate", uri, "--baseline", "base", "--results-dir", str(res_dir)])
-    assert res.exit_code == 2 and "registry" in res.stderr
+    """models:/ refs through a real SQLite MLflow registry: rows of the registry evaluation id are
+    preferred, rows of the same checkpoint under another id are reused, a version without rows is
+    an error under --no-evaluate, an unknown alias is exit 2."""
+    from medrobust_lib.store.registry import register_checkpoint
 
-    ckpt = tmp_path / "ckpt" / "model.safetensors"
-    ckpt.parent.mkdir()
-    ckpt.write_bytes(b"weights")
+    mlruns = tmp_path / "mlruns"
+    monkeypatch.setenv("MEDROBUST_MLRUNS", str(mlruns))
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "model.safetensors").write_bytes(b"weights")
     digest = hashlib.sha256(b"weights").hexdigest()[:16]
-    fake = types.ModuleType("medrobust_lib.store.registry")
-    calls: list[tuple[str, str | Path | None]] = []
-
-    def resolve_model_uri(u: str, mlruns_dir: str | Path | None = None) -> Path:
-        calls.append((u, mlruns_dir))
-        if u.endswith("@missing"):
-            raise KeyError("no such alias")
-        return ckpt.parent
-
-    fake.resolve_model_uri = resolve_model_uri  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "medrobust_lib.store.registry", fake)
-    assert resolve_ref(uri, tmp_path / "mlruns") == digest and resolve_ref("base") == "base"
-    assert calls == [(uri, tmp_path / "mlruns")]
-    write_results(res_dir, make_rows("lora", digest))
-    res = runner.invoke(app, ["check", "--candidate", uri, "--baseline", "base", "--results-dir", str(res_dir)])
+    name = "medrobust-seg-tiny-sam-lora"
+    uri = f"models:/{name}@candidate"
+    assert register_checkpoint(ckpt, name, tags={"strategy": "lora"}).version == 1
+    assert resolve_ref(uri) == digest and resolve_ref("base") == "base"
+    args = ["--baseline", "base", "--results-dir", str(res_dir), "--mlruns", str(mlruns), "--no-evaluate"]
+    res = runner.invoke(app, ["check", "--candidate", uri, *args])
+    assert res.exit_code == 2 and "registry_evaluation" in res.stderr and digest in res.stderr
+    write_results(res_dir, make_rows("tiny-sam-lora", digest))  # the strategy asset's rows: same weights
+    res = runner.invoke(app, ["check", "--candidate", uri, *args])
     assert res.exit_code == 0, res.output
-    res = runner.invoke(app, ["check", "--candidate", uri.replace("@candidate", "@missing"), "--baseline", "base",
-                              "--results-dir", str(res_dir)])
-    assert res.exit_code == 2 and "no such alias" in res.stderr
-    assert calls[1:] == [(uri, None), (uri.replace("@candidate", "@missing"), None)]
+    assert "reusing the rows of tiny-sam-lora" in res.stderr
+    # the registry evaluation's own rows win over the other id's (here: a worse copy)
+    write_results(res_dir, make_rows(f"{name}-v1", digest, {("gaussian_noise", 3): shift(0.05)}))
+    res = runner.invoke(app, ["check", "--candidate", f"models:/{name}/1", *args])
+    assert res.exit_code == 1, res.output
+    res = runner.invoke(app, ["check", "--candidate", uri.replace("@candidate", "@missing"), *args])
+    assert res.exit_code == 2 and "no alias 'missing'" in res.stderr

@@ -1,0 +1,70 @@
+"""Sensors and jobs of the registry loop: a new registered version (or a moved ``candidate``
+alias) launches its evaluation; a finished evaluation rebuilds the mart."""
+
+import json
+from typing import Any
+
+import dagster as dg
+
+from medrobust_assets.assets.finetune import REGISTERED_VERSIONS, REGISTRY_PREFIX, version_key
+from medrobust_assets.resources import TrackingResource
+
+registry_evaluation_job = dg.define_asset_job(
+    "registry_evaluation_job", selection=dg.AssetSelection.assets("registry_evaluation"),
+    partitions_def=REGISTERED_VERSIONS,
+    description="Evaluate one registered segmentation version and gate it against its champion.",
+)
+marts_job = dg.define_asset_job("marts_job", selection=dg.AssetSelection.assets("marts"),
+                                description="Rebuild the DuckDB mart from the Parquet results.")
+
+
+def registry_requests(snapshot: dict[str, dict[str, Any]], cursor: str | None) -> tuple[list[dg.RunRequest], list[str], str]:
+    """Pure core of the registry sensor: ``(run requests, new partition keys, new cursor)``.
+
+    ``snapshot``: ``medrobust_lib.store.registry.snapshot()``. The cursor (JSON) holds, per
+    registered model, the versions already launched and where ``candidate`` pointed. A version not
+    in the cursor is launched with run key ``<name>:<version>``; a ``candidate`` alias moved onto a
+    version launched before re-launches it once with run key ``<name>:<version>:candidate``
+    (the gate then compares it with the champion of that moment)."""
+    state: dict[str, dict[str, Any]] = json.loads(cursor) if cursor else {}
+    requests: list[dg.RunRequest] = []
+    new_keys: list[str] = []
+    for name, info in snapshot.items():
+        seen = set(state.get(name, {}).get("versions", []))
+        old_candidate = state.get(name, {}).get("candidate")
+        candidate = info["aliases"].get("candidate")
+        for v in info["versions"]:
+            if v not in seen:
+                key = version_key(name, v)
+                new_keys.append(key)
+                requests.append(dg.RunRequest(run_key=key, partition_key=key,
+                                              tags={"medrobust/registered_model": name,
+                                                    "medrobust/version": str(v), "medrobust/trigger": "new_version"}))
+        if candidate is not None and candidate != old_candidate and candidate in seen:
+            key = version_key(name, candidate)
+            requests.append(dg.RunRequest(run_key=f"{key}:candidate", partition_key=key,
+                                          tags={"medrobust/registered_model": name,
+                                                "medrobust/version": str(candidate),
+                                                "medrobust/trigger": "candidate_alias"}))
+        state[name] = {"versions": sorted(seen | set(info["versions"])), "candidate": candidate}
+    return requests, new_keys, json.dumps(state, sort_keys=True)
+
+
+@dg.sensor(job=registry_evaluation_job, minimum_interval_seconds=30,
+           default_status=dg.DefaultSensorStatus.RUNNING,
+           description="Polls the MLflow model registry (models named medrobust-seg-*): every new version, and "
+                       "every move of the 'candidate' alias, launches registry_evaluation for that version.")
+def registry_sensor(context: dg.SensorEvaluationContext, tracking: TrackingResource) -> dg.SensorResult:
+    from medrobust_lib.store.registry import snapshot
+
+    requests, new_keys, cursor = registry_requests(snapshot(REGISTRY_PREFIX, tracking.mlruns_dir), context.cursor)
+    return dg.SensorResult(
+        run_requests=requests, cursor=cursor,
+        dynamic_partitions_requests=[REGISTERED_VERSIONS.build_add_request(new_keys)] if new_keys else [])
+
+
+@dg.run_status_sensor(run_status=dg.DagsterRunStatus.SUCCESS, monitored_jobs=[registry_evaluation_job],
+                      request_job=marts_job, default_status=dg.DefaultSensorStatus.RUNNING,
+                      description="After a successful registry evaluation, rebuild the mart so its rows are queryable.")
+def mart_after_evaluation(context: dg.RunStatusSensorContext) -> dg.RunRequest:
+    return dg.RunRequest(run_key=f"mart-after-{context.dagster_run.run_id}")
