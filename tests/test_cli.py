@@ -91,6 +91,6 @@ def test_query_formats_and_read_only(tmp_path: Path) -> None:
     res = runner.invoke(app, ["query", "select level from perturbation_manifest", "-f", "csv", "--mart", str(mart)])
     assert res.stdout.split() == ["level", "1"]
     res = runner.invoke(app, ["query", "delete from perturbation_manifest", "--mart", str(mart)])
-    assert res.exit_code == 1 and "read-only" in res.output.lower()
+    assert res.exit_code == 2 and "read-only" in res.output.lower()
     res = runner.invoke(app, ["query", "select 1", "--mart", str(tmp_path / "none.duckdb")])
     assert res.exit_code == 2 and "medrobust demo" in res.output

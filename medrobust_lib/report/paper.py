@@ -1,0 +1,273 @@
+"""Paper-ready report from the DuckDB mart: tables (CSV, Markdown, LaTeX), PNG figures, one
+static ``index.html``, optionally logged to MLflow (experiment ``reports``, one run).
+
+Layout under ``out_dir``::
+
+    index.html                 every table (HTML) and figure (relative <img>), header with mart/time/models
+    tables/<name>.csv|.md|.tex segmentation_summary, segmentation_by_level, strategy_ranking,
+                               vlm_task_drops, taxonomy_quadrants, taxonomy_correlation
+    figures/*.png
+    .medrobust_report.json     the files of the last run; they are removed before the next run writes,
+                               so a narrower --models run leaves no stale outputs (nothing else is touched)
+
+A table whose source is missing or empty (for the selection) is not written; the reason is in the
+page and in :attr:`ReportSummary.skipped`. The mart is opened read-only.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import duckdb
+import pandas as pd
+
+from medrobust_lib.report import paper_figures as figs
+from medrobust_lib.report import paper_tables as pt
+from medrobust_lib.report.html import Figure, render_page
+from medrobust_lib.report.latex import to_latex
+from medrobust_lib.report.table import ReportTable, to_csv, to_markdown
+from medrobust_lib.store.marts import connect_readonly
+
+EXPERIMENT = "reports"
+"""MLflow experiment of the report runs."""
+MANIFEST = ".medrobust_report.json"
+TABLE_FORMATS: tuple[str, ...] = ("csv", "md", "tex")
+TRACKS: dict[str, tuple[str, str]] = {
+    "segmentation": ("segmentation_results", "model"),
+    "strategies": (pt.STRATEGY_VIEW, "model"),
+    "vlm": ("vlm_task_drops", "model"),
+    "taxonomy": ("taxonomy_quadrants", "config"),
+}
+"""Track -> (relation, id column) that lists the track's model (or configuration) ids."""
+TABLE_TRACK: dict[str, str] = {
+    "segmentation_summary": "segmentation", "segmentation_by_level": "segmentation",
+    "strategy_ranking": "strategies", "vlm_task_drops": "vlm", "taxonomy_quadrants": "taxonomy",
+    "taxonomy_correlation": "taxonomy",
+}
+
+
+@dataclass(frozen=True)
+class ReportSummary:
+    """What :func:`build_report` did. ``files``: every file written (sorted, absolute);
+    ``tables``: names of the tables written; ``figures``: PNGs written; ``skipped``: table or
+    figure name -> why it was not produced; ``models``: track -> ids shown (all of the track's
+    ids without ``--models``); ``seconds``: wall time; ``mlflow_run_id``: None without MLflow."""
+
+    out_dir: Path
+    html: Path
+    files: tuple[Path, ...]
+    tables: tuple[str, ...]
+    figures: tuple[Path, ...]
+    skipped: dict[str, str] = field(default_factory=dict)
+    models: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    seconds: float = 0.0
+    mlflow_run_id: str | None = None
+
+
+def parse_models(text: str | None) -> list[str] | None:
+    """``"a, b,a"`` -> ``["a", "b"]`` (order kept, duplicates dropped); None or blank -> None."""
+    if text is None:
+        return None
+    ids = list(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    return ids or None
+
+
+def available_models(con: duckdb.DuckDBPyConnection) -> dict[str, list[str]]:
+    """Track -> sorted ids present in the mart (taxonomy: configuration ids)."""
+    return {track: pt.distinct_ids(con, rel, col) for track, (rel, col) in TRACKS.items()}
+
+
+def select_models(available: dict[str, list[str]], requested: Sequence[str] | None) -> dict[str, list[str] | None]:
+    """Track -> ids to keep (None = no filter). Raises ValueError naming the unknown ids and every
+    available id per track."""
+    if requested is None:
+        return {t: None for t in available}
+    known = {m for ids in available.values() for m in ids}
+    unknown = [m for m in requested if m not in known]
+    if unknown:
+        listing = "; ".join(f"{t}: {', '.join(ids) if ids else '(none)'}" for t, ids in available.items())
+        raise ValueError(f"unknown model id(s) {', '.join(unknown)}. Available in the mart: {listing}")
+    return {t: [m for m in requested if m in ids] for t, ids in available.items()}
+
+
+def _clear_previous(out: Path) -> None:
+    """Remove the files listed by the previous run's manifest (only inside ``out``)."""
+    manifest = out / MANIFEST
+    if not manifest.is_file():
+        return
+    try:
+        listed = json.loads(manifest.read_text()).get("files", [])
+    except (json.JSONDecodeError, AttributeError):
+        return
+    root = out.resolve()
+    for rel in listed:
+        p = (out / str(rel)).resolve()
+        if p.is_file() and root in p.parents:
+            p.unlink()
+
+
+def _tables(con: duckdb.DuckDBPyConnection, sel: dict[str, list[str] | None], available: dict[str, list[str]],
+            seed: int) -> tuple[list[ReportTable], dict[str, str]]:
+    builders: dict[str, Callable[[list[str] | None], pt.TableResult]] = {
+        "segmentation_summary": lambda ids: pt.segmentation_summary(con, ids),
+        "segmentation_by_level": lambda ids: pt.segmentation_by_level(con, ids),
+        "strategy_ranking": lambda ids: pt.strategy_ranking(con, ids),
+        "vlm_task_drops": lambda ids: pt.vlm_task_drops(con, ids),
+        "taxonomy_quadrants": lambda ids: pt.taxonomy_quadrants(con, ids, seed),
+        "taxonomy_correlation": lambda ids: pt.taxonomy_correlation(con, ids, available["taxonomy"], seed),
+    }
+    tables: list[ReportTable] = []
+    skipped: dict[str, str] = {}
+    for name, build in builders.items():
+        track = TABLE_TRACK[name]
+        ids = sel[track]
+        if name == "strategy_ranking" and not pt.relation_exists(con, pt.STRATEGY_VIEW):
+            ids = None  # let the builder say that the view is missing
+        if ids is not None and not ids:
+            skipped[name] = f"none of the selected models is in the {track} track"
+            continue
+        res = build(ids)
+        if isinstance(res, str):
+            skipped[name] = res
+        else:
+            tables.append(res)
+    return tables, skipped
+
+
+def _figures(con: duckdb.DuckDBPyConnection, tables: dict[str, ReportTable], sel: dict[str, list[str] | None],
+             fig_dir: Path) -> tuple[list[tuple[Path, str]], dict[str, str]]:
+    """(path, caption) of every figure written, and figure name -> reason for those not drawn."""
+    from medrobust_lib.pipeline.seg_report import robustness_curves
+    from medrobust_lib.pipeline.taxonomy_report import quadrant_bars
+
+    out: list[tuple[Path, str]] = []
+    skipped: dict[str, str] = {}
+    seg = tables.get("segmentation_by_level")
+    if seg is not None:
+        by_level = seg.data
+        for p in robustness_curves(by_level, fig_dir, "dice"):
+            out.append((p, f"{p.name.removesuffix('_dice_curves.png')}: paired Dice drop vs severity level; thin grey "
+                           "lines: corruption types, thick: their mean, dashed: FGSM/PGD (eps 2-10/255)."))
+        families = _families(con)
+        for p in figs.family_curves(by_level, families, fig_dir, "dice"):
+            out.append((p, f"{p.stem}: Dice drop (clean - perturbed) vs level, one panel per perturbation "
+                           "family and one for the attacks."))
+        for p in figs.drop_heatmap(by_level, fig_dir, "dice"):
+            out.append((p, f"{p.stem}: mean Dice drop per perturbation type (rows) and level (columns); red = "
+                           "worse than clean."))
+    else:
+        skipped["robustness curves and heatmaps"] = "no segmentation_by_level table"
+    strat = tables.get("strategy_ranking")
+    if strat is not None:
+        out += [(p, "Mean IoU drop per fine-tuning strategy, corruptions vs attacks, bootstrap 95% CI.")
+                for p in figs.strategy_bars(strat.data, fig_dir)]
+    else:
+        skipped["strategy bars"] = "no strategy_ranking table"
+    if "taxonomy_quadrants" in tables:
+        where, params = pt.where_in("config", sel["taxonomy"])
+        quad = con.execute(f"select * from taxonomy_quadrants where {where}", params).df()
+        for p in quadrant_bars(quad, fig_dir):
+            kind = "clean images, one bar per config x dataset" if "_clean_" in p.name else \
+                "by severity level (0 = clean), mean over types and datasets"
+            out.append((p, f"Safety-quadrant shares, {kind} (image removed: {p.stem.rsplit('_', 1)[-1]})."))
+        points = pt.taxonomy_points(con, sel["taxonomy"])
+        corr = tables["taxonomy_correlation"].data if "taxonomy_correlation" in tables else pd.DataFrame()
+        out += [(p, "Mean flip rate vs Dangerous share, one point per (config, dataset, condition); filled = "
+                    "clean, hollow = perturbed; r from the correlation table.")
+                for p in figs.flip_dangerous_scatter(points, corr, fig_dir)]
+    else:
+        skipped["quadrant bars and flip-rate scatter"] = "no taxonomy_quadrants table"
+    return out, skipped
+
+
+def _families(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
+    """Perturbation type -> family from ``perturbation_manifest`` ({} when absent)."""
+    if not pt.relation_exists(con, "perturbation_manifest"):
+        return {}
+    rows = con.execute("select perturbation, any_value(family) from perturbation_manifest "
+                       "where family is not null group by perturbation").fetchall()
+    return {str(t): str(f) for t, f in rows}
+
+
+def build_report(mart_path: str | Path = "var/marts.duckdb", out_dir: str | Path = "var/reports",
+                 models: Sequence[str] | None = None, *, mlruns_dir: str | Path = "mlruns",
+                 log_mlflow: bool = True, seed: int = 0) -> ReportSummary:
+    """Write the report for ``models`` (model / configuration ids; None = all) into ``out_dir``.
+
+    Raises FileNotFoundError without a mart and ValueError for unknown ids (listing the available
+    ones). ``seed`` keys the bootstrap of the pooled taxonomy shares (and a recomputed correlation).
+    """
+    t0 = time.perf_counter()
+    mart = Path(mart_path)
+    out = Path(out_dir)
+    con = connect_readonly(mart)
+    try:
+        available = available_models(con)
+        sel = select_models(available, list(models) if models is not None else None)
+        tables, skipped = _tables(con, sel, available, seed)
+        out.mkdir(parents=True, exist_ok=True)
+        _clear_previous(out)
+        fig_dir = out / "figures"
+        figures, fig_skipped = _figures(con, {t.name: t for t in tables}, sel, fig_dir)
+    finally:
+        con.close()
+
+    written: list[Path] = []
+    links: dict[str, list[str]] = {}
+    (out / "tables").mkdir(exist_ok=True)
+    for t in tables:
+        stem = out / "tables" / t.name
+        to_csv(t, stem.with_suffix(".csv"))
+        stem.with_suffix(".md").write_text(to_markdown(t), encoding="utf-8")
+        stem.with_suffix(".tex").write_text(to_latex(t), encoding="utf-8")
+        paths = [stem.with_suffix(f".{ext}") for ext in TABLE_FORMATS]
+        written += paths
+        links[t.name] = [p.relative_to(out).as_posix() for p in paths]
+    written += [p for p, _ in figures]
+
+    shown = {t: tuple(ids if sel[t] is None else sel[t] or ()) for t, ids in available.items()}
+    meta = {
+        "Mart": str(mart.resolve()),
+        "Generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "Models": "; ".join(f"{t}: {', '.join(ids)}" for t, ids in shown.items() if ids) or "(none)",
+        "Filter": ", ".join(models) if models is not None else "all models",
+    }
+    all_skipped = {**skipped, **fig_skipped}
+    page = render_page("medrobust robustness report", meta, tables, links,
+                       [Figure(p.relative_to(out).as_posix(), cap) for p, cap in figures], all_skipped)
+    html_path = out / "index.html"
+    html_path.write_text(page, encoding="utf-8")
+    written.append(html_path)
+    (out / MANIFEST).write_text(json.dumps({"files": sorted(p.relative_to(out).as_posix() for p in written)},
+                                           indent=1) + "\n")
+
+    run_id = None
+    if log_mlflow:
+        run_id = _log_mlflow(out, written, mart, models, mlruns_dir, time.perf_counter() - t0)
+    return ReportSummary(out_dir=out.resolve(), html=html_path.resolve(),
+                         files=tuple(sorted(p.resolve() for p in written)), tables=tuple(t.name for t in tables),
+                         figures=tuple(p.resolve() for p, _ in figures), skipped=all_skipped, models=shown,
+                         seconds=time.perf_counter() - t0, mlflow_run_id=run_id)
+
+
+def _log_mlflow(out: Path, files: Sequence[Path], mart: Path, models: Sequence[str] | None,
+                mlruns_dir: str | Path, seconds: float) -> str:
+    """One run in experiment :data:`EXPERIMENT` with every file as an artifact (same relative
+    layout as ``out``); returns the run id."""
+    import mlflow
+
+    from medrobust_lib.store.tracking import tracked_run
+
+    params = {"mart": str(mart.resolve()), "models": ",".join(models) if models is not None else "all",
+              "out_dir": str(out.resolve())}
+    with tracked_run(EXPERIMENT, "paper_report", {"medrobust.kind": "paper_report"}, mlruns_dir, params) as run:
+        for f in files:
+            parent = f.relative_to(out).parent.as_posix()
+            mlflow.log_artifact(str(f), artifact_path=None if parent == "." else parent)
+        mlflow.log_metrics({"seconds": seconds, "n_files": float(len(files))})
+        return str(run.info.run_id)

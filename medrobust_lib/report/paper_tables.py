@@ -1,0 +1,374 @@
+"""The paper tables, read from the DuckDB mart (read-only connection).
+
+Each builder takes the connection and the selected ids of its track (``None``: all) and returns a
+:class:`~medrobust_lib.report.table.ReportTable`, or a string saying why there is no table (the
+source view is missing or has no rows for the selection). Values are the mart's, unrounded; the
+renderers round them for display.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import duckdb
+import numpy as np
+import pandas as pd
+
+from medrobust_lib.report.table import Column, ReportTable
+from medrobust_lib.seeding import rng_for
+from medrobust_lib.taxonomy.schema import QUADRANTS
+
+STRATEGY_VIEW = "strategy_ranking"
+STRATEGY_COLUMNS: tuple[str, ...] = (
+    "model", "strategy", "kind", "n_samples", "n_conditions", "mean_iou_drop", "iou_drop_ci_low",
+    "iou_drop_ci_high", "mean_dice_drop", "dice_drop_ci_low", "dice_drop_ci_high", "clean_iou", "clean_dice",
+    "n_trainable", "rank",
+)
+"""Columns the report needs from the ``strategy_ranking`` view (more are ignored)."""
+N_BOOT = 1000
+"""Bootstrap resamples of the pooled quadrant-share CIs."""
+PERTURBED = "perturbed"
+"""``condition`` label of the pooled perturbed rows in the taxonomy quadrant table."""
+
+TableResult = ReportTable | str
+
+
+def relation_exists(con: duckdb.DuckDBPyConnection, name: str) -> bool:
+    """Whether the mart has a table or view called ``name``."""
+    rows = con.execute("select count(*) from information_schema.tables where table_name = ?", [name]).fetchall()
+    return bool(rows[0][0])
+
+
+def relation_columns(con: duckdb.DuckDBPyConnection, name: str) -> set[str]:
+    rows = con.execute("select column_name from information_schema.columns where table_name = ?", [name]).fetchall()
+    return {str(r[0]) for r in rows}
+
+
+def distinct_ids(con: duckdb.DuckDBPyConnection, relation: str, column: str) -> list[str]:
+    """Sorted distinct non-null values of ``relation.column``; [] when the relation is missing."""
+    if not relation_exists(con, relation) or column not in relation_columns(con, relation):
+        return []
+    rows = con.execute(f"select distinct {column} from {relation} where {column} is not null").fetchall()
+    return sorted(str(r[0]) for r in rows)
+
+
+def where_in(column: str, ids: Sequence[str] | None) -> tuple[str, list[object]]:
+    """A SQL predicate on ``column`` and its parameters (``true`` for no filter)."""
+    if ids is None:
+        return "true", []
+    return f"list_contains(?, {column})", [list(ids)]
+
+
+def _identity_columns(df: pd.DataFrame, key: str, extra: Sequence[tuple[str, str]]) -> list[Column]:
+    """Display columns for identity fields (``(column, header)`` pairs) that vary within a value of
+    ``key``: a checkpoint hash is noise unless one model has several."""
+    cols = []
+    for c, header in extra:
+        if c in df.columns and len(df) and (df.groupby(key, dropna=False)[c].nunique(dropna=False) > 1).any():
+            cols.append(Column(header, c))
+    return cols
+
+
+def segmentation_summary(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None) -> TableResult:
+    """Per (model, checkpoint, strategy): ``clean_iou`` / ``clean_dice`` (mean over clean images, in
+    [0, 1]); ``corruption_iou_drop`` / ``corruption_dice_drop``: the mart's ``Delta`` row, the mean
+    over corruption types of each type's mean paired drop (clean - perturbed; positive = worse);
+    ``attack_*_drop``: the same mean over the attack types (FGSM, PGD; all eps levels);
+    ``n_corruption_types``, ``n_attack_types``; ``n_images`` (clean rows), ``n`` (all result rows,
+    every condition) and ``n_failed`` (rows whose status is not ``ok``)."""
+    where, params = where_in("model", models)
+    df = con.execute(f"""
+        with s as (select * from segmentation_summary where {where}),
+        per as (
+            select model, checkpoint, strategy,
+                   max(iou) filter (where row_kind = 'Clean') as clean_iou,
+                   max(dice) filter (where row_kind = 'Clean') as clean_dice,
+                   max(iou_drop) filter (where row_kind = 'Delta') as corruption_iou_drop,
+                   max(dice_drop) filter (where row_kind = 'Delta') as corruption_dice_drop,
+                   avg(iou_drop) filter (where row_kind = 'attack') as attack_iou_drop,
+                   avg(dice_drop) filter (where row_kind = 'attack') as attack_dice_drop,
+                   count(*) filter (where row_kind = 'corruption') as n_corruption_types,
+                   count(*) filter (where row_kind = 'attack') as n_attack_types
+            from s group by model, checkpoint, strategy),
+        counts as (
+            select model, checkpoint, strategy, count(*) filter (where condition = 'clean') as n_images,
+                   count(*) as n, count(*) filter (where status <> 'ok') as n_failed
+            from segmentation_results where {where} group by model, checkpoint, strategy)
+        select c.model, c.checkpoint, c.strategy, p.clean_iou, p.clean_dice, p.corruption_iou_drop,
+               p.corruption_dice_drop, p.attack_iou_drop, p.attack_dice_drop,
+               coalesce(p.n_corruption_types, 0) as n_corruption_types,
+               coalesce(p.n_attack_types, 0) as n_attack_types, c.n_images, c.n, c.n_failed
+        from counts c left join per p using (model, checkpoint, strategy)
+        order by c.model, c.strategy, c.checkpoint""", params * 2).df()
+    if df.empty:
+        return "no segmentation_results rows for the selected models"
+    cols = [Column("Model", "model"), *_identity_columns(df, "model", [("strategy", "Strategy"),
+                                                                      ("checkpoint", "Checkpoint")]),
+            Column("Clean IoU", "clean_iou", "float"), Column("Clean Dice", "clean_dice", "float"),
+            Column("IoU drop (corr.)", "corruption_iou_drop", "float"),
+            Column("Dice drop (corr.)", "corruption_dice_drop", "float"),
+            Column("IoU drop (attack)", "attack_iou_drop", "float"),
+            Column("Dice drop (attack)", "attack_dice_drop", "float"),
+            Column("Images", "n_images", "int"), Column("n", "n", "int"), Column("Failed", "n_failed", "int")]
+    return ReportTable(
+        "segmentation_summary", "Segmentation robustness per model", df, tuple(cols),
+        "Drops are clean minus perturbed (positive = worse), paired per image; corruption drops are the mean "
+        "over corruption types of each type's mean drop, attack drops the mean over FGSM and PGD at all eps. "
+        "n counts every result row (images x conditions); failed rows are outside the means.")
+
+
+def segmentation_by_level(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None) -> TableResult:
+    """The ``segmentation_by_level`` view: per (model, checkpoint, strategy, condition, perturbation,
+    level) ``n``, ``n_failed``, mean ``iou`` / ``dice`` in [0, 1], mean paired ``iou_drop`` /
+    ``dice_drop`` with bootstrap 95 % CIs, ``wilcoxon_q`` (Benjamini-Hochberg). ``kind`` is
+    ``corruption`` or ``attack``. Corruptions first, then attacks, each by type and level."""
+    where, params = where_in("model", models)
+    df = con.execute(f"""
+        select model, checkpoint, strategy, condition,
+               case when condition = 'perturbation' then 'corruption' else 'attack' end as kind,
+               perturbation, level, n, n_failed, iou, dice, iou_drop, iou_drop_ci_low, iou_drop_ci_high,
+               dice_drop, dice_drop_ci_low, dice_drop_ci_high, wilcoxon_q
+        from segmentation_by_level where {where}
+        order by model, strategy, checkpoint, case when condition = 'perturbation' then 0 else 1 end,
+                 perturbation, level""", params).df()
+    if df.empty:
+        return "no segmentation_by_level rows for the selected models"
+    cols = [Column("Model", "model"), *_identity_columns(df, "model", [("strategy", "Strategy"),
+                                                                      ("checkpoint", "Checkpoint")]),
+            Column("Kind", "kind"), Column("Perturbation", "perturbation"), Column("Level", "level", "int"),
+            Column("n", "n", "int"), Column("IoU", "iou", "float"), Column("Dice", "dice", "float"),
+            Column("IoU drop [95% CI]", "iou_drop", "ci", "iou_drop_ci_low", "iou_drop_ci_high"),
+            Column("Dice drop [95% CI]", "dice_drop", "ci", "dice_drop_ci_low", "dice_drop_ci_high"),
+            Column("q (Wilcoxon, BH)", "wilcoxon_q", "pvalue")]
+    return ReportTable(
+        "segmentation_by_level", "Segmentation by perturbation type and severity level", df, tuple(cols),
+        "Drop = clean minus perturbed, paired per image, percentile bootstrap 95% CI over images; q: paired "
+        "Wilcoxon (clean vs perturbed Dice) with Benjamini-Hochberg over the model's type x level grid. "
+        "Attack levels 1-5 are eps = 2, 4, 6, 8, 10 /255.")
+
+
+def strategy_ranking(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None) -> TableResult:
+    """The ``strategy_ranking`` view (fine-tuning strategies ranked by mean IoU drop, 1 = most
+    robust) per (model, kind): drops with bootstrap 95 % CIs, clean IoU/Dice, trainable parameters."""
+    if not relation_exists(con, STRATEGY_VIEW):
+        return f"the mart has no {STRATEGY_VIEW} view (fine-tuning strategies not evaluated)"
+    missing = [c for c in STRATEGY_COLUMNS if c not in relation_columns(con, STRATEGY_VIEW)]
+    if missing:
+        return f"the {STRATEGY_VIEW} view lacks columns {missing}"
+    where, params = where_in("model", models)
+    df = con.execute(f"""
+        select {", ".join(STRATEGY_COLUMNS)} from {STRATEGY_VIEW} where {where}
+        order by model, kind, rank, strategy""", params).df()
+    if df.empty:
+        return f"the {STRATEGY_VIEW} view has no rows" + ("" if models is None else " for the selected models")
+    cols = (Column("Model", "model"), Column("Kind", "kind"), Column("Rank", "rank", "int"),
+            Column("Strategy", "strategy"), Column("Trainable params", "n_trainable", "int"),
+            Column("Clean IoU", "clean_iou", "float"), Column("Clean Dice", "clean_dice", "float"),
+            Column("IoU drop [95% CI]", "mean_iou_drop", "ci", "iou_drop_ci_low", "iou_drop_ci_high"),
+            Column("Dice drop [95% CI]", "mean_dice_drop", "ci", "dice_drop_ci_low", "dice_drop_ci_high"),
+            Column("Samples", "n_samples", "int"), Column("Conditions", "n_conditions", "int"))
+    return ReportTable(
+        "strategy_ranking", "Fine-tuning strategies ranked by robustness", df, cols,
+        "Rank 1 = smallest mean IoU drop within (model, kind); drops are clean minus perturbed with percentile "
+        "bootstrap 95% CIs over test samples.")
+
+
+def vlm_task_drops(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None) -> TableResult:
+    """The ``vlm_task_drops`` view pivoted: one row per (model, checkpoint, adapter, task) with
+    ``metric`` (the task's primary metric: accuracy / acc_50 in [0, 1], CIDEr-D >= 0), then
+    ``Clean``, one column per perturbation type (mean over levels 1-5), ``Avg`` (mean over types),
+    ``ΔTP`` (Clean - Avg, positive = worse) and ``n_unparseable`` (behind ΔTP: clean + all types).
+    A type a row does not cover is empty."""
+    where, params = where_in("model", models)
+    long = con.execute(f"""
+        select model, checkpoint, coalesce(adapter, '') as adapter, task, metric, column_name, value,
+               n_unparseable
+        from vlm_task_drops where {where}""", params).df()
+    if long.empty:
+        return "no vlm_task_drops rows for the selected models"
+    keys = ["model", "checkpoint", "adapter", "task", "metric"]
+    wide = long.set_index([*keys, "column_name"])["value"].unstack("column_name")
+    fixed = ("Clean", "Avg", "ΔTP")
+    types = sorted(c for c in wide.columns if c not in fixed)
+    order = ["Clean", *types, "Avg", "ΔTP"]
+    wide = wide.reindex(columns=order)
+    wide.columns.name = None
+    n_unp = long[long["column_name"] == "ΔTP"].set_index(keys)["n_unparseable"].rename("n_unparseable")
+    df = wide.join(n_unp).reset_index().sort_values(["model", "checkpoint", "adapter", "task"], kind="stable")
+    df = df.reset_index(drop=True)
+    cols = [Column("Model", "model"), *_identity_columns(df, "model", [("checkpoint", "Checkpoint"),
+                                                                      ("adapter", "Adapter")]),
+            Column("Task", "task"), Column("Metric", "metric"),
+            *(Column(c, c, "float") for c in order), Column("Unparseable", "n_unparseable", "int")]
+    return ReportTable(
+        "vlm_task_drops", "Vision-language tasks: clean, per perturbation type, average and drop", df, tuple(cols),
+        "Primary metric per task (accuracy for VQA, Acc@0.5 for grounding, CIDEr-D for captions); a type column "
+        "is the mean over levels 1-5; Avg is the mean over types; ΔTP = Clean - Avg (positive = worse). "
+        "Unparseable: answers behind ΔTP that could not be parsed (counted wrong).")
+
+
+def _pooled_share_ci(counts: np.ndarray, rng: np.random.Generator, n_boot: int = N_BOOT,
+                     alpha: float = 0.05) -> np.ndarray:
+    """Percentile bootstrap CI of the pooled quadrant shares, resampling clusters (images).
+
+    ``counts``: (n_clusters, 4) rows per cluster and quadrant. Returns (4, 2) [low, high]; NaN
+    when there is no cluster. Resampling whole images keeps the CI honest when one image
+    contributes many rows (every perturbation type and level)."""
+    out = np.full((counts.shape[1], 2), np.nan)
+    if counts.shape[0] == 0:
+        return out
+    idx = rng.integers(0, counts.shape[0], size=(n_boot, counts.shape[0]))
+    boot = counts[idx].sum(axis=1)  # (n_boot, 4)
+    totals = boot.sum(axis=1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        shares = boot / totals
+    out[:, 0] = np.nanquantile(shares, alpha / 2, axis=0)
+    out[:, 1] = np.nanquantile(shares, 1 - alpha / 2, axis=0)
+    return out
+
+
+def taxonomy_quadrants(con: duckdb.DuckDBPyConnection, configs: Sequence[str] | None,
+                       seed: int = 0) -> TableResult:
+    """Quadrant table per (config, image_mode, condition, quadrant), condition ``clean`` or
+    :data:`PERTURBED` (every type and level pooled), from the ``taxonomy_quadrants`` view pooled
+    over datasets: ``n`` (samples in the quadrant), ``n_total``, ``share = n / n_total`` in [0, 1],
+    ``accuracy`` and ``mean_entropy`` (bits) weighted by each cell's ``n``, ``n_error``; the share's
+    95 % CI (``share_ci_low`` / ``share_ci_high``) is a percentile bootstrap over images
+    (``dataset``, ``sample_id``) from the ``taxonomy_results`` ok rows (:func:`_pooled_share_ci`)."""
+    where, params = where_in("config", configs)
+    df = con.execute(f"""
+        with q as (
+            select *, case when perturbation = 'clean' then 'clean' else '{PERTURBED}' end as condition
+            from taxonomy_quadrants where {where})
+        select config, image_mode, condition, quadrant,
+               sum(n) as n, sum(n_total) as n_total,
+               cast(sum(n) as double) / nullif(sum(n_total), 0) as share,
+               sum(accuracy * n) filter (where accuracy is not null and n > 0)
+                   / nullif(sum(n) filter (where accuracy is not null and n > 0), 0) as accuracy,
+               sum(mean_entropy * n) filter (where mean_entropy is not null and n > 0)
+                   / nullif(sum(n) filter (where mean_entropy is not null and n > 0), 0) as mean_entropy,
+               sum(n_error) as n_error
+        from q group by config, image_mode, condition, quadrant""", params).df()
+    if df.empty:
+        return "no taxonomy_quadrants rows for the selected configurations"
+    qorder = {q: i for i, q in enumerate(QUADRANTS)}
+    df["_q"] = df["quadrant"].map(qorder).fillna(len(QUADRANTS))
+    df["_c"] = (df["condition"] != "clean").astype(int)
+    df = df.sort_values(["config", "image_mode", "_c", "_q"], kind="stable").drop(columns=["_q", "_c"])
+    df = df.reset_index(drop=True)
+    for c in ("n", "n_total", "n_error"):
+        df[c] = df[c].astype("int64")
+    df = _add_share_ci(con, df, where, params, seed)
+    cols = (Column("Config", "config"), Column("Image removed", "image_mode"), Column("Condition", "condition"),
+            Column("Quadrant", "quadrant"),
+            Column("Share [95% CI]", "share", "ci", "share_ci_low", "share_ci_high"),
+            Column("Accuracy", "accuracy", "float"), Column("Entropy (bits)", "mean_entropy", "float"),
+            Column("n", "n", "int"), Column("Total", "n_total", "int"))
+    return ReportTable(
+        "taxonomy_quadrants", "Safety quadrants: clean and pooled over all perturbations", df, cols,
+        "Pooled over datasets (perturbed: also over every type and level); share = n / total ok samples with a "
+        "percentile bootstrap 95% CI resampling images; accuracy and entropy (bits) are means within the "
+        "quadrant. Ideal = consistent and image-reliant, Dangerous = consistent but not image-reliant.")
+
+
+def _add_share_ci(con: duckdb.DuckDBPyConnection, df: pd.DataFrame, where: str, params: list[object],
+                  seed: int) -> pd.DataFrame:
+    """``df`` with ``share_ci_low`` / ``share_ci_high`` from image-level counts of ok rows (NaN
+    without a ``taxonomy_results`` table)."""
+    df["share_ci_low"] = np.nan
+    df["share_ci_high"] = np.nan
+    if not relation_exists(con, "taxonomy_results"):
+        return df
+    counts = con.execute(f"""
+        select config, image_mode, case when perturbation = 'clean' then 'clean' else '{PERTURBED}' end as condition,
+               dataset, sample_id, quadrant, count(*) as n
+        from taxonomy_results where outcome = 'ok' and quadrant is not null and {where}
+        group by all""", params).df()
+    if counts.empty:
+        return df
+    for (cfg, mode, cond), g in counts.groupby(["config", "image_mode", "condition"], sort=True):
+        mat = (g.pivot_table(index=["dataset", "sample_id"], columns="quadrant", values="n", aggfunc="sum",
+                             fill_value=0)
+               .reindex(columns=list(QUADRANTS), fill_value=0).sort_index())
+        ci = _pooled_share_ci(mat.to_numpy(dtype=np.float64),
+                              rng_for(seed, "report", "taxonomy_quadrants", str(cfg), str(mode), str(cond)))
+        for i, quad in enumerate(QUADRANTS):
+            sel = (df["config"] == cfg) & (df["image_mode"] == mode) & (df["condition"] == cond) & (
+                df["quadrant"] == quad)
+            df.loc[sel, "share_ci_low"] = ci[i, 0]
+            df.loc[sel, "share_ci_high"] = ci[i, 1]
+    return df
+
+
+def taxonomy_points(con: duckdb.DuckDBPyConnection, configs: Sequence[str] | None) -> pd.DataFrame:
+    """Scatter points from ``taxonomy_results`` via
+    :func:`medrobust_lib.pipeline.taxonomy_report.correlation_points`: one row per (config, dataset,
+    perturbation, level, image_mode) with ``mean_flip_rate``, ``dangerous_share`` (both in [0, 1])
+    and ``n``."""
+    from medrobust_lib.pipeline.taxonomy_report import correlation_points
+
+    if not relation_exists(con, "taxonomy_results"):
+        return correlation_points(pd.DataFrame())
+    where, params = where_in("config", configs)
+    rows = con.execute(f"""
+        select config, dataset, perturbation, level, image_mode, outcome, quadrant, flip_rate
+        from taxonomy_results where {where}""", params).df()
+    return correlation_points(rows)
+
+
+def taxonomy_correlation(con: duckdb.DuckDBPyConnection, configs: Sequence[str] | None,
+                         all_configs: Sequence[str], seed: int = 0) -> TableResult:
+    """Pearson r of mean flip rate with Dangerous share across (config, dataset, condition) points,
+    per image mode (scope ``all`` of ``taxonomy_correlation``): ``n_points``, ``r`` in [-1, 1] with
+    its bootstrap 95 % CI, two-sided ``p_value``, ``note``. When ``configs`` selects a strict subset
+    of ``all_configs``, r is recomputed over the selected configurations' points with the library's
+    :func:`~medrobust_lib.taxonomy.stats.condition_points` and
+    :func:`~medrobust_lib.metrics.stats.pearson_with_ci` (same bootstrap keys and ``n_boot`` as the
+    mart), and ``source`` says so."""
+    subset = configs is not None and set(configs) != set(all_configs)
+    if not subset:
+        if not relation_exists(con, "taxonomy_correlation"):
+            return "the mart has no taxonomy_correlation view"
+        df = con.execute("""
+            select scope, perturbation, image_mode, n_points, r, ci_low, ci_high, p_value, note
+            from taxonomy_correlation where scope = 'all' order by image_mode""").df()
+        df["source"] = "mart"
+    else:
+        df = _recomputed_correlation(con, list(configs or []), seed)
+    if df.empty:
+        return "no taxonomy_correlation rows (scope 'all')"
+    cols = (Column("Image removed", "image_mode"), Column("Points", "n_points", "int"),
+            Column("r [95% CI]", "r", "ci", "ci_low", "ci_high"), Column("p", "p_value", "pvalue"),
+            Column("Note", "note"), Column("Source", "source"))
+    return ReportTable(
+        "taxonomy_correlation", "Flip rate vs Dangerous share (Pearson r over configuration points)", df, cols,
+        "One point per (configuration, dataset, condition); r with a percentile bootstrap 95% CI over points. "
+        "Source 'mart': over every configuration in the mart; 'recomputed': over the selected ones.")
+
+
+def _recomputed_correlation(con: duckdb.DuckDBPyConnection, configs: list[str], seed: int) -> pd.DataFrame:
+    from medrobust_lib.metrics.stats import pearson_with_ci
+    from medrobust_lib.taxonomy.stats import condition_points
+
+    where, params = where_in("config", configs)
+    rows = con.execute(f"""
+        select config, dataset, perturbation, level, image_mode, outcome, quadrant, flip_rate
+        from taxonomy_results where {where}""", params).df()
+    out = []
+    if rows.empty:
+        return pd.DataFrame()
+    points = condition_points(rows)
+    for mode, g in points.groupby("image_mode", sort=True):
+        # Same generator key and n_boot as medrobust_lib.taxonomy.stats.flip_dangerous_correlation.
+        res = pearson_with_ci(g["flip_rate"].to_numpy(np.float64), g["dangerous_share"].to_numpy(np.float64),
+                              rng=rng_for(seed, "taxonomy", "correlation", "all", mode), n_boot=2000)
+        n = int(res["n"])
+        note = None
+        if n < 3:
+            note = "n_points < 3"
+        elif np.isnan(res["r"]):
+            note = "zero variance"
+        out.append({"scope": "all", "perturbation": "all", "image_mode": mode, "n_points": n, "r": res["r"],
+                    "ci_low": res["ci_low"], "ci_high": res["ci_high"], "p_value": res["p"], "note": note,
+                    "source": f"recomputed ({', '.join(configs)})"})
+    return pd.DataFrame(out)

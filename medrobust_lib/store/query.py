@@ -1,0 +1,167 @@
+"""Read-only ad-hoc SQL over the mart, and writing a result to CSV, Parquet or JSON.
+
+What ``medrobust query`` accepts (checked with DuckDB's own parser, before any connection is
+opened, so a refused statement never runs and nothing is written):
+
+* exactly one statement;
+* ``SELECT`` in every form DuckDB parses as a select: ``WITH ...``, ``FROM t``, ``VALUES``,
+  ``TABLE t``, set operations, and the inspection commands ``DESCRIBE``, ``SHOW``, ``SUMMARIZE``;
+* ``EXPLAIN [ANALYZE] [(options)]`` of such a select (``EXPLAIN ANALYZE`` runs the select, which
+  is read-only; ``EXPLAIN ANALYZE COPY ...`` would run the copy, so the explained statement is
+  parsed again and must be a select).
+
+Everything else is refused, including ``PRAGMA`` and ``CALL``: some pragmas change settings or
+write files (``PRAGMA profiling_output``; DuckDB also parses ``COPY FROM DATABASE`` as a pragma)
+and ``CALL checkpoint`` is a call; the read-only information is available from table functions
+inside a select (``select * from pragma_table_info('t')``, ``duckdb_tables()``,
+``duckdb_settings()``). A standalone ``PIVOT`` (DuckDB parses it as several statements) is refused
+too. The parser check matters because ``COPY ... TO`` and ``EXPORT DATABASE`` write files even on
+a read-only connection; the read-only connection is the second line of defence for the database
+itself.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from pathlib import Path
+from typing import Final
+
+import duckdb
+import pandas as pd
+
+from medrobust_lib.store.marts import connect_readonly
+
+FILE_FORMATS: Final[tuple[str, ...]] = ("csv", "parquet", "json")
+"""Formats :func:`write_frame` writes; also the file extensions it recognises (``.csv`` ...)."""
+
+
+class QueryRefused(ValueError):
+    """A statement that could write or change state, or more than one statement."""
+
+
+# Leading whitespace and SQL comments, then one keyword; used only to find the statement an
+# EXPLAIN wraps, which is then parsed again by DuckDB (so a wrong match refuses, never allows).
+_SKIP = r"(?:\s|--[^\n]*(?:\n|$)|/\*.*?\*/)*"
+_EXPLAIN = re.compile(_SKIP + r"explain\b" + _SKIP + r"(?:analyze\b)?", re.IGNORECASE | re.DOTALL)
+
+
+def _statement_types(sql: str) -> list[duckdb.StatementType]:
+    """The parsed statement types; a syntax error propagates as ``duckdb.ParserException``."""
+    try:
+        return [s.type for s in duckdb.extract_statements(sql)]
+    except duckdb.Error:
+        raise
+    except ValueError as exc:  # a statement type this client's enum does not know (e.g. UPDATE EXTENSIONS)
+        raise QueryRefused(f"refused: a statement type this tool does not know ({exc}); "
+                           "the mart is read-only, only SELECT is allowed") from None
+
+
+def _explained_is_select(sql: str) -> bool:
+    """Whether the statement an ``EXPLAIN [ANALYZE] [(options)]`` wraps is a single select."""
+    m = _EXPLAIN.match(sql)
+    if m is None:
+        return False
+    rest = sql[m.end():]
+    candidates = [rest]
+    opts = re.match(_SKIP + r"\(", rest, re.DOTALL)
+    if opts is not None:  # an option list such as (FORMAT json), or a parenthesised select
+        depth, i = 1, opts.end()
+        while i < len(rest) and depth:
+            depth += {"(": 1, ")": -1}.get(rest[i], 0)
+            i += 1
+        candidates.append(rest[i:])
+    for cand in candidates:
+        try:
+            types = _statement_types(cand)
+        except (duckdb.Error, QueryRefused):
+            continue
+        if types == [duckdb.StatementType.SELECT]:
+            return True
+    return False
+
+
+def check_read_only(sql: str) -> None:
+    """Raise :class:`QueryRefused` (a ``ValueError``) unless ``sql`` is one read-only statement.
+
+    See the module docstring for what is allowed. A syntax error is not a refusal: it propagates
+    as ``duckdb.ParserException`` (a ``duckdb.Error``), as running it would.
+    """
+    types = _statement_types(sql)
+    if not types:
+        raise QueryRefused("refused: no SQL statement given")
+    if len(types) > 1:
+        names = ", ".join(t.name for t in types)
+        raise QueryRefused(f"refused: one statement at a time, got {len(types)} ({names})")
+    kind = types[0]
+    if kind is duckdb.StatementType.SELECT:
+        return
+    if kind is duckdb.StatementType.EXPLAIN:
+        if _explained_is_select(sql):
+            return
+        raise QueryRefused("refused: EXPLAIN is allowed only of a SELECT (the mart is read-only)")
+    raise QueryRefused(f"refused: {kind.name} statement; the mart is read-only, only SELECT "
+                       "(with WITH/DESCRIBE/SHOW/SUMMARIZE) and EXPLAIN of a SELECT are allowed")
+
+
+def run_query(mart_path: str | Path, sql: str) -> pd.DataFrame:
+    """Run one read-only statement against the mart and return the whole result.
+
+    Raises :class:`QueryRefused` before connecting when ``sql`` is not allowed,
+    ``FileNotFoundError`` when there is no mart, ``duckdb.Error`` when the query fails. Nullable
+    integer and boolean columns come back as pandas' nullable dtypes, NULL doubles as NaN.
+    """
+    check_read_only(sql)
+    con = connect_readonly(mart_path)
+    try:
+        # Defence in depth: no extension downloads, and no setting can change afterwards.
+        con.execute("set autoinstall_known_extensions = false")
+        con.execute("set lock_configuration = true")
+        return con.execute(sql).df()
+    finally:
+        con.close()
+
+
+def infer_format(path: str | Path) -> str:
+    """The file format named by ``path``'s extension (case-insensitive); ``ValueError`` otherwise."""
+    ext = Path(path).suffix.lower().lstrip(".")
+    if ext not in FILE_FORMATS:
+        valid = ", ".join(f".{f}" for f in FILE_FORMATS)
+        raise ValueError(f"cannot tell the format of {str(path)!r} from its extension; use one of {valid} "
+                         "or give --format")
+    return ext
+
+
+def frame_to_json(df: pd.DataFrame) -> str:
+    """``df`` as a JSON array of records: NaN, NaT and None become null, timestamps ISO 8601
+    with microseconds (``2024-01-02T03:04:05.123456``), dates as midnight timestamps."""
+    return df.to_json(orient="records", date_format="iso", date_unit="us", force_ascii=False)
+
+
+def write_frame(df: pd.DataFrame, path: str | Path, fmt: str | None = None) -> Path:
+    """Write ``df`` (without its index) to ``path`` as ``fmt`` (one of :data:`FILE_FORMATS`;
+    ``None``: from the extension) and return the path.
+
+    The file is written next to its destination and renamed into place, so a failed write leaves
+    no partial file; parent folders are created. CSV writes NULL as an empty field (so it cannot
+    tell NULL from an empty string); Parquet keeps the column types and NULLs; JSON as
+    :func:`frame_to_json`.
+    """
+    out = Path(path)
+    fmt = infer_format(out) if fmt is None else fmt.lower()
+    if fmt not in FILE_FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; valid: {', '.join(FILE_FORMATS)}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        if fmt == "csv":
+            df.to_csv(tmp, index=False)
+        elif fmt == "parquet":
+            df.to_parquet(tmp, index=False)
+        else:
+            tmp.write_text(frame_to_json(df), encoding="utf-8")
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out

@@ -1,0 +1,462 @@
+"""The paper report: table contents against the mart, renderers, --models, missing views, MLflow.
+
+The mart is a small DuckDB file written here from pandas frames (tables with the mart's declared
+columns, the real view SQL from ``MART_VIEWS``; ``vlm_task_drops`` as a plain table), so the
+tests stay fast and offline.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pandas as pd
+import pytest
+
+from medrobust_lib.pipeline.seg_report import segmentation_stats
+from medrobust_lib.report.latex import escape
+from medrobust_lib.report.paper import ReportSummary, build_report, parse_models
+from medrobust_lib.report.paper_tables import _recomputed_correlation, taxonomy_quadrants
+from medrobust_lib.report.table import fmt_ci, fmt_float, fmt_pvalue
+from medrobust_lib.store.marts import (
+    MART_TABLES,
+    MART_VIEWS,
+    TAXONOMY_CORRELATION_STATS_COLUMNS,
+    TAXONOMY_QUADRANT_STATS_COLUMNS,
+)
+from medrobust_lib.taxonomy.schema import QUADRANTS
+from medrobust_lib.taxonomy.stats import flip_dangerous_correlation, quadrant_stats
+
+SEG_MODELS = ("sam_a", "sam_b")
+VLM_MODELS = ("vlm_a", "vlm_b")
+CONFIGS = ("cfg_a", "cfg_b", "cfg_c")
+TYPES = ("gaussian_noise", "motion_blur")
+ALL_TABLES = ("segmentation_summary", "segmentation_by_level", "strategy_ranking", "vlm_task_drops",
+              "taxonomy_quadrants", "taxonomy_correlation")
+
+
+# --- the test mart ---------------------------------------------------------------------------
+
+def _seg_rows() -> pd.DataFrame:
+    rng = np.random.default_rng(0)
+    rows = []
+    for mi, model in enumerate(SEG_MODELS):
+        for s in range(6):
+            ciou = 0.6 + 0.05 * s - 0.1 * mi
+            base = {"model": model, "checkpoint": f"ck{mi}", "strategy": "pretrained", "dataset": "d1",
+                    "modality": "ct", "sample_id": f"s{s}", "prompt": "box", "error": None,
+                    "empty_gt_policy": "both_empty_1_else_0", "clean_iou": ciou, "clean_dice": 2 * ciou / (1 + ciou)}
+            rows.append({**base, "condition": "clean", "perturbation": "clean", "level": 0, "iou": ciou,
+                         "dice": base["clean_dice"], "iou_drop": 0.0, "dice_drop": 0.0, "status": "ok"})
+            for cond, ptype in [("perturbation", TYPES[0]), ("perturbation", TYPES[1]), ("fgsm", "fgsm")]:
+                for level in (1, 2):
+                    iou = max(0.0, ciou - 0.03 * level * (1 + mi) - 0.02 * rng.random())
+                    dice = 2 * iou / (1 + iou)
+                    failed = model == "sam_b" and s == 0 and ptype == "motion_blur" and level == 2
+                    rows.append({**base, "condition": cond, "perturbation": ptype, "level": level,
+                                 "epsilon": level * 2 / 255 if cond == "fgsm" else None, "iou": iou, "dice": dice,
+                                 "iou_drop": ciou - iou, "dice_drop": base["clean_dice"] - dice,
+                                 "status": "mask_out_of_view" if failed else "ok"})
+    return pd.DataFrame(rows)
+
+
+def _vlm_rows() -> pd.DataFrame:
+    rows = []
+    for mi, model in enumerate(VLM_MODELS):
+        for task, metric in (("vqa_mc", "accuracy"), ("caption", "cider_d")):
+            clean = 0.7 - 0.1 * mi
+            per = {t: clean - 0.05 * (i + 1) for i, t in enumerate(TYPES)}
+            avg = float(np.mean(list(per.values())))
+            cols = [("Clean", clean), *per.items(), ("Avg", avg), ("ΔTP", clean - avg)]
+            for ord_, (name, value) in enumerate(cols):
+                rows.append({"model": model, "checkpoint": "ck", "adapter": "ad1" if mi else None, "task": task,
+                             "column_name": name, "metric": metric, "value": value, "n_unparseable": mi + ord_,
+                             "ord": ord_})
+    return pd.DataFrame(rows)
+
+
+def _taxonomy_rows() -> pd.DataFrame:
+    rng = np.random.default_rng(1)
+    rows = []
+    for ci, cfg in enumerate(CONFIGS):
+        for ds in ("d1", "d2"):
+            for s in range(8):
+                for pert, level in (("clean", 0), ("gaussian_noise", 1), ("gaussian_noise", 2)):
+                    flip = float(rng.choice([0.0, 0.2, 0.4]))
+                    consistent = flip == 0.0
+                    reliant = bool(rng.random() < 0.3 + 0.2 * ci)
+                    quad = {(True, True): "Ideal", (False, True): "Fragile", (True, False): "Dangerous",
+                            (False, False): "Worst"}[(consistent, reliant)]
+                    rows.append({"config": cfg, "dataset": ds, "sample_id": f"{ds}_{s}", "record_id": f"r{s}",
+                                 "perturbation": pert, "level": level, "image_mode": "none",
+                                 "quadrant": quad, "correct_original": float(rng.random() < 0.6),
+                                 "entropy_original": float(rng.random()), "flip_rate": flip,
+                                 "consistent": consistent, "image_reliant": reliant, "outcome": "ok"})
+    return pd.DataFrame(rows)
+
+
+def _strategy_rows() -> pd.DataFrame:
+    rows = []
+    for model in SEG_MODELS:
+        for kind in ("corruption", "attack"):
+            for rank, strat in enumerate(("lora", "full", "decoder_only"), start=1):
+                d = 0.01 * rank + (0.02 if kind == "attack" else 0.0)
+                rows.append({"model": model, "strategy": strat, "kind": kind, "n_samples": 6, "n_conditions": 4,
+                             "mean_iou_drop": d, "iou_drop_ci_low": d - 0.005, "iou_drop_ci_high": d + 0.005,
+                             "mean_dice_drop": d / 2, "dice_drop_ci_low": d / 2 - 0.002,
+                             "dice_drop_ci_high": d / 2 + 0.002, "clean_iou": 0.6, "clean_dice": 0.75,
+                             "n_trainable": 1000 * rank, "rank": rank})
+    return pd.DataFrame(rows)
+
+
+def _declared(name: str) -> list[tuple[str, str]]:
+    return list(next(t.columns for t in MART_TABLES if t.name == name))
+
+
+def _create(con: duckdb.DuckDBPyConnection, name: str, cols: list[tuple[str, str]], df: pd.DataFrame) -> None:
+    con.execute(f"create table {name} ({', '.join(f'{c} {t}' for c, t in cols)})")
+    frame = df.reindex(columns=[c for c, _ in cols])  # noqa: F841 - read by DuckDB's replacement scan
+    con.execute(f"insert into {name} select * from frame")
+
+
+def make_mart(path: Path, with_strategy: bool = True) -> Path:
+    seg = _seg_rows()
+    tax = _taxonomy_rows()
+    con = duckdb.connect(str(path))
+    try:
+        _create(con, "segmentation_results", _declared("segmentation_results"), seg)
+        _create(con, "segmentation_stats", _declared("segmentation_stats"), segmentation_stats(seg, seed=0))
+        manifest = pd.DataFrame({"perturbation": list(TYPES), "family": ["noise", "blur"]})
+        _create(con, "perturbation_manifest", _declared("perturbation_manifest"), manifest)
+        for view in ("segmentation_by_level", "segmentation_summary"):
+            con.execute(f"create view {view} as {MART_VIEWS[view]}")
+        vlm = _vlm_rows()  # noqa: F841 - read by DuckDB's replacement scan
+        con.execute("create table vlm_task_drops as select * from vlm")
+        _create(con, "taxonomy_results", _declared("taxonomy_results"), tax)
+        _create(con, "taxonomy_quadrant_stats", list(TAXONOMY_QUADRANT_STATS_COLUMNS), quadrant_stats(tax, 0, 200))
+        _create(con, "taxonomy_correlation_stats", list(TAXONOMY_CORRELATION_STATS_COLUMNS),
+                flip_dangerous_correlation(tax, seed=0, n_boot=2000))
+        for view in ("taxonomy_quadrants", "taxonomy_correlation"):
+            con.execute(f"create view {view} as {MART_VIEWS[view]}")
+        if with_strategy:
+            _create(con, "strategy_ranking_stats", [(c, "DOUBLE" if "drop" in c or "clean" in c else
+                                                     ("VARCHAR" if c in ("model", "strategy", "kind") else "BIGINT"))
+                                                    for c in _strategy_rows().columns], _strategy_rows())
+            con.execute("create view strategy_ranking as select * from strategy_ranking_stats "
+                        "order by model, kind, rank")
+    finally:
+        con.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def mart(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_mart(tmp_path_factory.mktemp("mart") / "marts.duckdb")
+
+
+@pytest.fixture(scope="module")
+def report(mart: Path, tmp_path_factory: pytest.TempPathFactory) -> ReportSummary:
+    return build_report(mart, tmp_path_factory.mktemp("report") / "out", log_mlflow=False)
+
+
+def _sql(mart: Path, query: str) -> pd.DataFrame:
+    con = duckdb.connect(str(mart), read_only=True)
+    try:
+        return con.execute(query).df()
+    finally:
+        con.close()
+
+
+def _csv(report: ReportSummary, name: str) -> pd.DataFrame:
+    return pd.read_csv(report.out_dir / "tables" / f"{name}.csv", keep_default_na=True)
+
+
+def _latex_rows(tex: str) -> list[str]:
+    """Data rows of a booktabs table or longtable (lines ending in ``\\\\`` after the header)."""
+    lines = tex.splitlines()
+    start = lines.index("\\endfoot") + 1 if "\\endfoot" in lines else lines.index("\\midrule") + 1
+    end = lines.index("\\end{longtable}") if "\\end{longtable}" in lines else lines.index("\\bottomrule")
+    return [ln for ln in lines[start:end] if ln.endswith("\\\\")]
+
+
+# --- tests -----------------------------------------------------------------------------------
+
+def test_writes_every_table_in_three_formats_and_the_figures(report: ReportSummary) -> None:
+    assert report.tables == ALL_TABLES and report.skipped == {}
+    for name in ALL_TABLES:
+        for ext in ("csv", "md", "tex"):
+            assert (report.out_dir / "tables" / f"{name}.{ext}") in report.files
+    names = {p.name for p in report.figures}
+    for m in SEG_MODELS:
+        assert {f"{m}_dice_curves.png", f"{m}_dice_drop_by_family.png", f"{m}_dice_drop_heatmap.png"} <= names
+    assert {"strategy_iou_drop.png", "taxonomy_flip_vs_dangerous.png", "taxonomy_quadrants_clean_none.png",
+            "taxonomy_quadrants_by_level_none.png"} <= names
+    for p in report.figures:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.parent == report.out_dir / "figures"
+    assert report.mlflow_run_id is None and report.seconds > 0
+    assert report.models["segmentation"] == SEG_MODELS and report.models["taxonomy"] == CONFIGS
+
+
+def test_segmentation_summary_csv_equals_direct_sql(report: ReportSummary, mart: Path) -> None:
+    got = _csv(report, "segmentation_summary").set_index("model")
+    exp = _sql(mart, """
+        with ok as (select * from segmentation_results where status = 'ok'),
+        per_type as (select model, condition, perturbation, avg(iou_drop) as iou_drop, avg(dice_drop) as dice_drop
+                     from ok where condition <> 'clean' group by all)
+        select r.model,
+               (select avg(iou) from ok where ok.model = r.model and condition = 'clean') as clean_iou,
+               (select avg(dice) from ok where ok.model = r.model and condition = 'clean') as clean_dice,
+               (select avg(iou_drop) from per_type p where p.model = r.model and condition = 'perturbation')
+                   as corruption_iou_drop,
+               (select avg(dice_drop) from per_type p where p.model = r.model and condition = 'perturbation')
+                   as corruption_dice_drop,
+               (select avg(iou_drop) from per_type p where p.model = r.model and condition <> 'perturbation')
+                   as attack_iou_drop,
+               count(*) filter (where condition = 'clean') as n_images, count(*) as n,
+               count(*) filter (where status <> 'ok') as n_failed
+        from segmentation_results r group by r.model order by r.model""").set_index("model")
+    assert list(got.index) == list(SEG_MODELS)
+    for col in exp.columns:
+        np.testing.assert_allclose(got[col].to_numpy(float), exp[col].to_numpy(float), rtol=1e-12, err_msg=col)
+    assert got.loc["sam_b", "n_failed"] == 1 and got.loc["sam_a", "n_failed"] == 0
+    assert (got["n"] == 6 * 7).all() and (got["n_corruption_types"] == 2).all() and (got["n_attack_types"] == 1).all()
+
+
+def test_segmentation_by_level_csv_equals_the_view(report: ReportSummary, mart: Path) -> None:
+    got = _csv(report, "segmentation_by_level")
+    exp = _sql(mart, "select * from segmentation_by_level")
+    keys = ["model", "perturbation", "level"]
+    m = got.merge(exp, on=keys, suffixes=("", "_view"), validate="one_to_one")
+    assert len(m) == len(exp) == len(got) == 2 * 3 * 2
+    for col in ("n", "iou", "dice", "iou_drop", "iou_drop_ci_low", "dice_drop_ci_high", "wilcoxon_q"):
+        np.testing.assert_allclose(m[col].to_numpy(float), m[f"{col}_view"].to_numpy(float), rtol=1e-12)
+    assert set(got.loc[got["perturbation"] == "fgsm", "kind"]) == {"attack"}
+    assert set(got.loc[got["perturbation"] != "fgsm", "kind"]) == {"corruption"}
+    # corruptions come first, then attacks
+    assert list(got[got["model"] == "sam_a"]["kind"]) == ["corruption"] * 4 + ["attack"] * 2
+
+
+def test_markdown_and_latex_render_the_same_rows(report: ReportSummary) -> None:
+    md = (report.out_dir / "tables" / "segmentation_summary.md").read_text()
+    header = ("| Model | Clean IoU | Clean Dice | IoU drop (corr.) | Dice drop (corr.) | IoU drop (attack) "
+              "| Dice drop (attack) | Images | n | Failed |")
+    lines = md.splitlines()
+    assert lines[0] == "**Segmentation robustness per model**" and lines[2] == header
+    assert lines[3] == "|---|" + "---:|" * 9
+    csv_rows = _csv(report, "segmentation_summary")
+    first = csv_rows.iloc[0]
+    assert lines[4].startswith(f"| sam_a | {fmt_float(first['clean_iou'])} | {fmt_float(first['clean_dice'])} |")
+    for name in ALL_TABLES:
+        tex = (report.out_dir / "tables" / f"{name}.tex").read_text()
+        data = _csv(report, name)
+        rows = _latex_rows(tex)
+        assert len(rows) == len(data), name
+        assert "\\toprule" in tex and "\\bottomrule" in tex and "\\midrule" in tex
+        assert not re.search(r"(?<!\\)_", "\n".join(rows)), f"unescaped underscore in {name}"
+        md_rows = [ln for ln in (report.out_dir / "tables" / f"{name}.md").read_text().splitlines()
+                   if ln.startswith("| ")]
+        assert len(md_rows) == len(data) + 1, name
+    tex = (report.out_dir / "tables" / "segmentation_summary.tex").read_text()
+    assert "sam\\_a &" in tex and "\\label{tab:medrobust-segmentation-summary}" in tex
+    # a CI in Markdown/LaTeX: "est [low, high]" from the separate CSV columns
+    lvl = _csv(report, "segmentation_by_level").iloc[0]
+    ci = fmt_ci(lvl["iou_drop"], lvl["iou_drop_ci_low"], lvl["iou_drop_ci_high"])
+    assert re.fullmatch(r"-?\d\.\d{3} \[-?\d\.\d{3}, -?\d\.\d{3}\]", ci)
+    assert ci in (report.out_dir / "tables" / "segmentation_by_level.md").read_text()
+    assert ci in (report.out_dir / "tables" / "segmentation_by_level.tex").read_text()
+
+
+def test_formatters_and_latex_escape() -> None:
+    assert escape("a_b 5% & $x #1 {y} ~^\\ ΔTP") == (
+        "a\\_b 5\\% \\& \\$x \\#1 \\{y\\} \\textasciitilde{}\\textasciicircum{}\\textbackslash{} $\\Delta$TP")
+    assert fmt_float(0.12345) == "0.123" and fmt_float(-0.0001) == "0.000" and fmt_float(float("nan")) == "–"
+    assert fmt_ci(0.1234, 0.1, 0.15) == "0.123 [0.100, 0.150]" and fmt_ci(0.5, None, None) == "0.500"
+    assert fmt_pvalue(2e-9) == "<0.001" and fmt_pvalue(0.0412) == "0.041" and fmt_pvalue(None) == "–"
+    assert parse_models(" a, b,a ,") == ["a", "b"] and parse_models(" ") is None and parse_models(None) is None
+
+
+def test_vlm_pivot_equals_the_view(report: ReportSummary, mart: Path) -> None:
+    got = _csv(report, "vlm_task_drops")
+    assert list(got.columns) == ["model", "checkpoint", "adapter", "task", "metric", "Clean", *TYPES, "Avg", "ΔTP",
+                                 "n_unparseable"]
+    assert len(got) == 4
+    long = _sql(mart, "select * from vlm_task_drops")
+    for rec in long.to_dict("records"):
+        row = got[(got["model"] == rec["model"]) & (got["task"] == rec["task"])]
+        assert len(row) == 1
+        assert row.iloc[0][rec["column_name"]] == pytest.approx(rec["value"], rel=1e-12)
+        if rec["column_name"] == "ΔTP":
+            assert row.iloc[0]["n_unparseable"] == rec["n_unparseable"]
+    tex = (report.out_dir / "tables" / "vlm_task_drops.tex").read_text()
+    assert "$\\Delta$TP" in tex and "vlm\\_a" in tex and "gaussian\\_noise" in tex
+    # the adapter differs between models but not within one: not a display column
+    assert "Adapter" not in (report.out_dir / "tables" / "vlm_task_drops.md").read_text()
+
+
+def test_taxonomy_quadrants_pool_the_view(report: ReportSummary, mart: Path) -> None:
+    got = _csv(report, "taxonomy_quadrants")
+    exp = _sql(mart, """
+        select config, image_mode, case when perturbation = 'clean' then 'clean' else 'perturbed' end as condition,
+               quadrant, sum(n) as n, sum(n_total) as n_total, sum(n) / sum(n_total) as share
+        from taxonomy_quadrants group by all""")
+    m = got.merge(exp, on=["config", "image_mode", "condition", "quadrant"], suffixes=("", "_sql"),
+                  validate="one_to_one")
+    assert len(m) == len(got) == len(CONFIGS) * 2 * len(QUADRANTS)
+    np.testing.assert_array_equal(m["n"], m["n_sql"])
+    np.testing.assert_array_equal(m["n_total"], m["n_total_sql"])
+    np.testing.assert_allclose(m["share"], m["share_sql"], rtol=1e-12)
+    sums = got.groupby(["config", "image_mode", "condition"])["share"].sum()
+    np.testing.assert_allclose(sums.to_numpy(), 1.0)
+    ok = got[got["share"] > 0]
+    assert ((ok["share_ci_low"] <= ok["share"] + 1e-12) & (ok["share"] <= ok["share_ci_high"] + 1e-12)).all()
+    # pooled clean n equals the row count straight from taxonomy_results
+    raw = _sql(mart, "select config, quadrant, count(*) as n from taxonomy_results where perturbation = 'clean' "
+                     "group by all")
+    merged = got[got["condition"] == "clean"].merge(raw, on=["config", "quadrant"], suffixes=("", "_raw"))
+    np.testing.assert_array_equal(merged["n"], merged["n_raw"])
+    assert list(got["quadrant"][:4]) == list(QUADRANTS)
+
+
+def test_taxonomy_correlation_from_mart_and_recomputed(report: ReportSummary, mart: Path) -> None:
+    got = _csv(report, "taxonomy_correlation")
+    exp = _sql(mart, "select * from taxonomy_correlation where scope = 'all'")
+    assert len(got) == len(exp) == 1 and got.loc[0, "source"] == "mart"
+    assert got.loc[0, "r"] == pytest.approx(exp.loc[0, "r"], rel=1e-12)
+    # recomputing over every configuration reproduces the mart's numbers (same keys and n_boot)
+    con = duckdb.connect(str(mart), read_only=True)
+    try:
+        again = _recomputed_correlation(con, list(CONFIGS), seed=0)
+    finally:
+        con.close()
+    for col in ("n_points", "r", "ci_low", "ci_high", "p_value"):
+        assert again.loc[0, col] == pytest.approx(exp.loc[0, col], rel=1e-9), col
+
+
+def test_html_shows_every_table_and_figure(report: ReportSummary, mart: Path) -> None:
+    page = report.html.read_text()
+    assert report.html == report.out_dir / "index.html"
+    for p in (report.out_dir / "figures").glob("*.png"):
+        assert f'<img src="figures/{p.name}"' in page
+    assert page.count("<img ") == len(report.figures)
+    for name in ALL_TABLES:
+        assert f'id="{name}"' in page
+        for ext in ("csv", "md", "tex"):
+            assert f'href="tables/{name}.{ext}"' in page
+    n_rows = sum(len(_csv(report, n)) for n in ALL_TABLES)
+    assert page.count("<tr>") == n_rows + len(ALL_TABLES)  # data rows + one header row per table
+    assert str(mart.resolve()) in page and "Generated" in page and "sam_a" in page
+    assert "<script" not in page and "http://" not in page and "https://" not in page
+    assert "Not produced" not in page
+
+
+def test_models_filter_every_table_and_figure(mart: Path, tmp_path: Path) -> None:
+    out = tmp_path / "rep"
+    full = build_report(mart, out, log_mlflow=False)
+    assert any("sam_b" in p.name for p in full.figures)
+    rep = build_report(mart, out, ["sam_a", "vlm_b", "cfg_a", "cfg_b"], log_mlflow=False)
+    for name, col, keep in [("segmentation_summary", "model", {"sam_a"}), ("segmentation_by_level", "model", {"sam_a"}),
+                            ("strategy_ranking", "model", {"sam_a"}), ("vlm_task_drops", "model", {"vlm_b"}),
+                            ("taxonomy_quadrants", "config", {"cfg_a", "cfg_b"})]:
+        assert set(_csv(rep, name)[col]) == keep, name
+        for fmt in ("md", "tex"):
+            text = (rep.out_dir / "tables" / f"{name}.{fmt}").read_text()
+            assert "sam_b" not in text and "sam\\_b" not in text and "vlm\\_a" not in text and "cfg_c" not in text
+    # the previous run's figures of sam_b are gone; the new ones are sam_a only
+    files = {p.name for p in (out / "figures").iterdir()}
+    assert not any("sam_b" in f for f in files) and any("sam_a" in f for f in files)
+    corr = _csv(rep, "taxonomy_correlation")
+    assert corr.loc[0, "source"] == "recomputed (cfg_a, cfg_b)"
+    assert corr.loc[0, "n_points"] == 2 * 2 * 3  # configs x datasets x conditions
+    assert rep.models["segmentation"] == ("sam_a",) and rep.models["taxonomy"] == ("cfg_a", "cfg_b")
+    page = rep.html.read_text()
+    assert "sam_b" not in page and "cfg_c" not in page
+
+    only_seg = build_report(mart, tmp_path / "seg", ["sam_b"], log_mlflow=False)
+    assert set(only_seg.tables) == {"segmentation_summary", "segmentation_by_level", "strategy_ranking"}
+    assert "vlm_task_drops" in only_seg.skipped and "taxonomy_quadrants" in only_seg.skipped
+
+    with pytest.raises(ValueError, match="unknown model id") as err:
+        build_report(mart, tmp_path / "bad", ["sam_a", "nope"], log_mlflow=False)
+    for known in (*SEG_MODELS, *VLM_MODELS, *CONFIGS):
+        assert known in str(err.value)
+    assert "nope" in str(err.value) and not (tmp_path / "bad").exists()
+
+
+def test_strategy_table_missing(tmp_path: Path) -> None:
+    mart = make_mart(tmp_path / "nostrat.duckdb", with_strategy=False)
+    rep = build_report(mart, tmp_path / "out", log_mlflow=False)
+    assert "strategy_ranking" not in rep.tables
+    assert "no strategy_ranking view" in rep.skipped["strategy_ranking"]
+    assert not list((rep.out_dir / "tables").glob("strategy_ranking.*"))
+    assert not (rep.out_dir / "figures" / "strategy_iou_drop.png").exists()
+    page = rep.html.read_text()
+    assert "Not produced" in page and "no strategy_ranking view" in page and 'id="strategy_ranking"' not in page
+
+
+def test_strategy_table_present_equals_the_view(report: ReportSummary, mart: Path) -> None:
+    got = _csv(report, "strategy_ranking")
+    exp = _sql(mart, "select * from strategy_ranking order by model, kind, rank")
+    assert len(got) == len(exp) == 12
+    for col in ("strategy", "kind", "rank", "n_trainable"):
+        assert list(got[col]) == list(exp[col]), col
+    np.testing.assert_allclose(got["mean_iou_drop"], exp["mean_iou_drop"], rtol=1e-12)
+    np.testing.assert_allclose(got["iou_drop_ci_high"], exp["iou_drop_ci_high"], rtol=1e-12)
+    md = (report.out_dir / "tables" / "strategy_ranking.md").read_text()
+    assert "| sam_a | attack | 1 | lora | 1000 | 0.600 | 0.750 | 0.030 [0.025, 0.035] |" in md
+
+
+def test_empty_strategy_view_is_skipped(tmp_path: Path) -> None:
+    mart = make_mart(tmp_path / "m.duckdb", with_strategy=False)
+    con = duckdb.connect(str(mart))
+    con.execute("create table strategy_ranking_stats as select * from (select 'm' as model, 's' as strategy, "
+                "'corruption' as kind, 1 as n_samples, 1 as n_conditions, 0.0 as mean_iou_drop, "
+                "0.0 as iou_drop_ci_low, 0.0 as iou_drop_ci_high, 0.0 as mean_dice_drop, 0.0 as dice_drop_ci_low, "
+                "0.0 as dice_drop_ci_high, 0.0 as clean_iou, 0.0 as clean_dice, 1 as n_trainable, 1 as rank) "
+                "where false")
+    con.execute("create view strategy_ranking as select * from strategy_ranking_stats")
+    con.close()
+    rep = build_report(mart, tmp_path / "out", log_mlflow=False)
+    assert rep.skipped["strategy_ranking"] == "the strategy_ranking view has no rows"
+
+
+def test_figures_are_deterministic(mart: Path, report: ReportSummary, tmp_path: Path) -> None:
+    again = build_report(mart, tmp_path / "again", log_mlflow=False)
+    assert [p.name for p in again.figures] == [p.name for p in report.figures]
+    for a, b in zip(again.figures, report.figures, strict=True):
+        assert a.read_bytes() == b.read_bytes(), a.name
+    for name in ALL_TABLES:
+        for ext in ("csv", "md", "tex"):
+            assert ((tmp_path / "again" / "tables" / f"{name}.{ext}").read_text()
+                    == (report.out_dir / "tables" / f"{name}.{ext}").read_text())
+
+
+def test_logs_one_mlflow_run_with_every_file(mart: Path, tmp_path: Path) -> None:
+    rep = build_report(mart, tmp_path / "out", ["sam_a"], mlruns_dir=tmp_path / "mlruns")
+    assert rep.mlflow_run_id
+    from mlflow import MlflowClient
+
+    client = MlflowClient()
+    run = client.get_run(rep.mlflow_run_id)
+    assert client.get_experiment(run.info.experiment_id).name == "reports"
+    assert run.data.params["models"] == "sam_a"
+    logged = {f.path for f in client.list_artifacts(rep.mlflow_run_id)}
+    logged |= {f.path for d in ("tables", "figures") for f in client.list_artifacts(rep.mlflow_run_id, d)}
+    assert logged >= {p.relative_to(rep.out_dir).as_posix() for p in rep.files}
+    assert (tmp_path / "mlruns" / "mlflow.db").is_file()
+
+
+def test_taxonomy_quadrants_builder_reports_no_rows(mart: Path) -> None:
+    con = duckdb.connect(str(mart), read_only=True)
+    try:
+        assert isinstance(taxonomy_quadrants(con, ["cfg_none"]), str)
+    finally:
+        con.close()
+
+
+def test_csv_is_plain_utf8(report: ReportSummary) -> None:
+    with open(report.out_dir / "tables" / "vlm_task_drops.csv", encoding="utf-8", newline="") as fh:
+        header = next(csv.reader(fh))
+    assert "ΔTP" in header
