@@ -22,7 +22,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 from urllib.request import url2pathname
 
-from medrobust_lib.store.tracking import configure, ensure_experiment, safe_params, tracking_uri
+from medrobust_lib.store.tracking import ensure_experiment, init_store, safe_params, store_lock, tracking_uri
 
 MLRUNS_ENV = "MEDROBUST_MLRUNS"
 ARTIFACT_PATH = "checkpoint"
@@ -63,7 +63,7 @@ def _root(d: str | Path | None) -> Path:
 def _client(d: str | Path | None) -> Any:
     from mlflow import MlflowClient
 
-    uri = configure(_root(d))
+    uri = init_store(_root(d))
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
@@ -144,7 +144,12 @@ def register_checkpoint(folder: str | Path, name: str, *, tags: Mapping[str, str
     except MlflowException as exc:
         if not _is_missing(exc):
             raise
-        client.create_registered_model(name, description="medrobust segmentation checkpoint (safetensors)")
+        with store_lock(_root(mlruns_dir)):
+            try:
+                client.create_registered_model(name, description="medrobust segmentation checkpoint (safetensors)")
+            except MlflowException as again:  # a parallel registration created it first
+                if getattr(again, "error_code", "") != "RESOURCE_ALREADY_EXISTS":
+                    raise
     source = f"{run.info.artifact_uri}/{ARTIFACT_PATH}"
     mv = client.create_model_version(name, source=source, run_id=run.info.run_id, tags=clean)
     version = int(mv.version)

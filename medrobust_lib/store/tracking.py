@@ -38,16 +38,54 @@ def configure(mlruns_dir: str | Path = "mlruns") -> str:
     return uri
 
 
+@contextmanager
+def store_lock(mlruns_dir: str | Path = "mlruns") -> Iterator[None]:
+    """An exclusive lock (``flock`` on ``<mlruns>/.lock``) held while a process creates the SQLite
+    schema, an experiment or a registered model: parallel partitions (multiprocess / Dask
+    executors, two queued runs) otherwise race on "already exists" errors."""
+    import fcntl
+
+    root = Path(mlruns_dir).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / ".lock").open("a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+_READY: set[str] = set()
+
+
+def init_store(mlruns_dir: str | Path = "mlruns") -> str:
+    """Configure MLflow for ``mlruns_dir`` and make sure its database schema exists, under
+    :func:`store_lock` (once per process and folder). Returns the tracking URI."""
+    uri = configure(mlruns_dir)
+    if uri not in _READY:
+        import mlflow
+
+        with store_lock(mlruns_dir):
+            mlflow.search_experiments(max_results=1)  # creates / migrates the schema
+        _READY.add(uri)
+    return uri
+
+
 def ensure_experiment(name: str, mlruns_dir: str | Path = "mlruns") -> str:
-    """Experiment id for ``name``, created with an explicit artifact location when missing."""
+    """Experiment id for ``name``, created with an explicit artifact location when missing
+    (safe when several processes ask for the same new experiment at once)."""
     import mlflow
 
-    configure(mlruns_dir)
+    init_store(mlruns_dir)
     exp = mlflow.get_experiment_by_name(name)
     if exp is not None:
         return str(exp.experiment_id)
-    loc = f"{artifact_root(mlruns_dir)}/{name}"
-    return str(mlflow.create_experiment(name, artifact_location=loc))
+    with store_lock(mlruns_dir):
+        exp = mlflow.get_experiment_by_name(name)  # another process may have created it meanwhile
+        if exp is not None:
+            return str(exp.experiment_id)
+        loc = f"{artifact_root(mlruns_dir)}/{name}"
+        return str(mlflow.create_experiment(name, artifact_location=loc))
 
 
 def safe_params(params: Mapping[str, Any]) -> dict[str, str]:
@@ -79,7 +117,11 @@ def register_artifact(run: Any, artifact_path: str, name: str, tags: Mapping[str
     try:
         client.get_registered_model(name)
     except MlflowException:
-        client.create_registered_model(name)
+        try:
+            client.create_registered_model(name)
+        except MlflowException as exc:  # created by a parallel run in the meantime
+            if getattr(exc, "error_code", "") != "RESOURCE_ALREADY_EXISTS":
+                raise
     mv = client.create_model_version(name, source=f"{run.info.artifact_uri}/{artifact_path}", run_id=run.info.run_id,
                                      tags=safe_params(tags or {}))
     return str(mv.version)
