@@ -9,7 +9,7 @@ import dagster as dg
 
 from medrobust_assets.assets.datasets import clean_samples, demo_data
 from medrobust_assets.assets.finetune import finetune_family, registry_evaluation
-from medrobust_assets.assets.marts import marts
+from medrobust_assets.assets.marts import build_marts
 from medrobust_assets.assets.perturbed import perturbation_gallery, perturbed_samples
 from medrobust_assets.assets.segmentation import segmentation_family, segmentation_report
 from medrobust_assets.assets.taxonomy import taxonomy_family, taxonomy_report
@@ -18,6 +18,7 @@ from medrobust_assets.resources import SuiteResource, TrackingResource
 from medrobust_assets.sensors import (
     mart_after_evaluation,
     marts_job,
+    nightly_reevaluation,
     registry_evaluation_job,
     registry_sensor,
 )
@@ -105,7 +106,9 @@ TAXONOMY_REPORT = taxonomy_report([a for a in TAXONOMY_ASSETS if a.key.path[-1].
                                    and a.key.path[-1] != "taxonomy_model"])
 ALL_ASSETS = [demo_data, clean_samples, perturbed_samples, perturbation_gallery, *MODEL_ASSETS,
               SEGMENTATION_REPORT, *FINETUNE_ASSETS, registry_evaluation, *VLM_ASSETS, VLM_REPORT,
-              *TAXONOMY_ASSETS, TAXONOMY_REPORT, marts]
+              *TAXONOMY_ASSETS, TAXONOMY_REPORT]
+ALL_ASSETS.append(build_marts([SEGMENTATION_REPORT, VLM_REPORT, TAXONOMY_REPORT, registry_evaluation,
+                               *[a for a in FINETUNE_ASSETS if a.key.path[-1] == "strategy_ranking"]]))
 JOBS = [registry_evaluation_job, marts_job]
 SENSORS = [registry_sensor, mart_after_evaluation]
 
@@ -119,4 +122,5 @@ def build_resources(suite_path: str = "", mlruns_dir: str = "mlruns", workers: i
     }
 
 
-defs = dg.Definitions(assets=ALL_ASSETS, jobs=JOBS, sensors=SENSORS, resources=build_resources())
+SCHEDULES = [nightly_reevaluation]
+defs = dg.Definitions(assets=ALL_ASSETS, jobs=JOBS, sensors=SENSORS, schedules=SCHEDULES, resources=build_resources())

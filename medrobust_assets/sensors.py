@@ -68,3 +68,31 @@ def registry_sensor(context: dg.SensorEvaluationContext, tracking: TrackingResou
                       description="After a successful registry evaluation, rebuild the mart so its rows are queryable.")
 def mart_after_evaluation(context: dg.RunStatusSensorContext) -> dg.RunRequest:
     return dg.RunRequest(run_key=f"mart-after-{context.dagster_run.run_id}")
+
+
+def nightly_requests(snapshot: dict[str, dict[str, Any]], known: set[str], day: str) -> list[dg.RunRequest]:
+    """Pure core of the nightly schedule: one re-evaluation per ``champion`` / ``candidate``
+    version that the registry sensor has already added as a partition (run key per day)."""
+    out: list[dg.RunRequest] = []
+    for name, info in snapshot.items():
+        for v in sorted({info["aliases"][a] for a in ("champion", "candidate") if a in info["aliases"]}):
+            key = version_key(name, v)
+            if key in known:
+                out.append(dg.RunRequest(run_key=f"{key}:nightly:{day}", partition_key=key,
+                                         tags={"medrobust/registered_model": name, "medrobust/version": str(v),
+                                               "medrobust/trigger": "nightly"}))
+    return out
+
+
+@dg.schedule(job=registry_evaluation_job, cron_schedule="0 2 * * *", execution_timezone="UTC",
+             default_status=dg.DefaultScheduleStatus.RUNNING,
+             description="Every night at 02:00 UTC: re-evaluate the champion and candidate of every registered "
+                         "segmentation model from scratch (no row reuse) on the current data and perturbations, "
+                         "and re-run the robustness gate; the mart sensor then rebuilds the mart.")
+def nightly_reevaluation(context: dg.ScheduleEvaluationContext, tracking: TrackingResource) -> list[dg.RunRequest]:
+    from medrobust_lib.store.registry import snapshot
+
+    known = set(context.instance.get_dynamic_partitions(REGISTERED_VERSIONS.name or ""))
+    when = context.scheduled_execution_time
+    day = when.strftime("%Y-%m-%d") if when is not None else "manual"
+    return nightly_requests(snapshot(REGISTRY_PREFIX, tracking.mlruns_dir), known, day)

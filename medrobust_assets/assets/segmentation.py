@@ -16,6 +16,7 @@ from medrobust_assets.partitions import (
     modality_severity_partitions,
 )
 from medrobust_assets.resources import SuiteResource, TrackingResource
+from medrobust_assets.tags import GPU_OP_TAGS
 
 
 def _log_metrics(run: Any, metrics: dict[str, float]) -> None:
@@ -51,7 +52,7 @@ def segmentation_family(model_id: str, trained: bool) -> list[dg.AssetsDefinitio
     if trained:
         @dg.asset(
             key=[model_id, "base_checkpoint"], group_name="segmentation", kinds={"pytorch", "safetensors"},
-            deps=[clean_samples], pool="gpu",
+            deps=[clean_samples], pool="gpu", op_tags=GPU_OP_TAGS,
             description=f"{model_id}: trained from scratch on the demo train split (selection on val), saved as "
                         "safetensors + config.json; reports test Dice.",
         )
@@ -77,7 +78,7 @@ def segmentation_family(model_id: str, trained: bool) -> list[dg.AssetsDefinitio
 
     @dg.asset(
         key=[model_id, "clean_predictions"], group_name="segmentation", kinds={"pytorch", "parquet"},
-        partitions_def=modality_partitions, deps=deps_clean, pool="gpu",
+        partitions_def=modality_partitions, deps=deps_clean, pool="gpu", op_tags=GPU_OP_TAGS,
         description=f"{model_id}: clean predictions with tight box prompts, one row per test image "
                     "(segmentation_results, condition 'clean'); the clean cache for every other condition.",
     )
@@ -93,7 +94,7 @@ def segmentation_family(model_id: str, trained: bool) -> list[dg.AssetsDefinitio
 
     @dg.asset(
         key=[model_id, "perturbed_predictions"], group_name="segmentation", kinds={"pytorch", "parquet"},
-        partitions_def=modality_severity_partitions, pool="gpu",
+        partitions_def=modality_severity_partitions, pool="gpu", op_tags=GPU_OP_TAGS,
         deps=[perturbed_samples, dg.AssetDep(clean_predictions, partition_mapping=by_modality)],
         description=f"{model_id}: predictions on every perturbed test image of the partition, regenerated from "
                     "the manifest (spatial types with moved masks and boxes); IoU/Dice and drops vs clean.",
@@ -106,7 +107,7 @@ def segmentation_family(model_id: str, trained: bool) -> list[dg.AssetsDefinitio
 
     @dg.asset(
         key=[model_id, "attack_predictions"], group_name="segmentation", kinds={"pytorch", "parquet"},
-        partitions_def=modality_severity_partitions, pool="gpu",
+        partitions_def=modality_severity_partitions, pool="gpu", op_tags=GPU_OP_TAGS,
         deps=[dg.AssetDep(clean_predictions, partition_mapping=by_modality)],
         description=f"{model_id}: L-inf FGSM and PGD in pixel space (eps = 2, 4, 6, 8, 10 /255 by severity; PGD "
                     "steps 3, 5, 7, 10, 15), model in eval mode, fixed box prompt, seeded random start.",

@@ -16,6 +16,7 @@ from medrobust_assets.partitions import (
     modality_severity_partitions,
 )
 from medrobust_assets.resources import SuiteResource, TrackingResource
+from medrobust_assets.tags import GPU_OP_TAGS
 
 
 def _meta(s: Any) -> dict[str, Any]:
@@ -39,7 +40,7 @@ def taxonomy_family(config_id: str, trained: bool, upstream: list[Any]) -> list[
     deps: list[Any] = [clean_samples, *upstream]
     if trained:
         @dg.asset(key=[config_id, "taxonomy_model"], group_name="taxonomy", kinds={"pytorch", "safetensors"},
-                  deps=list(deps), pool="gpu",
+                  deps=list(deps), pool="gpu", op_tags=GPU_OP_TAGS,
                   description=f"{config_id}: the known-answer demo model of this configuration, trained on the demo "
                               "yes/no train split (selection on val).")
         def taxonomy_model(context: dg.AssetExecutionContext, suite: SuiteResource,
@@ -60,7 +61,7 @@ def taxonomy_family(config_id: str, trained: bool, upstream: list[Any]) -> list[
         deps.append(taxonomy_model)
 
     @dg.asset(key=[config_id, "text_only_baselines"], group_name="taxonomy", kinds={"pytorch", "parquet"},
-              partitions_def=modality_partitions, deps=deps, pool="gpu",
+              partitions_def=modality_partitions, deps=deps, pool="gpu", op_tags=GPU_OP_TAGS,
               description=f"{config_id}: answers to every original yes/no question with the image removed (no image "
                           "token, blank image, noise image), reused by every condition.")
     def text_only_baselines(context: dg.AssetExecutionContext, suite: SuiteResource,
@@ -73,7 +74,7 @@ def taxonomy_family(config_id: str, trained: bool, upstream: list[Any]) -> list[
         return dg.MaterializeResult(metadata={"n_rows": n})
 
     @dg.asset(key=[config_id, "taxonomy_clean"], group_name="taxonomy", kinds={"pytorch", "parquet"},
-              partitions_def=modality_partitions, deps=[text_only_baselines], pool="gpu",
+              partitions_def=modality_partitions, deps=[text_only_baselines], pool="gpu", op_tags=GPU_OP_TAGS,
               description=f"{config_id}: paraphrase predictions (vision tower once per image), flags and quadrant per "
                           "clean sample (taxonomy_results).")
     def taxonomy_clean(context: dg.AssetExecutionContext, suite: SuiteResource,
@@ -86,7 +87,7 @@ def taxonomy_family(config_id: str, trained: bool, upstream: list[Any]) -> list[
         return dg.MaterializeResult(metadata=meta)
 
     @dg.asset(key=[config_id, "taxonomy_perturbed"], group_name="taxonomy", kinds={"pytorch", "parquet"},
-              partitions_def=modality_severity_partitions, pool="gpu",
+              partitions_def=modality_severity_partitions, pool="gpu", op_tags=GPU_OP_TAGS,
               deps=[perturbed_samples, dg.AssetDep(text_only_baselines, partition_mapping=by_modality)],
               description=f"{config_id}: the taxonomy on every perturbed image of the partition.")
     def taxonomy_perturbed(context: dg.AssetExecutionContext, suite: SuiteResource,

@@ -16,6 +16,7 @@ from medrobust_assets.partitions import (
     modality_severity_partitions,
 )
 from medrobust_assets.resources import SuiteResource, TrackingResource
+from medrobust_assets.tags import GPU_OP_TAGS
 
 
 def _log(run: Any, metrics: dict[str, Any]) -> None:
@@ -42,7 +43,7 @@ def vlm_family(model_id: str, trained: bool, finetuned: bool, upstream: dg.Asset
     deps: list[Any] = [clean_samples] + ([upstream] if upstream is not None else [])
     if trained:
         @dg.asset(key=[model_id, "base_checkpoint"], group_name="vlm", kinds={"pytorch", "safetensors"},
-                  deps=[clean_samples], pool="gpu",
+                  deps=[clean_samples], pool="gpu", op_tags=GPU_OP_TAGS,
                   description=f"{model_id}: a tiny LLaVA (CLIP tower + Llama, word-level tokenizer) trained from "
                               "scratch on the demo train split (VQA, yes/no paraphrases, captions, grounding), "
                               "selected on val; saved with save_pretrained, registered in MLflow.")
@@ -64,7 +65,7 @@ def vlm_family(model_id: str, trained: bool, finetuned: bool, upstream: dg.Asset
         deps.append(base_checkpoint)
     if finetuned:
         @dg.asset(key=[model_id, "finetuned_adapter"], group_name="vlm", kinds={"pytorch", "safetensors"},
-                  deps=list(deps), pool="gpu",
+                  deps=list(deps), pool="gpu", op_tags=GPU_OP_TAGS,
                   description=f"{model_id}: a LoRA adapter (peft; language-model projections only, prompt tokens "
                               "masked, early stopping on val) saved as safetensors, logged and registered in MLflow.")
         def finetuned_adapter(context: dg.AssetExecutionContext, suite: SuiteResource,
@@ -87,7 +88,7 @@ def vlm_family(model_id: str, trained: bool, finetuned: bool, upstream: dg.Asset
         deps.append(finetuned_adapter)
 
     @dg.asset(key=[model_id, "vlm_clean_predictions"], group_name="vlm", kinds={"pytorch", "parquet"},
-              partitions_def=modality_partitions, deps=deps, pool="gpu",
+              partitions_def=modality_partitions, deps=deps, pool="gpu", op_tags=GPU_OP_TAGS,
               description=f"{model_id}: clean answers for every VQA, yes/no, caption and grounding record of the "
                           "evaluation split (vlm_results, perturbation 'clean').")
     def vlm_clean_predictions(context: dg.AssetExecutionContext, suite: SuiteResource,
@@ -100,7 +101,7 @@ def vlm_family(model_id: str, trained: bool, finetuned: bool, upstream: dg.Asset
         return dg.MaterializeResult(metadata=meta)
 
     @dg.asset(key=[model_id, "vlm_perturbed_predictions"], group_name="vlm", kinds={"pytorch", "parquet"},
-              partitions_def=modality_severity_partitions, pool="gpu",
+              partitions_def=modality_severity_partitions, pool="gpu", op_tags=GPU_OP_TAGS,
               deps=[perturbed_samples, dg.AssetDep(vlm_clean_predictions, partition_mapping=by_modality)],
               description=f"{model_id}: answers on every perturbed image of the partition (regenerated from the "
                           "manifest; spatial types move the grounding box).")

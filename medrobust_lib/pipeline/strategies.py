@@ -199,9 +199,29 @@ def evaluate_model(suite: Suite, m: SegModelConfig, ev: FinetuneEval | None = No
             add("attack", evaluate_attacks(suite, m, modality, lv, model=model))
         if log:
             log(f"{m.id}: {modality} evaluated ({out.n_rows} rows so far)")
+    _prune_partitions(suite, m.id, {("clean", mo, 0) for mo in suite.modalities}
+                      | {("perturbation", mo, lv) for mo in suite.modalities for lv in levels}
+                      | {("attack", mo, lv) for mo in suite.modalities for lv in attack_levels})
     out.mean_iou = {k: sum(v) / len(v) for k, v in ious.items()}
     out.seconds = time.perf_counter() - t0
     return out
+
+
+def _prune_partitions(suite: Suite, model_id: str, keep: set[tuple[str, str, int]]) -> list[Path]:
+    """Remove ``model_id``'s result partitions that this evaluation did not write (levels or
+    modalities of an earlier evaluation set), so every model's rows cover one set of conditions."""
+    import shutil
+
+    from medrobust_lib.pipeline.segmentation import RESULTS_TABLE
+
+    root = Path(suite.results_dir) / RESULTS_TABLE / f"model={model_id}"
+    removed: list[Path] = []
+    for folder in sorted(root.glob("run=*/modality=*/level=*")) if root.is_dir() else []:
+        run, modality, level = (p.split("=", 1)[1] for p in folder.parts[-3:])
+        if (run, modality, int(level)) not in keep:
+            shutil.rmtree(folder)
+            removed.append(folder)
+    return removed
 
 
 def degrade_checkpoint(src: str | Path, dst: str | Path, *, noise: float = 0.5, seed: int = 0,
@@ -266,9 +286,12 @@ class StrategySummary:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-def finetune_strategy(suite: Suite, strategy: str, log: Callable[[str], None] | None = None) -> StrategySummary:
+def finetune_strategy(suite: Suite, strategy: str, log: Callable[[str], None] | None = None, *,
+                      seed: int | None = None, out_dir: str | Path | None = None) -> StrategySummary:
     """Fine-tune the configured base model with one strategy and save
-    ``var/checkpoints/<base>-<strategy>/model.safetensors`` + ``config.json``."""
+    ``var/checkpoints/<base>-<strategy>/model.safetensors`` + ``config.json`` (or ``out_dir``).
+    ``seed`` (default: the suite's) drives the data order, augmentation, LoRA/adapter init and
+    dropout: another seed gives an independently retrained candidate of the same recipe."""
     from medrobust_lib.finetune.strategies import (
         StrategyConfig,
         apply_strategy,
@@ -296,14 +319,15 @@ def finetune_strategy(suite: Suite, strategy: str, log: Callable[[str], None] | 
     base_val = evaluate_dice(model, splits["val"], prompt)
     scfg = StrategyConfig(name=strategy, encoder_blocks=ft.encoder_blocks, lora_r=ft.lora.r, lora_alpha=ft.lora.alpha,
                           lora_dropout=ft.lora.dropout, lora_targets=ft.lora.targets, adapter_ratio=ft.adapter_ratio)
-    report = apply_strategy(model, scfg, seed=suite.seed)
+    seed = suite.seed if seed is None else seed
+    report = apply_strategy(model, scfg, seed=seed)
     tc = ft.train
     cfg = TrainConfig(max_steps=tc.max_steps, batch_size=tc.batch_size, lr=tc.lr, eval_every=tc.eval_every,
-                      patience=tc.patience, time_budget_s=tc.time_budget_s, seed=suite.seed, warmup_steps=10)
-    out_dir = strategy_dir(suite, ft.base, strategy)
+                      patience=tc.patience, time_budget_s=tc.time_budget_s, seed=seed, warmup_steps=10)
+    out_dir = Path(out_dir) if out_dir is not None else strategy_dir(suite, ft.base, strategy)
     out_dir.mkdir(parents=True, exist_ok=True)
     state = out_dir / "train_state.pt"  # resume point; removed once the checkpoint is saved
-    with scoped_torch_seed(suite.seed, "strategy-train", strategy, module=model.sam):  # LoRA dropout
+    with scoped_torch_seed(seed, "strategy-train", strategy, module=model.sam):  # LoRA dropout
         res = train_segmenter(model, splits["train"], splits["val"], cfg, trainable=report.is_trainable, log=log,
                               state_path=state)
     prepare_for_eval(model)  # dropout (LoRA included) off for every number below

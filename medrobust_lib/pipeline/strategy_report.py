@@ -2,8 +2,8 @@
 corruptions and under attacks, with bootstrap CIs, in the shape of the published table.
 
 Input: ``segmentation_results`` rows (see :mod:`medrobust_lib.pipeline.segmentation`) of the
-strategy models ``<base>-<strategy>`` and of the base model itself (strategy ``base``, the
-reference every strategy starts from). For each (model, kind) with kind ``corruption``
+strategy models ``<base>-<strategy>``, all evaluated on the same conditions (the suite's
+``finetune.eval``). For each (model, kind) with kind ``corruption``
 (condition ``perturbation``) or ``attack`` (``fgsm``, ``pgd``):
 
 * each test sample's mean drop (clean score - perturbed score, in [-1, 1]) over every condition
@@ -43,8 +43,7 @@ def strategy_ranking(rows: pd.DataFrame, models: Mapping[str, tuple[str, str]],
     """The ranking table (columns :data:`RANKING_COLUMNS`).
 
     ``models`` maps an evaluated model id to ``(base model id, strategy)``, e.g.
-    ``{"tiny-sam-lora": ("tiny-sam", "lora"), "tiny-sam": ("tiny-sam", "base")}``; rows of other
-    models are ignored. ``n_trainable``: trainable parameters per evaluated model id."""
+    ``{"tiny-sam-lora": ("tiny-sam", "lora")}``; rows of other models are ignored. ``n_trainable``: trainable parameters per evaluated model id."""
     out: list[dict[str, object]] = []
     names = [c for c, _ in RANKING_COLUMNS]
     if rows.empty:

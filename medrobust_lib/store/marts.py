@@ -315,7 +315,7 @@ TAXONOMY_QUADRANT_STATS_COLUMNS: tuple[tuple[str, str], ...] = (
 TAXONOMY_CORRELATION_STATS_COLUMNS: tuple[tuple[str, str], ...] = (
     ("scope", "VARCHAR"), ("perturbation", "VARCHAR"), ("level", "INTEGER"), ("image_mode", "VARCHAR"),
     ("n_points", "BIGINT"), ("r", "DOUBLE"), ("p_value", "DOUBLE"), ("ci_low", "DOUBLE"), ("ci_high", "DOUBLE"),
-    ("note", "VARCHAR"),
+    ("fisher_low", "DOUBLE"), ("fisher_high", "DOUBLE"), ("note", "VARCHAR"),
 )
 
 MART_TABLES.extend([

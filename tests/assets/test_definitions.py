@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import dagster as dg
@@ -145,3 +146,42 @@ def test_vlm_and_taxonomy_assets_materialize(tmp_path: Path, demo_root: Path) ->
     assert len(versions) == 1 and versions[0].source.endswith("/model")
     files = {a.path for a in client.list_artifacts(versions[0].run_id, "model")}
     assert "model/model.safetensors" in files
+
+
+GROUPS = {"datasets", "perturbations", "segmentation", "vlm", "taxonomy", "finetune", "marts"}
+
+
+def test_every_asset_is_described_grouped_and_kinded() -> None:
+    from medrobust_assets.tags import GPU_OP_TAGS
+
+    graph = defs.get_repository_def().asset_graph
+    for key in graph.get_all_asset_keys():
+        node = graph.get(key)
+        name = key.to_user_string()
+        assert node.description and len(node.description) > 40, name
+        assert node.group_name in GROUPS, (name, node.group_name)
+        assert node.kinds, name
+        if "gpu" in (node.pools or set()):
+            tags = node.assets_def.op.tags  # the k8s executor reads the GPU request from the op tags
+            assert json.loads(tags["dagster-k8s/config"]) == GPU_OP_TAGS["dagster-k8s/config"], name
+    assert {g for k in graph.get_all_asset_keys() if (g := graph.get(k).group_name)} == GROUPS
+
+
+def test_jobs_sensors_and_nightly_schedule() -> None:
+    from medrobust_assets.sensors import nightly_requests
+
+    repo = defs.get_repository_def()
+    assert {s.name for s in repo.sensor_defs} == {"registry_sensor", "mart_after_evaluation"}
+    (sched,) = repo.schedule_defs
+    assert sched.name == "nightly_reevaluation" and sched.cron_schedule == "0 2 * * *"
+    assert sched.default_status == dg.DefaultScheduleStatus.RUNNING
+    snap = {"medrobust-seg-a-lora": {"versions": [1, 2, 3], "aliases": {"champion": 1, "candidate": 3}},
+            "medrobust-seg-a-full": {"versions": [1], "aliases": {"champion": 1, "candidate": 1}}}
+    reqs = nightly_requests(snap, {"medrobust-seg-a-lora:1", "medrobust-seg-a-lora:3", "medrobust-seg-a-full:1"},
+                            "2026-11-26")
+    assert [(r.partition_key, r.run_key, r.tags["medrobust/trigger"]) for r in reqs] == [
+        ("medrobust-seg-a-lora:1", "medrobust-seg-a-lora:1:nightly:2026-11-26", "nightly"),
+        ("medrobust-seg-a-lora:3", "medrobust-seg-a-lora:3:nightly:2026-11-26", "nightly"),
+        ("medrobust-seg-a-full:1", "medrobust-seg-a-full:1:nightly:2026-11-26", "nightly")]
+    # a version the sensor has not added as a partition yet is left to the sensor
+    assert nightly_requests(snap, {"medrobust-seg-a-full:1"}, "d") and len(nightly_requests(snap, set(), "d")) == 0
