@@ -26,6 +26,8 @@ EXAMPLE_QUERIES = [
     "from perturbation_summary where modality = 'mri' order by perturbation, level",
     "select perturbation, count(*) as unreachable from perturbation_manifest "
     "where miss_reason = 'unreachable' group by all order by 2 desc",
+    "select strategy, kind, round(mean_iou_drop, 4) as iou_drop, round(iou_drop_ci_low, 4) as lo, "
+    "round(iou_drop_ci_high, 4) as hi, n_trainable, rank from strategy_ranking order by kind, rank",
 ]
 
 
@@ -56,8 +58,14 @@ def demo(
 
     t0 = time.perf_counter()
     mart = run_demo(suite, workers=workers, log=_echo)
+    from medrobust_lib.report.paper import build_report
+
+    t1 = time.perf_counter()
+    rep = build_report(mart, Path("var/reports"), None, mlruns_dir=Path("mlruns"), log_mlflow=True)
+    _echo(f"== report  {time.perf_counter() - t1:6.1f} s  ({len(rep.tables)} tables, {len(rep.figures)} figures)")
     typer.echo(f"\nDone in {time.perf_counter() - t0:.0f} s.")
     typer.echo(f"  mart:     {mart}   (medrobust query \"SQL\")")
+    typer.echo(f"  report:   {rep.html}   (medrobust report [--models ...] rebuilds it)")
     typer.echo("  results:  <results_dir>/<table>/  (Parquet, hive-partitioned; see the suite YAML)")
     typer.echo("  MLflow:   mlruns/  (make mlflow-ui)      Dagster runs: var/dagster  (make ui)")
     typer.echo("\nTry:")
