@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -339,10 +340,13 @@ class SamSegmenter:
             out.extend(probs[i] for i in range(len(chunk)))
         return out
 
-    def _autocast(self) -> torch.autocast:
-        enabled = self.autocast_dtype is not None and self.device.type == "cuda"
-        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype or torch.bfloat16,
-                              enabled=enabled)
+    def _autocast(self) -> AbstractContextManager[Any]:
+        """The model's own autocast (``autocast_dtype`` on CUDA). Without one this is a no-op
+        context, NOT ``autocast(enabled=False)``: that would switch off an autocast the caller
+        opened (the training loop's bf16 AMP)."""
+        if self.autocast_dtype is None or self.device.type != "cuda":
+            return nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
 
 
 def _adapter_strategy_checkpoint(checkpoint: Path) -> bool:
