@@ -266,22 +266,8 @@ def _local_path(source: str) -> Path | None:
 
 def resolve_model_uri(uri: str, mlruns_dir: str | Path | None = None) -> Path:
     """The local ``model.safetensors`` of the registry version ``uri`` names."""
-    name, version, alias = parse_model_uri(uri)
-    client = _client(mlruns_dir)
-    rm = _registered_model(client, name)
-    if alias is not None:
-        aliases = dict(rm.aliases or {})
-        if alias not in aliases:
-            raise RegistryError(f"registered model {name!r} has no alias {alias!r}; aliases: "
-                                f"{sorted(aliases) or 'none'}")
-        mv = _model_version(client, name, int(aliases[alias]))
-    elif version is None:
-        versions = _all_versions(client, name)
-        if not versions:
-            raise RegistryError(f"registered model {name!r} has no versions")
-        mv = versions[-1]
-    else:
-        mv = _model_version(client, name, version)
+    name, version = resolve_version(uri, mlruns_dir)
+    mv = _model_version(_client(mlruns_dir), name, version)
     source = str(mv.source)
     folder = _local_path(source)
     if folder is None:
