@@ -30,7 +30,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check medrobust_lib medrobust_assets medrobust_cli.py tests bench
 
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy medrobust_lib
+	$(VENV)/bin/mypy medrobust_lib medrobust_assets
 
 test: $(STAMP) lint typecheck
 	$(VENV)/bin/pytest -q

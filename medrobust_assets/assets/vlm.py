@@ -8,7 +8,7 @@ import dagster as dg
 
 from medrobust_assets.assets.datasets import clean_samples
 from medrobust_assets.assets.perturbed import perturbed_samples
-from medrobust_assets.metadata import log_and_register
+from medrobust_assets.metadata import log_and_register, markdown_table
 from medrobust_assets.partitions import (
     by_modality,
     modality_and_level,
@@ -53,7 +53,7 @@ def vlm_family(model_id: str, trained: bool, finetuned: bool, upstream: dg.Asset
 
             with tracking.run(context, "vlm_training", {"model": model_id}) as run:
                 r = train_base_vlm(suite.load(), model_id, log=context.log.info)
-                meta = {"seconds": r.seconds, "steps": r.steps, "best_step": r.best_step,
+                meta: dict[str, Any] = {"seconds": r.seconds, "steps": r.steps, "best_step": r.best_step,
                         "best_val_loss": r.best_val_loss, "n_train": r.n_train, "n_val": r.n_val, **r.heldout}
                 _log(run, meta)
                 meta["registered_version"] = log_and_register(run, r.folder, "model", f"medrobust-vlm-{model_id}",
@@ -74,7 +74,8 @@ def vlm_family(model_id: str, trained: bool, finetuned: bool, upstream: dg.Asset
 
             with tracking.run(context, "vlm_finetuning", {"model": model_id}) as run:
                 r = finetune_adapter(suite.load(), model_id, log=context.log.info)
-                meta = {"task": r.task, "adapter_hash": r.adapter_hash, "initial_val_loss": r.initial_val_loss,
+                meta: dict[str, Any] = {"task": r.task, "adapter_hash": r.adapter_hash,
+                                        "initial_val_loss": r.initial_val_loss,
                         "best_val_loss": r.best_val_loss, "steps": r.steps, "seconds": r.seconds,
                         "n_trainable": r.n_trainable, "n_total": r.n_total, "n_target_modules": len(r.target_modules)}
                 _log(run, meta)
@@ -130,6 +131,13 @@ def vlm_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinition:
         s = suite.load()
         with tracking.run(context, "vlm_report"):
             stats = write_vlm_stats(s.results_dir, s.seed)
-        return dg.MaterializeResult(metadata={"n_stats_rows": len(stats)})
+        meta: dict[str, Any] = {"n_stats_rows": len(stats)}
+        if len(stats):
+            summary = (stats.assign(significant=stats["q_value"] < 0.05)
+                       .groupby(["model", "task", "metric"], as_index=False)
+                       .agg(n_cells=("drop", "size"), mean_drop=("drop", "mean"), max_drop=("drop", "max"),
+                            n_significant=("significant", "sum")))
+            meta["drops_by_model_task"] = markdown_table(summary)
+        return dg.MaterializeResult(metadata=meta)
 
     return vlm_report
