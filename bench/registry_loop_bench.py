@@ -90,10 +90,14 @@ def main() -> None:
                               start_new_session=True)
     try:
         t0 = time.perf_counter()
-        time.sleep(5)
-        while _busy(instance) or time.perf_counter() - t0 < 70:  # two sensor intervals: the backlog is launched
+        quiet_since = time.perf_counter()
+        # the backlog (versions the daemon's fresh cursor has not seen, and the mart runs after them)
+        # is done when no run has been active for 70 s (two sensor intervals)
+        while time.perf_counter() - quiet_since < 70:
             if time.perf_counter() - t0 > args.timeout:
                 raise SystemExit("the daemon's backlog did not clear in time")
+            if _busy(instance):
+                quiet_since = time.perf_counter()
             time.sleep(2)
         print(f"backlog cleared after {time.perf_counter() - t0:.0f} s; registering the candidate", flush=True)
         before = {r.run_id for r in _runs(instance, name)}  # type: ignore[attr-defined]
@@ -104,6 +108,7 @@ def main() -> None:
             raise SystemExit(f"{name} already has these weights (version {version}); use another --seed-offset")
         model_id = f"{name}-v{version}"
         marks: dict[str, float] = {}
+        expected: int | None = None
         while "mart" not in marks:
             now = time.perf_counter() - t_reg
             if now > args.timeout:
@@ -114,8 +119,14 @@ def main() -> None:
                 marks.setdefault("run created", now)
                 if r.status == dg.DagsterRunStatus.SUCCESS:  # type: ignore[attr-defined]
                     marks.setdefault("evaluation done", now)
-            if "evaluation done" in marks and _mart_rows(Path(suite.mart_path), model_id):
-                marks["mart"] = now
+            if "evaluation done" in marks:
+                if expected is None:
+                    from medrobust_lib.store.results import read_table
+
+                    rows = read_table(suite.results_dir, "segmentation_results")
+                    expected = int((rows["model"] == model_id).sum())
+                if expected and _mart_rows(Path(suite.mart_path), model_id) == expected:  # all of them
+                    marks["mart"] = now
             time.sleep(1)
     finally:
         os.killpg(daemon.pid, signal.SIGTERM)
@@ -123,7 +134,7 @@ def main() -> None:
             daemon.wait(timeout=30)
         except subprocess.TimeoutExpired:
             os.killpg(daemon.pid, signal.SIGKILL)
-    print(f"{name} v{version} ({model_id}), candidate val Dice {cand.val_dice:.3f}")
+    print(f"{name} v{version} ({model_id}, {expected} rows), candidate val Dice {cand.val_dice:.3f}")
     print("| phase | seconds after registration |")
     print("|---|---:|")
     for k in ("run created", "evaluation done", "mart"):
