@@ -132,7 +132,8 @@ def finetune_family(base_id: str, strategies: list[str], base_checkpoint: Any) -
                     mlflow.log_artifact(str(p), artifact_path="ranking")
                 mlflow.log_text(table.to_csv(index=False), "ranking/strategy_ranking.csv")
         cols = ["strategy", "kind", "mean_iou_drop", "iou_drop_ci_low", "iou_drop_ci_high", "mean_dice_drop",
-                "clean_iou", "n_samples", "n_conditions", "n_trainable", "rank"]
+                "clean_iou", "n_samples", "n_conditions", "n_trainable", "rank", "ref_strategy", "iou_drop_diff",
+                "wilcoxon_q"]
         meta: dict[str, Any] = {"n_rows": len(table), "ranking": markdown_table(table[cols] if len(table) else table),
                                 "vs_published": markdown_table(compare_published(table))}
         for p in bars:

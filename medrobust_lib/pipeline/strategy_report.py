@@ -12,7 +12,14 @@ strategy models ``<base>-<strategy>``, all evaluated on the same conditions (the
   over conditions weighted equally per sample; percentile bootstrap 95 % CI over samples
   (generator ``rng_for(seed, "strategy-ranking", model, kind, metric)``);
 * ``clean_iou`` / ``clean_dice``: the mean clean score of the same samples;
-* ``rank``: 1 = smallest mean IoU drop within (base model, kind).
+* ``rank``: 1 = smallest mean IoU drop within (base model, kind);
+* paired comparison with the reference strategy ``ref_strategy`` (``full`` when present, else
+  the rank-1 strategy) on the images both have: ``iou_drop_diff`` = mean of (this strategy's
+  per-image drop - the reference's), its paired bootstrap 95 % CI
+  (``rng_for(seed, "strategy-vs-ref", model, kind, strategy)``), the two-sided Wilcoxon
+  signed-rank p and Benjamini-Hochberg q over the strategies of (base model, kind); NULL on the
+  reference row itself. Overlapping marginal CIs say little here: the images are shared, so the
+  paired test is the one that separates strategies.
 
 Rows that are not ``ok`` are counted in ``n_failed`` and never enter a mean.
 """
@@ -25,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from medrobust_lib.metrics.stats import bootstrap_ci
+from medrobust_lib.metrics.stats import benjamini_hochberg, bootstrap_ci, paired_bootstrap_ci, wilcoxon_paired
 from medrobust_lib.pipeline.strategy_schema import RANKING_COLUMNS, RANKING_TABLE
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store import results
@@ -73,10 +80,48 @@ def strategy_ranking(rows: pd.DataFrame, models: Mapping[str, tuple[str, str]],
                                            rng=rng_for(seed, "strategy-ranking", str(model_id), kind, metric))
                 rec.update({f"mean_{metric}_drop": est, f"{metric}_drop_ci_low": lo, f"{metric}_drop_ci_high": hi})
             out.append(rec)
-    df = pd.DataFrame(out, columns=[c for c in names if c != "rank"])
+    df = pd.DataFrame(out, columns=[c for c in names if c not in PAIRED_COLUMNS])
     df["rank"] = (df.groupby(["model", "kind"])["mean_iou_drop"].rank(method="min", na_option="bottom")
                   .astype("Int64"))
+    df = _versus_reference(df, sel, models, seed, n_boot)
     return df.sort_values(["model", "kind", "rank", "strategy"]).reset_index(drop=True)[names]
+
+
+PAIRED_COLUMNS = ("rank", "ref_strategy", "n_pairs", "iou_drop_diff", "iou_drop_diff_ci_low", "iou_drop_diff_ci_high",
+                  "wilcoxon_p", "wilcoxon_q")
+
+
+def _per_image_drop(rows: pd.DataFrame, model_id: str, kind: str) -> pd.Series:
+    k = rows[(rows["model"] == model_id) & rows["condition"].isin(KINDS[kind]) & (rows["status"] == "ok")]
+    return k.groupby(["dataset", "sample_id"])["iou_drop"].mean().dropna()
+
+
+def _versus_reference(df: pd.DataFrame, rows: pd.DataFrame, models: Mapping[str, tuple[str, str]], seed: int,
+                      n_boot: int) -> pd.DataFrame:
+    for c in PAIRED_COLUMNS[1:]:
+        df[c] = None if c == "ref_strategy" else np.nan
+    for (_, kind), g in df.groupby(["model", "kind"]):
+        strategies = dict(zip(g["strategy"], g["evaluated_as"], strict=True))
+        ref = "full" if "full" in strategies else str(g.sort_values("rank")["strategy"].iloc[0])
+        ref_drop = _per_image_drop(rows, strategies[ref], str(kind))
+        ps: dict[object, float] = {}
+        for idx, r in g.iterrows():
+            df.loc[idx, "ref_strategy"] = ref
+            if r["strategy"] == ref:
+                continue
+            mine = _per_image_drop(rows, str(r["evaluated_as"]), str(kind))
+            both = mine.index.intersection(ref_drop.index)
+            a, b = mine.loc[both].to_numpy(float), ref_drop.loc[both].to_numpy(float)
+            est, lo, hi = paired_bootstrap_ci(a, b, n_boot=n_boot, rng=rng_for(
+                seed, "strategy-vs-ref", str(r["model"]), str(kind), str(r["strategy"])))
+            _, p = wilcoxon_paired(a, b)
+            df.loc[idx, ["n_pairs", "iou_drop_diff", "iou_drop_diff_ci_low", "iou_drop_diff_ci_high", "wilcoxon_p"]] = [
+                len(both), est, lo, hi, p]
+            ps[idx] = p
+        if ps:
+            df.loc[list(ps), "wilcoxon_q"] = benjamini_hochberg(np.array(list(ps.values()), dtype=np.float64))
+    df["n_pairs"] = df["n_pairs"].astype("Int64")
+    return df
 
 
 def write_strategy_ranking(results_dir: str | Path, models: Mapping[str, tuple[str, str]],
