@@ -17,6 +17,7 @@ page and in :attr:`ReportSummary.skipped`. The mart is opened read-only.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -82,10 +83,21 @@ def available_models(con: duckdb.DuckDBPyConnection) -> dict[str, list[str]]:
     return {track: pt.distinct_ids(con, rel, col) for track, (rel, col) in TRACKS.items()}
 
 
+REGISTRY_EVAL_ID = re.compile(r"^medrobust-seg-.+-v\d+$")
+"""Model ids of registry evaluations (``<registered name>-v<version>``, the ``registry_evaluation``
+asset): left out unless named with ``--models``, since their rows repeat a strategy's or are gate
+candidates, and they would triple the segmentation figures."""
+
+
 def select_models(available: dict[str, list[str]], requested: Sequence[str] | None) -> dict[str, list[str] | None]:
-    """Track -> ids to keep (None = no filter). Raises ValueError naming the unknown ids and every
-    available id per track."""
+    """Track -> ids to keep (None = no filter). Without a request every id is kept except the
+    registry evaluations of the segmentation track (:data:`REGISTRY_EVAL_ID`). Raises ValueError
+    naming the unknown ids and every available id per track."""
     if requested is None:
+        seg = available.get("segmentation", [])
+        if any(REGISTRY_EVAL_ID.match(m) for m in seg):
+            return {t: ([m for m in seg if not REGISTRY_EVAL_ID.match(m)] if t == "segmentation" else None)
+                    for t in available}
         return {t: None for t in available}
     known = {m for ids in available.values() for m in ids}
     unknown = [m for m in requested if m not in known]
@@ -235,7 +247,9 @@ def build_report(mart_path: str | Path = "var/marts.duckdb", out_dir: str | Path
         "Mart": str(mart.resolve()),
         "Generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
         "Models": "; ".join(f"{t}: {', '.join(ids)}" for t, ids in shown.items() if ids) or "(none)",
-        "Filter": ", ".join(models) if models is not None else "all models",
+        "Filter": ", ".join(models) if models is not None else (
+            "all models" if sel.get("segmentation") is None
+            else "all models except registry evaluations (<name>-v<version>: name them with --models)"),
     }
     all_skipped = {**skipped, **fig_skipped}
     page = render_page("medrobust robustness report", meta, tables, links,

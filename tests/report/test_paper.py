@@ -460,3 +460,15 @@ def test_csv_is_plain_utf8(report: ReportSummary) -> None:
     with open(report.out_dir / "tables" / "vlm_task_drops.csv", encoding="utf-8", newline="") as fh:
         header = next(csv.reader(fh))
     assert "ΔTP" in header
+
+
+def test_registry_evaluations_are_left_out_unless_named() -> None:
+    from medrobust_lib.report.paper import select_models
+
+    available = {"segmentation": ["medrobust-seg-tiny-sam-lora-v1", "medrobust-seg-tiny-sam-lora-v3", "tiny-sam",
+                                  "tiny-sam-lora"], "strategies": ["tiny-sam"], "vlm": ["tiny-llava"], "taxonomy": []}
+    sel = select_models(available, None)
+    assert sel == {"segmentation": ["tiny-sam", "tiny-sam-lora"], "strategies": None, "vlm": None, "taxonomy": None}
+    sel = select_models(available, ["medrobust-seg-tiny-sam-lora-v3", "tiny-sam"])
+    assert sel["segmentation"] == ["medrobust-seg-tiny-sam-lora-v3", "tiny-sam"] and sel["vlm"] == []
+    assert select_models({k: [m for m in v if "-v" not in m] for k, v in available.items()}, None)["segmentation"] is None
