@@ -22,7 +22,14 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 from urllib.request import url2pathname
 
-from medrobust_lib.store.tracking import ensure_experiment, init_store, safe_params, store_lock, tracking_uri
+from medrobust_lib.store.tracking import (
+    ensure_experiment,
+    init_store,
+    safe_params,
+    server_uri,
+    store_lock,
+    tracking_uri,
+)
 
 MLRUNS_ENV = "MEDROBUST_MLRUNS"
 ARTIFACT_PATH = "checkpoint"
@@ -31,6 +38,9 @@ CONFIG_FILE = "config.json"
 _URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:/(?P<version>[^/@]+)|@(?P<alias>[^/@]+))/?$")
 # artifact URI schemes that resolve through the local tracking store (never the network)
 _LOCAL_DOWNLOAD_SCHEMES = ("runs",)
+# with a configured tracking server (``$MEDROBUST_TRACKING_URI``), artifacts it proxies are fetched
+# from that server, which is part of the deployment (never from anywhere else)
+_SERVER_DOWNLOAD_SCHEMES = ("runs", "mlflow-artifacts")
 
 
 class RegistryError(LookupError):
@@ -272,7 +282,8 @@ def resolve_model_uri(uri: str, mlruns_dir: str | Path | None = None) -> Path:
     folder = _local_path(source)
     if folder is None:
         scheme = urlparse(source).scheme
-        if scheme not in _LOCAL_DOWNLOAD_SCHEMES:
+        allowed = _SERVER_DOWNLOAD_SCHEMES if server_uri() else _LOCAL_DOWNLOAD_SCHEMES
+        if scheme not in allowed:
             raise ValueError(f"{uri}: version {mv.version} lives at {source}, outside the local store; "
                              "refusing to download it")
         folder = _root(mlruns_dir).resolve() / ".cache" / name / str(mv.version)

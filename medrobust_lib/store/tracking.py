@@ -1,4 +1,6 @@
-"""MLflow helpers: a SQLite-backed store under ``mlruns/`` with an explicit artifact location.
+"""MLflow helpers: a SQLite-backed store under ``mlruns/`` with an explicit artifact location, or,
+when ``$MEDROBUST_TRACKING_URI`` is set (``http://mlflow:5000`` in ``deploy/``), that MLflow
+tracking server for runs, artifacts (proxied by the server) and the model registry.
 
 Secrets never reach MLflow: :func:`safe_params` drops keys that look like credentials.
 ``mlflow`` is imported lazily (it costs seconds) so the CLI and Dagster definitions load fast.
@@ -16,11 +18,24 @@ from typing import Any
 _SECRET = re.compile(r"(key|token|secret|password|passwd|credential|auth)", re.IGNORECASE)
 
 
+SERVER_ENV = "MEDROBUST_TRACKING_URI"
+"""Opt-in MLflow tracking server (``http(s)://...``); unset: the SQLite store under ``mlruns/``."""
+
+
+def server_uri() -> str | None:
+    """The tracking server from ``$MEDROBUST_TRACKING_URI`` (None when unset or blank)."""
+    uri = os.environ.get(SERVER_ENV, "").strip()
+    if uri and not uri.startswith(("http://", "https://")):
+        raise ValueError(f"{SERVER_ENV} must be an http(s) MLflow tracking server URI, got {uri!r}")
+    return uri or None
+
+
 def tracking_uri(mlruns_dir: str | Path = "mlruns") -> str:
-    """``sqlite:///<abs path>/mlflow.db`` for the given folder (created if needed)."""
+    """The tracking server when configured, else ``sqlite:///<abs path>/mlflow.db`` for the given
+    folder (created if needed; it also holds the lock file and the download cache)."""
     root = Path(mlruns_dir).resolve()
     root.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{root / 'mlflow.db'}"
+    return server_uri() or f"sqlite:///{root / 'mlflow.db'}"
 
 
 def artifact_root(mlruns_dir: str | Path = "mlruns") -> str:
@@ -84,6 +99,8 @@ def ensure_experiment(name: str, mlruns_dir: str | Path = "mlruns") -> str:
         exp = mlflow.get_experiment_by_name(name)  # another process may have created it meanwhile
         if exp is not None:
             return str(exp.experiment_id)
+        if server_uri():  # the server stores (and proxies) artifacts where it was configured to
+            return str(mlflow.create_experiment(name))
         loc = f"{artifact_root(mlruns_dir)}/{name}"
         return str(mlflow.create_experiment(name, artifact_location=loc))
 
