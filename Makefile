@@ -51,4 +51,4 @@ bench: $(STAMP)
 	$(PY) bench/perturb_bench.py
 
 clean:
-	rm -rf var mlruns/mlflow.db mlruns/artifacts
+	rm -rf var mlruns/mlflow.db mlruns/artifacts mlruns/.cache
