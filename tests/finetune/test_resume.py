@@ -3,7 +3,6 @@ optimizer state and history of an uninterrupted run."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -15,14 +14,6 @@ from medrobust_lib.finetune.strategies import StrategyConfig, apply_strategy
 from medrobust_lib.finetune.train import TrainConfig, TrainResult, train_segmenter
 from medrobust_lib.models.sam import SamSegmenter, arch_for, build_sam
 from medrobust_lib.seeding import scoped_torch_seed
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 class Interrupt(Exception):

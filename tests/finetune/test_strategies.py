@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from dataclasses import replace
 
 import numpy as np
@@ -24,16 +23,6 @@ from medrobust_lib.finetune.strategies import (
 )
 from medrobust_lib.finetune.train import TrainConfig, train_segmenter
 from medrobust_lib.models.sam import SamSegmenter, arch_for, build_sam, load_into
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """The tiny model is far faster on one thread, and the machine is shared with CI."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 BLOCK_ATTN = [f"image_encoder.blocks.{i}.attn.{m}" for i in range(2) for m in ("qkv", "proj")]
 
