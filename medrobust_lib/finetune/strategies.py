@@ -134,8 +134,6 @@ def _natural_key(s: str) -> list[Any]:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
 
 
-
-
 def _lora_layers(model: nn.Module) -> dict[str, Any]:
     """Name -> peft LoRA layer, in module order (empty when peft is absent or unused)."""
     try:

@@ -98,8 +98,6 @@ def lora_target_modules(model: Any, regex: str = LM_PROJ_REGEX) -> list[str]:
     return names
 
 
-
-
 def apply_lora(model: Any, settings: LoraSettings, *, seed: int = 0) -> Any:
     """Wrap ``model`` with peft LoRA on the modules matched by ``settings.target_regex``; only the
     LoRA parameters require grad afterwards. The model is modified in place (peft injects the

@@ -95,6 +95,19 @@ def checkpoint_dir(suite: Suite, model_id: str) -> Path:
     return Path(suite.results_dir).parent / "checkpoints" / model_id
 
 
+def seg_splits(suite: Suite) -> dict[str, list[Sample]]:
+    """Train / val / test samples with a non-empty mask over every modality (hash-based split),
+    for training the base model and the fine-tuning strategies."""
+    from medrobust_lib.pipeline.datasets import load_clean_samples
+
+    splits: dict[str, list[Sample]] = {"train": [], "val": [], "test": []}
+    for modality in suite.modalities:
+        for name in splits:
+            for items in load_clean_samples(suite, modality, split=name).values():
+                splits[name].extend(s for s in items if s.mask is not None and s.mask.any())
+    return splits
+
+
 # ---- models ---------------------------------------------------------------------------------
 
 def resolve_checkpoint(suite: Suite, m: SegModelConfig) -> Path:
@@ -143,8 +156,6 @@ def train_base_checkpoint(suite: Suite, model_id: str, log: Callable[[str], None
 
     m = model_config(suite, model_id)
     tc = seg_config(suite).train
-    from medrobust_lib.pipeline.strategies import seg_splits
-
     splits = seg_splits(suite)
     model = SamSegmenter(build_sam(arch_for(m.arch, m.family), seed=suite.seed), m.family, m.id, "untrained", m.device)
     cfg = TrainConfig(max_steps=tc.max_steps, batch_size=tc.batch_size, lr=tc.lr, warmup_steps=tc.warmup_steps,

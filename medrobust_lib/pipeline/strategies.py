@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from medrobust_lib.config import Suite
-from medrobust_lib.data.sample import Sample
 
 if TYPE_CHECKING:
     from medrobust_lib.pipeline.segmentation import SegModelConfig
@@ -128,7 +127,7 @@ def registry_model_config(suite: Suite, uri: str, mlruns_dir: str | Path | None 
     the version's local file, so loading needs no registry lookup."""
     import json
 
-    from medrobust_lib.pipeline.segmentation import SegModelConfig
+    from medrobust_lib.pipeline.segmentation import SegModelConfig, seg_config
     from medrobust_lib.store import registry
 
     name, version = registry.resolve_version(uri, mlruns_dir)
@@ -139,16 +138,10 @@ def registry_model_config(suite: Suite, uri: str, mlruns_dir: str | Path | None 
     if "family" not in meta or "arch" not in meta:
         raise ValueError(f"{uri}: version {version} has no config.json with 'family' and 'arch' next to its weights "
                          f"({cfg_file}); register checkpoint folders written by save_checkpoint")
-    devices = {m.device for m in seg_config_models(suite)}
+    devices = {m.device for m in seg_config(suite).models}
     return SegModelConfig(id=registry_model_id(name, version), family=meta["family"], arch=meta["arch"],
                           checkpoint=str(weights.resolve()), strategy=str(meta.get("strategy", "unknown")),
                           device=devices.pop() if len(devices) == 1 else "cpu")
-
-
-def seg_config_models(suite: Suite) -> list[SegModelConfig]:
-    from medrobust_lib.pipeline.segmentation import seg_config
-
-    return list(seg_config(suite).models)
 
 
 @dataclass
@@ -259,18 +252,6 @@ def degrade_checkpoint(src: str | Path, dst: str | Path, *, noise: float = 0.5, 
     return dst / "model.safetensors"
 
 
-def seg_splits(suite: Suite) -> dict[str, list[Sample]]:
-    """Train / val / test samples with a non-empty mask over every modality (hash-based split)."""
-    from medrobust_lib.pipeline.datasets import load_clean_samples
-
-    splits: dict[str, list[Sample]] = {"train": [], "val": [], "test": []}
-    for modality in suite.modalities:
-        for name in splits:
-            for items in load_clean_samples(suite, modality, split=name).values():
-                splits[name].extend(s for s in items if s.mask is not None and s.mask.any())
-    return splits
-
-
 @dataclass
 class StrategySummary:
     strategy: str
@@ -305,7 +286,7 @@ def finetune_strategy(suite: Suite, strategy: str, log: Callable[[str], None] | 
         save_checkpoint,
         train_segmenter,
     )
-    from medrobust_lib.pipeline.segmentation import load_model, model_config, seg_config
+    from medrobust_lib.pipeline.segmentation import load_model, model_config, seg_config, seg_splits
     from medrobust_lib.seeding import scoped_torch_seed
 
     t0 = time.perf_counter()

@@ -24,10 +24,10 @@ from urllib.request import url2pathname
 
 from medrobust_lib.store.tracking import (
     ensure_experiment,
+    ensure_registered_model,
     init_store,
     safe_params,
     server_uri,
-    store_lock,
     tracking_uri,
 )
 
@@ -126,7 +126,6 @@ def register_checkpoint(folder: str | Path, name: str, *, tags: Mapping[str, str
     path of ``run`` (a new, finished run in ``experiment`` when None), register it as a new version
     of ``name`` (created when missing) with ``tags`` (secret-looking keys dropped) and move
     ``alias`` to it."""
-    from mlflow.exceptions import MlflowException
 
     src = Path(folder)
     weights = src / WEIGHTS_FILE
@@ -149,17 +148,7 @@ def register_checkpoint(folder: str | Path, name: str, *, tags: Mapping[str, str
     else:
         for f in files:
             client.log_artifact(run.info.run_id, str(f), ARTIFACT_PATH)
-    try:
-        client.get_registered_model(name)
-    except MlflowException as exc:
-        if not _is_missing(exc):
-            raise
-        with store_lock(_root(mlruns_dir)):
-            try:
-                client.create_registered_model(name, description="medrobust segmentation checkpoint (safetensors)")
-            except MlflowException as again:  # a parallel registration created it first
-                if getattr(again, "error_code", "") != "RESOURCE_ALREADY_EXISTS":
-                    raise
+    ensure_registered_model(client, name, "medrobust segmentation checkpoint (safetensors)")
     source = f"{run.info.artifact_uri}/{ARTIFACT_PATH}"
     mv = client.create_model_version(name, source=source, run_id=run.info.run_id, tags=clean)
     version = int(mv.version)

@@ -123,22 +123,32 @@ def tracked_run(experiment: str, run_name: str, tags: Mapping[str, str], mlruns_
         yield run
 
 
+def ensure_registered_model(client: Any, name: str, description: str | None = None) -> None:
+    """Create the registered model ``name`` unless it exists; safe when parallel runs register
+    their first version at the same time (the loser's "already exists" is the desired state)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.get_registered_model(name)
+        return
+    except MlflowException as exc:
+        if getattr(exc, "error_code", "") not in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND", "INVALID_PARAMETER_VALUE"):
+            raise
+    try:
+        client.create_registered_model(name, description=description)
+    except MlflowException as exc:
+        if getattr(exc, "error_code", "") != "RESOURCE_ALREADY_EXISTS":
+            raise
+
+
 def register_artifact(run: Any, artifact_path: str, name: str, tags: Mapping[str, str] | None = None) -> str:
     """Register the run's logged artifact folder ``artifact_path`` as a new version of the
     registered model ``name`` (created when missing); returns the version number. The version's
     source is the artifact location, so ``models:/<name>/<version>`` resolves to those files."""
     from mlflow import MlflowClient
-    from mlflow.exceptions import MlflowException
 
     client = MlflowClient()
-    try:
-        client.get_registered_model(name)
-    except MlflowException:
-        try:
-            client.create_registered_model(name)
-        except MlflowException as exc:  # created by a parallel run in the meantime
-            if getattr(exc, "error_code", "") != "RESOURCE_ALREADY_EXISTS":
-                raise
+    ensure_registered_model(client, name)
     mv = client.create_model_version(name, source=f"{run.info.artifact_uri}/{artifact_path}", run_id=run.info.run_id,
                                      tags=safe_params(tags or {}))
     return str(mv.version)

@@ -13,8 +13,8 @@ from medrobust_lib.config import Suite, load_suite
 from medrobust_lib.finetune.strategies import STRATEGIES
 from medrobust_lib.models.sam import load_segmenter
 from medrobust_lib.pipeline.datasets import build_clean_index
-from medrobust_lib.pipeline.segmentation import train_base_checkpoint
-from medrobust_lib.pipeline.strategies import finetune_strategy, seg_splits
+from medrobust_lib.pipeline.segmentation import seg_splits, train_base_checkpoint
+from medrobust_lib.pipeline.strategies import finetune_strategy
 from medrobust_lib.prompts import PromptConfig, prompt_boxes
 from tests.suite_helpers import write_suite
 
