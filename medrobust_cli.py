@@ -270,6 +270,8 @@ def check(
     they exist, else (models:/ URIs) the version is evaluated first."""
     from medrobust_lib.config import load_suite
     from medrobust_lib.pipeline.gate import GateInputError, GateThresholds, compare, gather_side, render
+    from medrobust_lib.pipeline.segmentation import RESULTS_TABLE
+    from medrobust_lib.store.results import read_table
 
     if mlruns is not None:
         os.environ["MEDROBUST_MLRUNS"] = str(mlruns)
@@ -280,7 +282,9 @@ def check(
             if s is None:
                 raise FileNotFoundError(f"suite {suite} not found (it gives the results dir); pass --results-dir")
             results_dir = Path(s.results_dir)
-        sides = {side: gather_side(ref, side, results_dir, suite=s, mlruns_dir=mlruns, evaluate=evaluate, log=_echo)
+        rows = read_table(results_dir, RESULTS_TABLE)
+        sides = {side: gather_side(ref, side, results_dir, suite=s, mlruns_dir=mlruns, evaluate=evaluate, log=_echo,
+                                   rows=rows)
                  for side, ref in (("candidate", candidate), ("baseline", baseline))}
         result = compare(sides["candidate"], sides["baseline"], thresholds)
     except (GateInputError, ValueError, FileNotFoundError) as exc:

@@ -156,50 +156,22 @@ def finetune_family(base_id: str, strategies: list[str], base_checkpoint: Any) -
                 "weights already evaluated by the strategy asset are reused.",
 )
 def registry_evaluation(context: dg.AssetExecutionContext, suite: SuiteResource, tracking: TrackingResource) -> Any:
-    from medrobust_lib.pipeline.gate import GateThresholds, compare, gather_side, summary_frame
-    from medrobust_lib.pipeline.strategies import (
-        evaluate_model,
-        finetune_config,
-        registry_model_config,
-        reuse_rows,
-    )
-    from medrobust_lib.store import registry
+    from medrobust_lib.pipeline.gate import gate_version, summary_frame
+    from medrobust_lib.pipeline.strategies import evaluate_version
 
     s = suite.load()
     name, version = parse_version_key(context.partition_key)
-    m = registry_model_config(s, f"models:/{name}/{version}", tracking.mlruns_dir)
-    from medrobust_lib.pipeline.gate import checkpoint_hash
-
-    digest = checkpoint_hash(m.checkpoint)
-    strategy_id = None
-    ft = finetune_config(s)
-    if ft is not None and name == registry.seg_model_name(ft.base, m.strategy):
-        strategy_id = f"{ft.base}-{m.strategy}"
     with tracking.run(context, "registry_evaluation", {"model": name, "version": version}) as run:
         fresh = context.run.tags.get("medrobust/trigger") == "nightly"  # nightly: recompute, never copy
-        reused = reuse_rows(s.results_dir, strategy_id, m.id, digest) if strategy_id and not fresh else 0
-        meta: dict[str, Any] = {"model_id": m.id, "checkpoint_hash": digest, "reused_rows": reused}
-        if not reused:
-            r = evaluate_model(s, m, log=context.log.info)
-            meta.update({"n_rows": r.n_rows, "n_failed": r.n_failed, "seconds": r.seconds,
-                         **{f"mean_iou_{k}": v for k, v in r.mean_iou.items()}})
+        meta = evaluate_version(s, name, version, tracking.mlruns_dir, reuse=not fresh, log=context.log.info)
         _log_metrics(run, meta)
     yield dg.MaterializeResult(metadata=meta)
 
-    champion = registry.get_alias_version(name, "champion", tracking.mlruns_dir)
-    if champion is None or champion == version:
+    champion, result = gate_version(s, name, version, tracking.mlruns_dir, log=context.log.info)
+    if result is None:
         yield dg.AssetCheckResult(check_name="robustness_gate", passed=True, severity=dg.AssetCheckSeverity.WARN,
                                   metadata={"note": f"nothing to compare: {name} has champion {champion}"})
         return
-    g = ft.gate if ft is not None else None
-    th = GateThresholds(**g.model_dump()) if g is not None else GateThresholds()
-    cand = gather_side(f"models:/{name}/{version}", "candidate", s.results_dir, suite=s,
-                       mlruns_dir=tracking.mlruns_dir, log=context.log.info)
-    base = gather_side(f"models:/{name}/{champion}", "baseline", s.results_dir, suite=s,
-                       mlruns_dir=tracking.mlruns_dir, log=context.log.info)
-    result = compare(cand, base, th)
-    client_tag = "PASS" if result.passed else "FAIL"
-    registry.set_version_tag(name, version, "medrobust.gate", f"{client_tag} vs v{champion}", tracking.mlruns_dir)
     yield dg.AssetCheckResult(
         check_name="robustness_gate", passed=result.passed, severity=dg.AssetCheckSeverity.ERROR,
         metadata={"champion_version": champion, "verdict": result.verdict,

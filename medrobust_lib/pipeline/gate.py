@@ -211,7 +211,7 @@ def select_rows(df: pd.DataFrame, ref: str, side: str = "rows") -> pd.DataFrame:
 
 def gather_side(ref: str, side: str, results_dir: str | Path, *, suite: Any = None,
                 mlruns_dir: str | Path | None = None, evaluate: bool = True,
-                log: Any = None) -> pd.DataFrame:
+                log: Any = None, rows: pd.DataFrame | None = None) -> pd.DataFrame:
     """One side's ``segmentation_results`` rows, evaluating the model when it has none yet.
 
     ``models:/name/<version>|@alias|/latest`` refs: the rows of the registry evaluation
@@ -220,12 +220,14 @@ def gather_side(ref: str, side: str, results_dir: str | Path, *, suite: Any = No
     asset, which are the same weights); otherwise, when ``evaluate`` and a ``suite`` are given,
     the version is evaluated now with :func:`medrobust_lib.pipeline.strategies.evaluate_model` on
     the suite's fine-tuning evaluation set, so both sides see the same samples and conditions.
-    Other refs (model id, checkpoint hash) are only read. Raises :class:`GateInputError` when no
-    rows can be had."""
+    Other refs (model id, checkpoint hash) are only read. ``rows``: the table already read by the
+    caller (read here when None), so two sides cost one read. Raises :class:`GateInputError` when
+    no rows can be had."""
     from medrobust_lib.pipeline.segmentation import RESULTS_TABLE
     from medrobust_lib.store.results import read_table
 
-    rows = read_table(results_dir, RESULTS_TABLE)
+    if rows is None:
+        rows = read_table(results_dir, RESULTS_TABLE)
     if not ref.startswith("models:/"):
         sel = select_rows(rows, ref, side)
         if sel.empty:
@@ -261,6 +263,32 @@ def gather_side(ref: str, side: str, results_dir: str | Path, *, suite: Any = No
         log(f"{side} {ref}: no rows yet, evaluating {model_id}")
     evaluate_model(suite, registry_model_config(suite, ref, mlruns_dir), log=log)
     return select_rows(read_table(results_dir, RESULTS_TABLE), model_id, side)
+
+
+def gate_version(suite: Any, name: str, version: int, mlruns_dir: str | Path | None = None,
+                 log: Any = None) -> tuple[int | None, GateResult | None]:
+    """The gate for a registered version against its model's ``champion`` (thresholds from the
+    suite's ``segmentation.finetune.gate``), with the verdict written as the version tag
+    ``medrobust.gate`` (``"PASS vs v<champion>"`` / ``"FAIL vs v<champion>"``). Returns
+    ``(champion version, result)``; the result is None when there is no other champion to compare
+    with (none yet, or this version is the champion)."""
+    from medrobust_lib.pipeline.segmentation import RESULTS_TABLE
+    from medrobust_lib.pipeline.strategies import finetune_config
+    from medrobust_lib.store import registry
+    from medrobust_lib.store.results import read_table
+
+    champion = registry.get_alias_version(name, "champion", mlruns_dir)
+    if champion is None or champion == version:
+        return champion, None
+    ft = finetune_config(suite)
+    th = GateThresholds(**ft.gate.model_dump()) if ft is not None else GateThresholds()
+    rows = read_table(suite.results_dir, RESULTS_TABLE)
+    sides = [gather_side(f"models:/{name}/{v}", side, suite.results_dir, suite=suite, mlruns_dir=mlruns_dir,
+                         log=log, rows=rows) for side, v in (("candidate", version), ("baseline", champion))]
+    result = compare(sides[0], sides[1], th)
+    registry.set_version_tag(name, version, "medrobust.gate", f"{'PASS' if result.passed else 'FAIL'} vs v{champion}",
+                             mlruns_dir)
+    return champion, result
 
 
 # ---- comparing -----------------------------------------------------------------------------------

@@ -377,6 +377,32 @@ def reuse_rows(results_dir: str | Path, src_model: str, dst_model: str, checkpoi
     return int(sum(len(f) for f in frames))
 
 
+def evaluate_version(suite: Suite, name: str, version: int, mlruns_dir: str | Path | None = None, *,
+                     reuse: bool = True, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """``segmentation_results`` rows for a registered version, as model ``<name>-v<version>``.
+
+    When ``reuse`` and the version is the suite's ``<base>-<strategy>`` checkpoint that the strategy
+    asset already evaluated (same weights, same ``finetune.eval``), its rows are copied
+    (:func:`reuse_rows`); otherwise the version is evaluated with :func:`evaluate_model`. Returns
+    metadata: model_id, checkpoint_hash, reused_rows, and for an evaluation n_rows, n_failed,
+    seconds and ``mean_iou_<clean|perturbed|attack>``."""
+    from medrobust_lib.pipeline.gate import checkpoint_hash
+    from medrobust_lib.store import registry
+
+    m = registry_model_config(suite, f"models:/{name}/{version}", mlruns_dir)
+    digest = checkpoint_hash(m.checkpoint)
+    ft = finetune_config(suite)
+    reused = 0
+    if reuse and ft is not None and name == registry.seg_model_name(ft.base, m.strategy):
+        reused = reuse_rows(suite.results_dir, f"{ft.base}-{m.strategy}", m.id, digest)
+    meta: dict[str, Any] = {"model_id": m.id, "checkpoint_hash": digest, "reused_rows": reused}
+    if not reused:
+        r = evaluate_model(suite, m, log=log)
+        meta.update({"n_rows": r.n_rows, "n_failed": r.n_failed, "seconds": r.seconds,
+                     **{f"mean_iou_{k}": v for k, v in r.mean_iou.items()}})
+    return meta
+
+
 def strategy_params(suite: Suite) -> dict[str, int]:
     """Trainable parameters of every saved strategy checkpoint, by evaluated model id
     (``<base>-<strategy>``), read from its ``config.json``."""
