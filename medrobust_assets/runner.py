@@ -174,13 +174,10 @@ def run_registry_demo(suite: Any, inst: dg.DagsterInstance, step: Callable[..., 
     cursor_file = Path(suite.results_dir).parent / "dagster" / "registry_sensor_cursor.json"
     log("== registry loop: sensor -> registry_evaluation -> robustness_gate")
 
-    def evaluate_new(expect: bool | None = None) -> list[tuple[str, bool, str]]:
-        out = []
+    def evaluate_new() -> None:
         for key in _sensor_tick(inst, mlruns_dir, cursor_file):
             passed, text = _gate(step("registry_evaluation", key))
             log(f"    robustness_gate {key}: {'passed' if passed else 'FAILED'} ({text})")
-            out.append((key, passed, text))
-        return out
 
     evaluate_new()
     root = strategy_dir(suite, ft.base, strategy)
@@ -190,7 +187,7 @@ def run_registry_demo(suite: Any, inst: dg.DagsterInstance, step: Callable[..., 
     v2, created = register_version(Path(retrained.checkpoint).parent, name,
                                    {**base_tags, "role": "retrained (seed + 1)", "val_dice": f"{retrained.val_dice:.4f}"},
                                    mlruns_dir=mlruns_dir)
-    results = evaluate_new()
+    evaluate_new()
     if created:
         step("marts")
         log(f"  sensor-to-results latency for {name} v{v2}: {time.perf_counter() - t_reg:.1f} s "
@@ -199,7 +196,7 @@ def run_registry_demo(suite: Any, inst: dg.DagsterInstance, step: Callable[..., 
                                   prefix="mask_decoder.")
     v3, _ = register_version(degraded.parent, name, {**base_tags, "role": "degraded (mask-decoder noise 0.5 sd)"},
                              mlruns_dir=mlruns_dir)
-    results += evaluate_new()
+    evaluate_new()
     verdicts = {v: registry.version_tags(name, v, mlruns_dir).get("medrobust.gate", "") for v in (v2, v3)}
     log(f"  gate verdicts: retrained v{v2}: {verdicts[v2]}; degraded v{v3}: {verdicts[v3]}")
     if not verdicts[v2].startswith("PASS") or not verdicts[v3].startswith("FAIL"):

@@ -113,11 +113,8 @@ def finetune_family(base_id: str, strategies: list[str], base_checkpoint: Any) -
     def strategy_ranking(context: dg.AssetExecutionContext, suite: SuiteResource,
                          tracking: TrackingResource) -> dg.MaterializeResult:
         from medrobust_lib.pipeline.strategies import require_finetune, strategy_params
-        from medrobust_lib.pipeline.strategy_report import (
-            compare_published,
-            strategy_bars,
-            write_strategy_ranking,
-        )
+        from medrobust_lib.pipeline.strategy_report import compare_published, write_strategy_ranking
+        from medrobust_lib.report.paper_figures import strategy_bars
 
         s = suite.load()
         ft = require_finetune(s)

@@ -143,39 +143,3 @@ def compare_published(table: pd.DataFrame, kind: str = "corruption") -> pd.DataF
                        how="left")
     merged["our_rank"] = merged["mean_iou_drop"].rank(method="min").astype("Int64")
     return merged.sort_values("published_rank").reset_index(drop=True)
-
-
-def strategy_bars(table: pd.DataFrame, out_dir: str | Path) -> list[Path]:
-    """One PNG per base model: mean IoU drop per strategy with its 95 % CI, corruption and attack
-    side by side."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    paths: list[Path] = []
-    out = Path(out_dir)
-    for base, g in table.groupby("model"):
-        order = (g[g["kind"] == "corruption"].sort_values("mean_iou_drop")["strategy"].tolist()
-                 or sorted(g["strategy"].unique()))
-        fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
-        width = 0.38
-        for j, kind in enumerate(KINDS):
-            k = g[g["kind"] == kind].set_index("strategy").reindex(order)
-            x = np.arange(len(order)) + (j - 0.5) * width
-            y = k["mean_iou_drop"].to_numpy(dtype=float)
-            err = np.vstack([y - k["iou_drop_ci_low"].to_numpy(dtype=float),
-                             k["iou_drop_ci_high"].to_numpy(dtype=float) - y])
-            ax.bar(x, y, width, yerr=np.nan_to_num(err), capsize=3, label=kind, color=f"C{j}")
-        ax.set_xticks(np.arange(len(order)), order, rotation=20)
-        ax.set_ylabel("mean IoU drop (clean - perturbed)")
-        ax.set_title(f"{base}: fine-tuning strategies, 95 % bootstrap CI")
-        ax.axhline(0, color="0.3", lw=0.6)
-        ax.legend()
-        fig.tight_layout()
-        out.mkdir(parents=True, exist_ok=True)
-        p = out / f"strategy_bars_{base}.png"
-        fig.savefig(p)
-        plt.close(fig)
-        paths.append(p)
-    return paths

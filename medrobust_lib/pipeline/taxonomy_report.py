@@ -307,20 +307,22 @@ def flip_vs_dangerous_scatter(points_df: pd.DataFrame, corr_df: pd.DataFrame, ou
         configs = sorted(points_df["config"].astype(str).unique())
         colours = {c: f"C{i % 10}" for i, c in enumerate(configs)}
         label_all = len(points_df) <= _MAX_LABELLED_POINTS
-        modes: set[str] = set()
-        for rec in points_df.to_dict("records"):
-            cfg, mode = str(rec["config"]), str(rec.get("image_mode", "none"))
-            modes.add(mode)
-            clean = rec.get("perturbation") == "clean"
-            colour = colours[cfg]
-            ax.scatter([rec["mean_flip_rate"]], [rec["dangerous_share"]], marker=_MARKERS.get(mode, "D"), s=40,
+        pts = points_df.assign(config=points_df["config"].astype(str),
+                               image_mode=points_df.get("image_mode", pd.Series("none", index=points_df.index))
+                               .astype(str),
+                               clean=points_df["perturbation"] == "clean")
+        modes = set(pts["image_mode"])
+        # one scatter call per (config, mode, clean/perturbed): thousands of points stay fast
+        for (cfg, mode, clean), g in pts.groupby(["config", "image_mode", "clean"], sort=True):
+            colour = colours[str(cfg)]
+            ax.scatter(g["mean_flip_rate"], g["dangerous_share"], marker=_MARKERS.get(str(mode), "D"), s=40,
                        facecolors=colour if clean else "none", edgecolors=colour)
-            if clean or label_all:
-                text = f"{cfg}/{rec['dataset']}"
-                if not clean:
-                    text += f" {rec['perturbation']} L{int(rec['level'])}"
-                ax.annotate(text, (rec["mean_flip_rate"], rec["dangerous_share"]), fontsize=6,
-                            xytext=(3, 3), textcoords="offset points")
+        for rec in pts[pts["clean"] | label_all].to_dict("records"):
+            text = f"{rec['config']}/{rec['dataset']}"
+            if not rec["clean"]:
+                text += f" {rec['perturbation']} L{int(rec['level'])}"
+            ax.annotate(text, (rec["mean_flip_rate"], rec["dangerous_share"]), fontsize=6,
+                        xytext=(3, 3), textcoords="offset points")
         from matplotlib.lines import Line2D
 
         handles = [Line2D([], [], ls="", marker="o", color=colours[c], label=c) for c in configs]

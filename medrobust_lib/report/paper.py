@@ -155,7 +155,7 @@ def _figures(con: duckdb.DuckDBPyConnection, tables: dict[str, ReportTable], sel
              fig_dir: Path) -> tuple[list[tuple[Path, str]], dict[str, str]]:
     """(path, caption) of every figure written, and figure name -> reason for those not drawn."""
     from medrobust_lib.pipeline.seg_report import robustness_curves
-    from medrobust_lib.pipeline.taxonomy_report import quadrant_bars
+    from medrobust_lib.pipeline.taxonomy_report import flip_vs_dangerous_scatter, quadrant_bars
 
     out: list[tuple[Path, str]] = []
     skipped: dict[str, str] = {}
@@ -189,9 +189,10 @@ def _figures(con: duckdb.DuckDBPyConnection, tables: dict[str, ReportTable], sel
             out.append((p, f"Safety-quadrant shares, {kind} (image removed: {p.stem.rsplit('_', 1)[-1]})."))
         points = pt.taxonomy_points(con, sel["taxonomy"])
         corr = tables["taxonomy_correlation"].data if "taxonomy_correlation" in tables else pd.DataFrame()
-        out += [(p, "Mean flip rate vs Dangerous share, one point per (config, dataset, condition); filled = "
-                    "clean, hollow = perturbed; r from the correlation table.")
-                for p in figs.flip_dangerous_scatter(points, corr, fig_dir)]
+        if not points.empty:
+            p = flip_vs_dangerous_scatter(points, corr, fig_dir)
+            out.append((p, "Mean flip rate vs Dangerous share, one point per (config, dataset, condition); "
+                           "filled = clean, hollow = perturbed; marker = image-removal mode; r in the title."))
     else:
         skipped["quadrant bars and flip-rate scatter"] = "no taxonomy_quadrants table"
     return out, skipped
