@@ -14,11 +14,12 @@ import duckdb
 import numpy as np
 import pandas as pd
 
+from medrobust_lib.pipeline.strategy_schema import RANKING_VIEW
 from medrobust_lib.report.table import Column, ReportTable
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.taxonomy.schema import QUADRANTS
 
-STRATEGY_VIEW = "strategy_ranking"
+STRATEGY_VIEW = RANKING_VIEW
 STRATEGY_COLUMNS: tuple[str, ...] = (
     "model", "strategy", "kind", "n_samples", "n_conditions", "mean_iou_drop", "iou_drop_ci_low",
     "iou_drop_ci_high", "mean_dice_drop", "dice_drop_ci_low", "dice_drop_ci_high", "clean_iou", "clean_dice",
