@@ -7,8 +7,9 @@ exactly the strategy's parameters train. Strategies:
 * ``full``: every parameter.
 * ``decoder_only``: the mask decoder.
 * ``decoder_prompt``: the mask decoder and the prompt encoder.
-* ``encoder_partial``: the last ``encoder_blocks`` image-encoder blocks (default 2) plus the mask
-  decoder and the prompt encoder. The encoder's patch embedding, position embedding and neck stay
+* ``encoder_partial``: the last ``encoder_blocks`` image-encoder blocks (default 4, the reference
+  code's example on ViT-B; the tiny demo encoder has 2 blocks and uses 1) plus the mask decoder and
+  the prompt encoder. The encoder's patch embedding, position embedding and neck stay
   frozen.
 * ``lora``: LoRA (peft ``inject_adapter_in_model``, so the model stays a plain ``Sam`` module whose
   parameter names keep their prefixes) on the ``nn.Linear`` modules whose full name matches
@@ -22,8 +23,9 @@ exactly the strategy's parameters train. Strategies:
   adapts the decoder, because the vision encoder has no such modules.
 * ``adapter``: SAM-Med2D's bottleneck adapters in every encoder block
   (:func:`medrobust_lib.models.sam_med2d.insert_adapters`, ratio ``adapter_ratio``), inserted
-  when the encoder has none (vanilla SAM, MedSAM); a SAM-Med2D model keeps its own. Only the
-  adapter parameters train. The inserted adapters are not zero-initialised (SAM-Med2D's Kaiming
+  when the encoder has none (vanilla SAM, MedSAM); a SAM-Med2D model keeps its own. The adapter
+  parameters, the mask decoder and the prompt encoder train (what SAM-Med2D's training trains:
+  the encoder frozen except its ``Adapter`` modules). The inserted adapters are not zero-initialised (SAM-Med2D's Kaiming
   init; the adapter output is added unscaled), so they change the model's output before training.
 
 All random initialisation (LoRA ``A`` matrices, adapters) runs inside ``torch.random.fork_rng``
@@ -79,7 +81,7 @@ class StrategyConfig:
     ``adapter_ratio`` (hidden width / embed dim) by ``adapter`` when adapters are inserted."""
 
     name: str
-    encoder_blocks: int = 2
+    encoder_blocks: int = 4
     lora_r: int = 8
     lora_alpha: int = 16
     lora_dropout: float = 0.05
@@ -101,7 +103,7 @@ class StrategyReport:
     Examples: ``decoder_prompt`` -> ``["mask_decoder", "prompt_encoder"]``; ``encoder_partial``
     with N=1 on a 2-block encoder adds ``"image_encoder.blocks.1"``; ``lora`` lists
     ``"image_encoder.blocks.0.attn.qkv.lora"`` etc.; ``adapter`` lists
-    ``"image_encoder.blocks.{i}.Adapter"``.
+    ``"image_encoder.blocks.{i}.Adapter"``, ``"mask_decoder"`` and ``"prompt_encoder"``.
 
     ``targets``: for ``lora``, the names of the wrapped modules (in module order); else empty.
     ``param_names``: every trainable parameter name (``named_parameters`` of ``segmenter.sam``).
@@ -239,7 +241,8 @@ def apply_strategy(segmenter: SamSegmenter, cfg: StrategyConfig, seed: int = 0) 
                 gen = torch.Generator().manual_seed(torch.initial_seed())
                 insert_adapters(encoder, cfg.adapter_ratio, generator=gen)
             inserted = True
-        _set_trainable(sam, lambda n: n.startswith("image_encoder.blocks.") and ".Adapter." in n)
+        _set_trainable(sam, lambda n: n.startswith(("mask_decoder.", "prompt_encoder."))
+                       or (n.startswith("image_encoder.blocks.") and ".Adapter." in n))
 
     params = list(sam.named_parameters())
     names = tuple(n for n, p in params if p.requires_grad)

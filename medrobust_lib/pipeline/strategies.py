@@ -9,7 +9,7 @@ Suite YAML (``segmentation.finetune``)::
       finetune:
         base: tiny-sam                       # a segmentation.models id
         strategies: [full, decoder_only, decoder_prompt, encoder_partial, lora, adapter]
-        encoder_blocks: 2                    # encoder_partial
+        encoder_blocks: 4                    # encoder_partial (the last N blocks; ViT-B has 12)
         lora: {r: 8, alpha: 16, dropout: 0.05, targets: null}
         train: {max_steps: 200, lr: 0.0005, batch_size: 8, eval_every: 25, patience: 3, time_budget_s: 30}
         eval: {levels: [1, 3, 5], perturbations: null, attack_levels: [1, 3, 5]}   # null: all
@@ -81,7 +81,7 @@ class FinetuneConfig(BaseModel):
     base: str
     strategies: list[str] = Field(default_factory=lambda: ["full", "decoder_only", "decoder_prompt",
                                                            "encoder_partial", "lora", "adapter"])
-    encoder_blocks: int = 2
+    encoder_blocks: int = 4
     adapter_ratio: float = 0.25
     lora: LoraOptions = Field(default_factory=lambda: LoraOptions())
     train: FinetuneTrain = Field(default_factory=lambda: FinetuneTrain())

@@ -32,6 +32,8 @@ def _segmenter(family: str = "sam", seed: int = 0) -> SamSegmenter:
 
 
 def _applied(name: str, seed: int = 0, **kw: object) -> tuple[SamSegmenter, StrategyReport]:
+    if name == "encoder_partial":
+        kw.setdefault("encoder_blocks", 1)  # the tiny encoder has 2 blocks (the default 4 is for ViT-B)
     seg = _segmenter()
     return seg, apply_strategy(seg, StrategyConfig(name, **kw), seed=seed)  # type: ignore[arg-type]
 
@@ -98,9 +100,10 @@ def test_encoder_partial() -> None:
     expected = {n for n in names if n.startswith(("image_encoder.blocks.1.", "mask_decoder.", "prompt_encoder."))}
     assert _trainable(seg) == expected
     assert rep.trainable_modules == ("image_encoder.blocks.1", "mask_decoder", "prompt_encoder")
-    _, rep2 = _applied("encoder_partial")  # default N=2: both blocks of the tiny encoder
+    _, rep2 = _applied("encoder_partial", encoder_blocks=2)  # both blocks of the tiny encoder
     assert rep2.trainable_modules == ("image_encoder.blocks.0", "image_encoder.blocks.1", "mask_decoder",
                                       "prompt_encoder")
+    assert StrategyConfig("encoder_partial").encoder_blocks == 4  # the reference's ViT-B example
     for bad in (0, 3):
         with pytest.raises(ValueError, match=r"encoder_blocks must be in 1\.\.2"):
             _applied("encoder_partial", encoder_blocks=bad)
@@ -145,8 +148,11 @@ def test_adapter_inserted_in_vanilla_sam() -> None:
     assert not any(".Adapter." in n for n, _ in seg.sam.named_parameters())
     rep = apply_strategy(seg, StrategyConfig("adapter"))
     assert rep.adapters_inserted
-    assert rep.trainable_modules == ("image_encoder.blocks.0.Adapter", "image_encoder.blocks.1.Adapter")
-    assert _trainable(seg) == {n for n, _ in seg.sam.named_parameters() if ".Adapter." in n}
+    assert rep.trainable_modules == ("image_encoder.blocks.0.Adapter", "image_encoder.blocks.1.Adapter",
+                                     "mask_decoder", "prompt_encoder")
+    # as SAM-Med2D trains: the encoder frozen except its adapters; decoder and prompt encoder train
+    assert _trainable(seg) == {n for n, _ in seg.sam.named_parameters()
+                               if ".Adapter." in n or n.startswith(("mask_decoder.", "prompt_encoder."))}
     # SAM-Med2D keeps its own adapters
     med = _segmenter("sam_med2d")
     n_before = sum(p.numel() for p in med.sam.parameters())
@@ -269,3 +275,25 @@ def test_adapter_state_dict_for_save() -> None:
     with torch.no_grad():
         np.testing.assert_allclose(SamSegmenter(target, "sam", "a", "0").forward_logits(x, boxes).numpy(),
                                    seg.forward_logits(x, boxes).numpy(), atol=1e-5)
+
+
+def _readme_tiny_counts() -> dict[str, int]:
+    """The tiny-SAM column of the README's strategy table (``| `name` | trains | tiny / ViT-B |``)."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    out: dict[str, int] = {}
+    for name in STRATEGIES:
+        row = re.search(rf"^\| `{name}` \|.*\| ([\d,]+)(?: \(N = \d+\))? / [^|]+\|$", readme, re.M)
+        assert row, f"README strategy table has no row for {name}"
+        out[name] = int(row.group(1).replace(",", ""))
+    return out
+
+
+def test_readme_trainable_counts_agree() -> None:
+    """The README's tiny-SAM trainable counts are what apply_strategy reports (encoder_partial N=1,
+    as the demo configures the 2-block encoder)."""
+    readme = _readme_tiny_counts()
+    for name in STRATEGIES:
+        _, rep = _applied(name)
+        assert rep.n_trainable == readme[name], name
