@@ -23,8 +23,11 @@ different idf table. :class:`DocumentFrequency` is built once (``from_references
 reference set) and passed to :func:`cider_d` for every condition and subgroup. With ``df=None``
 the table is built from the references being scored, which is exactly pycocoevalcap's ``Cider``.
 
-Inputs are raw strings; by default they go through :func:`ptb_tokenize` and are joined with single
-spaces (``tokenize=False`` scores already tokenised strings, split on whitespace).
+Inputs are raw strings; by default they are tokenized as pycocoevalcap's ``PTBTokenizer`` does
+(:func:`ptb_tokenize_all`: the Java PTBTokenizer 3.4.1, ported to Python, on all references as one
+document and all hypotheses as another, then its punctuation filter), so tokens and scores equal
+the official toolkit's (checked on the committed ``tests/metrics/fixtures/caption_reference_*.json``,
+made by ``tools/caption_reference.py``). ``tokenize=False`` scores already tokenised strings.
 """
 
 from __future__ import annotations
