@@ -9,28 +9,32 @@ the Java program prints for a document. The rules, their order and their actions
 (trailing context ``r1/r2`` counts towards the length, only ``r1`` becomes the token), ties go to
 the earlier rule; ``%caseless`` applies to literal text but not to character classes.
 
-Known limits (documented, not hit by the fixture corpus in ``tests/metrics/fixtures``): JFlex 1.4
-classifies characters with the Unicode tables of the JDK that generated the 2014 lexer and only in
-the Basic Multilingual Plane; here ``[:letter:]``/``[:digit:]``/``[:uppercase:]`` are the BMP part
-of the current Unicode ``L``/``Nd``/``Lu`` categories, so letters added to Unicode after 2014 may be
-classified differently. Characters outside the BMP are untokenizable in both (deleted).
+JFlex 1.4 classifies characters with the Unicode tables of the JDK that generated the lexer (Unicode
+6.2) and only in the Basic Multilingual Plane; :mod:`medrobust_lib.metrics.ptb_unicode` holds those
+classes as explicit ranges (derived from the Java program, so later Unicode letters are deleted as
+there). Characters outside the BMP are untokenizable (deleted) in both; Java sees them as two
+surrogates, which only matters inside URL/e-mail tokens. A token never spans a line break except an
+SGML tag whose quoted attribute contains one; such a tag is cut at the line end here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import regex
+
+from medrobust_lib.metrics.ptb_unicode import DIGIT_CLASS, LETTER_CLASS, UPPERCASE_CLASS
 
 NEWLINE_TOKEN = "*NL*"
 
 # --- macros (JFlex names); literal text is wrapped in (?i:...) because of %caseless ----------------
 
-_BMP_L = r"[\p{L}&&[\x00-\uffff]]"
-_BMP_LU = r"[\p{Lu}&&[\x00-\uffff]]"
-_BMP_ND = r"[\p{Nd}&&[\x00-\uffff]]"
+# JFlex [:letter:], [:uppercase:], [:digit:] as compiled into the 3.4.1 jar (Unicode 6.2, BMP only),
+# generated from the Java tokenizer's own behaviour by ``tools/caption_reference.py --unicode-table``.
+_BMP_L = LETTER_CLASS
+_BMP_LU = UPPERCASE_CLASS
+_BMP_ND = DIGIT_CLASS
 
 SGML = (r"<(?:[!?][A-Za-z\-][^>\r\n]*|[A-Za-z][A-Za-z0-9_:.\-]*(?:[ ]+(?:[A-Za-z][A-Za-z0-9_:.\-]*"
         r"|[A-Za-z][A-Za-z0-9_:.\-]*[ ]*=[ ]*(?:'[^']*'|\"[^\"]*\")))*[ ]*/?|/[A-Za-z][A-Za-z0-9_:.\-]*)[ ]*>")
@@ -227,12 +231,25 @@ def _fixed(tok: str) -> Action:
     return lambda s: (tok, len(s))
 
 
-@dataclass(frozen=True)
 class _Rule:
-    head: regex.Pattern[str]  # r1 anchored (fullmatch used to split r1/r2)
-    whole: regex.Pattern[str]  # r1 r2 (or r1), POSIX leftmost-longest
-    tail: regex.Pattern[str] | None
-    action: Action
+    """One JFlex rule ``r1`` or ``r1/r2`` (trailing context) and its action; regexes compiled on first use."""
+
+    def __init__(self, r1: str, action: Action, r2: str | None) -> None:
+        self.r1, self.r2, self.action = r1, r2, action
+
+    @cached_property
+    def whole(self) -> regex.Pattern[str]:
+        """``r1 r2`` (or ``r1``) with POSIX leftmost-longest semantics, as JFlex's DFA matches."""
+        tail = f"(?:{self.r2})" if self.r2 is not None else ""
+        return regex.compile(f"(?:{self.r1}){tail}", regex.V1 | regex.POSIX)
+
+    @cached_property
+    def head(self) -> regex.Pattern[str]:
+        return regex.compile(self.r1, regex.V1)
+
+    @cached_property
+    def tail(self) -> regex.Pattern[str]:
+        return regex.compile(self.r2 if self.r2 is not None else "", regex.V1)
 
 
 def _caseless(pattern: str) -> str:
@@ -263,18 +280,15 @@ def _caseless(pattern: str) -> str:
                 j += 1
             i = j
         else:
-            out.append(pattern[i])
-            i += 1
+            nxt = pattern.find("(?i:", i)
+            nxt = len(pattern) if nxt < 0 else nxt
+            out.append(pattern[i:nxt])
+            i = nxt
     return "".join(out)
 
 
 def _rule(r1: str, action: Action, r2: str | None = None) -> _Rule:
-    r1 = _caseless(r1)
-    r2 = _caseless(r2) if r2 is not None else None
-    flags = regex.V1 | regex.POSIX
-    whole = regex.compile(f"(?:{r1})" + (f"(?:{r2})" if r2 is not None else ""), flags)
-    return _Rule(regex.compile(r1, regex.V1), whole, regex.compile(r2, regex.V1) if r2 is not None else None,
-                 action)
+    return _Rule(_caseless(r1), action, _caseless(r2) if r2 is not None else None)
 
 
 _ACRONYM_NEXT = (r"(?:[A]bout|[A]ccording|[A]dditionally|[A]fter|[A]n|[A]|[A]s|[A]t|[B]ut|[E]arlier|[H]e|[H]er"
@@ -370,9 +384,14 @@ _RULES: tuple[_Rule, ...] = (
 )
 
 
+@lru_cache(maxsize=4096)
+def _candidates(first: str) -> tuple[_Rule, ...]:
+    """The rules (in order) that can match text starting with the character ``first``."""
+    return tuple(r for r in _RULES if r.whole.match(first, partial=True) is not None)
+
+
 def _split_head(rule: _Rule, text: str, pos: int, end: int) -> str:
     """The r1 part of a trailing-context match ``text[pos:end]``: the longest r1 whose remainder matches r2."""
-    assert rule.tail is not None
     for e in range(end, pos, -1):
         if rule.head.fullmatch(text, pos, e) and rule.tail.fullmatch(text, e, end):
             return text[pos:e]
@@ -390,13 +409,13 @@ def lex(text: str, stop: int | None = None) -> list[str]:
     while pos < n:
         best: _Rule | None = None
         best_len = 0
-        for rule in _RULES:
+        for rule in _candidates(text[pos]):
             m = rule.whole.match(text, pos)
             if m is not None and m.end() - pos > best_len:
                 best, best_len = rule, m.end() - pos
         if best is None:  # only possible for a lone "\n"-free empty match; the catch-all rules cover all
             raise AssertionError(f"no rule matches at {pos}")  # pragma: no cover
-        head = text[pos : pos + best_len] if best.tail is None else _split_head(best, text, pos, pos + best_len)
+        head = text[pos : pos + best_len] if best.r2 is None else _split_head(best, text, pos, pos + best_len)
         tok, consumed = best.action(head)
         if tok is not None:
             out.append(tok)

@@ -22,6 +22,7 @@ from medrobust_lib.metrics.caption import (
     ptb_tokenize_all,
     rouge_l,
 )
+from medrobust_lib.metrics.ptb_lexer import tokenize_lines
 from medrobust_lib.seeding import rng_for
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -79,6 +80,16 @@ def test_tokens_equal_java_ptbtokenizer_on_every_string(data: dict[str, Any]) ->
     bad = [(x, w, g) for x, w, g in zip(refs, want_refs, ptb_tokenize_all(refs), strict=True) if w != g]
     bad += [(x, w, g) for x, w, g in zip(hyps, want_hyps, ptb_tokenize_all(hyps), strict=True) if w != g]
     assert not bad, f"{len(bad)} strings differ from Java, e.g. {bad[:3]}"
+
+
+def test_character_classes_equal_the_java_lexers() -> None:
+    # Java's output for "x<c>x" on every BMP character where the 2014 lexer's Unicode tables differ
+    # from today's (letters/digits added later are deleted there) and on every 37th other character.
+    probe = _load("caption_reference_unicode.json")["java_output_of_x_c_x"]
+    assert len(probe) > 2000
+    got = tokenize_lines([f"x{chr(c)}x" for c, _ in probe])
+    bad = [(hex(c), want, g) for (c, want), g in zip(probe, got, strict=True) if want != g]
+    assert not bad, f"{len(bad)} characters differ, e.g. {bad[:5]}"
 
 
 def test_bracket_and_ampersand_tokens_survive_as_in_the_official_scores() -> None:
