@@ -153,6 +153,29 @@ TRICKY = [
     "'90s and '05 cohorts.", "y'all and ma'am.",
 ]
 
+# Pieces that exercise the tokenizer's special rules (abbreviations before a capitalised word or a
+# digit on the next line, clitics, URLs, e-mails, phone numbers, SGML, entities, smileys, fractions,
+# file names, currencies, CJK punctuation); glued together at random into "soup" captions.
+SOUP = [
+    "I.", "U.S.", "etc.", "fig.", "Fig.", "ca.", "No.", "Co.", "Pty.", " Ltd", " The", " He", " It", " <b> ", "\t",
+    " ", "  ", "3", "12", "1/2", "3 1/2", "650-555-1234", "(650) 555-1234", "555.123.4567", "+1 650 555 1234",
+    "it's", "don't", "n't", "'s", "'S", "O'Brien", "y'all", "'90s", "'em", "cont'd", "'twas", "'tis", "gonna",
+    "cannot", "CANNOT", "http://a.b/c", "www.x.org", "a.b@c.de", "<x@y.z>", "@user", "#tag", "C++", "c#",
+    "S&P-500", "AT&T", "H&E", "&amp;", "&lt;", "&gt;", "&quot;", "&apos;", "&nbsp;", "&mdash;", "&#123;",
+    "&eacute;", "-LRB-", "-rrb-", "pro-", "anti-", "...", ". . .", "…", "--", "---", "----", "-----", ":)",
+    ":-(", ";P", "^_^", "(^_^)", "<3", "=)", "x.y.z", "a.m.", "p.m.", "Ph.D.", "U.K.", "e.g.", "i.e.", "\"",
+    "'", "`", "``", "''", "“", "”", "‘", "’", "«", "»", "(", ")", "[", "]", "{", "}", "<", ">", "<<", ">>",
+    "report.pdf", "scan.DCM", "a.txt", "x-ray", "T2-weighted", "non-small-cell", "well-", "-5", "+5", "5.",
+    ".5", "1,000", "1.000,5", "12/05/2020", "5-1-20", "3:30", "½", "²", "₂", "⁺²", "$", "US$", "€", "£", "¢",
+    "¥", "%", "‰", "°", "µ", "±", "×", "÷", "→", "≥", "α", "β", "Ω", "é", "ß", "ﬁ", "肺", "。", "、", "！",
+    "Mr.", "Dr.", "vs.", "St.", "Jan.", "Mass.", "Calif.", "Inc.", "Jr.", "al.", "Bldg.", "pp.", "op.",
+    "effusion", "nodule", "mass", "left", "lung",
+]
+
+
+def _soup(rng: random.Random) -> str:
+    return "".join(rng.choice(SOUP) + (" " if rng.random() < 0.5 else "") for _ in range(rng.randint(0, 8)))
+
 
 def _fill(rng: random.Random) -> str:
     t = rng.choice(TEMPLATES)
@@ -188,10 +211,11 @@ def _perturb(rng: random.Random, s: str) -> str:
     return " ".join(words)
 
 
-def build_corpus(n_generated: int = 700, seed: int = 12) -> list[dict[str, object]]:
+def build_corpus(n_generated: int = 700, n_soup: int = 250, seed: int = 12) -> list[dict[str, object]]:
     """Samples ``{"id": str, "prediction": str, "references": [str, ...]}`` (1-5 references), in a
     fixed order: the hand-written tricky strings first (each as a prediction, and again as a
-    reference of another sample), then ``n_generated`` template samples."""
+    reference of another sample), then ``n_generated`` template samples, then ``n_soup`` samples
+    glued from :data:`SOUP` pieces."""
     samples: list[dict[str, object]] = []
     n_tricky = len(TRICKY)
     for i, s in enumerate(TRICKY):
@@ -213,6 +237,10 @@ def build_corpus(n_generated: int = 700, seed: int = 12) -> list[dict[str, objec
         else:
             pred = _fill(rng)
         samples.append({"id": f"g{i:04d}", "prediction": pred, "references": refs})
+    for i in range(n_soup):
+        rng = random.Random(f"{seed}-soup-{i}")
+        refs = [_soup(rng) if rng.random() < 0.5 else _fill(rng) for _ in range(rng.randint(1, 3))]
+        samples.append({"id": f"s{i:04d}", "prediction": _soup(rng), "references": refs})
     bad = "\r\x0b\x0c\x85\u2028\u2029"
     for smp in samples:
         for text in [smp["prediction"], *smp["references"]]:  # type: ignore[list-item]
