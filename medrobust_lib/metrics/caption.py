@@ -23,8 +23,11 @@ different idf table. :class:`DocumentFrequency` is built once (``from_references
 reference set) and passed to :func:`cider_d` for every condition and subgroup. With ``df=None``
 the table is built from the references being scored, which is exactly pycocoevalcap's ``Cider``.
 
-Inputs are raw strings; by default they go through :func:`ptb_tokenize` and are joined with single
-spaces (``tokenize=False`` scores already tokenised strings, split on whitespace).
+Inputs are raw strings; by default they are tokenized as pycocoevalcap's ``PTBTokenizer`` does
+(:func:`ptb_tokenize_all`: the Java PTBTokenizer 3.4.1, ported to Python, on all references as one
+document and all hypotheses as another, then its punctuation filter), so tokens and scores equal
+the official toolkit's (checked on the committed ``tests/metrics/fixtures/caption_reference_*.json``,
+made by ``tools/caption_reference.py``). ``tokenize=False`` scores already tokenised strings.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from medrobust_lib.metrics.ptb_lexer import tokenize_lines
 
 PUNCTUATIONS: frozenset[str] = frozenset(
     ["''", "'", "``", "`", "-LRB-", "-RRB-", "-LCB-", "-RCB-", ".", "?", "!", ",", ":", "-", "--", "...", ";"]
@@ -51,66 +56,38 @@ _BLEU_SMALL = 1e-9
 
 # --- tokenizer -------------------------------------------------------------------------------------
 
-_CHAR_MAP = str.maketrans(
-    {
-        "\u2018": "'", "\u2019": "'", "\u201a": "'", "\u2032": "'",
-        "\u201c": '"', "\u201d": '"', "\u201e": '"',
-        "\u2013": " -- ", "\u2014": " -- ", "\u2212": "-",
-        "\u00a0": " ",
-    }
-)
-_BRACKETS = {"(": "-LRB-", ")": "-RRB-", "{": "-LCB-", "}": "-RCB-", "[": "-LSB-", "]": "-RSB-"}
-_CLITIC = r"n't|'(?:s|m|d|re|ve|ll)"
-_TOKEN_RE = re.compile(
-    r"""
-      (?:e\.g\.|i\.e\.)                                  # kept abbreviations
-    | n't(?![a-z0-9]) | '(?:s|m|d|re|ve|ll)(?![a-z0-9])   # clitics (split off below)
-    | \.\d+                                             # .5
-    | [a-z0-9]+(?:(?:-|/|(?<=\d)[.,:](?=\d))[a-z0-9]+)*  # words, numbers 3.5 1,000, x-ray, t1/t2
-    | \.\.\.+ | --+ | `` | ''                             # multi-char punctuation
-    | \S                                                # any other single character
-    """,
-    re.VERBOSE,
-)
-_CLITIC_SPLIT = re.compile(rf"([a-z0-9])({_CLITIC})(?![a-z0-9])")
-_CANNOT = re.compile(r"\b(can)(not)\b")
+_LINE_BREAKS = re.compile(r"[\n\r\x0b\x0c\x85\u2028\u2029]")
+
+
+def ptb_tokenize_all(texts: Sequence[str]) -> list[str]:
+    """pycocoevalcap's ``PTBTokenizer.tokenize`` for a list of captions, without Java: one
+    space-joined token string per caption (``""`` when nothing is left), exactly as it hands them to
+    the scorers.
+
+    As there, each caption's ``\\n`` becomes a space, the captions are joined by ``\\n`` into one
+    document, the document is tokenized by Stanford PTBTokenizer 3.4.1 with ``-preserveLines
+    -lowerCase`` (ported in :mod:`medrobust_lib.metrics.ptb_lexer`) and the tokens in
+    :data:`PUNCTUATIONS` are dropped. That list holds upper-case ``-LRB-``/``-RRB-``/``-LCB-``/
+    ``-RCB-`` while ``-lowerCase`` emits ``-lrb-`` etc., so bracket tokens are kept, as in the
+    official scores. A caption's tokens can depend on the start of the next caption (the lexer's
+    trailing context), so the order of ``texts`` matters, as it does in pycocoevalcap.
+    The one deliberate difference: other line breaks (``\\r``, U+000B, U+000C, U+0085, U+2028,
+    U+2029) also become spaces; pycocoevalcap leaves them, and then Java starts a new line and every
+    later caption receives the tokens of the caption before it.
+    """
+    lines = tokenize_lines([_LINE_BREAKS.sub(" ", t) for t in texts])
+    return [" ".join(w for w in line.rstrip().split(" ") if w not in PUNCTUATIONS) for line in lines]
 
 
 def ptb_tokenize(text: str) -> list[str]:
-    """Tokens that pycocoevalcap's ``PTBTokenizer`` (Stanford PTBTokenizer 3.4.1 with
-    ``-lowerCase``, then :data:`PUNCTUATIONS` removed) produces for one caption, without Java.
-
-    Rules (in order): typographic quotes/dashes are mapped to ASCII (an en/em dash becomes ``--``);
-    text is lowercased; clitics are split off (``don't`` -> ``do n't``, ``can't`` -> ``ca n't``,
-    ``it's`` -> ``it 's``, ``patient's`` -> ``patient 's``, also ``'m 're 've 'll 'd``) and
-    ``cannot`` -> ``can not``; words keep inner hyphens and slashes (``x-ray``, ``t2-weighted``,
-    ``t1/t2``) and digits keep inner ``.``/``,``/``:`` (``3.5``, ``1,000``); ``e.g.``/``i.e.`` stay
-    whole; every other symbol is its own token (``%``, ``+``, ``/``, ``=``); brackets become
-    ``-LRB-``-style tokens; finally tokens in :data:`PUNCTUATIONS` are dropped (so round and curly
-    brackets, quotes, ``.,;:?!`` and dashes vanish, while ``[``/``]`` survive as ``-LSB-``/``-RSB-``
-    as in pycocoevalcap). Newlines count as spaces. Returns a possibly empty list of str.
-    """
-    s = text.translate(_CHAR_MAP).lower()
-    s = _CLITIC_SPLIT.sub(r"\1 \2", s)
-    s = _CANNOT.sub(r"\1 \2", s)
-    out: list[str] = []
-    for m in _TOKEN_RE.finditer(s):
-        tok = m.group(0)
-        if tok == '"':
-            tok = "``"  # opening or closing: both are dropped
-        elif tok in _BRACKETS:
-            tok = _BRACKETS[tok]
-        elif tok.startswith("..."):
-            tok = "..."
-        elif tok.startswith("--"):
-            tok = "--"
-        if tok not in PUNCTUATIONS:
-            out.append(tok)
-    return out
+    """Tokens of one caption tokenized on its own (see :func:`ptb_tokenize_all`); a possibly empty
+    list of str. Tokens never contain a space (a few, such as ``3\\u00a01/2``, contain U+00A0)."""
+    s = ptb_tokenize_all([text])[0]
+    return s.split(" ") if s else []
 
 
-def _tokenized(text: str, tokenize: bool) -> str:
-    return " ".join(ptb_tokenize(text)) if tokenize else text
+def _tokenized_all(texts: Sequence[str], tokenize: bool) -> list[str]:
+    return ptb_tokenize_all(texts) if tokenize else list(texts)
 
 
 # --- shared helpers --------------------------------------------------------------------------------
@@ -127,20 +104,29 @@ class CaptionScore:
 def _prepare(
     refs: Mapping[Hashable, Sequence[str]], hyps: Mapping[Hashable, str], tokenize: bool
 ) -> tuple[list[Hashable], list[list[str]], list[str]]:
+    """Ids in ``refs`` order, their tokenized references and hypotheses. Tokenized as pycocoevalcap
+    does: all references as one document (id order, then reference order), all hypotheses as another."""
     if set(refs.keys()) != set(hyps.keys()):
         missing = set(refs) ^ set(hyps)
         raise ValueError(f"refs and hyps must have the same ids; differing ids: {sorted(map(str, missing))[:5]}")
     if not refs:
         raise ValueError("need at least one caption to score")
     ids = list(refs.keys())
-    r: list[list[str]] = []
     for i in ids:
         rr = refs[i]
         if isinstance(rr, str) or len(rr) == 0:
             raise ValueError(f"refs[{i!r}] must be a non-empty list of strings")
-        r.append([_tokenized(x, tokenize) for x in rr])
-    h = [_tokenized(hyps[i], tokenize) for i in ids]
-    return ids, r, h
+    return ids, _group_tokenized([refs[i] for i in ids], tokenize), _tokenized_all([hyps[i] for i in ids], tokenize)
+
+
+def _group_tokenized(groups: Sequence[Sequence[str]], tokenize: bool) -> list[list[str]]:
+    flat = _tokenized_all([x for g in groups for x in g], tokenize)
+    out: list[list[str]] = []
+    k = 0
+    for g in groups:
+        out.append(flat[k : k + len(g)])
+        k += len(g)
+    return out
 
 
 def _ngrams(words: Sequence[str], n: int) -> Counter[tuple[str, ...]]:
@@ -163,49 +149,19 @@ def bleu(
     ids). Returns ``{"bleu_1": ..., "bleu_4": ...}``, each a :class:`CaptionScore` in [0, 1]
     whose ``corpus`` is the corpus-level BLEU (not the mean of per-sample scores).
     """
-    ids, r, h = _prepare(refs, hyps, tokenize)
+    stats = bleu_stats_all(refs, hyps, tokenize=tokenize)
     n = BLEU_N
-    tot_guess = [0] * n
-    tot_correct = [0] * n
-    tot_test = 0
-    tot_ref = 0
-    per: list[list[float]] = [[] for _ in range(n)]
-    for ref_list, hyp in zip(r, h, strict=True):
-        ref_words = [x.split() for x in ref_list]
-        maxcounts: dict[tuple[str, ...], int] = {}
-        for rw in ref_words:
-            for g, c in _ngrams(rw, n).items():
-                maxcounts[g] = max(maxcounts.get(g, 0), c)
-        hw = hyp.split()
-        testlen = len(hw)
-        reflen = min((abs(len(rw) - testlen), len(rw)) for rw in ref_words)[1]
-        guess = [max(0, testlen - k + 1) for k in range(1, n + 1)]
-        correct = [0] * n
-        for g, c in _ngrams(hw, n).items():
-            correct[len(g) - 1] += min(maxcounts.get(g, 0), c)
-        tot_test += testlen
-        tot_ref += reflen
-        prod = 1.0
-        scores = []
-        for k in range(n):
-            tot_guess[k] += guess[k]
-            tot_correct[k] += correct[k]
-            prod *= (float(correct[k]) + _BLEU_TINY) / (float(guess[k]) + _BLEU_SMALL)
-            scores.append(prod ** (1.0 / (k + 1)))
-        ratio = (testlen + _BLEU_TINY) / (reflen + _BLEU_SMALL)
-        bp = math.exp(1 - 1 / ratio) if ratio < 1 else 1.0
-        for k in range(n):
-            per[k].append(scores[k] * bp if ratio < 1 else scores[k])
-    prod = 1.0
-    corpus = []
-    for k in range(n):
-        prod *= float(tot_correct[k] + _BLEU_TINY) / (tot_guess[k] + _BLEU_SMALL)
-        corpus.append(prod ** (1.0 / (k + 1)))
-    ratio = (tot_test + _BLEU_TINY) / (tot_ref + _BLEU_SMALL)
-    if ratio < 1:
-        corpus = [c * math.exp(1 - 1 / ratio) for c in corpus]
+    per = {
+        f"bleu_{k}": {i: bleu_from_stats(st.correct, st.guess, st.hyp_len, st.ref_len, n=k) for i, st in stats.items()}
+        for k in range(1, n + 1)
+    }
+    correct = [sum(st.correct[k] for st in stats.values()) for k in range(n)]
+    guess = [sum(st.guess[k] for st in stats.values()) for k in range(n)]
+    hyp_len = sum(st.hyp_len for st in stats.values())
+    ref_len = sum(st.ref_len for st in stats.values())
     return {
-        f"bleu_{k + 1}": CaptionScore(corpus[k], dict(zip(ids, per[k], strict=True))) for k in range(n)
+        f"bleu_{k}": CaptionScore(bleu_from_stats(correct, guess, hyp_len, ref_len, n=k), per[f"bleu_{k}"])
+        for k in range(1, n + 1)
     }
 
 
@@ -221,12 +177,10 @@ class BleuStats:
     ref_len: int
 
 
-def bleu_stats(refs: Sequence[str], hyp: str, *, tokenize: bool = True) -> BleuStats:
-    """Sufficient statistics for one hypothesis against its references (same rules as :func:`bleu`)."""
-    ref_words = [_tokenized(x, tokenize).split() for x in refs]
-    if not ref_words:
-        raise ValueError("need at least one reference")
-    hw = _tokenized(hyp, tokenize).split()
+def _bleu_stats_tokenized(ref_list: Sequence[str], hyp: str) -> BleuStats:
+    # pycocoevalcap's precook/cook_refs/cook_test: words = s.split() (any whitespace, U+00A0 included)
+    ref_words = [x.split() for x in ref_list]
+    hw = hyp.split()
     maxcounts: dict[tuple[str, ...], int] = {}
     for rw in ref_words:
         for g, c in _ngrams(rw, BLEU_N).items():
@@ -236,6 +190,22 @@ def bleu_stats(refs: Sequence[str], hyp: str, *, tokenize: bool = True) -> BleuS
         correct[len(g) - 1] += min(maxcounts.get(g, 0), c)
     reflen = min((abs(len(rw) - len(hw)), len(rw)) for rw in ref_words)[1]
     return BleuStats(tuple(correct), tuple(max(0, len(hw) - k) for k in range(BLEU_N)), len(hw), reflen)
+
+
+def bleu_stats_all(
+    refs: Mapping[Hashable, Sequence[str]], hyps: Mapping[Hashable, str], *, tokenize: bool = True
+) -> dict[Hashable, BleuStats]:
+    """:class:`BleuStats` of every id (``refs`` order), tokenized as one corpus like :func:`bleu`;
+    summing them over any subset and applying :func:`bleu_from_stats` gives that subset's corpus BLEU."""
+    ids, r, h = _prepare(refs, hyps, tokenize)
+    return {i: _bleu_stats_tokenized(rr, hh) for i, rr, hh in zip(ids, r, h, strict=True)}
+
+
+def bleu_stats(refs: Sequence[str], hyp: str, *, tokenize: bool = True) -> BleuStats:
+    """Sufficient statistics for one hypothesis against its references, tokenized on their own."""
+    if isinstance(refs, str) or not refs:
+        raise ValueError("need at least one reference")
+    return bleu_stats_all({0: refs}, {0: hyp}, tokenize=tokenize)[0]
 
 
 def bleu_from_stats(correct: Sequence[float], guess: Sequence[float], hyp_len: float, ref_len: float,
@@ -306,10 +276,10 @@ class DocumentFrequency:
         if not groups:
             raise ValueError("need at least one reference group to compute document frequencies")
         counts: Counter[tuple[str, ...]] = Counter()
-        for group in groups:
+        for group in _group_tokenized(groups, tokenize):
             seen: set[tuple[str, ...]] = set()
             for ref in group:
-                seen.update(_ngrams(_tokenized(ref, tokenize).split(), CIDER_N))
+                seen.update(_ngrams(ref.split(), CIDER_N))
             counts.update(seen)
         return cls(counts=dict(counts), n_docs=len(groups))
 
@@ -370,6 +340,7 @@ def cider_d(
 
 __all__ = [
     "BLEU_N",
+    "BleuStats",
     "CIDER_N",
     "CIDER_SIGMA",
     "PUNCTUATIONS",
@@ -377,7 +348,11 @@ __all__ = [
     "CaptionScore",
     "DocumentFrequency",
     "bleu",
+    "bleu_from_stats",
+    "bleu_stats",
+    "bleu_stats_all",
     "cider_d",
     "ptb_tokenize",
+    "ptb_tokenize_all",
     "rouge_l",
 ]

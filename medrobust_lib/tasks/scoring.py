@@ -97,7 +97,7 @@ def score_captions(predictions: Mapping[str, str | None], references: Mapping[st
     from medrobust_lib.metrics.caption import (
         DocumentFrequency,
         bleu,
-        bleu_stats,
+        bleu_stats_all,
         cider_d,
         ptb_tokenize,
         rouge_l,
@@ -114,9 +114,10 @@ def score_captions(predictions: Mapping[str, str | None], references: Mapping[st
     b = bleu(refs, hyps)
     r = rouge_l(refs, hyps)
     c = cider_d(refs, hyps, df)
+    stats = bleu_stats_all(refs, hyps)
     out: dict[str, dict[str, Any]] = {}
     for i in ids:
-        st = bleu_stats(refs[i], hyps[i])
+        st = stats[i]
         pred = predictions[i]
         outcome = "error" if pred is None else ("unparseable" if not ptb_tokenize(pred) else
                                                 "refused" if is_refusal(pred) else "ok")
