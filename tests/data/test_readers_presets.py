@@ -193,3 +193,19 @@ def test_npy_single_medsam_slices(tmp_path: Path) -> None:
     assert "CT_Abd_FLARE22_Tr_0001-001" in scaled
     with pytest.raises(FileNotFoundError, match="masks"):
         index_dataset(cfg("flare", "npy_single", root, "ct", options={"mask_dir": "masks"}))
+
+
+def test_readme_dataset_examples_validate() -> None:
+    """The README's example suite entries for these presets are valid DatasetConfigs."""
+    import yaml
+
+    from medrobust_lib.data.dataset import DatasetConfig
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    start = text.index("- {name: hyper_kvasir")
+    block = text[start:text.index("```", start)]
+    entries = yaml.safe_load(block)
+    assert {e["format"] for e in entries} == {"hyper_kvasir", "brain_tumor_kaggle", "glaucoma", "pannuke_npy",
+                                              "npy_single"}
+    for e in entries:
+        DatasetConfig(**e)
