@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
 from pydantic import Field
@@ -47,7 +47,10 @@ def open_npy(path: Path) -> np.ndarray:
     """Memory-map a ``.npy`` file read-only (no pickles). FileNotFoundError names a missing file."""
     if not path.is_file():
         raise FileNotFoundError(f"array file not found: {path}")
-    return np.load(path, mmap_mode="r", allow_pickle=False)
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except ValueError as e:  # pickled object arrays, not a .npy file, ...
+        raise ValueError(f"{path}: not a plain .npy array ({e}); pickles are refused") from None
 
 
 def array_to_unit(arr: np.ndarray, float_scale: float, where: str) -> tuple[FloatImage, dict[str, Any]]:
@@ -109,7 +112,7 @@ class PanNukeOptions(ReaderOptions):
     """``per_channel``: one box per nucleus class present in the patch (the tight box over that
     channel's nuclei); ``merged``: the dataset-wide rule (one tight box, or one per component with
     ``per_component_boxes``)."""
-    channels: list[int] = Field(default_factory=lambda: [0, 1, 2, 3, 4])
+    channels: list[Annotated[int, Field(ge=0, le=5)]] = Field(default_factory=lambda: [0, 1, 2, 3, 4], min_length=1)
     """Mask channels that are foreground (0 neoplastic, 1 inflammatory, 2 connective, 3 dead, 4 epithelial)."""
     parts: list[str] | None = None
     """Part folder names to read (default: every sub-folder holding Images/images.npy, sorted)."""
@@ -165,7 +168,12 @@ def index_pannuke(cfg: DatasetConfig) -> IndexResult:
             raise ValueError(f"{images_p}: shape {images.shape}, need (N, H, W, 3)")
         if masks.ndim != 4 or masks.shape[:3] != images.shape[:3] or masks.shape[3] < max(opts.channels) + 1:
             raise ValueError(f"{masks_p}: shape {masks.shape} does not match images {images.shape} (N, H, W, 6)")
-        types = open_npy(types_p) if types_p is not None else None
+        types, types_note = None, None
+        if types_p is not None:
+            try:
+                types = open_npy(types_p)
+            except ValueError as e:  # e.g. a pickled object array, refused with allow_pickle=False
+                types_note = f"types.npy not read: {e}"
         if types is not None and (types.ndim != 1 or types.shape[0] != images.shape[0]):
             raise ValueError(f"{types_p}: shape {types.shape}, need ({images.shape[0]},)")
         key = _part_key(part)
@@ -173,7 +181,7 @@ def index_pannuke(cfg: DatasetConfig) -> IndexResult:
         for i in range(images.shape[0]):
             tissue = str(types[i]) if types is not None else None
             refs.append(make_ref(cfg, f"{key}_{i:0{width}d}", images_p, [masks_p], index=i, part=part.name,
-                                 tissue=tissue))
+                                 tissue=tissue, tissue_note=types_note))
     return refs, []
 
 

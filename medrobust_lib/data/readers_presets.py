@@ -38,19 +38,15 @@ _JPEG = (".jpg", ".jpeg")
 
 
 def _dataset_root(cfg: DatasetConfig, wrappers: tuple[str, ...], marker: str) -> Path:
-    """``cfg.root``, or the first nested wrapper folder (archive top folders kept on extraction)
-    that holds the ``marker`` sub-folder."""
+    """``cfg.root``, or the first folder below it, along the archive's wrapper folder names (kept
+    on extraction, e.g. ``hyper-kvasir/segmented-images``), that holds the ``marker`` sub-folder."""
     root = require_dir(Path(cfg.root).expanduser(), f"dataset root for {cfg.name!r}")
-    if child_dir(root, marker) is not None:
-        return root
-    cur = root
-    for w in wrappers:
-        nxt = child_dir(cur, w)
-        if nxt is None:
-            break
-        cur = nxt
-        if child_dir(cur, marker) is not None:
-            return cur
+    frontier = [root]
+    for _ in range(len(wrappers) + 1):
+        for d in frontier:
+            if child_dir(d, marker) is not None:
+                return d
+        frontier = [c for d in frontier for w in wrappers if (c := child_dir(d, w)) is not None]
     return root
 
 

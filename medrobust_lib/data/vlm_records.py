@@ -838,7 +838,7 @@ def _psf_image(row: Mapping[str, Any], fields: Mapping[str, tuple[str, ...]], ro
     return found
 
 
-def _psf_subset(path: Path, rows: list[Mapping[str, Any]], fields: Mapping[str, tuple[str, ...]],
+def _psf_subset(path: Path, rows: Sequence[Mapping[str, Any]], fields: Mapping[str, tuple[str, ...]],
                 subset: str | None) -> str:
     if subset:
         return subset

@@ -209,3 +209,24 @@ def test_readme_dataset_examples_validate() -> None:
                                               "npy_single"}
     for e in entries:
         DatasetConfig(**e)
+
+
+def test_hyper_kvasir_root_may_be_any_wrapper_level(tmp_path: Path) -> None:
+    seg = _hyper_kvasir(tmp_path)
+    for root in (tmp_path, seg.parent, seg):
+        refs, bad = index_dataset(cfg("hk", "hyper_kvasir", root, "endoscopy"))
+        assert [r.sample_id for r in refs] == ["0a1b", "0c2d"] and len(bad) == 1
+    kaggle = tmp_path / "kaggle" / "1"
+    kaggle.mkdir(parents=True)
+    seg.rename(kaggle / "segmented-images")  # Kaggle's copy: <version>/segmented-images/
+    refs, _ = index_dataset(cfg("hk", "hyper_kvasir", kaggle, "endoscopy"))
+    assert len(refs) == 2
+
+
+def test_pannuke_pickled_types_are_noted_not_fatal(tmp_path: Path) -> None:
+    _pannuke(tmp_path)
+    np.save(tmp_path / "Part 1" / "Images" / "types.npy", np.array(["Breast", 1, None], dtype=object), allow_pickle=True)
+    refs, _ = index_dataset(cfg("pannuke", "pannuke_npy", tmp_path, "pathology"))
+    assert len(refs) == 3 and refs[0].extra["tissue"] is None and "pickles are refused" in refs[0].extra["tissue_note"]
+    with pytest.raises(ValueError, match="channels"):
+        cfg("pannuke", "pannuke_npy", tmp_path, "pathology", options={"channels": [6]})
