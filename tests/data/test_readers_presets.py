@@ -230,3 +230,16 @@ def test_pannuke_pickled_types_are_noted_not_fatal(tmp_path: Path) -> None:
     assert len(refs) == 3 and refs[0].extra["tissue"] is None and "pickles are refused" in refs[0].extra["tissue_note"]
     with pytest.raises(ValueError, match="channels"):
         cfg("pannuke", "pannuke_npy", tmp_path, "pathology", options={"channels": [6]})
+
+
+def test_pannuke_original_fold_layout(tmp_path: Path) -> None:
+    """PanNuke's own release: fold_1/images/images.npy + fold_1/masks/masks.npy (lower case)."""
+    _pannuke(tmp_path)
+    fold = tmp_path / "pannuke" / "fold_1"
+    fold.mkdir(parents=True)
+    (tmp_path / "Part 1" / "Images").rename(fold / "images")
+    (tmp_path / "Part 1" / "Masks").rename(fold / "masks")
+    refs, _ = index_dataset(cfg("pannuke", "pannuke_npy", tmp_path / "pannuke", "pathology"))
+    assert [r.sample_id for r in refs] == ["fold1_00000", "fold1_00001", "fold1_00002"]
+    good, _ = run(cfg("pannuke", "pannuke_npy", fold, "pathology", size=None))
+    assert sorted(good) == ["fold1_00000", "fold1_00002"]
