@@ -332,4 +332,10 @@ def finish_sample(
 
 # Importing the reader modules registers the built-in readers. They import this module's names,
 # which are all defined above, so the circular import is safe in either import order.
-from medrobust_lib.data import readers_dicom, readers_folder, readers_nifti  # noqa: E402, F401
+from medrobust_lib.data import (  # noqa: E402, F401
+    readers_dicom,
+    readers_folder,
+    readers_nifti,
+    readers_npy,
+    readers_presets,
+)

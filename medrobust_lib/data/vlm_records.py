@@ -8,8 +8,10 @@ Four formats, one reader each, all returning a :class:`ReadResult`:
 - :func:`read_roco`: ROCOv2 captions (Rückert et al., Sci Data 2024), ``ID,Caption`` CSV or a
   parquet with ``image_id``/``ID`` and ``caption`` -> :class:`CaptionRecord` (one per ID).
 - :func:`read_mecovqa_grounding`: MeCoVQA-G (MedPLIB) LLaVA conversations -> :class:`GroundingRecord`.
-- :func:`read_binary_paraphrases`: PSF-Med-like yes/no questions with paraphrases (JSONL, or CSV
-  with one row per paraphrase) -> :class:`YesNoRecord`.
+- :func:`read_psf_med`: the released PSF-Med question files (MIMIC-CXR, PadChest, VinDr;
+  parquet / JSON / JSONL / CSV; paraphrase groups, yes/no labels, image paths) -> :class:`YesNoRecord`.
+- :func:`read_binary_paraphrases`: yes/no questions with paraphrases in our schema (JSONL, or CSV
+  with one row per paraphrase), or a PSF-Med file (dispatched to :func:`read_psf_med`).
 
 Contract shared by all readers: ``record_id`` is the dataset's own identifier (stable across runs);
 ``image_path`` is absolute, resolved against ``image_root`` (an absolute path in the file is kept),
@@ -23,7 +25,7 @@ that is not a list) raises ``FileNotFoundError`` / ``ValueError``: there are no 
 Quarantine reasons: ``missing_field``, ``bad_json``, ``duplicate_id``, ``missing_image``,
 ``too_few_options``, ``answer_not_in_options``, ``ambiguous_answer``, ``empty_caption``, ``no_box``,
 ``invalid_box``, ``missing_mask``, ``empty_mask``, ``unreadable_mask``, ``bad_answer``,
-``bad_polarity``, ``bad_paraphrase``, ``inconsistent_rows``.
+``bad_polarity``, ``bad_paraphrase``, ``inconsistent_rows``, ``not_yesno``.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import json
 import math
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, NamedTuple, TypeVar
@@ -55,6 +57,7 @@ __all__ = [
     "read_binary_paraphrases",
     "read_mecovqa_grounding",
     "read_omnimedvqa",
+    "read_psf_med",
     "read_roco",
 ]
 
@@ -473,6 +476,20 @@ def read_roco(
 
 _BOX_TEXT = re.compile(r"\[\s*" + r"\s*,\s*".join([r"(-?\d+(?:\.\d+)?)"] * 4) + r"\s*\]")
 _RASTER = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
+_MASK_TAG = re.compile(r"<mask>(.*?)</mask>", re.DOTALL)
+_SAMED2D_MODALITY = re.compile(r"^(?P<modality>[a-z]+(?:_[a-z]+)*?)(?:_\d+)?$")
+
+
+def samed2d_name_parts(name: str) -> tuple[str | None, str | None]:
+    """``(modality, dataset)`` from an SA-Med2D-16M file stem or MeCoVQA id such as
+    ``ct_00--AMOS2022--amos_0001--x_0020`` (``ct``, ``AMOS2022``) or
+    ``x_ray--Chest_Image_Pneum--<uid>--2d_none`` (``x_ray``, ``Chest_Image_Pneum``); ``(None, None)``
+    for names without the ``--`` separated fields."""
+    parts = Path(name).name.split("--")
+    if len(parts) < 3:
+        return None, None
+    m = _SAMED2D_MODALITY.match(parts[0])
+    return (m.group("modality") if m else None), (parts[1] or None)
 
 
 def _turn(conv: list[Any], who: str) -> str | None:
@@ -516,14 +533,16 @@ def _check_box(box: tuple[float, ...], hw: tuple[int, int] | None) -> tuple[int,
 
 
 def _grounding_from_entry(rid: str, e: Mapping[str, Any], root: Path) -> GroundingRecord:
-    _require(e, "id", "image", "conversations")
+    _require(e, "image", "conversations")
     conv = e["conversations"]
     if not isinstance(conv, list):
         raise SampleError("missing_field", "conversations is not a list")
     human = _turn(conv, "human")
     if human is None:
         raise SampleError("missing_field", "no human turn")
-    answer = _turn(conv, "gpt") or ""
+    raw_answer = _turn(conv, "gpt") or ""
+    tagged = _MASK_TAG.search(raw_answer)
+    answer = _MASK_TAG.sub("", raw_answer).replace("<SEG>", "").strip()
     image = _resolve_image(root, _text(e["image"]))
     hw = _hw(e.get("image_size"))
 
@@ -531,6 +550,8 @@ def _grounding_from_entry(rid: str, e: Mapping[str, Any], root: Path) -> Groundi
     source = ""
     bbox = e.get("bbox")
     mask_rel = next((_text(e[k]) for k in ("mask", "mask_path") if not _is_missing(e.get(k))), None)
+    if mask_rel is None and tagged is not None and tagged.group(1).strip():
+        mask_rel = tagged.group(1).strip()
     if isinstance(bbox, list | tuple) and len(bbox) == 4:
         try:
             box, source = tuple(float(v) for v in bbox), "bbox"
@@ -563,10 +584,12 @@ def _grounding_from_entry(rid: str, e: Mapping[str, Any], root: Path) -> Groundi
         box, source = vals, "answer"
     if hw is None:
         hw = _raster_hw(image)
+    name_modality, name_dataset = samed2d_name_parts(_opt_str(e.get("id")) or Path(_text(e["image"])).stem)
+    modality = _opt_str(e.get("modality")) or (name_modality or "").replace("_", " ")
     return GroundingRecord(
         record_id=rid,
-        dataset=_opt_str(e.get("dataset")) or "mecovqa_g",
-        modality=canonical_modality(_opt_str(e.get("modality")) or ""),
+        dataset=_opt_str(e.get("dataset")) or name_dataset or "mecovqa_g",
+        modality=canonical_modality(modality),
         image_path=image,
         question=human.replace("<image>", "").strip(),
         answer=answer.strip(),
@@ -579,14 +602,23 @@ def _grounding_from_entry(rid: str, e: Mapping[str, Any], root: Path) -> Groundi
 
 
 def read_mecovqa_grounding(path: PathLike, image_root: PathLike) -> ReadResult[GroundingRecord]:
-    """Read MeCoVQA-G-style grounding conversations (a JSON list).
+    """Read MeCoVQA-G grounding conversations (a JSON list, e.g. ``MeCoVQA_Grounding_test.json``).
 
-    Each entry: ``{"id", "image", "conversations": [{"from": "human", "value": "<image>\\n..."},
-    {"from": "gpt", "value": ...}]}`` with optional ``bbox`` (pixel XYXY, end exclusive),
-    ``image_size`` (``[h, w]``), ``mask``/``mask_path`` (a mask image relative to ``image_root``),
-    ``dataset`` and ``modality``. The box comes from, in order: ``bbox``; the tight box of the mask
-    file; the first ``[x0, y0, x1, y1]`` in the gpt answer (all values in [0, 1] are normalised and
-    scaled by ``image_size``, x by width and y by height, then rounded). None of these -> ``no_box``."""
+    Released layout (MedPLIB's ``LazySupervisedDataset`` and evaluation scripts): each entry is
+    ``{"id", "image", "conversations": [{"from": "human", "value": "<image>\\n..."}, {"from": "gpt",
+    "value": "<SEG><mask>masks/<name>.png</mask>"}]}`` (optional ``answer_type``); ``image`` and the
+    mask path are relative to the SA-Med2D ``SAMed2Dv1`` folder (pass it as ``image_root``) and a
+    mask pixel >= 1 is foreground. ``id`` (an SA-Med2D name such as
+    ``ct_00--AMOS2022--amos_0001--x_0020``) gives the modality (``ct``) and the source dataset
+    (``AMOS2022``) unless ``modality`` / ``dataset`` fields are present; an entry without ``id`` is
+    named ``#<index>``.
+
+    Also accepted (our own and derived files): ``bbox`` (pixel XYXY, end exclusive), ``image_size``
+    (``[h, w]``), ``mask``/``mask_path`` fields. The box comes from, in order: ``bbox``; the tight
+    box of the mask (``mask``/``mask_path`` field, else the answer's ``<mask>...</mask>``); the
+    first ``[x0, y0, x1, y1]`` in the gpt answer (all values in [0, 1] are normalised and scaled by
+    ``image_size``, x by width and y by height, then rounded). None of these -> ``no_box``.
+    ``answer`` is the gpt turn without ``<SEG>`` and the mask tag."""
     p, root = Path(path), Path(image_root)
     entries = [(f"#{i}", e) for i, e in enumerate(_load_json_list(p))]
     return _collect(_with_rid(entries, "id"), lambda rid, e: _grounding_from_entry(rid, e, root))
@@ -679,7 +711,8 @@ def _build_csv_yesno(rid: str, e: Mapping[str, Any], root: Path) -> YesNoRecord:
 
 
 def read_binary_paraphrases(path: PathLike, image_root: PathLike) -> ReadResult[YesNoRecord]:
-    """Read PSF-Med-like yes/no questions with paraphrases.
+    """Read yes/no questions with paraphrases: a released PSF-Med file (detected by
+    :func:`looks_like_psf_med`, read by :func:`read_psf_med`) or our own schema:
 
     ``.jsonl``: one object per line ``{id, image_path, dataset, modality, question, answer,
     paraphrases: [{text, polarity}], finding}`` (blank lines skipped, not counted). ``.csv``: one
@@ -690,9 +723,313 @@ def read_binary_paraphrases(path: PathLike, image_root: PathLike) -> ReadResult[
     ``answer`` must be yes/no (case and a trailing period ignored); polarity must be 1 or -1."""
     p, root = Path(path), Path(image_root)
     suffix = p.suffix.lower()
+    if p.is_file() and looks_like_psf_med(p):
+        return read_psf_med(p, root)
     if suffix in (".jsonl", ".json"):
         return _collect(_with_rid(_jsonl_entries(p), "id"), lambda rid, e: _build_jsonl_yesno(rid, e, root))
     if suffix != ".csv":
         raise ValueError(f"{p}: unsupported extension {suffix!r}; valid: .jsonl, .json, .csv")
     entries = _group_rows(_read_csv_rows(p), "id")
     return _collect(entries, lambda rid, e: _build_csv_yesno(rid, e, root))
+
+
+# ---------------------------------------------------------------- PSF-Med
+
+
+PSF_MED_FIELDS: dict[str, tuple[str, ...]] = {
+    "id": ("question_id", "qid", "id"),
+    "question": ("original_question", "question", "original"),
+    "paraphrases": ("paraphrases",),
+    "paraphrase": ("paraphrase", "paraphrased_question", "paraphrase_text"),
+    "phenomenon": ("phenomenon", "transformation", "paraphrase_type"),
+    "answer": ("answer", "label", "ground_truth", "gt_answer"),
+    "image": ("image_path", "image", "image_file", "filename", "ImageID", "image_id", "dicom_id"),
+    "subject_id": ("subject_id",),
+    "study_id": ("study_id",),
+    "dicom_id": ("dicom_id",),
+    "dataset": ("dataset", "subset", "source"),
+    "yesno": ("is_yesno_claude", "is_yesno"),
+    "polarity": ("polarity",),
+}
+"""PSF-Med field -> accepted column names, first present wins. The card confirms ``is_yesno``,
+``is_yesno_claude``, the phenomenon names and the MIMIC path fields; the other names are the
+common spellings (the gated files could not be inspected), so ``fields=`` overrides any of them."""
+
+PSF_MED_SUBSETS: tuple[str, ...] = ("mimic", "padchest", "vindr")
+_PSF_MARKERS = frozenset({"original_question", "question_id", "phenomenon", "is_yesno", "is_yesno_claude",
+                          "paraphrase", "paraphrased_question", "dicom_id", "ImageID", "study_id"})
+
+
+def _psf_get(row: Mapping[str, Any], fields: Mapping[str, tuple[str, ...]], key: str) -> Any:
+    for name in fields.get(key, ()):
+        if name in row and not _is_missing_scalar(row[name]):
+            return row[name]
+    return None
+
+
+def _is_missing_scalar(value: Any) -> bool:
+    if isinstance(value, list | tuple | dict):
+        return False
+    if isinstance(value, np.ndarray):
+        return value.size == 0
+    return _is_missing(value)
+
+
+def _yes_no_value(value: Any) -> str:
+    if isinstance(value, bool | np.bool_):
+        return "yes" if bool(value) else "no"
+    return _yes_no(value)
+
+
+def _truthy(value: Any) -> bool | None:
+    if value is None:
+        return None
+    if isinstance(value, bool | np.bool_):
+        return bool(value)
+    t = _text(value).lower()
+    if t in ("true", "1", "yes"):
+        return True
+    if t in ("false", "0", "no"):
+        return False
+    return None
+
+
+class _ImageIndex:
+    """Lazy ``file name -> path`` index of ``image_root`` (PadChest ships its PNGs in numbered
+    sub-folders, so a bare ``ImageID`` needs a lookup). A name found twice is ambiguous (None)."""
+
+    def __init__(self, root: Path) -> None:
+        self._root = root
+        self._names: dict[str, Path | None] | None = None
+
+    def find(self, name: str) -> Path | None:
+        if self._names is None:
+            self._names = {}
+            if self._root.is_dir():
+                for p in sorted(self._root.rglob("*")):
+                    if p.is_file():
+                        self._names[p.name] = None if p.name in self._names else p
+        return self._names.get(name)
+
+
+def _psf_image(row: Mapping[str, Any], fields: Mapping[str, tuple[str, ...]], root: Path, index: _ImageIndex) -> Path:
+    subject, study = _psf_get(row, fields, "subject_id"), _psf_get(row, fields, "study_id")
+    dicom = _psf_get(row, fields, "dicom_id")
+    if subject is not None and study is not None and dicom is not None:
+        sid, st = _text(subject).lstrip("p"), _text(study).lstrip("s")
+        name = _text(dicom)
+        name = name if name.lower().endswith((".jpg", ".jpeg", ".png", ".dcm")) else f"{name}.jpg"
+        rel = Path("files") / f"p{sid[:2]}" / f"p{sid}" / f"s{st}" / name
+        for base in (root, root / "mimic-cxr-jpg"):
+            if (base / rel).exists():
+                return base / rel
+        raise SampleError("missing_image", str(root / rel))
+    value = _psf_get(row, fields, "image")
+    if value is None:
+        raise SampleError("missing_field", f"no image field (one of {', '.join(fields['image'])})")
+    rel_s = _text(value)
+    p = Path(rel_s)
+    direct = p if p.is_absolute() else root / p
+    if direct.exists():
+        return direct
+    found = index.find(p.name)
+    if found is None:
+        raise SampleError("missing_image", f"{direct} (and no unique {p.name} under {root})")
+    return found
+
+
+def _psf_subset(path: Path, rows: Sequence[Mapping[str, Any]], fields: Mapping[str, tuple[str, ...]],
+                subset: str | None) -> str:
+    if subset:
+        return subset
+    if rows:
+        v = _psf_get(rows[0], fields, "dataset")
+        if v is not None:
+            return _text(v)
+    low = path.name.lower()
+    return next((s for s in PSF_MED_SUBSETS if s in low), "psf_med")
+
+
+def _psf_rows(path: Path) -> list[dict[str, Any]]:
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        import pandas as pd
+
+        df = pd.read_parquet(path)
+        return [{str(k): v for k, v in r.items()} for r in df.to_dict(orient="records")]
+    if suffix == ".csv":
+        return [dict(r) for r in _read_csv_rows(path)]
+    text = path.read_text(encoding="utf-8")
+    if text.lstrip().startswith("["):
+        data = _load_json_list(path)
+        return [e if isinstance(e, dict) else {"_bad": e} for e in data]
+    out: list[dict[str, Any]] = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            e = json.loads(line)
+        except json.JSONDecodeError as err:
+            e = {"_bad": f"line {n}: {err}"}
+        out.append(e if isinstance(e, dict) else {"_bad": e})
+    return out
+
+
+def _psf_paraphrase_list(value: Any) -> list[tuple[Any, Any, Any]]:
+    """A ``paraphrases`` cell -> ``(text, phenomenon, polarity)``; strings or objects with
+    ``text``/``paraphrase`` (+ ``phenomenon``, ``polarity``)."""
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise SampleError("bad_paraphrase", "paraphrases is a string that is not a JSON list") from None
+    if not isinstance(value, list):
+        raise SampleError("bad_paraphrase", f"paraphrases must be a list, got {type(value).__name__}")
+    out: list[tuple[Any, Any, Any]] = []
+    for item in value:
+        if isinstance(item, str):
+            out.append((item, None, None))
+        elif isinstance(item, Mapping):
+            text = next((item[k] for k in ("text", "paraphrase", "question") if k in item), None)
+            out.append((text, item.get("phenomenon"), item.get("polarity")))
+        else:
+            raise SampleError("bad_paraphrase", f"paraphrase {item!r}")
+    return out
+
+
+def read_psf_med(
+    path: PathLike,
+    image_root: PathLike,
+    *,
+    subset: str | None = None,
+    fields: Mapping[str, Sequence[str]] | None = None,
+    yesno_only: bool = True,
+) -> ReadResult[YesNoRecord]:
+    """Read a released PSF-Med question file (MIMIC-CXR, PadChest or VinDr subset) into yes/no
+    records whose variants are the original question and its paraphrases.
+
+    Accepted files: the Hugging Face parquet export (``load_dataset("saillab/psf-med", "mimic")``
+    -> ``to_parquet``), JSON (a list), JSONL or CSV. Rows are either one per question with a
+    ``paraphrases`` list (strings, or objects with ``text``/``paraphrase`` and ``phenomenon``), or
+    one per (question, paraphrase) pair with a ``paraphrase`` column, grouped by the question id in
+    first-seen order. Column names: :data:`PSF_MED_FIELDS` (``fields`` adds or overrides spellings).
+
+    Labels: ``answer`` yes/no (booleans accepted); a row flagged not yes/no by ``is_yesno_claude``
+    (else ``is_yesno``) is quarantined ``not_yesno`` when ``yesno_only``. PSF-Med paraphrases are
+    meaning-preserving (LLM-judge bidirectional entailment, clinician audit), so every paraphrase
+    has polarity +1 unless a ``polarity`` column says otherwise; ``negation_pattern`` paraphrases
+    keep the answer. ``finding`` is the phenomena of the paraphrases (``;``-joined).
+
+    Images (``image_root`` = where the images were put): MIMIC rows with ``subject_id``,
+    ``study_id`` and ``dicom_id`` resolve to ``files/p<first 2>/p<subject>/s<study>/<dicom>.jpg``
+    (also under ``image_root/mimic-cxr-jpg``); otherwise the image column is a path relative to
+    ``image_root`` or a bare file name looked up anywhere below it (PadChest's numbered folders).
+    ``dataset`` is ``subset``, else the file's ``dataset``/``subset`` column, else the subset named
+    in the file name (mimic, padchest, vindr); ``modality`` is ``xray``."""
+    p, root = Path(path), Path(image_root)
+    f: dict[str, tuple[str, ...]] = dict(PSF_MED_FIELDS)
+    for k, names in (fields or {}).items():
+        if k not in PSF_MED_FIELDS:
+            raise ValueError(f"unknown PSF-Med field {k!r}; valid: {', '.join(PSF_MED_FIELDS)}")
+        f[k] = tuple(names) + tuple(n for n in PSF_MED_FIELDS[k] if n not in names)
+    rows = _psf_rows(p)
+    dataset = _psf_subset(p, rows, f, subset)
+    index = _ImageIndex(root)
+    flat = any(_psf_get(r, f, "paraphrase") is not None for r in rows) and not any(
+        _psf_get(r, f, "paraphrases") is not None for r in rows)
+
+    entries: list[tuple[str, Any]] = []
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for i, r in enumerate(rows, start=1):
+        if "_bad" in r:
+            entries.append((f"row:{i}", SampleError("bad_json", _text(r["_bad"]))))
+            continue
+        rid_v = _psf_get(r, f, "id")
+        if rid_v is None:
+            q = _psf_get(r, f, "question")
+            img = _psf_get(r, f, "image") or _psf_get(r, f, "dicom_id")
+            if q is None or img is None:
+                entries.append((f"row:{i}", SampleError("missing_field", f"row {i} has no question id")))
+                continue
+            rid_v = f"{_text(img)}|{_text(q)}"
+        rid = _text(rid_v)
+        if not flat:
+            entries.append((rid, {"_rid": rid, "rows": [r]}))
+            continue
+        if rid not in groups:
+            groups[rid] = []
+            entries.append((rid, {"_rid": rid, "rows": groups[rid]}))
+        groups[rid].append(r)
+
+    def build(rid: str, e: Mapping[str, Any]) -> YesNoRecord:
+        grp: list[Mapping[str, Any]] = e["rows"]
+        first = grp[0]
+        question = _psf_get(first, f, "question")
+        answer = _psf_get(first, f, "answer")
+        if question is None or answer is None:
+            missing = [k for k, v in (("question", question), ("answer", answer)) if v is None]
+            raise SampleError("missing_field", f"missing {', '.join(missing)}")
+        if yesno_only and _truthy(_psf_get(first, f, "yesno")) is False:
+            raise SampleError("not_yesno", f"flagged not yes/no: {_text(question)!r}")
+        ans = _yes_no_value(answer)
+        image = _psf_image(first, f, root, index)
+        for k in ("question", "answer"):
+            values = {_text(_psf_get(r, f, k)) for r in grp}
+            if len(values) > 1:
+                raise SampleError("inconsistent_rows", f"{k} differs across rows: {sorted(values)}")
+        if flat:
+            paras = [(_psf_get(r, f, "paraphrase"), _psf_get(r, f, "phenomenon"), _psf_get(r, f, "polarity"))
+                     for r in grp if _psf_get(r, f, "paraphrase") is not None]
+        else:
+            cell = _psf_get(first, f, "paraphrases")
+            paras = _psf_paraphrase_list(cell) if cell is not None else []
+        variants: list[tuple[str, int]] = [(_text(question), 1)]
+        phenomena: list[str] = []
+        for text, phen, pol in paras:
+            if _is_missing(text) or not isinstance(text, str):
+                raise SampleError("bad_paraphrase", f"paraphrase text {text!r}")
+            variants.append((text.strip(), 1 if pol is None or _is_missing(pol) else _polarity(pol)))
+            if phen is not None and not _is_missing(phen) and _text(phen) not in phenomena:
+                phenomena.append(_text(phen))
+        return YesNoRecord(
+            record_id=rid,
+            dataset=dataset,
+            modality="xray",
+            image_path=image,
+            question=_text(question),
+            answer=ans,
+            variants=tuple(variants),
+            finding=";".join(phenomena),
+        )
+
+    return _collect(entries, build)
+
+
+def looks_like_psf_med(path: PathLike) -> bool:
+    """True when a yes/no file is in the PSF-Med release's shape rather than our
+    ``{id, image_path, question, answer, paraphrases: [{text, polarity}]}`` schema: a parquet
+    file, a JSON list, or a first record / CSV header with PSF-Med columns (question id, original
+    question, per-row paraphrase, phenomenon, is_yesno, MIMIC ids) and no ``polarity``."""
+    p = Path(path)
+    if p.suffix.lower() == ".parquet":
+        return True
+    if p.suffix.lower() == ".csv":
+        with p.open(newline="", encoding="utf-8-sig") as fh:
+            header = set(next(csv.reader(fh), []))
+        return "polarity" not in header and bool(header & _PSF_MARKERS)
+    text = p.read_text(encoding="utf-8")
+    if text.lstrip().startswith("["):
+        return True
+    first = next((ln for ln in text.splitlines() if ln.strip()), "")
+    try:
+        e = json.loads(first)
+    except json.JSONDecodeError:
+        return False
+    if not isinstance(e, dict):
+        return False
+    paras = e.get("paraphrases")
+    ours = isinstance(paras, list) and all(isinstance(x, Mapping) and "polarity" in x for x in paras)
+    return not ours and bool(set(e) & _PSF_MARKERS or (isinstance(paras, list) and paras
+                                                         and all(isinstance(x, str) for x in paras)))

@@ -87,8 +87,9 @@ def test_config_validation(tmp_path: Path) -> None:
 
 
 def test_registry_lists_readers() -> None:
-    assert set(READERS.list(kind="preset")) == {"isic2016", "kvasir_seg", "busi", "lgg_mri", "refuge"}
-    assert {"folder", "dicom", "nifti"} <= set(READERS)
+    assert set(READERS.list(kind="preset")) == {"isic2016", "kvasir_seg", "busi", "lgg_mri", "refuge",
+                                                "hyper_kvasir", "brain_tumor_kaggle", "glaucoma", "pannuke_npy"}
+    assert {"folder", "dicom", "nifti", "npy_single"} <= set(READERS)
     for name in READERS.list(kind="preset"):
         r = READERS.get(name)
         assert r.citation and r.layout and r.description
