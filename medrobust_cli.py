@@ -269,9 +269,15 @@ def check(
     on the same samples and conditions (0: passed, 2: bad input). Each side's rows are reused when
     they exist, else (models:/ URIs) the version is evaluated first."""
     from medrobust_lib.config import load_suite
-    from medrobust_lib.pipeline.gate import GateInputError, GateThresholds, compare, gather_side, render
-    from medrobust_lib.pipeline.segmentation import RESULTS_TABLE
     from medrobust_lib.store.results import read_table
+    from medrobust_lib.tracks.finetune.gate import (
+        GateInputError,
+        GateThresholds,
+        compare,
+        gather_side,
+        render,
+    )
+    from medrobust_lib.tracks.segmentation.evaluate import RESULTS_TABLE
 
     if mlruns is not None:
         os.environ["MEDROBUST_MLRUNS"] = str(mlruns)

@@ -58,7 +58,7 @@ def run_demo(suite_path: str, *, workers: int = 0, log: Callable[[str], None] = 
                 step("perturbed_samples", dg.MultiPartitionKey({"modality": m, "severity": str(lv)}))
     for m in suite.modalities:
         step("perturbation_gallery", m)
-    from medrobust_lib.pipeline.segmentation import seg_config
+    from medrobust_lib.tracks.segmentation.evaluate import seg_config
 
     models = seg_config(suite).models
     for model in models:
@@ -73,7 +73,7 @@ def run_demo(suite_path: str, *, workers: int = 0, log: Callable[[str], None] = 
                     step(f"{model.id}/{kind}", dg.MultiPartitionKey({"modality": m, "severity": str(lv)}))
     if models:
         step("segmentation_report")
-    from medrobust_lib.pipeline.strategies import finetune_config
+    from medrobust_lib.tracks.finetune.strategies import finetune_config
 
     ft = finetune_config(suite)
     if ft is not None:
@@ -86,7 +86,7 @@ def run_demo(suite_path: str, *, workers: int = 0, log: Callable[[str], None] = 
             step(f"{ft.base}/strategy_predictions", st)
         step(f"{ft.base}/strategy_ranking")
         run_registry_demo(suite, inst, step, log, mlruns_dir)
-    from medrobust_lib.pipeline.vlm_config import vlm_config
+    from medrobust_lib.config.vlm import vlm_config
 
     vlms = sorted(vlm_config(suite).models, key=lambda v: v.base is not None)
     for v in vlms:
@@ -101,7 +101,7 @@ def run_demo(suite_path: str, *, workers: int = 0, log: Callable[[str], None] = 
             for lv in suite.perturbations.levels:
                 step(f"{v.id}/vlm_perturbed_predictions", dg.MultiPartitionKey({"modality": m, "severity": str(lv)}))
     step("vlm_report")
-    from medrobust_lib.pipeline.taxonomy import taxonomy_config
+    from medrobust_lib.tracks.taxonomy.evaluate import taxonomy_config
 
     for c in sorted(taxonomy_config(suite).configs, key=lambda c: c.base is not None):
         log(f"== safety taxonomy: {c.id}")
@@ -159,14 +159,14 @@ def run_registry_demo(suite: Any, inst: dg.DagsterInstance, step: Callable[..., 
        sensor-to-results latency (without the daemon's polling interval).
     3. A deliberately degraded candidate (seeded noise, 0.5 sd, on the mask decoder) must FAIL the gate.
     Raises RuntimeError when the gate verdicts are not the expected ones."""
-    from medrobust_lib.pipeline.strategies import (
+    from medrobust_lib.store import registry
+    from medrobust_lib.tracks.finetune.strategies import (
         degrade_checkpoint,
         finetune_strategy,
         register_version,
         require_finetune,
         strategy_dir,
     )
-    from medrobust_lib.store import registry
 
     ft = require_finetune(suite)
     strategy = "lora" if "lora" in ft.strategies else ft.strategies[0]
