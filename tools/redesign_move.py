@@ -51,6 +51,26 @@ MODULE_MOVES: dict[str, str] = {
 }
 """Old dotted module -> new dotted module. A package maps its ``__init__``."""
 
+_ITEMS = ("VLMItem", "LoadedItems", "load_items", "box_in_sample", "prompt_for", "records_config", "YESNO_SUFFIX",
+          "CAPTION_PROMPT", "GROUNDING_SUFFIX", "_sid")
+_SEG_CFG = ("SegModelConfig", "SegTrainConfig", "AttackSuiteConfig", "SegmentationConfig", "ATTACK_KINDS")
+_FT_CFG = ("LoraOptions", "FinetuneTrain", "FinetuneEval", "GateOptions", "FinetuneConfig")
+_TX_CFG = ("TaxonomyConfigEntry", "TaxonomyConfig")
+SYMBOL_MOVES: dict[tuple[str, str], str] = {
+    **{("medrobust_lib.config.vlm", n): "medrobust_lib.tracks.vlm.items" for n in _ITEMS},
+    **{(m, n): "medrobust_lib.config.segmentation" for n in _SEG_CFG
+       for m in ("medrobust_lib.tracks.segmentation.evaluate", "medrobust_lib.pipeline.segmentation")},
+    **{(m, n): "medrobust_lib.config.segmentation" for n in _FT_CFG
+       for m in ("medrobust_lib.tracks.finetune.strategies", "medrobust_lib.pipeline.strategies")},
+    **{(m, n): "medrobust_lib.config.taxonomy" for n in _TX_CFG
+       for m in ("medrobust_lib.tracks.taxonomy.evaluate", "medrobust_lib.pipeline.taxonomy")},
+    ("medrobust_lib.tracks.datasets", "ensure_demo"): "medrobust_lib.demo.build",
+    ("medrobust_lib.pipeline.datasets", "ensure_demo"): "medrobust_lib.demo.build",
+    ("medrobust_lib.data.demo.records", "RECORD_FILES"): "medrobust_lib.paths",
+    ("medrobust_lib.demo.records", "RECORD_FILES"): "medrobust_lib.paths",
+}
+"""(module, name) -> the module that defines ``name`` now (imports of it are rewritten)."""
+
 TEST_MOVES: dict[str, str] = {
     "tests/pipeline/test_gate.py": "tests/tracks/finetune/test_gate.py",
     "tests/pipeline/test_strategy_report.py": "tests/tracks/finetune/test_ranking.py",
@@ -147,19 +167,28 @@ def _split_names(names: str) -> list[tuple[str, str | None]]:
     return out
 
 
-def _rewrite_from_imports(text: str) -> str:
+def _rewrite_from_imports(text: str, this_module: str = "") -> str:
     """``from medrobust_lib.pipeline import vlm as v`` -> ``from medrobust_lib.tracks.vlm import evaluate as v``."""
 
     def repl(m: re.Match[str]) -> str:
         pkg, indent = m.group("pkg"), m.group("indent")
         names = _split_names(m.group("names"))
         moved = [(n, a) for n, a in names if f"{pkg}.{n}" in MODULE_MOVES]
-        if not moved:
+        new_pkg = MODULE_MOVES.get(pkg, pkg) if pkg not in _KEEP_AS_PACKAGE else pkg
+        symbols = [(n, a) for n, a in names if (SYMBOL_MOVES.get((pkg, n)) or SYMBOL_MOVES.get((new_pkg, n)))
+                   not in (None, this_module)]
+        if not moved and not symbols:
             return m.group(0)
         lines = []
-        kept = [(n, a) for n, a in names if f"{pkg}.{n}" not in MODULE_MOVES]
+        kept = [(n, a) for n, a in names if (n, a) not in moved and (n, a) not in symbols]
         if kept:
             lines.append(f"{indent}from {pkg} import " + ", ".join(n if a is None else f"{n} as {a}" for n, a in kept))
+        by_dest: dict[str, list[str]] = {}
+        for n, a in symbols:
+            dest = SYMBOL_MOVES.get((pkg, n)) or SYMBOL_MOVES[(new_pkg, n)]
+            by_dest.setdefault(dest, []).append(n if a is None else f"{n} as {a}")
+        for dest, ns in by_dest.items():
+            lines.append(f"{indent}from {dest} import " + ", ".join(ns))
         for n, a in moved:
             new = MODULE_MOVES[f"{pkg}.{n}"]
             parent, leaf = new.rsplit(".", 1)
@@ -170,8 +199,8 @@ def _rewrite_from_imports(text: str) -> str:
     return _FROM_IMPORT.sub(repl, text)
 
 
-def rewrite_text(text: str) -> str:
-    text = _rewrite_from_imports(text)
+def rewrite_text(text: str, this_module: str = "") -> str:
+    text = _rewrite_from_imports(text, this_module)
     for old, new in _ORDERED:
         if old in _KEEP_AS_PACKAGE:
             continue
@@ -196,7 +225,8 @@ def rewrite_all() -> None:
         if p.name == "redesign_move.py":
             continue
         old = p.read_text()
-        new = rewrite_text(old)
+        mod = ".".join(p.with_suffix("").parts).removesuffix(".__init__") if p.suffix == ".py" else ""
+        new = rewrite_text(old, mod)
         if new != old:
             p.write_text(new)
 

@@ -17,7 +17,7 @@ from medrobust_lib.demo.build import GENERATOR_VERSION, build_demo, clean_demo
 from medrobust_lib.demo.geometry import SIZE, SMALL_AREA_FRACTION
 from medrobust_lib.demo.layouts import LAYOUTS
 from medrobust_lib.demo.manifest import DemoDataset, DemoManifest, DemoSample
-from medrobust_lib.demo.records import RECORD_FILES
+from medrobust_lib.paths import RECORD_FILES
 
 __all__ = [
     "GENERATOR_VERSION",

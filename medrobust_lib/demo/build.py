@@ -9,7 +9,8 @@ from pathlib import Path
 from medrobust_lib.config import Suite
 from medrobust_lib.demo.layouts import LAYOUTS, write_dataset
 from medrobust_lib.demo.manifest import MANIFEST_NAME, DemoManifest
-from medrobust_lib.demo.records import RECORD_FILES, write_records
+from medrobust_lib.demo.records import write_records
+from medrobust_lib.paths import RECORD_FILES
 from medrobust_lib.types import ALL_MODALITIES
 
 GENERATOR_VERSION = "1.1"  # 1.1: image-level (modality) yes/no questions

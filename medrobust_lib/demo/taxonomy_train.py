@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from medrobust_lib.config import Suite
-from medrobust_lib.config.vlm import YESNO_SUFFIX, VLMItem, load_items
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.demo.vlm_train import _samples_by_split, vocabulary_texts
 from medrobust_lib.finetune.vlm_train import VLMExample
 from medrobust_lib.seeding import stable_fraction
 from medrobust_lib.tracks.taxonomy.evaluate import config_entry, taxonomy_config, variants_of
+from medrobust_lib.tracks.vlm.items import YESNO_SUFFIX, VLMItem, load_items
 from medrobust_lib.tracks.vlm.runner import checkpoint_dir
 
 
@@ -73,9 +73,7 @@ def train_taxonomy_model(suite: Suite, config_id: str, log: Callable[[str], None
     if entry.demo_training is None:
         raise ValueError(f"taxonomy config {config_id!r} names a model; it has no demo training")
     tc = taxonomy_config(suite)
-    ts = {"max_steps": 1500, "batch_size": 32, "lr": 2e-3, "eval_every": 150, "patience": 4,
-          "time_budget_s": 60.0, "image_size": 64, "patch_size": 16, "hidden": 64, "layers": 2,
-          "lora_steps": 300, "lora_lr": 2e-3, **tc.train}
+    ts = tc.train.model_dump()
     all_items = load_items(suite).items
     items = [it for it in all_items if it.task == "vqa_yesno"]
     by_split = _samples_by_split(suite)
@@ -88,7 +86,7 @@ def train_taxonomy_model(suite: Suite, config_id: str, log: Callable[[str], None
                           min_paraphrases=tc.min_paraphrases)
     cfg = VLMTrainConfig(max_steps=int(ts["max_steps"]), batch_size=int(ts["batch_size"]), lr=float(ts["lr"]),
                          eval_every=int(ts["eval_every"]), patience=int(ts["patience"]),
-                         time_budget_s=float(ts["time_budget_s"]), seed=suite.seed,
+                         time_budget_s=ts["time_budget_s"], seed=suite.seed,
                          select_on="first_token_accuracy")
     if kind == "consistency_lora":
         from transformers import AutoModelForImageTextToText, AutoProcessor
@@ -102,7 +100,7 @@ def train_taxonomy_model(suite: Suite, config_id: str, log: Callable[[str], None
         proc = AutoProcessor.from_pretrained(source, local_files_only=True)
         lcfg = VLMTrainConfig(max_steps=int(ts["lora_steps"]), batch_size=int(ts["batch_size"]),
                               lr=float(ts["lora_lr"]), eval_every=50, patience=4,
-                              time_budget_s=float(ts["time_budget_s"]), seed=suite.seed,
+                              time_budget_s=ts["time_budget_s"], seed=suite.seed,
                               select_on="first_token_accuracy")
         res = finetune_lora(model, proc, train, val, LoraSettings(), lcfg, checkpoint_dir(suite, config_id) / "adapter",
                             base_model_hash=_folder_hash(str(source)), log=log)

@@ -13,16 +13,10 @@ from typing import Any
 import numpy as np
 
 from medrobust_lib.config import Suite
-from medrobust_lib.config.vlm import (
-    VLMItem,
-    box_in_sample,
-    load_items,
-    prompt_for,
-    vlm_config,
-    vlm_model,
-)
+from medrobust_lib.config.vlm import vlm_config, vlm_model
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.finetune.vlm_train import VLMExample
+from medrobust_lib.tracks.vlm.items import VLMItem, box_in_sample, load_items, prompt_for
 from medrobust_lib.tracks.vlm.runner import checkpoint_dir
 
 SELECTION_TASKS = ("vqa_yesno", "vqa_mc")

@@ -13,7 +13,6 @@ import pandas as pd
 import pytest
 
 from medrobust_lib.config import Suite, load_suite
-from medrobust_lib.config.vlm import YESNO_SUFFIX, load_items
 from medrobust_lib.store import results
 from medrobust_lib.store.schema_taxonomy import TAXONOMY_TABLE
 from medrobust_lib.taxonomy.stats import transitions
@@ -21,6 +20,7 @@ from medrobust_lib.tracks.datasets import build_clean_index
 from medrobust_lib.tracks.perturbed import build_perturbed, read_manifest
 from medrobust_lib.tracks.taxonomy import evaluate as tx
 from medrobust_lib.tracks.taxonomy.stats import write_taxonomy_stats
+from medrobust_lib.tracks.vlm.items import YESNO_SUFFIX, load_items
 from tests.suite_helpers import write_suite
 
 TAX = {"configs": [{"id": "demo-image-reliant", "demo_training": "image_reliant"},

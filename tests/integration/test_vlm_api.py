@@ -127,8 +127,8 @@ def test_api_model_from_yaml(api_suite: Suite) -> None:
 
 
 def test_api_paraphraser_feeds_the_taxonomy(api_suite: Suite, monkeypatch: pytest.MonkeyPatch) -> None:
-    from medrobust_lib.config.vlm import load_items
     from medrobust_lib.tracks.taxonomy import evaluate as tx
+    from medrobust_lib.tracks.vlm.items import load_items
 
     s = api_suite.model_copy(update={"taxonomy": {"configs": [{"id": "fake", "model": "fake-gpt"}],
                                                   "min_paraphrases": 8, "api_paraphraser": "fake-gpt"}})

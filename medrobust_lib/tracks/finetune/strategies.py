@@ -26,73 +26,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
 
 from medrobust_lib.config import Suite
-
-if TYPE_CHECKING:
-    from medrobust_lib.tracks.segmentation.evaluate import SegModelConfig
-
-
-class LoraOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    r: int = 8
-    alpha: int = 16
-    dropout: float = 0.05
-    targets: str | None = None
-
-
-class FinetuneTrain(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    max_steps: int = 200
-    lr: float = 5e-4
-    batch_size: int = 8
-    eval_every: int = 25
-    patience: int = 3
-    time_budget_s: float | None = 30.0
-
-
-class FinetuneEval(BaseModel):
-    """What every fine-tuned checkpoint (and every registry version) is evaluated on: the clean
-    test split, the perturbation types matching ``perturbations`` (fnmatch globs) at ``levels``,
-    and FGSM/PGD at ``attack_levels``. None: everything the suite has."""
-
-    model_config = ConfigDict(extra="forbid")
-    levels: list[int] | None = None
-    perturbations: list[str] | None = None
-    attack_levels: list[int] | None = None
-
-
-class GateOptions(BaseModel):
-    """Thresholds of the regression gate (``pipeline.gate.GateThresholds``) used by the
-    ``robustness_gate`` asset check."""
-
-    model_config = ConfigDict(extra="forbid")
-    max_iou_drop_increase: float = 0.01
-    max_dice_drop_increase: float = 0.01
-    alpha: float = 0.05
-    min_pairs: int = 5
-
-
-class FinetuneConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    base: str
-    strategies: list[str] = Field(default_factory=lambda: ["full", "decoder_only", "decoder_prompt",
-                                                           "encoder_partial", "lora", "adapter"])
-    encoder_blocks: int = 4
-    adapter_ratio: float = 0.25
-    lora: LoraOptions = Field(default_factory=lambda: LoraOptions())
-    train: FinetuneTrain = Field(default_factory=lambda: FinetuneTrain())
-    eval: FinetuneEval = Field(default_factory=lambda: FinetuneEval())
-    gate: GateOptions = Field(default_factory=lambda: GateOptions())
+from medrobust_lib.config.segmentation import FinetuneConfig, FinetuneEval, SegModelConfig
 
 
 def finetune_config(suite: Suite) -> FinetuneConfig | None:
-    raw = getattr(suite, "segmentation", None) or {}
-    ft = raw.get("finetune") if isinstance(raw, dict) else None
-    return None if ft is None else FinetuneConfig.model_validate(ft)
+    """The suite's ``segmentation.finetune`` section (None: no fine-tuning configured)."""
+    return suite.segmentation.finetune
 
 
 def strategy_dir(suite: Suite, base: str, strategy: str) -> Path:
@@ -128,7 +70,7 @@ def registry_model_config(suite: Suite, uri: str, mlruns_dir: str | Path | None 
     import json
 
     from medrobust_lib.store import registry
-    from medrobust_lib.tracks.segmentation.evaluate import SegModelConfig, seg_config
+    from medrobust_lib.tracks.segmentation.evaluate import seg_config
 
     name, version = registry.resolve_version(uri, mlruns_dir)
     pinned = f"models:/{name}/{version}"

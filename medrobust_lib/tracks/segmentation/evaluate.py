@@ -6,19 +6,18 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field
 
 from medrobust_lib.config import Suite
+from medrobust_lib.config.segmentation import SegmentationConfig, SegModelConfig
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.prompts import PromptConfig, prompt_boxes
 from medrobust_lib.store import registry, results
 
 RESULTS_TABLE = "segmentation_results"
-ATTACK_KINDS: tuple[Literal["fgsm", "pgd"], ...] = ("fgsm", "pgd")
 EVAL_VERSION = 1
 RESULT_COLUMNS: tuple[str, ...] = (
     "model", "checkpoint", "strategy", "dataset", "modality", "sample_id", "condition", "perturbation", "level",
@@ -27,57 +26,9 @@ RESULT_COLUMNS: tuple[str, ...] = (
 )
 
 
-class SegModelConfig(BaseModel):
-    """One segmentation model of the suite. ``checkpoint``: a local file (.pth / .safetensors in
-    the published layout) or ``trained`` (the demo base-checkpoint asset trains it)."""
-
-    model_config = ConfigDict(extra="forbid")
-    id: str = Field(pattern=r"^[a-z0-9][a-z0-9_\-]*$")
-    family: Literal["sam", "medsam", "sam_med2d"] = "sam"
-    arch: str = "vit_b"
-    checkpoint: str = "trained"
-    strategy: str = "pretrained"
-    device: str = "cpu"
-    batch_size: int = 8
-
-
-class SegTrainConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    max_steps: int = 400
-    batch_size: int = 8
-    lr: float = 2e-3
-    warmup_steps: int = 20
-    eval_every: int = 50
-    patience: int = 4
-    time_budget_s: float | None = 100.0
-    box_jitter: float = 0.05
-
-
-class AttackSuiteConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    kinds: list[Literal["fgsm", "pgd"]] = Field(default_factory=lambda: list(ATTACK_KINDS))
-    step_size_factor: float = 2.5
-    max_samples: int | None = None
-
-
-class SegmentationConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    models: list[SegModelConfig] = Field(default_factory=list)
-    train: SegTrainConfig = Field(default_factory=lambda: SegTrainConfig())
-    prompt_margin: float = 0.0
-    prompt_jitter: float = 0.0
-    split: str = "test"
-    attacks: AttackSuiteConfig = Field(default_factory=lambda: AttackSuiteConfig())
-    finetune: dict[str, Any] | None = None  # fine-tuning strategies (pipeline.strategies.FinetuneConfig)
-
-    @property
-    def prompt(self) -> PromptConfig:
-        return PromptConfig(margin=self.prompt_margin, jitter=self.prompt_jitter)
-
-
 def seg_config(suite: Suite) -> SegmentationConfig:
-    raw = getattr(suite, "segmentation", None) or {}
-    return raw if isinstance(raw, SegmentationConfig) else SegmentationConfig.model_validate(raw)
+    """The suite's ``segmentation:`` section."""
+    return suite.segmentation
 
 
 def model_config(suite: Suite, model_id: str | SegModelConfig) -> SegModelConfig:

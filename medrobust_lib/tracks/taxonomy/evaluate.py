@@ -29,17 +29,18 @@ import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
 
 from medrobust_lib.config import Suite
-from medrobust_lib.config.vlm import YESNO_SUFFIX, VLMItem, VLMModelConfig, load_items, vlm_model
+from medrobust_lib.config.taxonomy import TaxonomyConfig, TaxonomyConfigEntry
+from medrobust_lib.config.vlm import VLMModelConfig, vlm_model
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store import results
 from medrobust_lib.store.schema_taxonomy import COLUMN_NAMES, TAXONOMY_TABLE
+from medrobust_lib.tracks.vlm.items import YESNO_SUFFIX, VLMItem, load_items
 
 BASELINE_TABLE = "taxonomy_baselines"
 BASELINE_COLUMNS = ("config", "checkpoint", "adapter", "dataset", "modality", "sample_id", "record_id", "image_mode",
@@ -47,42 +48,9 @@ BASELINE_COLUMNS = ("config", "checkpoint", "adapter", "dataset", "modality", "s
 VERSION = 1
 
 
-class TaxonomyConfigEntry(BaseModel):
-    """A named model configuration of the taxonomy. ``model`` names a VLM of ``vlm.models``;
-    ``demo_training`` (demo only) says how the demo trains that VLM: ``image_reliant`` (true
-    labels, positive paraphrases), ``shortcut`` (labels predicted by the question wording) or
-    ``consistency_lora`` (LoRA on every paraphrase, negations included, over another config's
-    model, named by ``base``)."""
-
-    model_config = ConfigDict(extra="forbid")
-    id: str = Field(pattern=r"^[a-z0-9][a-z0-9_\-]*$")
-    model: str | None = None
-    demo_training: Literal["image_reliant", "shortcut", "consistency_lora"] | None = None
-    base: str | None = None
-
-    def model_post_init(self, __context: Any) -> None:
-        if (self.model is None) == (self.demo_training is None):
-            raise ValueError(f"taxonomy config {self.id!r}: give exactly one of 'model' (a vlm.models id) or "
-                             "'demo_training'")
-        if (self.demo_training == "consistency_lora") != (self.base is not None):
-            raise ValueError(f"taxonomy config {self.id!r}: 'base' (another config) goes with consistency_lora only")
-
-
-class TaxonomyConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    configs: list[TaxonomyConfigEntry] = Field(default_factory=list)
-    image_modes: list[Literal["none", "blank", "noise"]] = Field(default_factory=lambda: ["none"])  # type: ignore[arg-type]
-    min_paraphrases: int = 5
-    api_paraphraser: str | None = None
-    """A ``kind: api`` model of ``vlm.models`` that writes extra paraphrases for records with too
-    few (cached; each candidate passes the recorded equivalence filter before use)."""
-    split: str = "test"
-    train: dict[str, Any] = Field(default_factory=dict)
-
-
 def taxonomy_config(suite: Suite) -> TaxonomyConfig:
-    raw = getattr(suite, "taxonomy", None) or {}
-    return raw if isinstance(raw, TaxonomyConfig) else TaxonomyConfig.model_validate(raw)
+    """The suite's ``taxonomy:`` section."""
+    return suite.taxonomy
 
 
 def config_entry(suite: Suite, config_id: str) -> TaxonomyConfigEntry:

@@ -18,17 +18,11 @@ from typing import Any
 import numpy as np
 
 from medrobust_lib.config import Suite
-from medrobust_lib.config.vlm import (
-    VLMItem,
-    box_in_sample,
-    load_items,
-    prompt_for,
-    vlm_config,
-    vlm_model,
-)
+from medrobust_lib.config.vlm import vlm_config, vlm_model
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.store import results
 from medrobust_lib.store.schema_vlm import COLUMN_NAMES, VLM_TABLE
+from medrobust_lib.tracks.vlm.items import VLMItem, box_in_sample, load_items, prompt_for
 from medrobust_lib.tracks.vlm.runner import Answer, Runner
 
 EVAL_VERSION = 1
@@ -222,7 +216,7 @@ def _judge_runner(suite: Suite) -> Runner | None:
 
 
 def _fingerprint(runner: Runner, suite: Suite, extra: list[Any]) -> str:
-    from medrobust_lib.config.vlm import records_config
+    from medrobust_lib.tracks.vlm.items import records_config
 
     vc = vlm_config(suite)
     return results.fingerprint([EVAL_VERSION, runner.checkpoint, runner.adapter, runner.m.model_dump(),
