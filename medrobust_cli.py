@@ -74,6 +74,48 @@ def demo(
 
 
 @app.command()
+def run(
+    suite: Annotated[str, typer.Option(help="suite YAML")],
+    select: Annotated[list[str] | None, typer.Option(
+        help="an asset group (datasets, perturbations, segmentation, finetune, vlm, taxonomy, marts) or an asset "
+             "key such as tiny-sam/clean_predictions; a leading + adds what it depends on; repeatable "
+             "(default: everything)")] = None,
+    workers: Annotated[int, typer.Option(help="processes inside a partition (0: the suite's value)")] = 0,
+) -> None:
+    """Materialize a suite's assets in dependency order, with progress (one Dagster run per partition,
+    visible in the UI). A failure prints one line: asset, partition, cause (full log in the run)."""
+    from medrobust_assets.runner import StepFailed, run_suite
+
+    t0 = time.perf_counter()
+    try:
+        mart = run_suite(suite, select, workers=workers, log=_echo)
+    except StepFailed as exc:
+        _echo(f"error: {exc}")
+        raise typer.Exit(1) from None
+    except (FileNotFoundError, ValueError) as exc:
+        _echo(f"error: {exc}")
+        raise typer.Exit(2) from None
+    typer.echo(f"Done in {time.perf_counter() - t0:.0f} s. Mart: {mart}  (medrobust query --suite {suite} \"SQL\")")
+
+
+@app.command()
+def validate(
+    suite: Annotated[str, typer.Option(help="suite YAML")],
+    load: Annotated[int, typer.Option(help="samples decoded per dataset (0: index only)")] = 3,
+) -> None:
+    """Check a suite without running it: configuration (unknown keys, models without weights), every
+    dataset's layout (samples found, quarantined, first problems), weights and record files.
+    Exit 0 when usable, 2 when not."""
+    from medrobust_lib.tracks.validate import validate_suite
+
+    report = validate_suite(suite, n_load=load)
+    for line in report.lines():
+        typer.echo(line)
+    if not report.ok:
+        raise typer.Exit(2)
+
+
+@app.command()
 def query(
     sql: Annotated[str, typer.Argument(help="one read-only SQL statement (SELECT, WITH, DESCRIBE, SHOW, "
                                             "SUMMARIZE, EXPLAIN of a SELECT)")],
@@ -269,9 +311,15 @@ def check(
     on the same samples and conditions (0: passed, 2: bad input). Each side's rows are reused when
     they exist, else (models:/ URIs) the version is evaluated first."""
     from medrobust_lib.config import load_suite
-    from medrobust_lib.pipeline.gate import GateInputError, GateThresholds, compare, gather_side, render
-    from medrobust_lib.pipeline.segmentation import RESULTS_TABLE
     from medrobust_lib.store.results import read_table
+    from medrobust_lib.tracks.finetune.gate import (
+        GateInputError,
+        GateThresholds,
+        compare,
+        gather_side,
+        render,
+    )
+    from medrobust_lib.tracks.segmentation.evaluate import RESULTS_TABLE
 
     if mlruns is not None:
         os.environ["MEDROBUST_MLRUNS"] = str(mlruns)

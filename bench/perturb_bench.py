@@ -20,12 +20,13 @@ import numpy as np
 import pandas as pd
 
 from medrobust_lib.config import Suite
+from medrobust_lib.demo.build import ensure_demo
 from medrobust_lib.perturb.calibrate import DEFAULT_BANDS, calibrate
 from medrobust_lib.perturb.engine import ChunkSpec, run_chunk
 from medrobust_lib.perturb.spec import get_perturbation
-from medrobust_lib.pipeline.datasets import build_clean_index, ensure_demo, load_clean_samples
-from medrobust_lib.pipeline.perturbed import selected_types
 from medrobust_lib.seeding import rng_for
+from medrobust_lib.tracks.datasets import build_clean_index, load_clean_samples
+from medrobust_lib.tracks.perturbed import selected_types
 
 # ours -> imagecorruptions name
 PAIRS = {

@@ -66,13 +66,13 @@ def main() -> None:
     import dagster as dg
 
     from medrobust_lib.config import load_suite
-    from medrobust_lib.pipeline.strategies import (
+    from medrobust_lib.store import registry
+    from medrobust_lib.tracks.finetune.strategies import (
         finetune_strategy,
         register_version,
         require_finetune,
         strategy_dir,
     )
-    from medrobust_lib.store import registry
 
     suite = load_suite(args.suite)
     ft = require_finetune(suite)

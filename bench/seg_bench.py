@@ -15,9 +15,10 @@ import numpy as np
 
 from medrobust_lib.config import load_suite
 from medrobust_lib.perturb.engine import regenerate
-from medrobust_lib.pipeline.datasets import load_clean_samples
-from medrobust_lib.pipeline.perturbed import read_manifest
-from medrobust_lib.pipeline.segmentation import (
+from medrobust_lib.prompts import prompt_boxes
+from medrobust_lib.tracks.datasets import load_clean_samples
+from medrobust_lib.tracks.perturbed import read_manifest
+from medrobust_lib.tracks.segmentation.evaluate import (
     evaluate_attacks,
     evaluate_clean,
     evaluate_perturbed,
@@ -25,7 +26,6 @@ from medrobust_lib.pipeline.segmentation import (
     model_config,
     seg_config,
 )
-from medrobust_lib.prompts import prompt_boxes
 
 
 def main() -> None:

@@ -34,7 +34,7 @@ def _suite_for_definitions() -> Any:
 
 
 def _model_assets() -> list[dg.AssetsDefinition]:
-    from medrobust_lib.pipeline.segmentation import seg_config
+    from medrobust_lib.tracks.segmentation.evaluate import seg_config
 
     suite = _suite_for_definitions()
     assets: list[dg.AssetsDefinition] = []
@@ -45,7 +45,7 @@ def _model_assets() -> list[dg.AssetsDefinition]:
 
 
 def _vlm_assets() -> list[dg.AssetsDefinition]:
-    from medrobust_lib.pipeline.vlm_config import vlm_config
+    from medrobust_lib.config.vlm import vlm_config
 
     suite = _suite_for_definitions()
     assets: list[dg.AssetsDefinition] = []
@@ -63,7 +63,7 @@ def _vlm_assets() -> list[dg.AssetsDefinition]:
 
 
 def _taxonomy_assets(vlm_assets: list[dg.AssetsDefinition]) -> list[dg.AssetsDefinition]:
-    from medrobust_lib.pipeline.taxonomy import taxonomy_config
+    from medrobust_lib.tracks.taxonomy.evaluate import taxonomy_config
 
     suite = _suite_for_definitions()
     if suite is None:
@@ -86,7 +86,7 @@ def _taxonomy_assets(vlm_assets: list[dg.AssetsDefinition]) -> list[dg.AssetsDef
 
 
 def _finetune_assets(model_assets: list[dg.AssetsDefinition]) -> list[dg.AssetsDefinition]:
-    from medrobust_lib.pipeline.strategies import finetune_config
+    from medrobust_lib.tracks.finetune.strategies import finetune_config
 
     suite = _suite_for_definitions()
     ft = finetune_config(suite) if suite is not None else None

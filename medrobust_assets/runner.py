@@ -1,19 +1,24 @@
-"""Materialize the whole graph in order (used by ``medrobust demo``), one run per partition,
-recorded in the instance configured by dagster.yaml so the runs show up in the UI."""
+"""Materialize a selection of the Definitions (``medrobust run`` / ``medrobust demo``), one run per
+partition, recorded in the instance configured by dagster.yaml so the runs show up in the UI.
+
+What runs and in which order comes from the Definitions' own asset graph (:func:`plan`: Dagster's
+asset selection and its topological levels), never from a hand-written list."""
 
 from __future__ import annotations
 
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
-from medrobust_assets.definitions import ALL_ASSETS, build_resources
-from medrobust_lib.config import load_suite
-from medrobust_lib.types import SEVERITY_LEVELS
+from medrobust_assets import partitions
+from medrobust_assets.definitions import ALL_ASSETS, build_resources, defs
+from medrobust_lib.config import Suite, load_suite
+from medrobust_lib.tracks.finetune.strategies import finetune_config
 
 # Progress is printed by run_demo; Dagster's own event stream stays in the instance (and the UI).
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
@@ -28,94 +33,155 @@ def get_instance() -> dg.DagsterInstance:
     return dg.DagsterInstance.ephemeral()
 
 
-def run_demo(suite_path: str, *, workers: int = 0, log: Callable[[str], None] = print,
-             instance: dg.DagsterInstance | None = None, mlruns_dir: str = "mlruns") -> str:
-    """Materialize demo_data, then every partition of every asset, then the mart. Returns the
-    mart path. Raises RuntimeError naming the first failed step."""
+@dataclass(frozen=True)
+class Step:
+    """One run of the plan: an asset and one of its partitions (None: unpartitioned)."""
+
+    key: dg.AssetKey
+    partition: str | dg.MultiPartitionKey | None
+    group: str
+
+    @property
+    def label(self) -> str:
+        name = self.key.to_user_string()
+        return f"{name}[{self.partition}]" if self.partition is not None else name
+
+
+def _partitions(pdef: dg.PartitionsDefinition | None, suite: Suite,
+                instance: dg.DagsterInstance) -> list[str | dg.MultiPartitionKey | None]:
+    """The partitions of one asset that the suite asks for: modality and severity dimensions are
+    filtered by ``suite.modalities`` and ``suite.perturbations.levels``; dynamic partitions are
+    the ones the instance holds (the registry sensor adds them)."""
+    if pdef is None:
+        return [None]
+    if isinstance(pdef, dg.MultiPartitionsDefinition):
+        out: list[str | dg.MultiPartitionKey | None] = []
+        for k in pdef.get_partition_keys(dynamic_partitions_store=instance):
+            dims = k.keys_by_dimension if isinstance(k, dg.MultiPartitionKey) else {}
+            if dims.get("modality", suite.modalities[0]) in suite.modalities and \
+                    int(dims.get("severity", suite.perturbations.levels[0])) in suite.perturbations.levels:
+                out.append(k)
+        return out
+    keys = pdef.get_partition_keys(dynamic_partitions_store=instance)
+    if pdef is partitions.modality_partitions:
+        return [k for k in keys if k in suite.modalities]
+    return list(keys)
+
+
+def plan(selection: dg.AssetSelection, suite: Suite, instance: dg.DagsterInstance,
+         definitions: dg.Definitions | None = None) -> list[Step]:
+    """The runs that materialize ``selection``, in dependency order, derived from the Definitions'
+    asset graph (topological levels; within a level, by asset key). Dynamic partitions that do not
+    exist yet are simply absent."""
+    graph = (definitions or defs).resolve_asset_graph()
+    wanted = selection.resolve(graph)
+    steps: list[Step] = []
+    for level in graph.toposorted_asset_keys_by_level:
+        for key in sorted(k for k in level if k in wanted):
+            node = graph.get(key)
+            for part in _partitions(node.partitions_def, suite, instance):
+                steps.append(Step(key, part, node.group_name or "default"))
+    return steps
+
+
+def parse_selection(tokens: list[str] | None, definitions: dg.Definitions | None = None) -> dg.AssetSelection:
+    """``--select`` tokens: a group name or an asset key (``tiny-sam/clean_predictions``); a leading
+    ``+`` adds everything upstream. None or empty: every asset. Raises ValueError naming the valid
+    groups for an unknown token."""
+    if not tokens:
+        return dg.AssetSelection.all()
+    graph = (definitions or defs).resolve_asset_graph()
+    groups = sorted({graph.get(k).group_name or "default" for k in graph.get_all_asset_keys()})
+    keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
+    sel: dg.AssetSelection | None = None
+    for raw in tokens:
+        tok, upstream = raw.lstrip("+"), raw.startswith("+")
+        if tok in groups:
+            part = dg.AssetSelection.groups(tok)
+        elif tok in keys:
+            part = dg.AssetSelection.assets(dg.AssetKey.from_user_string(tok))
+        else:
+            raise ValueError(f"unknown group or asset {tok!r}; groups: {', '.join(groups)}")
+        if upstream:
+            part = part.upstream()
+        sel = part if sel is None else sel | part
+    assert sel is not None
+    return sel
+
+
+def _failure_cause(res: dg.ExecuteInProcessResult) -> str:
+    for ev in res.get_step_failure_events():
+        data = ev.step_failure_data
+        if data is not None and data.error is not None:
+            cause = data.error
+            while cause.cause is not None:
+                cause = cause.cause
+            return cause.message.strip().splitlines()[-1] if cause.message.strip() else cause.cls_name or "error"
+    return "unknown cause"
+
+
+class StepFailed(RuntimeError):
+    """A run of the plan failed: ``label`` (asset[partition]), ``cause`` (one line), ``run_id``."""
+
+    def __init__(self, label: str, cause: str, run_id: str) -> None:
+        super().__init__(f"materializing {label} failed: {cause} (full log: Dagster run {run_id})")
+        self.label, self.cause, self.run_id = label, cause, run_id
+
+
+def run_plan(steps: list[Step], *, suite_path: str, instance: dg.DagsterInstance, resources: dict[str, object],
+             log: Callable[[str], None] = print, source: str = "medrobust run") -> None:
+    """Materialize each step as its own run in ``instance`` (so every run shows in the UI), printing
+    one progress line per step and a header per asset group. Raises :class:`StepFailed`."""
+    group = None
+    for st in steps:
+        if st.group != group:
+            group = st.group
+            log(f"== {group}")
+        t0 = time.perf_counter()
+        res = dg.materialize(ALL_ASSETS, selection=[st.key], partition_key=st.partition, instance=instance,
+                             resources=resources, raise_on_error=False, run_config=QUIET,
+                             tags={"medrobust/source": source, "medrobust/suite": suite_path})
+        if not res.success:
+            raise StepFailed(st.label, _failure_cause(res), res.run_id)
+        log(f"  {st.label:<48} {time.perf_counter() - t0:6.1f} s")
+
+
+def run_suite(suite_path: str, select: list[str] | None = None, *, workers: int = 0,
+              log: Callable[[str], None] = print, instance: dg.DagsterInstance | None = None,
+              mlruns_dir: str = "mlruns") -> str:
+    """Materialize the selected assets of a suite (default: all) in dependency order. Returns the
+    mart path. Raises :class:`StepFailed` (one line: asset, partition, cause) or ValueError."""
     suite = load_suite(suite_path)
     inst = instance or get_instance()
     resources = build_resources(suite_path=suite_path, mlruns_dir=mlruns_dir, workers=workers)
+    steps = plan(parse_selection(select), suite, inst)
+    run_plan(steps, suite_path=suite_path, instance=inst, resources=resources, log=log)
+    return suite.mart_path
 
-    def step(asset: str, partition: str | dg.MultiPartitionKey | None = None) -> dg.ExecuteInProcessResult:
+
+def run_demo(suite_path: str, *, workers: int = 0, log: Callable[[str], None] = print,
+             instance: dg.DagsterInstance | None = None, mlruns_dir: str = "mlruns") -> str:
+    """The offline demo: every asset of the graph in dependency order (as :func:`run_suite`), then
+    the registry loop as the daemon would run it, then the mart again. Returns the mart path."""
+    suite = load_suite(suite_path)
+    inst = instance or get_instance()
+    resources = build_resources(suite_path=suite_path, mlruns_dir=mlruns_dir, workers=workers)
+    steps = plan(dg.AssetSelection.all(), suite, inst)
+    run_plan(steps, suite_path=suite_path, instance=inst, resources=resources, log=log, source="medrobust demo")
+
+    def step(asset: str, partition: str | None = None) -> dg.ExecuteInProcessResult:
         t0 = time.perf_counter()
-        res = dg.materialize(ALL_ASSETS, selection=[dg.AssetKey.from_user_string(asset)], partition_key=partition, instance=inst,
+        st = Step(dg.AssetKey.from_user_string(asset), partition, "registry")
+        res = dg.materialize(ALL_ASSETS, selection=[st.key], partition_key=partition, instance=inst,
                              resources=resources, raise_on_error=False, run_config=QUIET,
                              tags={"medrobust/source": "medrobust demo"})
-        label = f"{asset}[{partition}]" if partition else asset
         if not res.success:
-            raise RuntimeError(f"materializing {label} failed; see the run in the Dagster UI (run id {res.run_id})")
-        log(f"  {label:<48} {time.perf_counter() - t0:6.1f} s")
+            raise StepFailed(st.label, _failure_cause(res), res.run_id)
+        log(f"  {st.label:<48} {time.perf_counter() - t0:6.1f} s")
         return res
 
-    log("== datasets")
-    step("demo_data")
-    for m in suite.modalities:
-        step("clean_samples", m)
-    log("== perturbed datasets (modality x severity)")
-    for m in suite.modalities:
-        for lv in SEVERITY_LEVELS:
-            if lv in suite.perturbations.levels:
-                step("perturbed_samples", dg.MultiPartitionKey({"modality": m, "severity": str(lv)}))
-    for m in suite.modalities:
-        step("perturbation_gallery", m)
-    from medrobust_lib.pipeline.segmentation import seg_config
-
-    models = seg_config(suite).models
-    for model in models:
-        log(f"== segmentation: {model.id}")
-        if model.checkpoint == "trained":
-            step(f"{model.id}/base_checkpoint")
-        for m in suite.modalities:
-            step(f"{model.id}/clean_predictions", m)
-        for kind in ("perturbed_predictions", "attack_predictions"):
-            for m in suite.modalities:
-                for lv in suite.perturbations.levels:
-                    step(f"{model.id}/{kind}", dg.MultiPartitionKey({"modality": m, "severity": str(lv)}))
-    if models:
-        step("segmentation_report")
-    from medrobust_lib.pipeline.strategies import finetune_config
-
-    ft = finetune_config(suite)
-    if ft is not None:
-        log(f"== fine-tuning strategies from {ft.base}")
-        t_ft = time.perf_counter()
-        for st in ft.strategies:
-            step(f"{ft.base}/finetuned_checkpoint", st)
-        log(f"  (all {len(ft.strategies)} strategies fine-tuned in {time.perf_counter() - t_ft:.1f} s)")
-        for st in ft.strategies:
-            step(f"{ft.base}/strategy_predictions", st)
-        step(f"{ft.base}/strategy_ranking")
+    if finetune_config(suite) is not None:
         run_registry_demo(suite, inst, step, log, mlruns_dir)
-    from medrobust_lib.pipeline.vlm_config import vlm_config
-
-    vlms = sorted(vlm_config(suite).models, key=lambda v: v.base is not None)
-    for v in vlms:
-        log(f"== vision-language: {v.id}")
-        if v.kind == "hf" and v.base is None and v.source == "trained":
-            step(f"{v.id}/base_checkpoint")
-        if v.adapter == "finetuned":
-            step(f"{v.id}/finetuned_adapter")
-        for m in suite.modalities:
-            step(f"{v.id}/vlm_clean_predictions", m)
-        for m in suite.modalities:
-            for lv in suite.perturbations.levels:
-                step(f"{v.id}/vlm_perturbed_predictions", dg.MultiPartitionKey({"modality": m, "severity": str(lv)}))
-    step("vlm_report")
-    from medrobust_lib.pipeline.taxonomy import taxonomy_config
-
-    for c in sorted(taxonomy_config(suite).configs, key=lambda c: c.base is not None):
-        log(f"== safety taxonomy: {c.id}")
-        if c.demo_training is not None:
-            step(f"{c.id}/taxonomy_model")
-        for m in suite.modalities:
-            step(f"{c.id}/text_only_baselines", m)
-            step(f"{c.id}/taxonomy_clean", m)
-        for m in suite.modalities:
-            for lv in suite.perturbations.levels:
-                step(f"{c.id}/taxonomy_perturbed", dg.MultiPartitionKey({"modality": m, "severity": str(lv)}))
-    step("taxonomy_report")
-    log("== mart")
-    step("marts")
     return suite.mart_path
 
 
@@ -159,14 +225,14 @@ def run_registry_demo(suite: Any, inst: dg.DagsterInstance, step: Callable[..., 
        sensor-to-results latency (without the daemon's polling interval).
     3. A deliberately degraded candidate (seeded noise, 0.5 sd, on the mask decoder) must FAIL the gate.
     Raises RuntimeError when the gate verdicts are not the expected ones."""
-    from medrobust_lib.pipeline.strategies import (
+    from medrobust_lib.store import registry
+    from medrobust_lib.tracks.finetune.strategies import (
         degrade_checkpoint,
         finetune_strategy,
         register_version,
         require_finetune,
         strategy_dir,
     )
-    from medrobust_lib.store import registry
 
     ft = require_finetune(suite)
     strategy = "lora" if "lora" in ft.strategies else ft.strategies[0]

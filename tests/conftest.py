@@ -40,7 +40,7 @@ def square_sample() -> tuple[np.ndarray, np.ndarray]:
 @pytest.fixture(scope="session")
 def demo_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small demo build (4 images per modality), shared by the whole session."""
-    from medrobust_lib.data.demo import build_demo
+    from medrobust_lib.demo import build_demo
 
     root = tmp_path_factory.mktemp("demo")
     build_demo(root, seed=0, n_per_modality=4)

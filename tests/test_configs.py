@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from medrobust_lib.config import load_suite
+from medrobust_lib.config.vlm import vlm_config
 from medrobust_lib.data.dataset import DatasetConfig
 from medrobust_lib.models.api_vlm import ApiVLMConfig
-from medrobust_lib.pipeline.segmentation import seg_config
-from medrobust_lib.pipeline.vlm_config import vlm_config
+from medrobust_lib.tracks.segmentation.evaluate import seg_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

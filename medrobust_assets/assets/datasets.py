@@ -4,7 +4,8 @@ import dagster as dg
 
 from medrobust_assets.partitions import modality_partitions
 from medrobust_assets.resources import SuiteResource, TrackingResource
-from medrobust_lib.pipeline.datasets import build_clean_index, ensure_demo
+from medrobust_lib.demo.build import ensure_demo
+from medrobust_lib.tracks.datasets import build_clean_index
 
 
 @dg.asset(

@@ -58,8 +58,8 @@ def finetune_family(base_id: str, strategies: list[str], base_checkpoint: Any) -
     )
     def finetuned_checkpoint(context: dg.AssetExecutionContext, suite: SuiteResource,
                              tracking: TrackingResource) -> dg.MaterializeResult:
-        from medrobust_lib.pipeline.strategies import finetune_strategy, register_version
         from medrobust_lib.store.registry import seg_model_name
+        from medrobust_lib.tracks.finetune.strategies import finetune_strategy, register_version
 
         s = suite.load()
         strategy = context.partition_key
@@ -93,7 +93,7 @@ def finetune_family(base_id: str, strategies: list[str], base_checkpoint: Any) -
     )
     def strategy_predictions(context: dg.AssetExecutionContext, suite: SuiteResource,
                              tracking: TrackingResource) -> dg.MaterializeResult:
-        from medrobust_lib.pipeline.strategies import evaluate_model, strategy_model_config
+        from medrobust_lib.tracks.finetune.strategies import evaluate_model, strategy_model_config
 
         s = suite.load()
         m = strategy_model_config(s, context.partition_key)
@@ -112,9 +112,9 @@ def finetune_family(base_id: str, strategies: list[str], base_checkpoint: Any) -
     )
     def strategy_ranking(context: dg.AssetExecutionContext, suite: SuiteResource,
                          tracking: TrackingResource) -> dg.MaterializeResult:
-        from medrobust_lib.pipeline.strategies import require_finetune, strategy_params
-        from medrobust_lib.pipeline.strategy_report import compare_published, write_strategy_ranking
         from medrobust_lib.report.paper_figures import strategy_bars
+        from medrobust_lib.tracks.finetune.ranking import compare_published, write_strategy_ranking
+        from medrobust_lib.tracks.finetune.strategies import require_finetune, strategy_params
 
         s = suite.load()
         ft = require_finetune(s)
@@ -153,8 +153,8 @@ def finetune_family(base_id: str, strategies: list[str], base_checkpoint: Any) -
                 "weights already evaluated by the strategy asset are reused.",
 )
 def registry_evaluation(context: dg.AssetExecutionContext, suite: SuiteResource, tracking: TrackingResource) -> Any:
-    from medrobust_lib.pipeline.gate import gate_version, summary_frame
-    from medrobust_lib.pipeline.strategies import evaluate_version
+    from medrobust_lib.tracks.finetune.gate import gate_version, summary_frame
+    from medrobust_lib.tracks.finetune.strategies import evaluate_version
 
     s = suite.load()
     name, version = parse_version_key(context.partition_key)

@@ -58,7 +58,7 @@ def segmentation_family(model_id: str, trained: bool) -> list[dg.AssetsDefinitio
         )
         def base_checkpoint(context: dg.AssetExecutionContext, suite: SuiteResource,
                             tracking: TrackingResource) -> dg.MaterializeResult:
-            from medrobust_lib.pipeline.segmentation import train_base_checkpoint
+            from medrobust_lib.tracks.segmentation.evaluate import train_base_checkpoint
 
             s = suite.load()
             with tracking.run(context, "segmentation_training", {"model": model_id}) as run:
@@ -84,7 +84,7 @@ def segmentation_family(model_id: str, trained: bool) -> list[dg.AssetsDefinitio
     )
     def clean_predictions(context: dg.AssetExecutionContext, suite: SuiteResource,
                           tracking: TrackingResource) -> dg.MaterializeResult:
-        from medrobust_lib.pipeline.segmentation import evaluate_clean
+        from medrobust_lib.tracks.segmentation.evaluate import evaluate_clean
 
         with tracking.run(context, "segmentation_eval", {"model": model_id, "condition": "clean"}) as run:
             summary = evaluate_clean(suite.load(), model_id, context.partition_key)
@@ -101,7 +101,7 @@ def segmentation_family(model_id: str, trained: bool) -> list[dg.AssetsDefinitio
     )
     def perturbed_predictions(context: dg.AssetExecutionContext, suite: SuiteResource,
                               tracking: TrackingResource) -> dg.MaterializeResult:
-        from medrobust_lib.pipeline.segmentation import evaluate_perturbed
+        from medrobust_lib.tracks.segmentation.evaluate import evaluate_perturbed
 
         return _run_partition(context, suite, tracking, model_id, "perturbation", evaluate_perturbed)
 
@@ -114,7 +114,7 @@ def segmentation_family(model_id: str, trained: bool) -> list[dg.AssetsDefinitio
     )
     def attack_predictions(context: dg.AssetExecutionContext, suite: SuiteResource,
                            tracking: TrackingResource) -> dg.MaterializeResult:
-        from medrobust_lib.pipeline.segmentation import evaluate_attacks
+        from medrobust_lib.tracks.segmentation.evaluate import evaluate_attacks
 
         return _run_partition(context, suite, tracking, model_id, "attack", evaluate_attacks)
 
@@ -130,7 +130,7 @@ def segmentation_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinit
     )
     def segmentation_report(context: dg.AssetExecutionContext, suite: SuiteResource,
                             tracking: TrackingResource) -> dg.MaterializeResult:
-        from medrobust_lib.pipeline.seg_report import robustness_curves, write_segmentation_stats
+        from medrobust_lib.tracks.segmentation.stats import robustness_curves, write_segmentation_stats
 
         s = suite.load()
         with tracking.run(context, "segmentation_report") as run:

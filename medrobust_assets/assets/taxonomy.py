@@ -45,7 +45,7 @@ def taxonomy_family(config_id: str, trained: bool, upstream: list[Any]) -> list[
                               "yes/no train split (selection on val).")
         def taxonomy_model(context: dg.AssetExecutionContext, suite: SuiteResource,
                            tracking: TrackingResource) -> dg.MaterializeResult:
-            from medrobust_lib.pipeline.taxonomy_train import train_taxonomy_model
+            from medrobust_lib.demo.taxonomy_train import train_taxonomy_model
 
             with tracking.run(context, "taxonomy_training", {"config": config_id}) as run:
                 r = train_taxonomy_model(suite.load(), config_id, log=context.log.info)
@@ -66,7 +66,7 @@ def taxonomy_family(config_id: str, trained: bool, upstream: list[Any]) -> list[
                           "token, blank image, noise image), reused by every condition.")
     def text_only_baselines(context: dg.AssetExecutionContext, suite: SuiteResource,
                             tracking: TrackingResource) -> dg.MaterializeResult:
-        from medrobust_lib.pipeline.taxonomy import compute_baselines
+        from medrobust_lib.tracks.taxonomy.evaluate import compute_baselines
 
         with tracking.run(context, "taxonomy", {"config": config_id, "step": "baselines"}) as run:
             n = compute_baselines(suite.load(), config_id, context.partition_key)
@@ -79,7 +79,7 @@ def taxonomy_family(config_id: str, trained: bool, upstream: list[Any]) -> list[
                           "clean sample (taxonomy_results).")
     def taxonomy_clean(context: dg.AssetExecutionContext, suite: SuiteResource,
                        tracking: TrackingResource) -> dg.MaterializeResult:
-        from medrobust_lib.pipeline.taxonomy import evaluate
+        from medrobust_lib.tracks.taxonomy.evaluate import evaluate
 
         with tracking.run(context, "taxonomy", {"config": config_id, "condition": "clean"}) as run:
             meta = _meta(evaluate(suite.load(), config_id, context.partition_key, 0))
@@ -92,7 +92,7 @@ def taxonomy_family(config_id: str, trained: bool, upstream: list[Any]) -> list[
               description=f"{config_id}: the taxonomy on every perturbed image of the partition.")
     def taxonomy_perturbed(context: dg.AssetExecutionContext, suite: SuiteResource,
                            tracking: TrackingResource) -> dg.MaterializeResult:
-        from medrobust_lib.pipeline.taxonomy import evaluate
+        from medrobust_lib.tracks.taxonomy.evaluate import evaluate
 
         modality, level = modality_and_level(context)
         with tracking.run(context, "taxonomy", {"config": config_id, "condition": "perturbation",
@@ -113,8 +113,8 @@ def taxonomy_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinition:
                         tracking: TrackingResource) -> dg.MaterializeResult:
         from pathlib import Path
 
-        from medrobust_lib.pipeline import taxonomy_report as tr
         from medrobust_lib.store import results as res
+        from medrobust_lib.tracks.taxonomy import stats as tr
 
         s = suite.load()
         out_dir = Path(s.results_dir).parent / "reports" / "taxonomy"

@@ -49,7 +49,7 @@ def vlm_family(model_id: str, trained: bool, finetuned: bool, upstream: dg.Asset
                               "selected on val; saved with save_pretrained, registered in MLflow.")
         def base_checkpoint(context: dg.AssetExecutionContext, suite: SuiteResource,
                             tracking: TrackingResource) -> dg.MaterializeResult:
-            from medrobust_lib.pipeline.vlm_train_demo import train_base_vlm
+            from medrobust_lib.demo.vlm_train import train_base_vlm
 
             with tracking.run(context, "vlm_training", {"model": model_id}) as run:
                 r = train_base_vlm(suite.load(), model_id, log=context.log.info)
@@ -70,7 +70,7 @@ def vlm_family(model_id: str, trained: bool, finetuned: bool, upstream: dg.Asset
                               "masked, early stopping on val) saved as safetensors, logged and registered in MLflow.")
         def finetuned_adapter(context: dg.AssetExecutionContext, suite: SuiteResource,
                               tracking: TrackingResource) -> dg.MaterializeResult:
-            from medrobust_lib.pipeline.vlm_train_demo import finetune_adapter
+            from medrobust_lib.demo.vlm_train import finetune_adapter
 
             with tracking.run(context, "vlm_finetuning", {"model": model_id}) as run:
                 r = finetune_adapter(suite.load(), model_id, log=context.log.info)
@@ -94,7 +94,7 @@ def vlm_family(model_id: str, trained: bool, finetuned: bool, upstream: dg.Asset
                           "evaluation split (vlm_results, perturbation 'clean').")
     def vlm_clean_predictions(context: dg.AssetExecutionContext, suite: SuiteResource,
                               tracking: TrackingResource) -> dg.MaterializeResult:
-        from medrobust_lib.pipeline.vlm import evaluate_clean
+        from medrobust_lib.tracks.vlm.evaluate import evaluate_clean
 
         with tracking.run(context, "vlm_eval", {"model": model_id, "condition": "clean"}) as run:
             meta = _eval_meta(evaluate_clean(suite.load(), model_id, context.partition_key))
@@ -108,7 +108,7 @@ def vlm_family(model_id: str, trained: bool, finetuned: bool, upstream: dg.Asset
                           "manifest; spatial types move the grounding box).")
     def vlm_perturbed_predictions(context: dg.AssetExecutionContext, suite: SuiteResource,
                                   tracking: TrackingResource) -> dg.MaterializeResult:
-        from medrobust_lib.pipeline.vlm import evaluate_perturbed
+        from medrobust_lib.tracks.vlm.evaluate import evaluate_perturbed
 
         modality, level = modality_and_level(context)
         with tracking.run(context, "vlm_eval", {"model": model_id, "condition": "perturbation", "level": level}) as run:
@@ -126,7 +126,7 @@ def vlm_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinition:
                           "level grid and paired bootstrap CIs of every drop (table vlm_stats).")
     def vlm_report(context: dg.AssetExecutionContext, suite: SuiteResource,
                    tracking: TrackingResource) -> dg.MaterializeResult:
-        from medrobust_lib.pipeline.vlm_report import write_vlm_stats
+        from medrobust_lib.tracks.vlm.stats import write_vlm_stats
 
         s = suite.load()
         with tracking.run(context, "vlm_report"):

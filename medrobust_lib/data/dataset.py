@@ -141,7 +141,7 @@ class DatasetConfig(BaseModel):
     @model_validator(mode="after")
     def _check_format_and_options(self) -> DatasetConfig:
         # Imported here so that this module loads without the reader modules (and their codecs).
-        from medrobust_lib.data.readers import READERS
+        from medrobust_lib.data.formats import READERS
 
         if self.format not in READERS:
             raise ValueError(f"unknown format {self.format!r}; valid: {', '.join(READERS)}")
@@ -150,7 +150,7 @@ class DatasetConfig(BaseModel):
 
     def reader(self) -> Reader:
         """The registered reader named by ``format``."""
-        from medrobust_lib.data.readers import READERS
+        from medrobust_lib.data.formats import READERS
 
         return READERS.get(self.format)
 

@@ -29,23 +29,20 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import cv2
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from medrobust_lib.data.boxes import mask_to_boxes
-from medrobust_lib.data.sample import QuarantineRecord, Sample, SampleError, SampleRef
+from medrobust_lib.data.sample import DatasetSpec, QuarantineRecord, Sample, SampleError, SampleRef
 from medrobust_lib.registry import Registry
 from medrobust_lib.types import BoolMask, FloatImage
 
-if TYPE_CHECKING:
-    from medrobust_lib.data.dataset import DatasetConfig
-
 IndexResult = tuple[list[SampleRef], list[QuarantineRecord]]
-IndexFn = Callable[["DatasetConfig"], IndexResult]
-LoadFn = Callable[["DatasetConfig", SampleRef], Sample]
+IndexFn = Callable[["DatasetSpec"], IndexResult]
+LoadFn = Callable[["DatasetSpec", SampleRef], Sample]
 
 LOSSY_MASK_EXTENSIONS: frozenset[str] = frozenset({".jpg", ".jpeg"})
 
@@ -125,7 +122,7 @@ READERS: Registry[Reader] = Registry("reader")
 OptionsT = TypeVar("OptionsT", bound=ReaderOptions)
 
 
-def options_for(cfg: DatasetConfig, model: type[OptionsT]) -> OptionsT:
+def options_for(cfg: DatasetSpec, model: type[OptionsT]) -> OptionsT:
     """Parse ``cfg.options`` with the given options model."""
     return model.model_validate(dict(cfg.options))
 
@@ -171,7 +168,7 @@ def require_dir(path: Path, what: str) -> Path:
 
 
 def quarantine(
-    cfg: DatasetConfig, sample_id: str, path: str | Path, reason: str, detail: str = ""
+    cfg: DatasetSpec, sample_id: str, path: str | Path, reason: str, detail: str = ""
 ) -> QuarantineRecord:
     return QuarantineRecord(
         dataset=cfg.name, sample_id=sample_id, path=str(path), reason=reason, detail=detail
@@ -179,7 +176,7 @@ def quarantine(
 
 
 def make_ref(
-    cfg: DatasetConfig,
+    cfg: DatasetSpec,
     sample_id: str,
     image_path: Path,
     mask_paths: Sequence[Path] = (),
@@ -276,7 +273,7 @@ def resize_mask(mask: BoolMask, hw: tuple[int, int]) -> BoolMask:
 
 
 def finish_sample(
-    cfg: DatasetConfig,
+    cfg: DatasetSpec,
     ref: SampleRef,
     image: FloatImage,
     mask: BoolMask | None,
@@ -328,14 +325,3 @@ def finish_sample(
         boxes=boxes,
         metadata=meta,
     )
-
-
-# Importing the reader modules registers the built-in readers. They import this module's names,
-# which are all defined above, so the circular import is safe in either import order.
-from medrobust_lib.data import (  # noqa: E402, F401
-    readers_dicom,
-    readers_folder,
-    readers_nifti,
-    readers_npy,
-    readers_presets,
-)

@@ -12,7 +12,6 @@ the image back to HU. Colour DICOM (ultrasound RGB/YBR) becomes BT.601 luminance
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pydantic import Field
 
@@ -33,11 +32,8 @@ from medrobust_lib.data.readers import (
     sample_id_for,
     union_masks,
 )
-from medrobust_lib.data.sample import QuarantineRecord, Sample, SampleRef
+from medrobust_lib.data.sample import DatasetSpec, QuarantineRecord, Sample, SampleRef
 from medrobust_lib.types import BoolMask
-
-if TYPE_CHECKING:
-    from medrobust_lib.data.dataset import DatasetConfig
 
 
 class DicomOptions(MaskOptions, WindowOptions):
@@ -59,7 +55,7 @@ def _mask_path(img: Path, img_dir: Path, mask_dir: Path, opts: DicomOptions) -> 
     return mask_dir / rel.parent / f"{img.stem}{opts.mask_suffix}{opts.mask_ext}"
 
 
-def index_dicom(cfg: DatasetConfig) -> IndexResult:
+def index_dicom(cfg: DatasetSpec) -> IndexResult:
     opts = options_for(cfg, DicomOptions)
     root = Path(cfg.root).expanduser()
     img_dir = require_dir(root / opts.image_dir, "DICOM folder")
@@ -91,7 +87,7 @@ def index_dicom(cfg: DatasetConfig) -> IndexResult:
     return refs, bad
 
 
-def load_dicom(cfg: DatasetConfig, ref: SampleRef) -> Sample:
+def load_dicom(cfg: DatasetSpec, ref: SampleRef) -> Sample:
     opts = options_for(cfg, DicomOptions)
     image, meta = read_dicom(
         ref.image_path,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field
@@ -33,11 +33,8 @@ from medrobust_lib.data.readers import (
     single_channel,
     union_masks,
 )
-from medrobust_lib.data.sample import QuarantineRecord, Sample, SampleError, SampleRef
+from medrobust_lib.data.sample import DatasetSpec, QuarantineRecord, Sample, SampleError, SampleRef
 from medrobust_lib.types import BoolMask
-
-if TYPE_CHECKING:
-    from medrobust_lib.data.dataset import DatasetConfig
 
 ColorMode = Literal["keep", "gray", "rgb"]
 MaskDecoder = Callable[[Path], tuple[BoolMask, str]]
@@ -48,7 +45,7 @@ MaskDecoder = Callable[[Path], tuple[BoolMask, str]]
 
 
 def load_pair(
-    cfg: DatasetConfig,
+    cfg: DatasetSpec,
     ref: SampleRef,
     *,
     color: ColorMode = "keep",
@@ -97,7 +94,7 @@ def _threshold_decoder(opts: MaskOptions) -> MaskDecoder:
     return lambda p: read_binary_mask(p, opts)
 
 
-def _resolve_root(cfg: DatasetConfig, wrapper: str, marker: Sequence[str]) -> Path:
+def _resolve_root(cfg: DatasetSpec, wrapper: str, marker: Sequence[str]) -> Path:
     """``cfg.root``, or ``cfg.root/wrapper`` when the archive's top folder was kept and the
     ``marker`` sub-folders live one level down."""
     root = Path(cfg.root).expanduser()
@@ -130,7 +127,7 @@ def _folder_mask_path(img: Path, img_dir: Path, mask_dir: Path, opts: FolderOpti
     return mask_dir / rel.parent / f"{img.stem}{opts.mask_suffix}{opts.mask_ext}"
 
 
-def index_folder(cfg: DatasetConfig) -> IndexResult:
+def index_folder(cfg: DatasetSpec) -> IndexResult:
     opts = options_for(cfg, FolderOptions)
     root = Path(cfg.root).expanduser()
     img_dir = require_dir(root / opts.image_dir, "image folder")
@@ -159,7 +156,7 @@ def index_folder(cfg: DatasetConfig) -> IndexResult:
     return refs, bad
 
 
-def load_folder(cfg: DatasetConfig, ref: SampleRef) -> Sample:
+def load_folder(cfg: DatasetSpec, ref: SampleRef) -> Sample:
     opts = options_for(cfg, FolderOptions)
     color: ColorMode = "keep" if opts.grayscale is None else ("gray" if opts.grayscale else "rgb")
     return load_pair(
@@ -200,7 +197,7 @@ class Isic2016Options(MaskOptions):
     splits: list[Literal["train", "test"]] = Field(default_factory=lambda: ["train", "test"])  # type: ignore[arg-type]
 
 
-def index_isic2016(cfg: DatasetConfig) -> IndexResult:
+def index_isic2016(cfg: DatasetSpec) -> IndexResult:
     opts = options_for(cfg, Isic2016Options)
     root = Path(cfg.root).expanduser()
     require_dir(root, f"dataset root for {cfg.name!r}")
@@ -230,7 +227,7 @@ def index_isic2016(cfg: DatasetConfig) -> IndexResult:
     return refs, bad
 
 
-def load_isic2016(cfg: DatasetConfig, ref: SampleRef) -> Sample:
+def load_isic2016(cfg: DatasetSpec, ref: SampleRef) -> Sample:
     opts = options_for(cfg, Isic2016Options)
     return load_pair(
         cfg,
@@ -275,7 +272,7 @@ class KvasirOptions(MaskOptions):
     pass
 
 
-def index_kvasir_seg(cfg: DatasetConfig) -> IndexResult:
+def index_kvasir_seg(cfg: DatasetSpec) -> IndexResult:
     root = _resolve_root(cfg, "Kvasir-SEG", ("images",))
     img_dir = require_dir(child_dir(root, "images") or root / "images", "Kvasir-SEG images folder")
     mask_dir = require_dir(child_dir(root, "masks") or root / "masks", "Kvasir-SEG masks folder")
@@ -293,7 +290,7 @@ def index_kvasir_seg(cfg: DatasetConfig) -> IndexResult:
     return refs, bad
 
 
-def load_kvasir_seg(cfg: DatasetConfig, ref: SampleRef) -> Sample:
+def load_kvasir_seg(cfg: DatasetSpec, ref: SampleRef) -> Sample:
     opts = options_for(cfg, KvasirOptions)
     return load_pair(
         cfg, ref, color="rgb", decode_mask=_threshold_decoder(opts), allow_empty_mask=opts.allow_empty_mask
@@ -343,7 +340,7 @@ def _busi_masks(folder_names: Sequence[str], stem: str) -> tuple[str | None, lis
     return (main if main in folder_names else None), [n for _, n in extras]
 
 
-def index_busi(cfg: DatasetConfig) -> IndexResult:
+def index_busi(cfg: DatasetSpec) -> IndexResult:
     opts = options_for(cfg, BusiOptions)
     root = _resolve_root(cfg, "Dataset_BUSI_with_GT", BUSI_CLASSES)
     refs: list[SampleRef] = []
@@ -373,7 +370,7 @@ def index_busi(cfg: DatasetConfig) -> IndexResult:
     return refs, bad
 
 
-def load_busi(cfg: DatasetConfig, ref: SampleRef) -> Sample:
+def load_busi(cfg: DatasetSpec, ref: SampleRef) -> Sample:
     opts = options_for(cfg, BusiOptions)
     return load_pair(
         cfg,
@@ -424,7 +421,7 @@ class LggOptions(MaskOptions):
     """0 = pre-contrast, 1 = FLAIR (default), 2 = post-contrast; None keeps the 3-channel composite."""
 
 
-def index_lgg_mri(cfg: DatasetConfig) -> IndexResult:
+def index_lgg_mri(cfg: DatasetSpec) -> IndexResult:
     root = require_dir(Path(cfg.root).expanduser(), f"dataset root for {cfg.name!r}")
     root = child_dir(root, "kaggle_3m") or root
     refs: list[SampleRef] = []
@@ -445,7 +442,7 @@ def index_lgg_mri(cfg: DatasetConfig) -> IndexResult:
     return refs, bad
 
 
-def load_lgg_mri(cfg: DatasetConfig, ref: SampleRef) -> Sample:
+def load_lgg_mri(cfg: DatasetSpec, ref: SampleRef) -> Sample:
     opts = options_for(cfg, LggOptions)
     extra: dict[str, Any] = {"patient": ref.extra.get("patient"), "slice": ref.extra.get("slice")}
     if opts.channel is not None:
@@ -515,7 +512,7 @@ def _refuge_splits(root: Path) -> list[tuple[str, Path, Path]]:
     return out
 
 
-def index_refuge(cfg: DatasetConfig) -> IndexResult:
+def index_refuge(cfg: DatasetSpec) -> IndexResult:
     opts = options_for(cfg, RefugeOptions)
     root = Path(cfg.root).expanduser()
     require_dir(root, f"dataset root for {cfg.name!r}")
@@ -552,7 +549,7 @@ def decode_refuge_mask(path: Path, target: Literal["disc", "cup"]) -> tuple[Bool
     return raw < REFUGE_CUP_BELOW, f"cup: value < {REFUGE_CUP_BELOW} (cup 0)"
 
 
-def load_refuge(cfg: DatasetConfig, ref: SampleRef) -> Sample:
+def load_refuge(cfg: DatasetSpec, ref: SampleRef) -> Sample:
     opts = options_for(cfg, RefugeOptions)
     return load_pair(
         cfg,

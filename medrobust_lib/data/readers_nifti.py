@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from pydantic import Field
@@ -44,10 +44,7 @@ from medrobust_lib.data.readers import (
     quarantine,
     require_dir,
 )
-from medrobust_lib.data.sample import QuarantineRecord, Sample, SampleError, SampleRef
-
-if TYPE_CHECKING:
-    from medrobust_lib.data.dataset import DatasetConfig
+from medrobust_lib.data.sample import DatasetSpec, QuarantineRecord, Sample, SampleError, SampleRef
 
 AXIS_LETTERS: tuple[str, str, str] = ("x", "y", "z")
 MSD_CITATION = (
@@ -181,7 +178,7 @@ def _label_volume(path: Path) -> np.ndarray:
     return lab
 
 
-def index_nifti(cfg: DatasetConfig) -> IndexResult:
+def index_nifti(cfg: DatasetSpec) -> IndexResult:
     """Reads every label volume (to find slices with foreground) and every image header."""
     opts = options_for(cfg, NiftiOptions)
     root = require_dir(Path(cfg.root).expanduser(), f"dataset root for {cfg.name!r}")
@@ -218,7 +215,7 @@ def index_nifti(cfg: DatasetConfig) -> IndexResult:
     return refs, bad
 
 
-def load_nifti(cfg: DatasetConfig, ref: SampleRef) -> Sample:
+def load_nifti(cfg: DatasetSpec, ref: SampleRef) -> Sample:
     opts = options_for(cfg, NiftiOptions)
     axis = int(ref.extra["axis"])
     k = int(ref.extra["slice"])

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import Field
@@ -36,11 +36,8 @@ from medrobust_lib.data.readers import (
     require_dir,
     resize_mask,
 )
-from medrobust_lib.data.sample import QuarantineRecord, Sample, SampleError, SampleRef
+from medrobust_lib.data.sample import DatasetSpec, QuarantineRecord, Sample, SampleError, SampleRef
 from medrobust_lib.types import FloatImage
-
-if TYPE_CHECKING:
-    from medrobust_lib.data.dataset import DatasetConfig
 
 
 def open_npy(path: Path) -> np.ndarray:
@@ -157,7 +154,7 @@ def _part_key(part: Path) -> str:
     return "".join(ch for ch in part.name.lower() if ch.isalnum()) or "part"
 
 
-def index_pannuke(cfg: DatasetConfig) -> IndexResult:
+def index_pannuke(cfg: DatasetSpec) -> IndexResult:
     opts = options_for(cfg, PanNukeOptions)
     root = require_dir(Path(cfg.root).expanduser(), f"dataset root for {cfg.name!r}")
     refs: list[SampleRef] = []
@@ -195,7 +192,7 @@ def _channel_boxes(channel_masks: list[np.ndarray], hw: tuple[int, int] | None) 
     return np.asarray(rows, np.float32).reshape(-1, 4)
 
 
-def load_pannuke(cfg: DatasetConfig, ref: SampleRef) -> Sample:
+def load_pannuke(cfg: DatasetSpec, ref: SampleRef) -> Sample:
     opts = options_for(cfg, PanNukeOptions)
     i = int(ref.extra["index"])
     where = f"{ref.image_path}[{i}]"
@@ -263,7 +260,7 @@ class NpySingleOptions(ReaderOptions):
     allow_empty_mask: bool = False
 
 
-def index_npy_single(cfg: DatasetConfig) -> IndexResult:
+def index_npy_single(cfg: DatasetSpec) -> IndexResult:
     opts = options_for(cfg, NpySingleOptions)
     root = require_dir(Path(cfg.root).expanduser(), f"dataset root for {cfg.name!r}")
     img_dir = require_dir(root / opts.image_dir, f"npy image folder ({opts.image_dir}/)")
@@ -284,7 +281,7 @@ def index_npy_single(cfg: DatasetConfig) -> IndexResult:
     return refs, bad
 
 
-def load_npy_single(cfg: DatasetConfig, ref: SampleRef) -> Sample:
+def load_npy_single(cfg: DatasetSpec, ref: SampleRef) -> Sample:
     opts = options_for(cfg, NpySingleOptions)
     path = Path(ref.image_path)
     try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from medrobust_lib.data import (
     readers_folder,  # module import: readers.py imports this module while readers_folder loads
@@ -29,15 +29,12 @@ from medrobust_lib.data.readers import (
     read_binary_mask,
     require_dir,
 )
-from medrobust_lib.data.sample import QuarantineRecord, Sample, SampleRef
-
-if TYPE_CHECKING:
-    from medrobust_lib.data.dataset import DatasetConfig
+from medrobust_lib.data.sample import DatasetSpec, QuarantineRecord, Sample, SampleRef
 
 _JPEG = (".jpg", ".jpeg")
 
 
-def _dataset_root(cfg: DatasetConfig, wrappers: tuple[str, ...], marker: str) -> Path:
+def _dataset_root(cfg: DatasetSpec, wrappers: tuple[str, ...], marker: str) -> Path:
     """``cfg.root``, or the first folder below it, along the archive's wrapper folder names (kept
     on extraction, e.g. ``hyper-kvasir/segmented-images``), that holds the ``marker`` sub-folder."""
     root = require_dir(Path(cfg.root).expanduser(), f"dataset root for {cfg.name!r}")
@@ -51,7 +48,7 @@ def _dataset_root(cfg: DatasetConfig, wrappers: tuple[str, ...], marker: str) ->
 
 
 def _pair_index(
-    cfg: DatasetConfig, img_dir: Path, mask_dir: Path, exts: tuple[str, ...], mask_ext: str | None
+    cfg: DatasetSpec, img_dir: Path, mask_dir: Path, exts: tuple[str, ...], mask_ext: str | None
 ) -> IndexResult:
     """One ref per image in ``img_dir`` with one of ``exts``; the mask has the same stem in
     ``mask_dir`` (with ``mask_ext``, or the image's own extension when None)."""
@@ -104,7 +101,7 @@ def read_hyper_kvasir_boxes(path: Path) -> dict[str, list[list[float]]]:
     return out
 
 
-def index_hyper_kvasir(cfg: DatasetConfig) -> IndexResult:
+def index_hyper_kvasir(cfg: DatasetSpec) -> IndexResult:
     root = _dataset_root(cfg, ("hyper-kvasir", "segmented-images"), "images")
     img_dir = require_dir(child_dir(root, "images") or root / "images", "Hyper-Kvasir segmented-images/images folder")
     mask_dir = require_dir(child_dir(root, "masks") or root / "masks", "Hyper-Kvasir segmented-images/masks folder")
@@ -121,7 +118,7 @@ def index_hyper_kvasir(cfg: DatasetConfig) -> IndexResult:
     return refs, bad
 
 
-def load_hyper_kvasir(cfg: DatasetConfig, ref: SampleRef) -> Sample:
+def load_hyper_kvasir(cfg: DatasetSpec, ref: SampleRef) -> Sample:
     opts = options_for(cfg, HyperKvasirOptions)
     published = ref.extra.get("published_boxes")
     return readers_folder.load_pair(
@@ -169,14 +166,14 @@ class BrainTumorOptions(MaskOptions):
     pass
 
 
-def index_brain_tumor(cfg: DatasetConfig) -> IndexResult:
+def index_brain_tumor(cfg: DatasetSpec) -> IndexResult:
     root = _dataset_root(cfg, ("brain-tumor-segmentation",), "images")
     img_dir = require_dir(child_dir(root, "images") or root / "images", "brain tumor images folder")
     mask_dir = require_dir(child_dir(root, "masks") or root / "masks", "brain tumor masks folder")
     return _pair_index(cfg, img_dir, mask_dir, (".png",), ".png")
 
 
-def load_brain_tumor(cfg: DatasetConfig, ref: SampleRef) -> Sample:
+def load_brain_tumor(cfg: DatasetSpec, ref: SampleRef) -> Sample:
     opts = options_for(cfg, BrainTumorOptions)
     return readers_folder.load_pair(
         cfg, ref, color="gray", decode_mask=lambda p: read_binary_mask(p, opts), allow_empty_mask=opts.allow_empty_mask
@@ -230,7 +227,7 @@ def _smdg_dir(root: Path, name: str) -> Path:
     return inner if inner is not None else d
 
 
-def index_glaucoma(cfg: DatasetConfig) -> IndexResult:
+def index_glaucoma(cfg: DatasetSpec) -> IndexResult:
     opts = options_for(cfg, GlaucomaOptions)
     root = require_dir(Path(cfg.root).expanduser(), f"dataset root for {cfg.name!r}")
     img_dir = _smdg_dir(root, GLAUCOMA_FOLDERS["image"])
@@ -248,7 +245,7 @@ def index_glaucoma(cfg: DatasetConfig) -> IndexResult:
     return refs, bad
 
 
-def load_glaucoma(cfg: DatasetConfig, ref: SampleRef) -> Sample:
+def load_glaucoma(cfg: DatasetSpec, ref: SampleRef) -> Sample:
     opts = options_for(cfg, GlaucomaOptions)
     extra: dict[str, Any] = {"target": opts.target, "source_dataset": ref.sample_id.rsplit("-", 1)[0]}
     return readers_folder.load_pair(

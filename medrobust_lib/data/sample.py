@@ -11,11 +11,31 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from medrobust_lib.types import BoolMask, Boxes, FloatImage
+
+
+class DatasetSpec(Protocol):
+    """What a reader needs of a dataset's configuration (:class:`medrobust_lib.data.dataset.DatasetConfig`
+    satisfies it); readers type against this so that they never import the config module."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def modality(self) -> str: ...
+    @property
+    def format(self) -> str: ...
+    @property
+    def root(self) -> str: ...
+    @property
+    def size(self) -> int | None: ...
+    @property
+    def per_component_boxes(self) -> bool: ...
+    @property
+    def options(self) -> dict[str, Any]: ...
 
 
 class SampleError(Exception):

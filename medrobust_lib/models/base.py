@@ -50,7 +50,7 @@ class VisionLanguageModel(Protocol):
     image-removal baseline). Decoding is greedy. Local models implement this directly
     (:class:`medrobust_lib.models.hf_vlm.HFVisionLanguageModel`); the API adapter returns richer
     per-request results (outcome, latency, cache hit) and the evaluation's runner
-    (:class:`medrobust_lib.pipeline.vlm_runner.Runner`) maps both onto one interface."""
+    (:class:`medrobust_lib.tracks.vlm.runner.Runner`) maps both onto one interface."""
 
     model_id: str
 

@@ -193,6 +193,25 @@ def file_sha256(path: str | Path) -> str:
     return h.hexdigest()
 
 
+CHECKPOINT_HASH_LEN = 16
+"""``SamSegmenter.checkpoint_hash`` (the ``checkpoint`` column) is the file's SHA-256, first 16 hex."""
+
+
+def checkpoint_file_hash(path: str | Path) -> str:
+    """The hash stored for a checkpoint (``checkpoint`` column): ``file_sha256(path)[:16]``. A folder
+    is taken to be a saved checkpoint folder holding ``model.safetensors``.
+
+    Raises:
+        FileNotFoundError: no such checkpoint file.
+    """
+    p = Path(path)
+    if p.is_dir():
+        p = p / "model.safetensors"
+    if not p.is_file():
+        raise FileNotFoundError(f"checkpoint file not found: {p}")
+    return file_sha256(p)[:CHECKPOINT_HASH_LEN]
+
+
 def state_dict_hash(model: torch.nn.Module) -> str:
     h = hashlib.sha256()
     for k, v in sorted(model.state_dict().items()):
@@ -375,5 +394,5 @@ def load_segmenter(family: Family, arch: str, checkpoint: str | Path, *, model_i
         a = replace(a, adapter=True)  # a vanilla SAM fine-tuned with bottleneck adapters (adapter strategy)
     model = build_sam(a)
     load_into(model, sd, str(checkpoint))
-    return SamSegmenter(model, family, model_id or f"{family}-{arch}", file_sha256(checkpoint)[:16], device,
+    return SamSegmenter(model, family, model_id or f"{family}-{arch}", file_sha256(checkpoint)[:CHECKPOINT_HASH_LEN], device,
                         autocast_dtype)

@@ -216,7 +216,6 @@ def perturbation(
 
 
 def get_perturbation(name: str) -> PerturbationSpec:
-    _load_families()
     return PERTURBATIONS.get(name)
 
 
@@ -224,12 +223,7 @@ def list_perturbations(pattern: str = "*", *, modality: str | None = None, n_cha
                        **filters: object) -> list[str]:
     """Registered type names matching ``pattern`` and filters (e.g. ``family="mri"``); with
     ``modality`` (and optionally ``n_channels``) only the types that apply to such images."""
-    _load_families()
     names = PERTURBATIONS.list(pattern, **filters)
     if modality is not None:
         names = [n for n in names if PERTURBATIONS.get(n).applies_to(modality, n_channels or 3)]
     return names
-
-
-def _load_families() -> None:
-    import medrobust_lib.perturb.families  # noqa: F401  (registers every family on import)

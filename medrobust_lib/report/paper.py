@@ -154,8 +154,8 @@ def _tables(con: duckdb.DuckDBPyConnection, sel: dict[str, list[str] | None], av
 def _figures(con: duckdb.DuckDBPyConnection, tables: dict[str, ReportTable], sel: dict[str, list[str] | None],
              fig_dir: Path) -> tuple[list[tuple[Path, str]], dict[str, str]]:
     """(path, caption) of every figure written, and figure name -> reason for those not drawn."""
-    from medrobust_lib.pipeline.seg_report import robustness_curves
-    from medrobust_lib.pipeline.taxonomy_report import flip_vs_dangerous_scatter, quadrant_bars
+    from medrobust_lib.tracks.segmentation.stats import robustness_curves
+    from medrobust_lib.tracks.taxonomy.stats import flip_vs_dangerous_scatter, quadrant_bars
 
     out: list[tuple[Path, str]] = []
     skipped: dict[str, str] = {}

@@ -3,7 +3,7 @@
 Inputs are mart rows already filtered to the selected models: ``segmentation_by_level`` rows for
 the robustness curves and the heatmap, ``strategy_ranking`` rows for the strategy bars,
 ``taxonomy_quadrants`` rows for the quadrant bars and the points of
-:func:`medrobust_lib.pipeline.taxonomy_report.correlation_points` for the scatter. Every function
+:func:`medrobust_lib.tracks.taxonomy.stats.correlation_points` for the scatter. Every function
 returns the paths it wrote (none for empty input). matplotlib is imported inside the functions.
 """
 

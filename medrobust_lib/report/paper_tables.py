@@ -14,10 +14,10 @@ import duckdb
 import numpy as np
 import pandas as pd
 
-from medrobust_lib.pipeline.strategy_schema import RANKING_VIEW
 from medrobust_lib.report.table import Column, ReportTable
 from medrobust_lib.seeding import rng_for
-from medrobust_lib.taxonomy.schema import QUADRANTS
+from medrobust_lib.store.schema_strategy import RANKING_VIEW
+from medrobust_lib.store.schema_taxonomy import QUADRANTS
 
 STRATEGY_VIEW = RANKING_VIEW
 STRATEGY_COLUMNS: tuple[str, ...] = (
@@ -303,10 +303,10 @@ def _add_share_ci(con: duckdb.DuckDBPyConnection, df: pd.DataFrame, where: str, 
 
 def taxonomy_points(con: duckdb.DuckDBPyConnection, configs: Sequence[str] | None) -> pd.DataFrame:
     """Scatter points from ``taxonomy_results`` via
-    :func:`medrobust_lib.pipeline.taxonomy_report.correlation_points`: one row per (config, dataset,
+    :func:`medrobust_lib.tracks.taxonomy.stats.correlation_points`: one row per (config, dataset,
     perturbation, level, image_mode) with ``mean_flip_rate``, ``dangerous_share`` (both in [0, 1])
     and ``n``."""
-    from medrobust_lib.pipeline.taxonomy_report import correlation_points
+    from medrobust_lib.tracks.taxonomy.stats import correlation_points
 
     if not relation_exists(con, "taxonomy_results"):
         return correlation_points(pd.DataFrame())

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import duckdb
 
-from medrobust_lib.pipeline.strategy_schema import RANKING_COLUMNS, RANKING_TABLE, RANKING_VIEW
-from medrobust_lib.pipeline.vlm_schema import PRIMARY_METRIC, VLM_COLUMNS, VLM_TABLE
-from medrobust_lib.taxonomy.schema import QUADRANTS, TAXONOMY_COLUMNS, TAXONOMY_TABLE
+from medrobust_lib.store.schema_strategy import RANKING_COLUMNS, RANKING_TABLE, RANKING_VIEW
+from medrobust_lib.store.schema_taxonomy import QUADRANTS, TAXONOMY_COLUMNS, TAXONOMY_TABLE
+from medrobust_lib.store.schema_vlm import PRIMARY_METRIC, VLM_COLUMNS, VLM_TABLE
 
 
 @dataclass(frozen=True)

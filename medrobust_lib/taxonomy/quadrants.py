@@ -1,6 +1,6 @@
 """Per-sample flags and quadrant of the "Consistent but Dangerous" taxonomy.
 
-Definitions follow :mod:`medrobust_lib.taxonomy.schema`:
+Definitions follow :mod:`medrobust_lib.store.schema_taxonomy`:
 
 * Variants: the original question first (polarity +1), then its paraphrases with polarity +1
   (same expected answer) or -1 (negation: inverse expected answer). A -1 variant's prediction is

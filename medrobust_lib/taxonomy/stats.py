@@ -25,7 +25,7 @@ import pandas as pd
 
 from medrobust_lib.metrics.stats import bootstrap_ci, pearson_with_ci
 from medrobust_lib.seeding import rng_for
-from medrobust_lib.taxonomy.schema import QUADRANTS
+from medrobust_lib.store.schema_taxonomy import QUADRANTS
 
 GROUP_COLUMNS: tuple[str, ...] = ("config", "dataset", "perturbation", "level", "image_mode")
 """One condition of one configuration on one dataset."""
@@ -116,7 +116,7 @@ def quadrant_stats(df: pd.DataFrame, seed: int = 0, n_boot: int = 1000) -> pd.Da
     ``df`` needs the :data:`GROUP_COLUMNS`, ``quadrant``, ``correct_original`` (0/1),
     ``entropy_original`` (bits, may be NULL for generated answers) and ``flip_rate``; ``outcome``
     is optional. Returns :data:`QUADRANT_STATS_COLUMNS`, four rows per group (every quadrant of
-    :data:`~medrobust_lib.taxonomy.schema.QUADRANTS`, in that order, groups sorted):
+    :data:`~medrobust_lib.store.schema_taxonomy.QUADRANTS`, in that order, groups sorted):
 
     * ``n`` samples in the quadrant, ``n_total`` ok samples in the group, ``n_error`` error rows;
     * ``share = n / n_total`` in [0, 1] (0 for an empty quadrant, NaN when the group has only

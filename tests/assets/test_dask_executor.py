@@ -14,8 +14,8 @@ from dagster_dask import dask_executor
 
 from medrobust_assets.definitions import ALL_ASSETS, build_resources
 from medrobust_lib.config import load_suite
-from medrobust_lib.pipeline.perturbed import read_manifest
 from medrobust_lib.store.results import read_table
+from medrobust_lib.tracks.perturbed import read_manifest
 from tests.suite_helpers import write_suite
 
 INDEX_JOB = "clean_index_on_dask"

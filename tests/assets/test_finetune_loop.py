@@ -107,7 +107,7 @@ SEG = {"models": [{"id": "tiny-sam", "family": "sam", "arch": "tiny", "checkpoin
 
 
 def test_strategies_registry_loop_and_gate(tmp_path: Path, demo_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from medrobust_lib.pipeline.strategies import degrade_checkpoint, register_version
+    from medrobust_lib.tracks.finetune.strategies import degrade_checkpoint, register_version
 
     suite_path = write_suite(tmp_path, demo_root, modalities=["ct", "dermoscopy"], segmentation=SEG,
                              perturbations={"include": ["gaussian_noise", "rotation"], "split": "all",
@@ -173,7 +173,7 @@ def test_strategies_registry_loop_and_gate(tmp_path: Path, demo_root: Path, monk
     assert meta["reused_rows"].value == 0 and meta["n_rows"].value > 0
     # the gate compared version 2 with the champion (version 1) on the same samples. This 20-step
     # model barely segments, so its degraded copy cannot be significantly worse here: the failing
-    # verdict is asserted on synthetic rows in tests/pipeline/test_gate.py and on the trained demo
+    # verdict is asserted on synthetic rows in tests/tracks/finetune/test_gate.py and on the trained demo
     # model by `medrobust demo` (runner.run_registry_demo raises if the degraded candidate passes).
     (check,) = r.get_asset_check_evaluations()
     assert check.severity == dg.AssetCheckSeverity.ERROR and check.metadata["champion_version"].value == 1

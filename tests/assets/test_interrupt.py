@@ -17,10 +17,10 @@ import pytest
 
 from medrobust_assets.definitions import ALL_ASSETS, build_resources
 from medrobust_lib.config import Suite, load_suite
-from medrobust_lib.data.demo import build_demo
-from medrobust_lib.pipeline.datasets import CLEAN_TABLE
-from medrobust_lib.pipeline.perturbed import MANIFEST_TABLE, read_manifest, selected_types
+from medrobust_lib.demo import build_demo
 from medrobust_lib.store.results import partition_dir, read_partition
+from medrobust_lib.tracks.datasets import CLEAN_TABLE
+from medrobust_lib.tracks.perturbed import MANIFEST_TABLE, read_manifest, selected_types
 from tests.suite_helpers import write_suite
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,8 +13,8 @@ from PIL import Image
 from medrobust_lib.data import readers_folder
 from medrobust_lib.data.boxes import mask_to_boxes, rescale_boxes
 from medrobust_lib.data.dataset import DatasetConfig, index_dataset, iter_dataset, load_sample
+from medrobust_lib.data.formats import READERS
 from medrobust_lib.data.imageio import intensity_to_native
-from medrobust_lib.data.readers import READERS
 from medrobust_lib.data.sample import QuarantineRecord, Sample, SampleError
 from medrobust_lib.seeding import rng_for
 from tests.data.test_imageio import ct_file, write_dicom

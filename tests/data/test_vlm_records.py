@@ -17,7 +17,6 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from medrobust_lib.data.demo import DemoManifest, build_demo
 from medrobust_lib.data.vlm_records import (
     ReadResult,
     YesNoRecord,
@@ -27,6 +26,7 @@ from medrobust_lib.data.vlm_records import (
     read_omnimedvqa,
     read_roco,
 )
+from medrobust_lib.demo import DemoManifest, build_demo
 
 
 def _png(path: Path, h: int = 20, w: int = 30) -> Path:

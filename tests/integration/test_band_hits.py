@@ -7,8 +7,8 @@ from pathlib import Path
 import pandas as pd
 
 from medrobust_lib.data.dataset import DatasetConfig, iter_dataset
-from medrobust_lib.data.demo import build_demo
 from medrobust_lib.data.sample import Sample
+from medrobust_lib.demo import build_demo
 from medrobust_lib.perturb.calibrate import DEFAULT_BANDS
 from medrobust_lib.perturb.engine import ChunkSpec, run_chunk
 from medrobust_lib.perturb.spec import list_perturbations

@@ -12,9 +12,9 @@ import pandas as pd
 
 from medrobust_lib.config import load_suite
 from medrobust_lib.perturb.engine import verify_row
-from medrobust_lib.pipeline.datasets import build_clean_index, load_clean_samples
-from medrobust_lib.pipeline.perturbed import build_perturbed, read_manifest
 from medrobust_lib.store.marts import build_mart, connect_readonly
+from medrobust_lib.tracks.datasets import build_clean_index, load_clean_samples
+from medrobust_lib.tracks.perturbed import build_perturbed, read_manifest
 from tests.suite_helpers import write_suite
 
 
@@ -59,7 +59,7 @@ def test_same_manifest_with_one_or_two_workers(tmp_path: Path, demo_root: Path) 
 KILL_SCRIPT = """
 import sys, time
 from medrobust_lib.config import load_suite
-from medrobust_lib.pipeline.perturbed import build_perturbed
+from medrobust_lib.tracks.perturbed import build_perturbed
 suite = load_suite(sys.argv[1])
 def slow(msg):
     print(msg, flush=True)

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 from medrobust_lib.config import Suite, load_suite
-from medrobust_lib.pipeline.datasets import build_clean_index, load_clean_samples
-from medrobust_lib.pipeline.perturbed import build_perturbed, read_manifest
-from medrobust_lib.pipeline.seg_report import robustness_curves, write_segmentation_stats
-from medrobust_lib.pipeline.segmentation import (
+from medrobust_lib.store import results
+from medrobust_lib.store.marts import build_mart, connect_readonly
+from medrobust_lib.tracks.datasets import build_clean_index, load_clean_samples
+from medrobust_lib.tracks.perturbed import build_perturbed, read_manifest
+from medrobust_lib.tracks.segmentation.evaluate import (
     evaluate_attacks,
     evaluate_clean,
     evaluate_perturbed,
@@ -19,8 +20,7 @@ from medrobust_lib.pipeline.segmentation import (
     model_config,
     train_base_checkpoint,
 )
-from medrobust_lib.store import results
-from medrobust_lib.store.marts import build_mart, connect_readonly
+from medrobust_lib.tracks.segmentation.stats import robustness_curves, write_segmentation_stats
 from tests.suite_helpers import write_suite
 
 SEG = {"models": [{"id": "tiny-sam", "family": "sam", "arch": "tiny", "checkpoint": "trained"}],

@@ -12,10 +12,10 @@ import pytest
 from medrobust_lib.config import Suite, load_suite
 from medrobust_lib.finetune.strategies import STRATEGIES
 from medrobust_lib.models.sam import load_segmenter
-from medrobust_lib.pipeline.datasets import build_clean_index
-from medrobust_lib.pipeline.segmentation import seg_splits, train_base_checkpoint
-from medrobust_lib.pipeline.strategies import finetune_strategy
 from medrobust_lib.prompts import PromptConfig, prompt_boxes
+from medrobust_lib.tracks.datasets import build_clean_index
+from medrobust_lib.tracks.finetune.strategies import finetune_strategy
+from medrobust_lib.tracks.segmentation.evaluate import seg_splits, train_base_checkpoint
 from tests.suite_helpers import write_suite
 
 SEG = {"models": [{"id": "tiny-sam", "family": "sam", "arch": "tiny", "checkpoint": "trained"}],

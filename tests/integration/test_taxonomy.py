@@ -13,14 +13,14 @@ import pandas as pd
 import pytest
 
 from medrobust_lib.config import Suite, load_suite
-from medrobust_lib.pipeline import taxonomy as tx
-from medrobust_lib.pipeline.datasets import build_clean_index
-from medrobust_lib.pipeline.perturbed import build_perturbed, read_manifest
-from medrobust_lib.pipeline.taxonomy_report import write_taxonomy_stats
-from medrobust_lib.pipeline.vlm_config import YESNO_SUFFIX, load_items
 from medrobust_lib.store import results
-from medrobust_lib.taxonomy.schema import TAXONOMY_TABLE
+from medrobust_lib.store.schema_taxonomy import TAXONOMY_TABLE
 from medrobust_lib.taxonomy.stats import transitions
+from medrobust_lib.tracks.datasets import build_clean_index
+from medrobust_lib.tracks.perturbed import build_perturbed, read_manifest
+from medrobust_lib.tracks.taxonomy import evaluate as tx
+from medrobust_lib.tracks.taxonomy.stats import write_taxonomy_stats
+from medrobust_lib.tracks.vlm.items import YESNO_SUFFIX, load_items
 from tests.suite_helpers import write_suite
 
 TAX = {"configs": [{"id": "demo-image-reliant", "demo_training": "image_reliant"},

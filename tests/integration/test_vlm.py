@@ -11,16 +11,17 @@ import pandas as pd
 import pytest
 
 from medrobust_lib.config import Suite, load_suite
-from medrobust_lib.pipeline.datasets import build_clean_index, load_clean_samples
-from medrobust_lib.pipeline.perturbed import build_perturbed, read_manifest
-from medrobust_lib.pipeline.vlm import _move_box, evaluate_clean, evaluate_perturbed
-from medrobust_lib.pipeline.vlm_config import load_items, records_config, vlm_model
-from medrobust_lib.pipeline.vlm_report import write_vlm_stats
-from medrobust_lib.pipeline.vlm_runner import Runner
-from medrobust_lib.pipeline.vlm_schema import COLUMN_NAMES, VLM_TABLE
-from medrobust_lib.pipeline.vlm_train_demo import finetune_adapter, train_base_vlm
+from medrobust_lib.config.vlm import vlm_model
+from medrobust_lib.demo.vlm_train import finetune_adapter, train_base_vlm
 from medrobust_lib.store import results
 from medrobust_lib.store.marts import build_mart, connect_readonly
+from medrobust_lib.store.schema_vlm import COLUMN_NAMES, VLM_TABLE
+from medrobust_lib.tracks.datasets import build_clean_index, load_clean_samples
+from medrobust_lib.tracks.perturbed import build_perturbed, read_manifest
+from medrobust_lib.tracks.vlm.evaluate import _move_box, evaluate_clean, evaluate_perturbed
+from medrobust_lib.tracks.vlm.items import load_items, records_config
+from medrobust_lib.tracks.vlm.runner import Runner
+from medrobust_lib.tracks.vlm.stats import write_vlm_stats
 from tests.suite_helpers import write_suite
 
 PER_IMAGE = 3 + 2 + 1 + 1  # MC, yes/no, caption, grounding records per demo image

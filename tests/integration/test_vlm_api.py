@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from medrobust_lib.config import Suite, load_suite
-from medrobust_lib.pipeline.datasets import build_clean_index
-from medrobust_lib.pipeline.vlm import evaluate_clean
-from medrobust_lib.pipeline.vlm_schema import VLM_TABLE
 from medrobust_lib.store import results
+from medrobust_lib.store.schema_vlm import VLM_TABLE
+from medrobust_lib.tracks.datasets import build_clean_index
+from medrobust_lib.tracks.vlm.evaluate import evaluate_clean
 from tests.suite_helpers import write_suite
 
 
@@ -127,8 +127,8 @@ def test_api_model_from_yaml(api_suite: Suite) -> None:
 
 
 def test_api_paraphraser_feeds_the_taxonomy(api_suite: Suite, monkeypatch: pytest.MonkeyPatch) -> None:
-    from medrobust_lib.pipeline import taxonomy as tx
-    from medrobust_lib.pipeline.vlm_config import load_items
+    from medrobust_lib.tracks.taxonomy import evaluate as tx
+    from medrobust_lib.tracks.vlm.items import load_items
 
     s = api_suite.model_copy(update={"taxonomy": {"configs": [{"id": "fake", "model": "fake-gpt"}],
                                                   "min_paraphrases": 8, "api_paraphraser": "fake-gpt"}})

@@ -16,7 +16,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from medrobust_lib.pipeline.seg_report import segmentation_stats
 from medrobust_lib.report.latex import escape
 from medrobust_lib.report.paper import ReportSummary, build_report, parse_models
 from medrobust_lib.report.paper_tables import _recomputed_correlation, taxonomy_quadrants
@@ -27,8 +26,9 @@ from medrobust_lib.store.marts import (
     TAXONOMY_CORRELATION_STATS_COLUMNS,
     TAXONOMY_QUADRANT_STATS_COLUMNS,
 )
-from medrobust_lib.taxonomy.schema import QUADRANTS
+from medrobust_lib.store.schema_taxonomy import QUADRANTS
 from medrobust_lib.taxonomy.stats import flip_dangerous_correlation, quadrant_stats
+from medrobust_lib.tracks.segmentation.stats import segmentation_stats
 
 SEG_MODELS = ("sam_a", "sam_b")
 VLM_MODELS = ("vlm_a", "vlm_b")

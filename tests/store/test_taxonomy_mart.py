@@ -15,7 +15,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from medrobust_lib.pipeline.taxonomy_report import (
+from medrobust_lib.store import results
+from medrobust_lib.store.marts import build_mart, connect_readonly
+from medrobust_lib.store.schema_taxonomy import COLUMN_NAMES, QUADRANTS, TAXONOMY_TABLE
+from medrobust_lib.tracks.taxonomy.stats import (
     CORRELATION_STATS_COLUMNS,
     QUADRANT_STATS_COLUMNS,
     correlation_points,
@@ -26,9 +29,6 @@ from medrobust_lib.pipeline.taxonomy_report import (
     transition_matrix,
     write_taxonomy_stats,
 )
-from medrobust_lib.store import results
-from medrobust_lib.store.marts import build_mart, connect_readonly
-from medrobust_lib.taxonomy.schema import COLUMN_NAMES, QUADRANTS, TAXONOMY_TABLE
 
 FLAGS: dict[str, tuple[bool, bool]] = {  # quadrant -> (consistent, image_reliant)
     "Ideal": (True, True), "Fragile": (False, True), "Dangerous": (True, False), "Worst": (False, False),

@@ -14,11 +14,11 @@ import pytest
 
 from medrobust_lib.metrics.caption import bleu
 from medrobust_lib.metrics.stats import mcnemar
-from medrobust_lib.pipeline.vlm_report import vlm_stats, vlm_task_drops_wide, write_vlm_stats
-from medrobust_lib.pipeline.vlm_schema import COLUMN_NAMES, VLM_TABLE
 from medrobust_lib.store import results
 from medrobust_lib.store.marts import build_mart, connect_readonly
+from medrobust_lib.store.schema_vlm import COLUMN_NAMES, VLM_TABLE
 from medrobust_lib.tasks.scoring import score_captions
+from medrobust_lib.tracks.vlm.stats import vlm_stats, vlm_task_drops_wide, write_vlm_stats
 
 MODEL = "m1"
 N_MC = 12

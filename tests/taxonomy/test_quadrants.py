@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import pytest
 
+from medrobust_lib.store.schema_taxonomy import COLUMN_NAMES
 from medrobust_lib.taxonomy.quadrants import SampleFlags, classify, classify_labels, flip_rate, quadrant_of
-from medrobust_lib.taxonomy.schema import COLUMN_NAMES
 
 YES = {"yes": math.log(0.8), "no": math.log(0.2)}  # p_yes 0.8
 NO = {"yes": math.log(0.1), "no": math.log(0.9)}  # p_yes 0.1

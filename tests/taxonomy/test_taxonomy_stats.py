@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from medrobust_lib.taxonomy.schema import QUADRANTS
+from medrobust_lib.store.schema_taxonomy import QUADRANTS
 from medrobust_lib.taxonomy.stats import (
     GROUP_COLUMNS,
     QUADRANT_STATS_COLUMNS,

@@ -1,0 +1,125 @@
+"""The suite's ``segmentation:`` section: models, base-model training, attacks, and the fine-tuning
+strategies with their evaluation and regression gate (``segmentation.finetune``).
+
+Suite YAML::
+
+    segmentation:
+      models:
+        - {id: medsam, family: medsam, arch: vit_b, checkpoint: /weights/medsam_vit_b.pth, device: cuda}
+      attacks: {kinds: [fgsm, pgd], step_size_factor: 2.5}
+      finetune:
+        base: medsam                         # a segmentation.models id
+        strategies: [full, decoder_only, decoder_prompt, encoder_partial, lora, adapter]
+        encoder_blocks: 4                    # encoder_partial (the last N blocks; ViT-B has 12)
+        lora: {r: 8, alpha: 16, dropout: 0.05, targets: null}
+        train: {max_steps: 200, lr: 0.0005, batch_size: 8, eval_every: 25, patience: 3, time_budget_s: 30}
+        eval: {levels: [1, 3, 5], perturbations: null, attack_levels: [1, 3, 5]}   # null: all
+        gate: {max_iou_drop_increase: 0.01, max_dice_drop_increase: 0.01, alpha: 0.05, min_pairs: 5}
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from medrobust_lib.config.common import LoraSettings, TrainBudget
+from medrobust_lib.prompts import PromptConfig
+
+ATTACK_KINDS: tuple[Literal["fgsm", "pgd"], ...] = ("fgsm", "pgd")
+
+
+class LoraOptions(LoraSettings):
+    """LoRA for the ``lora`` strategy; ``targets``: a full-match regex over module names (None: the
+    strategy's default, image-encoder attention plus mask-decoder attention)."""
+
+    targets: str | None = None
+
+
+class FinetuneTrain(TrainBudget):
+    max_steps: int = 200
+    lr: float = 5e-4
+    eval_every: int = 25
+    patience: int = 3
+    time_budget_s: float | None = 30.0
+
+
+class FinetuneEval(BaseModel):
+    """What every fine-tuned checkpoint (and every registry version) is evaluated on: the clean
+    test split, the perturbation types matching ``perturbations`` (fnmatch globs) at ``levels``,
+    and FGSM/PGD at ``attack_levels``. None: everything the suite has."""
+
+    model_config = ConfigDict(extra="forbid")
+    levels: list[int] | None = None
+    perturbations: list[str] | None = None
+    attack_levels: list[int] | None = None
+
+
+class GateOptions(BaseModel):
+    """Thresholds of the regression gate (``pipeline.gate.GateThresholds``) used by the
+    ``robustness_gate`` asset check."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_iou_drop_increase: float = 0.01
+    max_dice_drop_increase: float = 0.01
+    alpha: float = 0.05
+    min_pairs: int = 5
+
+
+class FinetuneConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    base: str
+    strategies: list[str] = Field(default_factory=lambda: ["full", "decoder_only", "decoder_prompt",
+                                                           "encoder_partial", "lora", "adapter"])
+    encoder_blocks: int = 4
+    adapter_ratio: float = 0.25
+    lora: LoraOptions = Field(default_factory=lambda: LoraOptions())
+    train: FinetuneTrain = Field(default_factory=lambda: FinetuneTrain())
+    eval: FinetuneEval = Field(default_factory=lambda: FinetuneEval())
+    gate: GateOptions = Field(default_factory=lambda: GateOptions())
+
+
+class SegModelConfig(BaseModel):
+    """One segmentation model of the suite. ``checkpoint``: a local file (.pth / .safetensors in
+    the published layout) or ``trained`` (the demo base-checkpoint asset trains it)."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9_\-]*$")
+    family: Literal["sam", "medsam", "sam_med2d"] = "sam"
+    arch: str = "vit_b"
+    checkpoint: str | None = None
+    strategy: str = "pretrained"
+    device: str = "cpu"
+    batch_size: int = 8
+
+
+class SegTrainConfig(TrainBudget):
+    """Training of the demo base model (``checkpoint: trained``)."""
+
+    lr: float = 2e-3
+    warmup_steps: int = 20
+    box_jitter: float = 0.05
+
+
+class AttackSuiteConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kinds: list[Literal["fgsm", "pgd"]] = Field(default_factory=lambda: list(ATTACK_KINDS))
+    step_size_factor: float = 2.5
+    max_samples: int | None = None
+
+
+class SegmentationConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    models: list[SegModelConfig] = Field(default_factory=list)
+    train: SegTrainConfig = Field(default_factory=lambda: SegTrainConfig())
+    prompt_margin: float = 0.0
+    prompt_jitter: float = 0.0
+    split: str = "test"
+    attacks: AttackSuiteConfig = Field(default_factory=lambda: AttackSuiteConfig())
+    finetune: FinetuneConfig | None = None
+
+    @property
+    def prompt(self) -> PromptConfig:
+        return PromptConfig(margin=self.prompt_margin, jitter=self.prompt_jitter)
+
+

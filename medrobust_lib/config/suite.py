@@ -1,0 +1,140 @@
+"""The suite configuration: what to evaluate, loaded from ``configs/*.yaml``.
+
+Paths in a suite are relative to the working directory (the project root) unless absolute.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from medrobust_lib.config.segmentation import SegmentationConfig
+from medrobust_lib.config.taxonomy import TaxonomyConfig
+from medrobust_lib.config.vlm import VLMConfig
+from medrobust_lib.perturb.calibrate import DEFAULT_BANDS, validate_bands
+from medrobust_lib.types import ALL_MODALITIES, SEVERITY_LEVELS
+
+DEMO_TRAINED = "trained"
+"""A model's weights trained by the demo's own assets (``checkpoint: trained`` / ``source: trained``)."""
+DEMO_TRAINED_ADAPTER = "finetuned"
+"""A VLM adapter trained by its own ``finetuned_adapter`` asset."""
+
+
+class DemoConfig(BaseModel):
+    """The embedded offline demo dataset (built by ``medrobust_lib.demo.build_demo``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = False
+    root: str = "var/data/demo"
+    n_per_modality: int = Field(default=24, ge=4)
+    seed: int = 0
+
+
+class PerturbationConfig(BaseModel):
+    """Which perturbations to generate and how to calibrate them."""
+
+    model_config = ConfigDict(extra="forbid")
+    include: list[str] = Field(default_factory=lambda: ["*"])
+    exclude: list[str] = Field(default_factory=list)
+    levels: list[int] = Field(default_factory=lambda: list(SEVERITY_LEVELS))
+    bands: dict[int, tuple[float, float]] = Field(default_factory=lambda: dict(DEFAULT_BANDS))
+    calibration_subset: int = Field(default=4, ge=1, description="images per dataset used for the warm start")
+    split: str = Field(default="test", description="which split to perturb: train, val, test or all")
+    max_samples: int | None = Field(default=None, ge=1, description="cap per dataset, after the split filter")
+
+    @field_validator("bands")
+    @classmethod
+    def _bands(cls, v: dict[int, tuple[float, float]]) -> dict[int, tuple[float, float]]:
+        return validate_bands(v)
+
+    @field_validator("levels")
+    @classmethod
+    def _levels(cls, v: list[int]) -> list[int]:
+        bad = [lv for lv in v if lv not in SEVERITY_LEVELS]
+        if bad:
+            raise ValueError(f"levels must be among {SEVERITY_LEVELS}, got {bad}")
+        return sorted(set(v))
+
+    @field_validator("split")
+    @classmethod
+    def _split(cls, v: str) -> str:
+        if v not in ("train", "val", "test", "all"):
+            raise ValueError(f"split must be train, val, test or all, got {v!r}")
+        return v
+
+
+class Suite(BaseModel):
+    """A whole evaluation suite. Unknown keys are errors (at every level). Outside the demo
+    (``demo.enabled: false``) every model must name its weights: a segmentation model its
+    ``checkpoint``, a local VLM its ``source`` (or a ``base``); ``trained`` (weights the demo trains)
+    is demo-only."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = "demo"
+    seed: int = 0
+    results_dir: str = "var/results"
+    mart_path: str = "var/marts.duckdb"
+    workers: int = Field(default=1, ge=1, description="processes used inside one partition")
+    modalities: list[str] = Field(default_factory=lambda: list(ALL_MODALITIES))
+    demo: DemoConfig = Field(default_factory=lambda: DemoConfig())
+    datasets: list[dict[str, Any]] = Field(default_factory=list, description="DatasetConfig fields")
+    perturbations: PerturbationConfig = Field(default_factory=lambda: PerturbationConfig())
+    segmentation: SegmentationConfig = Field(default_factory=lambda: SegmentationConfig())
+    vlm: VLMConfig = Field(default_factory=lambda: VLMConfig())
+    taxonomy: TaxonomyConfig = Field(default_factory=lambda: TaxonomyConfig())
+
+    @field_validator("modalities")
+    @classmethod
+    def _modalities(cls, v: list[str]) -> list[str]:
+        bad = [m for m in v if m not in ALL_MODALITIES]
+        if bad:
+            raise ValueError(f"unknown modalities {bad}; valid: {', '.join(ALL_MODALITIES)}")
+        return v
+
+    @model_validator(mode="after")
+    def _weights_named_outside_the_demo(self) -> Suite:
+        if self.demo.enabled:  # the demo trains what it does not name
+            for m in self.segmentation.models:
+                m.checkpoint = m.checkpoint or DEMO_TRAINED
+            for v in self.vlm.models:
+                if v.kind == "hf" and v.base is None:
+                    v.source = v.source or DEMO_TRAINED
+            return self
+        for m in self.segmentation.models:
+            if m.checkpoint in (None, DEMO_TRAINED):
+                raise ValueError(f"segmentation model {m.id!r} has no checkpoint: set 'checkpoint' to its weights "
+                                 f"file ('{DEMO_TRAINED}' is for the demo only)")
+        for v in self.vlm.models:
+            if v.kind == "hf" and v.base is None and v.source in (None, DEMO_TRAINED):
+                raise ValueError(f"VLM {v.id!r} has no source: set 'source' to a local model folder or a cached hub "
+                                 f"id ('{DEMO_TRAINED}' is for the demo only)")
+            if v.adapter == DEMO_TRAINED_ADAPTER and v.base is None:
+                raise ValueError(f"VLM {v.id!r}: 'adapter: {DEMO_TRAINED_ADAPTER}' needs a 'base' model")
+        return self
+
+
+def load_suite(path: str | Path) -> Suite:
+    """Read a suite YAML. Raises FileNotFoundError, or ValueError naming the file and each offending
+    key (unknown keys included) with its location, e.g. ``segmentation.models.0.chekpoint``."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"suite config not found: {p}")
+    with p.open() as fh:
+        try:
+            data = yaml.safe_load(fh) or {}
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{p}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{p}: a suite is a mapping of sections, got {type(data).__name__}")
+    try:
+        return Suite.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            where = ".".join(str(x) for x in err["loc"]) or "(top level)"
+            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+            problems.append(f"{where}: {msg}")
+        raise ValueError(f"{p}: invalid suite: " + "; ".join(problems)) from None

@@ -1,0 +1,63 @@
+"""The suite's ``taxonomy:`` section ("Consistent but Dangerous"): which model configurations are
+classified, with which image-removal modes and paraphrase requirements."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from medrobust_lib.config.common import TrainBudget
+
+
+class TaxonomyTrain(TrainBudget):
+    """Training of the demo's known-answer models (``demo_training``): the base model's budget and
+    architecture, then ``lora_steps`` / ``lora_lr`` for ``consistency_lora``."""
+
+    max_steps: int = 1500
+    batch_size: int = 32
+    lr: float = 2e-3
+    eval_every: int = 150
+    patience: int = 4
+    time_budget_s: float | None = 60.0
+    image_size: int = 64
+    patch_size: int = 16
+    hidden: int = 64
+    layers: int = 2
+    lora_steps: int = Field(default=300, ge=1)
+    lora_lr: float = Field(default=2e-3, gt=0)
+
+
+class TaxonomyConfigEntry(BaseModel):
+    """A named model configuration of the taxonomy. ``model`` names a VLM of ``vlm.models``;
+    ``demo_training`` (demo only) says how the demo trains that VLM: ``image_reliant`` (true
+    labels, positive paraphrases), ``shortcut`` (labels predicted by the question wording) or
+    ``consistency_lora`` (LoRA on every paraphrase, negations included, over another config's
+    model, named by ``base``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9_\-]*$")
+    model: str | None = None
+    demo_training: Literal["image_reliant", "shortcut", "consistency_lora"] | None = None
+    base: str | None = None
+
+    def model_post_init(self, __context: Any) -> None:
+        if (self.model is None) == (self.demo_training is None):
+            raise ValueError(f"taxonomy config {self.id!r}: give exactly one of 'model' (a vlm.models id) or "
+                             "'demo_training'")
+        if (self.demo_training == "consistency_lora") != (self.base is not None):
+            raise ValueError(f"taxonomy config {self.id!r}: 'base' (another config) goes with consistency_lora only")
+
+
+class TaxonomyConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    configs: list[TaxonomyConfigEntry] = Field(default_factory=list)
+    image_modes: list[Literal["none", "blank", "noise"]] = Field(default_factory=lambda: ["none"])  # type: ignore[arg-type]
+    min_paraphrases: int = 5
+    api_paraphraser: str | None = None
+    """A ``kind: api`` model of ``vlm.models`` that writes extra paraphrases for records with too
+    few (cached; each candidate passes the recorded equivalence filter before use)."""
+    split: str = "test"
+    train: TaxonomyTrain = Field(default_factory=lambda: TaxonomyTrain())
+
+

@@ -1,0 +1,120 @@
+"""VLM track configuration: the suite's ``vlm:`` section (the items it defines are built by
+:mod:`medrobust_lib.tracks.vlm.items`).
+
+Suite YAML::
+
+    vlm:
+      models:
+        - id: llava-med                 # local Hugging Face folder (save_pretrained layout) or cached hub id
+          source: /models/llava-med-v1.5-mistral-7b-hf
+          device: cuda
+        - id: medgemma-lora
+          base: medgemma               # weights of another configured model ...
+          adapter: finetuned           # ... plus the LoRA adapter its finetuned_adapter asset trains
+        - id: gpt-4o-mini
+          kind: api                    # OpenAI-compatible endpoint; key from the environment only
+          api: {model: gpt-4o-mini, base_url: "https://api.openai.com/v1", api_key_env: OPENAI_API_KEY}
+      records:                          # record files in their published formats (any may be omitted)
+        image_root: /data/omnimedvqa
+        omnimedvqa: /data/omnimedvqa/qa.json
+        yesno: /data/psf/questions.jsonl
+        roco_captions: /data/rocov2/test_captions.csv
+        roco_images: null
+        mecovqa_grounding: /data/mecovqa/grounding.json
+      split: test
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from medrobust_lib.config.common import LoraSettings, TrainBudget
+
+if TYPE_CHECKING:
+    from medrobust_lib.config import Suite
+
+
+
+class VLMModelConfig(BaseModel):
+    """One VLM of the suite. ``source``: a local folder or cached hub id, or ``trained`` (the demo
+    ``base_checkpoint`` asset trains a tiny LLaVA). ``base``: take the weights of another configured
+    model. ``adapter``: a LoRA adapter folder, or ``finetuned`` (this model's own
+    ``finetuned_adapter`` asset). ``box_scale``: the declared grounding output scale, when known."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9_\-]*$")
+    kind: Literal["hf", "api"] = "hf"
+    source: str | None = None
+    base: str | None = None
+    adapter: str | None = None
+    device: str = "cpu"
+    batch_size: int = 16
+    max_new_tokens: int = 16
+    caption_max_new_tokens: int = 40
+    box_scale: Literal["0-1", "0-1000", "pixels"] | None = None
+    api: dict[str, Any] = Field(default_factory=dict)
+
+
+class VLMRecordsConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    image_root: str | None = None
+    omnimedvqa: str | None = None
+    yesno: str | None = None
+    roco_captions: str | None = None
+    roco_images: str | None = None
+    mecovqa_grounding: str | None = None
+
+
+class VLMTrainSettings(TrainBudget):
+    """Training of the demo base model (``source: trained``)."""
+
+    max_steps: int = 3000
+    batch_size: int = 32
+    lr: float = 2e-3
+    eval_every: int = 250
+    patience: int = 4
+    time_budget_s: float | None = 150.0
+    image_size: int = 64
+    patch_size: int = 16
+    hidden: int = 64
+    layers: int = 2
+
+
+class VLMFinetuneSettings(TrainBudget, LoraSettings):
+    """LoRA fine-tuning (``adapter: finetuned``): task, LoRA shape, training budget."""
+
+    task: Literal["grounding", "vqa_mc", "vqa_yesno", "caption"] = "grounding"
+    target_regex: str | None = None
+    max_steps: int = 400
+    batch_size: int = 16
+    lr: float = 1e-3
+    eval_every: int = 50
+    patience: int = 3
+    time_budget_s: float | None = 60.0
+
+
+class VLMConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    models: list[VLMModelConfig] = Field(default_factory=list)
+    records: VLMRecordsConfig = Field(default_factory=lambda: VLMRecordsConfig())
+    split: str = "test"
+    train: VLMTrainSettings = Field(default_factory=lambda: VLMTrainSettings())
+    finetune: VLMFinetuneSettings = Field(default_factory=lambda: VLMFinetuneSettings())
+    max_records_per_task: int | None = None
+    judge: str | None = None
+    """Optional LLM judge (a ``kind: api`` model id) for multiple-choice answers the rules cannot
+    parse; recorded in separate columns, never replacing the rule-based ``correct``."""
+
+
+def vlm_config(suite: Suite) -> VLMConfig:
+    """The suite's ``vlm:`` section."""
+    return suite.vlm
+
+
+def vlm_model(suite: Suite, model_id: str) -> VLMModelConfig:
+    for m in vlm_config(suite).models:
+        if m.id == model_id:
+            return m
+    raise KeyError(f"unknown VLM {model_id!r}; configured: {[m.id for m in vlm_config(suite).models]}")

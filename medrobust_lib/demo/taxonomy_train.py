@@ -1,0 +1,125 @@
+"""Known-answer models for the taxonomy, trained on the demo yes/no records (train split, selection
+on val; the test split is never seen):
+
+- ``image_reliant``: true labels, original questions and positive paraphrases. The wording carries
+  no answer cue (each question template is asked for a yes and for a no), so the answer must come
+  from the image. Negations are never seen, so the model may be inconsistent on them (Fragile).
+- ``shortcut``: labels that the question wording predicts (a seeded hash of the original question
+  text decides yes or no; negations invert it), every paraphrase included. The image carries no
+  information about these labels, so the model learns to ignore it: consistent, not image-reliant
+  (Dangerous), and confident.
+- ``consistency_lora``: the image-reliant model plus a LoRA adapter trained on every paraphrase,
+  negations included, with true labels: a consistency-oriented fine-tune.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from medrobust_lib.config import Suite
+from medrobust_lib.data.sample import Sample
+from medrobust_lib.demo.vlm_train import _samples_by_split, vocabulary_texts
+from medrobust_lib.finetune.vlm_train import VLMExample
+from medrobust_lib.seeding import stable_fraction
+from medrobust_lib.tracks.taxonomy.evaluate import config_entry, taxonomy_config, variants_of
+from medrobust_lib.tracks.vlm.items import YESNO_SUFFIX, VLMItem, load_items
+from medrobust_lib.tracks.vlm.runner import checkpoint_dir
+
+
+def shortcut_answer(question: str, seed: int) -> str:
+    """The label the wording dictates in shortcut training: a stable hash of the question text."""
+    return "yes" if stable_fraction(seed, "shortcut", question) < 0.5 else "no"
+
+
+def yes_no_examples(items: list[VLMItem], samples: dict[tuple[str, str], Sample], *, negations: bool,
+                    shortcut_seed: int | None, min_paraphrases: int) -> list[VLMExample]:
+    out: list[VLMExample] = []
+    for it in items:
+        s = samples.get((it.dataset, it.sample_id))
+        if s is None or it.task != "vqa_yesno":
+            continue
+        answer = it.answer if shortcut_seed is None else shortcut_answer(it.question, shortcut_seed)
+        for text, pol in variants_of(it, min_paraphrases):
+            if pol == -1 and not negations:
+                continue
+            ans = answer if pol == 1 else ("no" if answer == "yes" else "yes")
+            out.append(VLMExample(f"{s.dataset}/{s.sample_id}", s.image, text + YESNO_SUFFIX, ans, "vqa_yesno"))
+    return out
+
+
+@dataclass
+class TaxonomyTrainSummary:
+    config: str
+    kind: str
+    folder: str
+    seconds: float
+    steps: int
+    best_val_loss: float
+    n_train: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def train_taxonomy_model(suite: Suite, config_id: str, log: Callable[[str], None] | None = None
+                         ) -> TaxonomyTrainSummary:
+    """Train the demo model of one taxonomy configuration (see the module docstring)."""
+    from medrobust_lib.finetune.vlm_train import VLMTrainConfig, encode_examples, train_vlm
+
+    t0 = time.perf_counter()
+    entry = config_entry(suite, config_id)
+    if entry.demo_training is None:
+        raise ValueError(f"taxonomy config {config_id!r} names a model; it has no demo training")
+    tc = taxonomy_config(suite)
+    ts = tc.train.model_dump()
+    all_items = load_items(suite).items
+    items = [it for it in all_items if it.task == "vqa_yesno"]
+    by_split = _samples_by_split(suite)
+    kind = entry.demo_training
+    shortcut = suite.seed if kind == "shortcut" else None
+    negations = kind != "image_reliant"
+    train = yes_no_examples(items, by_split["train"], negations=negations, shortcut_seed=shortcut,
+                            min_paraphrases=tc.min_paraphrases)
+    val = yes_no_examples(items, by_split["val"], negations=negations, shortcut_seed=shortcut,
+                          min_paraphrases=tc.min_paraphrases)
+    cfg = VLMTrainConfig(max_steps=int(ts["max_steps"]), batch_size=int(ts["batch_size"]), lr=float(ts["lr"]),
+                         eval_every=int(ts["eval_every"]), patience=int(ts["patience"]),
+                         time_budget_s=ts["time_budget_s"], seed=suite.seed,
+                         select_on="first_token_accuracy")
+    if kind == "consistency_lora":
+        from transformers import AutoModelForImageTextToText, AutoProcessor
+
+        from medrobust_lib.finetune.vlm_lora import LoraSettings, finetune_lora
+        from medrobust_lib.tracks.vlm.runner import _folder_hash
+
+        assert entry.base is not None
+        source = checkpoint_dir(suite, entry.base)
+        model = AutoModelForImageTextToText.from_pretrained(source, local_files_only=True)
+        proc = AutoProcessor.from_pretrained(source, local_files_only=True)
+        lcfg = VLMTrainConfig(max_steps=int(ts["lora_steps"]), batch_size=int(ts["batch_size"]),
+                              lr=float(ts["lora_lr"]), eval_every=50, patience=4,
+                              time_budget_s=ts["time_budget_s"], seed=suite.seed,
+                              select_on="first_token_accuracy")
+        res = finetune_lora(model, proc, train, val, LoraSettings(), lcfg, checkpoint_dir(suite, config_id) / "adapter",
+                            base_model_hash=_folder_hash(str(source)), log=log)
+        return TaxonomyTrainSummary(config_id, kind, str(res.adapter_dir), time.perf_counter() - t0, res.train.steps,
+                                    res.train.best_val_loss, len(train), {"n_trainable": res.n_trainable,
+                                                                          "adapter_hash": res.adapter_hash})
+    import torch
+
+    from medrobust_lib.models.tiny_vlm import build_tiny_llava, build_tokenizer, save_tiny
+
+    tok = build_tokenizer(vocabulary_texts(all_items) + [e.question for e in train + val])
+    model, proc = build_tiny_llava(tok, image_size=int(ts["image_size"]), patch_size=int(ts["patch_size"]),
+                                   text_hidden=int(ts["hidden"]), vision_hidden=int(ts["hidden"]),
+                                   layers=int(ts["layers"]), seed=suite.seed)
+    with torch.random.fork_rng(devices=[]):
+        r = train_vlm(model, proc, encode_examples(proc, train), encode_examples(proc, val), cfg, log=log)
+    folder = save_tiny(model, proc, checkpoint_dir(suite, config_id))
+    meta = {"config": config_id, "kind": kind, "steps": r.steps, "best_step": r.best_step,
+            "best_val_loss": r.best_val_loss, "n_train": len(train), "n_val": len(val), "history": r.history}
+    (folder / "training.json").write_text(json.dumps(meta, indent=2, default=str))
+    return TaxonomyTrainSummary(config_id, kind, str(folder), time.perf_counter() - t0, r.steps, r.best_val_loss,
+                                len(train), {"best_step": r.best_step})

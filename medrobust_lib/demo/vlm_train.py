@@ -1,0 +1,204 @@
+"""Training for the VLM track: the tiny demo LLaVA (``source: trained``) and LoRA adapters
+(``adapter: finetuned``), both on the train split with selection on val; test is never seen."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from medrobust_lib.config import Suite
+from medrobust_lib.config.vlm import vlm_config, vlm_model
+from medrobust_lib.data.sample import Sample
+from medrobust_lib.finetune.vlm_train import VLMExample
+from medrobust_lib.tracks.vlm.items import VLMItem, box_in_sample, load_items, prompt_for
+from medrobust_lib.tracks.vlm.runner import checkpoint_dir
+
+SELECTION_TASKS = ("vqa_yesno", "vqa_mc")
+"""Model selection uses the validation loss of the closed-answer tasks (captions overfit first)."""
+
+
+def _samples_by_split(suite: Suite) -> dict[str, dict[tuple[str, str], Sample]]:
+    from medrobust_lib.tracks.datasets import load_clean_samples
+
+    out: dict[str, dict[tuple[str, str], Sample]] = {"train": {}, "val": {}, "test": {}}
+    for modality in suite.modalities:
+        for split in out:
+            for items in load_clean_samples(suite, modality, split=split).values():
+                out[split].update({(s.dataset, s.sample_id): s for s in items})
+    return out
+
+
+def box_text(box: np.ndarray, hw: tuple[int, ...]) -> str:
+    """A pixel box (1, 4) as the tiny model's answer: ``[x0, y0, x1, y1]`` in 0-1, 2 decimals."""
+    x0, y0, x1, y1 = box[0]
+    h, w = hw[0], hw[1]
+    return f"[{x0 / w:.2f}, {y0 / h:.2f}, {x1 / w:.2f}, {y1 / h:.2f}]"
+
+
+def examples_for(items: list[VLMItem], samples: dict[tuple[str, str], Sample], tasks: tuple[str, ...] | None = None,
+                 all_variants: bool = True) -> list[VLMExample]:
+    """Supervised examples for the items whose sample is given: MC -> letter, yes/no -> the
+    polarity-adjusted answer for every paraphrase, caption -> first reference, grounding -> box."""
+    out: list[VLMExample] = []
+    for it in items:
+        s = samples.get((it.dataset, it.sample_id))
+        if s is None or (tasks is not None and it.task not in tasks):
+            continue
+        key = f"{s.dataset}/{s.sample_id}"
+        if it.task == "vqa_mc":
+            out.append(VLMExample(key, s.image, prompt_for(it), it.answer, it.task))
+        elif it.task == "vqa_yesno":
+            variants = it.variants if all_variants else it.variants[:1]
+            for k, (_, pol) in enumerate(variants):
+                ans = it.answer if pol == 1 else ("no" if it.answer == "yes" else "yes")
+                out.append(VLMExample(key, s.image, prompt_for(it, k), ans, it.task))
+        elif it.task == "caption":
+            out.append(VLMExample(key, s.image, prompt_for(it), it.references[0], it.task))
+        elif it.task == "grounding" and it.box is not None:
+            orig = s.metadata.get("original_size") if s.metadata else None
+            hw = (int(s.image.shape[0]), int(s.image.shape[1]))
+            box = box_in_sample(it, hw, tuple(orig) if orig else None)  # type: ignore[arg-type]
+            out.append(VLMExample(key, s.image, prompt_for(it), box_text(box, hw), it.task))
+    return out
+
+
+def vocabulary_texts(items: list[VLMItem]) -> list[str]:
+    """Every text the tiny tokenizer must know: prompts, paraphrases, answers, references, box numbers."""
+    texts = [" ".join(f"{i / 100:.2f}" for i in range(101)), "yes no a b c d [ ] ,"]
+    for it in items:
+        texts.append(prompt_for(it))
+        texts.extend(prompt_for(it, k) for k in range(len(it.variants)))
+        texts.extend(it.references)
+        texts.extend(it.options)
+    return texts
+
+
+@dataclass
+class VLMTrainSummary:
+    folder: str
+    seconds: float
+    steps: int
+    best_step: int
+    best_val_loss: float
+    n_train: int
+    n_val: int
+    heldout: dict[str, float] = field(default_factory=dict)
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+def heldout_accuracy(model_folder: str, adapter: str | None, items: list[VLMItem],
+                     samples: dict[tuple[str, str], Sample]) -> dict[str, float]:
+    """Yes/no (option scoring, original question) and MC accuracy on held-out samples."""
+    from medrobust_lib.models.hf_vlm import HFVisionLanguageModel
+    from medrobust_lib.tasks.scoring import score_mc
+
+    kw: dict[str, Any] = {"adapter": adapter} if adapter else {}
+    vlm = HFVisionLanguageModel(model_folder, **kw)
+    yn = [it for it in items if it.task == "vqa_yesno" and (it.dataset, it.sample_id) in samples]
+    mc = [it for it in items if it.task == "vqa_mc" and (it.dataset, it.sample_id) in samples]
+    out: dict[str, float] = {}
+    if yn:
+        lps = vlm.score([samples[(i.dataset, i.sample_id)].image for i in yn], [prompt_for(i, 0) for i in yn],
+                        ["yes", "no"], batch_size=32)
+        out["yesno_accuracy"] = float(np.mean([(lp["yes"] >= lp["no"]) == (i.answer == "yes")
+                                               for lp, i in zip(lps, yn, strict=True)]))
+        out["n_yesno"] = len(yn)
+    if mc:
+        texts = vlm.generate([samples[(i.dataset, i.sample_id)].image for i in mc], [prompt_for(i) for i in mc],
+                             max_new_tokens=4, batch_size=32)
+        out["mc_accuracy"] = float(np.mean([score_mc(t, i.options, i.answer)["correct"]
+                                            for t, i in zip(texts, mc, strict=True)]))
+        out["n_mc"] = len(mc)
+    return out
+
+
+def train_base_vlm(suite: Suite, model_id: str, log: Callable[[str], None] | None = None) -> VLMTrainSummary:
+    """Train a tiny LLaVA from scratch on the train split (all tasks), select on val, save it with
+    ``save_pretrained`` under ``var/checkpoints/<id>/`` and report held-out accuracy."""
+    import torch
+
+    from medrobust_lib.finetune.vlm_train import VLMTrainConfig, encode_examples, train_vlm
+    from medrobust_lib.models.tiny_vlm import build_tiny_llava, build_tokenizer, save_tiny
+
+    t0 = time.perf_counter()
+    vc = vlm_config(suite)
+    vlm_model(suite, model_id)
+    ts = vc.train
+    items = load_items(suite).items
+    by_split = _samples_by_split(suite)
+    tok = build_tokenizer(vocabulary_texts(items))
+    model, proc = build_tiny_llava(tok, image_size=ts.image_size, patch_size=ts.patch_size, text_hidden=ts.hidden,
+                                   vision_hidden=ts.hidden, layers=ts.layers, seed=suite.seed)
+    train = encode_examples(proc, examples_for(items, by_split["train"]))
+    val = encode_examples(proc, examples_for(items, by_split["val"], SELECTION_TASKS))
+    cfg = VLMTrainConfig(max_steps=ts.max_steps, batch_size=ts.batch_size, lr=ts.lr, eval_every=ts.eval_every,
+                         patience=ts.patience, time_budget_s=ts.time_budget_s, seed=suite.seed,
+                         select_on="first_token_accuracy")
+    with torch.random.fork_rng(devices=[]):
+        res = train_vlm(model, proc, train, val, cfg, log=log)
+    folder = save_tiny(model, proc, checkpoint_dir(suite, model_id))
+    held = heldout_accuracy(str(folder), None, items, by_split["test"])
+    meta = {"model_id": model_id, "train": cfg.__dict__, "architecture": ts.model_dump(), "steps": res.steps,
+            "best_step": res.best_step, "best_val_loss": res.best_val_loss, "heldout": held,
+            "n_train": len(train), "n_val": len(val), "history": res.history}
+    (folder / "training.json").write_text(json.dumps(meta, indent=2, default=str))
+    return VLMTrainSummary(str(folder), time.perf_counter() - t0, res.steps, res.best_step, res.best_val_loss,
+                           len(train), len(val), held, res.history)
+
+
+def adapter_folder(suite: Suite, model_id: str) -> Path:
+    return checkpoint_dir(suite, model_id) / "adapter"
+
+
+@dataclass
+class AdapterSummary:
+    folder: str
+    adapter_hash: str
+    task: str
+    initial_val_loss: float
+    best_val_loss: float
+    steps: int
+    seconds: float
+    n_trainable: int
+    n_total: int
+    target_modules: list[str]
+    heldout: dict[str, float] = field(default_factory=dict)
+
+
+def finetune_adapter(suite: Suite, model_id: str, log: Callable[[str], None] | None = None) -> AdapterSummary:
+    """LoRA fine-tune of the model's base weights on the configured task (default grounding):
+    language-model projections only, prompt tokens masked, selection on val; the adapter is saved
+    as safetensors under ``var/checkpoints/<id>/adapter``. Held-out grounding Acc@0.5 is reported
+    for the base model and the adapted one."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from medrobust_lib.finetune.vlm_lora import LM_PROJ_REGEX, LoraSettings, finetune_lora
+    from medrobust_lib.finetune.vlm_train import VLMTrainConfig
+    from medrobust_lib.tracks.vlm.runner import _folder_hash, resolve_source
+
+    t0 = time.perf_counter()
+    m = vlm_model(suite, model_id)
+    if m.kind != "hf":
+        raise ValueError(f"{model_id}: LoRA fine-tuning needs local weights (kind 'hf'), not an API model")
+    ft = vlm_config(suite).finetune
+    source = resolve_source(suite, m)
+    model = AutoModelForImageTextToText.from_pretrained(source, local_files_only=True)
+    proc = AutoProcessor.from_pretrained(source, local_files_only=True)
+    items = load_items(suite).items
+    by_split = _samples_by_split(suite)
+    train = examples_for(items, by_split["train"], (ft.task,))
+    val = examples_for(items, by_split["val"], (ft.task,))
+    settings = LoraSettings(r=ft.r, alpha=ft.alpha, dropout=ft.dropout, target_regex=ft.target_regex or LM_PROJ_REGEX)
+    cfg = VLMTrainConfig(max_steps=ft.max_steps, batch_size=ft.batch_size, lr=ft.lr, eval_every=ft.eval_every,
+                         patience=ft.patience, time_budget_s=ft.time_budget_s, seed=suite.seed)
+    res = finetune_lora(model, proc, train, val, settings, cfg, adapter_folder(suite, model_id),
+                        base_model_hash=_folder_hash(source), log=log)
+    return AdapterSummary(str(res.adapter_dir), res.adapter_hash, ft.task, res.initial_val_loss,
+                          res.train.best_val_loss, res.train.steps, time.perf_counter() - t0, res.n_trainable,
+                          res.n_total, res.target_modules)

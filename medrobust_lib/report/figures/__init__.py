@@ -1,0 +1,1 @@
+"""Every plot the project draws."""

@@ -1,0 +1,1 @@
+"""One sub-package per asset family; one public function per asset (no Dagster)."""

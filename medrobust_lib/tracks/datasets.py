@@ -1,0 +1,143 @@
+"""Resolving the suite's datasets and the clean-sample index."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from medrobust_lib.config import Suite
+from medrobust_lib.data.dataset import DatasetConfig, index_dataset, load_sample
+from medrobust_lib.data.sample import Sample, SampleError, SampleRef
+from medrobust_lib.data.splits import split_for
+from medrobust_lib.store import results
+
+CLEAN_TABLE = "clean_samples"
+CLEAN_VERSION = 1
+
+
+def resolve_datasets(suite: Suite) -> list[DatasetConfig]:
+    """The demo datasets (when enabled; the demo must have been built) plus explicit ones."""
+    configs: list[dict[str, Any]] = []
+    if suite.demo.enabled:
+        import json
+
+        manifest = Path(suite.demo.root) / "demo_manifest.json"
+        if not manifest.is_file():
+            raise FileNotFoundError(f"demo data not built at {manifest.parent}: materialize 'demo_data' first")
+        configs.extend(json.loads(manifest.read_text())["datasets"])
+    configs.extend(suite.datasets)
+    out = [DatasetConfig(**c) for c in configs]
+    names = [c.name for c in out]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"dataset names must be unique, duplicated: {dupes}")
+    return [c for c in out if c.modality in suite.modalities]
+
+
+def datasets_for(suite: Suite, modality: str) -> list[DatasetConfig]:
+    return [c for c in resolve_datasets(suite) if c.modality == modality]
+
+
+@dataclass(frozen=True)
+class CleanIndexSummary:
+    n_ok: int
+    n_quarantined: int
+    reasons: dict[str, int]
+    datasets: list[str]
+
+
+def build_clean_index(suite: Suite, modality: str) -> CleanIndexSummary:
+    """Load every sample of the modality's datasets once, record it (status ok) or its
+    quarantine reason, and write the ``clean_samples`` partition (one chunk per dataset)."""
+    part = {"modality": modality}
+    n_ok = n_q = 0
+    reasons: dict[str, int] = {}
+    cfgs = datasets_for(suite, modality)
+    for cfg in cfgs:
+        rows = clean_rows(cfg)
+        df = pd.DataFrame(rows)
+        n_ok += int((df["status"] == "ok").sum()) if len(df) else 0
+        for r in rows:
+            if r["status"] != "ok":
+                n_q += 1
+                reasons[r["reason"]] = reasons.get(r["reason"], 0) + 1
+        path = results.chunk_path(suite.results_dir, CLEAN_TABLE, part, cfg.name)
+        results.write_chunk(path, df, results.fingerprint([CLEAN_VERSION, cfg.model_dump()]))
+    results.finalize_partition(suite.results_dir, CLEAN_TABLE, part, [c.name for c in cfgs])
+    return CleanIndexSummary(n_ok, n_q, reasons, [c.name for c in cfgs])
+
+
+def clean_rows(cfg: DatasetConfig) -> list[dict[str, Any]]:
+    refs, quarantined = index_dataset(cfg)
+    rows: list[dict[str, Any]] = []
+    for q in quarantined:
+        rows.append(_row(cfg, q.sample_id, q.path, status="quarantined", reason=q.reason, detail=q.detail))
+    for ref in refs:
+        try:
+            s = load_sample(cfg, ref)
+        except SampleError as exc:
+            rows.append(_row(cfg, ref.sample_id, ref.image_path, status="quarantined", reason=exc.reason,
+                             detail=exc.detail))
+            continue
+        except Exception as exc:  # any decoder failure is a counted quarantine, never a crash
+            rows.append(_row(cfg, ref.sample_id, ref.image_path, status="quarantined",
+                             reason="unreadable", detail=f"{type(exc).__name__}: {exc}"[:500]))
+            continue
+        rows.append(_row(
+            cfg, s.sample_id, ref.image_path, status="ok", height=s.image.shape[0], width=s.image.shape[1],
+            channels=s.n_channels, mask_area=None if s.mask is None else int(s.mask.sum()),
+            n_boxes=None if s.boxes is None else len(s.boxes), sha256=s.content_hash(),
+        ))
+    rows.sort(key=lambda r: r["sample_id"])
+    return rows
+
+
+def _row(cfg: DatasetConfig, sample_id: str, path: str, **kw: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "sample_id": sample_id, "dataset": cfg.name, "modality": cfg.modality,
+        "split": split_for(cfg.name, sample_id), "image_path": str(path), "height": None, "width": None,
+        "channels": None, "mask_area": None, "n_boxes": None, "sha256": None, "status": None,
+        "reason": None, "detail": None,
+    }
+    base.update(kw)
+    return base
+
+
+def load_clean_samples(
+    suite: Suite, modality: str, split: str = "all", max_samples: int | None = None,
+    on_error: Callable[[SampleRef, Exception], None] | None = None,
+) -> dict[str, list[Sample]]:
+    """The usable samples per dataset (status ok in the clean index, filtered by split), loaded
+    through the readers and checked against the recorded hash."""
+    index = results.read_partition(suite.results_dir, CLEAN_TABLE, {"modality": modality})
+    if index.empty:
+        raise FileNotFoundError(f"no clean sample index for modality {modality!r}: materialize 'clean_samples' first")
+    out: dict[str, list[Sample]] = {}
+    for cfg in datasets_for(suite, modality):
+        ok = index[(index["dataset"] == cfg.name) & (index["status"] == "ok")]
+        if split != "all":
+            ok = ok[ok["split"] == split]
+        ok = ok.sort_values("sample_id")
+        if max_samples is not None:
+            ok = ok.head(max_samples)
+        wanted = dict(zip(ok["sample_id"], ok["sha256"], strict=True))
+        refs, _ = index_dataset(cfg)
+        samples = []
+        for ref in refs:
+            if ref.sample_id not in wanted:
+                continue
+            try:
+                s = load_sample(cfg, ref)
+                if s.content_hash() != wanted[ref.sample_id]:
+                    raise SampleError("changed_on_disk", "content differs from the clean index; re-materialize clean_samples")
+                samples.append(s)
+            except Exception as exc:
+                if on_error is None:
+                    raise
+                on_error(ref, exc)
+        out[cfg.name] = samples
+    return out

@@ -1,0 +1,1 @@
+"""Fine-tuning strategies: training per strategy, ranking, registry evaluation, gate."""

@@ -1,0 +1,361 @@
+"""Fine-tuning strategies for the segmentation track (issue 6): fine-tune a base SAM-family model
+with one strategy on the train split, select on val, report test Dice, and save a checkpoint the
+existing loader reads (LoRA merged into plain SAM weights; adapter checkpoints carry their adapter
+keys and load into SAM + adapters).
+
+Suite YAML (``segmentation.finetune``)::
+
+    segmentation:
+      finetune:
+        base: tiny-sam                       # a segmentation.models id
+        strategies: [full, decoder_only, decoder_prompt, encoder_partial, lora, adapter]
+        encoder_blocks: 4                    # encoder_partial (the last N blocks; ViT-B has 12)
+        lora: {r: 8, alpha: 16, dropout: 0.05, targets: null}
+        train: {max_steps: 200, lr: 0.0005, batch_size: 8, eval_every: 25, patience: 3, time_budget_s: 30}
+        eval: {levels: [1, 3, 5], perturbations: null, attack_levels: [1, 3, 5]}   # null: all
+        gate: {max_iou_drop_increase: 0.01, max_dice_drop_increase: 0.01, alpha: 0.05, min_pairs: 5}
+
+Model ids: a strategy checkpoint is evaluated as ``<base>-<strategy>`` (e.g. ``tiny-sam-lora``), a
+registry version as ``<registered name>-v<version>`` (e.g. ``medrobust-seg-tiny-sam-lora-v3``);
+both write ordinary ``segmentation_results`` rows with their ``strategy``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from medrobust_lib.config import Suite
+from medrobust_lib.config.segmentation import FinetuneConfig, FinetuneEval, SegModelConfig
+
+
+def finetune_config(suite: Suite) -> FinetuneConfig | None:
+    """The suite's ``segmentation.finetune`` section (None: no fine-tuning configured)."""
+    return suite.segmentation.finetune
+
+
+def strategy_dir(suite: Suite, base: str, strategy: str) -> Path:
+    return Path(suite.results_dir).parent / "checkpoints" / f"{base}-{strategy}"
+
+
+def require_finetune(suite: Suite) -> FinetuneConfig:
+    ft = finetune_config(suite)
+    if ft is None:
+        raise ValueError("the suite has no segmentation.finetune section")
+    return ft
+
+
+def strategy_model_config(suite: Suite, strategy: str) -> SegModelConfig:
+    """The evaluation config of the checkpoint :func:`finetune_strategy` saves for ``strategy``."""
+    from medrobust_lib.tracks.segmentation.evaluate import model_config
+
+    ft = require_finetune(suite)
+    base = model_config(suite, ft.base)
+    ckpt = strategy_dir(suite, ft.base, strategy) / "model.safetensors"
+    return base.model_copy(update={"id": f"{ft.base}-{strategy}", "checkpoint": str(ckpt), "strategy": strategy})
+
+
+def registry_model_id(name: str, version: int) -> str:
+    return f"{name}-v{version}"
+
+
+def registry_model_config(suite: Suite, uri: str, mlruns_dir: str | Path | None = None) -> SegModelConfig:
+    """An evaluation config for a registered version (``models:/name/3``, ``@alias`` or ``/latest``):
+    id ``<name>-v<version>``, checkpoint pinned to that version, family / arch / strategy from the
+    version's ``config.json`` (written by :func:`finetune.train.save_checkpoint`). The checkpoint is
+    the version's local file, so loading needs no registry lookup."""
+    import json
+
+    from medrobust_lib.store import registry
+    from medrobust_lib.tracks.segmentation.evaluate import seg_config
+
+    name, version = registry.resolve_version(uri, mlruns_dir)
+    pinned = f"models:/{name}/{version}"
+    weights = registry.resolve_model_uri(pinned, mlruns_dir)
+    cfg_file = weights.with_name("config.json")
+    meta = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+    if "family" not in meta or "arch" not in meta:
+        raise ValueError(f"{uri}: version {version} has no config.json with 'family' and 'arch' next to its weights "
+                         f"({cfg_file}); register checkpoint folders written by save_checkpoint")
+    devices = {m.device for m in seg_config(suite).models}
+    return SegModelConfig(id=registry_model_id(name, version), family=meta["family"], arch=meta["arch"],
+                          checkpoint=str(weights.resolve()), strategy=str(meta.get("strategy", "unknown")),
+                          device=devices.pop() if len(devices) == 1 else "cpu")
+
+
+@dataclass
+class ModelEvalSummary:
+    model: str
+    checkpoint: str
+    n_rows: int = 0
+    n_failed: int = 0
+    n_partitions: int = 0
+    seconds: float = 0.0
+    mean_iou: dict[str, float] = field(default_factory=dict)  # clean / perturbed / attack, mean of partitions
+
+
+def evaluate_model(suite: Suite, m: SegModelConfig, ev: FinetuneEval | None = None,
+                   log: Callable[[str], None] | None = None) -> ModelEvalSummary:
+    """Clean, perturbed and attack rows for one model over every modality of the suite, restricted
+    by ``ev`` (default: the suite's ``finetune.eval``); the model is loaded once. Rows go to the
+    ordinary segmentation partitions of ``m.id``, so a re-run replaces them (no duplicates)."""
+    from medrobust_lib.tracks.segmentation.evaluate import (
+        evaluate_attacks,
+        evaluate_clean,
+        evaluate_perturbed,
+        load_model,
+    )
+
+    t0 = time.perf_counter()
+    if ev is None:
+        ft = finetune_config(suite)
+        ev = ft.eval if ft is not None else FinetuneEval()
+    levels = ev.levels if ev.levels is not None else list(suite.perturbations.levels)
+    attack_levels = ev.attack_levels if ev.attack_levels is not None else list(suite.perturbations.levels)
+    model = load_model(suite, m)
+    out = ModelEvalSummary(m.id, model.checkpoint_hash)
+    ious: dict[str, list[float]] = {}
+
+    def add(kind: str, s: Any) -> None:
+        out.n_rows += s.n_rows
+        out.n_failed += s.n_failed
+        out.n_partitions += 1
+        if s.n_rows and s.mean_iou == s.mean_iou:
+            ious.setdefault(kind, []).append(float(s.mean_iou))
+
+    for modality in suite.modalities:
+        add("clean", evaluate_clean(suite, m, modality, model=model))
+        for lv in levels:
+            add("perturbed", evaluate_perturbed(suite, m, modality, lv, model=model, perturbations=ev.perturbations))
+        for lv in attack_levels:
+            add("attack", evaluate_attacks(suite, m, modality, lv, model=model))
+        if log:
+            log(f"{m.id}: {modality} evaluated ({out.n_rows} rows so far)")
+    _prune_partitions(suite, m.id, {("clean", mo, 0) for mo in suite.modalities}
+                      | {("perturbation", mo, lv) for mo in suite.modalities for lv in levels}
+                      | {("attack", mo, lv) for mo in suite.modalities for lv in attack_levels})
+    out.mean_iou = {k: sum(v) / len(v) for k, v in ious.items()}
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+def _prune_partitions(suite: Suite, model_id: str, keep: set[tuple[str, str, int]]) -> list[Path]:
+    """Remove ``model_id``'s result partitions that this evaluation did not write (levels or
+    modalities of an earlier evaluation set), so every model's rows cover one set of conditions."""
+    import shutil
+
+    from medrobust_lib.tracks.segmentation.evaluate import RESULTS_TABLE
+
+    root = Path(suite.results_dir) / RESULTS_TABLE / f"model={model_id}"
+    removed: list[Path] = []
+    for folder in sorted(root.glob("run=*/modality=*/level=*")) if root.is_dir() else []:
+        run, modality, level = (p.split("=", 1)[1] for p in folder.parts[-3:])
+        if (run, modality, int(level)) not in keep:
+            shutil.rmtree(folder)
+            removed.append(folder)
+    return removed
+
+
+def degrade_checkpoint(src: str | Path, dst: str | Path, *, noise: float = 0.5, seed: int = 0,
+                       prefix: str = "image_encoder.") -> Path:
+    """A deliberately worse copy of a checkpoint folder, for exercising the regression gate:
+    every floating tensor under ``prefix`` gets seeded Gaussian noise of ``noise`` times its own
+    standard deviation. ``config.json`` is copied with ``degraded`` recorded. Returns the new
+    ``model.safetensors``."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from medrobust_lib.seeding import rng_for
+
+    src, dst = Path(src), Path(dst)
+    if src.is_file():
+        src = src.parent
+    state = load_file(str(src / "model.safetensors"))
+    touched = 0
+    for k in sorted(state):
+        t = state[k]
+        if k.startswith(prefix) and t.is_floating_point() and t.numel() > 1:
+            g = rng_for(seed, "degrade", k)
+            n = torch.from_numpy(g.standard_normal(tuple(t.shape)).astype("float32")).to(t.dtype)
+            state[k] = t + noise * float(t.float().std()) * n
+            touched += 1
+    if not touched:
+        raise ValueError(f"no floating tensor under {prefix!r} in {src}")
+    dst.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(dst / "model.safetensors"))
+    meta = json.loads((src / "config.json").read_text()) if (src / "config.json").is_file() else {}
+    meta["degraded"] = {"from": str(src), "noise": noise, "seed": seed, "prefix": prefix, "tensors": touched}
+    (dst / "config.json").write_text(json.dumps(meta, indent=1, sort_keys=True, default=str))
+    return dst / "model.safetensors"
+
+
+@dataclass
+class StrategySummary:
+    strategy: str
+    checkpoint: str
+    n_trainable: int
+    n_total: int
+    trainable_modules: list[str]
+    val_dice: float
+    test_dice: float
+    base_val_dice: float
+    steps: int
+    seconds: float
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def finetune_strategy(suite: Suite, strategy: str, log: Callable[[str], None] | None = None, *,
+                      seed: int | None = None, out_dir: str | Path | None = None) -> StrategySummary:
+    """Fine-tune the configured base model with one strategy and save
+    ``var/checkpoints/<base>-<strategy>/model.safetensors`` + ``config.json`` (or ``out_dir``).
+    ``seed`` (default: the suite's) drives the data order, augmentation, LoRA/adapter init and
+    dropout: another seed gives an independently retrained candidate of the same recipe."""
+    from medrobust_lib.finetune.strategies import (
+        StrategyConfig,
+        apply_strategy,
+        merge_lora,
+        prepare_for_eval,
+    )
+    from medrobust_lib.finetune.train import (
+        TrainConfig,
+        config_dict,
+        evaluate_dice,
+        save_checkpoint,
+        train_segmenter,
+    )
+    from medrobust_lib.seeding import scoped_torch_seed
+    from medrobust_lib.tracks.segmentation.evaluate import load_model, model_config, seg_config, seg_splits
+
+    t0 = time.perf_counter()
+    ft = require_finetune(suite)
+    if strategy not in ft.strategies:
+        raise ValueError(f"strategy {strategy!r} is not configured; configured: {ft.strategies}")
+    base = model_config(suite, ft.base)
+    model = load_model(suite, base)
+    splits = seg_splits(suite)
+    prompt = seg_config(suite).prompt
+    base_val = evaluate_dice(model, splits["val"], prompt)
+    scfg = StrategyConfig(name=strategy, encoder_blocks=ft.encoder_blocks, lora_r=ft.lora.r, lora_alpha=ft.lora.alpha,
+                          lora_dropout=ft.lora.dropout, lora_targets=ft.lora.targets, adapter_ratio=ft.adapter_ratio)
+    seed = suite.seed if seed is None else seed
+    report = apply_strategy(model, scfg, seed=seed)
+    tc = ft.train
+    cfg = TrainConfig(max_steps=tc.max_steps, batch_size=tc.batch_size, lr=tc.lr, eval_every=tc.eval_every,
+                      patience=tc.patience, time_budget_s=tc.time_budget_s, seed=seed, warmup_steps=10)
+    out_dir = Path(out_dir) if out_dir is not None else strategy_dir(suite, ft.base, strategy)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = out_dir / "train_state.pt"  # resume point; removed once the checkpoint is saved
+    with scoped_torch_seed(seed, "strategy-train", strategy, module=model.sam):  # LoRA dropout
+        res = train_segmenter(model, splits["train"], splits["val"], cfg, trainable=report.is_trainable, log=log,
+                              state_path=state)
+    prepare_for_eval(model)  # dropout (LoRA included) off for every number below
+    test_dice = evaluate_dice(model, splits["test"], prompt)
+    if strategy == "lora":
+        merge_lora(model)  # plain SAM weights: the ordinary loader reads them
+    meta = {"family": base.family, "arch": base.arch, "model_id": f"{ft.base}-{strategy}", "strategy": strategy,
+            "base_model": ft.base, "base_checkpoint_sha256": model.checkpoint_hash, "train": config_dict(cfg),
+            "val_dice": res.best_val_dice, "best_step": res.best_step, "test_dice": test_dice,
+            "base_val_dice": base_val, **report.summary()}
+    path = save_checkpoint(model, out_dir, meta)
+    state.unlink(missing_ok=True)
+    return StrategySummary(strategy, str(path), report.n_trainable, report.n_total, list(report.trainable_modules),
+                           res.best_val_dice, test_dice, base_val, res.steps, time.perf_counter() - t0, meta)
+
+
+def register_version(folder: str | Path, name: str, tags: dict[str, str], *, run: Any = None,
+                     mlruns_dir: str | Path | None = None) -> tuple[int, bool]:
+    """Register a checkpoint folder as a new version of ``name`` with the ``candidate`` alias, unless
+    a version with the same weights (tag ``checkpoint_sha256``) exists already: then that version is
+    returned and nothing changes (re-running a deterministic fine-tune does not pile up versions).
+    The first version of a model also becomes ``champion`` (the baseline the gate compares new
+    candidates with). Returns ``(version, created)``."""
+    from medrobust_lib.models.sam import file_sha256
+    from medrobust_lib.store import registry
+
+    digest = file_sha256(Path(folder) / "model.safetensors")
+    try:
+        for v in registry.list_versions(name, mlruns_dir):
+            if v["tags"].get("checkpoint_sha256") == digest:
+                return int(v["version"]), False
+    except registry.RegistryError:
+        pass
+    rv = registry.register_checkpoint(folder, name, tags={**tags, "checkpoint_sha256": digest}, run=run,
+                                      mlruns_dir=mlruns_dir, alias="candidate")
+    if registry.get_alias_version(name, "champion", mlruns_dir) is None:
+        registry.set_alias(name, "champion", rv.version, mlruns_dir)
+    return rv.version, True
+
+
+def reuse_rows(results_dir: str | Path, src_model: str, dst_model: str, checkpoint: str) -> int:
+    """Copy ``src_model``'s ``segmentation_results`` partitions to ``dst_model`` when every one of
+    its rows has ``checkpoint`` (the same weights, evaluated with the same suite settings): the
+    registry evaluation of a version the strategy asset already evaluated costs no model call.
+    Returns the rows copied (0: nothing reusable; ``dst_model`` is left untouched)."""
+    import shutil
+
+    import pandas as pd
+
+    from medrobust_lib.tracks.segmentation.evaluate import RESULTS_TABLE
+
+    src = Path(results_dir) / RESULTS_TABLE / f"model={src_model}"
+    files = sorted(src.rglob("*.parquet")) if src.is_dir() else []
+    if not files:
+        return 0
+    frames = [pd.read_parquet(f, columns=["checkpoint"]) for f in files]
+    ck = set(pd.concat(frames)["checkpoint"].astype(str))
+    if ck != {checkpoint}:
+        return 0
+    dst = Path(results_dir) / RESULTS_TABLE / f"model={dst_model}"
+    tmp = dst.with_name(dst.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    shutil.rmtree(dst, ignore_errors=True)
+    tmp.replace(dst)
+    return int(sum(len(f) for f in frames))
+
+
+def evaluate_version(suite: Suite, name: str, version: int, mlruns_dir: str | Path | None = None, *,
+                     reuse: bool = True, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """``segmentation_results`` rows for a registered version, as model ``<name>-v<version>``.
+
+    When ``reuse`` and the version is the suite's ``<base>-<strategy>`` checkpoint that the strategy
+    asset already evaluated (same weights, same ``finetune.eval``), its rows are copied
+    (:func:`reuse_rows`); otherwise the version is evaluated with :func:`evaluate_model`. Returns
+    metadata: model_id, checkpoint_hash, reused_rows, and for an evaluation n_rows, n_failed,
+    seconds and ``mean_iou_<clean|perturbed|attack>``."""
+    from medrobust_lib.models.sam import checkpoint_file_hash
+    from medrobust_lib.store import registry
+
+    m = registry_model_config(suite, f"models:/{name}/{version}", mlruns_dir)
+    digest = checkpoint_file_hash(m.checkpoint)
+    ft = finetune_config(suite)
+    reused = 0
+    if reuse and ft is not None and name == registry.seg_model_name(ft.base, m.strategy):
+        reused = reuse_rows(suite.results_dir, f"{ft.base}-{m.strategy}", m.id, digest)
+    meta: dict[str, Any] = {"model_id": m.id, "checkpoint_hash": digest, "reused_rows": reused}
+    if not reused:
+        r = evaluate_model(suite, m, log=log)
+        meta.update({"n_rows": r.n_rows, "n_failed": r.n_failed, "seconds": r.seconds,
+                     **{f"mean_iou_{k}": v for k, v in r.mean_iou.items()}})
+    return meta
+
+
+def strategy_params(suite: Suite) -> dict[str, int]:
+    """Trainable parameters of every saved strategy checkpoint, by evaluated model id
+    (``<base>-<strategy>``), read from its ``config.json``."""
+    import json
+
+    ft = require_finetune(suite)
+    out: dict[str, int] = {}
+    for st in ft.strategies:
+        cfg = strategy_dir(suite, ft.base, st) / "config.json"
+        if cfg.is_file():
+            n = json.loads(cfg.read_text()).get("n_trainable")
+            if n is not None:
+                out[f"{ft.base}-{st}"] = int(n)
+    return out

@@ -1,0 +1,152 @@
+"""The perturbed-dataset step: one (modality, level) partition of the perturbation manifest."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from medrobust_lib.config import Suite
+from medrobust_lib.data.sample import Sample, SampleRef
+from medrobust_lib.perturb.engine import MANIFEST_COLUMNS, ChunkSpec, run_chunks
+from medrobust_lib.perturb.spec import get_perturbation, list_perturbations
+from medrobust_lib.store import results
+from medrobust_lib.tracks.datasets import load_clean_samples
+
+MANIFEST_TABLE = "perturbation_manifest"
+CALIBRATION_VERSION = 1
+
+
+def selected_types(suite: Suite, modality: str, n_channels: int) -> list[str]:
+    """Registered types for this modality and channel count, filtered by the suite's
+    include/exclude globs."""
+    cfg = suite.perturbations
+    names = list_perturbations(modality=modality, n_channels=n_channels)
+    keep = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in cfg.include)]
+    return [n for n in keep if not any(fnmatch.fnmatchcase(n, p) for p in cfg.exclude)]
+
+
+@dataclass
+class PerturbSummary:
+    modality: str
+    level: int
+    n_rows: int = 0
+    n_error: int = 0
+    n_reached: int = 0
+    n_reachable_rows: int = 0
+    n_reachable_reached: int = 0
+    chunks_computed: int = 0
+    chunks_reused: int = 0
+    calibration_evals: int = 0
+    mean_ssim: float = float("nan")
+    types: list[str] = field(default_factory=list)
+    unreachable_types: list[str] = field(default_factory=list)
+
+    @property
+    def reachable_hit_rate(self) -> float:
+        return self.n_reachable_reached / self.n_reachable_rows if self.n_reachable_rows else float("nan")
+
+
+def chunk_fingerprint(ch: ChunkSpec, samples: list[Sample]) -> str:
+    spec = get_perturbation(ch.perturbation)
+    return results.fingerprint({
+        "version": CALIBRATION_VERSION, "chunk": ch.__dict__,
+        "spec": [spec.strength_range, spec.levels, spec.inverse, spec.integer, spec.geometry],
+        "samples": sorted((s.sample_id, s.content_hash()) for s in samples),
+    })
+
+
+def build_perturbed(
+    suite: Suite, modality: str, level: int, *, workers: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> PerturbSummary:
+    """Calibrate every applicable type on every selected sample of ``modality`` at ``level`` and
+    write the manifest partition. Chunks already on disk with a matching fingerprint are reused
+    (resume); stale chunks are removed; the partition ends with exactly one row per
+    (sample, type)."""
+    cfg = suite.perturbations
+    band = cfg.bands[level]
+    part = {"modality": modality, "level": level}
+    load_errors: list[tuple[str, SampleRef, Exception]] = []
+    samples_by_ds = load_clean_samples(
+        suite, modality, split=cfg.split, max_samples=cfg.max_samples,
+        on_error=lambda ref, exc: load_errors.append((ref.dataset, ref, exc)),
+    )
+    summary = PerturbSummary(modality=modality, level=level)
+    todo: list[ChunkSpec] = []
+    expected: list[str] = []
+    types_seen: set[str] = set()
+    for ds, samples in sorted(samples_by_ds.items()):
+        if not samples:
+            continue
+        types = selected_types(suite, modality, samples[0].n_channels)
+        types_seen.update(types)
+        for t in types:
+            ch = ChunkSpec(ds, modality, t, level, band, suite.seed, cfg.calibration_subset)
+            name = f"{ds}__{t}"
+            expected.append(name)
+            path = results.chunk_path(suite.results_dir, MANIFEST_TABLE, part, name)
+            if results.chunk_is_current(path, chunk_fingerprint(ch, samples)):
+                summary.chunks_reused += 1
+            else:
+                todo.append(ch)
+
+    def write(ch: ChunkSpec, rows: list[dict[str, Any]], stats: dict[str, Any]) -> None:
+        extra = [_error_row(ch, ref, exc) for ds, ref, exc in load_errors if ds == ch.dataset]
+        path = results.chunk_path(suite.results_dir, MANIFEST_TABLE, part, f"{ch.dataset}__{ch.perturbation}")
+        results.write_chunk(path, rows + extra, chunk_fingerprint(ch, samples_by_ds[ch.dataset]),
+                            columns=MANIFEST_COLUMNS)
+        summary.chunks_computed += 1
+        summary.calibration_evals += int(stats["calibration_evals"])
+        if progress:
+            done = summary.chunks_computed + summary.chunks_reused
+            progress(f"[{modality} L{level}] {done}/{len(expected)} {ch.dataset}/{ch.perturbation}")
+
+    for _ in run_chunks(todo, samples_by_ds, workers=workers or suite.workers, on_done=write):
+        pass
+    results.finalize_partition(suite.results_dir, MANIFEST_TABLE, part, expected)
+    df = results.read_partition(suite.results_dir, MANIFEST_TABLE, part)
+    _summarize(df, summary)
+    summary.types = sorted(types_seen)
+    return summary
+
+
+def _error_row(ch: ChunkSpec, ref: SampleRef, exc: Exception) -> dict[str, Any]:
+    return {
+        "sample_id": ref.sample_id, "dataset": ch.dataset, "modality": ch.modality,
+        "perturbation": ch.perturbation, "family": None, "geometry": None, "level": ch.level,
+        "band_low": ch.band[0], "band_high": ch.band[1], "strength": float("nan"),
+        "dataset_strength": float("nan"), "ssim": float("nan"), "band_reached": False,
+        "miss_reason": "error", "n_ssim_evals": 0, "seed_key": None, "sha256": None,
+        "status": "error", "error": f"{type(exc).__name__}: {exc}"[:500],
+    }
+
+
+def _summarize(df: pd.DataFrame, s: PerturbSummary) -> None:
+    if df.empty:
+        return
+    ok = df[df["status"] == "ok"]
+    s.n_rows = len(df)
+    s.n_error = int((df["status"] != "ok").sum())
+    s.n_reached = int(ok["band_reached"].sum())
+    # A band is out of reach for one output when even the strongest strength stays above it;
+    # the hit rate is taken over the other outputs (the "reachable" ones).
+    unreachable = ok["miss_reason"] == "unreachable"
+    s.unreachable_types = sorted(ok.loc[unreachable, "perturbation"].unique())
+    reachable = ok[~unreachable]
+    s.n_reachable_rows = len(reachable)
+    s.n_reachable_reached = int(reachable["band_reached"].sum())
+    s.mean_ssim = float(ok["ssim"].mean()) if len(ok) else float("nan")
+
+
+def read_manifest(suite: Suite, modality: str | None = None, level: int | None = None) -> pd.DataFrame:
+    """The manifest rows of one partition, or of all partitions."""
+    if modality is not None and level is not None:
+        return results.read_partition(suite.results_dir, MANIFEST_TABLE, {"modality": modality, "level": level})
+    df = results.read_table(suite.results_dir, MANIFEST_TABLE)
+    if modality is not None and not df.empty:
+        df = df[df["modality"] == modality]
+    return df

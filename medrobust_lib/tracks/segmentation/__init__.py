@@ -1,0 +1,1 @@
+"""Segmentation track: clean, perturbed and adversarial evaluation and its statistics."""

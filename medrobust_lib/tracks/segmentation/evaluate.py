@@ -1,0 +1,399 @@
+"""The segmentation track: base checkpoint, clean / perturbed / attacked evaluation rows."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from medrobust_lib.config import Suite
+from medrobust_lib.config.segmentation import SegmentationConfig, SegModelConfig
+from medrobust_lib.data.sample import Sample
+from medrobust_lib.prompts import PromptConfig, prompt_boxes
+from medrobust_lib.store import registry, results
+
+RESULTS_TABLE = "segmentation_results"
+EVAL_VERSION = 1
+RESULT_COLUMNS: tuple[str, ...] = (
+    "model", "checkpoint", "strategy", "dataset", "modality", "sample_id", "condition", "perturbation", "level",
+    "strength", "ssim", "epsilon", "iou", "dice", "clean_iou", "clean_dice", "iou_drop", "dice_drop", "prompt",
+    "status", "error", "empty_gt_policy",
+)
+
+
+def seg_config(suite: Suite) -> SegmentationConfig:
+    """The suite's ``segmentation:`` section."""
+    return suite.segmentation
+
+
+def model_config(suite: Suite, model_id: str | SegModelConfig) -> SegModelConfig:
+    """The suite's model ``model_id``; a :class:`SegModelConfig` is returned as it is (fine-tuned
+    strategy checkpoints and registry versions are evaluated without being listed in the suite)."""
+    if isinstance(model_id, SegModelConfig):
+        return model_id
+    for m in seg_config(suite).models:
+        if m.id == model_id:
+            return m
+    raise KeyError(f"unknown segmentation model {model_id!r}; configured: {[m.id for m in seg_config(suite).models]}")
+
+
+def checkpoint_dir(suite: Suite, model_id: str) -> Path:
+    return Path(suite.results_dir).parent / "checkpoints" / model_id
+
+
+def seg_splits(suite: Suite) -> dict[str, list[Sample]]:
+    """Train / val / test samples with a non-empty mask over every modality (hash-based split),
+    for training the base model and the fine-tuning strategies."""
+    from medrobust_lib.tracks.datasets import load_clean_samples
+
+    splits: dict[str, list[Sample]] = {"train": [], "val": [], "test": []}
+    for modality in suite.modalities:
+        for name in splits:
+            for items in load_clean_samples(suite, modality, split=name).values():
+                splits[name].extend(s for s in items if s.mask is not None and s.mask.any())
+    return splits
+
+
+# ---- models ---------------------------------------------------------------------------------
+
+def resolve_checkpoint(suite: Suite, m: SegModelConfig) -> Path:
+    """The local checkpoint file for a model config (clear errors when missing). ``models:/...``
+    URIs resolve through the local MLflow registry in ``$MEDROBUST_MLRUNS`` (default ``mlruns``)."""
+    if m.checkpoint == "trained":
+        p = checkpoint_dir(suite, m.id) / "model.safetensors"
+        if not p.is_file():
+            raise FileNotFoundError(f"no trained checkpoint for {m.id!r} at {p}: materialize '{m.id}/base_checkpoint' first")
+        return p
+    if m.checkpoint.startswith("models:/"):
+        return registry.resolve_model_uri(m.checkpoint, registry.mlruns_dir())
+    return Path(m.checkpoint)
+
+
+def load_model(suite: Suite, m: SegModelConfig) -> Any:
+    from medrobust_lib.models.sam import load_segmenter
+
+    return load_segmenter(m.family, m.arch, resolve_checkpoint(suite, m), model_id=m.id, device=m.device)
+
+
+@dataclass
+class BaseTrainSummary:
+    val_dice: float
+    test_dice: float
+    steps: int
+    seconds: float
+    n_train: int
+    n_val: int
+    n_test: int
+    checkpoint: str
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+def train_base_checkpoint(suite: Suite, model_id: str, log: Callable[[str], None] | None = None) -> BaseTrainSummary:
+    """Train the configured architecture from scratch on the train split of every modality
+    (selection on val), save safetensors + config.json, and report test Dice."""
+    from medrobust_lib.finetune.train import (
+        TrainConfig,
+        config_dict,
+        evaluate_dice,
+        save_checkpoint,
+        train_segmenter,
+    )
+    from medrobust_lib.models.sam import SamSegmenter, arch_for, build_sam, state_dict_hash
+
+    m = model_config(suite, model_id)
+    tc = seg_config(suite).train
+    splits = seg_splits(suite)
+    model = SamSegmenter(build_sam(arch_for(m.arch, m.family), seed=suite.seed), m.family, m.id, "untrained", m.device)
+    cfg = TrainConfig(max_steps=tc.max_steps, batch_size=tc.batch_size, lr=tc.lr, warmup_steps=tc.warmup_steps,
+                      eval_every=tc.eval_every, patience=tc.patience, time_budget_s=tc.time_budget_s,
+                      box_jitter=tc.box_jitter, seed=suite.seed)
+    res = train_segmenter(model, splits["train"], splits["val"], cfg, log=log)
+    test_dice = evaluate_dice(model, splits["test"], seg_config(suite).prompt)
+    meta = {"family": m.family, "arch": m.arch, "model_id": m.id, "train": config_dict(cfg),
+            "val_dice": res.best_val_dice, "best_step": res.best_step, "test_dice": test_dice,
+            "state_sha256": state_dict_hash(model.sam), "n_train": len(splits["train"])}
+    path = save_checkpoint(model, checkpoint_dir(suite, m.id), meta)
+    return BaseTrainSummary(res.best_val_dice, test_dice, res.steps, res.seconds, len(splits["train"]),
+                            len(splits["val"]), len(splits["test"]), str(path), res.history)
+
+
+# ---- evaluation -------------------------------------------------------------------------------
+
+@dataclass
+class EvalSummary:
+    n_rows: int = 0
+    n_failed: int = 0
+    mean_iou: float = float("nan")
+    mean_dice: float = float("nan")
+    clean_cache_hits: int = 0
+    clean_cache_misses: int = 0
+    model_seconds: float = 0.0
+    total_seconds: float = 0.0
+    n_images: int = 0
+
+
+def _score(prob: np.ndarray, gt: np.ndarray) -> tuple[float, float]:
+    from medrobust_lib.metrics.segmentation import dice, iou
+
+    pred = prob.max(axis=0) > 0.5 if len(prob) else np.zeros_like(gt, bool)
+    return iou(pred, gt), dice(pred, gt)
+
+
+def _base_row(m: SegModelConfig, ckpt: str, s: Sample, condition: str, prompt: str) -> dict[str, Any]:
+    from medrobust_lib.metrics.segmentation import EMPTY_GT_POLICY
+
+    return {"model": m.id, "checkpoint": ckpt, "strategy": m.strategy, "dataset": s.dataset, "modality": s.modality,
+            "sample_id": s.sample_id, "condition": condition, "perturbation": condition, "level": 0,
+            "strength": None, "ssim": None, "epsilon": None, "iou": float("nan"), "dice": float("nan"),
+            "clean_iou": float("nan"), "clean_dice": float("nan"), "iou_drop": float("nan"),
+            "dice_drop": float("nan"), "prompt": prompt, "status": "ok", "error": None,
+            "empty_gt_policy": EMPTY_GT_POLICY}
+
+
+def _predict_timed(model: Any, images: Sequence[np.ndarray], boxes: Sequence[np.ndarray], summary: EvalSummary,
+                   batch_size: int) -> list[np.ndarray]:
+    t0 = time.perf_counter()
+    out: list[np.ndarray] = model.predict(images, boxes, batch_size=batch_size)
+    summary.model_seconds += time.perf_counter() - t0
+    summary.n_images += len(images)
+    return out
+
+
+def _partition(m: SegModelConfig, run: str, modality: str, level: int) -> dict[str, object]:
+    """Partition folders: model / run (clean, perturbation, attack) / modality / level. ``run``
+    is not a result column: an attack partition holds both the 'fgsm' and 'pgd' conditions."""
+    return {"model": m.id, "run": run, "modality": modality, "level": level}
+
+
+def _write(suite: Suite, part: dict[str, object], rows: list[dict[str, Any]], fp: str,
+           columns: tuple[str, ...] = RESULT_COLUMNS) -> None:
+    """One chunk per dataset (rows sorted by type and sample id); stale chunks are removed."""
+    results.write_rows_by_dataset(suite.results_dir, RESULTS_TABLE, part, rows, fp, columns,
+                                  sort_key=lambda r: (str(r["perturbation"]), str(r["sample_id"])))
+
+
+def _summarize(rows: list[dict[str, Any]], s: EvalSummary) -> EvalSummary:
+    df = pd.DataFrame(rows)
+    s.n_rows = len(df)
+    if len(df):
+        ok = df[df["status"] == "ok"]
+        s.n_failed = int((df["status"] != "ok").sum())
+        s.mean_iou = float(ok["iou"].mean()) if len(ok) else float("nan")
+        s.mean_dice = float(ok["dice"].mean()) if len(ok) else float("nan")
+    return s
+
+
+def evaluate_clean(suite: Suite, model_id: str | SegModelConfig, modality: str, model: Any | None = None) -> EvalSummary:
+    """Clean predictions of the evaluation split, one row per sample (condition 'clean')."""
+    from medrobust_lib.tracks.datasets import load_clean_samples
+
+    t0 = time.perf_counter()
+    m = model_config(suite, model_id)
+    sc = seg_config(suite)
+    model = model or load_model(suite, m)
+    summary = EvalSummary()
+    samples = [s for v in load_clean_samples(suite, modality, split=sc.split).values() for s in v]
+    rows = []
+    boxes = [prompt_boxes(s, sc.prompt) if s.mask is not None else np.zeros((0, 4), np.float32) for s in samples]
+    probs = _predict_timed(model, [s.image for s in samples], boxes, summary, m.batch_size) if samples else []
+    for s, p in zip(samples, probs, strict=True):
+        r = _base_row(m, model.checkpoint_hash, s, "clean", sc.prompt.protocol)
+        r["sample_sha256"] = s.content_hash()
+        if s.mask is None:
+            r.update(status="no_mask", error="sample has no ground-truth mask")
+        else:
+            r["iou"], r["dice"] = _score(p, s.mask)
+            r["clean_iou"], r["clean_dice"] = r["iou"], r["dice"]
+            r["iou_drop"] = r["dice_drop"] = 0.0
+        rows.append(r)
+    fp = results.fingerprint([EVAL_VERSION, model.checkpoint_hash, sc.prompt.protocol,
+                              sorted((s.sample_id, s.content_hash()) for s in samples)])
+    # the sample hash is the clean-prediction cache key; keep it in the chunk
+    _write(suite, _partition(m, "clean", modality, 0), rows, fp, RESULT_COLUMNS + ("sample_sha256",))
+    summary.clean_cache_misses = len(samples)
+    summary.total_seconds = time.perf_counter() - t0
+    return _summarize(rows, summary)
+
+
+class CleanCache:
+    """Clean results keyed by (checkpoint hash, sample content hash, prompt protocol), read from
+    the clean partition; a miss computes the clean prediction on the spot (and is counted)."""
+
+    def __init__(self, suite: Suite, m: SegModelConfig, modality: str, model: Any, prompt: PromptConfig,
+                 summary: EvalSummary) -> None:
+        df = results.read_partition(suite.results_dir, RESULTS_TABLE, _partition(m, "clean", modality, 0))
+        self.table: dict[tuple[str, str, str], tuple[float, float]] = {}
+        if not df.empty and "sample_sha256" in df:
+            for r in df.itertuples():
+                self.table[(str(r.checkpoint), str(r.sample_sha256), str(r.prompt))] = (
+                    float(r.iou), float(r.dice))  # type: ignore[arg-type]
+        self.model, self.prompt, self.summary, self.batch = model, prompt, summary, m.batch_size
+
+    def get(self, s: Sample) -> tuple[float, float]:
+        key = (self.model.checkpoint_hash, s.content_hash(), self.prompt.protocol)
+        if key in self.table:
+            self.summary.clean_cache_hits += 1
+            return self.table[key]
+        self.summary.clean_cache_misses += 1
+        assert s.mask is not None
+        p = _predict_timed(self.model, [s.image], [prompt_boxes(s, self.prompt)], self.summary, 1)[0]
+        self.table[key] = _score(p, s.mask)
+        return self.table[key]
+
+
+def _with_clean(r: dict[str, Any], clean: tuple[float, float]) -> None:
+    r["clean_iou"], r["clean_dice"] = clean
+    r["iou_drop"] = clean[0] - r["iou"]
+    r["dice_drop"] = clean[1] - r["dice"]
+
+
+def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: str, level: int, model: Any | None = None,
+                       perturbations: Sequence[str] | None = None) -> EvalSummary:
+    """Predictions on every perturbed sample of one (modality, level) manifest partition. Images
+    are regenerated from the manifest; spatial types use their moved masks and boxes.
+    ``perturbations``: glob patterns (``fnmatch``) restricting the types evaluated (None: all)."""
+    from medrobust_lib.perturb.engine import regenerate
+    from medrobust_lib.tracks.datasets import load_clean_samples
+    from medrobust_lib.tracks.perturbed import read_manifest
+
+    t0 = time.perf_counter()
+    m = model_config(suite, model_id)
+    sc = seg_config(suite)
+    model = model or load_model(suite, m)
+    summary = EvalSummary()
+    manifest = read_manifest(suite, modality, level)
+    if perturbations is not None and len(manifest):
+        from fnmatch import fnmatchcase
+
+        keep = manifest["perturbation"].map(lambda t: any(fnmatchcase(str(t), p) for p in perturbations))
+        manifest = manifest[keep]
+    samples = {(s.dataset, s.sample_id): s for v in load_clean_samples(suite, modality, split=sc.split).values() for s in v}
+    cache = CleanCache(suite, m, modality, model, sc.prompt, summary)
+    rows: list[dict[str, Any]] = []
+    todo: list[tuple[dict[str, Any], dict[str, Any], Sample]] = []
+    for rec in manifest.to_dict("records"):
+        mr = {str(k): v for k, v in rec.items()}
+        s = samples.get((mr["dataset"], mr["sample_id"]))
+        if s is None:
+            continue  # the manifest covers another split than this evaluation
+        r = _base_row(m, model.checkpoint_hash, s, "perturbation", sc.prompt.protocol)
+        r.update(perturbation=mr["perturbation"], level=level, strength=mr["strength"], ssim=mr["ssim"])
+        rows.append(r)
+        if mr["status"] != "ok":
+            r.update(status="perturbation_error", error=mr["error"])
+        elif s.mask is None:
+            r.update(status="no_mask", error="sample has no ground-truth mask")
+        else:
+            todo.append((r, mr, s))
+
+    def regenerate_chunk(items: list[tuple[dict[str, Any], dict[str, Any], Sample]]) -> list[tuple[Any, ...]]:
+        ready = []
+        for r, mr, s in items:
+            out = regenerate(mr, s)
+            assert out.mask is not None
+            boxes = prompt_boxes(s, sc.prompt, mask=out.mask)
+            if len(boxes) == 0:
+                r.update(status="mask_out_of_view", error="the spatial perturbation moved the mask out of the image")
+                continue
+            ready.append((r, out.image, boxes, out.mask))
+        return ready
+
+    # Regenerate the next chunk on a thread (OpenCV/numpy release the GIL) while the model
+    # predicts the current one.
+    from concurrent.futures import ThreadPoolExecutor
+
+    size = 32
+    chunks = [todo[i : i + size] for i in range(0, len(todo), size)]
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        nxt = pool.submit(regenerate_chunk, chunks[0]) if chunks else None
+        for k in range(len(chunks)):
+            assert nxt is not None
+            ready = nxt.result()
+            nxt = pool.submit(regenerate_chunk, chunks[k + 1]) if k + 1 < len(chunks) else None
+            probs = _predict_timed(model, [c[1] for c in ready], [c[2] for c in ready], summary, m.batch_size)
+            for (r, _img, _b, gt), p in zip(ready, probs, strict=True):
+                r["iou"], r["dice"] = _score(p, gt)
+                _with_clean(r, cache.get(samples[(r["dataset"], r["sample_id"])]))
+    fp = results.fingerprint([EVAL_VERSION, model.checkpoint_hash, sc.prompt.protocol, level,
+                              sorted(manifest["sha256"].dropna()) if len(manifest) else [],
+                              sorted(perturbations) if perturbations is not None else None])
+    _write(suite, _partition(m, "perturbation", modality, level), rows, fp)
+    summary.total_seconds = time.perf_counter() - t0
+    return _summarize(rows, summary)
+
+
+def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str, level: int, model: Any | None = None) -> EvalSummary:
+    """FGSM and PGD at the level's epsilon on every evaluation sample (conditions 'fgsm', 'pgd')."""
+    import torch
+
+    from medrobust_lib.attacks.linf import AttackConfig, fgsm, pgd, torch_generator_for
+    from medrobust_lib.models.sam import to_tensor_batch
+    from medrobust_lib.tracks.datasets import load_clean_samples
+
+    t0 = time.perf_counter()
+    m = model_config(suite, model_id)
+    sc = seg_config(suite)
+    model = model or load_model(suite, m)
+    summary = EvalSummary()
+    samples = [s for v in load_clean_samples(suite, modality, split=sc.split).values() for s in v
+               if s.mask is not None and s.mask.any()]
+    if sc.attacks.max_samples is not None:
+        samples = samples[: sc.attacks.max_samples]
+    cache = CleanCache(suite, m, modality, model, sc.prompt, summary)
+    rows: list[dict[str, Any]] = []
+    for kind in sc.attacks.kinds:
+        acfg = AttackConfig.for_level(kind, level, step_size_factor=sc.attacks.step_size_factor)
+        by_shape: dict[tuple[int, ...], list[Sample]] = {}
+        for s in samples:
+            by_shape.setdefault(s.image.shape, []).append(s)
+        for group in by_shape.values():
+            for start in range(0, len(group), m.batch_size):
+                batch = group[start : start + m.batch_size]
+                x = to_tensor_batch([s.image for s in batch])
+                gray = batch[0].image.ndim == 2
+                target = _GrayView(model) if gray else model
+                if gray:  # attack the single stored channel, not three diverging copies of it
+                    x = x[:, :1].contiguous()
+                boxes = torch.as_tensor(np.concatenate([prompt_boxes(s, sc.prompt) for s in batch]))
+                y = torch.from_numpy(np.stack([np.asarray(s.mask) for s in batch]).astype(np.float32))[:, None]
+                t1 = time.perf_counter()
+                if kind == "fgsm":
+                    adv = fgsm(target, x, boxes, y, acfg.epsilon)
+                else:
+                    gen = torch_generator_for(suite.seed, modality, batch[0].dataset, batch[0].sample_id, "pgd", level)
+                    adv = pgd(target, x, boxes, y, acfg.epsilon, acfg.steps, acfg.step_size, generator=gen)
+                summary.model_seconds += time.perf_counter() - t1
+                imgs = [a[0].numpy().copy() if gray else a.permute(1, 2, 0).numpy().copy() for a in adv.detach()]
+                probs = _predict_timed(model, imgs, [b[None] for b in boxes.numpy()], summary, m.batch_size)
+                for s, p in zip(batch, probs, strict=True):
+                    r = _base_row(m, model.checkpoint_hash, s, kind, sc.prompt.protocol)
+                    r.update(perturbation=kind, level=level, epsilon=acfg.epsilon)
+                    assert s.mask is not None
+                    r["iou"], r["dice"] = _score(p, s.mask)
+                    _with_clean(r, cache.get(s))
+                    rows.append(r)
+    fp = results.fingerprint([EVAL_VERSION, model.checkpoint_hash, sc.prompt.protocol, level, sc.attacks.model_dump(),
+                              sorted((s.sample_id, s.content_hash()) for s in samples)])
+    _write(suite, _partition(m, "attack", modality, level), rows, fp)
+    summary.total_seconds = time.perf_counter() - t0
+    return _summarize(rows, summary)
+
+
+class _GrayView:
+    """A segmenter seen through a one-channel input: (B, 1, H, W) is replicated to three channels
+    inside the differentiable path, so attacks perturb the grayscale image itself."""
+
+    def __init__(self, model: Any) -> None:
+        self._model = model
+        self.sam = model.sam  # visible to attacks.linf.eval_mode, which scans module attributes
+
+    def forward_logits(self, images: Any, boxes: Any) -> Any:
+        return self._model.forward_logits(images.expand(-1, 3, -1, -1), boxes)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)

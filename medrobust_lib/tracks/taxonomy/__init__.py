@@ -1,0 +1,1 @@
+"""Safety taxonomy track: paraphrase and image-removal predictions, quadrants, statistics."""

@@ -1,0 +1,373 @@
+"""The per-sample safety taxonomy ("Consistent but Dangerous"): paraphrase consistency x image
+reliance for yes/no questions, clean and under every perturbation and level.
+
+Per configuration (a VLM plus a name) and yes/no record:
+
+1. ``text-only baselines``: the original question with the image removed (modes ``none``,
+   ``blank``, ``noise``). They do not depend on the perturbation, so they are computed once per
+   modality and reused by every condition (table ``taxonomy_baselines``).
+2. ``paraphrase predictions``: every variant (original + paraphrases; negations expect the
+   inverse) scored with the (clean or perturbed) image. The vision tower runs once per image and
+   its output is reused for every variant (``HFVisionLanguageModel.score_variants``).
+3. flags and quadrant per sample (:func:`medrobust_lib.taxonomy.quadrants.classify`), one
+   ``taxonomy_results`` row per (record, condition, image mode).
+
+Suite YAML::
+
+    taxonomy:
+      configs:
+        - {id: llava-med, model: llava-med}                  # a VLM id from vlm.models
+        - {id: demo-image-reliant, demo_training: image_reliant}   # demo: trained by its taxonomy_model asset
+      image_modes: [none, blank, noise]
+      min_paraphrases: 5        # records with fewer get template paraphrases (polarity recorded)
+      split: test
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from medrobust_lib.config import Suite
+from medrobust_lib.config.taxonomy import TaxonomyConfig, TaxonomyConfigEntry
+from medrobust_lib.config.vlm import VLMModelConfig, vlm_model
+from medrobust_lib.data.sample import Sample
+from medrobust_lib.seeding import rng_for
+from medrobust_lib.store import results
+from medrobust_lib.store.schema_taxonomy import COLUMN_NAMES, TAXONOMY_TABLE
+from medrobust_lib.tracks.vlm.items import YESNO_SUFFIX, VLMItem, load_items
+
+BASELINE_TABLE = "taxonomy_baselines"
+BASELINE_COLUMNS = ("config", "checkpoint", "adapter", "dataset", "modality", "sample_id", "record_id", "image_mode",
+                    "lp_yes", "lp_no", "pred", "source", "outcome", "error")
+VERSION = 1
+
+
+def taxonomy_config(suite: Suite) -> TaxonomyConfig:
+    """The suite's ``taxonomy:`` section."""
+    return suite.taxonomy
+
+
+def config_entry(suite: Suite, config_id: str) -> TaxonomyConfigEntry:
+    for c in taxonomy_config(suite).configs:
+        if c.id == config_id:
+            return c
+    raise KeyError(f"unknown taxonomy configuration {config_id!r}")
+
+
+def model_for(suite: Suite, entry: TaxonomyConfigEntry) -> VLMModelConfig:
+    """The VLM behind a configuration: a configured ``vlm.models`` entry, or the demo-trained
+    weights under ``var/checkpoints/<config>/`` (plus ``adapter/`` for consistency_lora)."""
+    from medrobust_lib.tracks.vlm.runner import checkpoint_dir
+
+    if entry.model is not None:
+        return vlm_model(suite, entry.model)
+    owner = entry.base if entry.base is not None else entry.id
+    folder = checkpoint_dir(suite, owner)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"no trained model for taxonomy config {owner!r} at {folder}: materialize "
+                                f"'{owner}/taxonomy_model' first")
+    adapter = str(checkpoint_dir(suite, entry.id) / "adapter") if entry.base is not None else None
+    return VLMModelConfig(id=entry.id, source=str(folder), adapter=adapter, batch_size=64)
+
+
+def variants_of(item: VLMItem, min_paraphrases: int) -> tuple[tuple[str, int], ...]:
+    """The record's variants (original first); topped up with template paraphrases when it has
+    fewer than ``min_paraphrases`` paraphrases."""
+    from medrobust_lib.taxonomy.paraphrase import template_paraphrases
+
+    vs = item.variants or ((item.question, 1),)
+    if len(vs) - 1 >= min_paraphrases:
+        return tuple(vs)
+    extra = [v for v in template_paraphrases(vs[0][0]) if v[0] not in {t for t, _ in vs}]
+    return tuple(vs) + tuple(extra[: min_paraphrases - (len(vs) - 1)])
+
+
+PARAPHRASE_TABLE = "taxonomy_paraphrases"
+PARAPHRASE_COLUMNS = ("config", "dataset", "record_id", "question", "candidate", "accepted", "reason", "overlap",
+                      "source")
+
+
+def paraphrase_sets(suite: Suite, items: Sequence[VLMItem]) -> tuple[dict[str, tuple[tuple[str, int], ...]],
+                                                                    list[dict[str, Any]]]:
+    """Variants per record id (original first) and the audit of every model-written candidate.
+
+    Records with fewer than ``min_paraphrases`` paraphrases get accepted API paraphrases first
+    (when ``api_paraphraser`` is set), then template paraphrases (negations included)."""
+    from medrobust_lib.taxonomy.paraphrase import api_paraphrases
+
+    tc = taxonomy_config(suite)
+    api = None
+    if tc.api_paraphraser is not None:
+        from medrobust_lib.tracks.vlm.runner import Runner
+
+        m = vlm_model(suite, tc.api_paraphraser)
+        if m.kind != "api":
+            raise ValueError(f"api_paraphraser {m.id!r} must be a kind: api model")
+        api = Runner(suite, m).api
+    out: dict[str, tuple[tuple[str, int], ...]] = {}
+    audit: list[dict[str, Any]] = []
+    try:
+        for it in items:
+            vs = tuple(it.variants or ((it.question, 1),))
+            need = tc.min_paraphrases - (len(vs) - 1)
+            if need > 0 and api is not None:
+                accepted, records = api_paraphrases(api, vs[0][0], n=need)
+                known = {t for t, _ in vs}
+                vs = vs + tuple(a for a in accepted if a[0] not in known)
+                audit.extend({"dataset": it.dataset, "record_id": it.record_id, "question": vs[0][0],
+                              "source": tc.api_paraphraser, **r} for r in records)
+            out[it.record_id] = variants_of(dataclasses.replace(it, variants=vs), tc.min_paraphrases)
+    finally:
+        if api is not None:
+            api.close()
+    return out, audit
+
+
+def removed_image(mode: str, like: np.ndarray, key: tuple[str, ...], seed: int) -> np.ndarray | None:
+    """The stand-in for a removed image: None (no image token), mid-grey, or seeded uniform noise
+    of the same shape (float32 in [0, 1])."""
+    if mode == "none":
+        return None
+    if mode == "blank":
+        return np.full(like.shape, 0.5, np.float32)
+    if mode == "noise":
+        return rng_for(seed, "taxonomy-noise", *key).random(like.shape, dtype=np.float32)
+    raise ValueError(f"unknown image mode {mode!r}; valid: none, blank, noise")
+
+
+@dataclass
+class TaxonomySummary:
+    n_rows: int = 0
+    n_images: int = 0
+    n_vision_calls: int = 0
+    seconds: float = 0.0
+    quadrants: dict[str, int] = field(default_factory=dict)
+    outcomes: dict[str, int] = field(default_factory=dict)
+
+
+class _Scorer:
+    """yes/no log-probabilities for one configuration's model (local: vision once per image)."""
+
+    def __init__(self, suite: Suite, entry: TaxonomyConfigEntry) -> None:
+        from medrobust_lib.tracks.vlm.runner import Runner
+
+        self.runner = Runner(suite, model_for(suite, entry))
+        self.entry = entry
+
+    @property
+    def vision_calls(self) -> int:
+        return self.runner.n_vision_calls
+
+    def variants(self, image: np.ndarray | None, prompts: Sequence[str]) -> tuple[list[dict[str, float] | None], str]:
+        """(log-probabilities per prompt or None where unavailable, source)."""
+        if self.runner.hf is not None:
+            return list(self.runner.hf.score_variants(image, prompts, ["yes", "no"])), "logprobs"
+        res = self.runner.yes_no([image] * len(prompts), prompts)
+        return [lp for lp, _ in res], "logprobs" if all(lp is not None for lp, _ in res) else "generate"
+
+    def labels(self, image: np.ndarray | None, prompts: Sequence[str]) -> list[str | None]:
+        """Generation + rules, for API answers without log-probabilities."""
+        from medrobust_lib.tasks.vqa import extract_yes_no
+
+        return [extract_yes_no(a.text) if a.text else None for _, a in self.runner.yes_no([image] * len(prompts),
+                                                                                          prompts)]
+
+
+def _yes_no_items(suite: Suite, samples: dict[tuple[str, str], Sample]) -> list[VLMItem]:
+    return [it for it in load_items(suite).items if it.task == "vqa_yesno" and (it.dataset, it.sample_id) in samples]
+
+
+def compute_baselines(suite: Suite, config_id: str, modality: str, log: Callable[[str], None] | None = None
+                      ) -> int:
+    """Text-only (and blank / noise image) answers to every original question of the modality's
+    evaluation samples, for every configured image mode; returns the row count."""
+    from medrobust_lib.tracks.datasets import load_clean_samples
+
+    tc = taxonomy_config(suite)
+    entry = config_entry(suite, config_id)
+    scorer = _Scorer(suite, entry)
+    samples = {(s.dataset, s.sample_id): s for v in load_clean_samples(suite, modality, split=tc.split).values()
+               for s in v}
+    rows: list[dict[str, Any]] = []
+    items = _yes_no_items(suite, samples)
+    for it in items:
+        s = samples[(it.dataset, it.sample_id)]
+        for mode in tc.image_modes:
+            img = removed_image(mode, s.image, (it.dataset, it.sample_id), suite.seed)
+            r = {"config": config_id, "checkpoint": scorer.runner.checkpoint, "adapter": scorer.runner.adapter,
+                 "dataset": it.dataset, "modality": modality, "sample_id": it.sample_id, "record_id": it.record_id,
+                 "image_mode": mode, "lp_yes": None, "lp_no": None, "pred": None, "source": None, "outcome": "ok",
+                 "error": None}
+            try:
+                lps, source = scorer.variants(img, [it.question + YESNO_SUFFIX])
+                lp = lps[0]
+                if lp is not None:
+                    r.update(lp_yes=lp["yes"], lp_no=lp["no"], pred="yes" if lp["yes"] >= lp["no"] else "no",
+                             source=source)
+                else:
+                    label = scorer.labels(img, [it.question + YESNO_SUFFIX])[0]
+                    r.update(pred=label, source="generate", outcome="ok" if label else "error",
+                             error=None if label else "no yes/no answer")
+            except Exception as exc:  # counted, never fatal
+                r.update(outcome="error", error=f"{type(exc).__name__}: {exc}"[:300])
+            rows.append(r)
+    part = {"config": config_id, "modality": modality}
+    fp = results.fingerprint([VERSION, scorer.runner.checkpoint, scorer.runner.adapter, tc.model_dump(), len(rows)])
+    _write_rows(suite, BASELINE_TABLE, part, rows, fp, BASELINE_COLUMNS)
+    _, audit = paraphrase_sets(suite, items)
+    for a in audit:
+        a.update(config=config_id, accepted=bool(a.get("accepted")))
+    _write_rows(suite, PARAPHRASE_TABLE, part, audit, fp, PARAPHRASE_COLUMNS)  # none: stale chunks removed
+    return len(rows)
+
+
+def _write_rows(suite: Suite, table: str, part: Mapping[str, object], rows: list[dict[str, Any]], fp: str,
+                columns: Sequence[str]) -> None:
+    results.write_rows_by_dataset(
+        suite.results_dir, table, part, rows, fp, columns,
+        sort_key=lambda r: (str(r.get("perturbation", "")), str(r["record_id"]), str(r.get("image_mode", "")),
+                            str(r.get("candidate", ""))))
+
+
+def _baselines(suite: Suite, config_id: str, modality: str) -> dict[tuple[str, str], dict[str, Any]]:
+    df = results.read_partition(suite.results_dir, BASELINE_TABLE, {"config": config_id, "modality": modality})
+    if df.empty:
+        raise FileNotFoundError(f"no text-only baselines for {config_id!r} / {modality}: materialize "
+                                f"'{config_id}/text_only_baselines' first")
+    return {(str(r["record_id"]), str(r["image_mode"])): {str(k): v for k, v in r.items()}
+            for r in df.to_dict("records")}
+
+
+@dataclass(frozen=True)
+class _Cond:
+    sample: Sample
+    image: np.ndarray
+    perturbation: str = "clean"
+    level: int = 0
+    strength: float | None = None
+    ssim: float | None = None
+
+
+def _classify_rows(suite: Suite, entry: TaxonomyConfigEntry, scorer: _Scorer, items: list[VLMItem],
+                   cond: _Cond, base: dict[tuple[str, str], dict[str, Any]],
+                   variants: dict[str, tuple[tuple[str, int], ...]]) -> list[dict[str, Any]]:
+    """Rows for every yes/no item of one (possibly perturbed) image: all variants of all items
+    are scored in one vision-once call."""
+    from medrobust_lib.taxonomy.quadrants import classify, classify_labels
+
+    tc = taxonomy_config(suite)
+    per_item = [(it, variants[it.record_id]) for it in items]
+    prompts = [t + YESNO_SUFFIX for _, vs in per_item for t, _ in vs]
+    error: str | None = None
+    lps: list[dict[str, float] | None] = [None] * len(prompts)
+    source = "logprobs"
+    try:
+        lps, source = scorer.variants(cond.image, prompts)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"[:300]
+    rows: list[dict[str, Any]] = []
+    k = 0
+    for it, vs in per_item:
+        mine = lps[k : k + len(vs)]
+        k += len(vs)
+        for mode in tc.image_modes:
+            r: dict[str, Any] = dict.fromkeys(COLUMN_NAMES)
+            r.update(config=entry.id, checkpoint=scorer.runner.checkpoint, adapter=scorer.runner.adapter,
+                     dataset=it.dataset, modality=cond.sample.modality, sample_id=it.sample_id,
+                     record_id=it.record_id, perturbation=cond.perturbation, level=cond.level,
+                     strength=cond.strength, ssim=cond.ssim, image_mode=mode, n_variants=len(vs), answer=it.answer,
+                     source=source, outcome="ok")
+            b = base.get((it.record_id, mode))
+            if error is not None or b is None or b["outcome"] != "ok":
+                r.update(outcome="error", error=error or (b["error"] if b else "no baseline for this record"))
+                rows.append(r)
+                continue
+            pols = [p for _, p in vs]
+            if all(lp is not None for lp in mine) and b["lp_yes"] is not None:
+                flags = classify([lp for lp in mine if lp is not None], pols, it.answer,
+                                 {"yes": float(b["lp_yes"]), "no": float(b["lp_no"])})
+            else:
+                labels = scorer.labels(cond.image, [t + YESNO_SUFFIX for t, _ in vs])
+                if any(lab is None for lab in labels):
+                    r.update(outcome="error", error="an answer could not be parsed as yes/no", source="generate")
+                    rows.append(r)
+                    continue
+                flags = classify_labels([str(lab) for lab in labels], pols, it.answer, str(b["pred"]))
+                r["source"] = "generate"
+            r.update({f.name: getattr(flags, f.name) for f in dataclasses.fields(flags)})
+            rows.append(r)
+    return rows
+
+
+def evaluate(suite: Suite, config_id: str, modality: str, level: int,
+             log: Callable[[str], None] | None = None) -> TaxonomySummary:
+    """``taxonomy_results`` rows for one modality: clean (``level`` 0) or every perturbed image
+    of the (modality, level) manifest partition."""
+    import pandas as pd
+
+    from medrobust_lib.perturb.engine import regenerate
+    from medrobust_lib.tracks.datasets import load_clean_samples
+    from medrobust_lib.tracks.perturbed import read_manifest
+
+    t0 = time.perf_counter()
+    tc = taxonomy_config(suite)
+    entry = config_entry(suite, config_id)
+    scorer = _Scorer(suite, entry)
+    samples = {(s.dataset, s.sample_id): s for v in load_clean_samples(suite, modality, split=tc.split).values()
+               for s in v}
+    by: dict[tuple[str, str], list[VLMItem]] = {}
+    for it in _yes_no_items(suite, samples):
+        by.setdefault((it.dataset, it.sample_id), []).append(it)
+    base = _baselines(suite, config_id, modality)
+    variants, _ = paraphrase_sets(suite, [it for v in by.values() for it in v])
+    v0 = scorer.vision_calls
+    rows: list[dict[str, Any]] = []
+    n_images = 0
+    if level == 0:
+        for key, items in sorted(by.items()):
+            rows.extend(_classify_rows(suite, entry, scorer, items, _Cond(samples[key], samples[key].image), base,
+                                       variants))
+            n_images += 1
+        fp_extra: list[Any] = sorted((k, s.content_hash()) for k, s in samples.items())
+    else:
+        manifest = read_manifest(suite, modality, level)
+        for rec in manifest.to_dict("records"):
+            mr = {str(k): v for k, v in rec.items()}
+            key = (str(mr["dataset"]), str(mr["sample_id"]))
+            if key not in by:
+                continue
+            s = samples[key]
+            cond = _Cond(s, s.image, str(mr["perturbation"]), level, mr.get("strength"), mr.get("ssim"))
+            if mr["status"] != "ok":
+                for it in by[key]:
+                    for mode in tc.image_modes:
+                        r: dict[str, Any] = dict.fromkeys(COLUMN_NAMES)
+                        r.update(config=config_id, dataset=it.dataset, modality=modality, sample_id=it.sample_id,
+                                 record_id=it.record_id, perturbation=cond.perturbation, level=level,
+                                 image_mode=mode, answer=it.answer, outcome="excluded:perturbation_error",
+                                 error=str(mr.get("error")))
+                        rows.append(r)
+                continue
+            cond = dataclasses.replace(cond, image=regenerate(mr, s).image)
+            rows.extend(_classify_rows(suite, entry, scorer, by[key], cond, base, variants))
+            n_images += 1
+        fp_extra = [sorted(manifest["sha256"].dropna()) if len(manifest) else []]
+    part = {"config": config_id, "run": "clean" if level == 0 else "perturbation", "modality": modality,
+            "level": level}
+    fp = results.fingerprint([VERSION, scorer.runner.checkpoint, scorer.runner.adapter, tc.model_dump(), level,
+                              fp_extra])
+    _write_rows(suite, TAXONOMY_TABLE, part, rows, fp, COLUMN_NAMES)
+    df = pd.DataFrame(rows)
+    out = TaxonomySummary(n_rows=len(rows), n_images=n_images, n_vision_calls=scorer.vision_calls - v0,
+                          seconds=time.perf_counter() - t0)
+    if len(df):
+        out.outcomes = {str(k): int(v) for k, v in df["outcome"].value_counts().items()}
+        ok = df[df["outcome"] == "ok"]
+        out.quadrants = {str(k): int(v) for k, v in ok["quadrant"].value_counts().items()}
+    return out

@@ -1,0 +1,353 @@
+"""Safety-taxonomy statistics and figures ("Consistent but Dangerous").
+
+:func:`write_taxonomy_stats` recomputes the ``taxonomy_quadrant_stats`` and
+``taxonomy_correlation_stats`` tables from every ``taxonomy_results`` row (the statistics
+themselves live in :mod:`medrobust_lib.taxonomy.stats`). The figures read those tables or the
+mart views: stacked quadrant-share bars (:func:`quadrant_bars`), clean -> perturbed quadrant
+transition heatmaps (:func:`transition_heatmaps`, from the ``taxonomy_transitions`` view) and the
+mean flip rate vs Dangerous share scatter (:func:`flip_vs_dangerous_scatter`, points from
+:func:`correlation_points`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from medrobust_lib.store import results
+from medrobust_lib.store.marts import TAXONOMY_CORRELATION_STATS_COLUMNS, TAXONOMY_QUADRANT_STATS_COLUMNS
+from medrobust_lib.store.schema_taxonomy import COLUMN_NAMES, QUADRANTS, TAXONOMY_TABLE
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+QUADRANT_STATS_TABLE = "taxonomy_quadrant_stats"
+CORRELATION_STATS_TABLE = "taxonomy_correlation_stats"
+CORRELATION_PARTITION: dict[str, object] = {"batch": "all"}
+"""The single partition of ``taxonomy_correlation_stats`` (not ``scope``: that is a stored column)."""
+QUADRANT_STATS_COLUMNS: tuple[str, ...] = tuple(c for c, _ in TAXONOMY_QUADRANT_STATS_COLUMNS)
+CORRELATION_STATS_COLUMNS: tuple[str, ...] = tuple(c for c, _ in TAXONOMY_CORRELATION_STATS_COLUMNS)
+POINT_KEYS: tuple[str, ...] = ("config", "dataset", "perturbation", "level", "image_mode")
+POINT_COLUMNS: tuple[str, ...] = (*POINT_KEYS, "mean_flip_rate", "dangerous_share", "n")
+QUADRANT_COLORS: dict[str, str] = {
+    "Ideal": "#2ca02c", "Fragile": "#ff7f0e", "Dangerous": "#d62728", "Worst": "#404040",
+}
+"""Fixed quadrant colours used by every figure: green, orange, red, dark grey."""
+_MARKERS: dict[str, str] = {"none": "o", "blank": "s", "noise": "^"}
+_MAX_LABELLED_POINTS = 30
+
+
+def read_taxonomy_results(results_dir: str | Path) -> pd.DataFrame:
+    """``taxonomy_results`` in schema column order, with the hive partition columns restored as
+    ``config`` (str) and ``level`` (int); the ``run`` folder key is dropped. Empty if no rows."""
+    df = results.read_table(results_dir, TAXONOMY_TABLE)
+    if df.empty:
+        return pd.DataFrame(columns=list(COLUMN_NAMES))
+    df = df.reindex(columns=list(COLUMN_NAMES))
+    df["config"] = df["config"].astype(str)
+    df["level"] = pd.to_numeric(df["level"]).astype(int)
+    return df
+
+
+def write_taxonomy_stats(results_dir: str | Path, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Recompute both taxonomy stats tables from every ``taxonomy_results`` row and return them
+    as (quadrant stats, correlation stats). Quadrant stats: one chunk per configuration under
+    ``taxonomy_quadrant_stats/config=<id>/stats.parquet`` (folders of configurations without
+    stats are removed); correlation stats: one chunk ``taxonomy_correlation_stats/batch=all/
+    stats.parquet`` (removed when there are none)."""
+    from medrobust_lib.taxonomy.stats import flip_dangerous_correlation, quadrant_stats
+
+    df = read_taxonomy_results(results_dir)
+    if df.empty:
+        quad = pd.DataFrame(columns=list(QUADRANT_STATS_COLUMNS))
+        corr = pd.DataFrame(columns=list(CORRELATION_STATS_COLUMNS))
+    else:
+        quad = quadrant_stats(df, seed)
+        corr = flip_dangerous_correlation(df, seed)
+    if len(quad):
+        quad["config"] = quad["config"].astype(str)
+        quad["level"] = pd.to_numeric(quad["level"]).astype(int)
+    if len(corr) and "level" in corr.columns:
+        corr["level"] = pd.to_numeric(corr["level"]).astype("Int64")
+
+    fp = results.fingerprint(["taxonomy_stats", seed, len(df), len(quad), len(corr)])
+    results.write_per_key(results_dir, QUADRANT_STATS_TABLE, quad, "config", fp)
+
+    keep: set[str] = set()
+    if len(corr):
+        path = results.chunk_path(results_dir, CORRELATION_STATS_TABLE, CORRELATION_PARTITION, "stats")
+        results.write_chunk(path, corr, fp)
+        keep.add(path.parent.name)
+    _remove_stale(results_dir, CORRELATION_STATS_TABLE, keep)
+    return quad, corr
+
+
+def _remove_stale(results_dir: str | Path, table: str, keep: set[str]) -> None:
+    """Remove the partition folders of ``table`` (one level deep) whose name is not in ``keep``."""
+    root = Path(results_dir, table)
+    if not root.is_dir():
+        return
+    for d in root.iterdir():
+        if d.is_dir() and d.name not in keep:
+            for f in d.iterdir():
+                f.unlink()
+            d.rmdir()
+
+
+def correlation_points(df: pd.DataFrame) -> pd.DataFrame:
+    """Scatter points from ``taxonomy_results`` rows with outcome ``ok`` and a quadrant: one row per
+    (config, dataset, perturbation, level, image_mode) with ``mean_flip_rate`` (mean per-sample flip
+    rate), ``dangerous_share`` (share of rows in the Dangerous quadrant) and ``n`` (rows)."""
+    if df.empty:
+        return pd.DataFrame(columns=list(POINT_COLUMNS))
+    ok = df[(df["outcome"] == "ok") & df["quadrant"].notna()].copy()
+    if ok.empty:
+        return pd.DataFrame(columns=list(POINT_COLUMNS))
+    ok["config"] = ok["config"].astype(str)
+    ok["level"] = pd.to_numeric(ok["level"]).astype(int)
+    ok["_flip"] = pd.to_numeric(ok["flip_rate"], errors="coerce")
+    ok["_dangerous"] = (ok["quadrant"] == "Dangerous").astype(float)
+    out = (ok.groupby(list(POINT_KEYS), sort=True)
+           .agg(mean_flip_rate=("_flip", "mean"), dangerous_share=("_dangerous", "mean"), n=("_dangerous", "size"))
+           .reset_index())
+    out["n"] = out["n"].astype(int)
+    return out[list(POINT_COLUMNS)]
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _slug(name: object) -> str:
+    """A file-name-safe version of a configuration or mode name."""
+    return re.sub(r"[^A-Za-z0-9_.\-]+", "_", str(name)) or "_"
+
+
+def _share_table(stats: pd.DataFrame) -> pd.DataFrame:
+    """Quadrant shares wide: one row per (config, dataset, perturbation, level, image_mode), one
+    column per quadrant (missing quadrants 0); cells without any share (no ok rows) are dropped."""
+    keys = list(POINT_KEYS)
+    s = stats[stats["share"].notna()].copy()
+    if s.empty:
+        return pd.DataFrame(columns=[*keys, *QUADRANTS])
+    s["config"] = s["config"].astype(str)
+    s["level"] = pd.to_numeric(s["level"]).astype(int)
+    s["share"] = s["share"].astype(float)
+    wide = s.pivot_table(index=keys, columns="quadrant", values="share", aggfunc="sum", fill_value=0.0)
+    wide = wide.reindex(columns=list(QUADRANTS), fill_value=0.0)
+    wide.columns.name = None
+    return wide.reset_index()
+
+
+def _stacked(ax: Axes, labels: Sequence[str], shares: pd.DataFrame) -> None:
+    """Stacked bars of the four quadrant shares (rows of ``shares``, columns QUADRANTS)."""
+    x = np.arange(len(labels))
+    bottom = np.zeros(len(labels))
+    for q in QUADRANTS:
+        vals = shares[q].to_numpy(dtype=float)
+        ax.bar(x, vals, bottom=bottom, color=QUADRANT_COLORS[q], label=q, width=0.8, edgecolor="white", lw=0.5)
+        bottom += vals
+    ax.set_xticks(x)
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_ylim(0, 1)
+    ax.grid(axis="y", alpha=0.3)
+
+
+def quadrant_bars(stats_df: pd.DataFrame, out_dir: str | Path) -> list[Path]:
+    """Stacked quadrant-share bars from ``taxonomy_quadrant_stats`` rows, per image-removal mode:
+    ``taxonomy_quadrants_clean_<mode>.png`` (one bar per config x dataset, clean condition) and
+    ``taxonomy_quadrants_by_level_<mode>.png`` (one panel per config, one bar per severity level:
+    level 0 = clean, levels 1..5 averaged over perturbation types and datasets)."""
+    paths: list[Path] = []
+    wide = _share_table(stats_df) if not stats_df.empty else pd.DataFrame()
+    if wide.empty:
+        return paths
+    plt = _pyplot()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for mode, g in wide.groupby("image_mode", sort=True):
+        clean = g[g["perturbation"] == "clean"].sort_values(["config", "dataset"])
+        if len(clean):
+            labels = [f"{c}\n{d}" for c, d in zip(clean["config"], clean["dataset"], strict=True)]
+            fig, ax = plt.subplots(figsize=(max(7.0, 0.9 * len(labels) + 2.5), 4.5), dpi=110)
+            _stacked(ax, labels, clean)
+            ax.set_ylabel("share of samples")
+            ax.set_title(f"Safety quadrants on clean images (image removed: {mode})", fontsize=10)
+            ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+            fig.tight_layout()
+            p = out / f"taxonomy_quadrants_clean_{_slug(mode)}.png"
+            fig.savefig(p, bbox_inches="tight")
+            plt.close(fig)
+            paths.append(p)
+        by_level = g.groupby(["config", "level"], sort=True)[list(QUADRANTS)].mean().reset_index()
+        configs = sorted(by_level["config"].unique())
+        ncols = min(3, len(configs))
+        nrows = -(-len(configs) // ncols)
+        fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols + 1.5, 3.6 * nrows), dpi=110, squeeze=False,
+                                 sharey=True)
+        for i, cfg in enumerate(configs):
+            ax = axes[i // ncols][i % ncols]
+            c = by_level[by_level["config"] == cfg].sort_values("level")
+            _stacked(ax, [str(int(lv)) for lv in c["level"]], c)
+            ax.set_title(str(cfg), fontsize=9)
+            ax.set_xlabel("severity level (0 = clean)")
+            if i % ncols == 0:
+                ax.set_ylabel("share of samples")
+        for j in range(len(configs), nrows * ncols):
+            axes[j // ncols][j % ncols].set_visible(False)
+        handles, labels_ = axes[0][0].get_legend_handles_labels()
+        fig.legend(handles, labels_, loc="upper right", fontsize=8)
+        fig.suptitle(f"Safety quadrants by severity, mean over types (image removed: {mode})", fontsize=10)
+        fig.tight_layout(rect=(0, 0, 0.88, 0.95))
+        p = out / f"taxonomy_quadrants_by_level_{_slug(mode)}.png"
+        fig.savefig(p)
+        plt.close(fig)
+        paths.append(p)
+    return paths
+
+
+def transition_matrix(transitions: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(counts, row shares) 4x4 in QUADRANTS order, rows = clean (from) quadrant, columns =
+    perturbed (to) quadrant, pooled over every row of ``transitions`` (``taxonomy_transitions``
+    view rows); a from-quadrant without pairs has a NaN share row."""
+    counts = (transitions.groupby(["from_quadrant", "to_quadrant"])["n"].sum().unstack(fill_value=0)
+              .reindex(index=list(QUADRANTS), columns=list(QUADRANTS), fill_value=0))
+    n = counts.to_numpy(dtype=float)
+    totals = n.sum(axis=1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = np.where(totals > 0, n / np.where(totals > 0, totals, 1.0), np.nan)
+    return n, share
+
+
+def transition_heatmaps(transitions_df: pd.DataFrame, out_dir: str | Path) -> list[Path]:
+    """One PNG per config (``<config>_taxonomy_transitions.png``): the 4x4 clean -> perturbed
+    quadrant matrix of row shares (annotated with the counts), pooled over datasets, perturbation
+    types and levels, one panel per image-removal mode. Input: ``taxonomy_transitions`` rows."""
+    paths: list[Path] = []
+    if transitions_df.empty:
+        return paths
+    plt = _pyplot()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for cfg, g in transitions_df.groupby("config", sort=True):
+        modes = sorted(g["image_mode"].unique())
+        fig, axes = plt.subplots(1, len(modes), figsize=(4.4 * len(modes) + 1.0, 4.2), dpi=110, squeeze=False)
+        im = None
+        for ax, mode in zip(axes[0], modes, strict=True):
+            n, share = transition_matrix(g[g["image_mode"] == mode])
+            im = ax.imshow(np.nan_to_num(share), vmin=0.0, vmax=1.0, cmap="Blues")
+            for i in range(len(QUADRANTS)):
+                for j in range(len(QUADRANTS)):
+                    txt = "–" if np.isnan(share[i, j]) else f"{share[i, j]:.2f}\n(n={int(n[i, j])})"
+                    colour = "white" if not np.isnan(share[i, j]) and share[i, j] > 0.6 else "black"
+                    ax.text(j, i, txt, ha="center", va="center", fontsize=7, color=colour)
+            ax.set_xticks(range(len(QUADRANTS)))
+            ax.set_xticklabels(QUADRANTS, fontsize=8)
+            ax.set_yticks(range(len(QUADRANTS)))
+            ax.set_xlabel("perturbed quadrant (to)")
+            if mode == modes[0]:
+                ax.set_yticklabels(QUADRANTS, fontsize=8)
+                ax.set_ylabel("clean quadrant (from)")
+            else:
+                ax.set_yticklabels([])
+            ax.set_title(f"image removed: {mode}", fontsize=9)
+        if im is not None:
+            fig.colorbar(im, ax=list(axes[0]), shrink=0.8, label="share of the clean quadrant")
+        fig.suptitle(f"{cfg}: quadrant transitions clean -> perturbed (all types and levels)", fontsize=10)
+        p = out / f"{_slug(cfg)}_taxonomy_transitions.png"
+        fig.savefig(p, bbox_inches="tight")
+        plt.close(fig)
+        paths.append(p)
+    return paths
+
+
+def _corr_label(row: pd.Series) -> str:
+    """``<scope>[ <condition>]: r = 0.42 [0.10, 0.70], p = 0.03, n = 12`` (or the note when r is NaN)."""
+    parts = [str(row.get("scope", "all"))]
+    for k in ("perturbation", "level", "image_mode"):
+        v = row.get(k)
+        if v is not None and not pd.isna(v) and v != "all":
+            parts.append(f"{k}={v}")
+    head = " ".join(parts)
+    n = row.get("n_points")
+    n_txt = "" if n is None or pd.isna(n) else f", n = {int(n)}"
+    r = row.get("r")
+    if r is None or pd.isna(r):
+        note = row.get("note")
+        return f"{head}: r = n/a{n_txt}" + ("" if note is None or pd.isna(note) else f" ({note})")
+    lo, hi, p = row.get("ci_low"), row.get("ci_high"), row.get("p_value")
+    ci = "" if lo is None or hi is None or pd.isna(lo) or pd.isna(hi) else f" [{lo:.2f}, {hi:.2f}]"
+    p_txt = "" if p is None or pd.isna(p) else f", p = {p:.3g}"
+    return f"{head}: r = {r:.2f}{ci}{p_txt}{n_txt}"
+
+
+def flip_vs_dangerous_scatter(points_df: pd.DataFrame, corr_df: pd.DataFrame, out_dir: str | Path) -> Path:
+    """``taxonomy_flip_vs_dangerous.png``: x = mean flip rate, y = Dangerous share, one point per
+    row of ``points_df`` (:func:`correlation_points`), coloured by config, marker by image mode,
+    filled for clean and hollow for perturbed conditions, labelled (config/dataset, plus the
+    condition when there are few points). The title gives r with its CI for up to three rows of
+    ``corr_df`` (the pooled rows first: scope ``all`` or perturbation ``all`` / missing)."""
+    plt = _pyplot()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(8.5, 5.5), dpi=110)
+    if points_df.empty:
+        ax.text(0.5, 0.5, "no taxonomy results", ha="center", va="center", transform=ax.transAxes)
+    else:
+        configs = sorted(points_df["config"].astype(str).unique())
+        colours = {c: f"C{i % 10}" for i, c in enumerate(configs)}
+        label_all = len(points_df) <= _MAX_LABELLED_POINTS
+        pts = points_df.assign(config=points_df["config"].astype(str),
+                               image_mode=points_df.get("image_mode", pd.Series("none", index=points_df.index))
+                               .astype(str),
+                               clean=points_df["perturbation"] == "clean")
+        modes = set(pts["image_mode"])
+        # one scatter call per (config, mode, clean/perturbed): thousands of points stay fast
+        for (cfg, mode, clean), g in pts.groupby(["config", "image_mode", "clean"], sort=True):
+            colour = colours[str(cfg)]
+            ax.scatter(g["mean_flip_rate"], g["dangerous_share"], marker=_MARKERS.get(str(mode), "D"), s=40,
+                       facecolors=colour if clean else "none", edgecolors=colour)
+        for rec in pts[pts["clean"] | label_all].to_dict("records"):
+            text = f"{rec['config']}/{rec['dataset']}"
+            if not rec["clean"]:
+                text += f" {rec['perturbation']} L{int(rec['level'])}"
+            ax.annotate(text, (rec["mean_flip_rate"], rec["dangerous_share"]), fontsize=6,
+                        xytext=(3, 3), textcoords="offset points")
+        from matplotlib.lines import Line2D
+
+        handles = [Line2D([], [], ls="", marker="o", color=colours[c], label=c) for c in configs]
+        handles += [Line2D([], [], ls="", marker=_MARKERS.get(m, "D"), color="0.4", label=f"image removed: {m}")
+                    for m in sorted(modes)]
+        handles += [Line2D([], [], ls="", marker="o", color="0.4", label="clean"),
+                    Line2D([], [], ls="", marker="o", mfc="none", color="0.4", label="perturbed")]
+        ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_xlabel("mean flip rate (question variants)")
+    ax.set_ylabel("Dangerous share (consistent, not image-reliant)")
+    ax.set_xlim(-0.02, 1.02)
+    ax.set_ylim(-0.03, 1.05)
+    ax.grid(alpha=0.3)
+    title = "Mean flip rate vs Dangerous share"
+    if not corr_df.empty:
+        pooled = pd.Series(False, index=corr_df.index)
+        if "scope" in corr_df.columns:
+            pooled |= corr_df["scope"] == "all"
+        if "perturbation" in corr_df.columns:
+            pooled |= corr_df["perturbation"].isna() | (corr_df["perturbation"] == "all")
+        ordered = pd.concat([corr_df[pooled], corr_df[~pooled]]).head(3)
+        title += "\n" + "\n".join(_corr_label(r) for _, r in ordered.iterrows())
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    p = out / "taxonomy_flip_vs_dangerous.png"
+    fig.savefig(p)
+    plt.close(fig)
+    return p

@@ -1,0 +1,1 @@
+"""Vision-language track: VQA, captioning, grounding predictions and their statistics."""

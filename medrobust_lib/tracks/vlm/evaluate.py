@@ -1,0 +1,317 @@
+"""The VLM track: clean and perturbed evaluation of VQA (multiple choice, yes/no), captioning and
+grounding, written as ``vlm_results`` rows (schema in :mod:`medrobust_lib.store.schema_vlm`).
+
+Each condition runs on the same sample set: the evaluation split of the clean index, and every
+perturbed image of the (modality, level) manifest partition, regenerated bit-exactly. Spatial
+perturbations move the grounding box with the image. Every record yields a row: failures are
+outcomes, never gaps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from medrobust_lib.config import Suite
+from medrobust_lib.config.vlm import vlm_config, vlm_model
+from medrobust_lib.data.sample import Sample
+from medrobust_lib.store import results
+from medrobust_lib.store.schema_vlm import COLUMN_NAMES, VLM_TABLE
+from medrobust_lib.tracks.vlm.items import VLMItem, box_in_sample, load_items, prompt_for
+from medrobust_lib.tracks.vlm.runner import Answer, Runner
+
+EVAL_VERSION = 1
+
+
+@dataclass
+class VLMEvalSummary:
+    n_rows: int = 0
+    n_images: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+    model_seconds: float = 0.0
+    n_vision_calls: int = 0
+
+
+@dataclass(frozen=True)
+class Condition:
+    """An image to ask about: the (possibly perturbed) pixels, the grounding boxes moved with
+    them (item record id -> (1, 4) box or None when moved out of view), and manifest fields."""
+
+    sample: Sample
+    image: np.ndarray
+    perturbation: str = "clean"
+    level: int = 0
+    strength: float | None = None
+    ssim: float | None = None
+    boxes: dict[str, np.ndarray | None] = field(default_factory=dict)
+
+
+def _row(item: VLMItem, cond: Condition, runner: Runner, prompt_id: int = 0) -> dict[str, Any]:
+    r: dict[str, Any] = dict.fromkeys(COLUMN_NAMES)
+    r.update(model=runner.m.id, checkpoint=runner.checkpoint, adapter=runner.adapter, task=item.task,
+             dataset=item.dataset, modality=cond.sample.modality, sample_id=item.sample_id, record_id=item.record_id,
+             prompt_id=prompt_id, image_mode="image", perturbation=cond.perturbation, level=cond.level,
+             strength=cond.strength, ssim=cond.ssim, cache_hit=False)
+    return r
+
+
+def _with_answer(r: dict[str, Any], a: Answer, scored: dict[str, Any]) -> dict[str, Any]:
+    r.update(scored)
+    r.update(latency_s=a.latency_s, cache_hit=a.cache_hit, error=a.error)
+    if a.text is None and a.outcome in ("error", "refused"):
+        r["outcome"] = a.outcome
+        if r.get("correct") is not None:
+            r["correct"] = 0.0
+    return r
+
+
+def _judge(judge: Runner, pairs: list[tuple[VLMItem, dict[str, Any]]]) -> None:
+    """Fill the judge columns of unparseable multiple-choice rows (text only; failures recorded)."""
+    from medrobust_lib.tasks.judge import judge_mc
+
+    if not pairs or judge.api is None:
+        return
+    verdicts = judge_mc(judge.api, [it.question for it, _ in pairs], [list(it.options) for it, _ in pairs],
+                        [str(r["prediction"]) for _, r in pairs])
+    for (it, r), v in zip(pairs, verdicts, strict=True):
+        r.update(judge_model=judge.m.id, judge_outcome=v.outcome, judge_parsed=v.letter,
+                 judge_correct=None if v.letter is None else float(v.letter == it.answer))
+
+
+def ask(items_by_sample: dict[tuple[str, str], list[VLMItem]], conditions: Sequence[Condition], runner: Runner,
+        caption_df_refs: Mapping[str, Sequence[str]], summary: VLMEvalSummary,
+        judge: Runner | None = None) -> list[dict[str, Any]]:
+    """Every item of every condition's sample, batched per task across conditions. ``judge``: the
+    optional LLM judge for unparseable multiple-choice answers (recorded separately)."""
+    from medrobust_lib.tasks.scoring import score_captions, score_grounding, score_mc, score_yes_no
+
+    m = runner.m
+    jobs: dict[str, list[tuple[VLMItem, Condition]]] = {"vqa_mc": [], "vqa_yesno": [], "caption": [], "grounding": []}
+    rows: list[dict[str, Any]] = []
+    for c in conditions:
+        for it in items_by_sample.get((c.sample.dataset, c.sample.sample_id), []):
+            if it.task == "grounding" and c.boxes.get(it.record_id) is None:
+                r = _row(it, c, runner)
+                r.update(outcome="excluded:box_out_of_view", error="the perturbation moved the box out of the image")
+                rows.append(r)
+                continue
+            jobs[it.task].append((it, c))
+    t0 = time.perf_counter()
+    mc = jobs["vqa_mc"]
+    answers = runner.generate([c.image for _, c in mc], [prompt_for(it) for it, _ in mc], m.max_new_tokens)
+    mc_rows = [_with_answer(_row(it, c, runner), a, score_mc(a.text, it.options, it.answer))
+               for (it, c), a in zip(mc, answers, strict=True)]
+    if judge is not None:
+        _judge(judge, [(it, r) for (it, _), r in zip(mc, mc_rows, strict=True) if r["outcome"] == "unparseable"])
+    rows.extend(mc_rows)
+    yn = jobs["vqa_yesno"]
+    scored = runner.yes_no([c.image for _, c in yn], [prompt_for(it, 0) for it, _ in yn])
+    for (it, c), (lp, a) in zip(yn, scored, strict=True):
+        rows.append(_with_answer(_row(it, c, runner), a, score_yes_no(a.text, it.answer, lp)))
+    gr = jobs["grounding"]
+    answers = runner.generate([c.image for _, c in gr], [prompt_for(it) for it, _ in gr], m.max_new_tokens + 8)
+    for (it, c), a in zip(gr, answers, strict=True):
+        box = c.boxes[it.record_id]
+        assert box is not None
+        s = score_grounding(a.text, box[0].tolist(), c.image.shape[:2], m.box_scale)
+        rows.append(_with_answer(_row(it, c, runner), a, s))
+    cap = jobs["caption"]
+    answers = runner.generate([c.image for _, c in cap], [prompt_for(it) for it, _ in cap], m.caption_max_new_tokens)
+    if cap:
+        keys = [f"{k}" for k in range(len(cap))]
+        per = score_captions({k: a.text for k, a in zip(keys, answers, strict=True)},
+                             {k: it.references for k, (it, _) in zip(keys, cap, strict=True)}, caption_df_refs or None)
+        for k, (it, c), a in zip(keys, cap, answers, strict=True):
+            rows.append(_with_answer(_row(it, c, runner), a, per[k]))
+    summary.model_seconds += time.perf_counter() - t0
+    summary.n_images += len(conditions)
+    return rows
+
+
+def _items_for(suite: Suite, samples: dict[tuple[str, str], Sample]) -> tuple[dict[tuple[str, str], list[VLMItem]],
+                                                                            list[VLMItem], dict[str, list[str]]]:
+    """(items by sample key for this modality's evaluation samples, items whose image is not
+    indexed anywhere, the clean caption reference set over every evaluation record)."""
+    vc = vlm_config(suite)
+    loaded = load_items(suite)
+    by: dict[tuple[str, str], list[VLMItem]] = {}
+    counts: dict[str, int] = {}
+    for it in loaded.items:
+        key = (it.dataset, it.sample_id)
+        if key in samples:
+            n = counts.get(it.task, 0)
+            if vc.max_records_per_task is None or n < vc.max_records_per_task:
+                by.setdefault(key, []).append(it)
+                counts[it.task] = n + 1
+    indexed = _indexed_keys(suite)
+    missing = [it for it in loaded.items if (it.dataset, it.sample_id) not in indexed]
+    df_refs = {it.record_id: list(it.references) for it in loaded.items if it.task == "caption"
+               and (it.dataset, it.sample_id) in indexed
+               and vc.split in ("all", indexed[(it.dataset, it.sample_id)])}
+    return by, missing, df_refs
+
+
+def _indexed_keys(suite: Suite) -> dict[tuple[str, str], str]:
+    """(dataset, sample_id) -> split for every usable sample of the clean index."""
+    from medrobust_lib.tracks.datasets import CLEAN_TABLE
+
+    df = results.read_table(suite.results_dir, CLEAN_TABLE)
+    if df.empty:
+        return {}
+    ok = df[df["status"] == "ok"]
+    return {(str(d), str(s)): str(sp) for d, s, sp in zip(ok["dataset"], ok["sample_id"], ok["split"], strict=True)}
+
+
+def _grounding_boxes(items: list[VLMItem], s: Sample) -> dict[str, np.ndarray | None]:
+    orig = s.metadata.get("original_size") if s.metadata else None
+    hw = (int(s.image.shape[0]), int(s.image.shape[1]))
+    return {it.record_id: box_in_sample(it, hw, tuple(orig) if orig else None)  # type: ignore[arg-type]
+            for it in items if it.task == "grounding" and it.box is not None}
+
+
+def _write(suite: Suite, model_id: str, run: str, modality: str, level: int, rows: list[dict[str, Any]],
+           fp: str) -> None:
+    results.write_rows_by_dataset(
+        suite.results_dir, VLM_TABLE, {"model": model_id, "run": run, "modality": modality, "level": level}, rows,
+        fp, COLUMN_NAMES,
+        sort_key=lambda r: (str(r["perturbation"]), str(r["task"]), str(r["record_id"]), int(r["prompt_id"])))
+
+
+def _summarize(rows: list[dict[str, Any]], s: VLMEvalSummary, t0: float, runner: Runner) -> VLMEvalSummary:
+    import pandas as pd
+
+    s.n_rows = len(rows)
+    s.seconds = time.perf_counter() - t0
+    s.n_vision_calls = runner.n_vision_calls
+    if not rows:
+        return s
+    df = pd.DataFrame(rows)
+    s.outcomes = {str(k): int(v) for k, v in df["outcome"].value_counts().items()}
+    scored = df[~df["outcome"].astype(str).str.startswith("excluded")]
+    for task, g in scored.groupby("task"):
+        if task == "caption":
+            s.metrics["caption_cider_d"] = float(g["cider_d"].mean())
+        else:
+            s.metrics[f"{task}_accuracy"] = float(g["correct"].mean())
+        if task == "grounding":
+            s.metrics["grounding_mean_iou"] = float(g["iou"].mean())
+    return s
+
+
+def _judge_runner(suite: Suite) -> Runner | None:
+    vc = vlm_config(suite)
+    if vc.judge is None:
+        return None
+    m = vlm_model(suite, vc.judge)
+    if m.kind != "api":
+        raise ValueError(f"vlm.judge {m.id!r} must be a kind: api model")
+    return Runner(suite, m)
+
+
+def _fingerprint(runner: Runner, suite: Suite, extra: list[Any]) -> str:
+    from medrobust_lib.tracks.vlm.items import records_config
+
+    vc = vlm_config(suite)
+    return results.fingerprint([EVAL_VERSION, runner.checkpoint, runner.adapter, runner.m.model_dump(),
+                                records_config(suite).model_dump(), vc.max_records_per_task, vc.judge, *extra])
+
+
+def evaluate_clean(suite: Suite, model_id: str, modality: str, runner: Runner | None = None,
+                   log: Callable[[str], None] | None = None) -> VLMEvalSummary:
+    """Clean rows for every record of the modality's evaluation samples; records whose image is
+    not in the clean index at all are written as ``excluded:image_not_indexed`` rows (in the
+    partition of their record's modality)."""
+    from medrobust_lib.tracks.datasets import load_clean_samples
+
+    t0 = time.perf_counter()
+    vc = vlm_config(suite)
+    runner = runner or Runner(suite, vlm_model(suite, model_id))
+    samples = {(s.dataset, s.sample_id): s for v in load_clean_samples(suite, modality, split=vc.split).values()
+               for s in v}
+    by, missing, df_refs = _items_for(suite, samples)
+    conds = [Condition(s, s.image, boxes=_grounding_boxes(by.get(k, []), s)) for k, s in sorted(samples.items())]
+    summary = VLMEvalSummary()
+    judge = _judge_runner(suite)
+    rows = ask(by, conds, runner, df_refs, summary, judge)
+    for it in missing:
+        if it.modality == modality:
+            r = _row(it, Condition(Sample(it.sample_id, it.dataset, modality, np.zeros((1, 1), np.float32)),
+                                   np.zeros((1, 1), np.float32)), runner)
+            r.update(outcome="excluded:image_not_indexed",
+                     error=f"no usable sample {it.dataset}/{it.sample_id} in the clean index")
+            rows.append(r)
+    fp = _fingerprint(runner, suite, [modality, sorted((k, s.content_hash()) for k, s in samples.items())])
+    _write(suite, model_id, "clean", modality, 0, rows, fp)
+    return _summarize(rows, summary, t0, runner)
+
+
+def evaluate_perturbed(suite: Suite, model_id: str, modality: str, level: int, runner: Runner | None = None,
+                       log: Callable[[str], None] | None = None) -> VLMEvalSummary:
+    """Rows for every record of every perturbed image of one (modality, level) manifest partition."""
+    from medrobust_lib.perturb.engine import regenerate
+    from medrobust_lib.tracks.datasets import load_clean_samples
+    from medrobust_lib.tracks.perturbed import read_manifest
+
+    t0 = time.perf_counter()
+    vc = vlm_config(suite)
+    runner = runner or Runner(suite, vlm_model(suite, model_id))
+    samples = {(s.dataset, s.sample_id): s for v in load_clean_samples(suite, modality, split=vc.split).values()
+               for s in v}
+    by, _, df_refs = _items_for(suite, samples)
+    manifest = read_manifest(suite, modality, level)
+    summary = VLMEvalSummary()
+    judge = _judge_runner(suite)
+    rows: list[dict[str, Any]] = []
+    conds: list[Condition] = []
+    chunk = 64
+    for rec in manifest.to_dict("records"):
+        mr = {str(k): v for k, v in rec.items()}
+        key = (str(mr["dataset"]), str(mr["sample_id"]))
+        s = samples.get(key)
+        if s is None or key not in by:
+            continue  # another split, or no record asks about this image
+        base = Condition(s, s.image, str(mr["perturbation"]), level, mr.get("strength"), mr.get("ssim"))
+        if mr["status"] != "ok":
+            for it in by[key]:
+                r = _row(it, base, runner)
+                r.update(outcome="excluded:perturbation_error", error=str(mr.get("error")))
+                rows.append(r)
+            continue
+        gt = _grounding_boxes(by[key], s)
+        out = regenerate(mr, s)
+        moved = {rid: _move_box(mr, s, box) for rid, box in gt.items() if box is not None}
+        conds.append(dataclasses.replace(base, image=out.image, boxes=moved))
+        if len(conds) >= chunk:
+            rows.extend(ask(by, conds, runner, df_refs, summary, judge))
+            conds = []
+    rows.extend(ask(by, conds, runner, df_refs, summary, judge))
+    fp = _fingerprint(runner, suite, [modality, level, sorted(manifest["sha256"].dropna()) if len(manifest) else []])
+    _write(suite, model_id, "perturbation", modality, level, rows, fp)
+    return _summarize(rows, summary, t0, runner)
+
+
+def _move_box(mr: dict[str, Any], s: Sample, box: np.ndarray) -> np.ndarray | None:
+    """The ground-truth box after the manifest row's perturbation: unchanged for intensity types,
+    the tight box of the moved box region for spatial ones (None when it left the image)."""
+    from medrobust_lib.perturb.engine import regenerate
+    from medrobust_lib.perturb.spec import get_perturbation
+
+    spec = get_perturbation(str(mr["perturbation"]))
+    if spec.geometry != "spatial":
+        return box
+    h, w = s.image.shape[:2]
+    region = np.zeros((h, w), bool)
+    x0, y0, x1, y1 = box[0]
+    region[int(np.floor(y0)) : int(np.ceil(y1)), int(np.floor(x0)) : int(np.ceil(x1))] = True
+    out = regenerate(mr, dataclasses.replace(s, mask=region, boxes=box))
+    if out.mask is None or not out.mask.any():
+        return None
+    ys, xs = np.nonzero(out.mask)
+    return np.array([[xs.min(), ys.min(), xs.max() + 1, ys.max() + 1]], np.float32)

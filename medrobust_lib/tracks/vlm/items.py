@@ -1,0 +1,140 @@
+"""The VLM track's evaluation items: the records of ``vlm.records`` (or the demo's) joined to the
+clean-sample index, and the prompts asked about them.
+
+Images are joined to the clean-sample index on ``(dataset, sample_id)`` (``sample_id`` defaults
+to the image file stem), so every perturbed image comes from the same manifest as the
+segmentation track. A record whose image is not in the index becomes an
+``excluded:image_not_indexed`` row, counted, never dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from medrobust_lib.config import Suite
+from medrobust_lib.config.vlm import VLMRecordsConfig, vlm_config
+
+YESNO_SUFFIX = " Answer with yes or no."
+CAPTION_PROMPT = "Describe the findings in this image in one sentence."
+GROUNDING_SUFFIX = " Answer with the box as [x0, y0, x1, y1]."
+
+
+def records_config(suite: Suite) -> VLMRecordsConfig:
+    """The configured record files; with the demo enabled, unset ones point at the demo records."""
+    rc = vlm_config(suite).records
+    if not suite.demo.enabled:
+        return rc
+    root = Path(suite.demo.root)
+    from medrobust_lib.paths import RECORD_FILES
+
+    demo = {"image_root": str(root), "omnimedvqa": str(root / RECORD_FILES["omnimedvqa"]),
+            "yesno": str(root / RECORD_FILES["yesno_paraphrases"]),
+            "roco_captions": str(root / RECORD_FILES["roco_captions"]),
+            "roco_images": str(root / RECORD_FILES["roco_images"]),
+            "mecovqa_grounding": str(root / RECORD_FILES["mecovqa_grounding"])}
+    return VLMRecordsConfig(**{k: v if v is not None else demo[k] for k, v in rc.model_dump().items()})
+
+
+# ---- evaluation items ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class VLMItem:
+    """One question (or caption / grounding request) about one image.
+
+    ``variants``: (question text, polarity) pairs for yes/no, the original first; ``answer``: the
+    letter (MC), yes/no (original polarity), or empty. ``box`` is pixel XYXY (end exclusive) in the
+    record's image coordinates ``image_hw`` (None: the sample's own size)."""
+
+    task: str
+    record_id: str
+    dataset: str
+    sample_id: str
+    modality: str
+    question: str
+    answer: str = ""
+    options: tuple[str, ...] = ()
+    variants: tuple[tuple[str, int], ...] = ()
+    references: tuple[str, ...] = ()
+    box: tuple[float, float, float, float] | None = None
+    image_hw: tuple[int, int] | None = None
+
+
+@dataclass
+class LoadedItems:
+    items: list[VLMItem]
+    quarantine: dict[str, int]
+    n_total: int
+
+
+def _sid(sample_id: str | None, image_path: Path, slice_index: int | None) -> str:
+    if sample_id:
+        return sample_id
+    return image_path.stem if slice_index is None else f"{image_path.stem}_z{slice_index:03d}"
+
+
+def load_items(suite: Suite) -> LoadedItems:
+    """Every configured record as a :class:`VLMItem`; reader quarantine counted per reason."""
+    from medrobust_lib.data import vlm_records as vr
+    from medrobust_lib.tasks.vqa import LETTERS
+
+    rc = records_config(suite)
+    root = Path(rc.image_root or ".")
+    items: list[VLMItem] = []
+    quarantine: dict[str, int] = {}
+    total = 0
+
+    def tally(res: Any) -> list[Any]:
+        nonlocal total
+        total += res.n_total
+        for q in res.quarantine:
+            quarantine[q.reason] = quarantine.get(q.reason, 0) + 1
+        return list(res.records)
+
+    if rc.omnimedvqa:
+        for r in tally(vr.read_omnimedvqa(rc.omnimedvqa, root)):
+            letters = list(r.options)
+            items.append(VLMItem("vqa_mc", r.record_id, r.dataset, _sid(r.sample_id, r.image_path, r.slice_index),
+                                 r.modality, r.question, LETTERS[letters.index(r.answer_letter)],
+                                 options=tuple(r.options[k] for k in letters)))
+    if rc.yesno:
+        for r in tally(vr.read_binary_paraphrases(rc.yesno, root)):
+            items.append(VLMItem("vqa_yesno", r.record_id, r.dataset, _sid(r.sample_id, r.image_path, r.slice_index),
+                                 r.modality, r.question, r.answer, variants=tuple(r.variants)))
+    if rc.roco_captions:
+        for r in tally(vr.read_roco(rc.roco_captions, root, images_csv=rc.roco_images)):
+            items.append(VLMItem("caption", r.record_id, r.dataset, _sid(r.sample_id, r.image_path, r.slice_index),
+                                 r.modality, CAPTION_PROMPT, references=tuple(r.references)))
+    if rc.mecovqa_grounding:
+        for r in tally(vr.read_mecovqa_grounding(rc.mecovqa_grounding, root)):
+            items.append(VLMItem("grounding", r.record_id, r.dataset, _sid(r.sample_id, r.image_path, r.slice_index),
+                                 r.modality, r.question, box=tuple(float(v) for v in r.box_xyxy),  # type: ignore[arg-type]
+                                 image_hw=r.image_hw))
+    return LoadedItems(items, quarantine, total)
+
+
+def box_in_sample(item: VLMItem, sample_hw: tuple[int, int], original_hw: tuple[int, int] | None) -> np.ndarray:
+    """The item's ground-truth box in the loaded sample's pixel coordinates, float32 (1, 4): the
+    record box is scaled from the record's (or the original file's) size to the sample size."""
+    assert item.box is not None
+    src = item.image_hw or original_hw or sample_hw
+    sy, sx = sample_hw[0] / src[0], sample_hw[1] / src[1]
+    x0, y0, x1, y1 = item.box
+    return np.array([[x0 * sx, y0 * sy, x1 * sx, y1 * sy]], np.float32)
+
+
+def prompt_for(item: VLMItem, variant: int = 0) -> str:
+    """The user text sent for an item (MC options shown; yes/no and grounding instructions)."""
+    from medrobust_lib.tasks.vqa import build_mc_prompt
+
+    if item.task == "vqa_mc":
+        return build_mc_prompt(item.question, list(item.options))
+    if item.task == "vqa_yesno":
+        text = item.variants[variant][0] if item.variants else item.question
+        return text + YESNO_SUFFIX
+    if item.task == "grounding":
+        return item.question + GROUNDING_SUFFIX
+    return CAPTION_PROMPT

@@ -1,0 +1,62 @@
+"""The runner derives what runs, and in which order, from the Definitions' asset graph."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import yaml
+
+from medrobust_assets.definitions import defs
+from medrobust_assets.runner import StepFailed, parse_selection, plan, run_suite
+from medrobust_lib.config import load_suite
+
+
+def _suite() -> object:
+    return load_suite(Path(__file__).resolve().parents[2] / "configs" / "demo.yaml")
+
+
+def test_plan_follows_the_asset_graph() -> None:
+    suite = _suite()
+    steps = plan(dg.AssetSelection.all(), suite, dg.DagsterInstance.ephemeral())
+    order = [s.key for s in steps]
+    graph = defs.resolve_asset_graph()
+    pos = {k: i for i, k in reversed(list(enumerate(order)))}  # first run of each asset
+    for key in set(order):
+        for parent in graph.get(key).parent_keys:
+            if parent in pos:
+                assert pos[parent] < pos[key], f"{parent} must run before {key}"
+    # every partition the suite asks for, once: modality x level partitions of the perturbed data
+    n_mod, n_lv = len(suite.modalities), len(suite.perturbations.levels)  # type: ignore[attr-defined]
+    labels = [s.label for s in steps]
+    assert len(labels) == len(set(labels))
+    assert sum(s.key == dg.AssetKey("perturbed_samples") for s in steps) == n_mod * n_lv
+    assert sum(s.key == dg.AssetKey("clean_samples") for s in steps) == n_mod
+    assert order[0] == dg.AssetKey("demo_data") and order[-1] == dg.AssetKey("marts")
+
+
+def test_selection_by_group_asset_and_upstream() -> None:
+    suite, inst = _suite(), dg.DagsterInstance.ephemeral()
+    seg = plan(parse_selection(["segmentation"]), suite, inst)
+    assert {s.group for s in seg} == {"segmentation"}
+    one = plan(parse_selection(["tiny-sam/clean_predictions"]), suite, inst)
+    assert {s.key.to_user_string() for s in one} == {"tiny-sam/clean_predictions"}
+    up = {s.key.to_user_string() for s in plan(parse_selection(["+tiny-sam/clean_predictions"]), suite, inst)}
+    assert {"demo_data", "clean_samples", "tiny-sam/base_checkpoint", "tiny-sam/clean_predictions"} <= up
+    with pytest.raises(ValueError, match=r"unknown group or asset 'segmentatoin'; groups: .*segmentation"):
+        parse_selection(["segmentatoin"])
+
+
+def test_failure_is_one_line_naming_asset_partition_and_cause(tmp_path: Path) -> None:
+    p = tmp_path / "suite.yaml"
+    p.write_text(yaml.safe_dump({
+        "name": "broken", "results_dir": str(tmp_path / "results"), "mart_path": str(tmp_path / "m.duckdb"),
+        "modalities": ["ct"], "datasets": [{"name": "scans", "modality": "ct", "format": "folder",
+                                            "root": str(tmp_path / "missing")}]}))
+    with pytest.raises(StepFailed) as err:
+        run_suite(str(p), ["clean_samples"], instance=dg.DagsterInstance.ephemeral(), log=lambda _: None,
+                  mlruns_dir=str(tmp_path / "mlruns"))
+    msg = str(err.value)
+    assert "\n" not in msg and err.value.label == "clean_samples[ct]"
+    assert "missing" in err.value.cause and "Dagster run" in msg

@@ -1,0 +1,202 @@
+"""The house's import rules (README "Layout"), checked from the source with ``ast``.
+
+- no import cycle between modules, nor between packages of ``medrobust_lib`` (module-level,
+  function-level and ``TYPE_CHECKING`` imports all count);
+- ``store`` imports only ``store`` and the core modules; ``report`` imports only ``report``,
+  ``store`` and the core; nothing outside ``medrobust_lib.demo`` imports it except the Dagster
+  assets and the CLI; ``medrobust_lib`` never imports dagster;
+- a function-level import is only for a heavy optional dependency: torch, transformers, peft,
+  segment_anything, mlflow, matplotlib (or a project module that imports one at module level, so
+  importing it is the expensive part).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("torch", "torchvision", "transformers", "peft", "segment_anything", "mlflow", "matplotlib", "safetensors",
+         "tokenizers", "dagster_dask", "dask", "distributed", "httpx", "scipy", "skimage", "pydicom", "nibabel",
+         "cv2", "pandas", "duckdb", "pyarrow", "PIL")
+CORE = ("medrobust_lib.types", "medrobust_lib.seeding", "medrobust_lib.registry", "medrobust_lib.paths",
+        "medrobust_lib.config")
+
+
+@dataclass(frozen=True)
+class Imp:
+    src: str
+    target: str
+    line: int
+    in_function: bool
+
+
+def _modules() -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for pkg in ("medrobust_lib", "medrobust_assets"):
+        for p in (ROOT / pkg).rglob("*.py"):
+            parts = list(p.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = p
+    out["medrobust_cli"] = ROOT / "medrobust_cli.py"
+    return out
+
+
+MODULES = _modules()
+
+
+def _resolve(name: str) -> str:
+    """The longest project module that ``name`` starts with, or ``name`` itself (third party)."""
+    t = name
+    while t and t not in MODULES:
+        t = t.rsplit(".", 1)[0] if "." in t else ""
+    return t or name
+
+
+def _imports(mod: str, path: Path) -> Iterator[Imp]:
+    tree = ast.parse(path.read_text(), str(path))
+    pkg = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
+
+    def visit(node: ast.AST, in_fn: bool) -> Iterator[Imp]:
+        for child in ast.iter_child_nodes(node):
+            fn = in_fn or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
+            if isinstance(child, ast.Import):
+                for a in child.names:
+                    yield Imp(mod, _resolve(a.name), child.lineno, in_fn)
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:
+                    base = pkg.split(".")[: len(pkg.split(".")) - child.level + 1]
+                    prefix = ".".join(base + ([child.module] if child.module else []))
+                else:
+                    prefix = child.module or ""
+                for a in child.names:
+                    yield Imp(mod, _resolve(f"{prefix}.{a.name}"), child.lineno, in_fn)
+            yield from visit(child, fn)
+
+    yield from visit(tree, False)
+
+
+IMPORTS = [i for m, p in MODULES.items() for i in _imports(m, p)]
+
+
+def _internal(i: Imp) -> bool:
+    return i.target in MODULES and i.target != i.src and not i.src.startswith(i.target + ".")
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    return out
+
+
+def test_no_module_cycles() -> None:
+    graph: dict[str, set[str]] = {m: set() for m in MODULES}
+    for i in IMPORTS:
+        if _internal(i):
+            graph[i.src].add(i.target)
+    assert _cycles(graph) == []
+
+
+def _package(mod: str) -> str:
+    parts = mod.split(".")
+    return ".".join(parts[:2]) if parts[0] == "medrobust_lib" and len(parts) > 1 else parts[0]
+
+
+def test_no_package_cycles() -> None:
+    graph: dict[str, set[str]] = {}
+    for i in IMPORTS:
+        if _internal(i) and i.src.startswith("medrobust_lib") and i.target.startswith("medrobust_lib"):
+            a, b = _package(i.src), _package(i.target)
+            if a != b:
+                graph.setdefault(a, set()).add(b)
+    assert _cycles(graph) == []
+
+
+def _violations(src_prefix: str, allowed: tuple[str, ...]) -> list[str]:
+    return [f"{i.src}:{i.line} imports {i.target}" for i in IMPORTS
+            if _internal(i) and (i.src == src_prefix or i.src.startswith(src_prefix + "."))
+            and i.target.startswith("medrobust_lib")
+            and not any(i.target == a or i.target.startswith(a + ".") for a in allowed)]
+
+
+def test_store_imports_only_store_and_core() -> None:
+    assert _violations("medrobust_lib.store", ("medrobust_lib.store", *CORE)) == []
+
+
+def test_report_reads_only_the_store() -> None:
+    assert _violations("medrobust_lib.report", ("medrobust_lib.report", "medrobust_lib.store", *CORE)) == []
+
+
+def test_demo_is_fenced_off() -> None:
+    bad = [f"{i.src}:{i.line}" for i in IMPORTS if _internal(i) and i.target.startswith("medrobust_lib.demo")
+           and not i.src.startswith(("medrobust_lib.demo", "medrobust_assets", "medrobust_cli"))]
+    assert bad == []
+
+
+def test_library_never_imports_dagster() -> None:
+    bad = [f"{i.src}:{i.line}" for i in IMPORTS if i.src.startswith("medrobust_lib")
+           and i.target.split(".")[0] in {"dagster", "dagster_mlflow", "dagster_duckdb", "dagster_dask"}]
+    assert bad == []
+
+
+def _heavy_at_module_level() -> set[str]:
+    """Project modules whose module-level import closure reaches a heavy dependency."""
+    direct: dict[str, set[str]] = {m: set() for m in MODULES}
+    heavy: set[str] = set()
+    for i in IMPORTS:
+        if i.in_function:
+            continue
+        if i.target.split(".")[0] in HEAVY:
+            heavy.add(i.src)
+        elif _internal(i):
+            direct[i.src].add(i.target)
+    changed = True
+    while changed:
+        changed = False
+        for m, deps in direct.items():
+            if m not in heavy and deps & heavy:
+                heavy.add(m)
+                changed = True
+    return heavy
+
+
+@pytest.mark.parametrize("pkg", ["medrobust_lib", "medrobust_assets"])
+def test_function_level_imports_only_for_heavy_dependencies(pkg: str) -> None:
+    heavy = _heavy_at_module_level()
+    bad = [f"{i.src}:{i.line} imports {i.target}" for i in IMPORTS
+           if i.in_function and i.src.startswith(pkg) and i.target.split(".")[0] not in HEAVY
+           and i.target not in heavy and not i.target.startswith("__future__")]
+    assert bad == []
