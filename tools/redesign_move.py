@@ -212,6 +212,8 @@ def rewrite_text(text: str, this_module: str = "") -> str:
             text = re.sub(rf"(?<![\w/]){re.escape(old_p)}\.py\b", new_p + ".py", text)
     for src_s, dst_s in TEST_MOVES.items():
         text = text.replace(src_s, dst_s)
+        src_mod, dst_mod = (x.removesuffix(".py").replace("/", ".") for x in (src_s, dst_s))
+        text = re.sub(rf"(?<![\w.]){re.escape(src_mod)}(?![\w])", dst_mod, text)
     return text
 
 

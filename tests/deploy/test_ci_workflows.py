@@ -25,7 +25,7 @@ import yaml
 from typer.testing import CliRunner
 
 from medrobust_cli import app
-from tests.pipeline.test_gate import make_rows, shift, write_results
+from tests.tracks.finetune.test_gate import make_rows, shift, write_results
 
 ROOT = Path(__file__).resolve().parents[2]
 GITHUB = ROOT / "deploy" / "ci" / "github-robustness-gate.yml"
