@@ -109,6 +109,8 @@ class ImgFormat(StrEnum):
 
 
 def _echo(msg: str) -> None:
+    if msg.startswith("error: "):  # an error is one line, whatever the exception's message looks like
+        msg = "error: " + "; ".join(ln.strip() for ln in msg[len("error: "):].splitlines() if ln.strip())
     typer.echo(msg, err=True)
 
 

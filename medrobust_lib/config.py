@@ -71,6 +71,10 @@ class Suite(BaseModel):
     demo: DemoConfig = Field(default_factory=lambda: DemoConfig())
     datasets: list[dict[str, Any]] = Field(default_factory=list, description="DatasetConfig fields")
     perturbations: PerturbationConfig = Field(default_factory=lambda: PerturbationConfig())
+    max_pixels: int = Field(default=64_000_000, ge=49,
+                            description="largest 2-D image a reader decodes (height x width, read from the "
+                                        "header first); larger files are quarantined as too_large. A dataset "
+                                        "entry may set its own max_pixels")
 
     @field_validator("modalities")
     @classmethod
