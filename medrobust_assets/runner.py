@@ -4,6 +4,7 @@ recorded in the instance configured by dagster.yaml so the runs show up in the U
 from __future__ import annotations
 
 import os
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +29,51 @@ def get_instance() -> dg.DagsterInstance:
     return dg.DagsterInstance.ephemeral()
 
 
+SOURCE_TAG = "medrobust/source"
+PID_TAG = "medrobust/pid"
+HOST_TAG = "medrobust/host"
+RUNNER_SOURCE = "medrobust demo"
+_UNFINISHED = (dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED,
+               dg.DagsterRunStatus.CANCELING)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def mark_orphaned_runs(inst: dg.DagsterInstance) -> list[str]:
+    """Mark failed the runs this runner started whose process is gone (a SIGKILL or a crash leaves
+    them NOT_STARTED / STARTED forever; the UI would show them as pending). Only runs tagged
+    ``medrobust/source = medrobust demo`` are touched: those with ``medrobust/pid`` on this host
+    whose process no longer exists, and older ones without the tag (they predate it, so their
+    process is certainly gone when this one starts). Runs of the daemon, the UI or another
+    host are left to Dagster's run monitoring (dagster.yaml). Returns the run ids marked."""
+    host = socket.gethostname()
+    marked: list[str] = []
+    runs = inst.get_runs(filters=dg.RunsFilter(statuses=list(_UNFINISHED), tags={SOURCE_TAG: RUNNER_SOURCE}))
+    for run in runs:
+        pid_s = run.tags.get(PID_TAG)
+        if pid_s is not None:
+            if run.tags.get(HOST_TAG) != host or not pid_s.isdigit():
+                continue
+            pid = int(pid_s)
+            if pid == os.getpid() or _pid_alive(pid):
+                continue
+            why = f"its runner process {pid} on {host} is gone (killed or crashed)"
+        else:
+            why = "it was started by an earlier runner that no longer runs"
+        inst.report_run_failed(run, message=f"marked failed by medrobust: {why}; the run never finished. "
+                                            "Re-materialize its assets (results are idempotent).")
+        marked.append(run.run_id)
+    return marked
+
+
 def run_demo(suite_path: str, *, workers: int = 0, log: Callable[[str], None] = print,
              instance: dg.DagsterInstance | None = None, mlruns_dir: str = "mlruns") -> str:
     """Materialize demo_data, then every partition of every asset, then the mart. Returns the
@@ -35,12 +81,16 @@ def run_demo(suite_path: str, *, workers: int = 0, log: Callable[[str], None] = 
     suite = load_suite(suite_path)
     inst = instance or get_instance()
     resources = build_resources(suite_path=suite_path, mlruns_dir=mlruns_dir, workers=workers)
+    orphaned = mark_orphaned_runs(inst)
+    if orphaned:
+        log(f"  marked {len(orphaned)} run(s) of a killed earlier runner as failed: {', '.join(orphaned)}")
+    own_tags = {SOURCE_TAG: RUNNER_SOURCE, PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname()}
 
     def step(asset: str, partition: str | dg.MultiPartitionKey | None = None) -> dg.ExecuteInProcessResult:
         t0 = time.perf_counter()
         res = dg.materialize(ALL_ASSETS, selection=[dg.AssetKey.from_user_string(asset)], partition_key=partition, instance=inst,
                              resources=resources, raise_on_error=False, run_config=QUIET,
-                             tags={"medrobust/source": "medrobust demo"})
+                             tags=own_tags)
         label = f"{asset}[{partition}]" if partition else asset
         if not res.success:
             raise RuntimeError(f"materializing {label} failed; see the run in the Dagster UI (run id {res.run_id})")
