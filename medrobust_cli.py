@@ -6,18 +6,82 @@ the library. Heavy imports happen inside the commands so ``medrobust --help`` is
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
+import click
 import typer
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="medrobust: how does a medical imaging foundation model fail?")
+_DEBUG = {"on": os.environ.get("MEDROBUST_DEBUG", "") not in ("", "0")}
+
+
+def _one_line(exc: BaseException) -> str:
+    """The exception's message on one line (DuckDB and pydantic messages span several)."""
+    msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+    lines = [ln.strip() for ln in str(msg).splitlines() if ln.strip()]
+    return "; ".join(lines) if lines else type(exc).__name__
+
+
+def _is_user_error(exc: BaseException) -> bool:
+    """Bad input rather than a bug: unreadable files, bad values or config, bad SQL, missing mart."""
+    if isinstance(exc, (ValueError, LookupError, OSError)):
+        return True
+    return any(c.__module__.split(".")[0] in ("duckdb", "yaml", "pydantic", "pydicom", "nibabel", "PIL", "cv2")
+               for c in type(exc).__mro__[:-2])
+
+
+def guard_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a command so that a user error prints one line ``error: ...`` and exits 2 and any other
+    failure prints one line and exits 1; the traceback only with ``medrobust --debug``."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (typer.Exit, typer.Abort, click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise
+        except Exception as exc:
+            if _DEBUG["on"]:
+                raise
+            if _is_user_error(exc):
+                typer.echo(f"error: {_one_line(exc)}", err=True)
+                raise typer.Exit(2) from None
+            typer.echo(f"error: internal error ({type(exc).__name__}: {_one_line(exc)}); "
+                       "rerun with `medrobust --debug ...` for the traceback", err=True)
+            raise typer.Exit(1) from None
+
+    return wrapper
+
+
+class _GuardedTyper(typer.Typer):
+    """A Typer whose every command runs inside :func:`guard_errors`."""
+
+    def command(self, *args: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        register = super().command(*args, **kwargs)
+
+        def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
+            register(guard_errors(fn))
+            return fn
+
+        return decorator
+
+
+app = _GuardedTyper(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                    help="medrobust: how does a medical imaging foundation model fail?")
+
+
+@app.callback()
+def _root(debug: Annotated[bool, typer.Option("--debug", help="show the full traceback of an error "
+                                                                "(also MEDROBUST_DEBUG=1)")] = False) -> None:
+    """medrobust: how does a medical imaging foundation model fail?"""
+    _DEBUG["on"] = debug or os.environ.get("MEDROBUST_DEBUG", "") not in ("", "0")
 
 EXAMPLE_QUERIES = [
     "select modality, level, round(avg(band_hit_rate), 3) as hit_rate, round(avg(mean_ssim), 3) as ssim "
@@ -45,6 +109,8 @@ class ImgFormat(StrEnum):
 
 
 def _echo(msg: str) -> None:
+    if msg.startswith("error: "):  # an error is one line, whatever the exception's message looks like
+        msg = "error: " + "; ".join(ln.strip() for ln in msg[len("error: "):].splitlines() if ln.strip())
     typer.echo(msg, err=True)
 
 
@@ -145,34 +211,34 @@ def query(
     try:
         check_read_only(sql)
     except ValueError as exc:
-        _echo(str(exc))
+        _echo(f"error: {exc}")
         raise typer.Exit(2) from None
     except duckdb.Error as exc:
-        _echo(f"query failed: {exc}")
-        raise typer.Exit(1) from None
+        _echo(f"error: query failed: {_one_line(exc)}")
+        raise typer.Exit(2) from None
     fmt = format or OutFormat.table
     if output is not None and format is None:
         try:
             fmt = OutFormat(infer_format(output))
         except ValueError as exc:
-            _echo(str(exc))
+            _echo(f"error: {exc}")
             raise typer.Exit(2) from None
     if fmt is OutFormat.parquet and output is None:
-        _echo("--format parquet needs --out FILE")
+        _echo("error: --format parquet needs --out FILE")
         raise typer.Exit(2)
     try:
         df = run_query(mart, sql)
-    except FileNotFoundError as exc:
-        _echo(str(exc))
+    except (FileNotFoundError, ValueError) as exc:  # no mart; QueryRefused by the sandbox
+        _echo(f"error: {exc}")
         raise typer.Exit(2) from None
     except duckdb.Error as exc:
-        _echo(f"query failed: {exc}")
-        raise typer.Exit(1) from None
+        _echo(f"error: query failed: {_one_line(exc)}")
+        raise typer.Exit(2) from None
     if output is not None and fmt.value in FILE_FORMATS:
         try:
             write_frame(df, output, fmt.value)
         except OSError as exc:
-            _echo(f"cannot write {output}: {exc}")
+            _echo(f"error: cannot write {output}: {exc}")
             raise typer.Exit(1) from None
         _echo(f"wrote {len(df)} rows to {output} ({fmt.value})")
         return

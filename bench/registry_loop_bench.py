@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,12 +47,15 @@ def _runs(instance: object, tag: str | None = None) -> list[object]:
     return list(instance.get_runs(filters=filters))  # type: ignore[attr-defined]
 
 
-def _busy(instance: object) -> int:
+def _busy(instance: object, since: datetime) -> int:
+    """Active runs created after ``since`` (the daemon's start): only the runs this bench causes.
+    A zombie run left by a killed earlier process (NOT_STARTED forever) is never waited for."""
     import dagster as dg
 
     active = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
               dg.DagsterRunStatus.STARTED]
-    return len(list(instance.get_runs(filters=dg.RunsFilter(statuses=active))))  # type: ignore[attr-defined]
+    flt = dg.RunsFilter(statuses=active, created_after=since)
+    return len(list(instance.get_runs(filters=flt)))  # type: ignore[attr-defined]
 
 
 def main() -> None:
@@ -85,6 +89,7 @@ def main() -> None:
     root = strategy_dir(suite, ft.base, strategy)
     out = root.with_name(f"{root.name}-seed{args.seed_offset}")
     cand = finetune_strategy(suite, strategy, seed=suite.seed + args.seed_offset, out_dir=out)
+    started = datetime.now(UTC)
     daemon = subprocess.Popen([str(Path(sys.executable).with_name("dagster-daemon")), "run", "-w", "workspace.yaml"],
                               cwd=ROOT, env=dict(os.environ), stdout=log.open("wb"), stderr=subprocess.STDOUT,
                               start_new_session=True)
@@ -96,7 +101,7 @@ def main() -> None:
         while time.perf_counter() - quiet_since < 70:
             if time.perf_counter() - t0 > args.timeout:
                 raise SystemExit("the daemon's backlog did not clear in time")
-            if _busy(instance):
+            if _busy(instance, started):
                 quiet_since = time.perf_counter()
             time.sleep(2)
         print(f"backlog cleared after {time.perf_counter() - t0:.0f} s; registering the candidate", flush=True)

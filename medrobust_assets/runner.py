@@ -7,6 +7,7 @@ asset selection and its topological levels), never from a hand-written list."""
 from __future__ import annotations
 
 import os
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +32,64 @@ def get_instance() -> dg.DagsterInstance:
     if os.environ.get("DAGSTER_HOME"):
         return dg.DagsterInstance.get()
     return dg.DagsterInstance.ephemeral()
+
+
+SOURCE_TAG = "medrobust/source"
+PID_TAG = "medrobust/pid"
+HOST_TAG = "medrobust/host"
+RUNNER_SOURCES = ("medrobust demo", "medrobust run")
+"""``medrobust/source`` of the runs this runner starts (``medrobust demo`` / ``medrobust run``)."""
+_UNFINISHED = (dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED,
+               dg.DagsterRunStatus.CANCELING)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def mark_orphaned_runs(inst: dg.DagsterInstance) -> list[str]:
+    """Mark failed the runs this runner started whose process is gone (a SIGKILL or a crash leaves
+    them NOT_STARTED / STARTED forever; the UI would show them as pending). Only runs tagged
+    ``medrobust/source`` = ``medrobust demo`` or ``medrobust run`` are touched: those with ``medrobust/pid`` on this host
+    whose process no longer exists, and older ones without the tag (they predate it, so their
+    process is certainly gone when this one starts). Runs of the daemon, the UI or another
+    host are left to Dagster's run monitoring (dagster.yaml). Returns the run ids marked."""
+    host = socket.gethostname()
+    marked: list[str] = []
+    runs = [r for src in RUNNER_SOURCES
+            for r in inst.get_runs(filters=dg.RunsFilter(statuses=list(_UNFINISHED), tags={SOURCE_TAG: src}))]
+    for run in runs:
+        pid_s = run.tags.get(PID_TAG)
+        if pid_s is not None:
+            if run.tags.get(HOST_TAG) != host or not pid_s.isdigit():
+                continue
+            pid = int(pid_s)
+            if pid == os.getpid() or _pid_alive(pid):
+                continue
+            why = f"its runner process {pid} on {host} is gone (killed or crashed)"
+        else:
+            why = "it was started by an earlier runner that no longer runs"
+        inst.report_run_failed(run, message=f"marked failed by medrobust: {why}; the run never finished. "
+                                            "Re-materialize its assets (results are idempotent).")
+        marked.append(run.run_id)
+    return marked
+
+
+def _own_tags(source: str, suite_path: str) -> dict[str, str]:
+    return {SOURCE_TAG: source, PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname(),
+            "medrobust/suite": suite_path}
+
+
+def _start(inst: dg.DagsterInstance, log: Callable[[str], None]) -> None:
+    orphaned = mark_orphaned_runs(inst)
+    if orphaned:
+        log(f"  marked {len(orphaned)} run(s) of a killed earlier runner as failed: {', '.join(orphaned)}")
 
 
 @dataclass(frozen=True)
@@ -140,7 +199,7 @@ def run_plan(steps: list[Step], *, suite_path: str, instance: dg.DagsterInstance
         t0 = time.perf_counter()
         res = dg.materialize(ALL_ASSETS, selection=[st.key], partition_key=st.partition, instance=instance,
                              resources=resources, raise_on_error=False, run_config=QUIET,
-                             tags={"medrobust/source": source, "medrobust/suite": suite_path})
+                             tags=_own_tags(source, suite_path))
         if not res.success:
             raise StepFailed(st.label, _failure_cause(res), res.run_id)
         log(f"  {st.label:<48} {time.perf_counter() - t0:6.1f} s")
@@ -155,6 +214,7 @@ def run_suite(suite_path: str, select: list[str] | None = None, *, workers: int 
     inst = instance or get_instance()
     resources = build_resources(suite_path=suite_path, mlruns_dir=mlruns_dir, workers=workers)
     steps = plan(parse_selection(select), suite, inst)
+    _start(inst, log)
     run_plan(steps, suite_path=suite_path, instance=inst, resources=resources, log=log)
     return suite.mart_path
 
@@ -167,6 +227,7 @@ def run_demo(suite_path: str, *, workers: int = 0, log: Callable[[str], None] = 
     inst = instance or get_instance()
     resources = build_resources(suite_path=suite_path, mlruns_dir=mlruns_dir, workers=workers)
     steps = plan(dg.AssetSelection.all(), suite, inst)
+    _start(inst, log)
     run_plan(steps, suite_path=suite_path, instance=inst, resources=resources, log=log, source="medrobust demo")
 
     def step(asset: str, partition: str | None = None) -> dg.ExecuteInProcessResult:
@@ -174,7 +235,7 @@ def run_demo(suite_path: str, *, workers: int = 0, log: Callable[[str], None] = 
         st = Step(dg.AssetKey.from_user_string(asset), partition, "registry")
         res = dg.materialize(ALL_ASSETS, selection=[st.key], partition_key=partition, instance=inst,
                              resources=resources, raise_on_error=False, run_config=QUIET,
-                             tags={"medrobust/source": "medrobust demo"})
+                             tags=_own_tags("medrobust demo", suite_path))
         if not res.success:
             raise StepFailed(st.label, _failure_cause(res), res.run_id)
         log(f"  {st.label:<48} {time.perf_counter() - t0:6.1f} s")

@@ -109,10 +109,10 @@ def test_statements_that_write_are_refused_with_exit_2(mart: Path, tmp_path: Pat
     assert mart.read_bytes() == before
 
 
-def test_a_failing_query_exits_1_and_a_missing_mart_exits_2(mart: Path, tmp_path: Path) -> None:
+def test_bad_sql_and_a_missing_mart_exit_2_with_one_line(mart: Path, tmp_path: Path) -> None:
     code, _, stderr = _query(mart, "select nope from segmentation_results")
-    assert code == 1 and "query failed" in stderr
+    assert code == 2 and stderr.startswith("error: query failed: Binder Error") and stderr.count("\n") == 1
     code, _, stderr = _query(mart, "selec 1")
-    assert code == 1 and "query failed" in stderr
+    assert code == 2 and stderr.startswith("error: query failed: Parser Error") and stderr.count("\n") == 1
     code, _, stderr = _query(tmp_path / "none.duckdb", "select 1")
     assert code == 2 and "medrobust demo" in stderr

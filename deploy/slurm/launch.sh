@@ -26,6 +26,10 @@ export DASK_CONFIG
 trap 'rm -rf "$DASK_CONFIG"' EXIT
 cp deploy/slurm/jobqueue.yaml "$DASK_CONFIG/"
 mkdir -p var/slurm-logs
+# TLS credentials of this run's scheduler and workers: readable by you only
+mkdir -p var/dask-tls && chmod 700 var/dask-tls
+# the project (and var/cache) lives on a shared filesystem: SQLite WAL is unsafe there
+export MEDROBUST_CACHE_JOURNAL_MODE="${MEDROBUST_CACHE_JOURNAL_MODE:-DELETE}"
 
 args=(asset materialize
   --python-file deploy/slurm/definitions_dask.py

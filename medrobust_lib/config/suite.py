@@ -85,6 +85,10 @@ class Suite(BaseModel):
     segmentation: SegmentationConfig = Field(default_factory=lambda: SegmentationConfig())
     vlm: VLMConfig = Field(default_factory=lambda: VLMConfig())
     taxonomy: TaxonomyConfig = Field(default_factory=lambda: TaxonomyConfig())
+    max_pixels: int = Field(default=64_000_000, ge=49,
+                            description="largest 2-D image a reader decodes (height x width, read from the "
+                                        "header first); larger files are quarantined as too_large. A dataset "
+                                        "entry may set its own max_pixels")
 
     @field_validator("modalities")
     @classmethod

@@ -81,6 +81,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from medrobust_lib.data.imageio import DEFAULT_MAX_PIXELS, pixel_limit
 from medrobust_lib.data.sample import QuarantineRecord, Sample, SampleError, SampleRef
 from medrobust_lib.types import parse_modality
 
@@ -111,6 +112,9 @@ class DatasetConfig(BaseModel):
     per_component_boxes: bool = False
     max_samples: int | None = Field(default=None, ge=1)
     options: dict[str, Any] = Field(default_factory=dict)
+    max_pixels: int = Field(default=DEFAULT_MAX_PIXELS, ge=49,
+                            description="largest 2-D image decoded (height x width, from the header); "
+                                        "larger files are quarantined as too_large")
 
     @field_validator("name")
     @classmethod
@@ -193,7 +197,8 @@ def load_sample(cfg: DatasetConfig, ref: SampleRef) -> Sample:
     failure (``iter_dataset`` quarantines those too, as ``load_error``)."""
     if ref.dataset != cfg.name:
         raise ValueError(f"ref belongs to dataset {ref.dataset!r}, not {cfg.name!r}")
-    return cfg.reader().load(cfg, ref)
+    with pixel_limit(cfg.max_pixels):
+        return cfg.reader().load(cfg, ref)
 
 
 def iter_dataset(cfg: DatasetConfig) -> Iterator[Sample | QuarantineRecord]:

@@ -22,14 +22,29 @@ stored in raw pixel order), ``.npy`` (float32 in [0, 1] only), DICOM (``.dcm``/`
 :func:`read_dicom`) and 2-D NIfTI (``.nii``/``.nii.gz``, see :func:`read_nifti_2d`). RGBA drops
 alpha; gray+alpha drops alpha. A file that cannot be used raises
 :class:`~medrobust_lib.data.sample.SampleError` with reason ``empty_file``, ``unreadable_image``,
-``unreadable_dicom``, ``unsupported_dicom``, ``unreadable_nifti`` or ``unsupported_nifti``.
+``truncated``, ``too_large``, ``too_small``, ``unreadable_dicom``, ``unsupported_dicom``,
+``unreadable_nifti`` or ``unsupported_nifti``.
+
+Limits (hostile or broken files are refused before they cost memory): the declared size is read
+from the header first (PIL's lazy open for rasters, Rows x Columns x SamplesPerPixel for DICOM,
+the NIfTI header) and a 2-D image of more than :func:`current_max_pixels` pixels (default
+:data:`DEFAULT_MAX_PIXELS`, the suite's ``max_pixels``; set with :func:`pixel_limit`) is refused
+as ``too_large`` without allocating it; a side under :data:`MIN_SIDE` pixels is ``too_small`` (the
+7x7 SSIM window needs at least that). PNG and JPEG are decoded by OpenCV only: a file whose header
+parses but whose image data ends early or is corrupt is ``truncated`` (never completed with zeros
+by a lenient decoder); TIFF and BMP may fall back to PIL. A multi-frame DICOM decodes only the
+requested frame.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
@@ -50,6 +65,50 @@ LUMA_WEIGHTS: tuple[float, float, float] = (0.299, 0.587, 0.114)
 
 DEFAULT_PERCENTILES: tuple[float, float] = (0.5, 99.5)
 """Percentile window used when neither the options nor the file give one."""
+
+DEFAULT_MAX_PIXELS: int = 64_000_000
+"""Largest 2-D image (height x width, any channel count) a reader decodes: 64 megapixels."""
+MIN_SIDE: int = 7
+"""Smallest height and width a reader accepts (the SSIM window is 7x7)."""
+
+_MAX_PIXELS: ContextVar[int] = ContextVar("medrobust_max_pixels", default=DEFAULT_MAX_PIXELS)
+
+
+def current_max_pixels() -> int:
+    """The pixel limit in force (see :func:`pixel_limit`)."""
+    return _MAX_PIXELS.get()
+
+
+@contextmanager
+def pixel_limit(max_pixels: int | None) -> Iterator[None]:
+    """Decode with at most ``max_pixels`` pixels per 2-D image inside the block (None: keep the
+    current limit). Context-local, so threads and concurrent loads do not see each other's."""
+    if max_pixels is None:
+        yield
+        return
+    if max_pixels < MIN_SIDE * MIN_SIDE:
+        raise ValueError(f"max_pixels must be at least {MIN_SIDE * MIN_SIDE}, got {max_pixels}")
+    token = _MAX_PIXELS.set(int(max_pixels))
+    try:
+        yield
+    finally:
+        _MAX_PIXELS.reset(token)
+
+
+def check_declared_size(height: int, width: int, where: str | os.PathLike[str], *, frames: int = 1) -> None:
+    """Raise SampleError ``too_large`` when a declared ``height x width`` image exceeds the pixel
+    limit (call it before anything is decoded)."""
+    limit = current_max_pixels()
+    if int(height) * int(width) > limit:
+        extra = f" ({frames} frames)" if frames > 1 else ""
+        raise SampleError("too_large", f"{where}: declares {width} x {height} = {int(height) * int(width):,} "
+                                       f"pixels{extra}, over max_pixels {limit:,}; not decoded")
+
+
+def check_min_size(height: int, width: int, where: str | os.PathLike[str]) -> None:
+    """Raise SampleError ``too_small`` when a side is under :data:`MIN_SIDE` pixels."""
+    if int(height) < MIN_SIDE or int(width) < MIN_SIDE:
+        raise SampleError("too_small", f"{where}: {width} x {height} pixels; at least {MIN_SIDE} x {MIN_SIDE} needed")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -91,14 +150,32 @@ def _check_complete(data: bytes, ext: str, path: Path) -> None:
         if not data.startswith(b"\x89PNG\r\n\x1a\n"):
             raise SampleError("unreadable_image", f"{path}: not a PNG file")
         if data.rfind(b"IEND") < 0:
-            raise SampleError("unreadable_image", f"{path}: truncated PNG (no IEND chunk)")
+            raise SampleError("truncated", f"{path}: truncated PNG (no IEND chunk)")
     elif ext in (".jpg", ".jpeg"):
         if not data.startswith(b"\xff\xd8"):
             raise SampleError("unreadable_image", f"{path}: not a JPEG file")
         # Inside entropy-coded data 0xFF is always stuffed, so FFD9 after the last scan header is
         # the real end-of-image marker (an EXIF thumbnail's EOI comes before the main scan).
         if data.rfind(b"\xff\xd9") < data.rfind(b"\xff\xda"):
-            raise SampleError("unreadable_image", f"{path}: truncated JPEG (no EOI marker)")
+            raise SampleError("truncated", f"{path}: truncated JPEG (no EOI marker)")
+
+
+def _declared_raster_size(data: bytes, path: Path) -> tuple[int, int]:
+    """(height, width) from the header (PIL's lazy open reads no pixel data); SampleError
+    ``unreadable_image`` when no header parses."""
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # PIL's DecompressionBombWarning: the limit here is ours
+            with Image.open(io.BytesIO(data)) as im:
+                width, height = im.size
+    except Image.DecompressionBombError as e:  # over PIL's own hard limit: certainly over ours
+        raise SampleError("too_large", f"{path}: over PIL's hard limit, so over max_pixels "
+                                       f"{current_max_pixels():,} too: {e}") from None
+    except Exception as e:  # PIL raises many types for broken headers
+        raise SampleError("unreadable_image", f"{path}: {type(e).__name__}: {e}") from None
+    return int(height), int(width)
 
 
 def rgb_to_gray(image: FloatImage) -> FloatImage:
@@ -236,20 +313,36 @@ def read_raw(path: str | os.PathLike[str]) -> np.ndarray:
     """Decode a PNG/JPEG/TIFF/BMP file to its stored integer values.
 
     Returns uint8 or uint16, shaped (H, W) or (H, W, 3) in RGB order (alpha dropped). Raises
-    SampleError ``empty_file`` for a zero-byte file, ``unreadable_image`` for a truncated or
-    undecodable file or an unsupported sample type (float or 32-bit rasters)."""
+    SampleError ``empty_file`` for a zero-byte file, ``too_large`` when the header declares more
+    pixels than :func:`current_max_pixels` (nothing decoded), ``truncated`` for a PNG/JPEG whose
+    data ends early or is corrupt, ``unreadable_image`` for an undecodable file or an unsupported
+    sample type (float or 32-bit rasters). Sides under :data:`MIN_SIDE` are checked by the image
+    readers and ``medrobust perturb`` (:func:`check_min_size`), not here, so small masks still read."""
     p = Path(path)
     ext = file_extension(p)
     if ext not in RASTER_EXTENSIONS:
         raise ValueError(f"read_raw handles {', '.join(RASTER_EXTENSIONS)}; got {p.name!r}")
     data = _read_bytes(p)
     _check_complete(data, ext, p)
+    height, width = _declared_raster_size(data, p)
+    limit = current_max_pixels()
+    if height * width > limit:
+        raise SampleError("too_large", f"{p}: declares {width} x {height} = {height * width:,} pixels, "
+                                       f"over max_pixels {limit:,}; not decoded")
     try:
         arr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
     except cv2.error as e:
         raise SampleError("unreadable_image", f"{p}: {e}") from None
     if arr is None:
+        if ext in (".png", ".jpg", ".jpeg"):
+            # The header parsed (above) but the image data did not decode: cut short or corrupt.
+            # No second, lenient decoder: PIL would return the missing rows as zeros.
+            raise SampleError("truncated", f"{p}: {width} x {height} {ext[1:].upper()} whose image data "
+                                           "ends early or is corrupt")
         arr = _pil_fallback(data, p)
+    if arr.shape[0] != height or arr.shape[1] != width:
+        raise SampleError("truncated", f"{p}: decoded {arr.shape[1]} x {arr.shape[0]}, header says "
+                                       f"{width} x {height}")
     if arr.dtype not in (np.uint8, np.uint16):
         raise SampleError("unreadable_image", f"{p}: unsupported sample type {arr.dtype} (need 8/16-bit)")
     if arr.ndim == 3 and arr.shape[2] == 1:
@@ -269,9 +362,8 @@ def read_raw(path: str | os.PathLike[str]) -> np.ndarray:
 
 
 def _pil_fallback(data: bytes, path: Path) -> np.ndarray:
-    """Second decoder for files OpenCV rejects; returns a BGR(A)-ordered array like cv2."""
-    import io
-
+    """Second decoder for TIFF/BMP files OpenCV rejects (never PNG/JPEG); returns a BGR(A)-ordered
+    array like cv2."""
     from PIL import Image
 
     try:
@@ -304,7 +396,13 @@ def raw_to_float(raw: np.ndarray) -> tuple[FloatImage, dict[str, Any]]:
 def _read_npy(path: Path) -> FloatImage:
     _check_nonempty(path)
     try:
-        arr = np.load(path, allow_pickle=False)
+        arr = np.load(path, allow_pickle=False, mmap_mode="r")  # header only until the checks pass
+        if isinstance(arr, np.ndarray) and arr.ndim in (2, 3) and arr.shape[0] * arr.shape[1] > current_max_pixels():
+            raise SampleError("too_large", f"{path}: shape {arr.shape} is over max_pixels "
+                                           f"{current_max_pixels():,}; not loaded")
+        arr = np.array(arr)
+    except SampleError:
+        raise
     except Exception as e:
         raise SampleError("unreadable_image", f"{path}: {type(e).__name__}: {e}") from None
     if not isinstance(arr, np.ndarray) or arr.dtype != np.float32:
@@ -375,20 +473,30 @@ def read_dicom(
     if not any(k in ds for k in ("PixelData", "FloatPixelData", "DoubleFloatPixelData")):
         raise SampleError("unreadable_dicom", f"{p}: no pixel data")
     try:
-        arr = np.asarray(ds.pixel_array)
         photometric = str(ds.get("PhotometricInterpretation", "MONOCHROME2")).strip().upper()
         n_frames = int(ds.get("NumberOfFrames", 1) or 1)
+        rows, cols = int(ds.get("Rows", 0) or 0), int(ds.get("Columns", 0) or 0)
     except Exception as e:
         raise SampleError("unreadable_dicom", f"{p}: {type(e).__name__}: {e}") from None
-
+    # Declared size first (Rows x Columns per frame; one frame is decoded): nothing is allocated
+    # for a file that declares more than the pixel limit.
+    check_declared_size(rows, cols, p, frames=n_frames)
     if n_frames > 1:
         if frame is None:
             raise SampleError("unsupported_dicom", f"{p}: {n_frames} frames; set the frame option")
         if not 0 <= frame < n_frames:
             raise SampleError("unsupported_dicom", f"{p}: frame {frame} out of range 0..{n_frames - 1}")
-        arr = arr[frame]
     elif frame not in (None, 0):
         raise SampleError("unsupported_dicom", f"{p}: single-frame file, frame {frame} requested")
+    try:
+        if n_frames > 1:
+            from pydicom.pixels import pixel_array
+
+            arr = np.asarray(pixel_array(ds, index=frame))  # decodes only that frame
+        else:
+            arr = np.asarray(ds.pixel_array)
+    except Exception as e:
+        raise SampleError("unreadable_dicom", f"{p}: {type(e).__name__}: {e}") from None
 
     bits_stored = int(ds.get("BitsStored", 8 * arr.dtype.itemsize) or 8 * arr.dtype.itemsize)
     dicom_meta: dict[str, Any] = {
@@ -499,12 +607,18 @@ def read_nifti_2d(
     _check_nonempty(p)
     try:
         img = nib.load(str(p))
-        data = np.asarray(img.dataobj, dtype=np.float64)  # type: ignore[attr-defined]
+        shape = tuple(int(d) for d in img.shape)  # type: ignore[attr-defined]
+    except Exception as e:
+        raise SampleError("unreadable_nifti", f"{p}: {type(e).__name__}: {e}") from None
+    plane = [d for d in shape if d != 1]
+    if len(plane) != 2:
+        raise SampleError("unsupported_nifti", f"{p}: shape {shape} is not a single 2-D slice")
+    check_declared_size(plane[1], plane[0], p)  # from the header, before any voxel is read
+    try:
+        data = np.asarray(img.dataobj, dtype=np.float32)  # type: ignore[attr-defined]
     except Exception as e:
         raise SampleError("unreadable_nifti", f"{p}: {type(e).__name__}: {e}") from None
     squeezed = np.squeeze(data)
-    if squeezed.ndim != 2:
-        raise SampleError("unsupported_nifti", f"{p}: shape {data.shape} is not a single 2-D slice")
     values = nifti_slice_to_image(squeezed)
     low, high, source = resolve_window(
         values, window_center=window_center, window_width=window_width, percentiles=percentiles

@@ -36,6 +36,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from medrobust_lib.data.boxes import mask_to_boxes
+from medrobust_lib.data.imageio import check_min_size
 from medrobust_lib.data.sample import DatasetSpec, QuarantineRecord, Sample, SampleError, SampleRef
 from medrobust_lib.registry import Registry
 from medrobust_lib.types import BoolMask, FloatImage
@@ -291,6 +292,7 @@ def finish_sample(
     if not np.isfinite(image).all():
         raise SampleError("unreadable_image", f"{ref.image_path}: non-finite values")
     original = (int(image.shape[0]), int(image.shape[1]))
+    check_min_size(original[0], original[1], ref.image_path)
     if mask is not None:
         if mask.shape != original:
             raise SampleError("mask_size_mismatch", f"mask {mask.shape} != image {original}")

@@ -19,7 +19,15 @@ at ``retry_after_max_s``). Other 4xx are final. A 200 whose body is not a chat c
 
 The API key is read from the environment variable named by ``api_key_env`` when the adapter is
 built; it is never a config field and never appears in a repr, result, error string or log record
-(error strings are additionally scrubbed of it).
+(error strings are additionally scrubbed of it). A key is never sent in clear text: an ``http://``
+base URL with ``api_key_env`` set is refused unless the host is loopback (a local vLLM/TGI server).
+
+Limits: ``deadline_s`` bounds one request's whole life (every attempt, every backoff wait and the
+body download); past it the outcome is ``timeout``. ``max_response_bytes`` caps a response body
+(read streamed; a larger body is ``bad_response`` without being kept in memory).
+
+Cache faults never lose an answer (:mod:`medrobust_lib.models.cache`): a failed read is a miss, a
+failed write after an HTTP 200 is a logged warning and the answer is returned as ``ok``.
 """
 
 from __future__ import annotations
@@ -28,11 +36,13 @@ import base64
 import email.utils
 import hashlib
 import io
+import json
 import logging
 import math
 import os
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -71,7 +81,8 @@ class ApiVLMConfig:
     ``concurrency`` bounds in-flight requests per :meth:`ApiVLM.generate` call. ``cache_path``
     is a SQLite file (``None``: no cache). ``request_logprobs`` asks :meth:`ApiVLM.generate` for
     the top logprobs of the first token. ``api_key_env=None`` sends no Authorization header
-    (local vLLM/TGI).
+    (local vLLM/TGI). ``deadline_s``: overall limit of one request, retries and waits included
+    (seconds). ``max_response_bytes``: largest response body accepted.
     """
 
     model: str
@@ -88,12 +99,22 @@ class ApiVLMConfig:
     cache_path: str | None = None
     request_logprobs: bool = False
     seed: int = 0
+    deadline_s: float = 600.0
+    max_response_bytes: int = 16 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if not self.model:
             raise ValueError("model must be a non-empty model name")
         if not self.base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {self.base_url!r}")
+        if self.base_url.startswith("http://") and self.api_key_env is not None and not is_loopback(self.base_url):
+            raise ValueError(f"base_url {self.base_url!r} is plain http:// and an API key ({self.api_key_env}) "
+                             "would travel in clear text; use https://, or http:// only to a loopback host "
+                             "(127.0.0.1, ::1, localhost)")
+        if self.deadline_s <= 0:
+            raise ValueError(f"deadline_s must be > 0, got {self.deadline_s}")
+        if self.max_response_bytes < 1024:
+            raise ValueError(f"max_response_bytes must be >= 1024, got {self.max_response_bytes}")
         if self.concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
         if self.max_retries < 0:
@@ -105,6 +126,23 @@ class ApiVLMConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+
+
+def is_loopback(url: str) -> bool:
+    """Whether ``url``'s host is a loopback address (``localhost``, 127.0.0.0/8, ``::1``)."""
+    import ipaddress
+
+    host = (urllib.parse.urlsplit(url).hostname or "").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class _BodyTooLarge(Exception):
+    pass
 
 
 @dataclass(frozen=True)
@@ -426,29 +464,39 @@ class ApiVLM:
                 self.http_calls += 1
             status: int | None = None
             retry_after: float | None = None
+            remaining = self.config.deadline_s - (self._clock() - start)
+            if remaining <= 0:
+                return self._fail("timeout", status, attempt - 1, start,
+                                  f"deadline of {self.config.deadline_s}s passed before attempt {attempt}", waits)
             try:
-                resp = self._client.post(self._url, json=req.payload, headers=headers)
-                status = resp.status_code
+                status, raw, resp_headers = self._post(req.payload, headers, remaining)
+            except _BodyTooLarge as exc:
+                return self._fail("bad_response", 200, attempt, start, str(exc), waits)
             except httpx.TimeoutException as exc:
-                outcome, error = "timeout", f"timeout after {self.config.timeout_s}s ({type(exc).__name__})"
+                outcome, error = "timeout", f"timeout after {min(self.config.timeout_s, remaining):.3g}s " \
+                                            f"({type(exc).__name__}: {exc})"
             except httpx.TransportError as exc:
                 outcome, error = "connection_error", f"{type(exc).__name__}: {exc}"
             else:
                 if status == 200:
                     try:
-                        body = resp.json()
+                        body = json.loads(raw)
                     except ValueError:
                         body = None
                     outcome, text, err, lps = parse_completion(body)
                     if body is None:
                         err = "response body is not valid JSON"
                     if outcome == "ok" and self._cache is not None:
-                        self._cache.put(req.key, body)
+                        try:  # a paid answer is never lost to the cache: a failed write is a warning
+                            self._cache.put(req.key, body)
+                        except Exception as exc:
+                            logger.warning("%s: caching an answer failed (%s); the answer is kept",
+                                           self.config.model, type(exc).__name__)
                     return ApiResult(text, outcome, status, attempt, self._clock() - start, False,
                                      self._scrub(err) if err else None, lps, tuple(waits))
-                outcome, error = "http_error", f"HTTP {status}: {resp.text[:200]}"
+                outcome, error = "http_error", f"HTTP {status}: {raw[:200].decode('utf-8', 'replace')}"
                 if status in (429, 503):
-                    retry_after = parse_retry_after(resp.headers.get("Retry-After"))
+                    retry_after = parse_retry_after(resp_headers.get("Retry-After"))
                 if status != 429 and status < 500:
                     return self._fail(outcome, status, attempt, start, error, waits)
             if attempt > self.config.max_retries:
@@ -457,10 +505,37 @@ class ApiVLM:
                 wait = min(retry_after, self.config.retry_after_max_s)
             else:
                 wait = backoff_wait(attempt, self.config.backoff_base_s, self.config.backoff_max_s, rng)
+            if self._clock() - start + wait >= self.config.deadline_s:
+                return self._fail("timeout", status, attempt, start,
+                                  f"{error}; no retry: the wait would pass the {self.config.deadline_s}s deadline",
+                                  waits)
             logger.info("%s: %s (attempt %d/%d), retrying in %.2fs", self.config.model,
                         self._scrub(error)[:120], attempt, self.config.max_retries + 1, wait)
             waits.append(wait)
             self._sleep(wait)
+
+    def _post(self, payload: dict[str, Any], headers: dict[str, str],
+              remaining: float) -> tuple[int, bytes, httpx.Headers]:
+        """One POST, streamed: (status, body bytes, headers). The per-phase timeout is cut to the
+        time left before the deadline; a body over ``max_response_bytes`` (declared or read) raises
+        :class:`_BodyTooLarge`, a body still arriving at the deadline ``httpx.ReadTimeout``."""
+        cap = self.config.max_response_bytes
+        t_end = self._clock() + remaining
+        timeout = httpx.Timeout(max(0.001, min(self.config.timeout_s, remaining)))
+        with self._client.stream("POST", self._url, json=payload, headers=headers, timeout=timeout) as resp:
+            declared = resp.headers.get("Content-Length")
+            if declared is not None and declared.isdigit() and int(declared) > cap:
+                raise _BodyTooLarge(f"response declares {int(declared):,} bytes, over max_response_bytes {cap:,}")
+            chunks: list[bytes] = []
+            size = 0
+            for chunk in resp.iter_bytes():
+                size += len(chunk)
+                if size > cap:
+                    raise _BodyTooLarge(f"response body over max_response_bytes {cap:,}")
+                if self._clock() > t_end:
+                    raise httpx.ReadTimeout("deadline passed while reading the response body")
+                chunks.append(chunk)
+            return resp.status_code, b"".join(chunks), resp.headers
 
     def _fail(self, outcome: str, status: int | None, attempts: int, start: float, error: str,
               waits: list[float]) -> ApiResult:

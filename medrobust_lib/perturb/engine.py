@@ -21,7 +21,7 @@ from typing import Any
 
 from medrobust_lib.data.sample import Sample, array_hash
 from medrobust_lib.perturb.calibrate import Band, calibrate, dataset_strength
-from medrobust_lib.perturb.spec import PerturbOutput, get_perturbation
+from medrobust_lib.perturb.spec import PerturbationSpec, PerturbOutput, get_perturbation
 from medrobust_lib.perturb.ssim import ssim
 from medrobust_lib.seeding import rng_for, seed_key, stable_fraction
 
@@ -59,16 +59,24 @@ def calibration_subset(samples: Sequence[Sample], seed: int, k: int) -> list[Sam
 
 def run_chunk(chunk: ChunkSpec, samples: Sequence[Sample]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Calibrate ``chunk.perturbation`` on every sample. Returns (manifest rows sorted by
-    sample id, chunk statistics). A failing sample becomes a row with status 'error'."""
+    sample id, chunk statistics). A failing sample becomes a row with status 'error'; a sample the
+    type does not apply to (an RGB-only type on a grayscale image of a mixed-channel dataset, a
+    modality outside the type's) becomes a row with status ``not_applicable`` (reason in
+    ``error``), never an exception. The dataset-level warm start is calibrated on applicable
+    samples only (NaN when there are none)."""
     spec = get_perturbation(chunk.perturbation)
     ordered = sorted(samples, key=lambda s: s.sample_id)
-    subset = calibration_subset(ordered, chunk.seed, chunk.calibration_subset)
-    warm, calib_evals = dataset_strength(
-        spec,
-        [(s.image, (perturbation_key(chunk.seed, s.dataset, s.sample_id, spec.name),)) for s in subset],
-        chunk.band,
-        start=spec.levels[chunk.level - 1],
-    )
+    applicable = [s for s in ordered if spec.applies_to(s.modality, s.n_channels)]
+    subset = calibration_subset(applicable, chunk.seed, chunk.calibration_subset)
+    if subset:
+        warm, calib_evals = dataset_strength(
+            spec,
+            [(s.image, (perturbation_key(chunk.seed, s.dataset, s.sample_id, spec.name),)) for s in subset],
+            chunk.band,
+            start=spec.levels[chunk.level - 1],
+        )
+    else:
+        warm, calib_evals = float("nan"), 0
     rows = []
     for s in ordered:
         key = perturbation_key(chunk.seed, s.dataset, s.sample_id, spec.name)
@@ -78,6 +86,11 @@ def run_chunk(chunk: ChunkSpec, samples: Sequence[Sample]) -> tuple[list[dict[st
             "level": chunk.level, "band_low": chunk.band[0], "band_high": chunk.band[1],
             "dataset_strength": warm, "seed_key": key,
         }
+        if not spec.applies_to(s.modality, s.n_channels):
+            rows.append({**base, "strength": float("nan"), "ssim": float("nan"), "band_reached": False,
+                         "miss_reason": "not_applicable", "n_ssim_evals": 0, "sha256": None,
+                         "status": NOT_APPLICABLE, "error": not_applicable_reason(spec, s)})
+            continue
         try:
             c = calibrate(spec, s.image, chunk.band, (key,), start=warm, mask=s.mask, boxes=s.boxes)
             miss = None
@@ -92,6 +105,17 @@ def run_chunk(chunk: ChunkSpec, samples: Sequence[Sample]) -> tuple[list[dict[st
                          "error": f"{type(exc).__name__}: {exc}"[:500]})
     stats = {"calibration_evals": calib_evals, "dataset_strength": warm}
     return rows, stats
+
+
+NOT_APPLICABLE = "not_applicable"
+"""Manifest status of a (sample, type) the type does not apply to; counted, outside every mean."""
+
+
+def not_applicable_reason(spec: PerturbationSpec, sample: Sample) -> str:
+    """Why ``spec`` does not apply to ``sample`` (channels or modality), for the ``error`` column."""
+    if spec.channels == "rgb" and sample.n_channels != 3:
+        return f"{spec.name} needs an RGB image; {sample.sample_id} is grayscale"
+    return f"{spec.name} does not apply to modality {sample.modality!r}"
 
 
 def output_hash(out: PerturbOutput) -> str:

@@ -54,16 +54,21 @@ def perturb_file(
     input stays grayscale and RGB stays RGB; ``.npy`` outputs are exactly the float32 array the
     SSIM was measured on.
     """
-    from medrobust_lib.data.imageio import read_image, write_image
+    from medrobust_lib.data.imageio import check_min_size, read_image, write_image
+    from medrobust_lib.data.sample import SampleError
 
     if not input_path.is_file():
         raise FileNotFoundError(f"input image not found: {input_path}")
     if (output is None) == (output_dir is None):
         raise ValueError("give exactly one of --output FILE or --output-dir DIR")
-    image = read_image(input_path)
+    try:  # a file that cannot be used is bad input: one clear ValueError, never a traceback
+        image = read_image(input_path)
+        check_min_size(image.shape[0], image.shape[1], input_path)
+        m = read_image(mask_path) if mask_path is not None else None
+    except SampleError as exc:
+        raise ValueError(f"cannot use {exc.detail or input_path} ({exc.reason})") from None
     mask = None
-    if mask_path is not None:
-        m = read_image(mask_path)
+    if m is not None:
         m2 = m if m.ndim == 2 else m.max(axis=2)
         if m2.shape != image.shape[:2]:
             raise ValueError(f"mask shape {m2.shape} does not match image shape {image.shape[:2]}")

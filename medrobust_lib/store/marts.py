@@ -258,35 +258,125 @@ def register_view(name: str, sql: str) -> None:
     MART_VIEWS[name] = sql
 
 
+class MartBuildError(RuntimeError):
+    """The mart could not be rebuilt; the previous ``marts.duckdb`` is untouched. The message names
+    the table and, for an unreadable chunk, the file and the partition to re-materialise."""
+
+
 def build_mart(results_dir: str | Path, mart_path: str | Path) -> dict[str, int]:
-    """Rebuild the mart from Parquet; returns row counts per table."""
+    """Rebuild the mart from Parquet; returns row counts per table.
+
+    Crash safety: the new mart is built in ``.<name>.<pid>.<uuid>.tmp`` next to the old one,
+    fsynced, renamed over it (atomic on POSIX) and the folder fsynced, so a reader sees the old
+    mart or the new one, never a mixture, and a power cut after the return keeps the new one. On any
+    failure (disk full, a corrupt chunk, an interrupt) the temporary file is removed and the old
+    mart stays; a temporary file left by a killed build (its process gone) is removed by the next
+    build. A chunk that cannot be read raises :class:`MartBuildError` naming the table, the file and
+    its partition.
+    """
     mart = Path(mart_path)
     mart.parent.mkdir(parents=True, exist_ok=True)
-    tmp = mart.with_name(f".{mart.name}.{uuid.uuid4().hex}.tmp")
+    _remove_orphaned_temps(mart)
+    tmp = mart.with_name(f".{mart.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
     counts: dict[str, int] = {}
-    con = duckdb.connect(str(tmp))
     try:
-        for t in MART_TABLES:
-            cols = ", ".join(f"{c} {typ}" for c, typ in t.columns)
-            con.execute(f"create table {t.name} ({cols})")
-            folder = Path(results_dir, t.name)
-            if folder.is_dir() and any(folder.rglob("*.parquet")):
-                names = ", ".join(c for c, _ in t.columns)
-                src = f"read_parquet('{folder.as_posix()}/**/*.parquet', hive_partitioning = true, union_by_name = true)"
-                con.execute(f"insert into {t.name} ({names}) select {_select_list(con, src, t)} from {src}")
-            counts[t.name] = int(con.execute(f"select count(*) from {t.name}").fetchall()[0][0])
-            desc = t.description.replace("'", "''")
-            con.execute(f"comment on table {t.name} is '{desc}'")
-        for name, sql in MART_VIEWS.items():
-            con.execute(f"create view {name} as {sql}")
-        con.execute("checkpoint")
+        con = duckdb.connect(str(tmp))
+        try:
+            for t in MART_TABLES:
+                cols = ", ".join(f"{c} {typ}" for c, typ in t.columns)
+                con.execute(f"create table {t.name} ({cols})")
+                folder = Path(results_dir, t.name)
+                if folder.is_dir() and any(folder.rglob("*.parquet")):
+                    names = ", ".join(c for c, _ in t.columns)
+                    src = (f"read_parquet('{folder.as_posix()}/**/*.parquet', hive_partitioning = true, "
+                           "union_by_name = true)")
+                    try:
+                        con.execute(f"insert into {t.name} ({names}) select {_select_list(con, src, t)} from {src}")
+                    except duckdb.Error as exc:
+                        raise _chunk_error(t.name, folder, exc) from None
+                counts[t.name] = int(con.execute(f"select count(*) from {t.name}").fetchall()[0][0])
+                desc = t.description.replace("'", "''")
+                con.execute(f"comment on table {t.name} is '{desc}'")
+            for name, sql in MART_VIEWS.items():
+                con.execute(f"create view {name} as {sql}")
+            con.execute("checkpoint")
+        finally:
+            con.close()
+        _fsync_file(tmp)
+        os.replace(tmp, mart)
+        _fsync_dir(mart.parent)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     finally:
-        con.close()
-    os.replace(tmp, mart)
-    wal = tmp.with_name(tmp.name + ".wal")
-    if wal.exists():
-        wal.unlink()
+        for side in (tmp.with_name(tmp.name + ".wal"), tmp.with_name(tmp.name + ".tmp")):
+            if side.is_file():
+                side.unlink(missing_ok=True)
     return counts
+
+
+def _chunk_error(table: str, folder: Path, exc: duckdb.Error) -> MartBuildError:
+    """Find the first chunk of ``table`` DuckDB cannot read and name it with its partition."""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    probe = duckdb.connect()
+    try:
+        for f in sorted(folder.rglob("*.parquet")):
+            try:
+                probe.execute(f"select count(*) from read_parquet('{f.as_posix()}')").fetchall()
+            except duckdb.Error as bad:
+                rel = f.relative_to(folder)
+                part = ", ".join(p for p in rel.parent.parts if "=" in p) or "(unpartitioned)"
+                reason = (str(bad).strip().splitlines() or [type(bad).__name__])[0]
+                return MartBuildError(
+                    f"mart not rebuilt (the previous one is kept): table {table!r}, partition {part}: "
+                    f"chunk {f} is unreadable ({reason}); re-materialise that partition of the asset that "
+                    f"writes {table!r} (or delete the file), then rebuild the mart")
+    finally:
+        probe.close()
+    return MartBuildError(f"mart not rebuilt (the previous one is kept): table {table!r} from {folder}: {first}")
+
+
+def _remove_orphaned_temps(mart: Path) -> None:
+    """Remove ``.<mart>.<pid>.<uuid>.tmp`` files whose building process no longer exists."""
+    for f in mart.parent.glob(f".{mart.name}.*.tmp*"):
+        parts = f.name[len(mart.name) + 2:].split(".")
+        pid = int(parts[0]) if parts and parts[0].isdigit() else None
+        if pid is not None and pid != os.getpid() and _alive(pid):
+            continue  # another build is running (should not happen: one writer), leave it
+        if pid == os.getpid():
+            continue
+        f.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return  # platforms without directory fds
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems refuse fsync on a directory; the rename itself is still atomic
+    finally:
+        os.close(fd)
 
 
 def _select_list(con: duckdb.DuckDBPyConnection, src: str, t: MartTable) -> str:

@@ -15,9 +15,17 @@ write files (``PRAGMA profiling_output``; DuckDB also parses ``COPY FROM DATABAS
 and ``CALL checkpoint`` is a call; the read-only information is available from table functions
 inside a select (``select * from pragma_table_info('t')``, ``duckdb_tables()``,
 ``duckdb_settings()``). A standalone ``PIVOT`` (DuckDB parses it as several statements) is refused
-too. The parser check matters because ``COPY ... TO`` and ``EXPORT DATABASE`` write files even on
-a read-only connection; the read-only connection is the second line of defence for the database
-itself.
+too.
+
+The parser check is the second wall. The first is the connection itself (:func:`connect_sandboxed`):
+the mart is opened read-only with ``enable_external_access = false`` (no file or network access
+beyond the database file: ``read_text``, ``read_csv``, ``read_blob``, ``glob``, ``read_parquet``,
+``COPY ... TO``, ``ATTACH`` and ``INSTALL`` fail with a permission error, whatever the statement's
+shape, e.g. a ``COPY`` inside a CTE that DuckDB labels SELECT), extension autoload and autoinstall
+off, community extensions off, and ``lock_configuration = true`` so no statement can turn any of it
+back on. The mart needs nothing outside its own file: every table is copied in at build time and the
+views read only those tables. A statement stopped by the sandbox raises :class:`QueryRefused` with
+DuckDB's one-line reason.
 """
 
 from __future__ import annotations
@@ -31,7 +39,15 @@ from typing import Final
 import duckdb
 import pandas as pd
 
-from medrobust_lib.store.marts import connect_readonly
+SANDBOX_CONFIG: Final[dict[str, str | bool]] = {
+    "enable_external_access": False,
+    "autoload_known_extensions": False,
+    "autoinstall_known_extensions": False,
+    "allow_community_extensions": False,
+    "lock_configuration": True,
+}
+"""DuckDB settings of the query connection (checked against DuckDB 2.0's "Securing DuckDB" page;
+``lock_configuration`` last in effect: it freezes the others for the connection's lifetime)."""
 
 FILE_FORMATS: Final[tuple[str, ...]] = ("csv", "parquet", "json")
 """Formats :func:`write_frame` writes; also the file extensions it recognises (``.csv`` ...)."""
@@ -108,19 +124,33 @@ def check_read_only(sql: str) -> None:
 def run_query(mart_path: str | Path, sql: str) -> pd.DataFrame:
     """Run one read-only statement against the mart and return the whole result.
 
-    Raises :class:`QueryRefused` before connecting when ``sql`` is not allowed,
+    Raises :class:`QueryRefused` before connecting when ``sql`` is not allowed (or, from the
+    sandboxed connection, when it tries to touch a file, an extension or a setting),
     ``FileNotFoundError`` when there is no mart, ``duckdb.Error`` when the query fails. Nullable
     integer and boolean columns come back as pandas' nullable dtypes, NULL doubles as NaN.
     """
     check_read_only(sql)
-    con = connect_readonly(mart_path)
+    con = connect_sandboxed(mart_path)
     try:
-        # Defence in depth: no extension downloads, and no setting can change afterwards.
-        con.execute("set autoinstall_known_extensions = false")
-        con.execute("set lock_configuration = true")
         return con.execute(sql).df()
+    except duckdb.PermissionException as exc:
+        raise QueryRefused(f"refused by the sandbox: {_first_line(exc)} (the query connection reads only "
+                           "the mart; no files, extensions or settings)") from None
     finally:
         con.close()
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def connect_sandboxed(mart_path: str | Path) -> duckdb.DuckDBPyConnection:
+    """A read-only connection to the mart that can touch no other file, load no extension and
+    change no setting (:data:`SANDBOX_CONFIG`); ``FileNotFoundError`` when there is no mart."""
+    p = Path(mart_path)
+    if not p.is_file():
+        raise FileNotFoundError(f"no mart at {p}: run `medrobust demo` (or materialize the 'marts' asset) first")
+    return duckdb.connect(str(p), read_only=True, config=dict(SANDBOX_CONFIG))
 
 
 def infer_format(path: str | Path) -> str:

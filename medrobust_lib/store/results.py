@@ -65,8 +65,11 @@ def chunk_is_current(path: Path, fp: str) -> bool:
 
 def write_chunk(path: Path, rows: Sequence[Mapping[str, Any]] | pd.DataFrame, fp: str,
                 columns: Sequence[str] | None = None, schema: pa.Schema | None = None) -> int:
-    """Atomically write one chunk (temp file + rename). Partition columns are not stored in the
-    file (they are in the folder names). Returns the number of rows."""
+    """Atomically write one chunk (temp file, fsync, rename, fsync of the folder). Partition
+    columns are not stored in the file (they are in the folder names). Returns the number of rows.
+
+    On any failure (disk full, an interrupt) the temporary file is removed, the previous chunk at
+    ``path`` (if any) is untouched, and an ``OSError`` names the chunk and the cause."""
     df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows), columns=list(columns) if columns else None)
     partition_cols = {p.split("=", 1)[0] for p in path.parent.parts if "=" in p}
     df = df.drop(columns=[c for c in df.columns if c in partition_cols])
@@ -76,11 +79,28 @@ def write_chunk(path: Path, rows: Sequence[Mapping[str, Any]] | pd.DataFrame, fp
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
         pq.write_table(table, tmp)
+        _fsync(tmp)
         os.replace(tmp, path)
+        _fsync(path.parent)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot write result chunk {path} ({exc.strerror or exc}); "
+                                 "the previous chunk, if any, is kept") from exc
     finally:
         if tmp.exists():
             tmp.unlink()
     return len(df)
+
+
+def _fsync(path: Path) -> None:
+    """fsync a file or a folder (a folder fsync that the file system refuses is ignored)."""
+    fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if path.is_dir() else 0))
+    try:
+        os.fsync(fd)
+    except OSError:
+        if not path.is_dir():
+            raise
+    finally:
+        os.close(fd)
 
 
 def finalize_partition(results_dir: str | Path, table: str, partition: Mapping[str, object],

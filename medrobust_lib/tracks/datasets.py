@@ -30,7 +30,7 @@ def resolve_datasets(suite: Suite) -> list[DatasetConfig]:
             raise FileNotFoundError(f"demo data not built at {manifest.parent}: materialize 'demo_data' first")
         configs.extend(json.loads(manifest.read_text())["datasets"])
     configs.extend(suite.datasets)
-    out = [DatasetConfig(**c) for c in configs]
+    out = [DatasetConfig(**{"max_pixels": suite.max_pixels, **c}) for c in configs]
     names = [c.name for c in out]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:

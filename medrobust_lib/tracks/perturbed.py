@@ -11,7 +11,7 @@ import pandas as pd
 
 from medrobust_lib.config import Suite
 from medrobust_lib.data.sample import Sample, SampleRef
-from medrobust_lib.perturb.engine import MANIFEST_COLUMNS, ChunkSpec, run_chunks
+from medrobust_lib.perturb.engine import MANIFEST_COLUMNS, NOT_APPLICABLE, ChunkSpec, run_chunks
 from medrobust_lib.perturb.spec import get_perturbation, list_perturbations
 from medrobust_lib.store import results
 from medrobust_lib.tracks.datasets import load_clean_samples
@@ -35,6 +35,7 @@ class PerturbSummary:
     level: int
     n_rows: int = 0
     n_error: int = 0
+    n_not_applicable: int = 0
     n_reached: int = 0
     n_reachable_rows: int = 0
     n_reachable_reached: int = 0
@@ -66,7 +67,13 @@ def build_perturbed(
     """Calibrate every applicable type on every selected sample of ``modality`` at ``level`` and
     write the manifest partition. Chunks already on disk with a matching fingerprint are reused
     (resume); stale chunks are removed; the partition ends with exactly one row per
-    (sample, type)."""
+    (sample, type).
+
+    A dataset's types are those applying to any of its samples (a folder of grayscale and RGB
+    images gets the RGB-only types too; their rows for grayscale samples are ``not_applicable``).
+    No row vanishes: a sample that fails to load becomes an ``error`` row in every chunk of its
+    dataset, also when every sample of the dataset fails (then the chunks hold only error rows,
+    for the types of the channel counts recorded in the clean index)."""
     cfg = suite.perturbations
     band = cfg.bands[level]
     part = {"modality": modality, "level": level}
@@ -79,10 +86,15 @@ def build_perturbed(
     todo: list[ChunkSpec] = []
     expected: list[str] = []
     types_seen: set[str] = set()
+    failed_only: dict[str, list[str]] = {}
     for ds, samples in sorted(samples_by_ds.items()):
         if not samples:
+            if any(d == ds for d, _, _ in load_errors):
+                failed_only[ds] = dataset_types(suite, modality, _index_channels(suite, modality, ds))
+                types_seen.update(failed_only[ds])
+                expected.extend(f"{ds}__{t}" for t in failed_only[ds])
             continue
-        types = selected_types(suite, modality, samples[0].n_channels)
+        types = dataset_types(suite, modality, {s.n_channels for s in samples})
         types_seen.update(types)
         for t in types:
             ch = ChunkSpec(ds, modality, t, level, band, suite.seed, cfg.calibration_subset)
@@ -107,11 +119,39 @@ def build_perturbed(
 
     for _ in run_chunks(todo, samples_by_ds, workers=workers or suite.workers, on_done=write):
         pass
+    for ds, types in failed_only.items():  # every sample failed: the error rows still reach the mart
+        errs = [(ref, exc) for d, ref, exc in load_errors if d == ds]
+        for t in types:
+            ch = ChunkSpec(ds, modality, t, level, band, suite.seed, cfg.calibration_subset)
+            rows = [_error_row(ch, ref, exc) for ref, exc in errs]
+            fp = results.fingerprint({"version": CALIBRATION_VERSION, "chunk": ch.__dict__, "errors": rows})
+            path = results.chunk_path(suite.results_dir, MANIFEST_TABLE, part, f"{ds}__{t}")
+            results.write_chunk(path, rows, fp, columns=MANIFEST_COLUMNS)
+            summary.chunks_computed += 1
     results.finalize_partition(suite.results_dir, MANIFEST_TABLE, part, expected)
     df = results.read_partition(suite.results_dir, MANIFEST_TABLE, part)
     _summarize(df, summary)
     summary.types = sorted(types_seen)
     return summary
+
+
+def dataset_types(suite: Suite, modality: str, channel_counts: set[int]) -> list[str]:
+    """The selected types applying to any of the channel counts present in a dataset, sorted."""
+    out: set[str] = set()
+    for n in channel_counts or {1}:
+        out.update(selected_types(suite, modality, n))
+    return sorted(out)
+
+
+def _index_channels(suite: Suite, modality: str, dataset: str) -> set[int]:
+    """Channel counts the clean index recorded for the dataset's usable samples."""
+    from medrobust_lib.tracks.datasets import CLEAN_TABLE
+
+    idx = results.read_partition(suite.results_dir, CLEAN_TABLE, {"modality": modality})
+    if idx.empty:
+        return set()
+    ch = idx.loc[(idx["dataset"] == dataset) & (idx["status"] == "ok"), "channels"].dropna()
+    return {int(c) for c in ch}
 
 
 def _error_row(ch: ChunkSpec, ref: SampleRef, exc: Exception) -> dict[str, Any]:
@@ -130,7 +170,8 @@ def _summarize(df: pd.DataFrame, s: PerturbSummary) -> None:
         return
     ok = df[df["status"] == "ok"]
     s.n_rows = len(df)
-    s.n_error = int((df["status"] != "ok").sum())
+    s.n_not_applicable = int((df["status"] == NOT_APPLICABLE).sum())
+    s.n_error = int((~df["status"].isin(["ok", NOT_APPLICABLE])).sum())
     s.n_reached = int(ok["band_reached"].sum())
     # A band is out of reach for one output when even the strongest strength stays above it;
     # the hit rate is taken over the other outputs (the "reachable" ones).

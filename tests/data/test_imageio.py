@@ -194,13 +194,13 @@ def test_zero_byte_is_empty_file(tmp_path: Path, name: str) -> None:
 
 
 @pytest.mark.parametrize("ext", [".png", ".jpg"])
-def test_truncated_is_unreadable(tmp_path: Path, ext: str) -> None:
+def test_truncated_is_quarantined_as_truncated(tmp_path: Path, ext: str) -> None:
     Image.fromarray(u8((40, 50, 3), "trunc")).save(tmp_path / f"full{ext}")
     data = (tmp_path / f"full{ext}").read_bytes()
     (tmp_path / f"cut{ext}").write_bytes(data[: len(data) // 2])
     with pytest.raises(SampleError) as e:
         read_image(tmp_path / f"cut{ext}")
-    assert e.value.reason == "unreadable_image"
+    assert e.value.reason == "truncated"
 
 
 def test_garbage_and_float_tiff_are_unreadable(tmp_path: Path) -> None:

@@ -221,7 +221,7 @@ def test_secrets_only_from_the_environment(services: dict[str, Any], env_example
         assert isinstance(env, dict), f"{name}: use the mapping form for environment"
         for key, value in env.items():
             if _CREDENTIAL_KEY.search(key):
-                assert re.fullmatch(r"\$\{[A-Z_]+(:[?-][^}]*)?\}", str(value)), f"{name}.{key} = {value!r}"
+                assert re.fullmatch(r"\$\{[A-Z0-9_]+(:[?-][^}]*)?\}", str(value)), f"{name}.{key} = {value!r}"
     for key, value in env_example.items():
         if _CREDENTIAL_KEY.search(key):
             assert "change-me" in value, f".env.example {key} must be a placeholder"
@@ -230,7 +230,7 @@ def test_secrets_only_from_the_environment(services: dict[str, Any], env_example
 
 def test_dockerfile_targets_and_torch_index(services: dict[str, Any]) -> None:
     dockerfile = (COMPOSE_DIR / "Dockerfile").read_text()
-    assert "ARG PYTHON_IMAGE=python:3.11-slim" in dockerfile
+    assert "ARG PYTHON_IMAGE=python:3.11.13-slim" in dockerfile
     targets = set(re.findall(r"^FROM \S+ AS (\S+)$", dockerfile, flags=re.MULTILINE))
     for name, service in services.items():
         if "build" in service:
@@ -379,6 +379,7 @@ def test_slurm_job_script(jobqueue: dict[str, Any], dask_run_config: dict[str, A
     """The worker job the Dask executor would submit, built exactly as it builds the cluster
     (with n_workers=0, so nothing is submitted)."""
     monkeypatch.chdir(tmp_path)  # log-directory is created relative to the working directory
+    (tmp_path / jobqueue["shared-temp-directory"]).mkdir(parents=True)  # TLS credentials (launch.sh makes it)
     cluster_config = {**dask_run_config["execution"]["config"]["cluster"]["slurm"], "n_workers": 0,
                       "scheduler_options": {"host": "127.0.0.1", "dashboard": False}}
     kwargs = DaskExecutor("slurm", cluster_config).build_dict("__ASSET_JOB")
