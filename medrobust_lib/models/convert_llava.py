@@ -283,7 +283,9 @@ def convert_llava(src: str | Path, dst: str | Path, *, vision_tower: str | Path 
         tok.pad_token = tok.unk_token if tok.unk_token is not None else tok.eos_token
         notes.append(f"pad token = {tok.pad_token} (the llava code base pads with unk)")
     tok.add_tokens([IMAGE_TOKEN], special_tokens=True)
-    image_id = int(tok.convert_tokens_to_ids(IMAGE_TOKEN))
+    image_id = tok.convert_tokens_to_ids(IMAGE_TOKEN)
+    if not isinstance(image_id, int):
+        raise NotConvertible(f"the tokenizer maps {IMAGE_TOKEN} to {image_id!r}, not one id")
     text_cfg = _text_config(cfg, model_type)
     n_vocab = max(int(text_cfg.vocab_size), len(tok))
     if n_vocab > text_cfg.vocab_size:

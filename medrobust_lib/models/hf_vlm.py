@@ -130,8 +130,8 @@ class HFVisionLanguageModel:
         elif rule == "aspect" and kwargs.get("aspect_ratio_ids") is not None:
             self.n_vision_calls += int((kwargs["aspect_ratio_ids"] > 0).sum())
         elif rule == "pixels":
-            pixels = args[0] if args else kwargs.get("pixel_values")
-            self.n_vision_calls += int(pixels.shape[0]) if hasattr(pixels, "shape") else self._batch_images
+            pixels: Any = args[0] if args else kwargs.get("pixel_values")
+            self.n_vision_calls += int(pixels.shape[0]) if isinstance(pixels, torch.Tensor) else self._batch_images
         else:
             self.n_vision_calls += self._batch_images
 
