@@ -205,3 +205,24 @@ def test_lora_trains_the_language_model_and_reloads(twin_folders: dict[str, Path
     for r, g in zip(ref, got, strict=True):
         assert g["yes"] == pytest.approx(r["yes"], abs=1e-4) and g["no"] == pytest.approx(r["no"], abs=1e-4)
     assert max(abs(g["yes"] - o["yes"]) for g, o in zip(got, orig, strict=True)) > 1e-3
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_training_prompt_is_the_evaluation_prompt(twin_folders: dict[str, Path], arch: str) -> None:
+    """The trainer's prompt tokens (image placeholder expanded for that image's size) equal what the
+    evaluation adapter feeds the model, and the sequence-aligned extras cover prompt + answer."""
+    from medrobust_lib.finetune.vlm_train import IGNORE, encode_examples
+
+    vlm = _vlm(twin_folders, arch)
+    imgs = _images()
+    ex = [VLMExample(f"img{i}", imgs[i], Q, "yes") for i in range(3)] + [VLMExample("none", None, Q, "no")]
+    enc = encode_examples(vlm.processor, ex, vlm.model.config.model_type)
+    for i, e in enumerate(ex):
+        ref = vlm._inputs([e.image], [Q])
+        n = int(ref["attention_mask"][0].sum())
+        prompt = ref["input_ids"][0, -n:].tolist()
+        assert enc.ids[i][: len(prompt)].tolist() == prompt
+        assert (enc.labels[i][: len(prompt)] == IGNORE).all() and (enc.labels[i][len(prompt):] != IGNORE).all()
+        for key, v in enc.seq_extras[i].items():
+            assert v.shape[0] == len(enc.ids[i]), key
+    assert enc.image_row == [0, 1, 2, -1]
