@@ -435,6 +435,34 @@ def report(
     typer.echo(str(summary.html))
 
 
+convert_app = typer.Typer(no_args_is_help=True, help="Convert released checkpoints to loadable layouts.")
+app.add_typer(convert_app, name="convert")
+
+
+@convert_app.command("llava")
+def convert_llava_cmd(
+    src: Annotated[Path, typer.Argument(help="original llava-layout checkpoint folder (LLaVA-Med, LLaVA-Rad)")],
+    dst: Annotated[Path, typer.Argument(help="output folder (transformers LLaVA, safetensors)")],
+    vision_tower: Annotated[Path | None, typer.Option(help="local transformers CLIP folder of the tower named by "
+                                                           "mm_vision_tower")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="replace files in a non-empty DST")] = False,
+) -> None:
+    """Original `llava` code-base checkpoint -> transformers LlavaForConditionalGeneration folder
+    (exit 2, nothing written, when it cannot be converted faithfully; the message says why)."""
+    from medrobust_lib.models.convert_llava import NotConvertible, convert_llava, describe
+
+    try:
+        rep = convert_llava(src, dst, vision_tower=vision_tower, overwrite=overwrite)
+    except NotConvertible as exc:
+        _echo(f"error: {src} cannot be converted faithfully: {exc}")
+        raise typer.Exit(2) from None
+    except (FileNotFoundError, FileExistsError) as exc:
+        _echo(f"error: {exc}")
+        raise typer.Exit(2) from None
+    for line in describe(rep):
+        typer.echo(line)
+
+
 def main() -> Any:  # pragma: no cover
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     return app()

@@ -33,20 +33,16 @@ from medrobust_lib.finetune.vlm_train import (
     mean_loss,
     train_vlm,
 )
+from medrobust_lib.models.vlm_conventions import LM_PROJ_REGEX as _LM_PROJ_REGEX
 from medrobust_lib.seeding import scoped_torch_seed
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 TRAINING_JSON = "training.json"
 
-# Full-match (peft's semantics for a string ``target_modules``) over module names of the base model.
-# transformers 5 LLaVA/Gemma3: ``model.language_model.layers.0.self_attn.q_proj``; transformers 4:
-# ``language_model.model.layers.0.self_attn.q_proj``. Vision towers live under ``vision_tower`` and
-# projectors under ``multi_modal_projector``, neither under ``language_model``, so they never match.
-LM_PROJ_REGEX = (
-    r"(?:.*\.)?language_model\.(?:model\.)?layers\.\d+\."
-    r"(?:self_attn\.(?:q_proj|k_proj|v_proj|o_proj)|mlp\.(?:gate_proj|up_proj|down_proj))"
-)
+# The language model's projections, for every architecture of the conventions table (its docstring
+# lists the module names per family); vision towers and projectors never match.
+LM_PROJ_REGEX = _LM_PROJ_REGEX
 
 
 @dataclass(frozen=True)
@@ -144,8 +140,9 @@ def finetune_lora(model: Any, processor: Any, train_examples: Sequence[VLMExampl
         raise ValueError("LoRA fine-tuning needs training and validation examples")
     peft_model = apply_lora(model, settings, seed=train_cfg.seed)
     summary = trainable_summary(peft_model)
-    train_set = encode_examples(processor, train_examples)
-    val_set = encode_examples(processor, val_examples)
+    model_type = getattr(getattr(_base(model), "config", None), "model_type", None)
+    train_set = encode_examples(processor, train_examples, model_type)
+    val_set = encode_examples(processor, val_examples, model_type)
     pad_id = int(processor.tokenizer.pad_token_id)
     initial = mean_loss(peft_model, val_set, pad_id)  # LoRA B starts at zero: the base model's loss
     with scoped_torch_seed(train_cfg.seed, "lora-train", module=peft_model):

@@ -58,16 +58,28 @@ class VLMTrainConfig:
     seed: int = 0
 
 
+SEQ_KEYS = ("token_type_ids", "mm_token_type_ids", "cross_attention_mask")
+"""Processor outputs aligned with the token sequence, shape (1, L, ...): Gemma 3 / PaliGemma
+``token_type_ids``, Qwen2-VL ``mm_token_type_ids``, Mllama ``cross_attention_mask``. Every other
+non-text output (``pixel_values``, ``image_grid_thw``, ``image_sizes``, ``pixel_attention_mask``,
+``aspect_ratio_ids``, ...) belongs to the image."""
+
+
 @dataclass
 class EncodedSet:
     """Tokenised examples: ``ids[i]`` int64 (L_i,), ``labels[i]`` int64 (L_i,) with -100 on the
-    prompt; ``image_row[i]`` indexes ``pixel_values`` (n_images, 3, S, S) float32, -1 = no image."""
+    prompt; ``image_row[i]`` indexes ``image_inputs`` (-1 = no image), whose entries are the
+    processor's image tensors for one image (leading dimension of one image: e.g. LLaVA
+    ``pixel_values`` (1, 3, S, S), Qwen2-VL (patches, D) with ``image_grid_thw`` (1, 3));
+    ``seq_extras[i]`` holds the sequence-aligned tensors of example i, (L_i, ...)."""
 
     ids: list[torch.Tensor]
     labels: list[torch.Tensor]
     image_row: list[int]
-    pixel_values: torch.Tensor | None
+    image_inputs: list[dict[str, torch.Tensor]]
     tasks: list[str]
+    seq_extras: list[dict[str, torch.Tensor]] = field(default_factory=list)
+    per_sample_images: bool = False
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -89,52 +101,105 @@ def _rgb_u8(image: np.ndarray) -> np.ndarray:
     return np.repeat(u8[..., None], 3, axis=2) if u8.ndim == 2 else u8
 
 
-def chat_prompt(processor: Any, question: str, with_image: bool) -> str:
-    """The generation prompt for one user turn (the same template evaluation uses)."""
-    content: list[dict[str, str]] = [{"type": "image"}] if with_image else []
-    content.append({"type": "text", "text": question})
-    return str(processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True))
+def _conventions(processor: Any, model_type: str | None) -> Any:
+    from medrobust_lib.models.vlm_conventions import conventions_for
+
+    return conventions_for(model_type or _model_type_of(processor))
 
 
-def encode_examples(processor: Any, examples: Sequence[VLMExample]) -> EncodedSet:
-    """Tokenise every example once and compute pixel values once per distinct image key."""
+def _model_type_of(processor: Any) -> str:
+    """The architecture family from the processor class (LlavaProcessor -> llava); the trainer has
+    no model config at hand. Unknown processors get LLaVA-like conventions."""
+    from medrobust_lib.models.vlm_conventions import CONVENTIONS
+
+    name = type(processor).__name__.lower().replace("_", "").removesuffix("processor")
+    for conv in CONVENTIONS:
+        for t in conv.model_types:
+            if name == t.replace("_", ""):
+                return t
+    return name
+
+
+def chat_prompt(processor: Any, question: str, with_image: bool, model_type: str | None = None) -> str:
+    """The generation prompt for one user turn (the same prompt evaluation uses)."""
+    from medrobust_lib.models.vlm_conventions import prompt_text
+
+    return prompt_text(processor, _conventions(processor, model_type), question, with_image)
+
+
+def encode_examples(processor: Any, examples: Sequence[VLMExample], model_type: str | None = None) -> EncodedSet:
+    """Tokenise every example once and run the image processor once per distinct image key.
+
+    The prompt is the one evaluation uses, encoded by the processor with the image, so the image
+    placeholder expands to the architecture's token count for that image size (fixed for LLaVA,
+    size-dependent for Qwen2-VL's pixel budget, LLaVA-NeXT's anyres, Idefics3's tiles, Mllama's
+    tiles). Answer tokens extend the sequence-aligned outputs (``SEQ_KEYS``): token types take the
+    family's ``answer_token_type`` (PaliGemma: 1, the causal suffix), Mllama's cross-attention mask
+    repeats its last row (answers see the image like the prompt's end does)."""
+    from medrobust_lib.models.vlm_conventions import encode_prompts, prompt_text
+
+    conv = _conventions(processor, model_type)
     tok = processor.tokenizer
     keys: dict[str, int] = {}
-    pics: list[np.ndarray] = []
+    image_inputs: list[dict[str, torch.Tensor]] = []
     ids: list[torch.Tensor] = []
     labels: list[torch.Tensor] = []
+    extras: list[dict[str, torch.Tensor]] = []
     rows: list[int] = []
-    prompt_cache: dict[tuple[str, bool], list[int]] = {}
+    prompt_cache: dict[tuple[str, bool, tuple[int, ...]], tuple[list[int], dict[str, torch.Tensor]]] = {}
     for ex in examples:
         with_image = ex.image is not None
-        ck = (ex.question, with_image)
-        if ck not in prompt_cache:
-            text = chat_prompt(processor, ex.question, with_image)
-            if with_image:  # the processor expands the image placeholder into the image tokens
-                dummy = np.zeros((8, 8, 3), np.uint8)
-                enc = processor(text=[text], images=[dummy], return_tensors="pt")
-            else:
-                enc = processor(text=[text], return_tensors="pt")
-            prompt_cache[ck] = enc["input_ids"][0].tolist()
-        prompt = prompt_cache[ck]
+        pic = _rgb_u8(np.asarray(ex.image)) if ex.image is not None else None
+        # the prompt's tokens depend on the image's size, never on its pixels
+        ck = (ex.question, with_image, tuple(pic.shape[:2]) if pic is not None else ())
+        new_image = pic is not None and ex.image_key not in keys
+        if ck not in prompt_cache or new_image:
+            text = prompt_text(processor, conv, ex.question, with_image)
+            enc = encode_prompts(processor, conv, [text], [pic] if pic is not None else None)
+            seq = {k: enc[k][0] for k in SEQ_KEYS if k in enc}
+            prompt_cache.setdefault(ck, (enc["input_ids"][0].tolist(), seq))
+            if new_image:
+                keys[ex.image_key] = len(image_inputs)
+                image_inputs.append({k: v for k, v in enc.items()
+                                     if k not in SEQ_KEYS and k not in ("input_ids", "attention_mask")})
+        prompt, seq = prompt_cache[ck]
         answer = tok(ex.answer, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         ids.append(torch.tensor(prompt + answer, dtype=torch.long))
         labels.append(torch.tensor([IGNORE] * len(prompt) + answer, dtype=torch.long))
-        if with_image:
-            if ex.image_key not in keys:
-                keys[ex.image_key] = len(pics)
-                assert ex.image is not None
-                pics.append(_rgb_u8(np.asarray(ex.image)))
-            rows.append(keys[ex.image_key])
-        else:
-            rows.append(-1)
-    pv = processor.image_processor(pics, return_tensors="pt")["pixel_values"] if pics else None
-    return EncodedSet(ids, labels, rows, pv, [ex.task for ex in examples])
+        extras.append({k: _extend(k, v, len(answer), conv.answer_token_type) for k, v in seq.items()})
+        rows.append(keys[ex.image_key] if pic is not None else -1)
+    return EncodedSet(ids, labels, rows, image_inputs, [ex.task for ex in examples], extras,
+                      conv.per_sample_images)
+
+
+def _extend(key: str, value: torch.Tensor, n: int, answer_token_type: int | None) -> torch.Tensor:
+    """A sequence-aligned tensor (L, ...) extended by ``n`` answer positions."""
+    if key == "cross_attention_mask":
+        tail = value[-1:].expand(n, *value.shape[1:])
+    elif key == "token_type_ids":
+        tail = torch.full((n, *value.shape[1:]), answer_token_type or 0, dtype=value.dtype)
+    else:
+        tail = torch.zeros((n, *value.shape[1:]), dtype=value.dtype)
+    return torch.cat([value, tail], dim=0)
+
+
+def _stack_padded(parts: list[torch.Tensor]) -> torch.Tensor:
+    """Concatenate along dim 0, zero-padding the other dimensions to their maximum (LLaVA-NeXT
+    patches and Idefics3 tiles differ in number per image; zero tiles are padding to both)."""
+    shape = [max(p.shape[d] for p in parts) for d in range(1, parts[0].dim())]
+    padded = []
+    for p in parts:
+        if list(p.shape[1:]) != shape:
+            q = p.new_zeros((p.shape[0], *shape))
+            q[tuple(slice(0, s) for s in p.shape)] = p
+            p = q
+        padded.append(p)
+    return torch.cat(padded, dim=0)
 
 
 def collate(data: EncodedSet, idx: Sequence[int], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded batch: input_ids, attention_mask, labels, and pixel_values for the examples
-    that have an image (in batch order)."""
+    """Right-padded batch: input_ids, attention_mask, labels, the sequence-aligned extras, and the
+    image tensors of the examples that have an image (in batch order)."""
     n = max(len(data.ids[i]) for i in idx)
     input_ids = torch.full((len(idx), n), pad_id, dtype=torch.long)
     labels = torch.full((len(idx), n), IGNORE, dtype=torch.long)
@@ -146,9 +211,20 @@ def collate(data: EncodedSet, idx: Sequence[int], pad_id: int) -> dict[str, torc
         mask[r, :k] = 1
     out = {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
     img = [data.image_row[i] for i in idx if data.image_row[i] >= 0]
+    if img and data.per_sample_images and len(img) != len(idx):
+        raise ValueError("this architecture lays image tensors out per prompt (Mllama): a training batch cannot mix "
+                         "examples with and without an image")
+    extras = [data.seq_extras[i] if data.seq_extras else {} for i in idx]
+    for key in dict.fromkeys(k for e in extras for k in e):  # union, in first-seen order; absent = zeros
+        first = next(e[key] for e in extras if key in e)
+        t = first.new_zeros((len(idx), n, *first.shape[1:]))
+        for r, e in enumerate(extras):
+            if key in e:
+                t[r, : e[key].shape[0]] = e[key]
+        out[key] = t
     if img:
-        assert data.pixel_values is not None
-        out["pixel_values"] = data.pixel_values[img]
+        for key in data.image_inputs[img[0]]:
+            out[key] = _stack_padded([data.image_inputs[r][key] for r in img])
     return out
 
 

@@ -1,9 +1,13 @@
-"""Local Hugging Face vision-language models (LLaVA-style, Gemma3-style) behind one adapter.
+"""Local Hugging Face vision-language models (LLaVA, LLaVA-NeXT, Gemma 3, Qwen2-VL, Qwen2.5-VL,
+Idefics3/SmolVLM, PaliGemma, Mllama) behind one adapter.
 
 Loaded with ``AutoModelForImageTextToText`` + ``AutoProcessor`` from a local folder, or from the
 local Hugging Face cache by hub id with ``local_files_only=True``: nothing is downloaded at run
-time. Prompts go through the processor's chat template. Decoding is greedy. Batches are
-left-padded so greedy outputs do not depend on the batch composition.
+time. Prompts go through the processor's chat template. Decoding is greedy (the release's
+generation config is neutralised). Batches are left-padded so greedy outputs do not depend on the
+batch composition. What differs per architecture (images nested per prompt, prompt layout without
+a chat template, how the vision encoder's images are counted, ...) is read from
+:mod:`medrobust_lib.models.vlm_conventions`.
 
 Images: float32 in [0, 1], (H, W) grayscale (replicated to RGB for the processor) or (H, W, 3), or
 ``None`` for a text-only prompt (the image-removal baseline of the safety taxonomy).
@@ -17,6 +21,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from medrobust_lib.models.vlm_conventions import conventions_for, encode_prompts, prompt_text
 
 
 class ModelNotAvailable(FileNotFoundError):
@@ -64,10 +70,13 @@ class HFVisionLanguageModel:
         tok.padding_side = "left"
         if tok.pad_token is None:
             tok.pad_token = tok.eos_token
+        self.conventions = conventions_for(str(getattr(self.model.config, "model_type", "")))
+        self._neutralise_generation_config()
         self.n_vision_calls = 0
-        tower = getattr(self.model, "vision_tower", None) or getattr(self.model.model, "vision_tower", None)
+        self._batch_images = 0  # images of the batch now in the model (the "batch" count)
+        tower = self._vision_module()
         if tower is not None:
-            tower.register_forward_hook(self._count_vision)
+            tower.register_forward_pre_hook(self._count_vision, with_kwargs=True)
 
     @staticmethod
     def _adapter_weights(adapter: str | Path) -> Path:
@@ -103,26 +112,53 @@ class HFVisionLanguageModel:
         self.adapter_hash = h.hexdigest()[:16]
         return merged.eval()
 
-    def _count_vision(self, module: Any, args: Any, output: Any) -> None:
-        self.n_vision_calls += int(args[0].shape[0]) if args and hasattr(args[0], "shape") else 1
+    def _vision_module(self) -> Any:
+        name = self.conventions.vision_module
+        for owner in (self.model, getattr(self.model, "model", None)):
+            module = getattr(owner, name, None) if owner is not None else None
+            if isinstance(module, torch.nn.Module):
+                return module
+        return None
+
+    def _count_vision(self, module: Any, args: Any, kwargs: dict[str, Any]) -> None:
+        """Forward pre-hook on the vision encoder: adds the number of images it encodes now
+        (the family's ``count`` rule, see :mod:`medrobust_lib.models.vlm_conventions`)."""
+        rule = self.conventions.count
+        if rule == "grid":
+            grid = kwargs.get("grid_thw", args[1] if len(args) > 1 else None)
+            self.n_vision_calls += int(grid.shape[0]) if grid is not None else self._batch_images
+        elif rule == "aspect" and kwargs.get("aspect_ratio_ids") is not None:
+            self.n_vision_calls += int((kwargs["aspect_ratio_ids"] > 0).sum())
+        elif rule == "pixels":
+            pixels: Any = args[0] if args else kwargs.get("pixel_values")
+            self.n_vision_calls += int(pixels.shape[0]) if isinstance(pixels, torch.Tensor) else self._batch_images
+        else:
+            self.n_vision_calls += self._batch_images
+
+    def _neutralise_generation_config(self) -> None:
+        """Greedy decoding whatever the release's ``generation_config.json`` says (sampling,
+        temperature, top-k/p, repetition penalty would make answers non-greedy or warn)."""
+        gc = getattr(self.model, "generation_config", None)
+        if gc is None:
+            return
+        gc.do_sample = False
+        for name, neutral in (("temperature", 1.0), ("top_p", 1.0), ("top_k", 50), ("repetition_penalty", 1.0)):
+            if getattr(gc, name, None) is not None:
+                setattr(gc, name, neutral)
 
     # ---- prompts ---------------------------------------------------------------------------
     def chat_prompt(self, question: str, with_image: bool) -> str:
-        content: list[dict[str, str]] = [{"type": "image"}] if with_image else []
-        content.append({"type": "text", "text": question})
-        return str(self.processor.apply_chat_template([{"role": "user", "content": content}],
-                                                      add_generation_prompt=True))
+        """The prompt text for one user turn (the family's chat template, or its prompt layout)."""
+        return prompt_text(self.processor, self.conventions, question, with_image)
 
     def _inputs(self, images: Sequence[np.ndarray | None], prompts: Sequence[str]) -> Any:
         with_image = images[0] is not None
         if any((im is not None) != with_image for im in images):
             raise ValueError("a batch must be all image prompts or all text-only prompts")
         texts = [self.chat_prompt(p, with_image) for p in prompts]
-        if with_image:
-            pics = [_to_uint8_rgb(np.asarray(im)) for im in images if im is not None]
-            batch = self.processor(images=pics, text=texts, return_tensors="pt", padding=True)
-        else:
-            batch = self.processor(text=texts, return_tensors="pt", padding=True)
+        pics = [_to_uint8_rgb(np.asarray(im)) for im in images if im is not None] if with_image else None
+        batch = encode_prompts(self.processor, self.conventions, texts, pics)
+        self._batch_images = len(pics) if pics is not None else 0
         return batch.to(self.device)
 
     @staticmethod
@@ -194,18 +230,20 @@ class HFVisionLanguageModel:
         pic = _to_uint8_rgb(np.asarray(image))
         first = self._inputs([image], [prompts[0]])
         feats = self.model.model.get_image_features(pixel_values=first["pixel_values"], return_dict=True)
-        per_image = list(feats.pooler_output)
+        pooled = feats.pooler_output  # LLaVA: one tensor per image; Gemma 3, PaliGemma: (1, T, D)
         out: list[dict[str, float]] = []
         for s in range(0, len(prompts), batch_size):
             chunk = list(prompts[s : s + batch_size])
             texts = [self.chat_prompt(p, True) for p in chunk]
             # tokenise with the image placeholder expanded, but without computing pixels again
-            batch = self.processor(images=[pic] * len(chunk), text=texts, return_tensors="pt", padding=True)
+            batch = encode_prompts(self.processor, self.conventions, texts, [pic] * len(chunk))
             batch.pop("pixel_values", None)
             batch = batch.to(self.device)
             from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-            mm = {"image": BaseModelOutputWithPooling(pooler_output=per_image * len(chunk))}  # type: ignore[arg-type]
+            rep = (pooled.repeat(len(chunk), *([1] * (pooled.dim() - 1))) if isinstance(pooled, torch.Tensor)
+                   else list(pooled) * len(chunk))
+            mm = {"image": BaseModelOutputWithPooling(pooler_output=rep)}  # type: ignore[arg-type]
             logits = self.model(**batch, mm_encoder_outputs=mm).logits[:, -1, :].float()
             logp = torch.log_softmax(logits, dim=-1)[:, ids].cpu().numpy()
             out.extend({o: float(logp[r, k]) for k, o in enumerate(options)} for r in range(len(chunk)))
@@ -215,5 +253,5 @@ class HFVisionLanguageModel:
         import inspect
 
         inner = getattr(self.model, "model", None)
-        return (inner is not None and hasattr(inner, "get_image_features")
+        return (self.conventions.reuse_encoder and inner is not None and hasattr(inner, "get_image_features")
                 and "mm_encoder_outputs" in inspect.signature(inner.forward).parameters)
