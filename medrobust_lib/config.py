@@ -71,6 +71,9 @@ class Suite(BaseModel):
     demo: DemoConfig = Field(default_factory=lambda: DemoConfig())
     datasets: list[dict[str, Any]] = Field(default_factory=list, description="DatasetConfig fields")
     perturbations: PerturbationConfig = Field(default_factory=lambda: PerturbationConfig())
+    max_error_share: float = Field(default=0.02, ge=0.0, le=1.0, description=(
+        "largest share of infrastructure errors (outcome 'error') a VLM or taxonomy partition may have and "
+        "still count as complete; above it the partition fails its check and is left out of the mart views"))
 
     @field_validator("modalities")
     @classmethod
