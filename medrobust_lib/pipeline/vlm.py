@@ -34,7 +34,7 @@ from medrobust_lib.pipeline.vlm_config import (
 )
 from medrobust_lib.pipeline.vlm_runner import Answer, Runner
 from medrobust_lib.pipeline.vlm_schema import COLUMN_NAMES, VLM_TABLE
-from medrobust_lib.store import results
+from medrobust_lib.store import rerun, results
 from medrobust_lib.store.completeness import ERROR_OUTCOME
 
 EVAL_VERSION = 1
@@ -95,41 +95,17 @@ def _with_answer(r: dict[str, Any], a: Answer, scored: dict[str, Any]) -> dict[s
     return r
 
 
-def _key(r: Mapping[str, Any]) -> tuple[str, ...]:
-    return tuple(str(r[k]) for k in ROW_KEY)
-
-
 def _item_key(it: VLMItem, perturbation: str) -> tuple[str, ...]:
+    """:data:`ROW_KEY` of the row an item gets under ``perturbation`` (prompt 0, image mode image)."""
     return (it.task, it.dataset, it.sample_id, it.record_id, "0", "image", perturbation)
 
 
 def _reusable(suite: Suite, partition: Mapping[str, object], fp: str) -> dict[tuple[str, ...], dict[str, Any]]:
-    """Rows of the partition's chunks stored with fingerprint ``fp`` whose outcome is not ``error``,
-    by :func:`_key` (partition columns restored)."""
-    import pandas as pd
-    import pyarrow.parquet as pq
-
-    folder = results.partition_dir(suite.results_dir, VLM_TABLE, partition)
-    out: dict[tuple[str, ...], dict[str, Any]] = {}
-    for f in sorted(folder.glob("*.parquet")) if folder.is_dir() else []:
-        if results.read_chunk_fingerprint(f) != fp:
-            continue
-        df = pq.read_table(f).to_pandas()
-        df = df[df["outcome"] != ERROR_OUTCOME].astype(object).where(pd.notna, None)
-        for rec in df.to_dict("records"):
-            r: dict[str, Any] = dict.fromkeys(COLUMN_NAMES)
-            r.update({str(k): v for k, v in rec.items() if k in r})
-            r.update(partition)
-            r.pop("run", None)
-            out[_key(r)] = r
-    return out
+    return rerun.reusable_rows(suite.results_dir, VLM_TABLE, partition, fp, COLUMN_NAMES, ROW_KEY)
 
 
 def _merge(kept: dict[tuple[str, ...], dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Kept rows plus new rows, one per key (a new row replaces a kept one)."""
-    merged = dict(kept)
-    merged.update((_key(r), r) for r in new)
-    return list(merged.values())
+    return rerun.merge_rows(kept, new, ROW_KEY)
 
 
 def _judge(judge: Runner, pairs: list[tuple[VLMItem, dict[str, Any]]]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -30,6 +31,8 @@ class _Fake(BaseHTTPRequestHandler):
     organ_fails = True
     """Whether the anatomy questions ("Which organ ...") get HTTP 500 (an outage of part of the service)."""
     organ_hits = 0
+    fail_with_image: str | None = None
+    """Requests with an image whose text contains this string get HTTP 500."""
     lock = threading.Lock()
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
@@ -42,7 +45,9 @@ class _Fake(BaseHTTPRequestHandler):
         content = body["messages"][-1]["content"]
         text = next(p["text"] for p in content if p["type"] == "text") if isinstance(content, list) else content
         status, payload = 200, None
-        if text.startswith("A model answered a multiple-choice question"):
+        if _Fake.fail_with_image is not None and isinstance(content, list) and _Fake.fail_with_image in text:
+            status, payload = 500, {"error": "overloaded"}
+        elif text.startswith("A model answered a multiple-choice question"):
             payload = {"choices": [{"index": 0, "finish_reason": "stop",
                                     "message": {"role": "assistant", "content": "C"}}]}
         elif "In which part" in text:  # lesion-location MC: an answer the rules cannot parse
@@ -233,6 +238,41 @@ def test_perturbed_rerun_retries_only_the_errors(api_suite: Suite) -> None:
         assert len(df2) == len(df1) and not df2.duplicated(list(ROW_KEY)).any() and (df2["outcome"] != "error").all()
     finally:
         _Fake.organ_fails = True
+
+
+def test_taxonomy_rerun_retries_only_the_images_with_errors(api_suite: Suite) -> None:
+    """Taxonomy partitions follow the same rule: an outage on one question wording gives error rows
+    (share above the limit: incomplete); the re-run scores only the images that have an error row
+    and keeps every other row as it was."""
+    from medrobust_lib.pipeline import taxonomy as tx
+    from medrobust_lib.pipeline.vlm_config import load_items
+    from medrobust_lib.taxonomy.schema import TAXONOMY_TABLE
+
+    s = api_suite.model_copy(update={"taxonomy": {"configs": [{"id": "fake", "model": "fake-gpt"}],
+                                                  "min_paraphrases": 2, "split": "all"}})
+    part = {"config": "fake", "run": "clean", "modality": "ct", "level": 0}
+    key = list(tx.ROW_KEY)
+    tx.compute_baselines(s, "fake", "ct")
+    questions = Counter(it.question for it in load_items(s).items if it.task == "vqa_yesno" and it.modality == "ct")
+    _Fake.fail_with_image = questions.most_common(1)[0][0]  # a wording asked about several images
+    try:
+        first = tx.evaluate(s, "fake", "ct", 0)
+    finally:
+        _Fake.fail_with_image = None
+    df1 = results.read_partition(s.results_dir, TAXONOMY_TABLE, part)
+    err = df1[df1["outcome"] == "error"]
+    assert 0 < len(err) < len(df1) and first.outcomes["error"] == len(err)
+    assert not partition_error_share(s.results_dir, TAXONOMY_TABLE, part, s.max_error_share).complete
+    bad_images = set(zip(err["dataset"], err["sample_id"], strict=True))
+    again = tx.evaluate(s, "fake", "ct", 0)
+    assert again.n_images == len(bad_images) < first.n_images  # only images with an error row
+    df2 = results.read_partition(s.results_dir, TAXONOMY_TABLE, part)
+    assert len(df2) == len(df1) and not df2.duplicated(key).any() and (df2["outcome"] == "ok").all()
+    ok1 = df1[df1["outcome"] == "ok"].set_index(key).sort_index()
+    ok2 = df2.set_index(key).loc[ok1.index].sort_index()
+    pd.testing.assert_series_equal(ok2["quadrant"], ok1["quadrant"])
+    assert partition_error_share(s.results_dir, TAXONOMY_TABLE, part, s.max_error_share).complete
+    assert tx.evaluate(s, "fake", "ct", 0).n_images == 0  # nothing left to retry
 
 
 def test_api_paraphraser_feeds_the_taxonomy(api_suite: Suite, monkeypatch: pytest.MonkeyPatch) -> None:
