@@ -45,6 +45,11 @@ def run_demo(suite_path: str, *, workers: int = 0, log: Callable[[str], None] = 
         if not res.success:
             raise RuntimeError(f"materializing {label} failed; see the run in the Dagster UI (run id {res.run_id})")
         log(f"  {label:<48} {time.perf_counter() - t0:6.1f} s")
+        for ev in res.get_asset_check_evaluations():
+            if ev.check_name == "error_share" and not ev.passed:
+                share = ev.metadata.get("error_share")
+                log(f"    error_share check FAILED ({share.value if share is not None else '?'} errors): the "
+                    "partition is left out of the mart until re-run")
         return res
 
     log("== datasets")

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import pytest
 
 from medrobust_lib.pipeline.vlm_config import VLMModelConfig
 from medrobust_lib.pipeline.vlm_runner import Runner, guarded_batch, is_out_of_memory
@@ -81,3 +82,8 @@ def test_wrong_result_length_is_an_error() -> None:
     got = guarded_batch(lambda i, p: ["only one"], [None, None], ["a", "b"])
     assert [e is not None for _, _, e in got] == [True, True]
     assert "1 results for 2 prompts" in str(got[0][2])
+
+
+def test_torch_cuda_oom_class_is_recognised() -> None:
+    torch = pytest.importorskip("torch")
+    assert is_out_of_memory(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB"))
