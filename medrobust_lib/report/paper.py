@@ -202,6 +202,14 @@ def _figures(con: duckdb.DuckDBPyConnection, tables: dict[str, ReportTable], sel
     return out, skipped
 
 
+def _incomplete(con: duckdb.DuckDBPyConnection) -> str:
+    """The partitions the mart marks incomplete, ``table: model/modality/level (share)``, or none."""
+    if not pt.relation_exists(con, "incomplete_partitions"):
+        return "none"
+    rows = con.execute("select source_table, model, modality, level, error_share from incomplete_partitions").fetchall()
+    return "; ".join(f"{t}: {m}/{mo}/L{lv} ({share:.1%} errors)" for t, m, mo, lv, share in rows) or "none"
+
+
 def _families(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
     """Perturbation type -> family from ``perturbation_manifest`` ({} when absent)."""
     if not pt.relation_exists(con, "perturbation_manifest"):
@@ -231,6 +239,7 @@ def build_report(mart_path: str | Path = "var/marts.duckdb", out_dir: str | Path
         _clear_previous(out)
         fig_dir = out / "figures"
         figures, fig_skipped = _figures(con, {t.name: t for t in tables}, sel, fig_dir)
+        incomplete = _incomplete(con)
     finally:
         con.close()
 
@@ -256,6 +265,7 @@ def build_report(mart_path: str | Path = "var/marts.duckdb", out_dir: str | Path
             "all models" if sel.get("segmentation") is None
             else "all models except registry evaluations (<name>-v<version>: name them with --models)"),
     }
+    meta["Left out (error share above max_error_share; re-run them)"] = incomplete
     all_skipped = {**skipped, **fig_skipped}
     page = render_page("medrobust robustness report", meta, tables, links,
                        [Figure(p.relative_to(out).as_posix(), cap) for p, cap in figures], all_skipped)

@@ -477,3 +477,17 @@ def test_registry_evaluations_are_left_out_unless_named() -> None:
     sel = select_models(available, ["medrobust-seg-tiny-sam-lora-v3", "tiny-sam"])
     assert sel["segmentation"] == ["medrobust-seg-tiny-sam-lora-v3", "tiny-sam"] and sel["vlm"] == []
     assert select_models({k: [m for m in v if "-v" not in m] for k, v in available.items()}, None)["segmentation"] is None
+
+
+def test_page_names_the_partitions_left_out(tmp_path: Path) -> None:
+    from medrobust_lib.store.completeness import COMPLETENESS_COLUMNS
+
+    mart = make_mart(tmp_path / "m.duckdb")
+    con = duckdb.connect(str(mart))
+    con.execute(f"create table partition_completeness ({', '.join(f'{c} {t}' for c, t in COMPLETENESS_COLUMNS)})")
+    con.execute("insert into partition_completeness values ('vlm_results', 'vlm_a', 'ct', 2, 10, 0, 10, 1, 0.1, "
+                "0.02, false), ('vlm_results', 'vlm_a', 'ct', 1, 10, 0, 10, 0, 0.0, 0.02, true)")
+    con.execute(f"create view incomplete_partitions as {MART_VIEWS['incomplete_partitions']}")
+    con.close()
+    html = build_report(mart, tmp_path / "out", log_mlflow=False).html.read_text()
+    assert "vlm_results: vlm_a/ct/L2 (10.0% errors)" in html and "vlm_a/ct/L1" not in html
