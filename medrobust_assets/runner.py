@@ -179,6 +179,14 @@ def _failure_cause(res: dg.ExecuteInProcessResult) -> str:
     return "unknown cause"
 
 
+def _log_failed_checks(res: dg.ExecuteInProcessResult, log: Callable[[str], None]) -> None:
+    for ev in res.get_asset_check_evaluations():
+        if ev.check_name == "error_share" and not ev.passed:
+            share = ev.metadata.get("error_share")
+            log(f"    error_share check FAILED ({share.value if share is not None else '?'} errors): the "
+                "partition is left out of the mart until re-run")
+
+
 class StepFailed(RuntimeError):
     """A run of the plan failed: ``label`` (asset[partition]), ``cause`` (one line), ``run_id``."""
 
@@ -203,6 +211,7 @@ def run_plan(steps: list[Step], *, suite_path: str, instance: dg.DagsterInstance
         if not res.success:
             raise StepFailed(st.label, _failure_cause(res), res.run_id)
         log(f"  {st.label:<48} {time.perf_counter() - t0:6.1f} s")
+        _log_failed_checks(res, log)
 
 
 def run_suite(suite_path: str, select: list[str] | None = None, *, workers: int = 0,
@@ -239,6 +248,7 @@ def run_demo(suite_path: str, *, workers: int = 0, log: Callable[[str], None] = 
         if not res.success:
             raise StepFailed(st.label, _failure_cause(res), res.run_id)
         log(f"  {st.label:<48} {time.perf_counter() - t0:6.1f} s")
+        _log_failed_checks(res, log)
         return res
 
     if finetune_config(suite) is not None:

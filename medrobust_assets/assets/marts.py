@@ -25,7 +25,7 @@ def build_marts(extra_deps: list[Any]) -> dg.AssetsDefinition:
     )
     def marts(context: dg.AssetExecutionContext, suite: SuiteResource) -> dg.MaterializeResult:
         s = suite.load()
-        counts = build_mart(s.results_dir, s.mart_path)
+        counts = build_mart(s.results_dir, s.mart_path, s.max_error_share)
         con = connect_readonly(s.mart_path)
         try:
             summary = con.execute(
@@ -34,6 +34,9 @@ def build_marts(extra_deps: list[Any]) -> dg.AssetsDefinition:
             ranking = con.execute(
                 "select model, strategy, kind, mean_iou_drop, iou_drop_ci_low, iou_drop_ci_high, rank "
                 "from strategy_ranking").df()
+            incomplete = con.execute(
+                "select source_table, model, modality, level, n_error, n_attempted, error_share "
+                "from incomplete_partitions").df()
         finally:
             con.close()
         return dg.MaterializeResult(metadata={
@@ -41,6 +44,7 @@ def build_marts(extra_deps: list[Any]) -> dg.AssetsDefinition:
             **{f"rows_{k}": v for k, v in counts.items()},
             "perturbation_summary": markdown_table(summary),
             "strategy_ranking": markdown_table(ranking),
+            "incomplete_partitions": markdown_table(incomplete) if len(incomplete) else "none",
         })
 
     return marts

@@ -126,7 +126,7 @@ def segmentation_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinit
     @dg.asset(
         group_name="segmentation", kinds={"python", "png", "parquet"}, deps=upstream,
         description="Bootstrap CIs, paired Wilcoxon + Benjamini-Hochberg per (model, type, level) "
-                    "(table segmentation_stats) and robustness curves (metric vs level per type), logged to MLflow.",
+                    "(table segmentation_stats) and robustness curves (IoU drop vs level per type), logged to MLflow.",
     )
     def segmentation_report(context: dg.AssetExecutionContext, suite: SuiteResource,
                             tracking: TrackingResource) -> dg.MaterializeResult:
@@ -143,9 +143,9 @@ def segmentation_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinit
                     mlflow.log_artifact(str(p), artifact_path="curves")
         meta: dict[str, Any] = {"n_stats_rows": len(stats)}
         if len(stats):
-            top = (stats[stats["condition"] == "perturbation"].groupby(["model", "perturbation"])["dice_drop"].mean()
-                   .sort_values(ascending=False).head(10).reset_index())
-            meta["top_dice_drops"] = markdown_table(top)
+            top = (stats[stats["condition"] == "perturbation"].groupby(["model", "perturbation"])
+                   [["iou_drop", "dice_drop"]].mean().sort_values("iou_drop", ascending=False).head(10).reset_index())
+            meta["top_iou_drops"] = markdown_table(top)
         for p in paths:
             meta[p.stem] = image_md(p)
         return dg.MaterializeResult(metadata=meta)

@@ -8,6 +8,7 @@ import dagster as dg
 
 from medrobust_assets.assets.datasets import clean_samples
 from medrobust_assets.assets.perturbed import perturbed_samples
+from medrobust_assets.checks import error_share_result, error_share_spec
 from medrobust_assets.metadata import image_md, log_and_register, markdown_table
 from medrobust_assets.partitions import (
     by_modality,
@@ -17,6 +18,7 @@ from medrobust_assets.partitions import (
 )
 from medrobust_assets.resources import SuiteResource, TrackingResource
 from medrobust_assets.tags import GPU_OP_TAGS
+from medrobust_lib.store.schema_taxonomy import TAXONOMY_TABLE
 
 
 def _meta(s: Any) -> dict[str, Any]:
@@ -73,21 +75,29 @@ def taxonomy_family(config_id: str, trained: bool, upstream: list[Any]) -> list[
             _log(run, {"n_rows": n})
         return dg.MaterializeResult(metadata={"n_rows": n})
 
-    @dg.asset(key=[config_id, "taxonomy_clean"], group_name="taxonomy", kinds={"pytorch", "parquet"},
+    clean_key = [config_id, "taxonomy_clean"]
+    perturbed_key = [config_id, "taxonomy_perturbed"]
+
+    @dg.asset(key=clean_key, group_name="taxonomy", kinds={"pytorch", "parquet"},
               partitions_def=modality_partitions, deps=[text_only_baselines], pool="gpu", op_tags=GPU_OP_TAGS,
+              check_specs=[error_share_spec(clean_key)],
               description=f"{config_id}: paraphrase predictions (vision tower once per image), flags and quadrant per "
                           "clean sample (taxonomy_results).")
     def taxonomy_clean(context: dg.AssetExecutionContext, suite: SuiteResource,
                        tracking: TrackingResource) -> dg.MaterializeResult:
         from medrobust_lib.tracks.taxonomy.evaluate import evaluate
 
+        s = suite.load()
         with tracking.run(context, "taxonomy", {"config": config_id, "condition": "clean"}) as run:
-            meta = _meta(evaluate(suite.load(), config_id, context.partition_key, 0))
+            meta = _meta(evaluate(s, config_id, context.partition_key, 0))
             _log(run, meta)
-        return dg.MaterializeResult(metadata=meta)
+        check = error_share_result(s, TAXONOMY_TABLE, clean_key, {"config": config_id, "run": "clean",
+                                                                  "modality": context.partition_key, "level": 0})
+        return dg.MaterializeResult(metadata=meta, check_results=[check])
 
-    @dg.asset(key=[config_id, "taxonomy_perturbed"], group_name="taxonomy", kinds={"pytorch", "parquet"},
+    @dg.asset(key=perturbed_key, group_name="taxonomy", kinds={"pytorch", "parquet"},
               partitions_def=modality_severity_partitions, pool="gpu", op_tags=GPU_OP_TAGS,
+              check_specs=[error_share_spec(perturbed_key)],
               deps=[perturbed_samples, dg.AssetDep(text_only_baselines, partition_mapping=by_modality)],
               description=f"{config_id}: the taxonomy on every perturbed image of the partition.")
     def taxonomy_perturbed(context: dg.AssetExecutionContext, suite: SuiteResource,
@@ -95,11 +105,14 @@ def taxonomy_family(config_id: str, trained: bool, upstream: list[Any]) -> list[
         from medrobust_lib.tracks.taxonomy.evaluate import evaluate
 
         modality, level = modality_and_level(context)
+        s = suite.load()
         with tracking.run(context, "taxonomy", {"config": config_id, "condition": "perturbation",
                                                 "level": level}) as run:
-            meta = _meta(evaluate(suite.load(), config_id, modality, level))
+            meta = _meta(evaluate(s, config_id, modality, level))
             _log(run, meta)
-        return dg.MaterializeResult(metadata=meta)
+        check = error_share_result(s, TAXONOMY_TABLE, perturbed_key, {"config": config_id, "run": "perturbation",
+                                                                      "modality": modality, "level": level})
+        return dg.MaterializeResult(metadata=meta, check_results=[check])
 
     out.extend([text_only_baselines, taxonomy_clean, taxonomy_perturbed])
     return out
@@ -119,8 +132,10 @@ def taxonomy_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinition:
         s = suite.load()
         out_dir = Path(s.results_dir).parent / "reports" / "taxonomy"
         with tracking.run(context, "taxonomy_report") as run:
-            stats, corr = tr.write_taxonomy_stats(s.results_dir, s.seed)
-            rows = res.read_table(s.results_dir, "taxonomy_results")
+            stats, corr = tr.write_taxonomy_stats(s.results_dir, s.seed, max_error_share=s.max_error_share)
+            from medrobust_lib.store.completeness import complete_rows
+
+            rows = complete_rows(res.read_table(s.results_dir, TAXONOMY_TABLE), TAXONOMY_TABLE, s.max_error_share)
             paths: list[Path] = []
             if len(stats):
                 from medrobust_lib.taxonomy.stats import transitions

@@ -8,6 +8,7 @@ import dagster as dg
 
 from medrobust_assets.assets.datasets import clean_samples
 from medrobust_assets.assets.perturbed import perturbed_samples
+from medrobust_assets.checks import error_share_result, error_share_spec
 from medrobust_assets.metadata import log_and_register, markdown_table
 from medrobust_assets.partitions import (
     by_modality,
@@ -17,6 +18,7 @@ from medrobust_assets.partitions import (
 )
 from medrobust_assets.resources import SuiteResource, TrackingResource
 from medrobust_assets.tags import GPU_OP_TAGS
+from medrobust_lib.store.schema_vlm import VLM_TABLE
 
 
 def _log(run: Any, metrics: dict[str, Any]) -> None:
@@ -28,7 +30,7 @@ def _log(run: Any, metrics: dict[str, Any]) -> None:
 
 
 def _eval_meta(s: Any) -> dict[str, Any]:
-    meta: dict[str, Any] = {"n_rows": s.n_rows, "n_images": s.n_images, "seconds": s.seconds,
+    meta: dict[str, Any] = {"n_rows": s.n_rows, "n_reused": s.n_reused, "n_images": s.n_images, "seconds": s.seconds,
                             "model_seconds": s.model_seconds, "n_vision_calls": s.n_vision_calls}
     meta.update({f"n_{k.replace(':', '_')}": v for k, v in s.outcomes.items()})
     meta.update(s.metrics)
@@ -88,21 +90,29 @@ def vlm_family(model_id: str, trained: bool, finetuned: bool, upstream: dg.Asset
         out.append(finetuned_adapter)
         deps.append(finetuned_adapter)
 
-    @dg.asset(key=[model_id, "vlm_clean_predictions"], group_name="vlm", kinds={"pytorch", "parquet"},
+    clean_key = [model_id, "vlm_clean_predictions"]
+    perturbed_key = [model_id, "vlm_perturbed_predictions"]
+
+    @dg.asset(key=clean_key, group_name="vlm", kinds={"pytorch", "parquet"},
               partitions_def=modality_partitions, deps=deps, pool="gpu", op_tags=GPU_OP_TAGS,
+              check_specs=[error_share_spec(clean_key)],
               description=f"{model_id}: clean answers for every VQA, yes/no, caption and grounding record of the "
                           "evaluation split (vlm_results, perturbation 'clean').")
     def vlm_clean_predictions(context: dg.AssetExecutionContext, suite: SuiteResource,
                               tracking: TrackingResource) -> dg.MaterializeResult:
         from medrobust_lib.tracks.vlm.evaluate import evaluate_clean
 
+        s = suite.load()
         with tracking.run(context, "vlm_eval", {"model": model_id, "condition": "clean"}) as run:
-            meta = _eval_meta(evaluate_clean(suite.load(), model_id, context.partition_key))
+            meta = _eval_meta(evaluate_clean(s, model_id, context.partition_key))
             _log(run, meta)
-        return dg.MaterializeResult(metadata=meta)
+        check = error_share_result(s, VLM_TABLE, clean_key, {"model": model_id, "run": "clean",
+                                                             "modality": context.partition_key, "level": 0})
+        return dg.MaterializeResult(metadata=meta, check_results=[check])
 
-    @dg.asset(key=[model_id, "vlm_perturbed_predictions"], group_name="vlm", kinds={"pytorch", "parquet"},
+    @dg.asset(key=perturbed_key, group_name="vlm", kinds={"pytorch", "parquet"},
               partitions_def=modality_severity_partitions, pool="gpu", op_tags=GPU_OP_TAGS,
+              check_specs=[error_share_spec(perturbed_key)],
               deps=[perturbed_samples, dg.AssetDep(vlm_clean_predictions, partition_mapping=by_modality)],
               description=f"{model_id}: answers on every perturbed image of the partition (regenerated from the "
                           "manifest; spatial types move the grounding box).")
@@ -111,10 +121,13 @@ def vlm_family(model_id: str, trained: bool, finetuned: bool, upstream: dg.Asset
         from medrobust_lib.tracks.vlm.evaluate import evaluate_perturbed
 
         modality, level = modality_and_level(context)
+        s = suite.load()
         with tracking.run(context, "vlm_eval", {"model": model_id, "condition": "perturbation", "level": level}) as run:
-            meta = _eval_meta(evaluate_perturbed(suite.load(), model_id, modality, level))
+            meta = _eval_meta(evaluate_perturbed(s, model_id, modality, level))
             _log(run, meta)
-        return dg.MaterializeResult(metadata=meta)
+        check = error_share_result(s, VLM_TABLE, perturbed_key, {"model": model_id, "run": "perturbation",
+                                                                 "modality": modality, "level": level})
+        return dg.MaterializeResult(metadata=meta, check_results=[check])
 
     out.extend([vlm_clean_predictions, vlm_perturbed_predictions])
     return out
@@ -130,7 +143,7 @@ def vlm_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinition:
 
         s = suite.load()
         with tracking.run(context, "vlm_report"):
-            stats = write_vlm_stats(s.results_dir, s.seed)
+            stats = write_vlm_stats(s.results_dir, s.seed, s.max_error_share)
         meta: dict[str, Any] = {"n_stats_rows": len(stats)}
         if len(stats):
             summary = (stats.assign(significant=stats["q_value"] < 0.05)

@@ -162,16 +162,20 @@ def _figures(con: duckdb.DuckDBPyConnection, tables: dict[str, ReportTable], sel
     seg = tables.get("segmentation_by_level")
     if seg is not None:
         by_level = seg.data
-        for p in robustness_curves(by_level, fig_dir, "dice"):
-            out.append((p, f"{p.name.removesuffix('_dice_curves.png')}: paired Dice drop vs severity level; thin grey "
+        # IoU is the primary metric (MedFM-Robust): its figures come first; the Dice heatmap stays
+        # alongside with its rows in the same IoU-drop order.
+        for p in robustness_curves(by_level, fig_dir, "iou"):
+            out.append((p, f"{p.name.removesuffix('_iou_curves.png')}: paired IoU drop vs severity level; thin grey "
                            "lines: corruption types, thick: their mean, dashed: FGSM/PGD (eps 2-10/255)."))
         families = _families(con)
-        for p in figs.family_curves(by_level, families, fig_dir, "dice"):
-            out.append((p, f"{p.stem}: Dice drop (clean - perturbed) vs level, one panel per perturbation "
+        for p in figs.family_curves(by_level, families, fig_dir, "iou"):
+            out.append((p, f"{p.stem}: IoU drop (clean - perturbed) vs level, one panel per perturbation "
                            "family and one for the attacks."))
-        for p in figs.drop_heatmap(by_level, fig_dir, "dice"):
-            out.append((p, f"{p.stem}: mean Dice drop per perturbation type (rows) and level (columns); red = "
-                           "worse than clean."))
+        for metric in ("iou", "dice"):
+            name = "IoU" if metric == "iou" else "Dice"
+            for p in figs.drop_heatmap(by_level, fig_dir, metric, rank_by="iou"):
+                out.append((p, f"{p.stem}: mean {name} drop per perturbation type (rows, ranked by mean IoU drop) "
+                               "and level (columns); red = worse than clean."))
     else:
         skipped["robustness curves and heatmaps"] = "no segmentation_by_level table"
     strat = tables.get("strategy_ranking")
@@ -196,6 +200,14 @@ def _figures(con: duckdb.DuckDBPyConnection, tables: dict[str, ReportTable], sel
     else:
         skipped["quadrant bars and flip-rate scatter"] = "no taxonomy_quadrants table"
     return out, skipped
+
+
+def _incomplete(con: duckdb.DuckDBPyConnection) -> str:
+    """The partitions the mart marks incomplete, ``table: model/modality/level (share)``, or none."""
+    if not pt.relation_exists(con, "incomplete_partitions"):
+        return "none"
+    rows = con.execute("select source_table, model, modality, level, error_share from incomplete_partitions").fetchall()
+    return "; ".join(f"{t}: {m}/{mo}/L{lv} ({share:.1%} errors)" for t, m, mo, lv, share in rows) or "none"
 
 
 def _families(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
@@ -227,6 +239,7 @@ def build_report(mart_path: str | Path = "var/marts.duckdb", out_dir: str | Path
         _clear_previous(out)
         fig_dir = out / "figures"
         figures, fig_skipped = _figures(con, {t.name: t for t in tables}, sel, fig_dir)
+        incomplete = _incomplete(con)
     finally:
         con.close()
 
@@ -252,6 +265,7 @@ def build_report(mart_path: str | Path = "var/marts.duckdb", out_dir: str | Path
             "all models" if sel.get("segmentation") is None
             else "all models except registry evaluations (<name>-v<version>: name them with --models)"),
     }
+    meta["Left out (error share above max_error_share; re-run them)"] = incomplete
     all_skipped = {**skipped, **fig_skipped}
     page = render_page("medrobust robustness report", meta, tables, links,
                        [Figure(p.relative_to(out).as_posix(), cap) for p, cap in figures], all_skipped)

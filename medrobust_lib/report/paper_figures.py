@@ -57,8 +57,13 @@ def _model_groups(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     return out
 
 
+def _label(metric: str) -> str:
+    """Display name of a metric column prefix: ``iou`` -> IoU, ``dice`` -> Dice."""
+    return {"iou": "IoU", "dice": "Dice"}.get(metric, metric)
+
+
 def family_curves(by_level: pd.DataFrame, families: Mapping[str, str], out_dir: Path,
-                  metric: str = "dice") -> list[Path]:
+                  metric: str = "iou") -> list[Path]:
     """``<model>_<metric>_drop_by_family.png``: one panel per perturbation family (from
     ``families``: type -> family; unknown types go to ``other``) plus one for the attacks, one line
     per type: mean paired ``<metric>_drop`` (clean - perturbed, 0 at level 0) vs severity level."""
@@ -89,21 +94,23 @@ def family_curves(by_level: pd.DataFrame, families: Mapping[str, str], out_dir: 
             ax.grid(alpha=0.3)
             ax.legend(fontsize=6, loc="upper left")
             if i % ncols == 0:
-                ax.set_ylabel(f"{metric.capitalize()} drop")
+                ax.set_ylabel(f"{_label(metric)} drop")
             if i // ncols == nrows - 1:
                 ax.set_xlabel("severity level")
         for j in range(len(fams), nrows * ncols):
             axes[j // ncols][j % ncols].set_visible(False)
-        fig.suptitle(f"{stem}: {metric.capitalize()} drop (clean - perturbed) by family and type", fontsize=10)
+        fig.suptitle(f"{stem}: {_label(metric)} drop (clean - perturbed) by family and type", fontsize=10)
         fig.tight_layout()
         paths.append(_save(fig, out_dir / f"{slug(stem)}_{metric}_drop_by_family.png"))
     return paths
 
 
-def drop_heatmap(by_level: pd.DataFrame, out_dir: Path, metric: str = "dice") -> list[Path]:
-    """``<model>_<metric>_drop_heatmap.png``: rows = perturbation types (corruptions by mean drop,
-    largest first, then the attacks), columns = levels 1-5, cell = mean paired ``<metric>_drop``,
-    diverging colours centred at 0 (red = worse than clean), values printed in the cells."""
+def drop_heatmap(by_level: pd.DataFrame, out_dir: Path, metric: str = "iou", rank_by: str = "iou") -> list[Path]:
+    """``<model>_<metric>_drop_heatmap.png``: rows = perturbation types (corruptions by their mean
+    ``<rank_by>_drop`` over levels, largest first: IoU, the primary metric, by default, so the IoU and
+    Dice heatmaps list the types in the same order; then the attacks), columns = levels 1-5, cell =
+    mean paired ``<metric>_drop``, diverging colours centred at 0 (red = worse than clean), values
+    printed in the cells."""
     paths: list[Path] = []
     if by_level.empty:
         return paths
@@ -111,9 +118,10 @@ def drop_heatmap(by_level: pd.DataFrame, out_dir: Path, metric: str = "dice") ->
     drop = f"{metric}_drop"
     for stem, g in _model_groups(by_level):
         mat = g.pivot_table(index="perturbation", columns="level", values=drop, aggfunc="mean")
+        order = g.groupby("perturbation")[f"{rank_by}_drop"].mean()
         attacks = sorted(set(g.loc[g["condition"] != "perturbation", "perturbation"]))
         corr = mat.drop(index=[a for a in attacks if a in mat.index])
-        corr = corr.loc[sorted(corr.index, key=lambda t: (-np.nanmean(corr.loc[t].to_numpy()), t))]
+        corr = corr.loc[sorted(corr.index, key=lambda t: (-_nan_last(order.get(t)), t))]
         mat = pd.concat([corr, mat.loc[[a for a in attacks if a in mat.index]]])
         vals = mat.to_numpy(dtype=np.float64)
         vmax = float(np.nanmax(np.abs(vals))) if np.isfinite(vals).any() else 1.0
@@ -130,11 +138,18 @@ def drop_heatmap(by_level: pd.DataFrame, out_dir: Path, metric: str = "dice") ->
         ax.set_yticks(range(len(mat)))
         ax.set_yticklabels([f"{t} (attack)" if t in attacks else str(t) for t in mat.index], fontsize=6.5)
         ax.set_xlabel("severity level")
-        ax.set_title(f"{stem}: {metric.capitalize()} drop by type and level", fontsize=9)
-        fig.colorbar(im, ax=ax, shrink=0.6, label=f"{metric.capitalize()} drop (clean - perturbed)")
+        ax.set_title(f"{stem}: {_label(metric)} drop by type and level (rows by mean {_label(rank_by)} drop)",
+                     fontsize=9)
+        fig.colorbar(im, ax=ax, shrink=0.6, label=f"{_label(metric)} drop (clean - perturbed)")
         fig.tight_layout()
         paths.append(_save(fig, out_dir / f"{slug(stem)}_{metric}_drop_heatmap.png"))
     return paths
+
+
+def _nan_last(v: object) -> float:
+    """A sort value for a mean drop: NaN / missing sorts after every number (descending order)."""
+    x = float(v) if v is not None else float("nan")  # type: ignore[arg-type]
+    return float("-inf") if np.isnan(x) else x
 
 
 def strategy_bars(ranking: pd.DataFrame, out_dir: Path) -> list[Path]:

@@ -16,6 +16,7 @@ import pandas as pd
 
 from medrobust_lib.report.table import Column, ReportTable
 from medrobust_lib.seeding import rng_for
+from medrobust_lib.store.completeness import COMPLETENESS_TABLE, complete_filter_sql
 from medrobust_lib.store.schema_strategy import RANKING_VIEW
 from medrobust_lib.store.schema_taxonomy import QUADRANTS
 
@@ -23,7 +24,7 @@ STRATEGY_VIEW = RANKING_VIEW
 STRATEGY_COLUMNS: tuple[str, ...] = (
     "model", "strategy", "kind", "n_samples", "n_conditions", "mean_iou_drop", "iou_drop_ci_low",
     "iou_drop_ci_high", "mean_dice_drop", "dice_drop_ci_low", "dice_drop_ci_high", "clean_iou", "clean_dice",
-    "n_trainable", "rank",
+    "n_trainable", "rank", "iou_rel_drop", "dice_rel_drop",
 )
 """Columns the report needs from the ``strategy_ranking`` view (more are ignored)."""
 N_BOOT = 1000
@@ -53,6 +54,12 @@ def distinct_ids(con: duckdb.DuckDBPyConnection, relation: str, column: str) -> 
     return sorted(str(r[0]) for r in rows)
 
 
+def complete_only(con: duckdb.DuckDBPyConnection, table: str) -> str:
+    """SQL predicate keeping the rows of ``table`` whose partition the mart marks complete
+    (``true`` for a mart built before completeness was recorded)."""
+    return complete_filter_sql(table, table) if relation_exists(con, COMPLETENESS_TABLE) else "true"
+
+
 def where_in(column: str, ids: Sequence[str] | None) -> tuple[str, list[object]]:
     """A SQL predicate on ``column`` and its parameters (``true`` for no filter)."""
     if ids is None:
@@ -71,10 +78,12 @@ def _identity_columns(df: pd.DataFrame, key: str, extra: Sequence[tuple[str, str
 
 
 def segmentation_summary(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None) -> TableResult:
-    """Per (model, checkpoint, strategy): ``clean_iou`` / ``clean_dice`` (mean over clean images, in
-    [0, 1]); ``corruption_iou_drop`` / ``corruption_dice_drop``: the mart's ``Delta`` row, the mean
-    over corruption types of each type's mean paired drop (clean - perturbed; positive = worse);
-    ``attack_*_drop``: the same mean over the attack types (FGSM, PGD; all eps levels);
+    """Per (model, checkpoint, strategy), IoU (the primary metric) first, Dice alongside:
+    ``clean_iou`` / ``clean_dice`` (mean over clean images, in [0, 1]); ``corruption_iou_drop`` /
+    ``corruption_dice_drop``: the mart's ``Delta`` row, the mean over corruption types of each type's
+    mean paired drop (clean - perturbed; positive = worse); ``attack_*_drop``: the same mean over the
+    attack types (FGSM, PGD; all eps levels); ``*_rel_drop``: the relative drops (drop / clean score
+    of the same images; NULL when that is 0) of the Delta row and the mean over attack types;
     ``n_corruption_types``, ``n_attack_types``; ``n_images`` (clean rows), ``n`` (all result rows,
     every condition) and ``n_failed`` (rows whose status is not ``ok``)."""
     where, params = where_in("model", models)
@@ -88,6 +97,10 @@ def segmentation_summary(con: duckdb.DuckDBPyConnection, models: Sequence[str] |
                    max(dice_drop) filter (where row_kind = 'Delta') as corruption_dice_drop,
                    avg(iou_drop) filter (where row_kind = 'attack') as attack_iou_drop,
                    avg(dice_drop) filter (where row_kind = 'attack') as attack_dice_drop,
+                   max(iou_rel_drop) filter (where row_kind = 'Delta') as corruption_iou_rel_drop,
+                   max(dice_rel_drop) filter (where row_kind = 'Delta') as corruption_dice_rel_drop,
+                   avg(iou_rel_drop) filter (where row_kind = 'attack') as attack_iou_rel_drop,
+                   avg(dice_rel_drop) filter (where row_kind = 'attack') as attack_dice_rel_drop,
                    count(*) filter (where row_kind = 'corruption') as n_corruption_types,
                    count(*) filter (where row_kind = 'attack') as n_attack_types
             from s group by model, checkpoint, strategy),
@@ -95,8 +108,9 @@ def segmentation_summary(con: duckdb.DuckDBPyConnection, models: Sequence[str] |
             select model, checkpoint, strategy, count(*) filter (where condition = 'clean') as n_images,
                    count(*) as n, count(*) filter (where status <> 'ok') as n_failed
             from segmentation_results where {where} group by model, checkpoint, strategy)
-        select c.model, c.checkpoint, c.strategy, p.clean_iou, p.clean_dice, p.corruption_iou_drop,
-               p.corruption_dice_drop, p.attack_iou_drop, p.attack_dice_drop,
+        select c.model, c.checkpoint, c.strategy, p.clean_iou, p.corruption_iou_drop, p.corruption_iou_rel_drop,
+               p.attack_iou_drop, p.attack_iou_rel_drop, p.clean_dice, p.corruption_dice_drop,
+               p.corruption_dice_rel_drop, p.attack_dice_drop, p.attack_dice_rel_drop,
                coalesce(p.n_corruption_types, 0) as n_corruption_types,
                coalesce(p.n_attack_types, 0) as n_attack_types, c.n_images, c.n, c.n_failed
         from counts c left join per p using (model, checkpoint, strategy)
@@ -105,30 +119,37 @@ def segmentation_summary(con: duckdb.DuckDBPyConnection, models: Sequence[str] |
         return "no segmentation_results rows for the selected models"
     cols = [Column("Model", "model"), *_identity_columns(df, "model", [("strategy", "Strategy"),
                                                                       ("checkpoint", "Checkpoint")]),
-            Column("Clean IoU", "clean_iou", "float"), Column("Clean Dice", "clean_dice", "float"),
+            Column("Clean IoU", "clean_iou", "float"),
             Column("IoU drop (corr.)", "corruption_iou_drop", "float"),
-            Column("Dice drop (corr.)", "corruption_dice_drop", "float"),
+            Column("IoU rel. drop (corr.)", "corruption_iou_rel_drop", "float"),
             Column("IoU drop (attack)", "attack_iou_drop", "float"),
+            Column("IoU rel. drop (attack)", "attack_iou_rel_drop", "float"),
+            Column("Clean Dice", "clean_dice", "float"),
+            Column("Dice drop (corr.)", "corruption_dice_drop", "float"),
+            Column("Dice rel. drop (corr.)", "corruption_dice_rel_drop", "float"),
             Column("Dice drop (attack)", "attack_dice_drop", "float"),
+            Column("Dice rel. drop (attack)", "attack_dice_rel_drop", "float"),
             Column("Images", "n_images", "int"), Column("n", "n", "int"), Column("Failed", "n_failed", "int")]
     return ReportTable(
         "segmentation_summary", "Segmentation robustness per model", df, tuple(cols),
         "Drops are clean minus perturbed (positive = worse), paired per image; corruption drops are the mean "
-        "over corruption types of each type's mean drop, attack drops the mean over FGSM and PGD at all eps. "
+        "over corruption types of each type's mean drop, attack drops the mean over FGSM and PGD at all eps; a "
+        "relative drop is the drop divided by the clean score of the same images. IoU is the primary metric. "
         "n counts every result row (images x conditions); failed rows are outside the means.")
 
 
 def segmentation_by_level(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None) -> TableResult:
     """The ``segmentation_by_level`` view: per (model, checkpoint, strategy, condition, perturbation,
     level) ``n``, ``n_failed``, mean ``iou`` / ``dice`` in [0, 1], mean paired ``iou_drop`` /
-    ``dice_drop`` with bootstrap 95 % CIs, ``wilcoxon_q`` (Benjamini-Hochberg). ``kind`` is
-    ``corruption`` or ``attack``. Corruptions first, then attacks, each by type and level."""
+    ``dice_drop`` with bootstrap 95 % CIs, relative drops ``iou_rel_drop`` / ``dice_rel_drop`` (drop /
+    clean score, NULL when that is 0), ``wilcoxon_q`` (Benjamini-Hochberg). IoU columns first.
+    ``kind`` is ``corruption`` or ``attack``. Corruptions first, then attacks, each by type and level."""
     where, params = where_in("model", models)
     df = con.execute(f"""
         select model, checkpoint, strategy, condition,
                case when condition = 'perturbation' then 'corruption' else 'attack' end as kind,
                perturbation, level, n, n_failed, iou, dice, iou_drop, iou_drop_ci_low, iou_drop_ci_high,
-               dice_drop, dice_drop_ci_low, dice_drop_ci_high, wilcoxon_q
+               iou_rel_drop, dice_drop, dice_drop_ci_low, dice_drop_ci_high, dice_rel_drop, wilcoxon_q
         from segmentation_by_level where {where}
         order by model, strategy, checkpoint, case when condition = 'perturbation' then 0 else 1 end,
                  perturbation, level""", params).df()
@@ -137,14 +158,17 @@ def segmentation_by_level(con: duckdb.DuckDBPyConnection, models: Sequence[str] 
     cols = [Column("Model", "model"), *_identity_columns(df, "model", [("strategy", "Strategy"),
                                                                       ("checkpoint", "Checkpoint")]),
             Column("Kind", "kind"), Column("Perturbation", "perturbation"), Column("Level", "level", "int"),
-            Column("n", "n", "int"), Column("IoU", "iou", "float"), Column("Dice", "dice", "float"),
+            Column("n", "n", "int"), Column("IoU", "iou", "float"),
             Column("IoU drop [95% CI]", "iou_drop", "ci", "iou_drop_ci_low", "iou_drop_ci_high"),
+            Column("IoU rel. drop", "iou_rel_drop", "float"), Column("Dice", "dice", "float"),
             Column("Dice drop [95% CI]", "dice_drop", "ci", "dice_drop_ci_low", "dice_drop_ci_high"),
+            Column("Dice rel. drop", "dice_rel_drop", "float"),
             Column("q (Wilcoxon, BH)", "wilcoxon_q", "pvalue")]
     return ReportTable(
         "segmentation_by_level", "Segmentation by perturbation type and severity level", df, tuple(cols),
-        "Drop = clean minus perturbed, paired per image, percentile bootstrap 95% CI over images; q: paired "
-        "Wilcoxon (clean vs perturbed Dice) with Benjamini-Hochberg over the model's type x level grid. "
+        "Drop = clean minus perturbed, paired per image, percentile bootstrap 95% CI over images; relative drop = "
+        "drop / clean score of the same images; q: paired Wilcoxon (clean vs perturbed IoU) with "
+        "Benjamini-Hochberg over the model's type x level grid. "
         "Attack levels 1-5 are eps = 2, 4, 6, 8, 10 /255.")
 
 
@@ -164,26 +188,29 @@ def strategy_ranking(con: duckdb.DuckDBPyConnection, models: Sequence[str] | Non
         return f"the {STRATEGY_VIEW} view has no rows" + ("" if models is None else " for the selected models")
     cols = (Column("Model", "model"), Column("Kind", "kind"), Column("Rank", "rank", "int"),
             Column("Strategy", "strategy"), Column("Trainable params", "n_trainable", "int"),
-            Column("Clean IoU", "clean_iou", "float"), Column("Clean Dice", "clean_dice", "float"),
+            Column("Clean IoU", "clean_iou", "float"),
             Column("IoU drop [95% CI]", "mean_iou_drop", "ci", "iou_drop_ci_low", "iou_drop_ci_high"),
+            Column("IoU rel. drop", "iou_rel_drop", "float"), Column("Clean Dice", "clean_dice", "float"),
             Column("Dice drop [95% CI]", "mean_dice_drop", "ci", "dice_drop_ci_low", "dice_drop_ci_high"),
+            Column("Dice rel. drop", "dice_rel_drop", "float"),
             Column("Samples", "n_samples", "int"), Column("Conditions", "n_conditions", "int"))
     return ReportTable(
         "strategy_ranking", "Fine-tuning strategies ranked by robustness", df, cols,
         "Rank 1 = smallest mean IoU drop within (model, kind); drops are clean minus perturbed with percentile "
-        "bootstrap 95% CIs over test samples.")
+        "bootstrap 95% CIs over test samples; relative drop = drop / clean score of the same samples.")
 
 
 def vlm_task_drops(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None) -> TableResult:
     """The ``vlm_task_drops`` view pivoted: one row per (model, checkpoint, adapter, task) with
     ``metric`` (the task's primary metric: accuracy / acc_50 in [0, 1], CIDEr-D >= 0), then
     ``Clean``, one column per perturbation type (mean over levels 1-5), ``Avg`` (mean over types),
-    ``ΔTP`` (Clean - Avg, positive = worse) and ``n_unparseable`` (behind ΔTP: clean + all types).
-    A type a row does not cover is empty."""
+    ``ΔTP`` (Clean - Avg, positive = worse), ``rel_drop`` (ΔTP / Clean, empty when Clean is 0),
+    ``n_unparseable`` and ``n_error`` (infrastructure errors, outside every number; both behind ΔTP:
+    clean + all types). A type a row does not cover is empty."""
     where, params = where_in("model", models)
     long = con.execute(f"""
         select model, checkpoint, coalesce(adapter, '') as adapter, task, metric, column_name, value,
-               n_unparseable
+               rel_drop, n_unparseable, n_error
         from vlm_task_drops where {where}""", params).df()
     if long.empty:
         return "no vlm_task_drops rows for the selected models"
@@ -194,18 +221,20 @@ def vlm_task_drops(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None)
     order = ["Clean", *types, "Avg", "ΔTP"]
     wide = wide.reindex(columns=order)
     wide.columns.name = None
-    n_unp = long[long["column_name"] == "ΔTP"].set_index(keys)["n_unparseable"].rename("n_unparseable")
-    df = wide.join(n_unp).reset_index().sort_values(["model", "checkpoint", "adapter", "task"], kind="stable")
+    extra = long[long["column_name"] == "ΔTP"].set_index(keys)[["rel_drop", "n_unparseable", "n_error"]]
+    df = wide.join(extra).reset_index().sort_values(["model", "checkpoint", "adapter", "task"], kind="stable")
     df = df.reset_index(drop=True)
     cols = [Column("Model", "model"), *_identity_columns(df, "model", [("checkpoint", "Checkpoint"),
                                                                       ("adapter", "Adapter")]),
             Column("Task", "task"), Column("Metric", "metric"),
-            *(Column(c, c, "float") for c in order), Column("Unparseable", "n_unparseable", "int")]
+            *(Column(c, c, "float") for c in order), Column("ΔTP rel.", "rel_drop", "float"),
+            Column("Unparseable", "n_unparseable", "int"), Column("Errors", "n_error", "int")]
     return ReportTable(
         "vlm_task_drops", "Vision-language tasks: clean, per perturbation type, average and drop", df, tuple(cols),
         "Primary metric per task (accuracy for VQA, Acc@0.5 for grounding, CIDEr-D for captions); a type column "
         "is the mean over levels 1-5; Avg is the mean over types; ΔTP = Clean - Avg (positive = worse). "
-        "Unparseable: answers behind ΔTP that could not be parsed (counted wrong).")
+        "ΔTP rel. = ΔTP / Clean. Unparseable: answers behind ΔTP that could not be parsed (counted wrong); "
+        "Errors: infrastructure failures (transport, out of memory), outside every number.")
 
 
 def _pooled_share_ci(counts: np.ndarray, rng: np.random.Generator, n_boot: int = N_BOOT,
@@ -284,6 +313,7 @@ def _add_share_ci(con: duckdb.DuckDBPyConnection, df: pd.DataFrame, where: str, 
         select config, image_mode, case when perturbation = 'clean' then 'clean' else '{PERTURBED}' end as condition,
                dataset, sample_id, quadrant, count(*) as n
         from taxonomy_results where outcome = 'ok' and quadrant is not null and {where}
+              and {complete_only(con, "taxonomy_results")}
         group by all""", params).df()
     if counts.empty:
         return df
@@ -313,7 +343,7 @@ def taxonomy_points(con: duckdb.DuckDBPyConnection, configs: Sequence[str] | Non
     where, params = where_in("config", configs)
     rows = con.execute(f"""
         select config, dataset, perturbation, level, image_mode, outcome, quadrant, flip_rate
-        from taxonomy_results where {where}""", params).df()
+        from taxonomy_results where {where} and {complete_only(con, "taxonomy_results")}""", params).df()
     return correlation_points(rows)
 
 
@@ -354,7 +384,7 @@ def _recomputed_correlation(con: duckdb.DuckDBPyConnection, configs: list[str], 
     where, params = where_in("config", configs)
     rows = con.execute(f"""
         select config, dataset, perturbation, level, image_mode, outcome, quadrant, flip_rate
-        from taxonomy_results where {where}""", params).df()
+        from taxonomy_results where {where} and {complete_only(con, "taxonomy_results")}""", params).df()
     out = []
     if rows.empty:
         return pd.DataFrame()

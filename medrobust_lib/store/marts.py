@@ -15,6 +15,14 @@ from pathlib import Path
 
 import duckdb
 
+from medrobust_lib.store.completeness import (
+    COMPLETENESS_COLUMNS,
+    COMPLETENESS_TABLE,
+    DEFAULT_MAX_ERROR_SHARE,
+    PARTITION_KEYS,
+    complete_filter_sql,
+    error_share_sql,
+)
 from medrobust_lib.store.schema_strategy import RANKING_COLUMNS, RANKING_TABLE, RANKING_VIEW
 from medrobust_lib.store.schema_taxonomy import QUADRANTS, TAXONOMY_COLUMNS, TAXONOMY_TABLE
 from medrobust_lib.store.schema_vlm import PRIMARY_METRIC, VLM_COLUMNS, VLM_TABLE
@@ -65,7 +73,7 @@ MART_TABLES: list[MartTable] = [
     MartTable("vlm_stats", (
         ("model", "VARCHAR"), ("checkpoint", "VARCHAR"), ("adapter", "VARCHAR"), ("task", "VARCHAR"),
         ("perturbation", "VARCHAR"), ("level", "INTEGER"), ("metric", "VARCHAR"), ("n_pairs", "INTEGER"),
-        ("n_excluded", "INTEGER"), ("n_unmatched", "INTEGER"), ("clean_value", "DOUBLE"),
+        ("n_excluded", "INTEGER"), ("n_unmatched", "INTEGER"), ("n_error", "INTEGER"), ("clean_value", "DOUBLE"),
         ("clean_ci_low", "DOUBLE"), ("clean_ci_high", "DOUBLE"), ("perturbed_value", "DOUBLE"),
         ("perturbed_ci_low", "DOUBLE"), ("perturbed_ci_high", "DOUBLE"), ("drop", "DOUBLE"),
         ("drop_ci_low", "DOUBLE"), ("drop_ci_high", "DOUBLE"), ("test", "VARCHAR"), ("p_value", "DOUBLE"),
@@ -74,8 +82,9 @@ MART_TABLES: list[MartTable] = [
        "bootstrap CIs, McNemar (binary) or Wilcoxon (caption) p and BH q over the type x level grid"),
 ]
 
-VLM_SCORED_OUTCOMES: tuple[str, ...] = ("ok", "unparseable", "refused", "error")
-"""Outcomes inside the denominators (the last three scored as wrong); ``excluded:<reason>`` is outside."""
+VLM_SCORED_OUTCOMES: tuple[str, ...] = ("ok", "unparseable", "refused")
+"""Outcomes inside the denominators (the last two scored as wrong). ``error`` (infrastructure) and
+``excluded:<reason>`` are outside every denominator and only counted."""
 VLM_PRIMARY_COLUMN: dict[str, str] = {t: ("acc_50" if m == "acc@0.5" else m) for t, m in PRIMARY_METRIC.items()}
 """Task -> the ``vlm_by_level`` column of its primary metric (``acc@0.5`` is the column ``acc_50``)."""
 
@@ -90,14 +99,16 @@ _BLEU4_SQL = (
 _BLEU_RATIO_SQL = f"((hyp_len + {_BLEU_TINY_SQL}) / (ref_len + {_BLEU_SMALL_SQL}))"
 
 # vlm_by_level: one row per (model, checkpoint, adapter, task, perturbation, level) over image_mode
-# 'image'. Counts: n (all rows), n_scored, n_unparseable, n_refused, n_error, n_excluded. Metrics over
+# 'image' of complete partitions (partition_completeness). Counts: n (all rows), n_scored, n_unparseable,
+# n_refused, n_error, n_excluded. Metrics over
 # the scored rows: accuracy in [0, 1] (VQA and grounding, NULL for captions); grounding mean_iou,
 # acc_50 (= accuracy), acc_75; captions cider_d (mean, >= 0), rouge_l (mean, [0, 1]) and bleu_4, the
 # corpus BLEU-4 from the summed sufficient statistics (medrobust_lib.metrics.caption.bleu_from_stats,
 # same constants and brevity penalty); mean_ssim over all rows.
 _VLM_BY_LEVEL = f"""
         with base as (
-            select *, {_SCORED_SQL} as scored from {VLM_TABLE} where image_mode = 'image'),
+            select *, {_SCORED_SQL} as scored from {VLM_TABLE} v
+            where image_mode = 'image' and {complete_filter_sql(VLM_TABLE, "v")}),
         agg as (
             select model, checkpoint, adapter, task, perturbation, level,
                    count(*) as n,
@@ -137,44 +148,53 @@ _VLM_BY_LEVEL = f"""
 # vlm_task_drops: the published wide table in long form. Per (model, checkpoint, adapter, task):
 # column_name 'Clean' (level 0), one row per perturbation type (the primary metric averaged over the
 # per-level values of levels 1..5), 'Avg' (mean over types) and 'ΔTP' (Clean - Avg; positive = worse
-# under perturbation). metric names the primary metric column; n_unparseable is the unparseable count
-# behind each number (Avg: all types; ΔTP: Clean plus all types); ord orders the columns (Clean 0,
-# types alphabetically, then Avg, ΔTP).
+# under perturbation). metric names the primary metric column; n_unparseable / n_error are the
+# unparseable answers and the infrastructure errors (outside the number) behind each number (Avg: all
+# types; ΔTP: Clean plus all types); drop = Clean - value (the ΔTP row: ΔTP itself; Clean: 0) and
+# rel_drop = drop / Clean (NULL when Clean is 0 or missing); ord orders the columns (Clean 0, types
+# alphabetically, then Avg, ΔTP).
 _VLM_TASK_DROPS = f"""
         with lv as (
             select model, checkpoint, adapter, task, perturbation, level, {_PRIMARY_SQL} as value,
-                   n_unparseable
+                   n_unparseable, n_error
             from vlm_by_level),
         clean as (
             select model, checkpoint, adapter, task, 'Clean' as column_name, 0 as grp, avg(value) as value,
-                   cast(sum(n_unparseable) as bigint) as n_unparseable
+                   cast(sum(n_unparseable) as bigint) as n_unparseable, cast(sum(n_error) as bigint) as n_error
             from lv where perturbation = 'clean' and level = 0
             group by model, checkpoint, adapter, task),
         per_type as (
             select model, checkpoint, adapter, task, perturbation as column_name, 1 as grp, avg(value) as value,
-                   cast(sum(n_unparseable) as bigint) as n_unparseable
+                   cast(sum(n_unparseable) as bigint) as n_unparseable, cast(sum(n_error) as bigint) as n_error
             from lv where perturbation <> 'clean' and level between 1 and 5
             group by model, checkpoint, adapter, task, perturbation),
         avg_row as (
             select model, checkpoint, adapter, task, 'Avg' as column_name, 2 as grp, avg(value) as value,
-                   cast(sum(n_unparseable) as bigint) as n_unparseable
+                   cast(sum(n_unparseable) as bigint) as n_unparseable, cast(sum(n_error) as bigint) as n_error
             from per_type group by model, checkpoint, adapter, task),
         delta as (
             select model, checkpoint, adapter, task, 'ΔTP' as column_name, 3 as grp,
                    max(value) filter (where column_name = 'Clean') - max(value) filter (where column_name = 'Avg')
                        as value,
-                   cast(sum(n_unparseable) as bigint) as n_unparseable
+                   cast(sum(n_unparseable) as bigint) as n_unparseable, cast(sum(n_error) as bigint) as n_error
             from (select * from clean union all select * from avg_row)
             group by model, checkpoint, adapter, task),
         rows as (
             select * from clean union all select * from per_type union all select * from avg_row
-            union all select * from delta)
+            union all select * from delta),
+        with_clean as (
+            select *, max(case when column_name = 'Clean' then value end)
+                          over (partition by model, checkpoint, adapter, task) as clean_value
+            from rows),
+        with_drop as (
+            select *, case when column_name = 'ΔTP' then value else clean_value - value end as drop
+            from with_clean)
         select model, checkpoint, adapter, task, column_name,
                case task {" ".join(f"when '{t}' then '{c}'" for t, c in VLM_PRIMARY_COLUMN.items())} end as metric,
-               value, n_unparseable,
+               value, drop, drop / nullif(clean_value, 0) as rel_drop, n_unparseable, n_error,
                cast(row_number() over (partition by model, checkpoint, adapter, task order by grp, column_name) - 1
                     as integer) as ord
-        from rows
+        from with_drop
         order by model, checkpoint, adapter, task, ord"""
 
 MART_VIEWS: dict[str, str] = {
@@ -196,9 +216,15 @@ MART_VIEWS: dict[str, str] = {
                avg(r.iou) filter (where r.status = 'ok') as iou, avg(r.dice) filter (where r.status = 'ok') as dice,
                avg(r.iou_drop) filter (where r.status = 'ok') as iou_drop,
                avg(r.dice_drop) filter (where r.status = 'ok') as dice_drop,
+               avg(r.iou_drop) filter (where r.status = 'ok')
+                   / nullif(avg(r.clean_iou) filter (where r.status = 'ok'), 0) as iou_rel_drop,
+               avg(r.dice_drop) filter (where r.status = 'ok')
+                   / nullif(avg(r.clean_dice) filter (where r.status = 'ok'), 0) as dice_rel_drop,
+               avg(r.clean_iou) filter (where r.status = 'ok') as clean_iou,
+               avg(r.clean_dice) filter (where r.status = 'ok') as clean_dice,
                avg(r.ssim) as mean_ssim, any_value(r.epsilon) as epsilon,
-               any_value(s.dice_drop_ci_low) as dice_drop_ci_low, any_value(s.dice_drop_ci_high) as dice_drop_ci_high,
                any_value(s.iou_drop_ci_low) as iou_drop_ci_low, any_value(s.iou_drop_ci_high) as iou_drop_ci_high,
+               any_value(s.dice_drop_ci_low) as dice_drop_ci_low, any_value(s.dice_drop_ci_high) as dice_drop_ci_high,
                any_value(s.wilcoxon_p) as wilcoxon_p, any_value(s.wilcoxon_q) as wilcoxon_q
         from segmentation_results r
         left join segmentation_stats s using (model, checkpoint, strategy, condition, perturbation, level)
@@ -213,33 +239,42 @@ MART_VIEWS: dict[str, str] = {
             select model, checkpoint, strategy,
                    case when condition = 'perturbation' then 'corruption' else 'attack' end as row_kind,
                    perturbation, avg(iou) as iou, avg(dice) as dice, avg(iou_drop) as iou_drop,
-                   avg(dice_drop) as dice_drop, count(*) as n
+                   avg(dice_drop) as dice_drop, avg(clean_iou) as clean_iou, avg(clean_dice) as clean_dice,
+                   count(*) as n
             from ok where condition <> 'clean' group by all),
         avg_row as (
             select model, checkpoint, strategy, avg(iou) as iou, avg(dice) as dice, avg(iou_drop) as iou_drop,
-                   avg(dice_drop) as dice_drop, sum(n) as n
+                   avg(dice_drop) as dice_drop, avg(clean_iou) as clean_iou, avg(clean_dice) as clean_dice,
+                   sum(n) as n
             from per_type where row_kind = 'corruption' group by all)
         select model, checkpoint, strategy, 'Clean' as row_kind, 'Clean' as perturbation, iou, dice,
-               0.0 as iou_drop, 0.0 as dice_drop, n, 0 as sort_key from clean
+               0.0 as iou_drop, 0.0 as dice_drop, 0.0 as iou_rel_drop, 0.0 as dice_rel_drop, n, 0 as sort_key
+        from clean
         union all
-        select model, checkpoint, strategy, row_kind, perturbation, iou, dice, iou_drop, dice_drop, n,
+        select model, checkpoint, strategy, row_kind, perturbation, iou, dice, iou_drop, dice_drop,
+               iou_drop / nullif(clean_iou, 0), dice_drop / nullif(clean_dice, 0), n,
                case when row_kind = 'corruption' then 1 else 2 end from per_type
         union all
-        select model, checkpoint, strategy, 'Avg', 'Avg', iou, dice, iou_drop, dice_drop, n, 3 from avg_row
+        select model, checkpoint, strategy, 'Avg', 'Avg', iou, dice, iou_drop, dice_drop,
+               iou_drop / nullif(clean_iou, 0), dice_drop / nullif(clean_dice, 0), n, 3 from avg_row
         union all
         -- Delta: the mean paired drop over corruption types. Types cover different modalities, so
         -- Clean minus Avg(dice) would mix sample sets; the paired drop does not.
-        select model, checkpoint, strategy, 'Delta', 'Delta', iou_drop, dice_drop, iou_drop, dice_drop, n, 4
+        select model, checkpoint, strategy, 'Delta', 'Delta', iou_drop, dice_drop, iou_drop, dice_drop,
+               iou_drop / nullif(clean_iou, 0), dice_drop / nullif(clean_dice, 0), n, 4
         from avg_row
         order by model, strategy, sort_key, perturbation""",
+    # Ranked by the mean IoU drop (MedFM-Robust's primary metric), Dice alongside.
     "segmentation_top_corruptions": """
         with per_type as (
-            select model, strategy, perturbation, avg(dice_drop) as dice_drop, avg(iou_drop) as iou_drop,
-                   count(*) as n
+            select model, strategy, perturbation, avg(iou_drop) as iou_drop,
+                   avg(iou_drop) / nullif(avg(clean_iou), 0) as iou_rel_drop, avg(dice_drop) as dice_drop,
+                   avg(dice_drop) / nullif(avg(clean_dice), 0) as dice_rel_drop, avg(clean_iou) as clean_iou,
+                   avg(clean_dice) as clean_dice, count(*) as n
             from segmentation_results where status = 'ok' and condition = 'perturbation'
             group by model, strategy, perturbation)
-        select *, rank() over (partition by model, strategy order by dice_drop desc) as rank
-        from per_type order by model, strategy, rank""",
+        select *, rank() over (partition by model, strategy order by iou_drop desc nulls last) as rank
+        from per_type order by model, strategy, rank, perturbation""",
     "quarantine": """
         select dataset, modality, sample_id, image_path, reason, detail
         from clean_samples where status <> 'ok' order by dataset, sample_id""",
@@ -263,8 +298,10 @@ class MartBuildError(RuntimeError):
     the table and, for an unreadable chunk, the file and the partition to re-materialise."""
 
 
-def build_mart(results_dir: str | Path, mart_path: str | Path) -> dict[str, int]:
-    """Rebuild the mart from Parquet; returns row counts per table.
+def build_mart(results_dir: str | Path, mart_path: str | Path,
+               max_error_share: float = DEFAULT_MAX_ERROR_SHARE) -> dict[str, int]:
+    """Rebuild the mart from Parquet; returns row counts per table. ``max_error_share`` (the
+    suite setting) decides which partitions ``partition_completeness`` marks complete.
 
     Crash safety: the new mart is built in ``.<name>.<pid>.<uuid>.tmp`` next to the old one,
     fsynced, renamed over it (atomic on POSIX) and the folder fsynced, so a reader sees the old
@@ -294,6 +331,8 @@ def build_mart(results_dir: str | Path, mart_path: str | Path) -> dict[str, int]
                         con.execute(f"insert into {t.name} ({names}) select {_select_list(con, src, t)} from {src}")
                     except duckdb.Error as exc:
                         raise _chunk_error(t.name, folder, exc) from None
+                if t.name == COMPLETENESS_TABLE:
+                    _fill_completeness(con, max_error_share)
                 counts[t.name] = int(con.execute(f"select count(*) from {t.name}").fetchall()[0][0])
                 desc = t.description.replace("'", "''")
                 con.execute(f"comment on table {t.name} is '{desc}'")
@@ -377,6 +416,12 @@ def _fsync_dir(path: Path) -> None:
         pass  # some file systems refuse fsync on a directory; the rename itself is still atomic
     finally:
         os.close(fd)
+def _fill_completeness(con: duckdb.DuckDBPyConnection, max_error_share: float) -> None:
+    """Rows of ``partition_completeness`` from the results tables loaded so far (it is declared
+    after them)."""
+    names = ", ".join(c for c, _ in COMPLETENESS_COLUMNS)
+    for table in PARTITION_KEYS:
+        con.execute(f"insert into {COMPLETENESS_TABLE} ({names}) {error_share_sql(table, table, max_error_share)}")
 
 
 def _select_list(con: duckdb.DuckDBPyConnection, src: str, t: MartTable) -> str:
@@ -435,7 +480,8 @@ _QUADRANT_ORDER_SQL = "case {col} " + " ".join(f"when '{q}' then {i}" for i, q i
 _TAXONOMY_TRANSITIONS = f"""
         with ok as (
             select config, dataset, record_id, image_mode, perturbation, level, quadrant
-            from {TAXONOMY_TABLE} where outcome = 'ok' and quadrant is not null),
+            from {TAXONOMY_TABLE} t
+            where outcome = 'ok' and quadrant is not null and {complete_filter_sql(TAXONOMY_TABLE, "t")}),
         clean as (select config, dataset, record_id, image_mode, quadrant from ok where perturbation = 'clean'),
         pert as (select * from ok where perturbation <> 'clean'),
         counts as (
@@ -469,5 +515,18 @@ MART_TABLES.append(MartTable(
     "(each sample's mean over conditions) with percentile bootstrap 95 % CIs, clean scores, trainable "
     "parameters and the rank by mean IoU drop (1 = most robust)"))
 MART_VIEWS[RANKING_VIEW] = f"""
-        select * from {RANKING_TABLE}
+        select *, mean_iou_drop / nullif(clean_iou, 0) as iou_rel_drop,
+               mean_dice_drop / nullif(clean_dice, 0) as dice_rel_drop
+        from {RANKING_TABLE}
         order by model, kind, rank, strategy"""
+
+# --- Infrastructure failures: error share and completeness per partition (medrobust_lib.store.completeness) ---
+
+MART_TABLES.append(MartTable(
+    COMPLETENESS_TABLE, COMPLETENESS_COLUMNS,
+    "per partition (results table, model or config, modality, level) of vlm_results and taxonomy_results: rows, "
+    "excluded, attempted and error rows, error share and whether it is within max_error_share (complete); views "
+    "and statistics leave incomplete partitions out until they are re-run"))
+MART_VIEWS["incomplete_partitions"] = f"""
+        select * from {COMPLETENESS_TABLE} where not complete
+        order by source_table, model, modality, level"""

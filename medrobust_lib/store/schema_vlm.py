@@ -11,11 +11,13 @@ Columns (SQL types in :data:`VLM_COLUMNS`):
 - ``prompt_id``: 0 for the original question, k for the k-th paraphrase; ``image_mode``
   ``image`` (default), or ``none`` / ``blank`` / ``noise`` for image-removal baselines.
 - ``prediction``: the raw model text (None when the model produced none); ``parsed``: letter,
-  yes/no, or the pixel box as JSON; ``outcome``: ``ok``, ``unparseable``, ``refused``, ``error``
-  (all four are scored, the last three as wrong) or ``excluded:<reason>`` (the condition cannot be
-  scored, e.g. ``excluded:perturbation_error``, ``excluded:box_out_of_view``,
-  ``excluded:image_not_indexed``; ``correct`` is NULL and the row is outside denominators but
-  counted in ``n_excluded``).
+  yes/no, or the pixel box as JSON; ``outcome``: model behaviour ``ok``, ``unparseable``,
+  ``refused`` (scored, the last two as wrong); infrastructure ``error`` (transport, retries
+  exhausted, cache, out of memory, an exception in the runner: no prediction, every score column
+  NULL, outside every denominator, counted in ``n_error`` and retried by the next run of the
+  partition); or ``excluded:<reason>`` (the condition cannot be scored, e.g.
+  ``excluded:perturbation_error``, ``excluded:box_out_of_view``, ``excluded:image_not_indexed``;
+  ``correct`` is NULL and the row is outside denominators but counted in ``n_excluded``).
 - ``correct``: 1.0 / 0.0 for VQA (and grounding: IoU >= 0.5); NULL for captions.
 - Grounding: ``iou`` (0 when unparseable), ``acc_75``, ``box_scale``.
 - Yes/no: ``margin`` (log p(yes) - log p(no), nats), ``p_yes``, ``entropy`` (bits), ``source``

@@ -7,6 +7,10 @@ from pathlib import Path
 
 import dagster as dg
 
+from medrobust_assets.assets.datasets import clean_samples, demo_data
+from medrobust_assets.assets.marts import build_marts
+from medrobust_assets.assets.perturbed import perturbation_gallery, perturbed_samples
+from medrobust_assets.assets.vlm import vlm_family
 from medrobust_assets.definitions import ALL_ASSETS, build_resources, defs
 from tests.suite_helpers import write_suite
 
@@ -125,6 +129,8 @@ def test_vlm_and_taxonomy_assets_materialize(tmp_path: Path, demo_root: Path) ->
     r = run("tiny-llava/vlm_clean_predictions", "ct")
     meta = r.asset_materializations_for_node("tiny_llava__vlm_clean_predictions")[0].metadata
     assert meta["n_rows"].value == 7 * 4 and meta["n_vision_calls"].value > 0
+    (check,) = r.get_asset_check_evaluations()
+    assert check.check_name == "error_share" and check.passed and check.metadata["n_error"].value == 0
     run("tiny-llava/vlm_perturbed_predictions", ct2)
     run("demo-shortcut/taxonomy_model")
     run("demo-shortcut/text_only_baselines", "ct")
@@ -185,3 +191,27 @@ def test_jobs_sensors_and_nightly_schedule() -> None:
         ("medrobust-seg-a-full:1", "medrobust-seg-a-full:1:nightly:2026-11-26", "nightly")]
     # a version the sensor has not added as a partition yet is left to the sensor
     assert nightly_requests(snap, {"medrobust-seg-a-full:1"}, "d") and len(nightly_requests(snap, set(), "d")) == 0
+
+
+def test_error_share_check_fails_and_the_mart_leaves_the_partition_out(tmp_path: Path, demo_root: Path) -> None:
+    """An API model whose endpoint refuses every connection: every row is an infrastructure
+    error, the partition's ERROR-severity check fails (the run itself succeeds) and the mart marks
+    it incomplete."""
+    vlm = {"models": [{"id": "down", "kind": "api", "api": {
+        "model": "down", "base_url": "http://127.0.0.1:9/v1", "api_key_env": None, "max_retries": 0,
+        "timeout_s": 2}}], "split": "all"}
+    suite = write_suite(tmp_path, demo_root, modalities=["ct"], vlm=vlm,
+                        perturbations={"include": ["gaussian_noise"], "split": "all", "calibration_subset": 2})
+    family = vlm_family("down", trained=False, finetuned=False, upstream=None)
+    assets = [demo_data, clean_samples, perturbed_samples, perturbation_gallery, *family, build_marts(family)]
+    resources = build_resources(suite_path=str(suite), mlruns_dir=str(tmp_path / "mlruns"))
+    instance = dg.DagsterInstance.ephemeral()
+    for asset, part in (("demo_data", None), ("clean_samples", "ct"), ("down/vlm_clean_predictions", "ct")):
+        res = dg.materialize(assets, selection=[asset], partition_key=part, instance=instance, resources=resources)
+        assert res.success
+    (check,) = res.get_asset_check_evaluations()
+    assert check.check_name == "error_share" and not check.passed
+    assert check.severity == dg.AssetCheckSeverity.ERROR
+    assert check.metadata["error_share"].value == 1.0 and check.metadata["n_error"].value > 0
+    res = dg.materialize(assets, selection=["marts"], instance=instance, resources=resources)
+    assert "down" in res.asset_materializations_for_node("marts")[0].metadata["incomplete_partitions"].value

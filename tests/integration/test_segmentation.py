@@ -77,7 +77,7 @@ def test_track_end_to_end(seg_suite: Suite) -> None:
             & (stats["dice_drop"] <= stats["dice_drop_ci_high"] + 1e-12)).all()
     assert (stats["wilcoxon_q"].dropna() >= stats["wilcoxon_p"].dropna() - 1e-12).all()
     paths = robustness_curves(stats, Path(s.results_dir).parent / "curves")
-    assert [p.name for p in paths] == ["tiny-sam_dice_curves.png"]
+    assert [p.name for p in paths] == ["tiny-sam_iou_curves.png"]  # IoU, the primary metric
 
     build_mart(s.results_dir, s.mart_path)
     con = connect_readonly(s.mart_path)
@@ -98,3 +98,4 @@ def test_track_end_to_end(seg_suite: Suite) -> None:
     assert clean_d == pytest.approx(df.loc[df["condition"] == "clean", "dice"].mean())
     assert set(by_level["condition"]) == {"perturbation", "fgsm", "pgd"} and by_level["wilcoxon_p"].notna().any()
     assert list(top["rank"]) == sorted(top["rank"])
+    assert list(top["iou_drop"]) == sorted(top["iou_drop"], reverse=True)  # ranked by IoU drop

@@ -146,11 +146,20 @@ def test_failures_are_counted(tax_suite: Suite, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(tx, "_Scorer", _fake_scorer(s))
     tx.compute_baselines(s, "demo-shortcut", "dermoscopy")
     monkeypatch.setattr(tx, "_Scorer", _fake_scorer(s, fail=True))
+    # a first run of the partition: an earlier test's ok rows of the same inputs would be kept
+    part = {"config": "demo-shortcut", "run": "clean", "modality": "dermoscopy", "level": 0}
+    results.finalize_partition(s.results_dir, TAXONOMY_TABLE, part, [])
     out = tx.evaluate(s, "demo-shortcut", "dermoscopy", 0)
     df = _rows(s)
     d = df[(df["config"] == "demo-shortcut") & (df["modality"] == "dermoscopy")]
     assert out.outcomes == {"error": len(d)} and d["error"].str.contains("device lost").all()
     assert d["quadrant"].isna().all()
+    # the scorer recovers: the re-run retries every error row, nothing is duplicated
+    monkeypatch.setattr(tx, "_Scorer", _fake_scorer(s))
+    again = tx.evaluate(s, "demo-shortcut", "dermoscopy", 0)
+    d2 = _rows(s)
+    d2 = d2[(d2["config"] == "demo-shortcut") & (d2["modality"] == "dermoscopy")]
+    assert again.outcomes == {"ok": len(d)} and len(d2) == len(d)
 
 
 def test_removed_images() -> None:

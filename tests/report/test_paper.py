@@ -72,8 +72,10 @@ def _vlm_rows() -> pd.DataFrame:
             avg = float(np.mean(list(per.values())))
             cols = [("Clean", clean), *per.items(), ("Avg", avg), ("ΔTP", clean - avg)]
             for ord_, (name, value) in enumerate(cols):
+                drop = value if name == "ΔTP" else clean - value
                 rows.append({"model": model, "checkpoint": "ck", "adapter": "ad1" if mi else None, "task": task,
-                             "column_name": name, "metric": metric, "value": value, "n_unparseable": mi + ord_,
+                             "column_name": name, "metric": metric, "value": value, "drop": drop,
+                             "rel_drop": drop / clean, "n_unparseable": mi + ord_, "n_error": 2 * mi + ord_,
                              "ord": ord_})
     return pd.DataFrame(rows)
 
@@ -145,8 +147,7 @@ def make_mart(path: Path, with_strategy: bool = True) -> Path:
             _create(con, "strategy_ranking_stats", [(c, "DOUBLE" if "drop" in c or "clean" in c else
                                                      ("VARCHAR" if c in ("model", "strategy", "kind") else "BIGINT"))
                                                     for c in _strategy_rows().columns], _strategy_rows())
-            con.execute("create view strategy_ranking as select * from strategy_ranking_stats "
-                        "order by model, kind, rank")
+            con.execute(f"create view strategy_ranking as {MART_VIEWS['strategy_ranking']}")
     finally:
         con.close()
     return path
@@ -191,7 +192,8 @@ def test_writes_every_table_in_three_formats_and_the_figures(report: ReportSumma
             assert (report.out_dir / "tables" / f"{name}.{ext}") in report.files
     names = {p.name for p in report.figures}
     for m in SEG_MODELS:
-        assert {f"{m}_dice_curves.png", f"{m}_dice_drop_by_family.png", f"{m}_dice_drop_heatmap.png"} <= names
+        assert {f"{m}_iou_curves.png", f"{m}_iou_drop_by_family.png", f"{m}_iou_drop_heatmap.png",
+                f"{m}_dice_drop_heatmap.png"} <= names
     assert {"strategy_iou_drop.png", "taxonomy_flip_vs_dangerous.png", "taxonomy_quadrants_clean_none.png",
             "taxonomy_quadrants_by_level_none.png"} <= names
     for p in report.figures:
@@ -241,14 +243,15 @@ def test_segmentation_by_level_csv_equals_the_view(report: ReportSummary, mart: 
 
 def test_markdown_and_latex_render_the_same_rows(report: ReportSummary) -> None:
     md = (report.out_dir / "tables" / "segmentation_summary.md").read_text()
-    header = ("| Model | Clean IoU | Clean Dice | IoU drop (corr.) | Dice drop (corr.) | IoU drop (attack) "
-              "| Dice drop (attack) | Images | n | Failed |")
+    header = ("| Model | Clean IoU | IoU drop (corr.) | IoU rel. drop (corr.) | IoU drop (attack) "
+              "| IoU rel. drop (attack) | Clean Dice | Dice drop (corr.) | Dice rel. drop (corr.) "
+              "| Dice drop (attack) | Dice rel. drop (attack) | Images | n | Failed |")
     lines = md.splitlines()
     assert lines[0] == "**Segmentation robustness per model**" and lines[2] == header
-    assert lines[3] == "|---|" + "---:|" * 9
+    assert lines[3] == "|---|" + "---:|" * 13
     csv_rows = _csv(report, "segmentation_summary")
     first = csv_rows.iloc[0]
-    assert lines[4].startswith(f"| sam_a | {fmt_float(first['clean_iou'])} | {fmt_float(first['clean_dice'])} |")
+    assert lines[4].startswith(f"| sam_a | {fmt_float(first['clean_iou'])} | {fmt_float(first['corruption_iou_drop'])} |")
     for name in ALL_TABLES:
         tex = (report.out_dir / "tables" / f"{name}.tex").read_text()
         data = _csv(report, name)
@@ -281,7 +284,7 @@ def test_formatters_and_latex_escape() -> None:
 def test_vlm_pivot_equals_the_view(report: ReportSummary, mart: Path) -> None:
     got = _csv(report, "vlm_task_drops")
     assert list(got.columns) == ["model", "checkpoint", "adapter", "task", "metric", "Clean", *TYPES, "Avg", "ΔTP",
-                                 "n_unparseable"]
+                                 "rel_drop", "n_unparseable", "n_error"]
     assert len(got) == 4
     long = _sql(mart, "select * from vlm_task_drops")
     for rec in long.to_dict("records"):
@@ -289,7 +292,8 @@ def test_vlm_pivot_equals_the_view(report: ReportSummary, mart: Path) -> None:
         assert len(row) == 1
         assert row.iloc[0][rec["column_name"]] == pytest.approx(rec["value"], rel=1e-12)
         if rec["column_name"] == "ΔTP":
-            assert row.iloc[0]["n_unparseable"] == rec["n_unparseable"]
+            assert row.iloc[0]["n_unparseable"] == rec["n_unparseable"] and row.iloc[0]["n_error"] == rec["n_error"]
+            assert row.iloc[0]["rel_drop"] == pytest.approx(rec["rel_drop"], rel=1e-12)
     tex = (report.out_dir / "tables" / "vlm_task_drops.tex").read_text()
     assert "$\\Delta$TP" in tex and "vlm\\_a" in tex and "gaussian\\_noise" in tex
     # the adapter differs between models but not within one: not a display column
@@ -405,7 +409,8 @@ def test_strategy_table_present_equals_the_view(report: ReportSummary, mart: Pat
     np.testing.assert_allclose(got["mean_iou_drop"], exp["mean_iou_drop"], rtol=1e-12)
     np.testing.assert_allclose(got["iou_drop_ci_high"], exp["iou_drop_ci_high"], rtol=1e-12)
     md = (report.out_dir / "tables" / "strategy_ranking.md").read_text()
-    assert "| sam_a | attack | 1 | lora | 1000 | 0.600 | 0.750 | 0.030 [0.025, 0.035] |" in md
+    # IoU first: clean IoU, IoU drop [CI], relative IoU drop (0.03 / 0.6), then clean Dice
+    assert "| sam_a | attack | 1 | lora | 1000 | 0.600 | 0.030 [0.025, 0.035] | 0.050 | 0.750 |" in md
 
 
 def test_empty_strategy_view_is_skipped(tmp_path: Path) -> None:
@@ -416,7 +421,7 @@ def test_empty_strategy_view_is_skipped(tmp_path: Path) -> None:
                 "0.0 as iou_drop_ci_low, 0.0 as iou_drop_ci_high, 0.0 as mean_dice_drop, 0.0 as dice_drop_ci_low, "
                 "0.0 as dice_drop_ci_high, 0.0 as clean_iou, 0.0 as clean_dice, 1 as n_trainable, 1 as rank) "
                 "where false")
-    con.execute("create view strategy_ranking as select * from strategy_ranking_stats")
+    con.execute(f"create view strategy_ranking as {MART_VIEWS['strategy_ranking']}")
     con.close()
     rep = build_report(mart, tmp_path / "out", log_mlflow=False)
     assert rep.skipped["strategy_ranking"] == "the strategy_ranking view has no rows"
@@ -472,3 +477,17 @@ def test_registry_evaluations_are_left_out_unless_named() -> None:
     sel = select_models(available, ["medrobust-seg-tiny-sam-lora-v3", "tiny-sam"])
     assert sel["segmentation"] == ["medrobust-seg-tiny-sam-lora-v3", "tiny-sam"] and sel["vlm"] == []
     assert select_models({k: [m for m in v if "-v" not in m] for k, v in available.items()}, None)["segmentation"] is None
+
+
+def test_page_names_the_partitions_left_out(tmp_path: Path) -> None:
+    from medrobust_lib.store.completeness import COMPLETENESS_COLUMNS
+
+    mart = make_mart(tmp_path / "m.duckdb")
+    con = duckdb.connect(str(mart))
+    con.execute(f"create table partition_completeness ({', '.join(f'{c} {t}' for c, t in COMPLETENESS_COLUMNS)})")
+    con.execute("insert into partition_completeness values ('vlm_results', 'vlm_a', 'ct', 2, 10, 0, 10, 1, 0.1, "
+                "0.02, false), ('vlm_results', 'vlm_a', 'ct', 1, 10, 0, 10, 0, 0.0, 0.02, true)")
+    con.execute(f"create view incomplete_partitions as {MART_VIEWS['incomplete_partitions']}")
+    con.close()
+    html = build_report(mart, tmp_path / "out", log_mlflow=False).html.read_text()
+    assert "vlm_results: vlm_a/ct/L2 (10.0% errors)" in html and "vlm_a/ct/L1" not in html

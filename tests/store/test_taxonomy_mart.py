@@ -112,8 +112,9 @@ def fake_stats(monkeypatch: pytest.MonkeyPatch) -> None:
 def mart(tmp_path: Path, fake_stats: None) -> Iterator[tuple[Path, duckdb.DuckDBPyConnection]]:
     res = tmp_path / "results"
     write_results(res, all_rows())
-    write_taxonomy_stats(res, seed=1)
-    counts = build_mart(res, tmp_path / "m.duckdb")
+    # cfg-a has 1 error row in each 9-row partition: complete only under a limit above 1/9
+    write_taxonomy_stats(res, seed=1, max_error_share=0.2)
+    counts = build_mart(res, tmp_path / "m.duckdb", max_error_share=0.2)
     assert counts[TAXONOMY_TABLE] == len(all_rows())
     assert counts["taxonomy_quadrant_stats"] == 4 * 8  # 4 (config, dataset, mode) x 2 conditions, 4 quadrants
     assert counts["taxonomy_correlation_stats"] == 2
@@ -175,7 +176,7 @@ def test_write_stats_chunks_per_config_and_stale_removed(tmp_path: Path, fake_st
     results.write_chunk(stale, [{"quadrant": "Ideal"}], "old")
     stale_corr = results.chunk_path(res, "taxonomy_correlation_stats", {"batch": "old"}, "stats")
     results.write_chunk(stale_corr, [{"scope": "x"}], "old")
-    quad, corr = write_taxonomy_stats(res, seed=0)
+    quad, corr = write_taxonomy_stats(res, seed=0, max_error_share=0.2)
     assert not stale.parent.exists() and not stale_corr.parent.exists()
     root = res / "taxonomy_quadrant_stats"
     assert sorted(d.name for d in root.iterdir()) == ["config=cfg-a", "config=cfg-b"]
@@ -197,10 +198,10 @@ def test_write_stats_with_real_module(tmp_path: Path) -> None:
     stats = pytest.importorskip("medrobust_lib.taxonomy.stats")
     res = tmp_path / "results"
     write_results(res, all_rows())
-    quad, corr = write_taxonomy_stats(res, seed=0)
+    quad, corr = write_taxonomy_stats(res, seed=0, max_error_share=0.2)
     assert set(QUADRANT_STATS_COLUMNS) <= set(quad.columns)
     assert set(CORRELATION_STATS_COLUMNS) <= set(corr.columns)
-    build_mart(res, tmp_path / "m.duckdb")
+    build_mart(res, tmp_path / "m.duckdb", max_error_share=0.2)
     con = connect_readonly(tmp_path / "m.duckdb")
     try:
         assert con.execute("select count(*) from taxonomy_quadrants").fetchall()[0][0] == len(quad)
@@ -265,3 +266,21 @@ def test_figures_write_png(mart: tuple[Path, duckdb.DuckDBPyConnection], tmp_pat
     empty = flip_vs_dangerous_scatter(pd.DataFrame(), pd.DataFrame(), tmp_path / "empty")
     assert _is_png(empty)
     assert quadrant_bars(pd.DataFrame(), out) == [] and transition_heatmaps(pd.DataFrame(), out) == []
+
+
+def test_incomplete_partitions_leave_stats_and_views(tmp_path: Path, fake_stats: None) -> None:
+    """Default limit 0.02: cfg-a's partitions (1 error in 9 rows) are incomplete, so the stats and
+    the transitions view hold cfg-b only, and the mart lists cfg-a's partitions as incomplete."""
+    res = tmp_path / "results"
+    write_results(res, all_rows())
+    quad, _ = write_taxonomy_stats(res, seed=0)
+    assert set(quad["config"]) == {"cfg-b"}
+    build_mart(res, tmp_path / "m.duckdb")
+    con = connect_readonly(tmp_path / "m.duckdb")
+    try:
+        assert con.execute("select model, level, n, n_error from incomplete_partitions "
+                           "where source_table = 'taxonomy_results' order by level").fetchall() == [
+            ("cfg-a", 0, 9, 1), ("cfg-a", 1, 9, 1)]
+        assert {r[0] for r in con.execute("select distinct config from taxonomy_transitions").fetchall()} == {"cfg-b"}
+    finally:
+        con.close()

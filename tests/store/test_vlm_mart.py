@@ -22,8 +22,9 @@ from medrobust_lib.tracks.vlm.stats import vlm_stats, vlm_task_drops_wide, write
 
 MODEL = "m1"
 N_MC = 12
-# vqa_mc correctness per (perturbation, level); None = excluded. Clean: 7 ok right, 1 ok wrong,
-# 1 unparseable, 1 refused, 1 error (all wrong), 1 excluded -> accuracy 7/11, n_excluded 1.
+# vqa_mc correctness per (perturbation, level); None = not scored. Clean: 7 ok right, 1 ok wrong,
+# 1 unparseable, 1 refused (both wrong), 1 error (infrastructure: outside the denominator), 1 excluded
+# -> accuracy 7/10, n_error 1, n_excluded 1.
 Cell = tuple[str, float | None]
 
 
@@ -32,7 +33,7 @@ def _cells(*groups: tuple[str, float | None, int]) -> list[Cell]:
     return [(o, c) for o, c, k in groups for _ in range(k)]
 
 
-MC_CLEAN = _cells(("ok", 1.0, 7), ("ok", 0.0, 1), ("unparseable", 0.0, 1), ("refused", 0.0, 1), ("error", 0.0, 1),
+MC_CLEAN = _cells(("ok", 1.0, 7), ("ok", 0.0, 1), ("unparseable", 0.0, 1), ("refused", 0.0, 1), ("error", None, 1),
                   ("excluded:image_not_indexed", None, 1))
 MC_PERTURBED: dict[tuple[str, int], list[Cell]] = {
     ("blur", 1): _cells(("ok", 1.0, 6), ("ok", 0.0, 1), ("unparseable", 0.0, 1), ("ok", 1.0, 1), ("ok", 0.0, 1),
@@ -97,12 +98,16 @@ def write_results(res: Path, rows: list[dict[str, Any]]) -> None:
         results.write_chunk(results.chunk_path(res, VLM_TABLE, part, "ds"), df[df["level"] == level], "fp")
 
 
+MAX_ERROR_SHARE = 0.1
+"""The clean partition has 1 error in 20 attempted rows (5 %): complete under this limit."""
+
+
 @pytest.fixture()
 def mart(tmp_path: Path) -> Iterator[tuple[Path, duckdb.DuckDBPyConnection]]:
     res = tmp_path / "results"
     write_results(res, all_rows())
-    write_vlm_stats(res, seed=7)
-    counts = build_mart(res, tmp_path / "m.duckdb")
+    write_vlm_stats(res, seed=7, max_error_share=MAX_ERROR_SHARE)
+    counts = build_mart(res, tmp_path / "m.duckdb", max_error_share=MAX_ERROR_SHARE)
     assert counts["vlm_results"] == len(all_rows())
     con = connect_readonly(tmp_path / "m.duckdb")
     try:
@@ -126,8 +131,8 @@ def test_by_level_counts_failures_wrong_and_excluded_outside(mart: tuple[Path, d
     _, con = mart
     r = _one(con, "select * from vlm_by_level where task = 'vqa_mc' and perturbation = 'clean'")
     assert (r["n"], r["n_scored"], r["n_unparseable"], r["n_refused"], r["n_error"], r["n_excluded"]) == (
-        12, 11, 1, 1, 1, 1)
-    assert r["accuracy"] == pytest.approx(7 / 11, abs=1e-12)
+        12, 10, 1, 1, 1, 1)
+    assert r["accuracy"] == pytest.approx(7 / 10, abs=1e-12)
     assert pd.isna(r["cider_d"]) and pd.isna(r["bleu_4"]) and pd.isna(r["mean_iou"])
     g = _one(con, "select * from vlm_by_level where task = 'grounding' and perturbation = 'clean'")
     assert g["accuracy"] == g["acc_50"] == pytest.approx(0.5)
@@ -161,31 +166,45 @@ def test_task_drops_clean_types_avg_delta(mart: tuple[Path, duckdb.DuckDBPyConne
     v = dict(zip(long["column_name"], long["value"], strict=True))
     blur = (_acc(MC_PERTURBED[("blur", 1)]) + _acc(MC_PERTURBED[("blur", 2)])) / 2
     noise = _acc(MC_PERTURBED[("noise", 1)])
-    assert v["Clean"] == pytest.approx(7 / 11) and v["blur"] == pytest.approx(blur)
+    assert v["Clean"] == pytest.approx(7 / 10) and v["blur"] == pytest.approx(blur)
     assert v["noise"] == pytest.approx(noise) and v["Avg"] == pytest.approx((blur + noise) / 2)
     assert v["ΔTP"] == pytest.approx(v["Clean"] - v["Avg"], abs=1e-12)
     nu = dict(zip(long["column_name"], long["n_unparseable"], strict=True))
     assert (nu["Clean"], nu["blur"], nu["noise"], nu["Avg"], nu["ΔTP"]) == (1, 3, 0, 3, 4)
+    ne = dict(zip(long["column_name"], long["n_error"], strict=True))
+    assert (ne["Clean"], ne["blur"], ne["noise"], ne["Avg"], ne["ΔTP"]) == (1, 0, 0, 0, 1)
+    # absolute and relative drops: Clean - value and (Clean - value) / Clean; the ΔTP row holds ΔTP itself
+    d = dict(zip(long["column_name"], long["drop"], strict=True))
+    rel = dict(zip(long["column_name"], long["rel_drop"], strict=True))
+    assert d["Clean"] == 0.0 and d["blur"] == pytest.approx(7 / 10 - blur, abs=1e-12)
+    assert d["Avg"] == pytest.approx(d["ΔTP"], abs=1e-12) == pytest.approx(v["ΔTP"], abs=1e-12)
+    assert rel["noise"] == pytest.approx((7 / 10 - noise) / (7 / 10), abs=1e-12)
+    assert rel["ΔTP"] == pytest.approx(v["ΔTP"] / (7 / 10), abs=1e-12)
     metrics = dict(con.execute("select distinct task, metric from vlm_task_drops").fetchall())
     assert metrics == {"vqa_mc": "accuracy", "caption": "cider_d", "grounding": "acc_50"}
     wide = vlm_task_drops_wide(con)
     row = wide[wide["task"] == "vqa_mc"].iloc[0]
     assert list(wide.columns) == ["model", "checkpoint", "adapter", "task", "metric", "Clean", "blur", "noise",
-                                  "Avg", "ΔTP", "n_unparseable"]
-    assert row["ΔTP"] == pytest.approx(v["ΔTP"]) and row["n_unparseable"] == 4
+                                  "Avg", "ΔTP", "rel_drop", "n_unparseable", "n_error"]
+    assert row["ΔTP"] == pytest.approx(v["ΔTP"]) and row["n_unparseable"] == 4 and row["n_error"] == 1
+    assert row["rel_drop"] == pytest.approx(rel["ΔTP"])
     assert pd.isna(wide[wide["task"] == "caption"].iloc[0]["blur"])
 
 
-def _mc_pairs(key: tuple[str, int]) -> tuple[np.ndarray, np.ndarray, int]:
+def _mc_pairs(key: tuple[str, int]) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """(clean correct, perturbed correct) of the pairs, then the unpaired: excluded, error."""
     clean, pert = [], []
-    excluded = 0
-    for (_, c), (_, p) in zip(MC_CLEAN, MC_PERTURBED[key], strict=True):
+    excluded = errors = 0
+    for (oc, c), (op, p) in zip(MC_CLEAN, MC_PERTURBED[key], strict=True):
+        if "error" in (oc, op):
+            errors += 1
+            continue
         if c is None or p is None:
             excluded += 1
             continue
         clean.append(c == 1.0)
         pert.append(p == 1.0)
-    return np.array(clean), np.array(pert), excluded
+    return np.array(clean), np.array(pert), excluded, errors
 
 
 def test_stats_mcnemar_known_answer_and_bh(mart: tuple[Path, duckdb.DuckDBPyConnection]) -> None:
@@ -195,18 +214,21 @@ def test_stats_mcnemar_known_answer_and_bh(mart: tuple[Path, duckdb.DuckDBPyConn
     mc = stats[stats["task"] == "vqa_mc"]
     for key in MC_PERTURBED:
         r = mc[(mc["perturbation"] == key[0]) & (mc["level"] == key[1])].iloc[0]
-        c, p, excluded = _mc_pairs(key)
-        assert (r["n_pairs"], r["n_excluded"], r["n_unmatched"]) == (len(c), excluded, 0)
+        c, p, excluded, errors = _mc_pairs(key)
+        assert (r["n_pairs"], r["n_excluded"], r["n_unmatched"], r["n_error"]) == (len(c), excluded, 0, errors)
+        assert errors == 1  # the clean error row is never paired
         assert r["test"] == "mcnemar" and r["metric"] == "accuracy"
         assert r["p_value"] == pytest.approx(mcnemar(c, p)[1], abs=1e-12)
         assert r["clean_value"] == pytest.approx(c.mean()) and r["perturbed_value"] == pytest.approx(p.mean())
         assert r["drop"] == pytest.approx(c.mean() - p.mean(), abs=1e-12)
         assert r["drop_ci_low"] <= r["drop"] <= r["drop_ci_high"]
         assert r["clean_ci_low"] <= r["clean_value"] <= r["clean_ci_high"]
-    # noise: 6 pairs right -> wrong, 1 wrong -> right: exact two-sided binomial 2 * (1 + 7) / 2**7
-    assert mc[mc["perturbation"] == "noise"].iloc[0]["p_value"] == pytest.approx(0.125, abs=1e-12)
-    # BH within (model, checkpoint, adapter, task): p 0.125, 0.375, 1.0 -> q 0.375, 0.5625, 1.0
-    assert sorted(mc["q_value"]) == pytest.approx([0.375, 0.5625, 1.0])
+    # noise: 6 pairs right -> wrong, none wrong -> right (the clean error row's pair is out):
+    # exact two-sided binomial 2 / 2**6
+    assert mc[mc["perturbation"] == "noise"].iloc[0]["p_value"] == pytest.approx(0.03125, abs=1e-12)
+    # blur 2: 4 right -> wrong, 0 back: 2 / 2**4; blur 1: one discordant pair each way: 1.0
+    # BH within (model, checkpoint, adapter, task): p 0.03125, 0.125, 1.0 -> q 0.09375, 0.1875, 1.0
+    assert sorted(mc["q_value"]) == pytest.approx([0.09375, 0.1875, 1.0])
     # BH within (model, checkpoint, adapter, task): q >= p and q monotone in p
     o = mc.sort_values("p_value")
     assert np.all(o["q_value"].to_numpy() >= o["p_value"].to_numpy() - 1e-15)
@@ -226,7 +248,7 @@ def test_stats_deterministic_and_stale_models_removed(tmp_path: Path) -> None:
     write_results(res, all_rows())
     stale = results.chunk_path(res, "vlm_stats", {"model": "gone"}, "stats")
     results.write_chunk(stale, [{"task": "vqa_mc"}], "old")
-    a = write_vlm_stats(res, seed=3)
+    a = write_vlm_stats(res, seed=3, max_error_share=MAX_ERROR_SHARE)
     assert not stale.parent.exists() and (res / "vlm_stats" / f"model={MODEL}" / "stats.parquet").is_file()
     df = results.read_table(res, VLM_TABLE)
     df["level"] = df["level"].astype(int)
@@ -262,5 +284,31 @@ def test_empty_mart_has_vlm_views(tmp_path: Path) -> None:
     try:
         assert con.execute("select count(*) from vlm_by_level").fetchall() == [(0,)]
         assert vlm_task_drops_wide(con).empty
+    finally:
+        con.close()
+
+
+def test_partition_over_the_error_limit_is_incomplete_and_left_out(tmp_path: Path) -> None:
+    """Default limit 0.02: the clean partition (1 error in 20 attempted rows) is marked incomplete,
+    listed by incomplete_partitions and left out of vlm_by_level, vlm_task_drops and vlm_stats; the
+    perturbed partitions (no errors) stay."""
+    res = tmp_path / "results"
+    write_results(res, all_rows())
+    stats = write_vlm_stats(res, seed=0)
+    assert stats.empty  # every pair needs the clean partition
+    build_mart(res, tmp_path / "m.duckdb")
+    con = connect_readonly(tmp_path / "m.duckdb")
+    try:
+        pc = con.execute("select * from partition_completeness where source_table = 'vlm_results' "
+                         "order by level").df()
+        assert list(pc["level"]) == [0, 1, 2] and list(pc["complete"]) == [False, True, True]
+        clean = pc.iloc[0]
+        # 22 rows: 12 mc + 5 caption + 4 grounding + 1 image-removal row; 2 excluded; 1 error
+        assert (clean["n"], clean["n_excluded"], clean["n_attempted"], clean["n_error"]) == (22, 2, 20, 1)
+        assert clean["error_share"] == pytest.approx(0.05) and clean["max_error_share"] == pytest.approx(0.02)
+        assert con.execute("select model, modality, level from incomplete_partitions").fetchall() == [(MODEL, "ct", 0)]
+        levels = {r[0] for r in con.execute("select distinct level from vlm_by_level").fetchall()}
+        assert levels == {1, 2}
+        assert con.execute("select count(*) from vlm_task_drops where column_name = 'Clean'").fetchall() == [(0,)]
     finally:
         con.close()

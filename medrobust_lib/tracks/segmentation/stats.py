@@ -19,7 +19,7 @@ N_BOOT = 1000
 def segmentation_stats(df: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
     """One row per (model, checkpoint, strategy, condition, perturbation, level): n, mean IoU and
     Dice, mean drops with bootstrap 95% CIs over images, paired Wilcoxon p (clean vs condition
-    Dice) and the Benjamini-Hochberg q over the model's type x level grid."""
+    IoU, the primary metric) and the Benjamini-Hochberg q over the model's type x level grid."""
     if df.empty:
         return pd.DataFrame()
     ok = df[(df["status"] == "ok") & (df["condition"] != "clean")]
@@ -30,7 +30,7 @@ def segmentation_stats(df: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
         rng = rng_for(seed, "segstats", *map(str, key))
         _, ilo, ihi = bootstrap_ci(g["iou_drop"].to_numpy(), n_boot=N_BOOT, rng=rng)
         _, dlo, dhi = bootstrap_ci(g["dice_drop"].to_numpy(), n_boot=N_BOOT, rng=rng)
-        _, p = wilcoxon_paired(g["clean_dice"].to_numpy(), g["dice"].to_numpy())
+        _, p = wilcoxon_paired(g["clean_iou"].to_numpy(), g["iou"].to_numpy())
         rec.update(n=len(g), iou=g["iou"].mean(), dice=g["dice"].mean(), iou_drop=g["iou_drop"].mean(),
                    iou_drop_ci_low=ilo, iou_drop_ci_high=ihi, dice_drop=g["dice_drop"].mean(),
                    dice_drop_ci_low=dlo, dice_drop_ci_high=dhi, wilcoxon_p=p)
@@ -50,8 +50,8 @@ def write_segmentation_stats(results_dir: str | Path, seed: int = 0) -> pd.DataF
     return stats
 
 
-def robustness_curves(stats: pd.DataFrame, out_dir: str | Path, metric: str = "dice") -> list[Path]:
-    """One PNG per model: the paired ``metric`` drop (clean minus condition, so 0 at level 0) vs
+def robustness_curves(stats: pd.DataFrame, out_dir: str | Path, metric: str = "iou") -> list[Path]:
+    """One PNG per model: the paired ``metric`` drop (default IoU, the primary metric) (clean minus condition, so 0 at level 0) vs
     severity level for each corruption type (thin lines), their mean (thick) and the two attacks
     (dashed). Drops, not raw scores, because each type covers its own modalities' images."""
     import matplotlib
@@ -79,8 +79,8 @@ def robustness_curves(stats: pd.DataFrame, out_dir: str | Path, metric: str = "d
                 ax.plot([0, *t["level"]], [0.0, *t[drop]], "--", color=f"C{i + 1}", lw=2, label=kind.upper())
         ax.axhline(0, color="k", lw=0.5)
         ax.set_xlabel("severity level (0 = clean; attacks: eps = 2, 4, 6, 8, 10 /255)")
-        ax.set_ylabel(f"{metric.capitalize()} drop (clean - condition, paired)")
-        ax.set_title(f"{model}: {metric} drop under corruption and attack")
+        ax.set_ylabel(f"{_label(metric)} drop (clean - condition, paired)")
+        ax.set_title(f"{model}: {_label(metric)} drop under corruption and attack")
         ax.grid(alpha=0.3)
         ax.legend(loc="upper left")
         fig.tight_layout()
@@ -89,3 +89,7 @@ def robustness_curves(stats: pd.DataFrame, out_dir: str | Path, metric: str = "d
         plt.close(fig)
         paths.append(p)
     return paths
+
+
+def _label(metric: str) -> str:
+    return {"iou": "IoU", "dice": "Dice"}.get(metric, metric)

@@ -38,7 +38,7 @@ from medrobust_lib.config.taxonomy import TaxonomyConfig, TaxonomyConfigEntry
 from medrobust_lib.config.vlm import VLMModelConfig, vlm_model
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.seeding import rng_for
-from medrobust_lib.store import results
+from medrobust_lib.store import rerun, results
 from medrobust_lib.store.schema_taxonomy import COLUMN_NAMES, TAXONOMY_TABLE
 from medrobust_lib.tracks.vlm.items import YESNO_SUFFIX, VLMItem, load_items
 
@@ -46,6 +46,8 @@ BASELINE_TABLE = "taxonomy_baselines"
 BASELINE_COLUMNS = ("config", "checkpoint", "adapter", "dataset", "modality", "sample_id", "record_id", "image_mode",
                     "lp_yes", "lp_no", "pred", "source", "outcome", "error")
 VERSION = 1
+ROW_KEY: tuple[str, ...] = ("dataset", "record_id", "perturbation", "image_mode")
+"""Identifies a ``taxonomy_results`` row within its partition (config, modality, level)."""
 
 
 def taxonomy_config(suite: Suite) -> TaxonomyConfig:
@@ -329,18 +331,32 @@ def evaluate(suite: Suite, config_id: str, modality: str, level: int,
     v0 = scorer.vision_calls
     rows: list[dict[str, Any]] = []
     n_images = 0
-    if level == 0:
+    # Re-runs keep the stored non-error rows of the same inputs and score only the images that
+    # still have a missing or error row (medrobust_lib.store.rerun).
+    manifest = read_manifest(suite, modality, level) if level != 0 else None
+    fp_extra: list[Any] = (sorted((k, s.content_hash()) for k, s in samples.items()) if manifest is None
+                           else [sorted(manifest["sha256"].dropna()) if len(manifest) else []])
+    part = {"config": config_id, "run": "clean" if level == 0 else "perturbation", "modality": modality,
+            "level": level}
+    fp = results.fingerprint([VERSION, scorer.runner.checkpoint, scorer.runner.adapter, tc.model_dump(), level,
+                              fp_extra])
+    kept = rerun.reusable_rows(suite.results_dir, TAXONOMY_TABLE, part, fp, COLUMN_NAMES, ROW_KEY)
+
+    def done(items: list[VLMItem], perturbation: str) -> bool:
+        return all((it.dataset, it.record_id, perturbation, mode) in kept for it in items for mode in tc.image_modes)
+
+    if manifest is None:
         for key, items in sorted(by.items()):
+            if done(items, "clean"):
+                continue
             rows.extend(_classify_rows(suite, entry, scorer, items, _Cond(samples[key], samples[key].image), base,
                                        variants))
             n_images += 1
-        fp_extra: list[Any] = sorted((k, s.content_hash()) for k, s in samples.items())
     else:
-        manifest = read_manifest(suite, modality, level)
         for rec in manifest.to_dict("records"):
             mr = {str(k): v for k, v in rec.items()}
             key = (str(mr["dataset"]), str(mr["sample_id"]))
-            if key not in by:
+            if key not in by or done(by[key], str(mr["perturbation"])):
                 continue
             s = samples[key]
             cond = _Cond(s, s.image, str(mr["perturbation"]), level, mr.get("strength"), mr.get("ssim"))
@@ -357,11 +373,7 @@ def evaluate(suite: Suite, config_id: str, modality: str, level: int,
             cond = dataclasses.replace(cond, image=regenerate(mr, s).image)
             rows.extend(_classify_rows(suite, entry, scorer, by[key], cond, base, variants))
             n_images += 1
-        fp_extra = [sorted(manifest["sha256"].dropna()) if len(manifest) else []]
-    part = {"config": config_id, "run": "clean" if level == 0 else "perturbation", "modality": modality,
-            "level": level}
-    fp = results.fingerprint([VERSION, scorer.runner.checkpoint, scorer.runner.adapter, tc.model_dump(), level,
-                              fp_extra])
+    rows = rerun.merge_rows(kept, rows, ROW_KEY)
     _write_rows(suite, TAXONOMY_TABLE, part, rows, fp, COLUMN_NAMES)
     df = pd.DataFrame(rows)
     out = TaxonomySummary(n_rows=len(rows), n_images=n_images, n_vision_calls=scorer.vision_calls - v0,

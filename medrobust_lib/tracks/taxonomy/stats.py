@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from medrobust_lib.store import results
+from medrobust_lib.store.completeness import DEFAULT_MAX_ERROR_SHARE, complete_rows
 from medrobust_lib.store.marts import TAXONOMY_CORRELATION_STATS_COLUMNS, TAXONOMY_QUADRANT_STATS_COLUMNS
 from medrobust_lib.store.schema_taxonomy import COLUMN_NAMES, QUADRANTS, TAXONOMY_TABLE
 
@@ -54,7 +55,8 @@ def read_taxonomy_results(results_dir: str | Path) -> pd.DataFrame:
     return df
 
 
-def write_taxonomy_stats(results_dir: str | Path, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
+def write_taxonomy_stats(results_dir: str | Path, seed: int = 0, *,
+                         max_error_share: float = DEFAULT_MAX_ERROR_SHARE) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Recompute both taxonomy stats tables from every ``taxonomy_results`` row and return them
     as (quadrant stats, correlation stats). Quadrant stats: one chunk per configuration under
     ``taxonomy_quadrant_stats/config=<id>/stats.parquet`` (folders of configurations without
@@ -62,7 +64,7 @@ def write_taxonomy_stats(results_dir: str | Path, seed: int = 0) -> tuple[pd.Dat
     stats.parquet`` (removed when there are none)."""
     from medrobust_lib.taxonomy.stats import flip_dangerous_correlation, quadrant_stats
 
-    df = read_taxonomy_results(results_dir)
+    df = complete_rows(read_taxonomy_results(results_dir), TAXONOMY_TABLE, max_error_share)  # complete partitions
     if df.empty:
         quad = pd.DataFrame(columns=list(QUADRANT_STATS_COLUMNS))
         corr = pd.DataFrame(columns=list(CORRELATION_STATS_COLUMNS))

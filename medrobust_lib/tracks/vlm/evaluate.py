@@ -5,13 +5,18 @@ Each condition runs on the same sample set: the evaluation split of the clean in
 perturbed image of the (modality, level) manifest partition, regenerated bit-exactly. Spatial
 perturbations move the grounding box with the image. Every record yields a row: failures are
 outcomes, never gaps.
+
+Re-runs: rows already stored for the partition under the same input fingerprint are kept, except
+``error`` rows (infrastructure failures), which are asked again; so a re-run after an outage only
+retries the failures, and a run interrupted between its dataset chunks resumes from the chunks it
+wrote. Rows are merged by :data:`ROW_KEY`, so no row is duplicated or lost.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,12 +25,20 @@ import numpy as np
 from medrobust_lib.config import Suite
 from medrobust_lib.config.vlm import vlm_config, vlm_model
 from medrobust_lib.data.sample import Sample
-from medrobust_lib.store import results
+from medrobust_lib.store import rerun, results
+from medrobust_lib.store.completeness import ERROR_OUTCOME
 from medrobust_lib.store.schema_vlm import COLUMN_NAMES, VLM_TABLE
 from medrobust_lib.tracks.vlm.items import VLMItem, box_in_sample, load_items, prompt_for
 from medrobust_lib.tracks.vlm.runner import Answer, Runner
 
 EVAL_VERSION = 1
+ROW_KEY: tuple[str, ...] = ("task", "dataset", "sample_id", "record_id", "prompt_id", "image_mode", "perturbation")
+"""Identifies a ``vlm_results`` row within its partition (model, modality and level are the partition)."""
+_ERROR_CLEARED: tuple[str, ...] = (
+    "parsed", "correct", "iou", "acc_75", "box_scale", "margin", "p_yes", "entropy", "bleu_4", "rouge_l", "cider_d",
+    "bleu_c1", "bleu_c2", "bleu_c3", "bleu_c4", "bleu_g1", "bleu_g2", "bleu_g3", "bleu_g4", "hyp_len", "ref_len",
+)
+"""Score columns an ``error`` row leaves NULL: it was never answered, so nothing may count it."""
 
 
 @dataclass
@@ -37,6 +50,8 @@ class VLMEvalSummary:
     seconds: float = 0.0
     model_seconds: float = 0.0
     n_vision_calls: int = 0
+    n_reused: int = 0
+    """Rows kept from the previous run of the partition (same fingerprint, outcome not error)."""
 
 
 @dataclass(frozen=True)
@@ -65,11 +80,26 @@ def _row(item: VLMItem, cond: Condition, runner: Runner, prompt_id: int = 0) -> 
 def _with_answer(r: dict[str, Any], a: Answer, scored: dict[str, Any]) -> dict[str, Any]:
     r.update(scored)
     r.update(latency_s=a.latency_s, cache_hit=a.cache_hit, error=a.error)
-    if a.text is None and a.outcome in ("error", "refused"):
+    if a.outcome == ERROR_OUTCOME:
+        r.update(dict.fromkeys(_ERROR_CLEARED), outcome=ERROR_OUTCOME, prediction=None)
+    elif a.text is None and a.outcome == "refused":
         r["outcome"] = a.outcome
         if r.get("correct") is not None:
             r["correct"] = 0.0
     return r
+
+
+def _item_key(it: VLMItem, perturbation: str) -> tuple[str, ...]:
+    """:data:`ROW_KEY` of the row an item gets under ``perturbation`` (prompt 0, image mode image)."""
+    return (it.task, it.dataset, it.sample_id, it.record_id, "0", "image", perturbation)
+
+
+def _reusable(suite: Suite, partition: Mapping[str, object], fp: str) -> dict[tuple[str, ...], dict[str, Any]]:
+    return rerun.reusable_rows(suite.results_dir, VLM_TABLE, partition, fp, COLUMN_NAMES, ROW_KEY)
+
+
+def _merge(kept: dict[tuple[str, ...], dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return rerun.merge_rows(kept, new, ROW_KEY)
 
 
 def _judge(judge: Runner, pairs: list[tuple[VLMItem, dict[str, Any]]]) -> None:
@@ -87,8 +117,9 @@ def _judge(judge: Runner, pairs: list[tuple[VLMItem, dict[str, Any]]]) -> None:
 
 def ask(items_by_sample: dict[tuple[str, str], list[VLMItem]], conditions: Sequence[Condition], runner: Runner,
         caption_df_refs: Mapping[str, Sequence[str]], summary: VLMEvalSummary,
-        judge: Runner | None = None) -> list[dict[str, Any]]:
-    """Every item of every condition's sample, batched per task across conditions. ``judge``: the
+        judge: Runner | None = None, done: Collection[tuple[str, ...]] = frozenset()) -> list[dict[str, Any]]:
+    """Every item of every condition's sample, batched per task across conditions, except those
+    whose row key (:func:`_item_key`) is in ``done`` (kept from a previous run). ``judge``: the
     optional LLM judge for unparseable multiple-choice answers (recorded separately)."""
     from medrobust_lib.tasks.scoring import score_captions, score_grounding, score_mc, score_yes_no
 
@@ -97,6 +128,8 @@ def ask(items_by_sample: dict[tuple[str, str], list[VLMItem]], conditions: Seque
     rows: list[dict[str, Any]] = []
     for c in conditions:
         for it in items_by_sample.get((c.sample.dataset, c.sample.sample_id), []):
+            if done and _item_key(it, c.perturbation) in done:
+                continue
             if it.task == "grounding" and c.boxes.get(it.record_id) is None:
                 r = _row(it, c, runner)
                 r.update(outcome="excluded:box_out_of_view", error="the perturbation moved the box out of the image")
@@ -184,6 +217,10 @@ def _write(suite: Suite, model_id: str, run: str, modality: str, level: int, row
         sort_key=lambda r: (str(r["perturbation"]), str(r["task"]), str(r["record_id"]), int(r["prompt_id"])))
 
 
+def _partition(model_id: str, modality: str, level: int) -> dict[str, object]:
+    return {"model": model_id, "run": "clean" if level == 0 else "perturbation", "modality": modality, "level": level}
+
+
 def _summarize(rows: list[dict[str, Any]], s: VLMEvalSummary, t0: float, runner: Runner) -> VLMEvalSummary:
     import pandas as pd
 
@@ -194,7 +231,7 @@ def _summarize(rows: list[dict[str, Any]], s: VLMEvalSummary, t0: float, runner:
         return s
     df = pd.DataFrame(rows)
     s.outcomes = {str(k): int(v) for k, v in df["outcome"].value_counts().items()}
-    scored = df[~df["outcome"].astype(str).str.startswith("excluded")]
+    scored = df[df["outcome"].isin(("ok", "unparseable", "refused"))]
     for task, g in scored.groupby("task"):
         if task == "caption":
             s.metrics["caption_cider_d"] = float(g["cider_d"].mean())
@@ -236,10 +273,13 @@ def evaluate_clean(suite: Suite, model_id: str, modality: str, runner: Runner | 
     samples = {(s.dataset, s.sample_id): s for v in load_clean_samples(suite, modality, split=vc.split).values()
                for s in v}
     by, missing, df_refs = _items_for(suite, samples)
-    conds = [Condition(s, s.image, boxes=_grounding_boxes(by.get(k, []), s)) for k, s in sorted(samples.items())]
-    summary = VLMEvalSummary()
+    fp = _fingerprint(runner, suite, [modality, sorted((k, s.content_hash()) for k, s in samples.items())])
+    kept = _reusable(suite, _partition(model_id, modality, 0), fp)
+    conds = [Condition(s, s.image, boxes=_grounding_boxes(by.get(k, []), s)) for k, s in sorted(samples.items())
+             if any(_item_key(it, "clean") not in kept for it in by.get(k, []))]
+    summary = VLMEvalSummary(n_reused=len(kept))
     judge = _judge_runner(suite)
-    rows = ask(by, conds, runner, df_refs, summary, judge)
+    rows = ask(by, conds, runner, df_refs, summary, judge, done=kept.keys())
     for it in missing:
         if it.modality == modality:
             r = _row(it, Condition(Sample(it.sample_id, it.dataset, modality, np.zeros((1, 1), np.float32)),
@@ -247,7 +287,7 @@ def evaluate_clean(suite: Suite, model_id: str, modality: str, runner: Runner | 
             r.update(outcome="excluded:image_not_indexed",
                      error=f"no usable sample {it.dataset}/{it.sample_id} in the clean index")
             rows.append(r)
-    fp = _fingerprint(runner, suite, [modality, sorted((k, s.content_hash()) for k, s in samples.items())])
+    rows = _merge(kept, rows)
     _write(suite, model_id, "clean", modality, 0, rows, fp)
     return _summarize(rows, summary, t0, runner)
 
@@ -266,7 +306,9 @@ def evaluate_perturbed(suite: Suite, model_id: str, modality: str, level: int, r
                for s in v}
     by, _, df_refs = _items_for(suite, samples)
     manifest = read_manifest(suite, modality, level)
-    summary = VLMEvalSummary()
+    fp = _fingerprint(runner, suite, [modality, level, sorted(manifest["sha256"].dropna()) if len(manifest) else []])
+    kept = _reusable(suite, _partition(model_id, modality, level), fp)
+    summary = VLMEvalSummary(n_reused=len(kept))
     judge = _judge_runner(suite)
     rows: list[dict[str, Any]] = []
     conds: list[Condition] = []
@@ -278,21 +320,32 @@ def evaluate_perturbed(suite: Suite, model_id: str, modality: str, level: int, r
         if s is None or key not in by:
             continue  # another split, or no record asks about this image
         base = Condition(s, s.image, str(mr["perturbation"]), level, mr.get("strength"), mr.get("ssim"))
+        if all(_item_key(it, base.perturbation) in kept for it in by[key]):
+            continue  # every row of this image is kept from the previous run
         if mr["status"] != "ok":
             for it in by[key]:
                 r = _row(it, base, runner)
                 r.update(outcome="excluded:perturbation_error", error=str(mr.get("error")))
                 rows.append(r)
             continue
-        gt = _grounding_boxes(by[key], s)
-        out = regenerate(mr, s)
-        moved = {rid: _move_box(mr, s, box) for rid, box in gt.items() if box is not None}
+        try:
+            gt = _grounding_boxes(by[key], s)
+            out = regenerate(mr, s)
+            moved = {rid: _move_box(mr, s, box) for rid, box in gt.items() if box is not None}
+        except Exception as exc:  # e.g. out of memory: an infrastructure failure, retried by the next run
+            for it in by[key]:
+                if _item_key(it, base.perturbation) not in kept:
+                    r = _row(it, base, runner)
+                    r.update(outcome=ERROR_OUTCOME, error=f"regenerating the image failed: {type(exc).__name__}: "
+                                                          f"{exc}"[:300])
+                    rows.append(r)
+            continue
         conds.append(dataclasses.replace(base, image=out.image, boxes=moved))
         if len(conds) >= chunk:
-            rows.extend(ask(by, conds, runner, df_refs, summary, judge))
+            rows.extend(ask(by, conds, runner, df_refs, summary, judge, done=kept.keys()))
             conds = []
-    rows.extend(ask(by, conds, runner, df_refs, summary, judge))
-    fp = _fingerprint(runner, suite, [modality, level, sorted(manifest["sha256"].dropna()) if len(manifest) else []])
+    rows.extend(ask(by, conds, runner, df_refs, summary, judge, done=kept.keys()))
+    rows = _merge(kept, rows)
     _write(suite, model_id, "perturbation", modality, level, rows, fp)
     return _summarize(rows, summary, t0, runner)
 

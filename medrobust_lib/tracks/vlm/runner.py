@@ -1,10 +1,16 @@
 """One interface over local and API VLMs for the evaluation: answers with their outcome, latency
-and cache flag; a failed batch or request becomes an ``error`` answer, never an exception."""
+and cache flag; a failed batch or request becomes an ``error`` answer, never an exception.
+
+``error`` is an infrastructure outcome (transport, retries exhausted, cache, out of memory, any
+exception in the model call): it is not scored and the next run of the partition retries it. A
+local batch that runs out of memory (CUDA OOM) is split in halves after freeing the allocator's
+cache, down to single prompts; only a single prompt that still does not fit becomes ``error``."""
 
 from __future__ import annotations
 
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,19 +99,17 @@ class Runner:
         if not prompts:
             return []
         if self.api is not None:
-            return [_from_api(r) for r in self.api.generate(images, prompts)]
+            try:
+                return [_from_api(r) for r in self.api.generate(images, prompts)]
+            except Exception as exc:  # the adapter's own input checks: counted, not fatal
+                return [Answer(None, "error", error=_describe(exc)) for _ in prompts]
         out: list[Answer] = []
         bs = self.m.batch_size
         for s in range(0, len(prompts), bs):
             ims, ps = images[s : s + bs], prompts[s : s + bs]
-            t0 = time.perf_counter()
-            try:
-                texts = self.hf.generate(ims, ps, max_new_tokens=max_new_tokens, batch_size=bs)
-            except Exception as exc:  # a failed batch is counted, not fatal
-                out.extend(Answer(None, "error", error=f"{type(exc).__name__}: {exc}"[:300]) for _ in ps)
-                continue
-            dt = (time.perf_counter() - t0) / len(ps)
-            out.extend(Answer(t, "ok", dt) for t in texts)
+            for text, dt, err in guarded_batch(
+                    lambda i, p: self.hf.generate(i, p, max_new_tokens=max_new_tokens, batch_size=len(p)), ims, ps):
+                out.append(Answer(None, "error", error=err) if err is not None else Answer(text, "ok", dt))
         return out
 
     def yes_no(self, images: Sequence[np.ndarray | None], prompts: Sequence[str]
@@ -115,7 +119,10 @@ class Runner:
         if not prompts:
             return []
         if self.api is not None:
-            results = self.api.score_results(images, prompts)
+            try:
+                results = self.api.score_results(images, prompts)
+            except Exception as exc:  # the adapter's own input checks: counted, not fatal
+                return [(None, Answer(None, "error", error=_describe(exc))) for _ in prompts]
             out: list[tuple[dict[str, float] | None, Answer]] = []
             need = []
             from medrobust_lib.models.api_vlm import option_logprobs
@@ -136,15 +143,56 @@ class Runner:
         bs = self.m.batch_size
         for s in range(0, len(prompts), bs):
             ims, ps = images[s : s + bs], prompts[s : s + bs]
-            t0 = time.perf_counter()
-            try:
-                lps = self.hf.score(ims, ps, ["yes", "no"], batch_size=bs)
-            except Exception as exc:
-                res.extend((None, Answer(None, "error", error=f"{type(exc).__name__}: {exc}"[:300])) for _ in ps)
-                continue
-            dt = (time.perf_counter() - t0) / len(ps)
-            res.extend((lp, Answer(max(lp, key=lambda k: lp[k]), "ok", dt)) for lp in lps)
+            for lp, dt, err in guarded_batch(lambda i, p: self.hf.score(i, p, ["yes", "no"], batch_size=len(p)),
+                                             ims, ps):
+                if err is not None or lp is None:
+                    res.append((None, Answer(None, "error", error=err or "no log-probabilities")))
+                else:
+                    res.append((lp, Answer(max(lp, key=lambda k: lp[k]), "ok", dt)))
         return res
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:300]
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """True for an accelerator or host out-of-memory error (``torch.cuda.OutOfMemoryError``, a
+    ``RuntimeError`` saying "out of memory", ``MemoryError``)."""
+    return (isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
+            or "out of memory" in str(exc).lower())
+
+
+def release_accelerator_memory() -> None:
+    """Return cached CUDA blocks to the driver after an OOM (no-op without torch or CUDA)."""
+    import gc
+
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def guarded_batch(fn: Callable[[Sequence[Any], Sequence[str]], Sequence[Any]], images: Sequence[Any],
+                  prompts: Sequence[str]) -> list[tuple[Any, float, str | None]]:
+    """``fn(images, prompts)`` with every failure turned into per-prompt errors: one
+    (value, seconds per prompt, error) per prompt, ``error`` None on success. Out of memory: free
+    the cache and retry each half (down to single prompts); any other exception, or a result of the
+    wrong length, makes the whole batch ``error``."""
+    t0 = time.perf_counter()
+    try:
+        values = list(fn(images, prompts))
+        if len(values) != len(prompts):
+            raise RuntimeError(f"model returned {len(values)} results for {len(prompts)} prompts")
+    except Exception as exc:
+        if is_out_of_memory(exc):
+            release_accelerator_memory()
+            if len(prompts) > 1:
+                h = len(prompts) // 2
+                return guarded_batch(fn, images[:h], prompts[:h]) + guarded_batch(fn, images[h:], prompts[h:])
+        return [(None, 0.0, _describe(exc)) for _ in prompts]
+    dt = (time.perf_counter() - t0) / max(len(prompts), 1)
+    return [(v, dt, None) for v in values]
 
 
 def _from_api(r: Any) -> Answer:

@@ -6,9 +6,11 @@ Pairing: a perturbed row (``image_mode='image'``) is paired with the clean row (
 ``clean``, level 0) of the same model, checkpoint, adapter, task, dataset, sample, record and prompt
 variant. Each task is compared on its primary metric (:data:`VLM_PRIMARY_COLUMN`): ``correct`` for
 ``vqa_mc`` / ``vqa_yesno`` (accuracy) and ``grounding`` (acc_50, IoU >= 0.5), tested with McNemar;
-``cider_d`` for ``caption``, tested with the paired Wilcoxon signed-rank test. Unparseable, refused
-and error rows are scored as wrong (0) and paired; excluded rows (``excluded:<reason>``, or no value
-for the metric) are not paired but counted.
+``cider_d`` for ``caption``, tested with the paired Wilcoxon signed-rank test. Unparseable and
+refused rows are scored as wrong (0) and paired; ``error`` rows (infrastructure failures) and
+excluded rows (``excluded:<reason>``, or no value for the metric) are not paired but counted, each
+in its own column. Partitions whose error share exceeds ``max_error_share``
+(:mod:`medrobust_lib.store.completeness`) are left out until they are re-run.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from medrobust_lib.metrics.stats import (
 )
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store import results
+from medrobust_lib.store.completeness import DEFAULT_MAX_ERROR_SHARE, ERROR_OUTCOME, complete_rows
 from medrobust_lib.store.marts import VLM_PRIMARY_COLUMN, VLM_SCORED_OUTCOMES
 from medrobust_lib.store.schema_vlm import VLM_TABLE
 
@@ -45,7 +48,7 @@ PAIR_KEYS: tuple[str, ...] = ("model", "checkpoint", "adapter", "task", "dataset
 BINARY_TASKS: frozenset[str] = frozenset({"vqa_mc", "vqa_yesno", "grounding"})
 STATS_COLUMNS: tuple[str, ...] = (
     "model", "checkpoint", "adapter", "task", "perturbation", "level", "metric", "n_pairs", "n_excluded",
-    "n_unmatched", "clean_value", "clean_ci_low", "clean_ci_high", "perturbed_value", "perturbed_ci_low",
+    "n_unmatched", "n_error", "clean_value", "clean_ci_low", "clean_ci_high", "perturbed_value", "perturbed_ci_low",
     "perturbed_ci_high", "drop", "drop_ci_low", "drop_ci_high", "test", "p_value", "q_value",
 )
 WIDE_FIXED: tuple[str, ...] = ("Clean", "Avg", "ΔTP")
@@ -57,8 +60,9 @@ def _metric_source(task: str) -> str:
 
 
 def _scored_values(df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` (image rows) with ``value`` (the task's metric; 0.0 for unparseable / refused / error
-    rows without one) and ``usable`` (scored outcome and a value: the row can be paired)."""
+    """``df`` (image rows) with ``value`` (the task's metric; 0.0 for unparseable / refused rows
+    without one), ``usable`` (scored outcome and a value: the row can be paired) and ``is_error``
+    (infrastructure failure: never paired)."""
     out = df.copy()
     binary = out["task"].isin(BINARY_TASKS)
     raw = pd.to_numeric(out["correct"].where(binary, out["cider_d"]), errors="coerce")
@@ -66,27 +70,31 @@ def _scored_values(df: pd.DataFrame) -> pd.DataFrame:
     failed = scored & (out["outcome"] != "ok")
     out["value"] = raw.mask(failed & raw.isna(), 0.0)
     out["usable"] = scored & out["value"].notna()
+    out["is_error"] = out["outcome"] == ERROR_OUTCOME
     return out
 
 
 def _pair_rows(df: pd.DataFrame) -> pd.DataFrame:
     """One row per perturbed row with its clean partner: columns
-    CELL_KEYS + ``clean``, ``perturbed`` (metric values) + ``status`` in {``paired``, ``excluded``
-    (either side excluded), ``unmatched`` (no clean row)}. Raises ValueError on duplicate clean rows."""
+    CELL_KEYS + ``clean``, ``perturbed`` (metric values) + ``status`` in {``paired``, ``error``
+    (either side an infrastructure error), ``excluded`` (either side excluded), ``unmatched`` (no
+    clean row)}. Raises ValueError on duplicate clean rows."""
     img = _scored_values(df[df["image_mode"] == "image"])
     is_clean = img["perturbation"] == "clean"
     keys = list(PAIR_KEYS)
-    clean = img.loc[is_clean, [*keys, "value", "usable"]]
+    clean = img.loc[is_clean, [*keys, "value", "usable", "is_error"]]
     dup = clean.duplicated(subset=keys, keep=False)
     if dup.any():
         raise ValueError(f"{int(dup.sum())} clean vlm_results rows share their pairing key {keys}")
-    pert = img.loc[~is_clean, [*CELL_KEYS, *keys[4:], "value", "usable"]]
-    merged = pert.merge(clean.rename(columns={"value": "clean", "usable": "clean_usable"}), how="left",
-                        on=keys, indicator=True, validate="many_to_one")
+    pert = img.loc[~is_clean, [*CELL_KEYS, *keys[4:], "value", "usable", "is_error"]]
+    merged = pert.merge(clean.rename(columns={"value": "clean", "usable": "clean_usable",
+                                              "is_error": "clean_is_error"}),
+                        how="left", on=keys, indicator=True, validate="many_to_one")
     merged = merged.rename(columns={"value": "perturbed"})
     status = np.where(merged["_merge"] == "left_only", "unmatched",
-                      np.where(merged["usable"] & merged["clean_usable"].eq(True),
-                               "paired", "excluded"))
+                      np.where(merged["is_error"] | merged["clean_is_error"].eq(True), "error",
+                               np.where(merged["usable"] & merged["clean_usable"].eq(True),
+                                        "paired", "excluded")))
     merged["status"] = status
     return merged[[*CELL_KEYS, "clean", "perturbed", "status"]]
 
@@ -117,6 +125,7 @@ def _cell_row(key: tuple[Hashable, ...], g: pd.DataFrame, seed: int) -> dict[str
     test, pval = _paired_test(task, c, p)
     rec.update(metric=VLM_PRIMARY_COLUMN.get(task, _metric_source(task)), n_pairs=len(paired),
                n_excluded=int((g["status"] == "excluded").sum()), n_unmatched=int((g["status"] == "unmatched").sum()),
+               n_error=int((g["status"] == "error").sum()),
                clean_value=clean_v, clean_ci_low=clo, clean_ci_high=chi, perturbed_value=pert_v,
                perturbed_ci_low=plo, perturbed_ci_high=phi, drop=drop, drop_ci_low=dlo, drop_ci_high=dhi,
                test=test, p_value=pval)
@@ -140,7 +149,8 @@ def vlm_stats(df: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
     - ``metric``: ``accuracy`` (vqa_mc, vqa_yesno), ``acc_50`` (grounding) or ``cider_d`` (caption);
     - ``n_pairs``; ``n_excluded``: perturbed rows not paired because they or their clean partner are
       excluded (``excluded:<reason>`` or no metric value); ``n_unmatched``: perturbed rows without a
-      clean row;
+      clean row; ``n_error``: perturbed rows not paired because they or their clean partner are an
+      infrastructure ``error``;
     - ``clean_value`` / ``perturbed_value``: mean metric over the pairs (accuracy in [0, 1], CIDEr-D
       >= 0) with percentile bootstrap 95% CIs (``*_ci_low`` / ``*_ci_high``);
     - ``drop``: mean of clean - perturbed over pairs (positive = worse under perturbation), with the
@@ -149,7 +159,7 @@ def vlm_stats(df: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
       NaN when undefined); ``q_value``: Benjamini-Hochberg within (model, checkpoint, adapter, task).
 
     Bootstrap generators are ``rng_for(seed, "vlmstats", *cell key)``, so a seed gives identical
-    CIs. Unparseable, refused and error rows count as wrong (0) and are paired.
+    CIs. Unparseable and refused rows count as wrong (0) and are paired; error rows never are.
     """
     if df.empty:
         return pd.DataFrame(columns=list(STATS_COLUMNS))
@@ -173,10 +183,12 @@ def _read_results(results_dir: str | Path) -> pd.DataFrame:
     return df
 
 
-def write_vlm_stats(results_dir: str | Path, seed: int = 0) -> pd.DataFrame:
-    """Recompute ``vlm_stats`` from every ``vlm_results`` row: one chunk per model under
-    ``vlm_stats/model=<id>/stats.parquet``; folders of models without stats are removed."""
-    stats = vlm_stats(_read_results(results_dir), seed)
+def write_vlm_stats(results_dir: str | Path, seed: int = 0,
+                    max_error_share: float = DEFAULT_MAX_ERROR_SHARE) -> pd.DataFrame:
+    """Recompute ``vlm_stats`` from the ``vlm_results`` rows of every complete partition (error
+    share <= ``max_error_share``): one chunk per model under ``vlm_stats/model=<id>/stats.parquet``;
+    folders of models without stats are removed."""
+    stats = vlm_stats(complete_rows(_read_results(results_dir), VLM_TABLE, max_error_share), seed)
     results.write_per_key(results_dir, STATS_TABLE, stats, "model", results.fingerprint(["vlm_stats", seed, len(stats)]))
     return stats
 
@@ -189,14 +201,16 @@ def _wide_columns(long: pd.DataFrame) -> list[str]:
 def vlm_task_drops_wide(con_or_df: duckdb.DuckDBPyConnection | pd.DataFrame) -> pd.DataFrame:
     """The published table: one row per (model, checkpoint, adapter, task) with ``metric``, the
     primary metric under ``Clean``, each perturbation type (mean over levels 1-5), ``Avg`` and
-    ``ΔTP`` (Clean - Avg), and ``n_unparseable`` (unparseable answers behind the row: clean plus
-    all types). Input: a mart connection (reads the ``vlm_task_drops`` view) or that view as a
-    DataFrame. A type missing for a row is NaN."""
+    ``ΔTP`` (Clean - Avg), ``rel_drop`` (ΔTP / Clean, NaN when Clean is 0), ``n_unparseable``
+    (unparseable answers behind the row: clean plus all types) and ``n_error`` (infrastructure
+    errors, outside every number). Input: a mart connection (reads the ``vlm_task_drops`` view) or
+    that view as a DataFrame. A type missing for a row is NaN."""
     long = (con_or_df.execute("select * from vlm_task_drops").df()
             if isinstance(con_or_df, duckdb.DuckDBPyConnection) else con_or_df)
     keys = list(GRID_KEYS)
+    tail = ["rel_drop", "n_unparseable", "n_error"]
     if long.empty:
-        return pd.DataFrame(columns=[*keys, "metric", *WIDE_FIXED, "n_unparseable"])
+        return pd.DataFrame(columns=[*keys, "metric", *WIDE_FIXED, *tail])
     cols = _wide_columns(long)
     rows = []
     for key, g in long.groupby(keys, dropna=False, sort=True):
@@ -204,7 +218,10 @@ def vlm_task_drops_wide(con_or_df: duckdb.DuckDBPyConnection | pd.DataFrame) -> 
         rec["metric"] = g["metric"].iloc[0]
         values = dict(zip(g["column_name"], g["value"], strict=True))
         rec.update({c: values.get(c, np.nan) for c in cols})
-        delta = g.loc[g["column_name"] == "ΔTP", "n_unparseable"]
-        rec["n_unparseable"] = int(delta.iloc[0]) if len(delta) and pd.notna(delta.iloc[0]) else 0
+        delta = g[g["column_name"] == "ΔTP"]
+        rec["rel_drop"] = float(delta["rel_drop"].iloc[0]) if len(delta) and pd.notna(delta["rel_drop"].iloc[0]) \
+            else np.nan
+        for c in ("n_unparseable", "n_error"):
+            rec[c] = int(delta[c].iloc[0]) if len(delta) and pd.notna(delta[c].iloc[0]) else 0
         rows.append(rec)
-    return pd.DataFrame(rows, columns=[*keys, "metric", *cols, "n_unparseable"])
+    return pd.DataFrame(rows, columns=[*keys, "metric", *cols, *tail])
