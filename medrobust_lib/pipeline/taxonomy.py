@@ -19,7 +19,9 @@ Suite YAML::
         - {id: llava-med, model: llava-med}                  # a VLM id from vlm.models
         - {id: demo-image-reliant, demo_training: image_reliant}   # demo: trained by its taxonomy_model asset
       image_modes: [none, blank, noise]
-      min_paraphrases: 5        # records with fewer get template paraphrases (polarity recorded)
+      min_paraphrases: 5        # semantically equivalent paraphrases; records with fewer get templates
+      negations: false          # true: also score negated variants, for negation_consistent only
+      abstention_tau: 0.6931    # sensitivity column only: |text-only margin| < tau counts as changed
       split: test
 """
 
@@ -39,7 +41,7 @@ from medrobust_lib.data.sample import Sample
 from medrobust_lib.pipeline.vlm_config import YESNO_SUFFIX, VLMItem, VLMModelConfig, load_items, vlm_model
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store import results
-from medrobust_lib.taxonomy.schema import COLUMN_NAMES, TAXONOMY_TABLE
+from medrobust_lib.taxonomy.schema import COLUMN_NAMES, DEFAULT_ABSTENTION_TAU, TAXONOMY_TABLE
 
 BASELINE_TABLE = "taxonomy_baselines"
 BASELINE_COLUMNS = ("config", "checkpoint", "adapter", "dataset", "modality", "sample_id", "record_id", "image_mode",
@@ -72,7 +74,14 @@ class TaxonomyConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     configs: list[TaxonomyConfigEntry] = Field(default_factory=list)
     image_modes: list[Literal["none", "blank", "noise"]] = Field(default_factory=lambda: ["none"])  # type: ignore[arg-type]
-    min_paraphrases: int = 5
+    min_paraphrases: int = Field(default=5, ge=0)
+    """Semantically equivalent paraphrases (polarity +1) per record; fewer are topped up."""
+    negations: bool = False
+    """Also score the negated variants (polarity -1) of a record. They never enter consistency or the
+    quadrant; they feed the separate negation-robustness columns (``negation_consistent``)."""
+    abstention_tau: float = Field(default=DEFAULT_ABSTENTION_TAU, gt=0)
+    """Sensitivity analysis only (``share_abstention``): a text-only answer with |margin| below this
+    (nats; ln 2: p(yes) within [1/3, 2/3]) counts as changed. The primary quadrant never uses it."""
     api_paraphraser: str | None = None
     """A ``kind: api`` model of ``vlm.models`` that writes extra paraphrases for records with too
     few (cached; each candidate passes the recorded equivalence filter before use)."""
@@ -108,16 +117,24 @@ def model_for(suite: Suite, entry: TaxonomyConfigEntry) -> VLMModelConfig:
     return VLMModelConfig(id=entry.id, source=str(folder), adapter=adapter, batch_size=64)
 
 
-def variants_of(item: VLMItem, min_paraphrases: int) -> tuple[tuple[str, int], ...]:
-    """The record's variants (original first); topped up with template paraphrases when it has
-    fewer than ``min_paraphrases`` paraphrases."""
+def variants_of(item: VLMItem, min_paraphrases: int, negations: bool = False) -> tuple[tuple[str, int], ...]:
+    """The record's question variants, original first: its semantically equivalent paraphrases
+    (polarity +1), topped up with template ones when it has fewer than ``min_paraphrases``, then,
+    only with ``negations``, its negated variants (polarity -1; the template negations when the
+    record has none)."""
     from medrobust_lib.taxonomy.paraphrase import template_paraphrases
 
-    vs = item.variants or ((item.question, 1),)
-    if len(vs) - 1 >= min_paraphrases:
-        return tuple(vs)
-    extra = [v for v in template_paraphrases(vs[0][0]) if v[0] not in {t for t, _ in vs}]
-    return tuple(vs) + tuple(extra[: min_paraphrases - (len(vs) - 1)])
+    vs = tuple(item.variants or ((item.question, 1),))
+    same = [v for v in vs if v[1] == 1]
+    negated = [v for v in vs[1:] if v[1] == -1]
+    known = {t for t, _ in vs}
+    templates = [v for v in template_paraphrases(vs[0][0]) if v[0] not in known]
+    need = min_paraphrases - (len(same) - 1)
+    if need > 0:
+        same += [v for v in templates if v[1] == 1][:need]
+    if negations and not negated:
+        negated = [v for v in templates if v[1] == -1]
+    return tuple(same) + (tuple(negated) if negations else ())
 
 
 PARAPHRASE_TABLE = "taxonomy_paraphrases"
@@ -147,14 +164,15 @@ def paraphrase_sets(suite: Suite, items: Sequence[VLMItem]) -> tuple[dict[str, t
     try:
         for it in items:
             vs = tuple(it.variants or ((it.question, 1),))
-            need = tc.min_paraphrases - (len(vs) - 1)
+            need = tc.min_paraphrases - (sum(1 for _, p in vs if p == 1) - 1)
             if need > 0 and api is not None:
                 accepted, records = api_paraphrases(api, vs[0][0], n=need)
                 known = {t for t, _ in vs}
                 vs = vs + tuple(a for a in accepted if a[0] not in known)
                 audit.extend({"dataset": it.dataset, "record_id": it.record_id, "question": vs[0][0],
                               "source": tc.api_paraphraser, **r} for r in records)
-            out[it.record_id] = variants_of(dataclasses.replace(it, variants=vs), tc.min_paraphrases)
+            out[it.record_id] = variants_of(dataclasses.replace(it, variants=vs), tc.min_paraphrases,
+                                            tc.negations)
     finally:
         if api is not None:
             api.close()
