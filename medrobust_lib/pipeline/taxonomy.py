@@ -82,6 +82,10 @@ class TaxonomyConfig(BaseModel):
     abstention_tau: float = Field(default=DEFAULT_ABSTENTION_TAU, gt=0)
     """Sensitivity analysis only (``share_abstention``): a text-only answer with |margin| below this
     (nats; ln 2: p(yes) within [1/3, 2/3]) counts as changed. The primary quadrant never uses it."""
+    known_answer_checks: bool = False
+    """Demo only: the ``taxonomy_report`` asset checks the demo configurations' known answers
+    (:mod:`medrobust_lib.taxonomy.known_answers`), logs them, and fails when one on the primary
+    image mode (``none``) fails."""
     api_paraphraser: str | None = None
     """A ``kind: api`` model of ``vlm.models`` that writes extra paraphrases for records with too
     few (cached; each candidate passes the recorded equivalence filter before use)."""
