@@ -6,8 +6,9 @@ Per configuration (a VLM plus a name) and yes/no record:
 1. ``text-only baselines``: the original question with the image removed (modes ``none``,
    ``blank``, ``noise``). They do not depend on the perturbation, so they are computed once per
    modality and reused by every condition (table ``taxonomy_baselines``).
-2. ``paraphrase predictions``: every variant (original + paraphrases; negations expect the
-   inverse) scored with the (clean or perturbed) image. The vision tower runs once per image and
+2. ``paraphrase predictions``: every variant (original + semantically equivalent paraphrases;
+   negations only with ``negations: true``, for the separate negation-robustness statistic)
+   scored with the (clean or perturbed) image. The vision tower runs once per image and
    its output is reused for every variant (``HFVisionLanguageModel.score_variants``).
 3. flags and quadrant per sample (:func:`medrobust_lib.taxonomy.quadrants.classify`), one
    ``taxonomy_results`` row per (record, condition, image mode).
@@ -82,10 +83,11 @@ class TaxonomyConfig(BaseModel):
     abstention_tau: float = Field(default=DEFAULT_ABSTENTION_TAU, gt=0)
     """Sensitivity analysis only (``share_abstention``): a text-only answer with |margin| below this
     (nats; ln 2: p(yes) within [1/3, 2/3]) counts as changed. The primary quadrant never uses it."""
-    known_answer_checks: bool = False
+    known_answer_checks: Literal["off", "log", "fail"] = "off"
     """Demo only: the ``taxonomy_report`` asset checks the demo configurations' known answers
-    (:mod:`medrobust_lib.taxonomy.known_answers`), logs them, and fails when one on the primary
-    image mode (``none``) fails."""
+    (:mod:`medrobust_lib.taxonomy.known_answers`) on every image mode and logs them (asset metadata
+    ``known_answers``, the run log); ``fail`` also fails the asset when one on the primary image mode
+    (``none``) is missed."""
     api_paraphraser: str | None = None
     """A ``kind: api`` model of ``vlm.models`` that writes extra paraphrases for records with too
     few (cached; each candidate passes the recorded equivalence filter before use)."""
