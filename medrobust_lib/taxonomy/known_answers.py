@@ -17,6 +17,7 @@ Error rows are in no denominator (the stats already leave them out).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
@@ -58,20 +59,21 @@ def clean_summary(stats: pd.DataFrame) -> pd.DataFrame:
     """Per (config, image_mode) on clean images, pooled over datasets: ``n_total``, ``n_error``, the
     four quadrant shares, ``image_reliant`` (Ideal + Fragile), ``text_only_accuracy``,
     ``dangerous_floor`` and ``flip_rate`` (group values weighted by each dataset's ``n_total``)."""
-    clean = stats[(stats["perturbation"] == "clean") & (stats["n_total"] > 0)]
-    out = []
+    clean = stats[stats["perturbation"] == "clean"]
+    out: list[dict[str, Any]] = []
     for (cfg, mode), g in clean.groupby(["config", "image_mode"], sort=True):
         groups = g.drop_duplicates(["dataset"])
+        n_error = int(groups["n_error"].sum())
+        groups = groups[groups["n_total"] > 0]  # a dataset with errors only has no shares
         w = groups["n_total"].astype(float)
         total = float(w.sum())
-        row = {"config": str(cfg), "image_mode": str(mode), "n_total": int(total),
-               "n_error": int(groups["n_error"].sum())}
-        for q, qg in g.groupby("quadrant"):
-            row[str(q)] = float(qg["n"].sum()) / total
-        for c in ("text_only_accuracy", "dangerous_floor", "flip_rate"):
-            row[c] = float((groups[c].astype(float) * w).sum() / total)
-        row["image_reliant"] = row.get("Ideal", 0.0) + row.get("Fragile", 0.0)
-        out.append(row)
+        if total == 0:
+            continue
+        shares = {str(q): float(qg["n"].sum()) / total for q, qg in g.groupby("quadrant")}
+        rates = {c: float((groups[c].astype(float) * w).sum() / total)
+                 for c in ("text_only_accuracy", "dangerous_floor", "flip_rate")}
+        out.append({"config": str(cfg), "image_mode": str(mode), "n_total": int(total), "n_error": n_error,
+                    **shares, **rates, "image_reliant": shares.get("Ideal", 0.0) + shares.get("Fragile", 0.0)})
     return pd.DataFrame(out)
 
 
