@@ -118,14 +118,15 @@ def test_quadrant_stats_known_values_and_empty_quadrant() -> None:
 
 def test_errors_are_outside_every_denominator() -> None:
     df = _rows()
-    errs = df.head(30).assign(outcome="error", quadrant=None, consistent=None, pred_removed=None,
-                              correct_original=None, pairwise_disagreement=None)
+    errs = df.head(30).astype(object).assign(outcome="error", quadrant=None, consistent=None, pred_removed=None,
+                                             correct_original=None, pairwise_disagreement=None)
+    both = pd.concat([df.astype(object), errs], ignore_index=True)
     a = quadrant_stats(df, n_boot=50)
-    b = quadrant_stats(pd.concat([df, errs], ignore_index=True), n_boot=50)
+    b = quadrant_stats(both, n_boot=50)
     value_cols = [c for c in QUADRANT_STATS_COLUMNS if c != "n_error"]
     pd.testing.assert_frame_equal(a[value_cols], b[value_cols])
     assert b["n_error"].sum() == 4 * 30 and a["n_error"].sum() == 0
-    pa, pb = condition_points(df), condition_points(pd.concat([df, errs], ignore_index=True))
+    pa, pb = condition_points(df), condition_points(both)
     pd.testing.assert_frame_equal(pa.drop(columns="n_error"), pb.drop(columns="n_error"))
     assert pb["n_error"].sum() == 30
 
