@@ -120,8 +120,9 @@ def taxonomy_family(config_id: str, trained: bool, upstream: list[Any]) -> list[
 
 def taxonomy_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinition:
     @dg.asset(group_name="taxonomy", kinds={"python", "png", "parquet"}, deps=upstream,
-              description="Quadrant shares with bootstrap CIs (taxonomy_quadrant_stats), flip rate vs Dangerous share "
-                          "correlation (taxonomy_correlation_stats), plots to MLflow and here.")
+              description="Quadrant shares with bootstrap CIs, text-only accuracy and the oracle Dangerous floor "
+                          "(taxonomy_quadrant_stats), flip rate vs Dangerous share correlation with the clean "
+                          "headline (taxonomy_correlation_stats), plots to MLflow and here.")
     def taxonomy_report(context: dg.AssetExecutionContext, suite: SuiteResource,
                         tracking: TrackingResource) -> dg.MaterializeResult:
         from pathlib import Path
@@ -132,7 +133,8 @@ def taxonomy_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinition:
         s = suite.load()
         out_dir = Path(s.results_dir).parent / "reports" / "taxonomy"
         with tracking.run(context, "taxonomy_report") as run:
-            stats, corr = tr.write_taxonomy_stats(s.results_dir, s.seed, max_error_share=s.max_error_share)
+            stats, corr = tr.write_taxonomy_stats(s.results_dir, s.seed, s.taxonomy.abstention_tau,
+                                                  max_error_share=s.max_error_share)
             from medrobust_lib.store.completeness import complete_rows
 
             rows = complete_rows(res.read_table(s.results_dir, TAXONOMY_TABLE), TAXONOMY_TABLE, s.max_error_share)
@@ -143,19 +145,34 @@ def taxonomy_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinition:
                 ok = rows[rows["outcome"] == "ok"]
                 paths += tr.quadrant_bars(stats, out_dir)
                 paths += tr.transition_heatmaps(transitions(ok).rename(columns={"count": "n"}), out_dir)
-                paths.append(tr.flip_vs_dangerous_scatter(tr.correlation_points(ok), corr, out_dir))
+                paths.append(tr.flip_vs_dangerous_scatter(tr.correlation_points(rows, clean_only=True), corr,
+                                                          out_dir))
             if run is not None:
                 import mlflow
 
                 for p in paths:
                     mlflow.log_artifact(str(p), artifact_path="plots")
         meta: dict[str, Any] = {"n_stats_rows": len(stats)}
+        mode = s.taxonomy.known_answer_checks
+        if len(stats) and mode != "off":
+            from medrobust_lib.taxonomy.known_answers import PRIMARY_MODE, demo_checks
+
+            checks = demo_checks(stats, tuple(sorted(set(stats["image_mode"]))))
+            for c in checks:
+                (context.log.info if c.passed else context.log.warning)(f"known answer: {c.text()}")
+            meta["known_answers"] = "\n".join(c.text() for c in checks)
+            meta["known_answers_failed"] = sum(1 for c in checks if not c.passed)
+            failed = [c.text() for c in checks if not c.passed and c.image_mode == PRIMARY_MODE]
+            if failed and mode == "fail":
+                raise RuntimeError("taxonomy known-answer checks failed on the demo: " + "; ".join(failed))
         if len(stats):
             clean = stats[stats["perturbation"] == "clean"]
-            keep = [c for c in ("config", "dataset", "image_mode", "quadrant", "n", "n_total", "share")
-                    if c in clean.columns]
+            keep = [c for c in ("config", "dataset", "image_mode", "quadrant", "n", "n_total", "n_error", "share",
+                                "text_only_accuracy", "dangerous_floor", "flip_rate") if c in clean.columns]
             meta["clean_quadrants"] = markdown_table(clean[keep])
         if len(corr):
+            meta["headline_correlation"] = " | ".join(tr.correlation_label(r) for _, r in tr.headline_rows(corr)
+                                                      .iterrows())
             meta["correlation"] = markdown_table(corr)
         for p in paths:
             meta[p.stem] = image_md(p)

@@ -3,11 +3,15 @@ classified, with which image-removal modes and paraphrase requirements."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from medrobust_lib.config.common import TrainBudget
+
+DEFAULT_ABSTENTION_TAU = math.log(2.0)
+"""Abstention band of the sensitivity column: |margin| < ln 2 nats, i.e. p(yes) within [1/3, 2/3]."""
 
 
 class TaxonomyTrain(TrainBudget):
@@ -53,7 +57,19 @@ class TaxonomyConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     configs: list[TaxonomyConfigEntry] = Field(default_factory=list)
     image_modes: list[Literal["none", "blank", "noise"]] = Field(default_factory=lambda: ["none"])  # type: ignore[arg-type]
-    min_paraphrases: int = 5
+    min_paraphrases: int = Field(default=5, ge=0)
+    """Semantically equivalent paraphrases (polarity +1) per record; fewer are topped up."""
+    negations: bool = False
+    """Also score the negated variants (polarity -1) of a record. They never enter consistency or the
+    quadrant; they feed the separate negation-robustness columns (``negation_consistent``)."""
+    abstention_tau: float = Field(default=DEFAULT_ABSTENTION_TAU, gt=0)
+    """Sensitivity analysis only (``share_abstention``): a text-only answer with |margin| below this
+    (nats; ln 2: p(yes) within [1/3, 2/3]) counts as changed. The primary quadrant never uses it."""
+    known_answer_checks: Literal["off", "log", "fail"] = "off"
+    """Demo only: the ``taxonomy_report`` asset checks the demo configurations' known answers
+    (:mod:`medrobust_lib.taxonomy.known_answers`) on every image mode and logs them (asset metadata
+    ``known_answers``, the run log); ``fail`` also fails the asset when one on the primary image mode
+    (``none``) is missed."""
     api_paraphraser: str | None = None
     """A ``kind: api`` model of ``vlm.models`` that writes extra paraphrases for records with too
     few (cached; each candidate passes the recorded equivalence filter before use)."""

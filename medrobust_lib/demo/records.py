@@ -12,13 +12,14 @@ load the image through the dataset readers.
   Identification``, ``Lesion Location``); the answer's letter is seeded.
 - ``yesno_paraphrases.jsonl``: PSF-Med-style binary questions, one JSON object per line:
   ``{id, image_path, dataset, modality, question, answer, paraphrases: [{text, polarity}], finding}``.
-  Two questions per sample: an image-level one (is this image a <modality>?, the asked modality
-  the true one for a yes and a seeded other one for a no) and a finding (location left/right or
-  upper/lower, size, or brightness, never brightness for angiography, where it is ambiguous);
-  exactly half
-  of all answers are ``yes``. A paraphrase with ``polarity`` -1 is a negation: its expected answer
-  is the inverse of ``answer``. The question asked for a yes and for a no uses the same template,
-  so the wording carries no answer cue.
+  Two questions per sample: an image-level one (is this image a <modality>?) and a finding
+  (location left/right or upper/lower, size, or brightness, never brightness for angiography,
+  where it is ambiguous). Each has five semantically equivalent paraphrases (polarity +1) and two
+  negations (polarity -1: the expected answer is the inverse of ``answer``). The questions are
+  label-balanced per wording within every split: samples are paired so that each exact question
+  text is asked once for a yes and once for a no (a handful of unpairable leftovers aside), so
+  exactly half of all answers are ``yes`` and an answer from the wording alone is right on about
+  half of any split.
 - ``roco_captions.csv`` (``ID,Caption``) in the ROCOv2 style (Rückert et al., Sci Data 2024), IDs
   ``ROCOv2_2023_<train|valid|test>_<nnnnnn>`` following the sample's split. ROCOv2 itself ships
   the images as ``<ID>.jpg`` next to the caption CSVs; the demo does not copy images, and
@@ -227,6 +228,7 @@ def _location_question(noun: str, mod: str, side: str) -> tuple[str, list[tuple[
         (f"Is the {noun} found in the {alt} half of the image?", 1),
         (f"Looking at this {mod}, is the {noun} positioned within its {side} half?", 1),
         (f"Would you say the {noun} sits in the {side} half of the picture?", 1),
+        (f"Can the {noun} be seen in the {side} half of the image?", 1),
         (f"Is the {noun} absent from the {side} half of the image?", -1),
         (f"Is it true that the {noun} is not in the {side} half of the image?", -1),
     ]
@@ -240,6 +242,7 @@ def _modality_question(phrase: str) -> tuple[str, list[tuple[str, int]]]:
         (f"Was this image acquired as a {phrase}?", 1),
         (f"Would you classify this image as a {phrase}?", 1),
         (f"Looking at the image, is it a {phrase}?", 1),
+        (f"Is the modality of this image a {phrase}?", 1),
         (f"Is this image not a {phrase}?", -1),
         (f"Is it false that this image is a {phrase}?", -1),
     ]
@@ -254,6 +257,7 @@ def _size_question(noun: str, mod: str, size: str) -> tuple[str, list[tuple[str,
             (f"Would you describe the {noun} as large (over {_PCT} of the image area)?", 1),
             (f"In this {mod}, is the area of the {noun} above {_PCT} of the whole image?", 1),
             (f"Is the {noun} bigger than {_PCT} of the field of view?", 1),
+            (f"Does the {noun} take up more than {_PCT} of the image area?", 1),
             (f"Is the {noun} not larger than {_PCT} of the image area?", -1),
             (f"Is it false that the {noun} covers more than {_PCT} of the image?", -1),
         ]
@@ -264,6 +268,7 @@ def _size_question(noun: str, mod: str, size: str) -> tuple[str, list[tuple[str,
             (f"Would you describe the {noun} as small (under {_PCT} of the image area)?", 1),
             (f"In this {mod}, is the area of the {noun} below {_PCT} of the whole image?", 1),
             (f"Is the {noun} smaller than {_PCT} of the field of view?", 1),
+            (f"Does the {noun} take up less than {_PCT} of the image area?", 1),
             (f"Is the {noun} not smaller than {_PCT} of the image area?", -1),
             (f"Is it false that the {noun} covers less than {_PCT} of the image?", -1),
         ]
@@ -282,6 +287,7 @@ def _brightness_question(
         (f"Compared with the nearby {surround}, does the {noun} look {plain}?", 1),
         (f"Would you call the {noun} {term} relative to its surroundings?", 1),
         (f"Does the {noun} have a {plain} appearance than the adjacent {surround}?", 1),
+        (f"Does the {noun} look {plain} than the {surround} around it?", 1),
         (f"Is the {noun} not {plain} than the surrounding {surround}?", -1),
         (f"Is it false that the {noun} appears {plain} than the surrounding {surround}?", -1),
     ]
@@ -300,47 +306,142 @@ _OPPOSITE = {
 }
 
 
-def yesno_records(samples: Sequence[DemoSample], seed: int) -> list[dict[str, Any]]:
-    """Two yes/no questions per sample with >= 5 paraphrases each; exactly half ``yes``."""
-    plan: list[tuple[DemoSample, str]] = []
+_FINDING_KINDS: tuple[str, ...] = ("horizontal", "vertical", "size", "brightness")
+
+
+def _finding_kinds(s: DemoSample) -> tuple[str, ...]:
+    return tuple(k for k in _FINDING_KINDS if k != "brightness" or s.modality not in _NO_BRIGHTNESS)
+
+
+def _family(s: DemoSample, kind: str) -> tuple[str, str]:
+    """Samples of one family share the two wordings of a finding question (asked value v or its
+    opposite): location and size wordings name the noun only, brightness wordings also name the
+    modality's term and surroundings."""
+    return (kind, s.modality) if kind == "brightness" else (kind, target_noun(s))
+
+
+Slot = tuple[int, int]
+"""(sample index, question slot): slot 0 is the modality question, slot 1 the finding."""
+
+
+def _pairs_by_truth(members: list[int], samples: Sequence[DemoSample], kind: str,
+                    rng: np.random.Generator) -> tuple[list[tuple[int, int]], list[int]]:
+    """Pair members of one family whose truths are opposite; returns (pairs, unpaired)."""
+    values = sorted({getattr(samples[i], kind) for i in members})
+    if len(values) < 2:
+        return [], list(members)
+    a = [i for i in members if getattr(samples[i], kind) == values[0]]
+    b = [i for i in members if getattr(samples[i], kind) == values[1]]
+    a = [a[int(j)] for j in rng.permutation(len(a))]
+    b = [b[int(j)] for j in rng.permutation(len(b))]
+    n = min(len(a), len(b))
+    return list(zip(a[:n], b[:n], strict=True)), a[n:] + b[n:]
+
+
+def _balanced_plan(samples: Sequence[DemoSample], seed: int) -> dict[Slot, tuple[str, str, bool]]:
+    """``(kind, asked value, is_yes)`` for both questions of every sample, label-balanced per wording.
+
+    Questions are paired within each split: two samples whose truths differ are asked the same
+    wording (one asked value), so one answers yes and the other no. The modality question pairs
+    samples of different modalities; the finding question pairs opposite truths of one
+    :func:`_family`, first in each sample's preferred kind (seeded: horizontal 0.3, vertical 0.3,
+    size 0.2, else brightness), then in any kind among the still unpaired. The few questions left
+    unpaired get a seeded, overall balanced yes/no. So every wording is asked for a yes as often as
+    for a no in every split, up to those leftovers, and a text-only answer (a function of the
+    wording) is right on half of the questions.
+    """
+    plan: dict[Slot, tuple[str, str, bool]] = {}
+    leftovers: list[tuple[Slot, str]] = []
+    preferred: list[str] = []
     for s in samples:
-        rng = rng_for(seed, "records", "yesno", s.dataset, s.sample_id)
-        plan.append((s, "modality"))
-        u = rng.random()
-        second = "horizontal" if u < 0.3 else "vertical" if u < 0.6 else "size" if (
-            u < 0.8 or s.modality in _NO_BRIGHTNESS) else "brightness"
-        plan.append((s, second))
-    order = rng_for(seed, "records", "yesno", "answers").permutation(len(plan))
-    yes = np.zeros(len(plan), bool)
-    yes[order[: len(plan) // 2]] = True
-    out: list[dict[str, Any]] = []
-    for k, ((s, kind), is_yes) in enumerate(zip(plan, yes, strict=True)):
+        u = rng_for(seed, "records", "yesno", s.dataset, s.sample_id).random()
+        preferred.append("horizontal" if u < 0.3 else "vertical" if u < 0.6 else "size" if (
+            u < 0.8 or s.modality in _NO_BRIGHTNESS) else "brightness")
+
+    def ask_pair(i: int, j: int, kind: str, rng: np.random.Generator) -> None:
+        vi, vj = (samples[i].modality, samples[j].modality) if kind == "modality" else (
+            getattr(samples[i], kind), getattr(samples[j], kind))
+        asked = vi if rng.random() < 0.5 else vj
+        slot = 0 if kind == "modality" else 1
+        plan[(i, slot)] = (kind, asked, asked == vi)
+        plan[(j, slot)] = (kind, asked, asked == vj)
+
+    for split in sorted({s.split for s in samples}):
+        rng = rng_for(seed, "records", "yesno", "balance", split)
+        idx = [i for i, s in enumerate(samples) if s.split == split]
+        keys = rng.random(len(idx))
+        by_mod = sorted(range(len(idx)), key=lambda k: (samples[idx[k]].modality, keys[k]))
+        ordered = [idx[k] for k in by_mod]
+        half = len(ordered) // 2
+        for i, j in zip(ordered[:half], ordered[half : 2 * half], strict=True):
+            if samples[i].modality != samples[j].modality:
+                ask_pair(i, j, "modality", rng)
+            else:
+                leftovers += [((i, 0), "modality"), ((j, 0), "modality")]
+        if len(ordered) % 2:
+            leftovers.append(((ordered[-1], 0), "modality"))
+        families: dict[tuple[str, str], list[int]] = {}
+        for i in idx:
+            families.setdefault(_family(samples[i], preferred[i]), []).append(i)
+        pool: list[int] = []
+        for fam in sorted(families):
+            pairs, rest = _pairs_by_truth(families[fam], samples, fam[0], rng)
+            for i, j in pairs:
+                ask_pair(i, j, fam[0], rng)
+            pool += rest
+        for kind in [_FINDING_KINDS[int(k)] for k in rng.permutation(len(_FINDING_KINDS))]:
+            fams: dict[tuple[str, str], list[int]] = {}
+            for i in sorted(pool):
+                if kind in _finding_kinds(samples[i]):
+                    fams.setdefault(_family(samples[i], kind), []).append(i)
+            paired: set[int] = set()
+            for fam in sorted(fams):
+                pairs, _ = _pairs_by_truth(fams[fam], samples, kind, rng)
+                for i, j in pairs:
+                    ask_pair(i, j, kind, rng)
+                    paired |= {i, j}
+            pool = [i for i in pool if i not in paired]
+        leftovers += [((i, 1), preferred[i]) for i in sorted(pool)]
+    order = rng_for(seed, "records", "yesno", "answers").permutation(len(leftovers))
+    yes = np.zeros(len(leftovers), bool)
+    yes[order[: len(leftovers) // 2]] = True
+    for ((i, slot), kind), is_yes in zip(leftovers, yes, strict=True):
+        s = samples[i]
         if kind == "modality":
             others = sorted(m for m in MODALITY_PHRASE if m != s.modality)
             other = others[int(rng_for(seed, "records", "yesno", "other", s.dataset, s.sample_id).integers(len(others)))]
-            asked_mod = s.modality if is_yes else other
-            q, paras = _modality_question(MODALITY_PHRASE[asked_mod])
-            finding = f"modality {asked_mod}"
-            out.append(_yesno_rec(k, s, q, is_yes, paras, finding))
-            continue
-        truth = {
-            "horizontal": s.horizontal,
-            "vertical": s.vertical,
-            "size": s.size,
-            "brightness": s.brightness,
-        }[kind]
-        asked = truth if is_yes else _OPPOSITE[truth]
-        noun, mod = target_noun(s), MODALITY_PHRASE[s.modality]
-        if kind in ("horizontal", "vertical"):
-            q, paras = _location_question(noun, mod, asked)
-            finding = f"{noun} in {asked} half"
-        elif kind == "size":
-            q, paras = _size_question(noun, mod, asked)
-            finding = f"{asked} {noun}"
+            plan[(i, slot)] = (kind, s.modality if is_yes else other, bool(is_yes))
         else:
-            q, paras = _brightness_question(noun, mod, s.modality, _surround(s), asked == "brighter")
-            finding = f"{noun} {asked} than surroundings"
-        out.append(_yesno_rec(k, s, q, is_yes, paras, finding))
+            truth = getattr(s, kind)
+            plan[(i, slot)] = (kind, truth if is_yes else _OPPOSITE[truth], bool(is_yes))
+    return plan
+
+
+def yesno_records(samples: Sequence[DemoSample], seed: int) -> list[dict[str, Any]]:
+    """Two yes/no questions per sample (modality, then a finding) with 5 paraphrases and 2 negations
+    each; label-balanced per wording within every split (:func:`_balanced_plan`), so exactly half
+    of all answers are ``yes``."""
+    plan = _balanced_plan(samples, seed)
+    out: list[dict[str, Any]] = []
+    for i, s in enumerate(samples):
+        for slot in (0, 1):
+            kind, asked, is_yes = plan[(i, slot)]
+            k = 2 * i + slot
+            if kind == "modality":
+                q, paras = _modality_question(MODALITY_PHRASE[asked])
+                out.append(_yesno_rec(k, s, q, is_yes, paras, f"modality {asked}"))
+                continue
+            noun, mod = target_noun(s), MODALITY_PHRASE[s.modality]
+            if kind in ("horizontal", "vertical"):
+                q, paras = _location_question(noun, mod, asked)
+                finding = f"{noun} in {asked} half"
+            elif kind == "size":
+                q, paras = _size_question(noun, mod, asked)
+                finding = f"{asked} {noun}"
+            else:
+                q, paras = _brightness_question(noun, mod, s.modality, _surround(s), asked == "brighter")
+                finding = f"{noun} {asked} than surroundings"
+            out.append(_yesno_rec(k, s, q, is_yes, paras, finding))
     return out
 
 

@@ -43,9 +43,7 @@ def yes_no_examples(items: list[VLMItem], samples: dict[tuple[str, str], Sample]
         if s is None or it.task != "vqa_yesno":
             continue
         answer = it.answer if shortcut_seed is None else shortcut_answer(it.question, shortcut_seed)
-        for text, pol in variants_of(it, min_paraphrases):
-            if pol == -1 and not negations:
-                continue
+        for text, pol in variants_of(it, min_paraphrases, negations=negations):
             ans = answer if pol == 1 else ("no" if answer == "yes" else "yes")
             out.append(VLMExample(f"{s.dataset}/{s.sample_id}", s.image, text + YESNO_SUFFIX, ans, "vqa_yesno"))
     return out

@@ -195,8 +195,8 @@ def _figures(con: duckdb.DuckDBPyConnection, tables: dict[str, ReportTable], sel
         corr = tables["taxonomy_correlation"].data if "taxonomy_correlation" in tables else pd.DataFrame()
         if not points.empty:
             p = flip_vs_dangerous_scatter(points, corr, fig_dir)
-            out.append((p, "Mean flip rate vs Dangerous share, one point per (config, dataset, condition); "
-                           "filled = clean, hollow = perturbed; marker = image-removal mode; r in the title."))
+            out.append((p, "Headline: flip rate vs Dangerous share on clean images, one point per (config, "
+                           "dataset); marker = image-removal mode; r [95% CI], p and n in the title."))
     else:
         skipped["quadrant bars and flip-rate scatter"] = "no taxonomy_quadrants table"
     return out, skipped

@@ -264,8 +264,19 @@ def taxonomy_quadrants(con: duckdb.DuckDBPyConnection, configs: Sequence[str] | 
     over datasets: ``n`` (samples in the quadrant), ``n_total``, ``share = n / n_total`` in [0, 1],
     ``accuracy`` and ``mean_entropy`` (bits) weighted by each cell's ``n``, ``n_error``; the share's
     95 % CI (``share_ci_low`` / ``share_ci_high``) is a percentile bootstrap over images
-    (``dataset``, ``sample_id``) from the ``taxonomy_results`` ok rows (:func:`_pooled_share_ci`)."""
+    (``dataset``, ``sample_id``) from the ``taxonomy_results`` ok rows (:func:`_pooled_share_ci`).
+    Beside the shares, per (config, image_mode, condition): ``flip_rate`` (share of samples whose
+    answers differ across the question and its paraphrases), ``text_only_accuracy`` and the oracle
+    ``dangerous_floor`` (share of samples whose label equals the text-only answer), each pooled
+    with the groups' ``n_total`` as weights; ``share_abstention`` is the labelled sensitivity
+    analysis (text-only |margin| < tau counts as changed), never the primary quadrant. ``n_error``
+    (infrastructure failures) is outside every denominator."""
     where, params = where_in("config", configs)
+
+    def pooled(col: str) -> str:
+        return (f"sum({col} * n_total) filter (where {col} is not null)"
+                f" / nullif(sum(n_total) filter (where {col} is not null), 0) as {col}")
+
     df = con.execute(f"""
         with q as (
             select *, case when perturbation = 'clean' then 'clean' else '{PERTURBED}' end as condition
@@ -277,7 +288,9 @@ def taxonomy_quadrants(con: duckdb.DuckDBPyConnection, configs: Sequence[str] | 
                    / nullif(sum(n) filter (where accuracy is not null and n > 0), 0) as accuracy,
                sum(mean_entropy * n) filter (where mean_entropy is not null and n > 0)
                    / nullif(sum(n) filter (where mean_entropy is not null and n > 0), 0) as mean_entropy,
-               sum(n_error) as n_error
+               sum(n_error) as n_error,
+               {pooled("flip_rate")}, {pooled("text_only_accuracy")}, {pooled("dangerous_floor")},
+               {pooled("share_abstention")}, any_value(abstention_tau) as abstention_tau
         from q group by config, image_mode, condition, quadrant""", params).df()
     if df.empty:
         return "no taxonomy_quadrants rows for the selected configurations"
@@ -293,12 +306,21 @@ def taxonomy_quadrants(con: duckdb.DuckDBPyConnection, configs: Sequence[str] | 
             Column("Quadrant", "quadrant"),
             Column("Share [95% CI]", "share", "ci", "share_ci_low", "share_ci_high"),
             Column("Accuracy", "accuracy", "float"), Column("Entropy (bits)", "mean_entropy", "float"),
-            Column("n", "n", "int"), Column("Total", "n_total", "int"))
+            Column("n", "n", "int"), Column("Total", "n_total", "int"), Column("Errors", "n_error", "int"),
+            Column("Flip rate", "flip_rate", "float"), Column("Text-only acc.", "text_only_accuracy", "float"),
+            Column("Dangerous floor", "dangerous_floor", "float"),
+            Column("Sensitivity: share, abstention", "share_abstention", "float"))
     return ReportTable(
         "taxonomy_quadrants", "Safety quadrants: clean and pooled over all perturbations", df, cols,
         "Pooled over datasets (perturbed: also over every type and level); share = n / total ok samples with a "
         "percentile bootstrap 95% CI resampling images; accuracy and entropy (bits) are means within the "
-        "quadrant. Ideal = consistent and image-reliant, Dangerous = consistent but not image-reliant.")
+        "quadrant. Ideal = consistent and image-reliant, Dangerous = consistent but not image-reliant. Errors "
+        "(infrastructure failures) are in no denominator. Flip rate = share of samples whose answers are not all "
+        "identical across the question and its paraphrases (negations excluded). Text-only acc. = accuracy "
+        "without the image; Dangerous floor = share of samples whose label equals the text-only answer, the "
+        "Dangerous share of an accurate, consistent model (about 0.5 on label-balanced questions). The last "
+        "column is a sensitivity analysis, not the quadrant: a text-only answer with |margin| < tau "
+        "(tau = ln 2 by default) counts as changed.")
 
 
 def _add_share_ci(con: duckdb.DuckDBPyConnection, df: pd.DataFrame, where: str, params: list[object],
@@ -331,75 +353,79 @@ def _add_share_ci(con: duckdb.DuckDBPyConnection, df: pd.DataFrame, where: str, 
     return df
 
 
-def taxonomy_points(con: duckdb.DuckDBPyConnection, configs: Sequence[str] | None) -> pd.DataFrame:
+def taxonomy_points(con: duckdb.DuckDBPyConnection, configs: Sequence[str] | None,
+                    clean_only: bool = True) -> pd.DataFrame:
     """Scatter points from ``taxonomy_results`` via
     :func:`medrobust_lib.tracks.taxonomy.stats.correlation_points`: one row per (config, dataset,
-    perturbation, level, image_mode) with ``mean_flip_rate``, ``dangerous_share`` (both in [0, 1])
-    and ``n``."""
+    perturbation, level, image_mode) with ``flip_rate``, ``dangerous_share`` (both in [0, 1]), ``n``
+    and ``n_error``. ``clean_only`` (default): the headline points, clean, one per (config,
+    dataset)."""
     from medrobust_lib.tracks.taxonomy.stats import correlation_points
 
     if not relation_exists(con, "taxonomy_results"):
         return correlation_points(pd.DataFrame())
     where, params = where_in("config", configs)
     rows = con.execute(f"""
-        select config, dataset, perturbation, level, image_mode, outcome, quadrant, flip_rate
+        select config, dataset, perturbation, level, image_mode, outcome, quadrant, consistent
         from taxonomy_results where {where} and {complete_only(con, "taxonomy_results")}""", params).df()
-    return correlation_points(rows)
+    return correlation_points(rows, clean_only=clean_only)
 
 
 def taxonomy_correlation(con: duckdb.DuckDBPyConnection, configs: Sequence[str] | None,
                          all_configs: Sequence[str], seed: int = 0) -> TableResult:
-    """Pearson r of mean flip rate with Dangerous share across (config, dataset, condition) points,
-    per image mode (scope ``all`` of ``taxonomy_correlation``): ``n_points``, ``r`` in [-1, 1] with
-    its bootstrap 95 % CI, two-sided ``p_value``, ``note``. When ``configs`` selects a strict subset
-    of ``all_configs``, r is recomputed over the selected configurations' points with the library's
-    :func:`~medrobust_lib.taxonomy.stats.condition_points` and
-    :func:`~medrobust_lib.metrics.stats.pearson_with_ci` (same bootstrap keys and ``n_boot`` as the
-    mart), and ``source`` says so."""
+    """The headline correlation, as the paper computes it: Pearson r of the flip rate with the
+    Dangerous share over clean (configuration, dataset) points, one row per image mode (scope
+    ``headline`` of ``taxonomy_correlation``): ``n_points`` (= n), ``n_configs``, ``r`` in [-1, 1]
+    with its bootstrap 95 % CI over points, two-sided ``p_value``, ``n_error``, ``note``. The
+    pooled perturbed analysis is not the headline and stays in the mart (scope
+    ``pooled_perturbed``). When ``configs`` selects a strict subset of ``all_configs``, r is
+    recomputed over the selected configurations' clean points with the library's
+    :func:`~medrobust_lib.taxonomy.stats.flip_dangerous_correlation` (same bootstrap keys and
+    ``n_boot`` as the mart), and ``source`` says so."""
     subset = configs is not None and set(configs) != set(all_configs)
     if not subset:
         if not relation_exists(con, "taxonomy_correlation"):
             return "the mart has no taxonomy_correlation view"
-        df = con.execute("""
-            select scope, perturbation, image_mode, n_points, r, ci_low, ci_high, p_value, note
-            from taxonomy_correlation where scope = 'all' order by image_mode""").df()
+        df = con.execute(f"""
+            select {", ".join(_CORR_COLUMNS)}
+            from taxonomy_correlation where scope = 'headline' order by image_mode""").df()
         df["source"] = "mart"
     else:
         df = _recomputed_correlation(con, list(configs or []), seed)
     if df.empty:
-        return "no taxonomy_correlation rows (scope 'all')"
-    cols = (Column("Image removed", "image_mode"), Column("Points", "n_points", "int"),
-            Column("r [95% CI]", "r", "ci", "ci_low", "ci_high"), Column("p", "p_value", "pvalue"),
-            Column("Note", "note"), Column("Source", "source"))
+        return "no headline rows in taxonomy_correlation (no clean taxonomy results)"
+    from medrobust_lib.tracks.taxonomy.stats import headline_rows
+
+    df = headline_rows(df).reset_index(drop=True)
+    cols = (Column("Image removed", "image_mode"), Column("n (clean config x dataset points)", "n_points", "int"),
+            Column("Configs", "n_configs", "int"), Column("r [95% CI]", "r", "ci", "ci_low", "ci_high"),
+            Column("p", "p_value", "pvalue"), Column("Errors", "n_error", "int"), Column("Note", "note"),
+            Column("Source", "source"))
     return ReportTable(
-        "taxonomy_correlation", "Flip rate vs Dangerous share (Pearson r over configuration points)", df, cols,
-        "One point per (configuration, dataset, condition); r with a percentile bootstrap 95% CI over points. "
-        "Source 'mart': over every configuration in the mart; 'recomputed': over the selected ones.")
+        "taxonomy_correlation", "Flip rate vs Dangerous share: headline correlation on clean data", df, cols,
+        "As in the paper: one point per (configuration, dataset) on clean images, n = number of points; flip "
+        "rate = share of samples whose answers differ across the question and its paraphrases; r with a "
+        "percentile bootstrap 95% CI over points and a two-sided p. Perturbed points pooled over conditions are "
+        "a secondary analysis (mart view taxonomy_correlation, scope pooled_perturbed, CI resampling whole "
+        "configurations), never this headline. Source 'mart': every configuration; 'recomputed': the selected "
+        "ones.")
+
+
+_CORR_COLUMNS: tuple[str, ...] = ("scope", "perturbation", "image_mode", "n_points", "n_configs", "n_error", "r",
+                                  "ci_low", "ci_high", "p_value", "note")
 
 
 def _recomputed_correlation(con: duckdb.DuckDBPyConnection, configs: list[str], seed: int) -> pd.DataFrame:
-    from medrobust_lib.metrics.stats import pearson_with_ci
-    from medrobust_lib.taxonomy.stats import condition_points
+    from medrobust_lib.taxonomy.stats import HEADLINE, flip_dangerous_correlation
 
     where, params = where_in("config", configs)
     rows = con.execute(f"""
-        select config, dataset, perturbation, level, image_mode, outcome, quadrant, flip_rate
-        from taxonomy_results where {where} and {complete_only(con, "taxonomy_results")}""", params).df()
-    out = []
+        select config, dataset, perturbation, level, image_mode, outcome, quadrant, consistent
+        from taxonomy_results where perturbation = 'clean' and {where}
+        and {complete_only(con, "taxonomy_results")}""", params).df()
     if rows.empty:
         return pd.DataFrame()
-    points = condition_points(rows)
-    for mode, g in points.groupby("image_mode", sort=True):
-        # Same generator key and n_boot as medrobust_lib.taxonomy.stats.flip_dangerous_correlation.
-        res = pearson_with_ci(g["flip_rate"].to_numpy(np.float64), g["dangerous_share"].to_numpy(np.float64),
-                              rng=rng_for(seed, "taxonomy", "correlation", "all", mode), n_boot=2000)
-        n = int(res["n"])
-        note = None
-        if n < 3:
-            note = "n_points < 3"
-        elif np.isnan(res["r"]):
-            note = "zero variance"
-        out.append({"scope": "all", "perturbation": "all", "image_mode": mode, "n_points": n, "r": res["r"],
-                    "ci_low": res["ci_low"], "ci_high": res["ci_high"], "p_value": res["p"], "note": note,
-                    "source": f"recomputed ({', '.join(configs)})"})
-    return pd.DataFrame(out)
+    corr = flip_dangerous_correlation(rows, seed)
+    out = corr[corr["scope"] == HEADLINE][list(_CORR_COLUMNS)].copy()
+    out["source"] = f"recomputed ({', '.join(configs)})"
+    return out.reset_index(drop=True)

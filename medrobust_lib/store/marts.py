@@ -445,12 +445,15 @@ TAXONOMY_QUADRANT_STATS_COLUMNS: tuple[tuple[str, str], ...] = (
     ("image_mode", "VARCHAR"), ("quadrant", "VARCHAR"), ("n", "BIGINT"), ("n_total", "BIGINT"),
     ("share", "DOUBLE"), ("share_ci_low", "DOUBLE"), ("share_ci_high", "DOUBLE"), ("accuracy", "DOUBLE"),
     ("accuracy_ci_low", "DOUBLE"), ("accuracy_ci_high", "DOUBLE"), ("mean_entropy", "DOUBLE"),
-    ("mean_flip_rate", "DOUBLE"), ("n_error", "BIGINT"),
+    ("mean_pairwise_disagreement", "DOUBLE"), ("n_error", "BIGINT"), ("flip_rate", "DOUBLE"),
+    ("text_only_accuracy", "DOUBLE"), ("dangerous_floor", "DOUBLE"), ("share_abstention", "DOUBLE"),
+    ("abstention_tau", "DOUBLE"), ("negation_consistency", "DOUBLE"), ("n_negation_samples", "BIGINT"),
 )
 TAXONOMY_CORRELATION_STATS_COLUMNS: tuple[tuple[str, str], ...] = (
     ("scope", "VARCHAR"), ("perturbation", "VARCHAR"), ("level", "INTEGER"), ("image_mode", "VARCHAR"),
-    ("n_points", "BIGINT"), ("r", "DOUBLE"), ("p_value", "DOUBLE"), ("ci_low", "DOUBLE"), ("ci_high", "DOUBLE"),
-    ("fisher_low", "DOUBLE"), ("fisher_high", "DOUBLE"), ("note", "VARCHAR"),
+    ("n_points", "BIGINT"), ("n_configs", "BIGINT"), ("n_error", "BIGINT"), ("r", "DOUBLE"), ("p_value", "DOUBLE"),
+    ("ci_low", "DOUBLE"), ("ci_high", "DOUBLE"), ("ci_method", "VARCHAR"), ("fisher_low", "DOUBLE"),
+    ("fisher_high", "DOUBLE"), ("note", "VARCHAR"),
 )
 
 MART_TABLES.extend([
@@ -460,10 +463,12 @@ MART_TABLES.extend([
               "excluded:<reason>"),
     MartTable("taxonomy_quadrant_stats", TAXONOMY_QUADRANT_STATS_COLUMNS,
               "per (config, dataset, type, level, image mode, quadrant): count and share of the ok rows with "
-              "bootstrap CIs, accuracy with CIs, mean entropy and flip rate, error count"),
+              "bootstrap CIs, accuracy with CIs, mean entropy and pairwise disagreement, error count; per group "
+              "the flip rate, text-only accuracy, oracle Dangerous floor, abstention sensitivity share and "
+              "negation robustness"),
     MartTable("taxonomy_correlation_stats", TAXONOMY_CORRELATION_STATS_COLUMNS,
-              "Pearson r between mean flip rate and Dangerous share over (config, dataset[, condition]) points, "
-              "with p-value and bootstrap CI, per scope"),
+              "Pearson r between flip rate and Dangerous share over (config, dataset) points: headline on clean "
+              "points, per perturbed condition, and pooled perturbed points with a cluster bootstrap CI"),
     MartTable("taxonomy_paraphrases", (
         ("config", "VARCHAR"), ("dataset", "VARCHAR"), ("record_id", "VARCHAR"), ("question", "VARCHAR"),
         ("candidate", "VARCHAR"), ("accepted", "BOOLEAN"), ("reason", "VARCHAR"), ("overlap", "DOUBLE"),
@@ -477,8 +482,13 @@ _QUADRANT_ORDER_SQL = "case {col} " + " ".join(f"when '{q}' then {i}" for i, q i
 # taxonomy_transitions: each perturbed ok row paired with the clean ok row (perturbation 'clean') of
 # the same (config, dataset, record_id, image_mode). n pairs per (cell, from, to); share_of_from =
 # n / all pairs of that from_quadrant in the same (config, dataset, perturbation, level, image_mode).
+# n_error: error rows of the perturbed cell (outside every pair; the same on the cell's rows); a cell
+# with errors only has one row with NULL quadrants and n = 0.
 _TAXONOMY_TRANSITIONS = f"""
-        with ok as (
+        with errs as (
+            select config, dataset, perturbation, level, image_mode, count(*) as n_error
+            from {TAXONOMY_TABLE} where outcome = 'error' and perturbation <> 'clean' group by all),
+        ok as (
             select config, dataset, record_id, image_mode, perturbation, level, quadrant
             from {TAXONOMY_TABLE} t
             where outcome = 'ok' and quadrant is not null and {complete_filter_sql(TAXONOMY_TABLE, "t")}),
@@ -490,12 +500,20 @@ _TAXONOMY_TRANSITIONS = f"""
             from pert p join clean c
               on p.config = c.config and p.dataset = c.dataset and p.record_id = c.record_id
                  and p.image_mode = c.image_mode
-            group by all)
-        select config, dataset, perturbation, level, image_mode, from_quadrant, to_quadrant,
-               cast(n as bigint) as n,
-               cast(n as double) / sum(n) over (
-                   partition by config, dataset, perturbation, level, image_mode, from_quadrant) as share_of_from
-        from counts
+            group by all),
+        cells as (
+            select config, dataset, perturbation, level, image_mode, from_quadrant, to_quadrant,
+                   cast(n as bigint) as n,
+                   cast(n as double) / sum(n) over (
+                       partition by config, dataset, perturbation, level, image_mode, from_quadrant) as share_of_from
+            from counts
+            union all
+            select config, dataset, perturbation, level, image_mode, null, null, cast(0 as bigint), null
+            from errs e where not exists (
+                select 1 from counts c where c.config = e.config and c.dataset = e.dataset
+                  and c.perturbation = e.perturbation and c.level = e.level and c.image_mode = e.image_mode))
+        select c.*, cast(coalesce(e.n_error, 0) as bigint) as n_error
+        from cells c left join errs e using (config, dataset, perturbation, level, image_mode)
         order by config, dataset, perturbation, level, image_mode, {_QUADRANT_ORDER_SQL.format(col="from_quadrant")},
                  {_QUADRANT_ORDER_SQL.format(col="to_quadrant")}"""
 
@@ -506,7 +524,8 @@ MART_VIEWS.update({
     "taxonomy_transitions": _TAXONOMY_TRANSITIONS,
     "taxonomy_correlation": """
         select * from taxonomy_correlation_stats
-        order by scope, perturbation nulls first, level nulls first, image_mode nulls first""",
+        order by case scope when 'headline' then 0 when 'condition' then 1 else 2 end,
+                 perturbation nulls first, level nulls first, image_mode nulls first""",
 })
 
 MART_TABLES.append(MartTable(

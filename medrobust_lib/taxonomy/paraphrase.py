@@ -10,7 +10,9 @@ Two sources of paraphrases for a yes/no question:
 **Polarity rule.** Each paraphrase carries a polarity: ``+1`` when its correct answer equals the
 correct answer of the original question, ``-1`` when it is the inverse (a negation: "Is the
 answer ... *no*?"). Predictions on ``-1`` variants are inverted before they are compared with the
-original (see :mod:`medrobust_lib.taxonomy.quadrants`). The original question itself is never
+original, and only for the separate negation-robustness statistic: a negation is not a
+paraphrase, so it never enters the consistency test (see
+:mod:`medrobust_lib.taxonomy.quadrants`). The original question itself is never
 part of the returned list; callers put it first with polarity ``+1``.
 """
 
@@ -29,12 +31,15 @@ TEMPLATES: tuple[tuple[str, int], ...] = (
     ("Looking at this image, {lower}", POSITIVE),
     ("Answer yes or no: {question}", POSITIVE),
     ('Is the answer to the question "{question}" yes?', POSITIVE),
+    ("Regarding this image: {question}", POSITIVE),
     ('Is the answer to the question "{question}" no?', NEGATED),
     ('Would a radiologist answer no to the question "{question}"?', NEGATED),
 )
 """``(template, polarity)`` pairs. ``{question}`` is the stripped original question,
 ``{lower}`` the same with its first letter lower-cased (unless the first word is an acronym such
-as ``CT`` or ``MRI``). Four keep the answer (+1), two invert it (-1)."""
+as ``CT`` or ``MRI``). Five keep the answer (+1: semantically equivalent paraphrases, the only
+ones a consistency test uses), two invert it (-1: negations, kept only for the separate
+negation-robustness statistic)."""
 
 NEGATION_CUES: frozenset[str] = frozenset({"not", "no", "without", "absent", "false", "cannot"})
 """Negation tokens counted by :func:`negation_count`; any token ending in ``n't`` counts too."""
@@ -89,7 +94,7 @@ def template_paraphrases(question: str) -> list[tuple[str, int]]:
     """Deterministic paraphrases of a yes/no question, the original excluded.
 
     ``question``: any text ending in ``'?'`` (whitespace is collapsed); raises ValueError
-    otherwise. Returns ``len(TEMPLATES)`` (6) ``(text, polarity)`` pairs, polarity in {+1, -1}
+    otherwise. Returns ``len(TEMPLATES)`` (7) ``(text, polarity)`` pairs, polarity in {+1, -1}
     (see the module's polarity rule); at least one has polarity -1. Same input, same output.
     """
     q = _validate_question(question)

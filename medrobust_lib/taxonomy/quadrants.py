@@ -2,11 +2,17 @@
 
 Definitions follow :mod:`medrobust_lib.store.schema_taxonomy`:
 
-* Variants: the original question first (polarity +1), then its paraphrases with polarity +1
-  (same expected answer) or -1 (negation: inverse expected answer). A -1 variant's prediction is
-  inverted before comparison ("polarity-normalised").
-* ``consistent``: all normalised predictions agree. ``flip_rate``: share of the K(K-1)/2
-  unordered variant pairs whose normalised predictions disagree, in [0, 1] (0 for K = 1).
+* Variants: the original question first (polarity +1), then its paraphrases: semantically
+  equivalent rewordings (polarity +1, same expected answer) and, only where a run keeps them,
+  negations (polarity -1, inverse expected answer).
+* ``consistent`` (the paper's definition): the answers to the original question and its +1
+  paraphrases are all identical; negations never enter it. A sample is *flipped* when it is not
+  consistent, and the ``flip_rate`` of a group is the share of its flipped samples (see
+  :mod:`medrobust_lib.taxonomy.stats`). ``pairwise_disagreement``: share of the K(K-1)/2
+  unordered pairs of +1 variants whose answers differ, in [0, 1] (0 for K = 1).
+* Negation robustness (separate, only with negations): ``negation_consistent`` is true when every
+  negation's answer, inverted ("polarity-normalised"), equals the original question's answer;
+  None without negations.
 * ``image_reliant``: the prediction on the original question differs with the image removed.
   ``reliance_score``: ``|p_yes_original - p_yes_removed|`` in [0, 1] (from labels: 1.0 if the
   prediction flipped, else 0.0).
@@ -31,11 +37,12 @@ class SampleFlags:
 
     ``margin_*`` (nats), ``p_yes_original`` in [0, 1] and ``entropy_original`` (bits, [0, 1]) are
     None when computed from labels (generation fallback). ``correct_original`` is 1.0/0.0,
-    ``accuracy_variants`` and ``flip_rate`` in [0, 1].
+    ``accuracy_variants`` (over the +1 variants) and ``pairwise_disagreement`` in [0, 1];
+    ``n_negations`` >= 0 and ``negation_consistent`` None when it is 0.
     """
 
     consistent: bool
-    flip_rate: float
+    pairwise_disagreement: float
     image_reliant: bool
     reliance_score: float
     quadrant: str
@@ -47,6 +54,8 @@ class SampleFlags:
     entropy_original: float | None
     correct_original: float
     accuracy_variants: float
+    n_negations: int
+    negation_consistent: bool | None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict keyed by schema column names."""
@@ -88,24 +97,25 @@ def normalise(labels: Sequence[str], polarities: Sequence[int]) -> list[str]:
     return [lab if pol == 1 else invert(lab) for lab, pol in zip(labels, polarities, strict=True)]
 
 
-def flip_rate(normalised: Sequence[str]) -> float:
-    """Share of unordered pairs that disagree, in [0, 1]; 0.0 for fewer than two labels."""
-    k = len(normalised)
+def pairwise_disagreement(labels: Sequence[str]) -> float:
+    """Share of unordered pairs of ``labels`` that differ, in [0, 1]; 0.0 for fewer than two."""
+    k = len(labels)
     if k < 2:
         return 0.0
-    n_yes = sum(1 for lab in normalised if lab == "yes")
+    n_yes = sum(1 for lab in labels if lab == "yes")
     return n_yes * (k - n_yes) / (k * (k - 1) / 2)
 
 
 def _flags(labels: Sequence[str], polarities: Sequence[int], answer: str, removed: str,
            reliance_score: float, margins: tuple[float | None, float | None],
            p_yes: float | None, entropy: float | None) -> SampleFlags:
-    norm = normalise(labels, polarities)
-    consistent = len(set(norm)) == 1
+    same = [lab for lab, pol in zip(labels, polarities, strict=True) if pol == 1]
+    negated = [invert(lab) for lab, pol in zip(labels, polarities, strict=True) if pol == -1]
+    consistent = len(set(same)) == 1
     reliant = labels[0] != removed
     return SampleFlags(
         consistent=consistent,
-        flip_rate=flip_rate(norm),
+        pairwise_disagreement=pairwise_disagreement(same),
         image_reliant=reliant,
         reliance_score=reliance_score,
         quadrant=quadrant_of(consistent, reliant),
@@ -116,7 +126,9 @@ def _flags(labels: Sequence[str], polarities: Sequence[int], answer: str, remove
         p_yes_original=p_yes,
         entropy_original=entropy,
         correct_original=1.0 if labels[0] == answer else 0.0,
-        accuracy_variants=sum(1 for lab in norm if lab == answer) / len(norm),
+        accuracy_variants=sum(1 for lab in same if lab == answer) / len(same),
+        n_negations=len(negated),
+        negation_consistent=all(lab == labels[0] for lab in negated) if negated else None,
     )
 
 
@@ -133,7 +145,7 @@ def classify(variant_logprobs: Sequence[Mapping[str, float]], polarities: Sequen
 
     ``variant_logprobs``: one ``{"yes": lp, "no": lp}`` (finite natural-log probabilities) per
     variant scored with the image, original first. ``polarities``: +1/-1 per variant, the first
-    +1. ``answer``: ``yes``/``no``, the expected answer to the original. ``removed_logprobs``: the
+    +1; -1 variants (negations) feed only ``negation_consistent``, never ``consistent``. ``answer``: ``yes``/``no``, the expected answer to the original. ``removed_logprobs``: the
     original question scored with the image removed. Labels, margins, p(yes) and entropy come from
     :func:`medrobust_lib.tasks.vqa.yes_no_from_logprobs` (a tie reads yes). Raises ValueError on
     malformed input.
@@ -164,4 +176,5 @@ def classify_labels(variant_labels: Sequence[str], polarities: Sequence[int], an
                   (None, None), None, None)
 
 
-__all__ = ["SampleFlags", "classify", "classify_labels", "flip_rate", "invert", "normalise", "quadrant_of"]
+__all__ = ["SampleFlags", "classify", "classify_labels", "invert", "normalise", "pairwise_disagreement",
+           "quadrant_of"]

@@ -1,17 +1,25 @@
-"""Aggregates of ``taxonomy_results`` rows (pandas in, pandas out).
+"""Aggregates of ``taxonomy_results`` rows (pandas in, pandas out), with the paper's definitions.
 
 * :func:`quadrant_stats`: per (config, dataset, perturbation, level, image_mode) group and
-  quadrant: share with a bootstrap CI, accuracy with a bootstrap CI, mean entropy, mean flip rate,
-  counts (errors counted separately).
-* :func:`flip_dangerous_correlation`: Pearson r, across (config, dataset) points, of the mean flip
-  rate with the Dangerous share, per condition and pooled per image mode.
+  quadrant: share with a bootstrap CI, accuracy with a bootstrap CI, mean entropy, mean pairwise
+  disagreement, counts; per group also the ``flip_rate`` (share of samples whose answers are not
+  all identical across the original question and its paraphrases), the text-only accuracy, the
+  oracle Dangerous floor, the abstention sensitivity share and the negation robustness.
+* :func:`flip_dangerous_correlation`: Pearson r of the flip rate with the Dangerous share across
+  (config, dataset) points. The headline (scope ``headline``) uses clean points only, one per
+  (configuration, dataset), n = their number, as the paper does. Per perturbed condition (scope
+  ``condition``) the same cross-section. Pooling every perturbed point (scope
+  ``pooled_perturbed``) repeats each configuration many times, so it is a separately labelled
+  secondary analysis whose CI resamples whole configurations (cluster bootstrap) and that has
+  no p-value.
 * :func:`transitions`: clean -> perturbed quadrant transition counts, paired per record.
 
-Only rows with ``outcome == 'ok'`` enter the statistics (all rows when there is no ``outcome``
-column); ``error`` rows are counted in ``n_error``; ``excluded:*`` rows are ignored. Bootstrap
-draws come from :func:`medrobust_lib.seeding.rng_for` keyed by ``(seed, "taxonomy", *group key)``,
-and each group's rows are put in a canonical order (``record_id``, ``sample_id``) first, so results
-do not depend on the input row order or on which other groups are present.
+Only rows with ``outcome == 'ok'`` enter any share, accuracy or correlation (all rows when there
+is no ``outcome`` column); infrastructure failures (``error`` rows) are counted in ``n_error``,
+never in a denominator; ``excluded:*`` rows are ignored. Bootstrap draws come from
+:func:`medrobust_lib.seeding.rng_for` keyed by ``(seed, "taxonomy", *group key)``, and each
+group's rows are put in a canonical order (``record_id``, ``sample_id``) first, so results do not
+depend on the input row order or on which other groups are present.
 """
 
 from __future__ import annotations
@@ -25,7 +33,8 @@ import pandas as pd
 
 from medrobust_lib.metrics.stats import bootstrap_ci, pearson_with_ci
 from medrobust_lib.seeding import rng_for
-from medrobust_lib.store.schema_taxonomy import QUADRANTS
+from medrobust_lib.store.schema_taxonomy import DEFAULT_ABSTENTION_TAU, QUADRANTS
+from medrobust_lib.taxonomy.quadrants import quadrant_of
 
 GROUP_COLUMNS: tuple[str, ...] = ("config", "dataset", "perturbation", "level", "image_mode")
 """One condition of one configuration on one dataset."""
@@ -34,14 +43,25 @@ PAIR_COLUMNS: tuple[str, ...] = ("config", "dataset", "record_id", "image_mode")
 ORDER_COLUMNS: tuple[str, ...] = ("record_id", "sample_id")
 CLEAN = "clean"
 DANGEROUS = "Dangerous"
+HEADLINE = "headline"
+"""Scope of the headline correlation: clean points, one per (configuration, dataset)."""
+CONDITION = "condition"
+POOLED = "pooled_perturbed"
+"""Scope of the secondary analysis pooling every perturbed point (cluster bootstrap over configs)."""
+CI_POINTS = "bootstrap_points"
+CI_CLUSTER = "cluster_bootstrap_configs"
 
 QUADRANT_STATS_COLUMNS: tuple[str, ...] = (
     *GROUP_COLUMNS, "quadrant", "n", "n_total", "share", "share_ci_low", "share_ci_high", "accuracy",
-    "accuracy_ci_low", "accuracy_ci_high", "mean_entropy", "mean_flip_rate", "n_error",
+    "accuracy_ci_low", "accuracy_ci_high", "mean_entropy", "mean_pairwise_disagreement", "n_error",
+    "flip_rate", "text_only_accuracy", "dangerous_floor", "share_abstention", "abstention_tau",
+    "negation_consistency", "n_negation_samples",
 )
 CORRELATION_COLUMNS: tuple[str, ...] = (
-    "scope", *SCOPE_COLUMNS, "n_points", "r", "p_value", "ci_low", "ci_high", "fisher_low", "fisher_high", "note",
+    "scope", *SCOPE_COLUMNS, "n_points", "n_configs", "n_error", "r", "p_value", "ci_low", "ci_high", "ci_method",
+    "fisher_low", "fisher_high", "note",
 )
+POINT_COLUMNS: tuple[str, ...] = (*GROUP_COLUMNS, "flip_rate", "dangerous_share", "n", "n_error")
 TRANSITION_COLUMNS: tuple[str, ...] = (
     *GROUP_COLUMNS, "from_quadrant", "to_quadrant", "count", "n_from", "share",
 )
@@ -58,6 +78,12 @@ def _require(df: pd.DataFrame, columns: Iterable[str]) -> None:
 
 def _ok_rows(df: pd.DataFrame) -> pd.DataFrame:
     return df[df["outcome"] == "ok"] if "outcome" in df.columns else df
+
+
+def _error_counts(df: pd.DataFrame, columns: Sequence[str]) -> dict[Key, int]:
+    if "outcome" not in df.columns:
+        return {}
+    return {k: len(g) for k, g in _groups(df[df["outcome"] == "error"], columns).items()}
 
 
 def _key(value: Any) -> Key:
@@ -82,6 +108,11 @@ def _mean(values: pd.Series) -> float:
     return float(a.mean()) if a.size else _NAN
 
 
+def _bools(values: pd.Series) -> npt.NDArray[np.bool_]:
+    """A boolean column (object dtype with None / NaN allowed) as bool; None and NaN read False."""
+    return np.fromiter((v is not None and v == v and bool(v) for v in values), dtype=bool, count=len(values))
+
+
 def _ordered(group: pd.DataFrame) -> pd.DataFrame:
     """Rows in a canonical order (by ``record_id``, ``sample_id`` where present) so that the
     bootstrap does not depend on the input row order."""
@@ -89,8 +120,67 @@ def _ordered(group: pd.DataFrame) -> pd.DataFrame:
     return group.sort_values(by, kind="stable") if by else group
 
 
-def _quadrant_row(key: Key, quadrant: str, group: pd.DataFrame, n_error: int, seed: int,
-                  n_boot: int) -> dict[str, Any]:
+def flip_rate(consistent: pd.Series) -> float:
+    """The paper's flip rate of a group: the share of its samples whose answers are not all
+    identical across the original question and its paraphrases (``consistent`` false), in [0, 1];
+    NaN for no samples. ``consistent``: one boolean per ok sample."""
+    c = _bools(consistent)
+    return float((~c).mean()) if c.size else _NAN
+
+
+def text_only_accuracy(answer: pd.Series, pred_removed: pd.Series) -> float:
+    """Share of samples whose text-only answer (``pred_removed``) equals the label, in [0, 1]; NaN
+    for no samples."""
+    a = answer.astype(str).str.lower().to_numpy()
+    p = pred_removed.astype(str).str.lower().to_numpy()
+    return float((a == p).mean()) if a.size else _NAN
+
+
+def dangerous_floor(answer: pd.Series, pred_removed: pd.Series) -> float:
+    """The oracle Dangerous floor: the share of samples whose label equals the text-only answer.
+
+    An oracle that answers every question variant correctly with the image is consistent, so it
+    is Dangerous exactly where its image answer (the label) equals its text-only answer: no
+    configuration with these text-only answers can be accurate and consistent with a smaller
+    Dangerous share. On label-balanced questions it is about 0.5. For yes/no answers it equals
+    :func:`text_only_accuracy` by construction; it is reported separately because it is read
+    against the Dangerous share, not as an accuracy.
+    """
+    return text_only_accuracy(answer, pred_removed)
+
+
+def abstention_quadrants(group: pd.DataFrame, tau: float) -> pd.Series:
+    """Sensitivity variant of the quadrant (never the primary one): the text-only answer counts as
+    changed also when it abstains, |``margin_removed``| < ``tau`` (nats). Rows without a margin
+    (generated answers) keep their primary reliance flag. Needs ``consistent``, ``image_reliant``
+    and ``margin_removed``."""
+    margin = pd.to_numeric(group["margin_removed"], errors="coerce").to_numpy(dtype=np.float64)
+    abstain = np.isfinite(margin) & (np.abs(margin) < tau)
+    changed = _bools(group["image_reliant"]) | abstain
+    consistent = _bools(group["consistent"])
+    return pd.Series([quadrant_of(bool(c), bool(r)) for c, r in zip(consistent, changed, strict=True)],
+                     index=group.index, dtype=object)
+
+
+def _group_summary(group: pd.DataFrame, tau: float) -> dict[str, Any]:
+    """Group-level columns of :func:`quadrant_stats` (the same on the group's four rows)."""
+    n = len(group)
+    neg = group[pd.to_numeric(group["n_negations"], errors="coerce").fillna(0) > 0] \
+        if "n_negations" in group.columns else group.iloc[0:0]
+    has_margin = "margin_removed" in group.columns and "image_reliant" in group.columns
+    return {
+        "flip_rate": flip_rate(group["consistent"]),
+        "text_only_accuracy": text_only_accuracy(group["answer"], group["pred_removed"]),
+        "dangerous_floor": dangerous_floor(group["answer"], group["pred_removed"]),
+        "_abstention": abstention_quadrants(group, tau) if has_margin and n else None,
+        "abstention_tau": tau,
+        "negation_consistency": float(_bools(neg["negation_consistent"]).mean()) if len(neg) else _NAN,
+        "n_negation_samples": len(neg),
+    }
+
+
+def _quadrant_row(key: Key, quadrant: str, group: pd.DataFrame, summary: dict[str, Any], n_error: int,
+                  seed: int, n_boot: int) -> dict[str, Any]:
     n_total = len(group)
     mask = (group["quadrant"] == quadrant).to_numpy(dtype=bool)
     if n_total:
@@ -101,100 +191,166 @@ def _quadrant_row(key: Key, quadrant: str, group: pd.DataFrame, n_error: int, se
     inside = group[mask]
     acc = bootstrap_ci(_floats(inside["correct_original"]), n_boot=n_boot,
                        rng=rng_for(seed, "taxonomy", *key, quadrant, "accuracy"))
+    abst = summary["_abstention"]
     return {
         **dict(zip(GROUP_COLUMNS, key, strict=True)), "quadrant": quadrant, "n": int(mask.sum()),
         "n_total": n_total, "share": share[0], "share_ci_low": share[1], "share_ci_high": share[2],
         "accuracy": acc[0], "accuracy_ci_low": acc[1], "accuracy_ci_high": acc[2],
-        "mean_entropy": _mean(inside["entropy_original"]), "mean_flip_rate": _mean(inside["flip_rate"]),
+        "mean_entropy": _mean(inside["entropy_original"]),
+        "mean_pairwise_disagreement": _mean(inside["pairwise_disagreement"]),
         "n_error": n_error,
+        **{k: v for k, v in summary.items() if not k.startswith("_")},
+        "share_abstention": float((abst == quadrant).mean()) if abst is not None and n_total else _NAN,
     }
 
 
-def quadrant_stats(df: pd.DataFrame, seed: int = 0, n_boot: int = 1000) -> pd.DataFrame:
+def quadrant_stats(df: pd.DataFrame, seed: int = 0, n_boot: int = 1000,
+                   abstention_tau: float = DEFAULT_ABSTENTION_TAU) -> pd.DataFrame:
     """Per-group, per-quadrant statistics of ``taxonomy_results`` rows.
 
-    ``df`` needs the :data:`GROUP_COLUMNS`, ``quadrant``, ``correct_original`` (0/1),
-    ``entropy_original`` (bits, may be NULL for generated answers) and ``flip_rate``; ``outcome``
-    is optional. Returns :data:`QUADRANT_STATS_COLUMNS`, four rows per group (every quadrant of
+    ``df`` needs the :data:`GROUP_COLUMNS`, ``quadrant``, ``consistent``, ``answer``,
+    ``pred_removed``, ``correct_original`` (0/1), ``entropy_original`` (bits, may be NULL for
+    generated answers) and ``pairwise_disagreement``; ``outcome``, ``image_reliant`` with
+    ``margin_removed`` (abstention) and ``n_negations`` with ``negation_consistent`` are optional.
+    Returns :data:`QUADRANT_STATS_COLUMNS`, four rows per group (every quadrant of
     :data:`~medrobust_lib.store.schema_taxonomy.QUADRANTS`, in that order, groups sorted):
 
-    * ``n`` samples in the quadrant, ``n_total`` ok samples in the group, ``n_error`` error rows;
+    * ``n`` samples in the quadrant, ``n_total`` ok samples in the group, ``n_error`` error rows
+      (outside every denominator);
     * ``share = n / n_total`` in [0, 1] (0 for an empty quadrant, NaN when the group has only
       errors) with a percentile bootstrap CI of the indicator mean over the group's samples;
     * ``accuracy``: mean ``correct_original`` within the quadrant, in [0, 1], with its bootstrap
-      CI (NaN when n = 0); ``mean_entropy`` (bits) and ``mean_flip_rate`` within the quadrant.
+      CI (NaN when n = 0); ``mean_entropy`` (bits) and ``mean_pairwise_disagreement``;
+    * per group (the same on its four rows): ``flip_rate`` (:func:`flip_rate`),
+      ``text_only_accuracy``, ``dangerous_floor`` (:func:`dangerous_floor`), ``abstention_tau``
+      and ``negation_consistency`` (share of the ``n_negation_samples`` samples with negations
+      whose negations all agree with the original answer; NaN without);
+    * ``share_abstention``: the quadrant's share under :func:`abstention_quadrants` (sensitivity
+      analysis; NaN without margins).
 
     Deterministic for a given ``seed`` and ``n_boot``.
     """
-    _require(df, (*GROUP_COLUMNS, "quadrant", "correct_original", "entropy_original", "flip_rate"))
+    _require(df, (*GROUP_COLUMNS, "quadrant", "consistent", "answer", "pred_removed", "correct_original",
+                  "entropy_original", "pairwise_disagreement"))
+    if not abstention_tau > 0:
+        raise ValueError(f"abstention_tau must be > 0 nats, got {abstention_tau}")
     ok = _groups(_ok_rows(df), GROUP_COLUMNS)
-    errors: dict[Key, int] = {}
-    if "outcome" in df.columns:
-        errors = {k: len(g) for k, g in _groups(df[df["outcome"] == "error"], GROUP_COLUMNS).items()}
+    errors = _error_counts(df, GROUP_COLUMNS)
     empty = df.iloc[0:0]
-    rows = [
-        _quadrant_row(key, quadrant, _ordered(ok.get(key, empty)), errors.get(key, 0), seed, n_boot)
-        for key in sorted(set(ok) | set(errors))
-        for quadrant in QUADRANTS
-    ]
+    rows: list[dict[str, Any]] = []
+    for key in sorted(set(ok) | set(errors)):
+        group = _ordered(ok.get(key, empty))
+        summary = _group_summary(group, abstention_tau)
+        rows += [_quadrant_row(key, q, group, summary, errors.get(key, 0), seed, n_boot) for q in QUADRANTS]
     return pd.DataFrame(rows, columns=list(QUADRANT_STATS_COLUMNS))
 
 
 def condition_points(df: pd.DataFrame) -> pd.DataFrame:
-    """One point per (config, dataset, perturbation, level, image_mode) from ok rows: ``flip_rate``
-    (mean, in [0, 1]), ``dangerous_share`` (in [0, 1]) and ``n``. Points without a finite mean flip
-    rate are dropped."""
-    _require(df, (*GROUP_COLUMNS, "quadrant", "flip_rate"))
-    ok = _ok_rows(df)
+    """One point per (config, dataset, perturbation, level, image_mode) with ok rows: ``flip_rate``
+    (:func:`flip_rate`, in [0, 1]), ``dangerous_share`` (in [0, 1]), ``n`` ok samples and
+    ``n_error`` error rows (not in n). Needs :data:`GROUP_COLUMNS`, ``quadrant``, ``consistent``."""
+    _require(df, (*GROUP_COLUMNS, "quadrant", "consistent"))
+    errors = _error_counts(df, GROUP_COLUMNS)
     rows = [
-        {**dict(zip(GROUP_COLUMNS, key, strict=True)), "flip_rate": _mean(g["flip_rate"]),
-         "dangerous_share": float((g["quadrant"] == DANGEROUS).mean()), "n": len(g)}
-        for key, g in _groups(ok, GROUP_COLUMNS).items()
+        {**dict(zip(GROUP_COLUMNS, key, strict=True)), "flip_rate": flip_rate(g["consistent"]),
+         "dangerous_share": float((g["quadrant"] == DANGEROUS).mean()), "n": len(g),
+         "n_error": errors.get(key, 0)}
+        for key, g in _groups(_ok_rows(df), GROUP_COLUMNS).items()
     ]
-    points = pd.DataFrame(rows, columns=[*GROUP_COLUMNS, "flip_rate", "dangerous_share", "n"])
-    finite = np.isfinite(points["flip_rate"].to_numpy(dtype=np.float64))
-    out: pd.DataFrame = points.loc[finite].reset_index(drop=True)
-    return out
+    points = pd.DataFrame(rows, columns=list(POINT_COLUMNS))
+    points["n"] = points["n"].astype(np.int64)
+    points["n_error"] = points["n_error"].astype(np.int64)
+    return points
+
+
+def _pearson_rows(x: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """Pearson r of every row of (B, n) ``x``, ``y``; NaN for a row with zero variance."""
+    xc = x - x.mean(axis=1, keepdims=True)
+    yc = y - y.mean(axis=1, keepdims=True)
+    den = np.sqrt((xc * xc).sum(axis=1) * (yc * yc).sum(axis=1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r: npt.NDArray[np.float64] = np.where(den > 0, (xc * yc).sum(axis=1) / np.where(den > 0, den, 1.0), np.nan)
+    return r
+
+
+def cluster_bootstrap_r(points: pd.DataFrame, rng: np.random.Generator, n_boot: int = 2000,
+                        alpha: float = 0.05) -> tuple[float, float]:
+    """Percentile CI of Pearson r (``flip_rate`` vs ``dangerous_share``) resampling whole
+    configurations: each resample draws the ``config`` clusters with replacement and keeps all
+    their points. Resamples with zero variance are ignored; (NaN, NaN) below 2 configurations.
+    """
+    configs = sorted(points["config"].astype(str).unique())
+    if len(configs) < 2:
+        return _NAN, _NAN
+    by = [points[points["config"].astype(str) == c] for c in configs]
+    xs = [g["flip_rate"].to_numpy(np.float64) for g in by]
+    ys = [g["dangerous_share"].to_numpy(np.float64) for g in by]
+    picks = rng.integers(0, len(configs), size=(n_boot, len(configs)))
+    boot = np.empty(n_boot)
+    for b, pick in enumerate(picks):
+        x = np.concatenate([xs[i] for i in pick])[None, :]
+        y = np.concatenate([ys[i] for i in pick])[None, :]
+        boot[b] = _pearson_rows(x, y)[0]
+    if not np.any(np.isfinite(boot)):
+        return _NAN, _NAN
+    lo, hi = np.nanquantile(boot, [alpha / 2, 1 - alpha / 2])
+    return float(lo), float(hi)
 
 
 def _correlation_row(scope: str, scope_key: Key, points: pd.DataFrame, rng_key: Key, seed: int,
                      n_boot: int) -> dict[str, Any]:
     x = points["flip_rate"].to_numpy(dtype=np.float64)
     y = points["dangerous_share"].to_numpy(dtype=np.float64)
+    pooled = scope == POOLED
     row: dict[str, Any] = {"scope": scope, **dict(zip(SCOPE_COLUMNS, scope_key, strict=True)),
-                           "n_points": int(x.size), "r": _NAN, "p_value": _NAN, "ci_low": _NAN,
-                           "ci_high": _NAN, "fisher_low": _NAN, "fisher_high": _NAN, "note": None}
+                           "n_points": int(x.size), "n_configs": int(points["config"].nunique()),
+                           "n_error": int(points["n_error"].sum()), "r": _NAN, "p_value": _NAN, "ci_low": _NAN,
+                           "ci_high": _NAN, "ci_method": CI_CLUSTER if pooled else CI_POINTS,
+                           "fisher_low": _NAN, "fisher_high": _NAN, "note": None}
+    rng = rng_for(seed, "taxonomy", "correlation", scope, *rng_key)
     if x.size < 3:
         row["note"] = "n_points < 3"
     elif np.ptp(x) == 0 or np.ptp(y) == 0:
         row["note"] = "zero variance"
+    elif pooled:
+        row["r"] = float(_pearson_rows(x[None, :], y[None, :])[0])
+        row["ci_low"], row["ci_high"] = cluster_bootstrap_r(points, rng, n_boot)
     else:
-        res = pearson_with_ci(x, y, rng=rng_for(seed, "taxonomy", "correlation", *rng_key), n_boot=n_boot)
+        res = pearson_with_ci(x, y, rng=rng, n_boot=n_boot)
         row.update(r=res["r"], p_value=res["p"], ci_low=res["ci_low"], ci_high=res["ci_high"],
                    fisher_low=res["fisher_low"], fisher_high=res["fisher_high"])
     return row
 
 
 def flip_dangerous_correlation(df: pd.DataFrame, seed: int = 0, n_boot: int = 2000) -> pd.DataFrame:
-    """Pearson r of mean flip rate (x) with Dangerous share (y) across configurations.
+    """Pearson r of the flip rate (x) with the Dangerous share (y) across (config, dataset) points.
 
-    Points come from :func:`condition_points`. Scope ``condition``: one row per (perturbation,
-    level, image_mode) over its (config, dataset) points. Scope ``all``: one row per image_mode
-    pooling every (config, dataset, perturbation, level) point (clean included), with
-    ``perturbation = 'all'`` and ``level`` NA. Returns :data:`CORRELATION_COLUMNS`: ``r`` in
-    [-1, 1], two-sided ``p_value``, percentile bootstrap ``ci_*`` over points and Fisher-z
-    ``fisher_*`` (see :func:`medrobust_lib.metrics.stats.pearson_with_ci`). With fewer than 3
-    points or a constant x or y, the statistics are NaN and ``note`` says why (else None).
+    Points come from :func:`condition_points`. Rows (:data:`CORRELATION_COLUMNS`):
+
+    * scope ``headline`` (:data:`HEADLINE`), one per image_mode: clean points only, one per
+      (configuration, dataset), ``n_points`` = their number; two-sided ``p_value``, percentile
+      bootstrap ``ci_*`` over points (``ci_method`` ``bootstrap_points``) and Fisher-z
+      ``fisher_*`` (:func:`medrobust_lib.metrics.stats.pearson_with_ci`);
+    * scope ``condition``, one per perturbed (perturbation, level, image_mode): the same
+      cross-section under that condition;
+    * scope ``pooled_perturbed`` (:data:`POOLED`), one per image_mode, ``perturbation = 'all'``,
+      ``level`` NA: every perturbed point pooled. A configuration contributes many points, so the
+      CI resamples whole configurations (:func:`cluster_bootstrap_r`, ``ci_method``
+      ``cluster_bootstrap_configs``) and ``p_value`` / ``fisher_*`` are NaN (they would assume
+      independent points). Secondary analysis only, never the headline.
+
+    ``n_configs``: configurations among the points; ``n_error``: error rows behind them (outside
+    every point). With fewer than 3 points or a constant x or y, r and its bounds are NaN and
+    ``note`` says why (else None).
     """
     points = condition_points(df)
-    rows = [
-        _correlation_row("condition", key, g, key, seed, n_boot)
-        for key, g in _groups(points, SCOPE_COLUMNS).items()
-    ]
-    rows += [
-        _correlation_row("all", ("all", None, key[0]), g, ("all", key[0]), seed, n_boot)
-        for key, g in _groups(points, ("image_mode",)).items()
-    ]
+    clean = points[points["perturbation"] == CLEAN]
+    pert = points[points["perturbation"] != CLEAN]
+    rows = [_correlation_row(HEADLINE, key, g, key, seed, n_boot)
+            for key, g in _groups(clean, SCOPE_COLUMNS).items()]
+    rows += [_correlation_row(CONDITION, key, g, key, seed, n_boot) for key, g in _groups(pert, SCOPE_COLUMNS).items()]
+    rows += [_correlation_row(POOLED, ("all", None, key[0]), g, key, seed, n_boot)
+             for key, g in _groups(pert, ("image_mode",)).items()]
     out = pd.DataFrame(rows, columns=list(CORRELATION_COLUMNS))
     out["level"] = out["level"].astype("Int64")
     return out
@@ -242,10 +398,18 @@ def transitions(df: pd.DataFrame) -> pd.DataFrame:
 __all__ = [
     "CORRELATION_COLUMNS",
     "GROUP_COLUMNS",
+    "HEADLINE",
+    "POINT_COLUMNS",
+    "POOLED",
     "QUADRANT_STATS_COLUMNS",
     "TRANSITION_COLUMNS",
+    "abstention_quadrants",
+    "cluster_bootstrap_r",
     "condition_points",
+    "dangerous_floor",
     "flip_dangerous_correlation",
+    "flip_rate",
     "quadrant_stats",
+    "text_only_accuracy",
     "transitions",
 ]

@@ -15,6 +15,7 @@ import pytest
 from medrobust_lib.config import Suite, load_suite
 from medrobust_lib.store import results
 from medrobust_lib.store.schema_taxonomy import TAXONOMY_TABLE
+from medrobust_lib.taxonomy.known_answers import clean_summary, demo_checks
 from medrobust_lib.taxonomy.stats import transitions
 from medrobust_lib.tracks.datasets import build_clean_index
 from medrobust_lib.tracks.perturbed import build_perturbed, read_manifest
@@ -64,12 +65,14 @@ def _tracking_removed_image(mode: str, like: np.ndarray, key: tuple[str, ...], s
     return None if out is None else out.view(_Removed)
 
 
-def _fake_scorer(suite: Suite, fail: bool = False) -> type:
+def _fake_scorer(suite: Suite, fail: bool = False, negations: bool = False) -> type:
+    """Known-answer stand-ins. With ``negations`` the fake answers a negated variant like the
+    original (it does not understand "not"), so it is never negation-robust."""
     lookup: dict[str, tuple[str, int, str]] = {}
     for it in load_items(suite).items:
         if it.task == "vqa_yesno":
-            for text, pol in tx.variants_of(it, 5):
-                lookup[text + YESNO_SUFFIX] = (it.answer, pol, it.question)
+            for text, pol in tx.variants_of(it, 5, negations=True):
+                lookup[text + YESNO_SUFFIX] = (it.answer, 1 if negations else pol, it.question)
 
     class Fake:
         def __init__(self, s: Suite, entry: tx.TaxonomyConfigEntry) -> None:
@@ -124,7 +127,9 @@ def test_known_answers_clean_and_perturbed(tax_suite: Suite, monkeypatch: pytest
     reliant = clean[clean["config"] == "demo-image-reliant"]
     assert reliant["quadrant"].eq("Ideal").all()
     assert (reliant["correct_original"] == (reliant["answer"] == "yes").astype(float)).all()
-    assert reliant["flip_rate"].eq(0.0).all() and (reliant["n_variants"] >= 6).all()
+    assert reliant["pairwise_disagreement"].eq(0.0).all() and reliant["consistent"].all()
+    assert (reliant["n_variants"] == 6).all() and reliant["n_negations"].eq(0).all()  # 5 paraphrases, no negation
+    assert reliant["negation_consistent"].isna().all()
     shortcut = clean[clean["config"] == "demo-shortcut"]
     assert shortcut["quadrant"].eq("Dangerous").all() and (~shortcut["image_reliant"]).all()
     assert shortcut["reliance_score"].abs().max() < 1e-12
@@ -138,7 +143,35 @@ def test_known_answers_clean_and_perturbed(tax_suite: Suite, monkeypatch: pytest
     stats, corr = write_taxonomy_stats(s.results_dir, s.seed)
     d = stats[(stats["config"] == "demo-shortcut") & (stats["quadrant"] == "Dangerous")]
     assert d["share"].eq(1.0).all() and (d["share_ci_low"] == 1.0).all()
-    assert len(corr) > 0
+    # the reliant fake answers "no" without the image: its text-only accuracy is the share of "no" labels
+    rs = clean_summary(stats).set_index(["config", "image_mode"])
+    no_share = (reliant.groupby("image_mode")["answer"].apply(lambda a: (a == "no").mean()))
+    for mode, share in no_share.items():
+        assert rs.loc[("demo-image-reliant", mode), "text_only_accuracy"] == pytest.approx(share)
+        assert rs.loc[("demo-image-reliant", mode), "image_reliant"] == 1.0
+    checks = [c for c in demo_checks(stats, ("none", "blank", "noise")) if c.name != "text_only_accuracy"]
+    assert len(checks) == 3 * 3 and all(c.passed for c in checks), [c.text() for c in checks]
+    head = corr[corr["scope"] == "headline"]
+    assert set(head["image_mode"]) == {"none", "blank", "noise"}
+    assert (head["n_points"] == 2 * 2).all()  # clean: 2 configurations x 2 datasets
+
+
+def test_negations_kept_feed_negation_robustness_only(tmp_path: Path, demo_root: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    tax = {**TAX, "configs": [{"id": "demo-image-reliant", "demo_training": "image_reliant"}], "image_modes": ["none"],
+           "negations": True}
+    s = load_suite(write_suite(tmp_path, demo_root, modalities=["ct"], taxonomy=tax))
+    build_clean_index(s, "ct")
+    monkeypatch.setattr(tx, "_Scorer", _fake_scorer(s, negations=True))
+    monkeypatch.setattr(tx, "removed_image", _tracking_removed_image)
+    tx.compute_baselines(s, "demo-image-reliant", "ct")
+    tx.evaluate(s, "demo-image-reliant", "ct", 0)
+    ok = _rows(s)
+    assert ok["outcome"].eq("ok").all() and ok["n_negations"].eq(2).all() and (ok["n_variants"] == 8).all()
+    # the fake answers every negation like the original (it ignores the "not"): consistency and the
+    # quadrant are untouched, negation robustness fails
+    assert ok["consistent"].all() and ok["quadrant"].eq("Ideal").all()
+    assert (~ok["negation_consistent"].astype(bool)).all()
 
 
 def test_failures_are_counted(tax_suite: Suite, monkeypatch: pytest.MonkeyPatch) -> None:

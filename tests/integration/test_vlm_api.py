@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 
 from medrobust_lib.config import Suite, load_suite
+from medrobust_lib.config.taxonomy import TaxonomyConfig
 from medrobust_lib.store import results
 from medrobust_lib.store.completeness import partition_error_share
 from medrobust_lib.store.marts import build_mart, connect_readonly
@@ -248,8 +249,8 @@ def test_taxonomy_rerun_retries_only_the_images_with_errors(api_suite: Suite) ->
     from medrobust_lib.tracks.taxonomy import evaluate as tx
     from medrobust_lib.tracks.vlm.items import load_items
 
-    s = api_suite.model_copy(update={"taxonomy": {"configs": [{"id": "fake", "model": "fake-gpt"}],
-                                                  "min_paraphrases": 2, "split": "all"}})
+    s = api_suite.model_copy(update={"taxonomy": TaxonomyConfig.model_validate(
+        {"configs": [{"id": "fake", "model": "fake-gpt"}], "min_paraphrases": 2, "split": "all"})})
     part = {"config": "fake", "run": "clean", "modality": "ct", "level": 0}
     key = list(tx.ROW_KEY)
     tx.compute_baselines(s, "fake", "ct")
@@ -279,8 +280,8 @@ def test_api_paraphraser_feeds_the_taxonomy(api_suite: Suite, monkeypatch: pytes
     from medrobust_lib.tracks.taxonomy import evaluate as tx
     from medrobust_lib.tracks.vlm.items import load_items
 
-    s = api_suite.model_copy(update={"taxonomy": {"configs": [{"id": "fake", "model": "fake-gpt"}],
-                                                  "min_paraphrases": 8, "api_paraphraser": "fake-gpt"}})
+    s = api_suite.model_copy(update={"taxonomy": TaxonomyConfig.model_validate(
+        {"configs": [{"id": "fake", "model": "fake-gpt"}], "min_paraphrases": 8, "api_paraphraser": "fake-gpt"})})
     items = [it for it in load_items(s).items if it.task == "vqa_yesno"][:3]
     _Fake.hits = 0
     variants, audit = tx.paraphrase_sets(s, items)
@@ -298,7 +299,7 @@ def test_api_paraphraser_feeds_the_taxonomy(api_suite: Suite, monkeypatch: pytes
 
 
 def test_optional_judge_is_recorded_separately(api_suite: Suite) -> None:
-    s = api_suite.model_copy(update={"vlm": {**api_suite.vlm, "judge": "fake-gpt"}})  # type: ignore[attr-defined]
+    s = api_suite.model_copy(update={"vlm": api_suite.vlm.model_copy(update={"judge": "fake-gpt"})})
     evaluate_clean(s, "fake-gpt", "ct")
     df = results.read_table(s.results_dir, VLM_TABLE)
     unp = df[df["outcome"] == "unparseable"]

@@ -95,7 +95,9 @@ def _taxonomy_rows() -> pd.DataFrame:
                     rows.append({"config": cfg, "dataset": ds, "sample_id": f"{ds}_{s}", "record_id": f"r{s}",
                                  "perturbation": pert, "level": level, "image_mode": "none",
                                  "quadrant": quad, "correct_original": float(rng.random() < 0.6),
-                                 "entropy_original": float(rng.random()), "flip_rate": flip,
+                                 "entropy_original": float(rng.random()), "pairwise_disagreement": flip,
+                                 "answer": "yes" if s % 2 else "no", "pred_removed": "yes" if s % 3 else "no",
+                                 "margin_removed": float(rng.normal(0.0, 1.5)),
                                  "consistent": consistent, "image_reliant": reliant, "outcome": "ok"})
     return pd.DataFrame(rows)
 
@@ -324,10 +326,27 @@ def test_taxonomy_quadrants_pool_the_view(report: ReportSummary, mart: Path) -> 
     assert list(got["quadrant"][:4]) == list(QUADRANTS)
 
 
+def test_taxonomy_quadrants_show_text_only_accuracy_and_the_floor(report: ReportSummary, mart: Path) -> None:
+    got = _csv(report, "taxonomy_quadrants")
+    raw = _sql(mart, """
+        select config, case when perturbation = 'clean' then 'clean' else 'perturbed' end as condition,
+               avg(case when pred_removed = answer then 1.0 else 0.0 end) as acc,
+               avg(case when consistent then 0.0 else 1.0 end) as flip
+        from taxonomy_results where outcome = 'ok' group by all""")
+    m = got.merge(raw, on=["config", "condition"], validate="many_to_one")
+    np.testing.assert_allclose(m["text_only_accuracy"], m["acc"], rtol=1e-12)
+    np.testing.assert_allclose(m["dangerous_floor"], m["acc"], rtol=1e-12)
+    np.testing.assert_allclose(m["flip_rate"], m["flip"], rtol=1e-12)
+    text = (report.out_dir / "tables" / "taxonomy_quadrants.md").read_text()
+    assert "Text-only acc." in text and "Dangerous floor" in text and "Sensitivity" in text
+
+
 def test_taxonomy_correlation_from_mart_and_recomputed(report: ReportSummary, mart: Path) -> None:
     got = _csv(report, "taxonomy_correlation")
-    exp = _sql(mart, "select * from taxonomy_correlation where scope = 'all'")
+    exp = _sql(mart, "select * from taxonomy_correlation where scope = 'headline'")
     assert len(got) == len(exp) == 1 and got.loc[0, "source"] == "mart"
+    assert got.loc[0, "n_points"] == len(CONFIGS) * 2  # clean points: configs x datasets
+    assert got.loc[0, "scope"] == "headline" and got.loc[0, "perturbation"] == "clean"
     assert got.loc[0, "r"] == pytest.approx(exp.loc[0, "r"], rel=1e-12)
     # recomputing over every configuration reproduces the mart's numbers (same keys and n_boot)
     con = duckdb.connect(str(mart), read_only=True)
@@ -373,7 +392,7 @@ def test_models_filter_every_table_and_figure(mart: Path, tmp_path: Path) -> Non
     assert not any("sam_b" in f for f in files) and any("sam_a" in f for f in files)
     corr = _csv(rep, "taxonomy_correlation")
     assert corr.loc[0, "source"] == "recomputed (cfg_a, cfg_b)"
-    assert corr.loc[0, "n_points"] == 2 * 2 * 3  # configs x datasets x conditions
+    assert corr.loc[0, "n_points"] == 2 * 2  # clean headline: configs x datasets
     assert rep.models["segmentation"] == ("sam_a",) and rep.models["taxonomy"] == ("cfg_a", "cfg_b")
     page = rep.html.read_text()
     assert "sam_b" not in page and "cfg_c" not in page

@@ -55,7 +55,9 @@ def _row(config: str, dataset: str, mode: str, i: int, perturbation: str, level:
     else:
         consistent, reliant = FLAGS[quadrant]
         row.update(outcome="ok", quadrant=quadrant, consistent=consistent, image_reliant=reliant,
-                   flip_rate=0.0 if consistent else 2 / 3, entropy_original=0.5, correct_original=1.0)
+                   pairwise_disagreement=0.0 if consistent else 2 / 3, entropy_original=0.5, correct_original=1.0,
+                   pred_original="yes", pred_removed="no" if reliant else "yes", margin_removed=-2.0 if reliant else 2.0,
+                   n_negations=0)
     return row
 
 
@@ -75,7 +77,7 @@ def write_results(res: Path, rows: list[dict[str, Any]]) -> None:
         results.write_chunk(results.chunk_path(res, TAXONOMY_TABLE, part, str(ds)), g, "fp")
 
 
-def fake_quadrant_stats(df: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
+def fake_quadrant_stats(df: pd.DataFrame, seed: int = 0, abstention_tau: float = 0.7) -> pd.DataFrame:
     """A stand-in with the real output's columns: plain shares, CIs = share +- 0.1."""
     keys = ["config", "dataset", "perturbation", "level", "image_mode"]
     out = []
@@ -87,22 +89,30 @@ def fake_quadrant_stats(df: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
             out.append({**dict(zip(keys, key, strict=True)), "quadrant": q, "n": n, "n_total": len(ok),
                         "share": share, "share_ci_low": share - 0.1, "share_ci_high": share + 0.1,
                         "accuracy": 1.0, "accuracy_ci_low": 1.0, "accuracy_ci_high": 1.0, "mean_entropy": 0.5,
-                        "mean_flip_rate": 0.1, "n_error": int((g["outcome"] == "error").sum())})
+                        "mean_pairwise_disagreement": 0.1, "n_error": int((g["outcome"] == "error").sum()),
+                        "flip_rate": 0.2, "text_only_accuracy": 0.5, "dangerous_floor": 0.5,
+                        "share_abstention": share, "abstention_tau": 0.7, "negation_consistency": np.nan,
+                        "n_negation_samples": 0})
     return pd.DataFrame(out, columns=list(QUADRANT_STATS_COLUMNS))
 
 
 def fake_correlation(df: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
     return pd.DataFrame([
-        {"scope": "all", "perturbation": None, "level": None, "image_mode": "none", "n_points": 6, "r": 0.5,
-         "p_value": 0.3, "ci_low": -0.2, "ci_high": 0.9, "note": None},
-        {"scope": "per_condition", "perturbation": "blur", "level": 1, "image_mode": "none", "n_points": 3,
-         "r": np.nan, "p_value": np.nan, "ci_low": np.nan, "ci_high": np.nan, "note": "too few points"},
+        {"scope": "condition", "perturbation": "blur", "level": 1, "image_mode": "none", "n_points": 3,
+         "n_configs": 2, "n_error": 1, "r": np.nan, "p_value": np.nan, "ci_low": np.nan, "ci_high": np.nan,
+         "ci_method": "bootstrap_points", "note": "too few points"},
+        {"scope": "headline", "perturbation": "clean", "level": 0, "image_mode": "none", "n_points": 6,
+         "n_configs": 2, "n_error": 1, "r": 0.5, "p_value": 0.3, "ci_low": -0.2, "ci_high": 0.9,
+         "ci_method": "bootstrap_points", "note": None},
     ], columns=list(CORRELATION_STATS_COLUMNS))
 
 
 @pytest.fixture()
 def fake_stats(monkeypatch: pytest.MonkeyPatch) -> None:
+    from medrobust_lib.taxonomy.stats import condition_points
+
     mod = types.ModuleType("medrobust_lib.taxonomy.stats")
+    mod.condition_points = condition_points  # type: ignore[attr-defined]  # the scatter's points stay real
     mod.quadrant_stats = fake_quadrant_stats  # type: ignore[attr-defined]
     mod.flip_dangerous_correlation = fake_correlation  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "medrobust_lib.taxonomy.stats", mod)
@@ -128,8 +138,13 @@ def mart(tmp_path: Path, fake_stats: None) -> Iterator[tuple[Path, duckdb.DuckDB
 def _transitions(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, str, str, str, str], tuple[int, float]]:
     df = con.execute("select * from taxonomy_transitions").df()
     assert list(df.columns) == ["config", "dataset", "perturbation", "level", "image_mode", "from_quadrant",
-                                "to_quadrant", "n", "share_of_from"]
+                                "to_quadrant", "n", "share_of_from", "n_error"]
     assert set(df["perturbation"]) == {"blur"} and set(df["level"]) == {1}
+    # n_error: error rows of the perturbed cell (cfg-a/ds/none has one blur error), outside every pair
+    errs = df.groupby(["config", "dataset", "image_mode"])["n_error"].agg(["min", "max"])
+    assert (errs["min"] == errs["max"]).all()
+    assert errs["max"].to_dict() == {("cfg-a", "ds", "blank"): 0, ("cfg-a", "ds", "none"): 1,
+                                     ("cfg-b", "ds", "none"): 0, ("cfg-b", "ds2", "none"): 0}
     return {(r["config"], r["dataset"], r["image_mode"], r["from_quadrant"], r["to_quadrant"]):
             (int(r["n"]), float(r["share_of_from"])) for r in df.to_dict("records")}
 
@@ -165,8 +180,8 @@ def test_quadrant_and_correlation_views(mart: tuple[Path, duckdb.DuckDBPyConnect
     assert set(r["n_total"]) == {7} and set(r["n_error"]) == {1} and q["level"].dtype.kind == "i"
     c = con.execute("select * from taxonomy_correlation").df()
     assert list(c.columns) == list(CORRELATION_STATS_COLUMNS)
-    assert list(c["scope"]) == ["all", "per_condition"] and c["r"].iloc[0] == pytest.approx(0.5)
-    assert pd.isna(c["level"].iloc[0]) and c["level"].iloc[1] == 1
+    assert list(c["scope"]) == ["headline", "condition"] and c["r"].iloc[0] == pytest.approx(0.5)  # headline first
+    assert c["level"].iloc[0] == 0 and c["level"].iloc[1] == 1
 
 
 def test_write_stats_chunks_per_config_and_stale_removed(tmp_path: Path, fake_stats: None) -> None:
@@ -219,6 +234,20 @@ def test_write_stats_with_real_module(tmp_path: Path) -> None:
         con.close()
 
 
+def test_transitions_count_a_cell_with_errors_only(tmp_path: Path) -> None:
+    res = tmp_path / "results"
+    rows = all_rows() + [_row("cfg-b", "ds2", "none", 0, "blur", 2, None)]  # blur level 2: one error, no pair
+    write_results(res, rows)
+    build_mart(res, tmp_path / "m.duckdb")
+    con = connect_readonly(tmp_path / "m.duckdb")
+    try:
+        got = con.execute("select * from taxonomy_transitions where level = 2").df()
+    finally:
+        con.close()
+    assert len(got) == 1 and got.loc[0, "n"] == 0 and got.loc[0, "n_error"] == 1
+    assert pd.isna(got.loc[0, "from_quadrant"]) and pd.isna(got.loc[0, "share_of_from"])
+
+
 def test_empty_mart_has_taxonomy_views(tmp_path: Path) -> None:
     counts = build_mart(tmp_path / "results", tmp_path / "m.duckdb")
     assert counts[TAXONOMY_TABLE] == counts["taxonomy_quadrant_stats"] == counts["taxonomy_correlation_stats"] == 0
@@ -226,6 +255,7 @@ def test_empty_mart_has_taxonomy_views(tmp_path: Path) -> None:
     try:
         for view in ("taxonomy_quadrants", "taxonomy_transitions", "taxonomy_correlation"):
             assert con.execute(f"select count(*) from {view}").fetchall() == [(0,)]
+            assert "n_error" in {d[0] for d in con.execute(f"select * from {view}").description}
     finally:
         con.close()
 
@@ -233,10 +263,12 @@ def test_empty_mart_has_taxonomy_views(tmp_path: Path) -> None:
 def test_correlation_points() -> None:
     pts = correlation_points(pd.DataFrame(all_rows()))
     r = pts[(pts["config"] == "cfg-a") & (pts["image_mode"] == "none") & (pts["perturbation"] == "blur")].iloc[0]
-    # ok blur rows: Ideal, Dangerous x4, Fragile, Worst -> 4/7 Dangerous; flip 2/3 for Fragile and Worst
-    assert r["n"] == 7 and r["dangerous_share"] == pytest.approx(4 / 7)
-    assert r["mean_flip_rate"] == pytest.approx(2 * (2 / 3) / 7)
+    # ok blur rows: Ideal, Dangerous x4, Fragile, Worst -> 4/7 Dangerous; Fragile and Worst are flipped
+    assert r["n"] == 7 and r["dangerous_share"] == pytest.approx(4 / 7) and r["n_error"] == 1
+    assert r["flip_rate"] == pytest.approx(2 / 7)
     assert len(pts) == 8 and correlation_points(pd.DataFrame()).empty
+    clean = correlation_points(pd.DataFrame(all_rows()), clean_only=True)
+    assert set(clean["perturbation"]) == {"clean"} and len(clean) == 4
 
 
 def test_transition_matrix_pools_and_normalises_rows() -> None:

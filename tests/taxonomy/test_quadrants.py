@@ -8,7 +8,13 @@ from collections.abc import Callable
 import pytest
 
 from medrobust_lib.store.schema_taxonomy import COLUMN_NAMES
-from medrobust_lib.taxonomy.quadrants import SampleFlags, classify, classify_labels, flip_rate, quadrant_of
+from medrobust_lib.taxonomy.quadrants import (
+    SampleFlags,
+    classify,
+    classify_labels,
+    pairwise_disagreement,
+    quadrant_of,
+)
 
 YES = {"yes": math.log(0.8), "no": math.log(0.2)}  # p_yes 0.8
 NO = {"yes": math.log(0.1), "no": math.log(0.9)}  # p_yes 0.1
@@ -18,7 +24,8 @@ def test_all_agree_and_removal_flips_is_ideal() -> None:
     f = classify([YES, YES, YES], [1, 1, 1], "yes", NO)
     assert f.consistent and f.image_reliant
     assert f.quadrant == "Ideal"
-    assert f.flip_rate == 0.0
+    assert f.pairwise_disagreement == 0.0
+    assert f.n_negations == 0 and f.negation_consistent is None
     assert (f.pred_original, f.pred_removed) == ("yes", "no")
     assert f.p_yes_original == pytest.approx(0.8)
     assert f.margin_original == pytest.approx(math.log(4.0))
@@ -30,27 +37,29 @@ def test_all_agree_and_removal_flips_is_ideal() -> None:
     assert f.accuracy_variants == 1.0
 
 
-def test_negated_variant_answered_opposite_is_consistent() -> None:
-    # Original "yes", negation (-1) "no": normalised both "yes".
-    f = classify([YES, NO], [1, -1], "yes", NO)
-    assert f.consistent
-    assert f.flip_rate == 0.0
-    assert f.accuracy_variants == 1.0
-    # Answering the negation with the same label is an inconsistency.
-    g = classify([YES, YES], [1, -1], "yes", NO)
-    assert not g.consistent
-    assert g.flip_rate == 1.0
-    assert g.accuracy_variants == 0.5
-    assert g.quadrant == "Fragile"
+def test_negations_never_enter_consistency_and_feed_negation_robustness() -> None:
+    # Original "yes", negation (-1) "no": the negation agrees once inverted.
+    f = classify([YES, YES, NO], [1, 1, -1], "yes", NO)
+    assert f.consistent and f.quadrant == "Ideal"
+    assert f.n_negations == 1 and f.negation_consistent is True
+    assert f.accuracy_variants == 1.0 and f.pairwise_disagreement == 0.0
+    # Answering the negation with the same label breaks negation robustness, not consistency.
+    g = classify([YES, YES, YES], [1, 1, -1], "yes", NO)
+    assert g.consistent and g.quadrant == "Ideal"
+    assert g.negation_consistent is False
+    assert g.pairwise_disagreement == 0.0 and g.accuracy_variants == 1.0
+    # Paraphrases (+1) that differ make the sample inconsistent whatever the negations say.
+    h = classify([YES, NO, NO], [1, 1, -1], "yes", NO)
+    assert not h.consistent and h.quadrant == "Fragile" and h.negation_consistent is True
 
 
-def test_flip_rate_three_variants_one_disagreeing() -> None:
+def test_pairwise_disagreement_three_variants_one_disagreeing() -> None:
     f = classify([YES, YES, NO], [1, 1, 1], "yes", YES)
-    assert f.flip_rate == pytest.approx(2 / 3)
+    assert f.pairwise_disagreement == pytest.approx(2 / 3)
     assert not f.consistent
     assert f.accuracy_variants == pytest.approx(2 / 3)
-    assert flip_rate(["yes"]) == 0.0
-    assert flip_rate(["yes", "no", "yes", "no"]) == pytest.approx(4 / 6)
+    assert pairwise_disagreement(["yes"]) == 0.0
+    assert pairwise_disagreement(["yes", "no", "yes", "no"]) == pytest.approx(4 / 6)
 
 
 @pytest.mark.parametrize(("variants", "removed", "quadrant"), [
@@ -73,7 +82,7 @@ def test_quadrant_of_table() -> None:
 def test_single_variant_and_wrong_answer() -> None:
     f = classify([NO], [1], "Yes", NO)
     assert f.consistent and not f.image_reliant and f.quadrant == "Dangerous"
-    assert f.flip_rate == 0.0
+    assert f.pairwise_disagreement == 0.0
     assert f.correct_original == 0.0 and f.accuracy_variants == 0.0
     assert f.reliance_score == pytest.approx(0.0)
 
@@ -81,6 +90,7 @@ def test_single_variant_and_wrong_answer() -> None:
 def test_labels_fallback() -> None:
     f = classify_labels(["Yes", "no", "yes"], [1, -1, 1], "yes", "yes")
     assert f.consistent and not f.image_reliant and f.quadrant == "Dangerous"
+    assert f.n_negations == 1 and f.negation_consistent is True
     assert f.reliance_score == 0.0
     assert f.margin_original is None and f.p_yes_original is None and f.entropy_original is None
     g = classify_labels(["yes", "yes"], [1, 1], "no", "no")

@@ -6,8 +6,9 @@ Per configuration (a VLM plus a name) and yes/no record:
 1. ``text-only baselines``: the original question with the image removed (modes ``none``,
    ``blank``, ``noise``). They do not depend on the perturbation, so they are computed once per
    modality and reused by every condition (table ``taxonomy_baselines``).
-2. ``paraphrase predictions``: every variant (original + paraphrases; negations expect the
-   inverse) scored with the (clean or perturbed) image. The vision tower runs once per image and
+2. ``paraphrase predictions``: every variant (original + semantically equivalent paraphrases;
+   negations only with ``negations: true``, for the separate negation-robustness statistic)
+   scored with the (clean or perturbed) image. The vision tower runs once per image and
    its output is reused for every variant (``HFVisionLanguageModel.score_variants``).
 3. flags and quadrant per sample (:func:`medrobust_lib.taxonomy.quadrants.classify`), one
    ``taxonomy_results`` row per (record, condition, image mode).
@@ -19,7 +20,9 @@ Suite YAML::
         - {id: llava-med, model: llava-med}                  # a VLM id from vlm.models
         - {id: demo-image-reliant, demo_training: image_reliant}   # demo: trained by its taxonomy_model asset
       image_modes: [none, blank, noise]
-      min_paraphrases: 5        # records with fewer get template paraphrases (polarity recorded)
+      min_paraphrases: 5        # semantically equivalent paraphrases; records with fewer get templates
+      negations: false          # true: also score negated variants, for negation_consistent only
+      abstention_tau: 0.6931    # sensitivity column only: |text-only margin| < tau counts as changed
       split: test
 """
 
@@ -78,16 +81,24 @@ def model_for(suite: Suite, entry: TaxonomyConfigEntry) -> VLMModelConfig:
     return VLMModelConfig(id=entry.id, source=str(folder), adapter=adapter, batch_size=64)
 
 
-def variants_of(item: VLMItem, min_paraphrases: int) -> tuple[tuple[str, int], ...]:
-    """The record's variants (original first); topped up with template paraphrases when it has
-    fewer than ``min_paraphrases`` paraphrases."""
+def variants_of(item: VLMItem, min_paraphrases: int, negations: bool = False) -> tuple[tuple[str, int], ...]:
+    """The record's question variants, original first: its semantically equivalent paraphrases
+    (polarity +1), topped up with template ones when it has fewer than ``min_paraphrases``, then,
+    only with ``negations``, its negated variants (polarity -1; the template negations when the
+    record has none)."""
     from medrobust_lib.taxonomy.paraphrase import template_paraphrases
 
-    vs = item.variants or ((item.question, 1),)
-    if len(vs) - 1 >= min_paraphrases:
-        return tuple(vs)
-    extra = [v for v in template_paraphrases(vs[0][0]) if v[0] not in {t for t, _ in vs}]
-    return tuple(vs) + tuple(extra[: min_paraphrases - (len(vs) - 1)])
+    vs = tuple(item.variants or ((item.question, 1),))
+    same = [v for v in vs if v[1] == 1]
+    negated = [v for v in vs[1:] if v[1] == -1]
+    known = {t for t, _ in vs}
+    templates = [v for v in template_paraphrases(vs[0][0]) if v[0] not in known]
+    need = min_paraphrases - (len(same) - 1)
+    if need > 0:
+        same += [v for v in templates if v[1] == 1][:need]
+    if negations and not negated:
+        negated = [v for v in templates if v[1] == -1]
+    return tuple(same) + (tuple(negated) if negations else ())
 
 
 PARAPHRASE_TABLE = "taxonomy_paraphrases"
@@ -117,14 +128,15 @@ def paraphrase_sets(suite: Suite, items: Sequence[VLMItem]) -> tuple[dict[str, t
     try:
         for it in items:
             vs = tuple(it.variants or ((it.question, 1),))
-            need = tc.min_paraphrases - (len(vs) - 1)
+            need = tc.min_paraphrases - (sum(1 for _, p in vs if p == 1) - 1)
             if need > 0 and api is not None:
                 accepted, records = api_paraphrases(api, vs[0][0], n=need)
                 known = {t for t, _ in vs}
                 vs = vs + tuple(a for a in accepted if a[0] not in known)
                 audit.extend({"dataset": it.dataset, "record_id": it.record_id, "question": vs[0][0],
                               "source": tc.api_paraphraser, **r} for r in records)
-            out[it.record_id] = variants_of(dataclasses.replace(it, variants=vs), tc.min_paraphrases)
+            out[it.record_id] = variants_of(dataclasses.replace(it, variants=vs), tc.min_paraphrases,
+                                            tc.negations)
     finally:
         if api is not None:
             api.close()

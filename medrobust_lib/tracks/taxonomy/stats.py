@@ -5,8 +5,8 @@
 themselves live in :mod:`medrobust_lib.taxonomy.stats`). The figures read those tables or the
 mart views: stacked quadrant-share bars (:func:`quadrant_bars`), clean -> perturbed quadrant
 transition heatmaps (:func:`transition_heatmaps`, from the ``taxonomy_transitions`` view) and the
-mean flip rate vs Dangerous share scatter (:func:`flip_vs_dangerous_scatter`, points from
-:func:`correlation_points`).
+flip rate vs Dangerous share scatter of the headline (:func:`flip_vs_dangerous_scatter`, clean points
+from :func:`correlation_points`, r from the ``headline`` correlation rows).
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ CORRELATION_PARTITION: dict[str, object] = {"batch": "all"}
 QUADRANT_STATS_COLUMNS: tuple[str, ...] = tuple(c for c, _ in TAXONOMY_QUADRANT_STATS_COLUMNS)
 CORRELATION_STATS_COLUMNS: tuple[str, ...] = tuple(c for c, _ in TAXONOMY_CORRELATION_STATS_COLUMNS)
 POINT_KEYS: tuple[str, ...] = ("config", "dataset", "perturbation", "level", "image_mode")
-POINT_COLUMNS: tuple[str, ...] = (*POINT_KEYS, "mean_flip_rate", "dangerous_share", "n")
+POINT_COLUMNS: tuple[str, ...] = (*POINT_KEYS, "flip_rate", "dangerous_share", "n", "n_error")
+"""Columns of :func:`correlation_points` (those of :func:`medrobust_lib.taxonomy.stats.condition_points`)."""
 QUADRANT_COLORS: dict[str, str] = {
     "Ideal": "#2ca02c", "Fragile": "#ff7f0e", "Dangerous": "#d62728", "Worst": "#404040",
 }
@@ -55,21 +56,24 @@ def read_taxonomy_results(results_dir: str | Path) -> pd.DataFrame:
     return df
 
 
-def write_taxonomy_stats(results_dir: str | Path, seed: int = 0, *,
+def write_taxonomy_stats(results_dir: str | Path, seed: int = 0, abstention_tau: float | None = None, *,
                          max_error_share: float = DEFAULT_MAX_ERROR_SHARE) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Recompute both taxonomy stats tables from every ``taxonomy_results`` row and return them
-    as (quadrant stats, correlation stats). Quadrant stats: one chunk per configuration under
+    as (quadrant stats, correlation stats). ``abstention_tau`` (nats; None: the default ln 2) is
+    the band of the sensitivity column ``share_abstention``. Quadrant stats: one chunk per configuration under
     ``taxonomy_quadrant_stats/config=<id>/stats.parquet`` (folders of configurations without
     stats are removed); correlation stats: one chunk ``taxonomy_correlation_stats/batch=all/
     stats.parquet`` (removed when there are none)."""
+    from medrobust_lib.store.schema_taxonomy import DEFAULT_ABSTENTION_TAU
     from medrobust_lib.taxonomy.stats import flip_dangerous_correlation, quadrant_stats
 
+    tau = DEFAULT_ABSTENTION_TAU if abstention_tau is None else abstention_tau
     df = complete_rows(read_taxonomy_results(results_dir), TAXONOMY_TABLE, max_error_share)  # complete partitions
     if df.empty:
         quad = pd.DataFrame(columns=list(QUADRANT_STATS_COLUMNS))
         corr = pd.DataFrame(columns=list(CORRELATION_STATS_COLUMNS))
     else:
-        quad = quadrant_stats(df, seed)
+        quad = quadrant_stats(df, seed, abstention_tau=tau)
         corr = flip_dangerous_correlation(df, seed)
     if len(quad):
         quad["config"] = quad["config"].astype(str)
@@ -77,7 +81,7 @@ def write_taxonomy_stats(results_dir: str | Path, seed: int = 0, *,
     if len(corr) and "level" in corr.columns:
         corr["level"] = pd.to_numeric(corr["level"]).astype("Int64")
 
-    fp = results.fingerprint(["taxonomy_stats", seed, len(df), len(quad), len(corr)])
+    fp = results.fingerprint(["taxonomy_stats", seed, tau, len(df), len(quad), len(corr)])
     results.write_per_key(results_dir, QUADRANT_STATS_TABLE, quad, "config", fp)
 
     keep: set[str] = set()
@@ -101,24 +105,21 @@ def _remove_stale(results_dir: str | Path, table: str, keep: set[str]) -> None:
             d.rmdir()
 
 
-def correlation_points(df: pd.DataFrame) -> pd.DataFrame:
-    """Scatter points from ``taxonomy_results`` rows with outcome ``ok`` and a quadrant: one row per
-    (config, dataset, perturbation, level, image_mode) with ``mean_flip_rate`` (mean per-sample flip
-    rate), ``dangerous_share`` (share of rows in the Dangerous quadrant) and ``n`` (rows)."""
+def correlation_points(df: pd.DataFrame, clean_only: bool = False) -> pd.DataFrame:
+    """Scatter points from ``taxonomy_results`` rows: one row per (config, dataset, perturbation,
+    level, image_mode) with ok rows, ``flip_rate`` (share of samples not consistent across the
+    original question and its paraphrases), ``dangerous_share``, ``n`` ok samples and ``n_error``
+    (:func:`medrobust_lib.taxonomy.stats.condition_points`). ``clean_only``: the headline points
+    (clean, one per configuration and dataset) only."""
+    from medrobust_lib.taxonomy.stats import condition_points
+
     if df.empty:
         return pd.DataFrame(columns=list(POINT_COLUMNS))
-    ok = df[(df["outcome"] == "ok") & df["quadrant"].notna()].copy()
-    if ok.empty:
-        return pd.DataFrame(columns=list(POINT_COLUMNS))
-    ok["config"] = ok["config"].astype(str)
-    ok["level"] = pd.to_numeric(ok["level"]).astype(int)
-    ok["_flip"] = pd.to_numeric(ok["flip_rate"], errors="coerce")
-    ok["_dangerous"] = (ok["quadrant"] == "Dangerous").astype(float)
-    out = (ok.groupby(list(POINT_KEYS), sort=True)
-           .agg(mean_flip_rate=("_flip", "mean"), dangerous_share=("_dangerous", "mean"), n=("_dangerous", "size"))
-           .reset_index())
-    out["n"] = out["n"].astype(int)
-    return out[list(POINT_COLUMNS)]
+    rows = df[df["perturbation"] == "clean"] if clean_only else df
+    out = condition_points(rows)
+    out["config"] = out["config"].astype(str)
+    out["level"] = pd.to_numeric(out["level"]).astype(int)
+    return out[list(POINT_COLUMNS)].reset_index(drop=True)
 
 
 def _pyplot() -> Any:
@@ -273,16 +274,22 @@ def transition_heatmaps(transitions_df: pd.DataFrame, out_dir: str | Path) -> li
     return paths
 
 
-def _corr_label(row: pd.Series) -> str:
-    """``<scope>[ <condition>]: r = 0.42 [0.10, 0.70], p = 0.03, n = 12`` (or the note when r is NaN)."""
-    parts = [str(row.get("scope", "all"))]
-    for k in ("perturbation", "level", "image_mode"):
+def correlation_label(row: pd.Series | dict[str, Any]) -> str:
+    """One correlation row as text: ``headline (clean), image removed: none: r = 0.42 [0.10, 0.70],
+    p = 0.03, n = 30 points`` (scope ``pooled_perturbed`` reads ``secondary: pooled perturbed,
+    cluster bootstrap over configurations``; the note when r is NaN)."""
+    scope = str(row.get("scope", "headline"))
+    head = {"headline": "headline (clean)",
+            "pooled_perturbed": "secondary: pooled perturbed, CI resamples configurations"}.get(scope, scope)
+    for k in ("perturbation", "level"):
         v = row.get(k)
-        if v is not None and not pd.isna(v) and v != "all":
-            parts.append(f"{k}={v}")
-    head = " ".join(parts)
+        if scope == "condition" and v is not None and not pd.isna(v):
+            head += f" {k}={v}"
+    mode = row.get("image_mode")
+    if mode is not None and not pd.isna(mode):
+        head += f", image removed: {mode}"
     n = row.get("n_points")
-    n_txt = "" if n is None or pd.isna(n) else f", n = {int(n)}"
+    n_txt = "" if n is None or pd.isna(n) else f", n = {int(n)} points"
     r = row.get("r")
     if r is None or pd.isna(r):
         note = row.get("note")
@@ -293,12 +300,24 @@ def _corr_label(row: pd.Series) -> str:
     return f"{head}: r = {r:.2f}{ci}{p_txt}{n_txt}"
 
 
+def headline_rows(corr_df: pd.DataFrame) -> pd.DataFrame:
+    """The headline correlation rows (scope ``headline``: clean points, one per configuration and
+    dataset) of ``taxonomy_correlation`` rows, in image-mode order ``none``, ``blank``, ``noise``."""
+    if corr_df.empty or "scope" not in corr_df.columns:
+        return corr_df.iloc[0:0]
+    h = corr_df[corr_df["scope"] == "headline"]
+    order = {m: i for i, m in enumerate(("none", "blank", "noise"))}
+    return h.assign(_o=h["image_mode"].map(order).fillna(len(order))).sort_values(["_o", "image_mode"]).drop(
+        columns="_o")
+
+
 def flip_vs_dangerous_scatter(points_df: pd.DataFrame, corr_df: pd.DataFrame, out_dir: str | Path) -> Path:
-    """``taxonomy_flip_vs_dangerous.png``: x = mean flip rate, y = Dangerous share, one point per
-    row of ``points_df`` (:func:`correlation_points`), coloured by config, marker by image mode,
-    filled for clean and hollow for perturbed conditions, labelled (config/dataset, plus the
-    condition when there are few points). The title gives r with its CI for up to three rows of
-    ``corr_df`` (the pooled rows first: scope ``all`` or perturbation ``all`` / missing)."""
+    """``taxonomy_flip_vs_dangerous.png``: x = flip rate (share of samples whose answers are not all
+    identical across the question and its paraphrases), y = Dangerous share, one point per row of
+    ``points_df`` (:func:`correlation_points`; the headline passes clean points only), coloured by
+    config, marker by image mode, filled for clean and hollow for perturbed conditions, labelled
+    (config/dataset, plus the condition when there are few points). The title gives the headline r
+    with its CI, p and n (:func:`headline_rows` of ``corr_df``, :func:`correlation_label`)."""
     plt = _pyplot()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -317,13 +336,13 @@ def flip_vs_dangerous_scatter(points_df: pd.DataFrame, corr_df: pd.DataFrame, ou
         # one scatter call per (config, mode, clean/perturbed): thousands of points stay fast
         for (cfg, mode, clean), g in pts.groupby(["config", "image_mode", "clean"], sort=True):
             colour = colours[str(cfg)]
-            ax.scatter(g["mean_flip_rate"], g["dangerous_share"], marker=_MARKERS.get(str(mode), "D"), s=40,
+            ax.scatter(g["flip_rate"], g["dangerous_share"], marker=_MARKERS.get(str(mode), "D"), s=40,
                        facecolors=colour if clean else "none", edgecolors=colour)
         for rec in pts[pts["clean"] | label_all].to_dict("records"):
             text = f"{rec['config']}/{rec['dataset']}"
             if not rec["clean"]:
                 text += f" {rec['perturbation']} L{int(rec['level'])}"
-            ax.annotate(text, (rec["mean_flip_rate"], rec["dangerous_share"]), fontsize=6,
+            ax.annotate(text, (rec["flip_rate"], rec["dangerous_share"]), fontsize=6,
                         xytext=(3, 3), textcoords="offset points")
         from matplotlib.lines import Line2D
 
@@ -333,20 +352,15 @@ def flip_vs_dangerous_scatter(points_df: pd.DataFrame, corr_df: pd.DataFrame, ou
         handles += [Line2D([], [], ls="", marker="o", color="0.4", label="clean"),
                     Line2D([], [], ls="", marker="o", mfc="none", color="0.4", label="perturbed")]
         ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax.set_xlabel("mean flip rate (question variants)")
+    ax.set_xlabel("flip rate (share of samples whose paraphrase answers differ)")
     ax.set_ylabel("Dangerous share (consistent, not image-reliant)")
     ax.set_xlim(-0.02, 1.02)
     ax.set_ylim(-0.03, 1.05)
     ax.grid(alpha=0.3)
-    title = "Mean flip rate vs Dangerous share"
-    if not corr_df.empty:
-        pooled = pd.Series(False, index=corr_df.index)
-        if "scope" in corr_df.columns:
-            pooled |= corr_df["scope"] == "all"
-        if "perturbation" in corr_df.columns:
-            pooled |= corr_df["perturbation"].isna() | (corr_df["perturbation"] == "all")
-        ordered = pd.concat([corr_df[pooled], corr_df[~pooled]]).head(3)
-        title += "\n" + "\n".join(_corr_label(r) for _, r in ordered.iterrows())
+    title = "Flip rate vs Dangerous share"
+    head = headline_rows(corr_df).head(3)
+    if len(head):
+        title += "\n" + "\n".join(correlation_label(r) for _, r in head.iterrows())
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
     p = out / "taxonomy_flip_vs_dangerous.png"
