@@ -261,13 +261,18 @@ def check(
     max_dice_drop_increase: Annotated[float, typer.Option(help="tolerated mean Dice-drop increase")] = 0.01,
     alpha: Annotated[float, typer.Option(help="Benjamini-Hochberg q threshold")] = 0.05,
     min_pairs: Annotated[int, typer.Option(help="groups with fewer paired samples never fail")] = 5,
-    format: Annotated[CheckFormat, typer.Option("--format", "-f")] = CheckFormat.table,
+    format: Annotated[CheckFormat, typer.Option("--format", "-f", help="table: plain text; markdown: for a CI "
+                                                "step summary; json: everything")] = CheckFormat.table,
+    details: Annotated[bool, typer.Option("--details", help="also print the full table of every condition "
+                                                            "group")] = False,
     evaluate: Annotated[bool, typer.Option(help="evaluate a models:/ side that has no rows yet (on the suite's "
                                                 "fine-tuning evaluation set); --no-evaluate only reuses rows")] = True,
 ) -> None:
-    """Regression gate: exit 1 when the candidate is significantly less robust than the baseline
-    on the same samples and conditions (0: passed, 2: bad input). Each side's rows are reused when
-    they exist, else (models:/ URIs) the version is evaluated first."""
+    """Regression gate: exit 1 when the candidate is less robust than the baseline on the same
+    samples and conditions (0: passed, 2: bad input). The first line is the verdict (PASS /
+    FAIL: n regressions), then the regressions only. A regression: the paired bootstrap CI of the
+    difference excludes 0, BH q < alpha and the difference exceeds the threshold. Each side's rows
+    are reused when they exist, else (models:/ URIs) the version is evaluated first."""
     from medrobust_lib.config import load_suite
     from medrobust_lib.pipeline.gate import GateInputError, GateThresholds, compare, gather_side, render
     from medrobust_lib.pipeline.segmentation import RESULTS_TABLE
@@ -290,7 +295,7 @@ def check(
     except (GateInputError, ValueError, FileNotFoundError) as exc:
         _echo(f"error: {exc}")
         raise typer.Exit(2) from None
-    typer.echo(render(result, format.value))
+    typer.echo(render(result, format.value, details=details))
     if format is CheckFormat.json:
         _echo(result.verdict)
     if not result.passed:
