@@ -6,7 +6,7 @@ Layout under ``out_dir``::
     index.html                 every table (HTML) and figure (relative <img>), header with mart/time/models
     tables/<name>.csv|.md|.tex segmentation_summary, segmentation_by_level, strategy_ranking,
                                vlm_task_drops, taxonomy_quadrants, taxonomy_correlation
-    figures/*.png
+    figures/*.png|.pdf|.svg   every figure as PNG (300 dpi) and vector PDF/SVG, 3.5 or 7.2 in wide
     .medrobust_report.json     the files of the last run; they are removed before the next run writes,
                                so a narrower --models run leaves no stale outputs (nothing else is touched)
 
@@ -31,6 +31,7 @@ from medrobust_lib.report import paper_figures as figs
 from medrobust_lib.report import paper_tables as pt
 from medrobust_lib.report.html import Figure, render_page
 from medrobust_lib.report.latex import to_latex
+from medrobust_lib.report.style import twins
 from medrobust_lib.report.table import ReportTable, to_csv, to_markdown
 from medrobust_lib.store.marts import connect_readonly
 
@@ -163,15 +164,16 @@ def _figures(con: duckdb.DuckDBPyConnection, tables: dict[str, ReportTable], sel
     if seg is not None:
         by_level = seg.data
         for p in robustness_curves(by_level, fig_dir, "dice"):
-            out.append((p, f"{p.name.removesuffix('_dice_curves.png')}: paired Dice drop vs severity level; thin grey "
-                           "lines: corruption types, thick: their mean, dashed: FGSM/PGD (eps 2-10/255)."))
+            out.append((p, f"{p.name.removesuffix('_dice_curves.png')}: paired Dice drop at the evaluated levels "
+                           "(SSIM band and attack epsilon under each); thin grey lines: corruption types, thick: "
+                           "their mean, dashed: FGSM/PGD."))
         families = _families(con)
         for p in figs.family_curves(by_level, families, fig_dir, "dice"):
-            out.append((p, f"{p.stem}: Dice drop (clean - perturbed) vs level, one panel per perturbation "
-                           "family and one for the attacks."))
+            out.append((p, f"{p.stem}: Dice drop (clean - perturbed) at the evaluated levels, one panel per "
+                           "perturbation family and one for the attacks."))
         for p in figs.drop_heatmap(by_level, fig_dir, "dice"):
-            out.append((p, f"{p.stem}: mean Dice drop per perturbation type (rows) and level (columns); red = "
-                           "worse than clean."))
+            out.append((p, f"{p.stem}: mean Dice drop per perturbation type (rows) and evaluated level "
+                           "(columns); orange = worse than clean."))
     else:
         skipped["robustness curves and heatmaps"] = "no segmentation_by_level table"
     strat = tables.get("strategy_ranking")
@@ -184,7 +186,7 @@ def _figures(con: duckdb.DuckDBPyConnection, tables: dict[str, ReportTable], sel
         where, params = pt.where_in("config", sel["taxonomy"])
         quad = con.execute(f"select * from taxonomy_quadrants where {where}", params).df()
         for p in quadrant_bars(quad, fig_dir):
-            kind = "clean images, one bar per config x dataset" if "_clean_" in p.name else \
+            kind = "clean images, one panel per config, one bar per dataset" if "_clean_" in p.name else \
                 "by severity level (0 = clean), mean over types and datasets"
             out.append((p, f"Safety-quadrant shares, {kind} (image removed: {p.stem.rsplit('_', 1)[-1]})."))
         points = pt.taxonomy_points(con, sel["taxonomy"])
@@ -192,7 +194,8 @@ def _figures(con: duckdb.DuckDBPyConnection, tables: dict[str, ReportTable], sel
         if not points.empty:
             p = flip_vs_dangerous_scatter(points, corr, fig_dir)
             out.append((p, "Mean flip rate vs Dangerous share, one point per (config, dataset, condition); "
-                           "filled = clean, hollow = perturbed; marker = image-removal mode; r in the title."))
+                           "filled = clean, hollow = perturbed; marker = image-removal mode; r (95% CI), p and n "
+                           "of the headline correlation in the corner."))
     else:
         skipped["quadrant bars and flip-rate scatter"] = "no taxonomy_quadrants table"
     return out, skipped
@@ -241,7 +244,7 @@ def build_report(mart_path: str | Path = "var/marts.duckdb", out_dir: str | Path
         paths = [stem.with_suffix(f".{ext}") for ext in TABLE_FORMATS]
         written += paths
         links[t.name] = [p.relative_to(out).as_posix() for p in paths]
-    written += [p for p, _ in figures]
+    written += [t for p, _ in figures for t in twins(p) if t.is_file()]
 
     shown = {t: tuple(ids if sel[t] is None else sel[t] or ()) for t, ids in available.items()}
     meta = {
