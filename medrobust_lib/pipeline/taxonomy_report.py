@@ -275,11 +275,11 @@ def transition_heatmaps(transitions_df: pd.DataFrame, out_dir: str | Path) -> li
                         colour = "white" if not np.isnan(share[i, j]) and share[i, j] > 0.6 else "black"
                         ax.text(j, i, txt, ha="center", va="center", fontsize=5, color=colour)
                 ax.set_xticks(range(len(QUADRANTS)))
-                ax.set_xticklabels(QUADRANTS, rotation=30, ha="right", rotation_mode="anchor", fontsize=5.5)
+                ax.set_xticklabels(QUADRANTS, fontsize=5)
                 ax.set_yticks(range(len(QUADRANTS)))
                 ax.set_xlabel("perturbed (to)")
                 if mode == modes[0]:
-                    ax.set_yticklabels(QUADRANTS, fontsize=5.5)
+                    ax.set_yticklabels(QUADRANTS, fontsize=5)
                     ax.set_ylabel("clean (from)")
                 else:
                     ax.set_yticklabels([])

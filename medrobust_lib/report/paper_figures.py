@@ -205,9 +205,9 @@ def drop_heatmap(by_level: pd.DataFrame, out_dir: Path, metric: str = "dice") ->
 
 def strategy_bars(ranking: pd.DataFrame, out_dir: Path) -> list[Path]:
     """``strategy_iou_drop.png`` (one column per model, 3.5 in each up to two columns' width): one
-    panel per model, strategies on x (ordered by their corruption rank), side-by-side bars of the
-    mean IoU drop under corruptions and under attacks with the bootstrap 95 % CI as asymmetric
-    error bars."""
+    panel per model, strategies on y (ordered by their corruption rank, rank 1 on top), horizontal
+    bars of the mean IoU drop under corruptions and under attacks with the bootstrap 95 % CI as
+    asymmetric error bars."""
     if ranking.empty:
         return []
     models = sorted(ranking["model"].unique())
@@ -220,20 +220,21 @@ def strategy_bars(ranking: pd.DataFrame, out_dir: Path) -> list[Path]:
             g = ranking[ranking["model"] == model]
             first = g[g["kind"] == kinds[0]].sort_values(["rank", "strategy"])
             strategies = [*first["strategy"], *sorted(set(g["strategy"]) - set(first["strategy"]))]
-            x = np.arange(len(strategies))
+            y = np.arange(len(strategies))
             for k, kind in enumerate(kinds):
                 r = g[g["kind"] == kind].set_index("strategy").reindex(strategies)
                 est = r["mean_iou_drop"].to_numpy(np.float64)
                 lo = np.clip(est - r["iou_drop_ci_low"].to_numpy(np.float64), 0, None)
                 hi = np.clip(r["iou_drop_ci_high"].to_numpy(np.float64) - est, 0, None)
-                ax.bar(x + (k - (len(kinds) - 1) / 2) * width, est, width, yerr=np.vstack([lo, hi]), capsize=2,
-                       color=style.color(k), hatch=None if k == 0 else "//", edgecolor="white", lw=0.3,
-                       error_kw={"elinewidth": 0.6}, label=kind)
-            ax.axhline(0, color="k", lw=0.4)
-            ax.set_xticks(x)
-            ax.set_xticklabels(strategies, rotation=35, ha="right", rotation_mode="anchor")
-            ax.set_ylabel("mean IoU drop (95% CI)")
+                ax.barh(y + (k - (len(kinds) - 1) / 2) * width, est, width, xerr=np.vstack([lo, hi]), capsize=1.5,
+                        color=style.color(k), hatch=None if k == 0 else "//", edgecolor="white", lw=0.3,
+                        error_kw={"elinewidth": 0.6}, label=kind)
+            ax.axvline(0, color="k", lw=0.4)
+            ax.set_yticks(y)
+            ax.set_yticklabels(strategies)
+            ax.invert_yaxis()  # rank 1 on top
+            ax.set_xlabel("mean IoU drop (95% CI)")
             ax.set_title(str(model))
-            ax.grid(axis="y", alpha=0.3)
-            ax.legend(loc="upper left")
+            ax.grid(axis="x", alpha=0.3)
+            ax.legend(loc="lower right")
         return [_save(fig, out_dir / "strategy_iou_drop.png")]

@@ -36,6 +36,10 @@ OKABE_ITO: tuple[str, ...] = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79
 """Okabe-Ito: blue, orange, bluish green, vermillion, reddish purple, sky blue, yellow, black."""
 MARKERS: tuple[str, ...] = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h")
 LINESTYLES: tuple[str, ...] = ("-", "--", ":", "-.")
+RECORD_OVERLAPS = False
+"""When True (tests), :func:`save_figure` stores :func:`overlapping_texts` of every figure in
+:data:`OVERLAPS` (PNG path -> pairs) before writing it."""
+OVERLAPS: dict[str, list[tuple[str, str]]] = {}
 FLOOR_GREY = "#BBBBBB"
 """Colour of series whose clean score is at the floor (their drops are not informative)."""
 
@@ -86,6 +90,8 @@ def save_figure(fig: Any, png_path: Path) -> Path:
     files keep the figure's designed width (3.5 or 7.2 in)."""
     png_path.parent.mkdir(parents=True, exist_ok=True)
     plt = pyplot()
+    if RECORD_OVERLAPS:
+        OVERLAPS[str(png_path)] = overlapping_texts(fig)
     meta = {"png": {"Software": None}, "pdf": {"CreationDate": None, "ModDate": None, "Producer": None,
                                                "Creator": None},
             "svg": {"Date": None, "Creator": None}}
@@ -101,13 +107,33 @@ def twins(png_path: Path) -> list[Path]:
     return [png_path.with_suffix(f".{fmt}") for fmt in FORMATS]
 
 
+def _undrawn_tick_labels(fig: Any) -> set[int]:
+    """ids of tick labels whose tick lies outside its axis' view interval (matplotlib keeps them
+    visible but does not draw them)."""
+    out: set[int] = set()
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            lo, hi = sorted(axis.get_view_interval())
+            eps = 1e-9 * max(1.0, abs(hi - lo))
+            for tick in [*axis.get_major_ticks(), *axis.get_minor_ticks()]:
+                loc = tick.get_loc()
+                if loc is None or not (lo - eps <= loc <= hi + eps):
+                    out |= {id(tick.label1), id(tick.label2)}
+    return out
+
+
 def _texts(fig: Any) -> list[Any]:
     from matplotlib.text import Text
 
+    skip = _undrawn_tick_labels(fig)
     out = []
     for t in fig.findobj(Text):
-        if t.get_visible() and t.get_text().strip() and t.get_figure() is not None:
-            out.append(t)
+        if id(t) in skip or not t.get_visible() or not t.get_text().strip():
+            continue
+        ax = t.axes
+        if ax is not None and not ax.get_visible():
+            continue
+        out.append(t)
     return out
 
 
