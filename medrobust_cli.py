@@ -196,7 +196,7 @@ def query(
 def list_perturbations_cmd(
     modality: Annotated[str | None, typer.Option(
         callback=_modality_option, help="only types for this modality (case-insensitive)")] = None,
-    format: Annotated[ListFormat, typer.Option("--format", "-f")] = ListFormat.table,
+    format: Annotated[ListFormat, typer.Option("--format", "-f", help="output format")] = ListFormat.table,
 ) -> None:
     """Every registered perturbation: name, family, modalities, geometry, strength, reference."""
     from medrobust_lib.perturb.spec import get_perturbation, list_perturbations
@@ -237,7 +237,7 @@ def perturb(
     level: Annotated[str, typer.Option("--level", "-l", help="1..5 or 'all'")] = "all",
     modality: Annotated[str | None, typer.Option(
         callback=_modality_option, help="modality (case-insensitive); adds its specific types to 'all'")] = None,
-    seed: Annotated[int, typer.Option()] = 0,
+    seed: Annotated[int, typer.Option(help="seed of the random key (seed, 'cli', file stem, type)")] = 0,
     mask: Annotated[Path | None, typer.Option(help="mask image moved along with spatial types")] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="one output file (.png or .npy)")] = None,
     output_dir: Annotated[Path | None, typer.Option(help="folder for one file per (type, level)")] = None,
@@ -318,7 +318,8 @@ def check(
                                                      "(default: $MEDROBUST_MLRUNS or mlruns)")] = None,
     max_iou_drop_increase: Annotated[float, typer.Option(help="tolerated mean IoU-drop increase")] = 0.01,
     max_dice_drop_increase: Annotated[float, typer.Option(help="tolerated mean Dice-drop increase")] = 0.01,
-    alpha: Annotated[float, typer.Option(help="Benjamini-Hochberg q threshold")] = 0.05,
+    alpha: Annotated[float, typer.Option(help="Benjamini-Hochberg q threshold; the bootstrap CI is 1 - alpha")]
+    = 0.05,
     min_pairs: Annotated[int, typer.Option(help="groups with fewer paired samples never fail")] = 5,
     format: Annotated[CheckFormat, typer.Option("--format", "-f", help="table: plain text; markdown: for a CI "
                                                 "step summary; json: everything")] = CheckFormat.table,
@@ -379,15 +380,20 @@ def report(
     mlruns: Annotated[Path | None, typer.Option(help="MLflow folder (SQLite backend) the report run is logged to "
                                                      "[default: mlruns in the project]", show_default=False)] = None,
     no_mlflow: Annotated[bool, typer.Option("--no-mlflow", help="do not log the report to MLflow")] = False,
+    include_floor: Annotated[bool, typer.Option("--include-floor", help="keep datasets whose clean IoU/Dice is "
+                                                                        "below 0.1 in the segmentation averages and "
+                                                                        "figures (default: left out, counted)")]
+    = False,
 ) -> None:
-    """Paper-ready tables (CSV, Markdown, LaTeX), PNG figures and one index.html from the mart;
-    logged as artifacts of one MLflow run in experiment 'reports' (exit 2: no mart or unknown ids)."""
+    """Paper-ready tables (CSV, Markdown, LaTeX), figures (PNG 300 dpi, PDF, SVG) and one index.html
+    from the mart; logged as artifacts of one MLflow run in experiment 'reports' (exit 2: no mart
+    or unknown ids)."""
     from medrobust_lib.report.paper import build_report, parse_models
 
     try:
         summary = build_report(_project_path(mart, "var/marts.duckdb"), _project_path(out, "var/reports"),
                                parse_models(models), mlruns_dir=_project_path(mlruns, "mlruns"),
-                               log_mlflow=not no_mlflow)
+                               log_mlflow=not no_mlflow, include_floor=include_floor)
     except (FileNotFoundError, ValueError) as exc:
         _echo(f"error: {exc}")
         raise typer.Exit(2) from None

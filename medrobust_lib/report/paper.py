@@ -125,9 +125,9 @@ def _clear_previous(out: Path) -> None:
 
 
 def _tables(con: duckdb.DuckDBPyConnection, sel: dict[str, list[str] | None], available: dict[str, list[str]],
-            seed: int) -> tuple[list[ReportTable], dict[str, str]]:
+            seed: int, include_floor: bool = False) -> tuple[list[ReportTable], dict[str, str]]:
     builders: dict[str, Callable[[list[str] | None], pt.TableResult]] = {
-        "segmentation_summary": lambda ids: pt.segmentation_summary(con, ids),
+        "segmentation_summary": lambda ids: pt.segmentation_summary(con, ids, include_floor),
         "segmentation_by_level": lambda ids: pt.segmentation_by_level(con, ids),
         "strategy_ranking": lambda ids: pt.strategy_ranking(con, ids),
         "vlm_task_drops": lambda ids: pt.vlm_task_drops(con, ids),
@@ -153,7 +153,7 @@ def _tables(con: duckdb.DuckDBPyConnection, sel: dict[str, list[str] | None], av
 
 
 def _figures(con: duckdb.DuckDBPyConnection, tables: dict[str, ReportTable], sel: dict[str, list[str] | None],
-             fig_dir: Path) -> tuple[list[tuple[Path, str]], dict[str, str]]:
+             fig_dir: Path, include_floor: bool = False) -> tuple[list[tuple[Path, str]], dict[str, str]]:
     """(path, caption) of every figure written, and figure name -> reason for those not drawn."""
     from medrobust_lib.pipeline.seg_report import robustness_curves
     from medrobust_lib.pipeline.taxonomy_report import flip_vs_dangerous_scatter, quadrant_bars
@@ -162,7 +162,8 @@ def _figures(con: duckdb.DuckDBPyConnection, tables: dict[str, ReportTable], sel
     skipped: dict[str, str] = {}
     seg = tables.get("segmentation_by_level")
     if seg is not None:
-        by_level = seg.data
+        # the figures' means leave floor datasets out (as the summary table does) unless asked
+        by_level = pt.segmentation_level_means(con, sel["segmentation"], include_floor)
         for p in robustness_curves(by_level, fig_dir, "dice"):
             out.append((p, f"{p.name.removesuffix('_dice_curves.png')}: paired Dice drop at the evaluated levels "
                            "(SSIM band and attack epsilon under each); thin grey lines: corruption types, thick: "
@@ -212,11 +213,13 @@ def _families(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
 
 def build_report(mart_path: str | Path = "var/marts.duckdb", out_dir: str | Path = "var/reports",
                  models: Sequence[str] | None = None, *, mlruns_dir: str | Path = "mlruns",
-                 log_mlflow: bool = True, seed: int = 0) -> ReportSummary:
+                 log_mlflow: bool = True, seed: int = 0, include_floor: bool = False) -> ReportSummary:
     """Write the report for ``models`` (model / configuration ids; None = all) into ``out_dir``.
 
     Raises FileNotFoundError without a mart and ValueError for unknown ids (listing the available
     ones). ``seed`` keys the bootstrap of the pooled taxonomy shares (and a recomputed correlation).
+    ``include_floor``: keep datasets whose clean score is at the floor (``store.coverage``) in the
+    segmentation averages and figures (default: left out, counted in the summary table).
     """
     t0 = time.perf_counter()
     mart = Path(mart_path)
@@ -225,11 +228,11 @@ def build_report(mart_path: str | Path = "var/marts.duckdb", out_dir: str | Path
     try:
         available = available_models(con)
         sel = select_models(available, list(models) if models is not None else None)
-        tables, skipped = _tables(con, sel, available, seed)
+        tables, skipped = _tables(con, sel, available, seed, include_floor)
         out.mkdir(parents=True, exist_ok=True)
         _clear_previous(out)
         fig_dir = out / "figures"
-        figures, fig_skipped = _figures(con, {t.name: t for t in tables}, sel, fig_dir)
+        figures, fig_skipped = _figures(con, {t.name: t for t in tables}, sel, fig_dir, include_floor)
     finally:
         con.close()
 

@@ -17,6 +17,7 @@ import duckdb
 
 from medrobust_lib.pipeline.strategy_schema import RANKING_COLUMNS, RANKING_TABLE, RANKING_VIEW
 from medrobust_lib.pipeline.vlm_schema import PRIMARY_METRIC, VLM_COLUMNS, VLM_TABLE
+from medrobust_lib.store.coverage import COVERAGE_VIEWS
 from medrobust_lib.taxonomy.schema import QUADRANTS, TAXONOMY_COLUMNS, TAXONOMY_TABLE
 
 
@@ -381,3 +382,6 @@ MART_TABLES.append(MartTable(
 MART_VIEWS[RANKING_VIEW] = f"""
         select * from {RANKING_TABLE}
         order by model, kind, rank, strategy"""
+
+# coverage and floor effects (medrobust_lib.store.coverage): after the views they read
+MART_VIEWS.update(COVERAGE_VIEWS)

@@ -17,10 +17,10 @@ import pandas as pd
 import pytest
 
 from medrobust_lib.pipeline.seg_report import segmentation_stats
-from medrobust_lib.report.latex import escape
+from medrobust_lib.report.latex import escape, to_latex
 from medrobust_lib.report.paper import ReportSummary, build_report, parse_models
 from medrobust_lib.report.paper_tables import _recomputed_correlation, taxonomy_quadrants
-from medrobust_lib.report.table import fmt_ci, fmt_float, fmt_pvalue
+from medrobust_lib.report.table import fmt_ci, fmt_float, fmt_pvalue, to_markdown
 from medrobust_lib.store.marts import (
     MART_TABLES,
     MART_VIEWS,
@@ -241,14 +241,15 @@ def test_segmentation_by_level_csv_equals_the_view(report: ReportSummary, mart: 
 
 def test_markdown_and_latex_render_the_same_rows(report: ReportSummary) -> None:
     md = (report.out_dir / "tables" / "segmentation_summary.md").read_text()
-    header = ("| Model | Clean IoU | Clean Dice | IoU drop (corr.) | Dice drop (corr.) | IoU drop (attack) "
-              "| Dice drop (attack) | Images | n | Failed |")
+    header = ("| Model | Levels | Cond. | IoU | Dice | ΔIoU corr. | ΔDice corr. | ΔIoU att. | ΔDice att. | Images "
+              "| n | Failed |")
     lines = md.splitlines()
     assert lines[0] == "**Segmentation robustness per model**" and lines[2] == header
-    assert lines[3] == "|---|" + "---:|" * 9
+    assert lines[3] == "|---|---|" + "---:|" * 10
     csv_rows = _csv(report, "segmentation_summary")
     first = csv_rows.iloc[0]
-    assert lines[4].startswith(f"| sam_a | {fmt_float(first['clean_iou'])} | {fmt_float(first['clean_dice'])} |")
+    assert lines[4].startswith(f"| sam_a | 1,2 | 6 | {fmt_float(first['clean_iou'])} | "
+                               f"{fmt_float(first['clean_dice'])} |")
     for name in ALL_TABLES:
         tex = (report.out_dir / "tables" / f"{name}.tex").read_text()
         data = _csv(report, name)
@@ -278,22 +279,41 @@ def test_formatters_and_latex_escape() -> None:
     assert parse_models(" a, b,a ,") == ["a", "b"] and parse_models(" ") is None and parse_models(None) is None
 
 
-def test_vlm_pivot_equals_the_view(report: ReportSummary, mart: Path) -> None:
+def test_vlm_long_table_equals_the_view(report: ReportSummary, mart: Path) -> None:
+    """One row per (model, task, type) plus an Avg row, not one column per type (it fits a page)."""
     got = _csv(report, "vlm_task_drops")
-    assert list(got.columns) == ["model", "checkpoint", "adapter", "task", "metric", "Clean", *TYPES, "Avg", "ΔTP",
-                                 "n_unparseable"]
-    assert len(got) == 4
+    assert list(got.columns) == ["model", "checkpoint", "adapter", "task", "metric", "perturbation", "clean",
+                                 "perturbed", "drop", "n_unparseable", "floor_effect"]
+    assert len(got) == 4 * (len(TYPES) + 1)
     long = _sql(mart, "select * from vlm_task_drops")
     for rec in long.to_dict("records"):
-        row = got[(got["model"] == rec["model"]) & (got["task"] == rec["task"])]
-        assert len(row) == 1
-        assert row.iloc[0][rec["column_name"]] == pytest.approx(rec["value"], rel=1e-12)
-        if rec["column_name"] == "ΔTP":
-            assert row.iloc[0]["n_unparseable"] == rec["n_unparseable"]
+        sel = got[(got["model"] == rec["model"]) & (got["task"] == rec["task"])]
+        if rec["column_name"] == "Clean":
+            assert sel["clean"].to_numpy() == pytest.approx([rec["value"]] * len(sel), rel=1e-12)
+        elif rec["column_name"] == "ΔTP":
+            assert sel[sel["perturbation"] == "Avg"].iloc[0]["drop"] == pytest.approx(rec["value"], rel=1e-12)
+        else:
+            row = sel[sel["perturbation"] == rec["column_name"]].iloc[0]
+            assert row["perturbed"] == pytest.approx(rec["value"], rel=1e-12)
+            assert row["n_unparseable"] == rec["n_unparseable"]
+            if rec["column_name"] != "Avg":
+                assert row["drop"] == pytest.approx(row["clean"] - row["perturbed"], rel=1e-12)
+    assert not got["floor_effect"].any()  # vqa_mc 0.6/0.7 > 0.25; captions have no chance level
     tex = (report.out_dir / "tables" / "vlm_task_drops.tex").read_text()
     assert "$\\Delta$TP" in tex and "vlm\\_a" in tex and "gaussian\\_noise" in tex
+    assert "resizebox" not in tex
     # the adapter differs between models but not within one: not a display column
     assert "Adapter" not in (report.out_dir / "tables" / "vlm_task_drops.md").read_text()
+
+
+def test_latex_tables_fit_two_columns_without_resizebox(report: ReportSummary) -> None:
+    from medrobust_lib.report.latex import TWO_COLUMN_IN
+
+    for name in ALL_TABLES:
+        tex = (report.out_dir / "tables" / f"{name}.tex").read_text()
+        assert "resizebox" not in tex, name
+        width = float(re.search(r"about (\d+\.\d) in wide", tex).group(1))  # type: ignore[union-attr]
+        assert width <= TWO_COLUMN_IN, (name, width)
 
 
 def test_taxonomy_quadrants_pool_the_view(report: ReportSummary, mart: Path) -> None:
@@ -458,8 +478,9 @@ def test_taxonomy_quadrants_builder_reports_no_rows(mart: Path) -> None:
 
 def test_csv_is_plain_utf8(report: ReportSummary) -> None:
     with open(report.out_dir / "tables" / "vlm_task_drops.csv", encoding="utf-8", newline="") as fh:
-        header = next(csv.reader(fh))
-    assert "ΔTP" in header
+        rows = list(csv.reader(fh))
+    assert rows[0][0] == "model"  # no byte-order mark before the first header
+    assert (report.out_dir / "tables" / "vlm_task_drops.csv").read_bytes()[:3] != b"\xef\xbb\xbf"
 
 
 def test_registry_evaluations_are_left_out_unless_named() -> None:
@@ -472,3 +493,60 @@ def test_registry_evaluations_are_left_out_unless_named() -> None:
     sel = select_models(available, ["medrobust-seg-tiny-sam-lora-v3", "tiny-sam"])
     assert sel["segmentation"] == ["medrobust-seg-tiny-sam-lora-v3", "tiny-sam"] and sel["vlm"] == []
     assert select_models({k: [m for m in v if "-v" not in m] for k, v in available.items()}, None)["segmentation"] is None
+
+
+def test_floor_datasets_are_left_out_and_flagged(tmp_path: Path) -> None:
+    """A dataset whose clean IoU is ~0 (every drop 0) would make a model look robust: it is left out of
+    the summary's means and the figures' data unless asked, counted, and a model entirely at the floor
+    is greyed out."""
+    from medrobust_lib.report import paper_tables as pt
+
+    seg = _seg_rows()
+    floor = seg[seg["model"] == "sam_a"].copy()
+    floor["dataset"] = "d_floor"
+    for c in ("iou", "dice", "clean_iou", "clean_dice", "iou_drop", "dice_drop"):
+        floor[c] = 0.0
+    only_floor = floor.assign(model="sam_z", checkpoint="ckz")
+    path = tmp_path / "m.duckdb"
+    con = duckdb.connect(str(path))
+    try:
+        _create(con, "segmentation_results", _declared("segmentation_results"), pd.concat([seg, floor, only_floor]))
+    finally:
+        con.close()
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        base = pt.segmentation_summary(con, ["sam_a", "sam_b"])
+        assert not isinstance(base, str)
+        con2 = duckdb.connect(":memory:")
+        frame = seg  # noqa: F841 - read by DuckDB's replacement scan
+        con2.execute("create table segmentation_results as select * from frame")
+        clean_only = pt.segmentation_summary(con2, ["sam_a", "sam_b"])
+        con2.close()
+        assert not isinstance(clean_only, str)
+        a = base.data.set_index("model").loc["sam_a"]
+        ref = clean_only.data.set_index("model").loc["sam_a"]
+        # the floor dataset is left out: the same means as without it, and counted
+        assert a["corruption_dice_drop"] == pytest.approx(ref["corruption_dice_drop"], rel=1e-12)
+        assert a["clean_iou"] == pytest.approx(ref["clean_iou"], rel=1e-12)
+        assert a["n_floor_datasets"] == 1 and not a["floor_effect"]
+        assert "Floor" in base.headers and "left out" in base.note
+        asked = pt.segmentation_summary(con, ["sam_a"], include_floor=True)
+        assert not isinstance(asked, str)
+        assert asked.data.iloc[0]["corruption_dice_drop"] < a["corruption_dice_drop"]  # diluted by the zeros
+        z = pt.segmentation_summary(con, ["sam_z"])
+        assert not isinstance(z, str) and bool(z.data.iloc[0]["floor_effect"]) and z.greyed() == [True]
+        md = to_markdown(z)
+        assert "| sam_z † |" in md
+        tex = to_latex(z)
+        assert "\\textcolor{gray}{sam\\_z}" in tex and "xcolor" in tex.splitlines()[0]
+        lv = pt.segmentation_level_means(con, ["sam_a", "sam_z"])
+        assert set(lv.loc[lv["floor_effect"], "model"]) == {"sam_z"}
+        both = pt.segmentation_level_means(con, ["sam_a"], include_floor=True)
+        assert (both["n"] > lv[lv["model"] == "sam_a"]["n"].to_numpy()).all()
+    finally:
+        con.close()
+
+
+def test_summary_rows_say_their_coverage(report: ReportSummary) -> None:
+    data = _csv(report, "segmentation_summary")
+    assert list(data["levels"].astype(str)) == ["1,2", "1,2"] and list(data["n_conditions"]) == [6, 6]
