@@ -157,7 +157,8 @@ def _stacked(ax: Axes, labels: Sequence[str], shares: pd.DataFrame, horizontal: 
     bottom = np.zeros(len(labels))
     for q in QUADRANTS:
         vals = shares[q].to_numpy(dtype=float)
-        kw = {"color": QUADRANT_COLORS[q], "label": q, "edgecolor": "white", "lw": 0.3, "hatch": QUADRANT_HATCHES[q]}
+        kw: dict[str, Any] = {"color": QUADRANT_COLORS[q], "label": q, "edgecolor": "white", "lw": 0.3,
+                              "hatch": QUADRANT_HATCHES[q]}
         if horizontal:
             ax.barh(x, vals, left=bottom, height=0.8, **kw)
         else:

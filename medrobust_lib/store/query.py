@@ -140,7 +140,7 @@ def _keep_integers(df: pd.DataFrame, types: list[str]) -> pd.DataFrame:
         vals = v.dropna()
         if len(vals) and not ((vals.abs() < _EXACT_IN_FLOAT) & (vals == vals.round())).all():
             continue
-        df.isetitem(i, v.astype("Int64"))
+        df.isetitem(i, v.astype("Int64").array)
     return df
 
 
