@@ -41,12 +41,13 @@ def seg_rows(rng: np.random.Generator) -> pd.DataFrame:
         for ds, (modality, clean0) in DATASETS.items():
             for s in range(8):
                 ciou = float(np.clip(clean0 + 0.03 * rng.standard_normal(), 0, 1))
-                base = {"model": model, "checkpoint": f"ck-{model}", "strategy": strategy, "dataset": ds,
+                cdice = 2 * ciou / (1 + ciou)
+                base: dict[str, object] = {"model": model, "checkpoint": f"ck-{model}", "strategy": strategy, "dataset": ds,
                         "modality": modality, "sample_id": f"{ds}_{s}", "prompt": "box", "error": None,
                         "empty_gt_policy": "both_empty_1_else_0", "clean_iou": ciou,
-                        "clean_dice": 2 * ciou / (1 + ciou)}
+                        "clean_dice": cdice}
                 rows.append({**base, "condition": "clean", "perturbation": "clean", "level": 0, "iou": ciou,
-                             "dice": base["clean_dice"], "iou_drop": 0.0, "dice_drop": 0.0, "status": "ok"})
+                             "dice": cdice, "iou_drop": 0.0, "dice_drop": 0.0, "status": "ok"})
                 conds = [("perturbation", t) for t in TYPES] + [("fgsm", "fgsm"), ("pgd", "pgd")]
                 for k, (cond, ptype) in enumerate(conds):
                     for level in levels:
@@ -58,7 +59,7 @@ def seg_rows(rng: np.random.Generator) -> pd.DataFrame:
                                      else None,
                                      "epsilon": level * 2 / 255 if cond != "perturbation" else None,
                                      "iou": iou, "dice": dice, "iou_drop": ciou - iou,
-                                     "dice_drop": base["clean_dice"] - dice, "status": "ok"})
+                                     "dice_drop": cdice - dice, "status": "ok"})
     return pd.DataFrame(rows)
 
 

@@ -38,7 +38,7 @@ def cli_reference() -> str:
         sys.path.insert(0, str(ROOT))
     from medrobust_cli import app
 
-    group = typer.main.get_command(app)
+    group: Any = typer.main.get_command(app)  # a click Group (typer's vendored click)
     root_ctx = _ctx(group, "medrobust")
     parts = ["Generated from the CLI by `python tools/gen_cli_reference.py` (a test fails when this "
              "section and the CLI drift).", "", "```text", _help(group, "medrobust", None), "```"]
