@@ -180,3 +180,9 @@ def test_query_default_mart_is_the_projects(tmp_path: Path, monkeypatch: pytest.
     (home / "var" / "marts.duckdb").unlink()
     res = runner.invoke(app, ["query", SUM_SQL])
     assert res.exit_code == 2 and str(home / "var" / "marts.duckdb") in res.stderr
+
+
+def test_library_list_perturbations_validates_modality() -> None:
+    assert list_perturbations(modality="MRI") == list_perturbations(modality="mri")
+    with pytest.raises(ValueError, match="valid: ct, mri"):
+        list_perturbations(modality="bogus")
