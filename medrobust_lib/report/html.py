@@ -75,8 +75,10 @@ def render_page(title: str, meta: Mapping[str, str], tables: Sequence[ReportTabl
     if figures:
         parts.append('<h2 id="figures">Figures</h2>')
         for f in figures:
+            stem = f.src.rsplit(".", 1)[0]
+            vector = f' <span class="links">(<a href="{esc(stem)}.pdf">PDF</a>, <a href="{esc(stem)}.svg">SVG</a>)</span>'
             parts.append(f'<figure><img src="{esc(f.src)}" alt="{esc(f.caption)}">'
-                         f"<figcaption>{esc(f.caption)}</figcaption></figure>")
+                         f"<figcaption>{esc(f.caption)}{vector}</figcaption></figure>")
     if skipped:
         parts.append('<h2 id="skipped">Not produced</h2><ul>')
         parts += [f"<li><b>{esc(k)}</b>: {esc(v)}</li>" for k, v in skipped.items()]

@@ -360,6 +360,8 @@ def test_html_shows_every_table_and_figure(report: ReportSummary, mart: Path) ->
     assert report.html == report.out_dir / "index.html"
     for p in (report.out_dir / "figures").glob("*.png"):
         assert f'<img src="figures/{p.name}"' in page
+        assert f'href="figures/{p.stem}.pdf"' in page and f'href="figures/{p.stem}.svg"' in page
+        assert p.with_suffix(".pdf").is_file() and p.with_suffix(".svg").is_file()
     assert page.count("<img ") == len(report.figures)
     for name in ALL_TABLES:
         assert f'id="{name}"' in page
