@@ -73,7 +73,7 @@ class _GuardedTyper(typer.Typer):
         return decorator
 
 
-app = _GuardedTyper(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = _GuardedTyper(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                     help="medrobust: how does a medical imaging foundation model fail?")
 
 
@@ -103,6 +103,15 @@ class OutFormat(StrEnum):
     markdown = "markdown"
 
 
+class ListFormat(StrEnum):
+    """Formats of list-perturbations (printed, so no parquet)."""
+
+    table = "table"
+    csv = "csv"
+    json = "json"
+    markdown = "markdown"
+
+
 class ImgFormat(StrEnum):
     png = "png"
     npy = "npy"
@@ -114,16 +123,50 @@ def _echo(msg: str) -> None:
     typer.echo(msg, err=True)
 
 
+def _project_path(given: Path | str | None, default: str) -> Path:
+    """A path option: what the user gave (relative to the current directory), else ``default``
+    inside the project root (medrobust_lib.project), so commands work from any directory."""
+    from medrobust_lib.project import in_project
+
+    return Path(given).expanduser().resolve() if given is not None else in_project(default)
+
+
+def _enter_project() -> Path:
+    """Change into the project root (suites name their paths relative to it); returns it."""
+    from medrobust_lib.project import project_root
+
+    root = project_root()
+    os.chdir(root)
+    return root
+
+
+def _modality_option(value: str | None) -> str | None:
+    """``--modality``: case-insensitive; an unknown name is a usage error listing the valid ones."""
+    if value is None:
+        return None
+    from medrobust_lib.types import parse_modality
+
+    try:
+        return parse_modality(value).value
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
 @app.command()
 def demo(
-    suite: Annotated[str, typer.Option(help="suite YAML")] = "configs/demo.yaml",
-    workers: Annotated[int, typer.Option(help="processes inside a partition (0: the suite's value)")] = 0,
+    suite: Annotated[Path | None, typer.Option(help="suite YAML [default: configs/demo.yaml in the project]",
+                                               show_default=False)] = None,
+    workers: Annotated[int, typer.Option(min=0, help="processes inside a partition (0: the suite's value)")] = 0,
 ) -> None:
-    """Materialize the whole asset graph on the embedded offline demo, with progress."""
+    """Materialize the whole asset graph on the embedded offline demo, with progress. Runs in the
+    project root ($MEDROBUST_HOME, else the folder holding configs/demo.yaml), wherever it is
+    started from."""
     from medrobust_assets.runner import run_demo
 
+    suite_path = _project_path(suite, "configs/demo.yaml")
+    _enter_project()
     t0 = time.perf_counter()
-    mart = run_demo(suite, workers=workers, log=_echo)
+    mart = run_demo(str(suite_path), workers=workers, log=_echo)
     from medrobust_lib.report.paper import build_report
 
     t1 = time.perf_counter()
@@ -188,8 +231,9 @@ def query(
     format: Annotated[OutFormat | None, typer.Option(
         "--format", "-f", help="default: table on screen; with --out, from the file's extension")] = None,
     output: Annotated[Path | None, typer.Option(
-        "--out", "--output", "-o", help="write the result to this file (.csv, .parquet, .json)")] = None,
-    mart: Annotated[str, typer.Option(help="DuckDB mart")] = "var/marts.duckdb",
+        "--out", "--output", "-o", help="write the result to this file (.csv, .parquet, .json, .md)")] = None,
+    mart: Annotated[Path | None, typer.Option(help="DuckDB mart [default: var/marts.duckdb in the project]",
+                                              show_default=False)] = None,
 ) -> None:
     """Run one SQL statement against the mart, read-only.
 
@@ -201,9 +245,9 @@ def query(
 
     from medrobust_lib.store.query import (
         FILE_FORMATS,
+        check_out_format,
         check_read_only,
         frame_to_json,
-        infer_format,
         run_query,
         write_frame,
     )
@@ -217,17 +261,15 @@ def query(
         _echo(f"error: query failed: {_one_line(exc)}")
         raise typer.Exit(2) from None
     fmt = format or OutFormat.table
-    if output is not None and format is None:
+    if output is not None:
         try:
-            fmt = OutFormat(infer_format(output))
+            fmt = OutFormat(check_out_format(output, format.value if format is not None else None))
         except ValueError as exc:
-            _echo(f"error: {exc}")
-            raise typer.Exit(2) from None
+            raise typer.BadParameter(str(exc), param_hint="'--out' / '--format'") from None
     if fmt is OutFormat.parquet and output is None:
-        _echo("error: --format parquet needs --out FILE")
-        raise typer.Exit(2)
+        raise typer.BadParameter("--format parquet needs --out FILE.parquet", param_hint="'--format'")
     try:
-        df = run_query(mart, sql)
+        df = run_query(_project_path(mart, "var/marts.duckdb"), sql)
     except (FileNotFoundError, ValueError) as exc:  # no mart; QueryRefused by the sandbox
         _echo(f"error: {exc}")
         raise typer.Exit(2) from None
@@ -260,8 +302,9 @@ def query(
 
 @app.command("list-perturbations")
 def list_perturbations_cmd(
-    modality: Annotated[str | None, typer.Option(help="only types for this modality")] = None,
-    format: Annotated[OutFormat, typer.Option("--format", "-f")] = OutFormat.table,
+    modality: Annotated[str | None, typer.Option(
+        callback=_modality_option, help="only types for this modality (case-insensitive)")] = None,
+    format: Annotated[ListFormat, typer.Option("--format", "-f", help="output format")] = ListFormat.table,
 ) -> None:
     """Every registered perturbation: name, family, modalities, geometry, strength, reference."""
     from medrobust_lib.perturb.spec import get_perturbation, list_perturbations
@@ -274,16 +317,16 @@ def list_perturbations_cmd(
         rows.append({"name": name, "family": s.family, "modalities": mods, "geometry": s.geometry,
                      "channels": s.channels, "strength": f"{s.strength_range[0]:g}..{s.strength_range[1]:g} {s.unit}".strip()
                      + (" (smaller is stronger)" if s.inverse else ""), "reference": s.reference})
-    if format is OutFormat.json:
+    if format is ListFormat.json:
         typer.echo(json.dumps(rows, indent=1))
         return
     import pandas as pd
 
     df = pd.DataFrame(rows)
-    if format is OutFormat.markdown:
+    if format is ListFormat.markdown:
         typer.echo(perturbation_table_markdown(df))
     else:
-        typer.echo(df.to_csv(index=False) if format is OutFormat.csv else df.to_string(index=False))
+        typer.echo(df.to_csv(index=False) if format is ListFormat.csv else df.to_string(index=False))
 
 
 def perturbation_table_markdown(df: Any) -> str:
@@ -300,19 +343,25 @@ def perturb(
     input: Annotated[Path, typer.Argument(help="image: PNG, JPEG, TIFF, DICOM, NIfTI slice or .npy")],
     type: Annotated[str, typer.Option("--type", "-t", help="perturbation name or 'all'")] = "all",
     level: Annotated[str, typer.Option("--level", "-l", help="1..5 or 'all'")] = "all",
-    modality: Annotated[str | None, typer.Option(help="modality; adds its specific types to 'all'")] = None,
-    seed: Annotated[int, typer.Option()] = 0,
+    modality: Annotated[str | None, typer.Option(
+        callback=_modality_option, help="modality (case-insensitive); adds its specific types to 'all'")] = None,
+    seed: Annotated[int, typer.Option(help="seed of the random key (seed, 'cli', file stem, type)")] = 0,
     mask: Annotated[Path | None, typer.Option(help="mask image moved along with spatial types")] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="one output file (.png or .npy)")] = None,
     output_dir: Annotated[Path | None, typer.Option(help="folder for one file per (type, level)")] = None,
     format: Annotated[ImgFormat, typer.Option("--format", help="file format with --output-dir")] = ImgFormat.png,
+    window_center: Annotated[float | None, typer.Option(help="DICOM/NIfTI: window center (with --window-width; "
+                                                             "default: the file's window, else percentiles)")] = None,
+    window_width: Annotated[float | None, typer.Option(help="DICOM/NIfTI: window width (> 0)")] = None,
 ) -> None:
-    """Perturb one image file at calibrated severities; prints one JSON line per output."""
+    """Perturb one image file at calibrated severities; prints one JSON line per output (with the
+    intensity window applied, for DICOM and NIfTI)."""
     from medrobust_lib.perturb.single import perturb_file
 
     try:
         for rec in perturb_file(input, type, level, modality=modality, seed=seed, mask_path=mask, output=output,
-                                output_dir=output_dir, fmt=format.value):
+                                output_dir=output_dir, fmt=format.value, window_center=window_center,
+                                window_width=window_width):
             typer.echo(json.dumps(rec))
     except (ValueError, KeyError, FileNotFoundError) as exc:
         _echo(f"error: {exc}")
@@ -339,7 +388,9 @@ def score(
     scale: Annotated[BoxScale | None, typer.Option(help="grounding: box scale of every answer "
                                                         "(default: detected per answer)")] = None,
 ) -> None:
-    """Score predictions made elsewhere against references; prints one JSON summary."""
+    """Score predictions made elsewhere against references; prints one JSON summary. Exit 1 when
+    nothing was scored (no valid reference, or no prediction matches a reference id); 2 when a
+    file is missing."""
     from medrobust_lib.tasks.score_files import score_file
 
     try:
@@ -349,6 +400,12 @@ def score(
         _echo(f"error: {exc}")
         raise typer.Exit(2) from None
     typer.echo(json.dumps(summary, sort_keys=True, indent=2))
+    if summary["n"] == 0:
+        _echo("error: no valid reference: nothing was scored (see invalid_lines)")
+        raise typer.Exit(1)
+    if summary["n_matched_predictions"] == 0:
+        _echo("error: no prediction matches a reference id: nothing was scored")
+        raise typer.Exit(1)
 
 
 class CheckFormat(StrEnum):
@@ -361,21 +418,29 @@ class CheckFormat(StrEnum):
 def check(
     candidate: Annotated[str, typer.Option(help="model id, stored checkpoint hash or models:/name@alias")],
     baseline: Annotated[str, typer.Option(help="model id, stored checkpoint hash or models:/name@alias")],
-    suite: Annotated[str, typer.Option(help="suite YAML (gives the results dir)")] = "configs/demo.yaml",
+    suite: Annotated[Path | None, typer.Option(help="suite YAML, gives the results dir and the evaluation set "
+                                               "[default: configs/demo.yaml in the project]",
+                                               show_default=False)] = None,
     results_dir: Annotated[Path | None, typer.Option(help="results store (default: the suite's)")] = None,
     mlruns: Annotated[Path | None, typer.Option(help="MLflow store for models:/ URIs "
                                                      "(default: $MEDROBUST_MLRUNS or mlruns)")] = None,
     max_iou_drop_increase: Annotated[float, typer.Option(help="tolerated mean IoU-drop increase")] = 0.01,
     max_dice_drop_increase: Annotated[float, typer.Option(help="tolerated mean Dice-drop increase")] = 0.01,
-    alpha: Annotated[float, typer.Option(help="Benjamini-Hochberg q threshold")] = 0.05,
+    alpha: Annotated[float, typer.Option(help="Benjamini-Hochberg q threshold; the bootstrap CI is 1 - alpha")]
+    = 0.05,
     min_pairs: Annotated[int, typer.Option(help="groups with fewer paired samples never fail")] = 5,
-    format: Annotated[CheckFormat, typer.Option("--format", "-f")] = CheckFormat.table,
+    format: Annotated[CheckFormat, typer.Option("--format", "-f", help="table: plain text; markdown: for a CI "
+                                                "step summary; json: everything")] = CheckFormat.table,
+    details: Annotated[bool, typer.Option("--details", help="also print the full table of every condition "
+                                                            "group")] = False,
     evaluate: Annotated[bool, typer.Option(help="evaluate a models:/ side that has no rows yet (on the suite's "
                                                 "fine-tuning evaluation set); --no-evaluate only reuses rows")] = True,
 ) -> None:
-    """Regression gate: exit 1 when the candidate is significantly less robust than the baseline
-    on the same samples and conditions (0: passed, 2: bad input). Each side's rows are reused when
-    they exist, else (models:/ URIs) the version is evaluated first."""
+    """Regression gate: exit 1 when the candidate is less robust than the baseline on the same
+    samples and conditions (0: passed, 2: bad input). The first line is the verdict (PASS /
+    FAIL: n regressions), then the regressions only. A regression: the paired bootstrap CI of the
+    difference excludes 0, BH q < alpha and the difference exceeds the threshold. Each side's rows
+    are reused when they exist, else (models:/ URIs) the version is evaluated first."""
     from medrobust_lib.config import load_suite
     from medrobust_lib.store.results import read_table
     from medrobust_lib.tracks.finetune.gate import (
@@ -387,14 +452,21 @@ def check(
     )
     from medrobust_lib.tracks.segmentation.evaluate import RESULTS_TABLE
 
+    suite_path = _project_path(suite, "configs/demo.yaml")
+    results_dir = results_dir.expanduser().resolve() if results_dir is not None else None
     if mlruns is not None:
+        mlruns = mlruns.expanduser().resolve()
         os.environ["MEDROBUST_MLRUNS"] = str(mlruns)
+    root = _enter_project()  # the suite's relative paths (results, data, mlruns) are inside the project
     try:
         thresholds = GateThresholds(max_iou_drop_increase, max_dice_drop_increase, alpha, min_pairs)
-        s = load_suite(suite) if Path(suite).is_file() else None
+        if suite is not None and not suite_path.is_file():
+            raise FileNotFoundError(f"suite not found: {suite_path}")
+        s = load_suite(suite_path) if suite_path.is_file() else None
         if results_dir is None:
             if s is None:
-                raise FileNotFoundError(f"suite {suite} not found (it gives the results dir); pass --results-dir")
+                raise FileNotFoundError(f"no suite at {suite_path} (it gives the results dir; project root {root}): "
+                                        "pass --suite or --results-dir")
             results_dir = Path(s.results_dir)
         rows = read_table(results_dir, RESULTS_TABLE)
         sides = {side: gather_side(ref, side, results_dir, suite=s, mlruns_dir=mlruns, evaluate=evaluate, log=_echo,
@@ -404,7 +476,7 @@ def check(
     except (GateInputError, ValueError, FileNotFoundError) as exc:
         _echo(f"error: {exc}")
         raise typer.Exit(2) from None
-    typer.echo(render(result, format.value))
+    typer.echo(render(result, format.value, details=details))
     if format is CheckFormat.json:
         _echo(result.verdict)
     if not result.passed:
@@ -414,17 +486,28 @@ def check(
 @app.command()
 def report(
     models: Annotated[str | None, typer.Option(help="comma-separated model / taxonomy config ids (default: all)")] = None,
-    out: Annotated[Path, typer.Option(help="output folder (index.html, tables/, figures/)")] = Path("var/reports"),
-    mart: Annotated[str, typer.Option(help="DuckDB mart (opened read-only)")] = "var/marts.duckdb",
-    mlruns: Annotated[Path, typer.Option(help="MLflow folder (SQLite backend)")] = Path("mlruns"),
+    out: Annotated[Path | None, typer.Option(help="output folder (index.html, tables/, figures/) "
+                                                  "[default: var/reports in the project]", show_default=False)] = None,
+    mart: Annotated[Path | None, typer.Option(help="DuckDB mart, opened read-only "
+                                                   "[default: var/marts.duckdb in the project]",
+                                              show_default=False)] = None,
+    mlruns: Annotated[Path | None, typer.Option(help="MLflow folder (SQLite backend) the report run is logged to "
+                                                     "[default: mlruns in the project]", show_default=False)] = None,
     no_mlflow: Annotated[bool, typer.Option("--no-mlflow", help="do not log the report to MLflow")] = False,
+    include_floor: Annotated[bool, typer.Option("--include-floor", help="keep datasets whose clean IoU/Dice is "
+                                                                        "below 0.1 in the segmentation averages and "
+                                                                        "figures (default: left out, counted)")]
+    = False,
 ) -> None:
-    """Paper-ready tables (CSV, Markdown, LaTeX), PNG figures and one index.html from the mart;
-    logged as artifacts of one MLflow run in experiment 'reports' (exit 2: no mart or unknown ids)."""
+    """Paper-ready tables (CSV, Markdown, LaTeX), figures (PNG 300 dpi, PDF, SVG) and one index.html
+    from the mart; logged as artifacts of one MLflow run in experiment 'reports' (exit 2: no mart
+    or unknown ids)."""
     from medrobust_lib.report.paper import build_report, parse_models
 
     try:
-        summary = build_report(mart, out, parse_models(models), mlruns_dir=mlruns, log_mlflow=not no_mlflow)
+        summary = build_report(_project_path(mart, "var/marts.duckdb"), _project_path(out, "var/reports"),
+                               parse_models(models), mlruns_dir=_project_path(mlruns, "mlruns"),
+                               log_mlflow=not no_mlflow, include_floor=include_floor)
     except (FileNotFoundError, ValueError) as exc:
         _echo(f"error: {exc}")
         raise typer.Exit(2) from None

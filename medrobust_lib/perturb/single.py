@@ -47,26 +47,44 @@ def levels_for(level_arg: str) -> list[int]:
 def perturb_file(
     input_path: Path, type_arg: str, level_arg: str, *, modality: str | None = None, seed: int = 0,
     mask_path: Path | None = None, output: Path | None = None, output_dir: Path | None = None, fmt: str = "png",
+    window_center: float | None = None, window_width: float | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Calibrate and write each requested (type, level); yields one record per output.
 
     The random key is (seed, 'cli', file stem, type), so a re-run is byte-identical. A grayscale
     input stays grayscale and RGB stays RGB; ``.npy`` outputs are exactly the float32 array the
-    SSIM was measured on.
+    SSIM was measured on. Files written to ``output_dir`` are named
+    ``<file name with '.' as '_'>__<type>__L<level>.<fmt>`` (:func:`output_stem`), so ``cam.png``
+    and ``cam.tif`` never overwrite each other. DICOM and NIfTI inputs are windowed with
+    ``window_center``/``window_width`` (both or neither; default: the file's window, else
+    percentiles) and every record carries the applied ``window`` (``center``, ``width``, ``low``,
+    ``high``, ``source``: options, file or percentile); other inputs refuse the window options.
     """
-    from medrobust_lib.data.imageio import check_min_size, read_image, write_image
+    from medrobust_lib.data.imageio import (
+        DICOM_EXTENSIONS,
+        NIFTI_EXTENSIONS,
+        check_min_size,
+        file_extension,
+        read_image,
+        read_image_meta,
+        write_image,
+    )
     from medrobust_lib.data.sample import SampleError
 
     if not input_path.is_file():
         raise FileNotFoundError(f"input image not found: {input_path}")
     if (output is None) == (output_dir is None):
         raise ValueError("give exactly one of --output FILE or --output-dir DIR")
+    windowed = file_extension(input_path) in (*DICOM_EXTENSIONS, *NIFTI_EXTENSIONS)
+    if (window_center is not None or window_width is not None) and not windowed:
+        raise ValueError(f"--window-center/--window-width apply to DICOM and NIfTI input only, not {input_path.name}")
     try:  # a file that cannot be used is bad input: one clear ValueError, never a traceback
-        image = read_image(input_path)
+        image, meta = read_image_meta(input_path, window_center=window_center, window_width=window_width)
         check_min_size(image.shape[0], image.shape[1], input_path)
         m = read_image(mask_path) if mask_path is not None else None
     except SampleError as exc:
         raise ValueError(f"cannot use {exc.detail or input_path} ({exc.reason})") from None
+    window = window_of(meta.get("intensity", {})) if windowed else None
     mask = None
     if m is not None:
         m2 = m if m.ndim == 2 else m.max(axis=2)
@@ -82,7 +100,8 @@ def perturb_file(
                          "were selected: use --output-dir")
     if output is not None and output.suffix.lower() not in (".png", ".npy"):
         raise ValueError(f"--output must end in .png or .npy, got {output.name}")
-    stem = input_path.name.split(".")[0]
+    stem = input_path.name.split(".")[0]  # the random key (unchanged: outputs stay byte-identical)
+    name = output_stem(input_path)
     for t in types:
         spec = get_perturbation(t)
         for lv in levels:
@@ -91,7 +110,7 @@ def perturb_file(
                 path = output
             else:
                 assert output_dir is not None
-                path = output_dir / f"{stem}__{t}__L{lv}.{fmt}"
+                path = output_dir / f"{name}__{t}__L{lv}.{fmt}"
             path.parent.mkdir(parents=True, exist_ok=True)
             if path.suffix == ".npy":
                 np.save(path, c.output.image.astype(np.float32))
@@ -99,8 +118,24 @@ def perturb_file(
                 write_image(path, c.output.image, bit_depth=16 if c.output.image.ndim == 2 else 8)
             rec: dict[str, Any] = {"perturbation": t, "level": lv, "strength": c.strength, "ssim": c.ssim,
                                    "band_reached": c.band_reached, "n_ssim_evals": c.n_ssim_evals, "path": str(path)}
+            if window is not None:
+                rec["window"] = window
             if c.output.mask is not None:
                 mpath = path.with_name(path.stem + "_mask.png")
                 write_image(mpath, c.output.mask.astype(np.float32), bit_depth=8)
                 rec["mask_path"] = str(mpath)
             yield rec
+
+
+def output_stem(path: Path) -> str:
+    """The file-name stem of ``path``'s outputs: its whole name with dots as underscores
+    (``cam.png`` -> ``cam_png``, ``scan.nii.gz`` -> ``scan_nii_gz``), unique per input file."""
+    return path.name.replace(".", "_")
+
+
+def window_of(intensity: dict[str, Any]) -> dict[str, Any] | None:
+    """The applied intensity window of a DICOM/NIfTI read (``meta["intensity"]``) as a JSON-ready
+    dict, or None when the mapping was not a window."""
+    if "center" not in intensity:
+        return None
+    return {k: intensity[k] for k in ("center", "width", "low", "high", "source", "unit", "invert") if k in intensity}

@@ -26,7 +26,7 @@ import numpy as np
 
 from medrobust_lib.data.boxes import mask_to_box
 from medrobust_lib.registry import Registry
-from medrobust_lib.types import ALL_MODALITIES, BoolMask, Boxes, FloatImage
+from medrobust_lib.types import ALL_MODALITIES, BoolMask, Boxes, FloatImage, parse_modality
 
 Geometry = Literal["intensity", "spatial"]
 Channels = Literal["any", "rgb"]
@@ -222,8 +222,10 @@ def get_perturbation(name: str) -> PerturbationSpec:
 def list_perturbations(pattern: str = "*", *, modality: str | None = None, n_channels: int | None = None,
                        **filters: object) -> list[str]:
     """Registered type names matching ``pattern`` and filters (e.g. ``family="mri"``); with
-    ``modality`` (and optionally ``n_channels``) only the types that apply to such images."""
+    ``modality`` (case-insensitive; an unknown one is a ValueError listing the valid ones) and
+    optionally ``n_channels``, only the types that apply to such images."""
     names = PERTURBATIONS.list(pattern, **filters)
     if modality is not None:
+        modality = parse_modality(modality).value
         names = [n for n in names if PERTURBATIONS.get(n).applies_to(modality, n_channels or 3)]
     return names

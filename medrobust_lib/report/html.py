@@ -23,7 +23,7 @@ th { border-bottom: 2px solid #444; text-align: left; } td.num, th.num { text-al
 .note { font-size: 0.85em; color: #555; max-width: 60em; } .links { font-size: 0.85em; }
 figure { margin: 1.5em 0; } img { max-width: 100%; border: 1px solid #eee; }
 figcaption { font-size: 0.85em; color: #444; } dl.meta dt { font-weight: bold; float: left; width: 9em; }
-dl.meta dd { margin-left: 10em; }
+dl.meta dd { margin-left: 10em; } tr.floor td { color: #999; }
 """
 
 
@@ -41,8 +41,9 @@ def table_html(table: ReportTable) -> str:
     cls = [' class="num"' if n else "" for n in num]
     head = "".join(f"<th{c}>{html.escape(h)}</th>" for h, c in zip(table.headers, cls, strict=True))
     body = "\n".join(
-        "<tr>" + "".join(f"<td{c}>{html.escape(v)}</td>" for v, c in zip(row, cls, strict=True)) + "</tr>"
-        for row in display_rows(table))
+        ('<tr class="floor">' if grey else "<tr>")
+        + "".join(f"<td{c}>{html.escape(v)}</td>" for v, c in zip(row, cls, strict=True)) + "</tr>"
+        for row, grey in zip(display_rows(table), table.greyed(), strict=True))
     return f"<table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody>\n</table>"
 
 
@@ -74,8 +75,10 @@ def render_page(title: str, meta: Mapping[str, str], tables: Sequence[ReportTabl
     if figures:
         parts.append('<h2 id="figures">Figures</h2>')
         for f in figures:
+            stem = f.src.rsplit(".", 1)[0]
+            vector = f' <span class="links">(<a href="{esc(stem)}.pdf">PDF</a>, <a href="{esc(stem)}.svg">SVG</a>)</span>'
             parts.append(f'<figure><img src="{esc(f.src)}" alt="{esc(f.caption)}">'
-                         f"<figcaption>{esc(f.caption)}</figcaption></figure>")
+                         f"<figcaption>{esc(f.caption)}{vector}</figcaption></figure>")
     if skipped:
         parts.append('<h2 id="skipped">Not produced</h2><ul>')
         parts += [f"<li><b>{esc(k)}</b>: {esc(v)}</li>" for k, v in skipped.items()]

@@ -6,7 +6,7 @@ Layout under ``out_dir``::
     index.html                 every table (HTML) and figure (relative <img>), header with mart/time/models
     tables/<name>.csv|.md|.tex segmentation_summary, segmentation_by_level, strategy_ranking,
                                vlm_task_drops, taxonomy_quadrants, taxonomy_correlation
-    figures/*.png
+    figures/*.png|.pdf|.svg   every figure as PNG (300 dpi) and vector PDF/SVG, 3.5 or 7.2 in wide
     .medrobust_report.json     the files of the last run; they are removed before the next run writes,
                                so a narrower --models run leaves no stale outputs (nothing else is touched)
 
@@ -31,6 +31,7 @@ from medrobust_lib.report import paper_figures as figs
 from medrobust_lib.report import paper_tables as pt
 from medrobust_lib.report.html import Figure, render_page
 from medrobust_lib.report.latex import to_latex
+from medrobust_lib.report.style import twins
 from medrobust_lib.report.table import ReportTable, to_csv, to_markdown
 from medrobust_lib.store.marts import connect_readonly
 
@@ -124,9 +125,9 @@ def _clear_previous(out: Path) -> None:
 
 
 def _tables(con: duckdb.DuckDBPyConnection, sel: dict[str, list[str] | None], available: dict[str, list[str]],
-            seed: int) -> tuple[list[ReportTable], dict[str, str]]:
+            seed: int, include_floor: bool = False) -> tuple[list[ReportTable], dict[str, str]]:
     builders: dict[str, Callable[[list[str] | None], pt.TableResult]] = {
-        "segmentation_summary": lambda ids: pt.segmentation_summary(con, ids),
+        "segmentation_summary": lambda ids: pt.segmentation_summary(con, ids, include_floor),
         "segmentation_by_level": lambda ids: pt.segmentation_by_level(con, ids),
         "strategy_ranking": lambda ids: pt.strategy_ranking(con, ids),
         "vlm_task_drops": lambda ids: pt.vlm_task_drops(con, ids),
@@ -152,7 +153,7 @@ def _tables(con: duckdb.DuckDBPyConnection, sel: dict[str, list[str] | None], av
 
 
 def _figures(con: duckdb.DuckDBPyConnection, tables: dict[str, ReportTable], sel: dict[str, list[str] | None],
-             fig_dir: Path) -> tuple[list[tuple[Path, str]], dict[str, str]]:
+             fig_dir: Path, include_floor: bool = False) -> tuple[list[tuple[Path, str]], dict[str, str]]:
     """(path, caption) of every figure written, and figure name -> reason for those not drawn."""
     from medrobust_lib.tracks.segmentation.stats import robustness_curves
     from medrobust_lib.tracks.taxonomy.stats import flip_vs_dangerous_scatter, quadrant_bars
@@ -161,21 +162,23 @@ def _figures(con: duckdb.DuckDBPyConnection, tables: dict[str, ReportTable], sel
     skipped: dict[str, str] = {}
     seg = tables.get("segmentation_by_level")
     if seg is not None:
-        by_level = seg.data
+        # the figures' means leave floor datasets out (as the summary table does) unless asked.
         # IoU is the primary metric (MedFM-Robust): its figures come first; the Dice heatmap stays
         # alongside with its rows in the same IoU-drop order.
+        by_level = pt.segmentation_level_means(con, sel["segmentation"], include_floor)
         for p in robustness_curves(by_level, fig_dir, "iou"):
-            out.append((p, f"{p.name.removesuffix('_iou_curves.png')}: paired IoU drop vs severity level; thin grey "
-                           "lines: corruption types, thick: their mean, dashed: FGSM/PGD (eps 2-10/255)."))
+            out.append((p, f"{p.name.removesuffix('_iou_curves.png')}: paired IoU drop at the evaluated levels "
+                           "(SSIM band and attack epsilon under each); thin grey lines: corruption types, thick: "
+                           "their mean, dashed: FGSM/PGD."))
         families = _families(con)
         for p in figs.family_curves(by_level, families, fig_dir, "iou"):
-            out.append((p, f"{p.stem}: IoU drop (clean - perturbed) vs level, one panel per perturbation "
-                           "family and one for the attacks."))
+            out.append((p, f"{p.stem}: IoU drop (clean - perturbed) at the evaluated levels, one panel per "
+                           "perturbation family and one for the attacks."))
         for metric in ("iou", "dice"):
             name = "IoU" if metric == "iou" else "Dice"
             for p in figs.drop_heatmap(by_level, fig_dir, metric, rank_by="iou"):
                 out.append((p, f"{p.stem}: mean {name} drop per perturbation type (rows, ranked by mean IoU drop) "
-                               "and level (columns); red = worse than clean."))
+                               "and evaluated level (columns); orange = worse than clean."))
     else:
         skipped["robustness curves and heatmaps"] = "no segmentation_by_level table"
     strat = tables.get("strategy_ranking")
@@ -188,7 +191,7 @@ def _figures(con: duckdb.DuckDBPyConnection, tables: dict[str, ReportTable], sel
         where, params = pt.where_in("config", sel["taxonomy"])
         quad = con.execute(f"select * from taxonomy_quadrants where {where}", params).df()
         for p in quadrant_bars(quad, fig_dir):
-            kind = "clean images, one bar per config x dataset" if "_clean_" in p.name else \
+            kind = "clean images, one panel per config, one bar per dataset" if "_clean_" in p.name else \
                 "by severity level (0 = clean), mean over types and datasets"
             out.append((p, f"Safety-quadrant shares, {kind} (image removed: {p.stem.rsplit('_', 1)[-1]})."))
         points = pt.taxonomy_points(con, sel["taxonomy"])
@@ -196,7 +199,8 @@ def _figures(con: duckdb.DuckDBPyConnection, tables: dict[str, ReportTable], sel
         if not points.empty:
             p = flip_vs_dangerous_scatter(points, corr, fig_dir)
             out.append((p, "Headline: flip rate vs Dangerous share on clean images, one point per (config, "
-                           "dataset); marker = image-removal mode; r [95% CI], p and n in the title."))
+                           "dataset); marker = image-removal mode; r [95% CI], p and n of the headline "
+                           "correlation in the corner."))
     else:
         skipped["quadrant bars and flip-rate scatter"] = "no taxonomy_quadrants table"
     return out, skipped
@@ -221,11 +225,13 @@ def _families(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
 
 def build_report(mart_path: str | Path = "var/marts.duckdb", out_dir: str | Path = "var/reports",
                  models: Sequence[str] | None = None, *, mlruns_dir: str | Path = "mlruns",
-                 log_mlflow: bool = True, seed: int = 0) -> ReportSummary:
+                 log_mlflow: bool = True, seed: int = 0, include_floor: bool = False) -> ReportSummary:
     """Write the report for ``models`` (model / configuration ids; None = all) into ``out_dir``.
 
     Raises FileNotFoundError without a mart and ValueError for unknown ids (listing the available
     ones). ``seed`` keys the bootstrap of the pooled taxonomy shares (and a recomputed correlation).
+    ``include_floor``: keep datasets whose clean score is at the floor (``store.coverage``) in the
+    segmentation averages and figures (default: left out, counted in the summary table).
     """
     t0 = time.perf_counter()
     mart = Path(mart_path)
@@ -234,11 +240,11 @@ def build_report(mart_path: str | Path = "var/marts.duckdb", out_dir: str | Path
     try:
         available = available_models(con)
         sel = select_models(available, list(models) if models is not None else None)
-        tables, skipped = _tables(con, sel, available, seed)
+        tables, skipped = _tables(con, sel, available, seed, include_floor)
         out.mkdir(parents=True, exist_ok=True)
         _clear_previous(out)
         fig_dir = out / "figures"
-        figures, fig_skipped = _figures(con, {t.name: t for t in tables}, sel, fig_dir)
+        figures, fig_skipped = _figures(con, {t.name: t for t in tables}, sel, fig_dir, include_floor)
         incomplete = _incomplete(con)
     finally:
         con.close()
@@ -254,7 +260,7 @@ def build_report(mart_path: str | Path = "var/marts.duckdb", out_dir: str | Path
         paths = [stem.with_suffix(f".{ext}") for ext in TABLE_FORMATS]
         written += paths
         links[t.name] = [p.relative_to(out).as_posix() for p in paths]
-    written += [p for p, _ in figures]
+    written += [t for p, _ in figures for t in twins(p) if t.is_file()]
 
     shown = {t: tuple(ids if sel[t] is None else sel[t] or ()) for t, ids in available.items()}
     meta = {

@@ -1,36 +1,36 @@
-"""Paper figures (PNG, matplotlib Agg, deterministic: fixed sizes, sorted inputs, no timestamps).
+"""Paper figures (matplotlib Agg, deterministic: fixed sizes, sorted inputs, no timestamps).
+
+Every figure is written three times by :func:`medrobust_lib.report.style.save_figure`: PNG at
+300 dpi plus PDF and SVG (vector), sized for a one-column (3.5 in) or two-column (7.2 in) layout,
+Okabe-Ito colours (:mod:`medrobust_lib.report.style`). The functions return the PNG paths.
 
 Inputs are mart rows already filtered to the selected models: ``segmentation_by_level`` rows for
 the robustness curves and the heatmap, ``strategy_ranking`` rows for the strategy bars,
 ``taxonomy_quadrants`` rows for the quadrant bars and the points of
-:func:`medrobust_lib.tracks.taxonomy.stats.correlation_points` for the scatter. Every function
-returns the paths it wrote (none for empty input). matplotlib is imported inside the functions.
+:func:`medrobust_lib.tracks.taxonomy.stats.correlation_points` for the scatter. Level axes show
+only the levels that were evaluated, each labelled with its SSIM band (corruptions) and epsilon
+(attacks) (:func:`level_tick_labels`). Rows flagged ``floor_effect`` (clean score at the floor: a
+drop cannot be measured) are drawn in grey. matplotlib is imported inside the functions.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from medrobust_lib.report import style
 from medrobust_lib.report.table import fmt_float
 
 ATTACK = "attack"
 """Panel / family name of the adversarial attacks (conditions ``fgsm`` and ``pgd``)."""
-DPI = 120
-
-
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+DPI = style.DPI
+HEATMAP_ROWS_PER_PANEL = 25
+"""The type x level heatmap splits its rows into side-by-side panels of at most this many."""
 
 
 def slug(name: object) -> str:
@@ -39,10 +39,39 @@ def slug(name: object) -> str:
 
 
 def _save(fig: Any, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI, metadata={"Software": None}, bbox_inches="tight")
-    _pyplot().close(fig)
-    return path
+    return style.save_figure(fig, path)
+
+
+def level_tick_labels(levels: Sequence[int], *, corruption: bool = True, attack: bool = False,
+                      short: bool = False) -> list[str]:
+    """Tick labels of the evaluated ``levels`` (0 = clean): the level, its SSIM band
+    (``.80-.89``, from ``perturb.calibrate.DEFAULT_BANDS``) for corruptions and its L-infinity
+    epsilon (``4/255``, from ``attacks.linf.EPSILONS``) for attacks, one per line."""
+    from medrobust_lib.attacks.linf import EPSILONS
+    from medrobust_lib.perturb.calibrate import DEFAULT_BANDS
+
+    out = []
+    for lv in levels:
+        lv = int(lv)
+        if lv == 0:
+            out.append("clean")
+            continue
+        parts = [f"L{lv}"]
+        if corruption and lv in DEFAULT_BANDS:
+            lo, hi = DEFAULT_BANDS[lv]
+            parts.append(f"{lo:.2f}-{hi:.2f}".replace("0.", ".") if short else f"SSIM {lo:.2f}-{hi:.2f}")
+        if attack and lv in EPSILONS:
+            parts.append(f"\u03b5 {EPSILONS[lv] * 255:.0f}/255")
+        out.append("\n".join(parts))
+    return out
+
+
+def _floor_models(df: pd.DataFrame) -> set[str]:
+    """Models whose rows carry ``floor_effect`` (every row of the model at the floor)."""
+    if "floor_effect" not in df.columns or df.empty:
+        return set()
+    f = df.groupby("model")["floor_effect"].agg(lambda v: bool(pd.Series(v).fillna(False).astype(bool).all()))
+    return {str(m) for m, v in f.items() if v}
 
 
 def _model_groups(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
@@ -62,87 +91,124 @@ def _label(metric: str) -> str:
     return {"iou": "IoU", "dice": "Dice"}.get(metric, metric)
 
 
+def _level_axis(ax: Any, levels: Sequence[int], *, corruption: bool, attack: bool, short: bool = False,
+                labels: bool = True) -> None:
+    """Categorical x axis: one tick per evaluated level (0 = clean), nothing in between."""
+    ax.set_xticks(range(len(levels)))
+    ax.set_xticklabels(level_tick_labels(levels, corruption=corruption, attack=attack, short=short)
+                       if labels else [])
+    ax.set_xlim(-0.3, len(levels) - 0.7)
+
+
 def family_curves(by_level: pd.DataFrame, families: Mapping[str, str], out_dir: Path,
                   metric: str = "iou") -> list[Path]:
-    """``<model>_<metric>_drop_by_family.png``: one panel per perturbation family (from
-    ``families``: type -> family; unknown types go to ``other``) plus one for the attacks, one line
-    per type: mean paired ``<metric>_drop`` (clean - perturbed, 0 at level 0) vs severity level."""
+    """``<model>_<metric>_drop_by_family.png`` (two-column width): one panel per perturbation
+    family (from ``families``: type -> family; unknown types go to ``other``) plus one for the
+    attacks, one line per type: mean paired ``<metric>_drop`` (clean - perturbed, 0 at clean) at
+    the evaluated levels only (categorical axis, SSIM band / epsilon under each level)."""
     paths: list[Path] = []
     if by_level.empty:
         return paths
-    plt = _pyplot()
     drop = f"{metric}_drop"
-    for stem, g in _model_groups(by_level):
-        g = g.copy()
-        g["family"] = np.where(g["condition"] == "perturbation",
-                               g["perturbation"].map(lambda t: families.get(str(t), "other")), ATTACK)
-        fams = sorted(f for f in g["family"].unique() if f != ATTACK)
-        fams += [ATTACK] if (g["family"] == ATTACK).any() else []
-        ncols = min(4, len(fams))
-        nrows = -(-len(fams) // ncols)
-        fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 2.9 * nrows), squeeze=False, sharex=True,
-                                 sharey=True)
-        for i, fam in enumerate(fams):
-            ax = axes[i // ncols][i % ncols]
-            f = g[g["family"] == fam]
-            for j, (ptype, t) in enumerate(f.groupby("perturbation", sort=True)):
-                t = t.groupby("level", sort=True)[drop].mean()
-                ax.plot([0, *t.index], [0.0, *t.to_numpy()], marker="o", ms=2.5, lw=1.2, color=f"C{j % 10}",
-                        ls="-" if j < 10 else "--", label=str(ptype))
-            ax.axhline(0, color="k", lw=0.5)
-            ax.set_title(fam, fontsize=9)
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=6, loc="upper left")
-            if i % ncols == 0:
-                ax.set_ylabel(f"{_label(metric)} drop")
-            if i // ncols == nrows - 1:
-                ax.set_xlabel("severity level")
-        for j in range(len(fams), nrows * ncols):
-            axes[j // ncols][j % ncols].set_visible(False)
-        fig.suptitle(f"{stem}: {_label(metric)} drop (clean - perturbed) by family and type", fontsize=10)
-        fig.tight_layout()
-        paths.append(_save(fig, out_dir / f"{slug(stem)}_{metric}_drop_by_family.png"))
+    floor = _floor_models(by_level)
+    with style.paper_style() as plt:
+        for stem, g in _model_groups(by_level):
+            g = g.copy()
+            g["family"] = np.where(g["condition"] == "perturbation",
+                                   g["perturbation"].map(lambda t: families.get(str(t), "other")), ATTACK)
+            fams = sorted(f for f in g["family"].unique() if f != ATTACK)
+            fams += [ATTACK] if (g["family"] == ATTACK).any() else []
+            levels = [0, *sorted(int(v) for v in g["level"].unique())]
+            ncols = min(3, len(fams))
+            nrows = -(-len(fams) // ncols)
+            fig, axes = plt.subplots(nrows, ncols, figsize=(style.TWO_COLUMN, 1.75 * nrows + 0.5), squeeze=False,
+                                     sharey=True, layout="constrained")
+            grey = str(g["model"].iloc[0]) in floor
+            for i, fam in enumerate(fams):
+                ax = axes[i // ncols][i % ncols]
+                f = g[g["family"] == fam]
+                for j, (ptype, t) in enumerate(f.groupby("perturbation", sort=True)):
+                    t = t.groupby("level", sort=True)[drop].mean()
+                    xs = [0, *(levels.index(int(lv)) for lv in t.index)]
+                    st = style.series_style(j)
+                    if grey:
+                        st["color"] = style.FLOOR_GREY
+                    ax.plot(xs, [0.0, *t.to_numpy()], ms=2.5, lw=1.0, label=str(ptype), **st)
+                ax.axhline(0, color="k", lw=0.4)
+                ax.set_title(fam)
+                ax.grid(alpha=0.3)
+                ax.legend(loc="upper left", handlelength=2.2, borderaxespad=0.2, labelspacing=0.2)
+                _level_axis(ax, levels, corruption=fam != ATTACK, attack=fam == ATTACK, short=True)
+                ax.tick_params(axis="x", labelsize=5)
+                if i % ncols == 0:
+                    ax.set_ylabel(f"{_label(metric)} drop")
+            for j in range(len(fams), nrows * ncols):
+                axes[j // ncols][j % ncols].set_visible(False)
+            note = " (clean score at the floor: drops not informative)" if grey else ""
+            fig.suptitle(f"{stem}: {_label(metric)} drop (clean - perturbed) by family{note}")
+            paths.append(_save(fig, out_dir / f"{slug(stem)}_{metric}_drop_by_family.png"))
     return paths
 
 
+def _heatmap_order(g: pd.DataFrame, drop: str, rank_by: str) -> tuple[pd.DataFrame, list[str]]:
+    """Rows: corruptions by their mean ``<rank_by>_drop`` over levels, largest first (IoU, the
+    primary metric, by default, so the IoU and Dice heatmaps list the types in the same order),
+    then the attacks."""
+    mat = g.pivot_table(index="perturbation", columns="level", values=drop, aggfunc="mean")
+    order = g.groupby("perturbation")[f"{rank_by}_drop"].mean()
+    attacks = sorted(set(g.loc[g["condition"] != "perturbation", "perturbation"]) & set(mat.index))
+    corr = mat.drop(index=attacks)
+    corr = corr.loc[sorted(corr.index, key=lambda t: (-_nan_last(order.get(t)), t))]
+    return pd.concat([corr, mat.loc[attacks]]), attacks
+
+
 def drop_heatmap(by_level: pd.DataFrame, out_dir: Path, metric: str = "iou", rank_by: str = "iou") -> list[Path]:
-    """``<model>_<metric>_drop_heatmap.png``: rows = perturbation types (corruptions by their mean
-    ``<rank_by>_drop`` over levels, largest first: IoU, the primary metric, by default, so the IoU and
-    Dice heatmaps list the types in the same order; then the attacks), columns = levels 1-5, cell =
-    mean paired ``<metric>_drop``, diverging colours centred at 0 (red = worse than clean), values
-    printed in the cells."""
+    """``<model>_<metric>_drop_heatmap.png``: rows = perturbation types (corruptions by mean
+    ``<rank_by>_drop``, largest first, then the attacks), columns = the evaluated levels (SSIM band below), cell =
+    mean paired ``<metric>_drop`` printed at 5.5 pt; diverging Okabe-Ito-compatible colours centred
+    at 0 (PuOr: orange = worse than clean). More than :data:`HEATMAP_ROWS_PER_PANEL` rows are
+    split into side-by-side panels (two-column width); fewer fit one column (3.5 in)."""
     paths: list[Path] = []
     if by_level.empty:
         return paths
-    plt = _pyplot()
     drop = f"{metric}_drop"
-    for stem, g in _model_groups(by_level):
-        mat = g.pivot_table(index="perturbation", columns="level", values=drop, aggfunc="mean")
-        order = g.groupby("perturbation")[f"{rank_by}_drop"].mean()
-        attacks = sorted(set(g.loc[g["condition"] != "perturbation", "perturbation"]))
-        corr = mat.drop(index=[a for a in attacks if a in mat.index])
-        corr = corr.loc[sorted(corr.index, key=lambda t: (-_nan_last(order.get(t)), t))]
-        mat = pd.concat([corr, mat.loc[[a for a in attacks if a in mat.index]]])
-        vals = mat.to_numpy(dtype=np.float64)
-        vmax = float(np.nanmax(np.abs(vals))) if np.isfinite(vals).any() else 1.0
-        vmax = vmax or 1.0
-        fig, ax = plt.subplots(figsize=(5.2, 0.24 * len(mat) + 1.6))
-        im = ax.imshow(np.ma.masked_invalid(vals), cmap="RdBu_r", vmin=-vmax, vmax=vmax, aspect="auto")
-        for i in range(vals.shape[0]):
-            for j in range(vals.shape[1]):
-                if np.isfinite(vals[i, j]):
-                    ax.text(j, i, fmt_float(vals[i, j], 2), ha="center", va="center", fontsize=5.5,
-                            color="white" if abs(vals[i, j]) > 0.6 * vmax else "black")
-        ax.set_xticks(range(len(mat.columns)))
-        ax.set_xticklabels([str(int(c)) for c in mat.columns], fontsize=8)
-        ax.set_yticks(range(len(mat)))
-        ax.set_yticklabels([f"{t} (attack)" if t in attacks else str(t) for t in mat.index], fontsize=6.5)
-        ax.set_xlabel("severity level")
-        ax.set_title(f"{stem}: {_label(metric)} drop by type and level (rows by mean {_label(rank_by)} drop)",
-                     fontsize=9)
-        fig.colorbar(im, ax=ax, shrink=0.6, label=f"{_label(metric)} drop (clean - perturbed)")
-        fig.tight_layout()
-        paths.append(_save(fig, out_dir / f"{slug(stem)}_{metric}_drop_heatmap.png"))
+    floor = _floor_models(by_level)
+    with style.paper_style() as plt:
+        for stem, g in _model_groups(by_level):
+            mat, attacks = _heatmap_order(g, drop, rank_by)
+            vals_all = mat.to_numpy(dtype=np.float64)
+            vmax = float(np.nanmax(np.abs(vals_all))) if np.isfinite(vals_all).any() else 1.0
+            vmax = vmax or 1.0
+            n_panels = -(-len(mat) // HEATMAP_ROWS_PER_PANEL)
+            per = -(-len(mat) // n_panels)
+            width = style.ONE_COLUMN if n_panels == 1 else style.TWO_COLUMN
+            fig, axes = plt.subplots(1, n_panels, figsize=(width, 0.15 * per + 1.2), squeeze=False,
+                                     layout="constrained")
+            grey = str(g["model"].iloc[0]) in floor
+            im = None
+            for k in range(n_panels):
+                ax = axes[0][k]
+                part = mat.iloc[k * per:(k + 1) * per]
+                vals = part.to_numpy(dtype=np.float64)
+                im = ax.imshow(np.ma.masked_invalid(vals), cmap="Greys" if grey else "PuOr_r", vmin=-vmax,
+                               vmax=vmax, aspect="auto")
+                for i in range(vals.shape[0]):
+                    for j in range(vals.shape[1]):
+                        if np.isfinite(vals[i, j]):
+                            ax.text(j, i, fmt_float(vals[i, j], 2), ha="center", va="center", fontsize=5,
+                                    color="white" if abs(vals[i, j]) > 0.6 * vmax else "black")
+                levels = [int(c) for c in part.columns]
+                ax.set_xticks(range(len(levels)))
+                ax.set_xticklabels(level_tick_labels(levels, short=True), fontsize=5)
+                ax.set_yticks(range(len(part)))
+                ax.set_yticklabels([f"{t} (attack)" if t in attacks else str(t) for t in part.index], fontsize=5.5)
+                ax.tick_params(length=2)
+            note = " (floor)" if grey else ""
+            fig.suptitle(f"{stem}: {_label(metric)} drop by type and level (rows by {_label(rank_by)} drop){note}")
+            if im is not None:
+                fig.colorbar(im, ax=list(axes[0]), shrink=0.6, aspect=30,
+                             label=f"{_label(metric)} drop (clean - perturbed)")
+            paths.append(_save(fig, out_dir / f"{slug(stem)}_{metric}_drop_heatmap.png"))
     return paths
 
 
@@ -153,36 +219,37 @@ def _nan_last(v: object) -> float:
 
 
 def strategy_bars(ranking: pd.DataFrame, out_dir: Path) -> list[Path]:
-    """``strategy_iou_drop.png``: one panel per model, strategies on x (ordered by their corruption
-    rank), side-by-side bars of the mean IoU drop under corruptions and under attacks with the
-    bootstrap 95 % CI as asymmetric error bars."""
+    """``strategy_iou_drop.png`` (one column per model, 3.5 in each up to two columns' width): one
+    panel per model, strategies on y (ordered by their corruption rank, rank 1 on top), horizontal
+    bars of the mean IoU drop under corruptions and under attacks with the bootstrap 95 % CI as
+    asymmetric error bars."""
     if ranking.empty:
         return []
-    plt = _pyplot()
     models = sorted(ranking["model"].unique())
-    fig, axes = plt.subplots(1, len(models), figsize=(max(5.0, 0.9 * ranking["strategy"].nunique() + 2.5)
-                                                      * len(models), 4.0), squeeze=False)
     kinds = sorted(ranking["kind"].unique(), key=lambda k: (k != "corruption", k))  # corruption first
     width = 0.8 / max(len(kinds), 1)
-    for ax, model in zip(axes[0], models, strict=True):
-        g = ranking[ranking["model"] == model]
-        first = g[g["kind"] == kinds[0]].sort_values(["rank", "strategy"])
-        strategies = [*first["strategy"], *sorted(set(g["strategy"]) - set(first["strategy"]))]
-        x = np.arange(len(strategies))
-        for k, kind in enumerate(kinds):
-            r = g[g["kind"] == kind].set_index("strategy").reindex(strategies)
-            est = r["mean_iou_drop"].to_numpy(np.float64)
-            lo = np.clip(est - r["iou_drop_ci_low"].to_numpy(np.float64), 0, None)
-            hi = np.clip(r["iou_drop_ci_high"].to_numpy(np.float64) - est, 0, None)
-            ax.bar(x + (k - (len(kinds) - 1) / 2) * width, est, width, yerr=np.vstack([lo, hi]), capsize=3,
-                   color="C0" if kind == "corruption" else f"C{k + 2}", label=kind)
-        ax.axhline(0, color="k", lw=0.5)
-        ax.set_xticks(x)
-        ax.set_xticklabels(strategies, rotation=30, ha="right", fontsize=8)
-        ax.set_ylabel("mean IoU drop (clean - perturbed)")
-        ax.set_title(str(model), fontsize=9)
-        ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle("Fine-tuning strategies: IoU drop with bootstrap 95% CI", fontsize=10)
-    fig.tight_layout()
-    return [_save(fig, out_dir / "strategy_iou_drop.png")]
+    with style.paper_style() as plt:
+        fig, axes = plt.subplots(1, len(models), figsize=(min(style.ONE_COLUMN * len(models), style.TWO_COLUMN), 2.6),
+                                 squeeze=False, layout="constrained")
+        for ax, model in zip(axes[0], models, strict=True):
+            g = ranking[ranking["model"] == model]
+            first = g[g["kind"] == kinds[0]].sort_values(["rank", "strategy"])
+            strategies = [*first["strategy"], *sorted(set(g["strategy"]) - set(first["strategy"]))]
+            y = np.arange(len(strategies))
+            for k, kind in enumerate(kinds):
+                r = g[g["kind"] == kind].set_index("strategy").reindex(strategies)
+                est = r["mean_iou_drop"].to_numpy(np.float64)
+                lo = np.clip(est - r["iou_drop_ci_low"].to_numpy(np.float64), 0, None)
+                hi = np.clip(r["iou_drop_ci_high"].to_numpy(np.float64) - est, 0, None)
+                ax.barh(y + (k - (len(kinds) - 1) / 2) * width, est, width, xerr=np.vstack([lo, hi]), capsize=1.5,
+                        color=style.color(k), hatch=None if k == 0 else "//", edgecolor="white", lw=0.3,
+                        error_kw={"elinewidth": 0.6}, label=kind)
+            ax.axvline(0, color="k", lw=0.4)
+            ax.set_yticks(y)
+            ax.set_yticklabels(strategies)
+            ax.invert_yaxis()  # rank 1 on top
+            ax.set_xlabel("mean IoU drop (95% CI)")
+            ax.set_title(str(model))
+            ax.grid(axis="x", alpha=0.3)
+            ax.legend(loc="lower right")
+        return [_save(fig, out_dir / "strategy_iou_drop.png")]

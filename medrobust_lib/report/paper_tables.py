@@ -14,9 +14,10 @@ import duckdb
 import numpy as np
 import pandas as pd
 
-from medrobust_lib.report.table import Column, ReportTable
+from medrobust_lib.report.table import FLOOR_MARK, Column, ReportTable
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store.completeness import COMPLETENESS_TABLE, complete_filter_sql
+from medrobust_lib.store.coverage import COVERAGE_VIEWS, SEG_FLOOR
 from medrobust_lib.store.schema_strategy import RANKING_VIEW
 from medrobust_lib.store.schema_taxonomy import QUADRANTS
 
@@ -77,65 +78,161 @@ def _identity_columns(df: pd.DataFrame, key: str, extra: Sequence[tuple[str, str
     return cols
 
 
-def segmentation_summary(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None) -> TableResult:
-    """Per (model, checkpoint, strategy), IoU (the primary metric) first, Dice alongside:
-    ``clean_iou`` / ``clean_dice`` (mean over clean images, in [0, 1]); ``corruption_iou_drop`` /
-    ``corruption_dice_drop``: the mart's ``Delta`` row, the mean over corruption types of each type's
-    mean paired drop (clean - perturbed; positive = worse); ``attack_*_drop``: the same mean over the
-    attack types (FGSM, PGD; all eps levels); ``*_rel_drop``: the relative drops (drop / clean score
-    of the same images; NULL when that is 0) of the Delta row and the mean over attack types;
+def _floor_cte() -> str:
+    """``segmentation_floor`` as a CTE (so marts built before the view existed work too)."""
+    return f"segmentation_floor as ({COVERAGE_VIEWS['segmentation_floor']})"
+
+
+def _kept_ctes(where: str) -> str:
+    """CTEs ``segmentation_floor``, ``model_floor`` and ``kept``: the ok ``segmentation_results``
+    rows (alias ``r`` in ``where``) that enter the report's averages. A (model, checkpoint,
+    strategy, dataset) at the floor is left out unless the named parameter ``$include_floor`` is
+    true or every dataset of that model is at the floor (then the model is kept, flagged)."""
+    return f"""{_floor_cte()},
+        model_floor as (
+            select model, checkpoint, strategy, bool_and(floor_effect) as all_floor
+            from segmentation_floor group by all),
+        kept as (
+            select r.*, coalesce(mf.all_floor, false) as floor_effect
+            from segmentation_results r
+            left join segmentation_floor f using (model, checkpoint, strategy, dataset)
+            left join model_floor mf using (model, checkpoint, strategy)
+            where r.status = 'ok' and {where}
+              and ($include_floor or not coalesce(f.floor_effect, false) or coalesce(mf.all_floor, false)))"""
+
+
+def segmentation_summary(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None,
+                         include_floor: bool = False) -> TableResult:
+    """Per (model, checkpoint, strategy): ``clean_iou`` / ``clean_dice`` (mean over clean images, in
+    [0, 1]); ``corruption_iou_drop`` / ``corruption_dice_drop``: the mean over corruption types of
+    each type's mean paired drop (clean - perturbed; positive = worse; the mart's ``Delta`` row);
+    ``attack_*_drop``: the same mean over the attack types (FGSM, PGD; all eps levels);
     ``n_corruption_types``, ``n_attack_types``; ``n_images`` (clean rows), ``n`` (all result rows,
-    every condition) and ``n_failed`` (rows whose status is not ``ok``)."""
+    every condition) and ``n_failed`` (rows whose status is not ``ok``).
+
+    Coverage: ``levels`` (the evaluated severity levels, e.g. ``2,4``) and ``n_conditions``
+    (distinct non-clean (condition, perturbation, level)) from ``segmentation_coverage``; rows with
+    different levels get a note. Floors: datasets whose clean IoU or Dice is below ``SEG_FLOOR``
+    (``segmentation_floor``) are left out of the clean scores and drops (``n_floor_datasets`` says
+    how many) unless ``include_floor``; a model with every dataset at the floor keeps them and is
+    flagged ``floor_effect`` (greyed)."""
     where, params = where_in("model", models)
+    where, where_r = where.replace("?", "$ids"), where.replace("?", "$ids").replace(", model)", ", r.model)")
     df = con.execute(f"""
-        with s as (select * from segmentation_summary where {where}),
+        with {_kept_ctes(where_r)},
+        per_type as (
+            select model, checkpoint, strategy,
+                   case when condition = 'perturbation' then 'corruption' else 'attack' end as kind,
+                   perturbation, avg(iou_drop) as iou_drop, avg(dice_drop) as dice_drop
+            from kept where condition <> 'clean' group by all),
         per as (
             select model, checkpoint, strategy,
-                   max(iou) filter (where row_kind = 'Clean') as clean_iou,
-                   max(dice) filter (where row_kind = 'Clean') as clean_dice,
-                   max(iou_drop) filter (where row_kind = 'Delta') as corruption_iou_drop,
-                   max(dice_drop) filter (where row_kind = 'Delta') as corruption_dice_drop,
-                   avg(iou_drop) filter (where row_kind = 'attack') as attack_iou_drop,
-                   avg(dice_drop) filter (where row_kind = 'attack') as attack_dice_drop,
-                   max(iou_rel_drop) filter (where row_kind = 'Delta') as corruption_iou_rel_drop,
-                   max(dice_rel_drop) filter (where row_kind = 'Delta') as corruption_dice_rel_drop,
-                   avg(iou_rel_drop) filter (where row_kind = 'attack') as attack_iou_rel_drop,
-                   avg(dice_rel_drop) filter (where row_kind = 'attack') as attack_dice_rel_drop,
-                   count(*) filter (where row_kind = 'corruption') as n_corruption_types,
-                   count(*) filter (where row_kind = 'attack') as n_attack_types
-            from s group by model, checkpoint, strategy),
+                   avg(iou_drop) filter (where kind = 'corruption') as corruption_iou_drop,
+                   avg(dice_drop) filter (where kind = 'corruption') as corruption_dice_drop,
+                   avg(iou_drop) filter (where kind = 'attack') as attack_iou_drop,
+                   avg(dice_drop) filter (where kind = 'attack') as attack_dice_drop,
+                   count(*) filter (where kind = 'corruption') as n_corruption_types,
+                   count(*) filter (where kind = 'attack') as n_attack_types
+            from per_type group by model, checkpoint, strategy),
+        clean as (
+            select model, checkpoint, strategy, avg(iou) as clean_iou, avg(dice) as clean_dice,
+                   bool_or(floor_effect) as floor_effect
+            from kept where condition = 'clean' group by model, checkpoint, strategy),
+        cov as (
+            select model, checkpoint, strategy,
+                   array_to_string(list_sort(list_distinct(list(level) filter (where condition <> 'clean'))), ',')
+                       as levels,
+                   count(distinct (condition, perturbation, level)) filter (where condition <> 'clean')
+                       as n_conditions
+            from segmentation_results where {where} group by model, checkpoint, strategy),
+        nfl as (
+            select model, checkpoint, strategy, count(*) filter (where floor_effect) as n_floor_datasets
+            from segmentation_floor group by all),
         counts as (
             select model, checkpoint, strategy, count(*) filter (where condition = 'clean') as n_images,
                    count(*) as n, count(*) filter (where status <> 'ok') as n_failed
             from segmentation_results where {where} group by model, checkpoint, strategy)
-        select c.model, c.checkpoint, c.strategy, p.clean_iou, p.corruption_iou_drop, p.corruption_iou_rel_drop,
-               p.attack_iou_drop, p.attack_iou_rel_drop, p.clean_dice, p.corruption_dice_drop,
-               p.corruption_dice_rel_drop, p.attack_dice_drop, p.attack_dice_rel_drop,
+        select c.model, c.checkpoint, c.strategy, cl.clean_iou, p.corruption_iou_drop,
+               p.corruption_iou_drop / nullif(cl.clean_iou, 0) as corruption_iou_rel_drop,
+               p.attack_iou_drop, p.attack_iou_drop / nullif(cl.clean_iou, 0) as attack_iou_rel_drop,
+               cl.clean_dice, p.corruption_dice_drop,
+               p.corruption_dice_drop / nullif(cl.clean_dice, 0) as corruption_dice_rel_drop,
+               p.attack_dice_drop, p.attack_dice_drop / nullif(cl.clean_dice, 0) as attack_dice_rel_drop,
                coalesce(p.n_corruption_types, 0) as n_corruption_types,
-               coalesce(p.n_attack_types, 0) as n_attack_types, c.n_images, c.n, c.n_failed
+               coalesce(p.n_attack_types, 0) as n_attack_types, c.n_images, c.n, c.n_failed,
+               coalesce(cv.levels, '') as levels, coalesce(cv.n_conditions, 0) as n_conditions,
+               coalesce(nfl.n_floor_datasets, 0) as n_floor_datasets,
+               coalesce(cl.floor_effect, false) as floor_effect
         from counts c left join per p using (model, checkpoint, strategy)
-        order by c.model, c.strategy, c.checkpoint""", params * 2).df()
+        left join clean cl using (model, checkpoint, strategy)
+        left join cov cv using (model, checkpoint, strategy)
+        left join nfl using (model, checkpoint, strategy)
+        order by c.model, c.strategy, c.checkpoint""", {"include_floor": include_floor, **_named(params)}).df()
     if df.empty:
         return "no segmentation_results rows for the selected models"
+    for c in ("n_corruption_types", "n_attack_types", "n_images", "n", "n_failed", "n_conditions",
+              "n_floor_datasets"):
+        df[c] = df[c].astype("int64")
     cols = [Column("Model", "model"), *_identity_columns(df, "model", [("strategy", "Strategy"),
                                                                       ("checkpoint", "Checkpoint")]),
-            Column("Clean IoU", "clean_iou", "float"),
-            Column("IoU drop (corr.)", "corruption_iou_drop", "float"),
-            Column("IoU rel. drop (corr.)", "corruption_iou_rel_drop", "float"),
-            Column("IoU drop (attack)", "attack_iou_drop", "float"),
-            Column("IoU rel. drop (attack)", "attack_iou_rel_drop", "float"),
-            Column("Clean Dice", "clean_dice", "float"),
-            Column("Dice drop (corr.)", "corruption_dice_drop", "float"),
-            Column("Dice rel. drop (corr.)", "corruption_dice_rel_drop", "float"),
-            Column("Dice drop (attack)", "attack_dice_drop", "float"),
-            Column("Dice rel. drop (attack)", "attack_dice_rel_drop", "float"),
+            Column("Levels", "levels"), Column("Cond.", "n_conditions", "int"),
+            Column("IoU", "clean_iou", "float"),
+            Column("ΔIoU corr.", "corruption_iou_drop", "float"),
+            Column("rel. corr.", "corruption_iou_rel_drop", "float"),
+            Column("ΔIoU att.", "attack_iou_drop", "float"),
+            Column("rel. att.", "attack_iou_rel_drop", "float"),
+            Column("Dice", "clean_dice", "float"),
+            Column("ΔDice corr.", "corruption_dice_drop", "float"),
+            Column("Dice rel. corr.", "corruption_dice_rel_drop", "float"),
+            Column("ΔDice att.", "attack_dice_drop", "float"),
+            Column("Dice rel. att.", "attack_dice_rel_drop", "float"),
             Column("Images", "n_images", "int"), Column("n", "n", "int"), Column("Failed", "n_failed", "int")]
-    return ReportTable(
-        "segmentation_summary", "Segmentation robustness per model", df, tuple(cols),
-        "Drops are clean minus perturbed (positive = worse), paired per image; corruption drops are the mean "
-        "over corruption types of each type's mean drop, attack drops the mean over FGSM and PGD at all eps; a "
-        "relative drop is the drop divided by the clean score of the same images. IoU is the primary metric. "
-        "n counts every result row (images x conditions); failed rows are outside the means.")
+    if int(df["n_floor_datasets"].sum()):
+        cols.append(Column("Floor", "n_floor_datasets", "int"))
+    notes = ["IoU (the primary metric) first, Dice alongside. IoU, Dice: clean scores. Δ: drops, clean minus "
+             "perturbed (positive = worse), paired per image; rel.: the drop divided by the clean score (empty "
+             "when that is 0); "
+             "corruption drops (corr.) are the mean "
+             "over corruption types of each type's mean drop, attack drops (att.) the mean over FGSM and PGD at all "
+             "eps. "
+             "Levels: the evaluated severity levels; Cond.: perturbed conditions (type x level). n counts every "
+             "result row (images x conditions); failed rows are outside the means."]
+    levels = df["levels"].unique()
+    if len(levels) > 1:
+        cov = "; ".join(f"{m}: {lv or 'none'}" for m, lv in zip(df["model"], df["levels"], strict=True))
+        notes.append(f"Rows cover different levels ({cov}): their drops are not comparable and are not ranked "
+                     "together.")
+    if int(df["n_floor_datasets"].sum()):
+        notes.append(f"Floor: datasets whose clean IoU or Dice is below {SEG_FLOOR:g} (a drop there is not "
+                     + ("informative); they are included (--include-floor)." if include_floor else
+                        "informative); they are left out of these means.")
+                     + f" {FLOOR_MARK} / grey: every dataset of the model is at the floor.")
+    return ReportTable("segmentation_summary", "Segmentation robustness per model", df, tuple(cols), " ".join(notes),
+                       grey_key="floor_effect")
+
+
+def _named(params: list[object]) -> dict[str, object]:
+    """Positional ``where_in`` parameters as the named parameter ``$ids`` (no filter: none)."""
+    return {"ids": params[0]} if params else {}
+
+
+def segmentation_level_means(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None,
+                             include_floor: bool = False) -> pd.DataFrame:
+    """The figures' by-level data: per (model, checkpoint, strategy, condition, perturbation,
+    level) the mean ``iou`` / ``dice`` / ``iou_drop`` / ``dice_drop`` over ok rows, floor datasets
+    left out as in :func:`segmentation_summary` (a model with only floor datasets keeps them, with
+    ``floor_effect`` true)."""
+    where, params = where_in("r.model", models)
+    df = con.execute(f"""
+        with {_kept_ctes(where.replace("?", "$ids"))}
+        select model, checkpoint, strategy, condition, perturbation, level, count(*) as n,
+               avg(iou) as iou, avg(dice) as dice, avg(iou_drop) as iou_drop, avg(dice_drop) as dice_drop,
+               bool_or(floor_effect) as floor_effect
+        from kept where condition <> 'clean'
+        group by model, checkpoint, strategy, condition, perturbation, level
+        order by model, strategy, checkpoint, condition, perturbation, level""",
+                     {"include_floor": include_floor, **_named(params)}).df()
+    return df
 
 
 def segmentation_by_level(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None) -> TableResult:
@@ -163,7 +260,7 @@ def segmentation_by_level(con: duckdb.DuckDBPyConnection, models: Sequence[str] 
             Column("IoU rel. drop", "iou_rel_drop", "float"), Column("Dice", "dice", "float"),
             Column("Dice drop [95% CI]", "dice_drop", "ci", "dice_drop_ci_low", "dice_drop_ci_high"),
             Column("Dice rel. drop", "dice_rel_drop", "float"),
-            Column("q (Wilcoxon, BH)", "wilcoxon_q", "pvalue")]
+            Column("q", "wilcoxon_q", "pvalue")]
     return ReportTable(
         "segmentation_by_level", "Segmentation by perturbation type and severity level", df, tuple(cols),
         "Drop = clean minus perturbed, paired per image, percentile bootstrap 95% CI over images; relative drop = "
@@ -187,26 +284,32 @@ def strategy_ranking(con: duckdb.DuckDBPyConnection, models: Sequence[str] | Non
     if df.empty:
         return f"the {STRATEGY_VIEW} view has no rows" + ("" if models is None else " for the selected models")
     cols = (Column("Model", "model"), Column("Kind", "kind"), Column("Rank", "rank", "int"),
-            Column("Strategy", "strategy"), Column("Trainable params", "n_trainable", "int"),
-            Column("Clean IoU", "clean_iou", "float"),
+            Column("Strategy", "strategy"), Column("Params", "n_trainable", "int"),
+            Column("IoU", "clean_iou", "float"), Column("Dice", "clean_dice", "float"),
             Column("IoU drop [95% CI]", "mean_iou_drop", "ci", "iou_drop_ci_low", "iou_drop_ci_high"),
             Column("IoU rel. drop", "iou_rel_drop", "float"), Column("Clean Dice", "clean_dice", "float"),
             Column("Dice drop [95% CI]", "mean_dice_drop", "ci", "dice_drop_ci_low", "dice_drop_ci_high"),
             Column("Dice rel. drop", "dice_rel_drop", "float"),
-            Column("Samples", "n_samples", "int"), Column("Conditions", "n_conditions", "int"))
+            Column("Samples", "n_samples", "int"), Column("Cond.", "n_conditions", "int"))
     return ReportTable(
         "strategy_ranking", "Fine-tuning strategies ranked by robustness", df, cols,
         "Rank 1 = smallest mean IoU drop within (model, kind); drops are clean minus perturbed with percentile "
-        "bootstrap 95% CIs over test samples; relative drop = drop / clean score of the same samples.")
+        "bootstrap 95% CIs over test samples; relative drop = drop / clean score of the same samples. Params: "
+        "trainable parameters; IoU, Dice: clean scores; Cond.: perturbed conditions averaged.")
 
 
 def vlm_task_drops(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None) -> TableResult:
-    """The ``vlm_task_drops`` view pivoted: one row per (model, checkpoint, adapter, task) with
-    ``metric`` (the task's primary metric: accuracy / acc_50 in [0, 1], CIDEr-D >= 0), then
-    ``Clean``, one column per perturbation type (mean over levels 1-5), ``Avg`` (mean over types),
-    ``ΔTP`` (Clean - Avg, positive = worse), ``rel_drop`` (ΔTP / Clean, empty when Clean is 0),
-    ``n_unparseable`` and ``n_error`` (infrastructure errors, outside every number; both behind ΔTP:
-    clean + all types). A type a row does not cover is empty."""
+    """The ``vlm_task_drops`` view in long form (fits a page; the published wide table has one
+    column per type): one row per (model, checkpoint, adapter, task, perturbation type) with
+    ``metric`` (the task's primary metric: accuracy / acc_50 in [0, 1], CIDEr-D >= 0), ``clean``,
+    ``perturbed`` (the type's mean over levels 1-5), ``drop`` (clean - perturbed, positive =
+    worse), ``rel_drop`` (drop / clean, empty when clean is 0), ``n_unparseable`` and ``n_error``
+    (infrastructure errors, outside every number); then one ``Avg`` row per (model, task) whose ``perturbed`` is the
+    mean over types and ``drop`` is ΔTP. ``floor_effect``: the clean score is at or below the task's
+    chance level (``store.coverage.VLM_CHANCE``); such rows are greyed, since their drops cannot
+    show a loss."""
+    from medrobust_lib.store.coverage import VLM_CHANCE
+
     where, params = where_in("model", models)
     long = con.execute(f"""
         select model, checkpoint, coalesce(adapter, '') as adapter, task, metric, column_name, value,
@@ -215,26 +318,37 @@ def vlm_task_drops(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None)
     if long.empty:
         return "no vlm_task_drops rows for the selected models"
     keys = ["model", "checkpoint", "adapter", "task", "metric"]
-    wide = long.set_index([*keys, "column_name"])["value"].unstack("column_name")
-    fixed = ("Clean", "Avg", "ΔTP")
-    types = sorted(c for c in wide.columns if c not in fixed)
-    order = ["Clean", *types, "Avg", "ΔTP"]
-    wide = wide.reindex(columns=order)
-    wide.columns.name = None
-    extra = long[long["column_name"] == "ΔTP"].set_index(keys)[["rel_drop", "n_unparseable", "n_error"]]
-    df = wide.join(extra).reset_index().sort_values(["model", "checkpoint", "adapter", "task"], kind="stable")
-    df = df.reset_index(drop=True)
+    clean = long[long["column_name"] == "Clean"].set_index(keys)["value"].rename("clean")
+    delta = long[long["column_name"] == "ΔTP"].set_index(keys)["value"].rename("delta_tp")
+    body = long[~long["column_name"].isin(["Clean", "ΔTP"])].rename(
+        columns={"column_name": "perturbation", "value": "perturbed"})
+    body = body.join(clean, on=keys).join(delta, on=keys)
+    body["drop"] = np.where(body["perturbation"] == "Avg", body["delta_tp"], body["clean"] - body["perturbed"])
+    body["rel_drop"] = body["drop"] / body["clean"].where(body["clean"] != 0)
+    body["is_avg"] = (body["perturbation"] == "Avg").astype(int)
+    chance = body["task"].map(lambda t: VLM_CHANCE.get(str(t), np.nan)).astype(float)
+    body["floor_effect"] = (body["clean"] <= chance).fillna(False).astype(bool)
+    df = body.sort_values([*keys[:4], "is_avg", "perturbation"], kind="stable").reset_index(drop=True)
+    df = df[[*keys, "perturbation", "clean", "perturbed", "drop", "rel_drop", "n_unparseable", "n_error",
+             "floor_effect"]]
+    df["n_unparseable"] = df["n_unparseable"].astype("Int64")
+    df["n_error"] = df["n_error"].astype("Int64")
     cols = [Column("Model", "model"), *_identity_columns(df, "model", [("checkpoint", "Checkpoint"),
                                                                       ("adapter", "Adapter")]),
-            Column("Task", "task"), Column("Metric", "metric"),
-            *(Column(c, c, "float") for c in order), Column("ΔTP rel.", "rel_drop", "float"),
+            Column("Task", "task"), Column("Metric", "metric"), Column("Perturbation", "perturbation"),
+            Column("Clean", "clean", "float"), Column("Perturbed", "perturbed", "float"),
+            Column("Drop", "drop", "float"), Column("Rel.", "rel_drop", "float"),
             Column("Unparseable", "n_unparseable", "int"), Column("Errors", "n_error", "int")]
+    note = ("Primary metric per task (accuracy for VQA, Acc@0.5 for grounding, CIDEr-D for captions); Perturbed is "
+            "the type's mean over levels 1-5, Drop = Clean - Perturbed (positive = worse); the Avg row is the mean "
+            "over types and its drop is ΔTP; Rel. = Drop / Clean. Unparseable: answers that could not be parsed "
+            "(counted wrong); Errors: infrastructure failures (transport, out of memory), outside every number.")
+    if df["floor_effect"].any():
+        note += (f" {FLOOR_MARK} / grey: clean score at or below chance ("
+                 + ", ".join(f"{t} {c:g}" for t, c in VLM_CHANCE.items()) + "): the drops cannot show a loss.")
     return ReportTable(
         "vlm_task_drops", "Vision-language tasks: clean, per perturbation type, average and drop", df, tuple(cols),
-        "Primary metric per task (accuracy for VQA, Acc@0.5 for grounding, CIDEr-D for captions); a type column "
-        "is the mean over levels 1-5; Avg is the mean over types; ΔTP = Clean - Avg (positive = worse). "
-        "ΔTP rel. = ΔTP / Clean. Unparseable: answers behind ΔTP that could not be parsed (counted wrong); "
-        "Errors: infrastructure failures (transport, out of memory), outside every number.")
+        note, grey_key="floor_effect")
 
 
 def _pooled_share_ci(counts: np.ndarray, rng: np.random.Generator, n_boot: int = N_BOOT,

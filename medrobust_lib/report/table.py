@@ -20,6 +20,8 @@ DIGITS = 3
 """Decimals of every float shown in Markdown, LaTeX and HTML (CSV keeps full precision)."""
 MISSING = "–"
 """How a missing value (NULL / NaN) is shown."""
+FLOOR_MARK = "†"
+"""Markdown marker of a greyed-out (floor-effect) row, after its first cell."""
 
 Kind = Literal["text", "int", "float", "ci", "pvalue"]
 
@@ -47,10 +49,19 @@ class ReportTable:
     data: pd.DataFrame
     columns: tuple[Column, ...]
     note: str = ""
+    grey_key: str | None = None
+    """A boolean ``data`` column: rows where it is true (a floor effect) are greyed out (LaTeX
+    ``\\textcolor{gray}``, HTML class ``floor``) and marked :data:`FLOOR_MARK` in Markdown."""
 
     @property
     def headers(self) -> list[str]:
         return [c.header for c in self.columns]
+
+    def greyed(self) -> list[bool]:
+        """Per ``data`` row: whether it is greyed out."""
+        if self.grey_key is None or self.grey_key not in self.data.columns:
+            return [False] * len(self.data)
+        return [bool(v) if not _missing(v) else False for v in self.data[self.grey_key].tolist()]
 
 
 def _missing(v: Any) -> bool:
@@ -122,7 +133,11 @@ def to_markdown(table: ReportTable) -> str:
     lines = [f"**{esc(table.title)}**", "",
              "| " + " | ".join(esc(h) for h in table.headers) + " |",
              "|" + "|".join(align) + "|"]
-    lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in display_rows(table)]
+    for row, grey in zip(display_rows(table), table.greyed(), strict=True):
+        cells = [esc(c) for c in row]
+        if grey and cells:
+            cells[0] += f" {FLOOR_MARK}"
+        lines.append("| " + " | ".join(cells) + " |")
     if table.note:
         lines += ["", esc(table.note)]
     return "\n".join(lines) + "\n"

@@ -23,6 +23,7 @@ from medrobust_lib.store.completeness import (
     complete_filter_sql,
     error_share_sql,
 )
+from medrobust_lib.store.coverage import COVERAGE_VIEWS
 from medrobust_lib.store.schema_strategy import RANKING_COLUMNS, RANKING_TABLE, RANKING_VIEW
 from medrobust_lib.store.schema_taxonomy import QUADRANTS, TAXONOMY_COLUMNS, TAXONOMY_TABLE
 from medrobust_lib.store.schema_vlm import PRIMARY_METRIC, VLM_COLUMNS, VLM_TABLE
@@ -549,3 +550,5 @@ MART_TABLES.append(MartTable(
 MART_VIEWS["incomplete_partitions"] = f"""
         select * from {COMPLETENESS_TABLE} where not complete
         order by source_table, model, modality, level"""
+# coverage and floor effects (medrobust_lib.store.coverage): after the views they read
+MART_VIEWS.update(COVERAGE_VIEWS)

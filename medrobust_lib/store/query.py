@@ -132,7 +132,9 @@ def run_query(mart_path: str | Path, sql: str) -> pd.DataFrame:
     check_read_only(sql)
     con = connect_sandboxed(mart_path)
     try:
-        return con.execute(sql).df()
+        res = con.execute(sql)
+        types = [str(d[1]) for d in (res.description or [])]
+        return _keep_integers(res.df(), types)
     except duckdb.PermissionException as exc:
         raise QueryRefused(f"refused by the sandbox: {_first_line(exc)} (the query connection reads only "
                            "the mart; no files, extensions or settings)") from None
@@ -151,6 +153,47 @@ def connect_sandboxed(mart_path: str | Path) -> duckdb.DuckDBPyConnection:
     if not p.is_file():
         raise FileNotFoundError(f"no mart at {p}: run `medrobust demo` (or materialize the 'marts' asset) first")
     return duckdb.connect(str(p), read_only=True, config=dict(SANDBOX_CONFIG))
+
+
+_WIDE_INTEGERS = ("HUGEINT", "UHUGEINT")
+_EXACT_IN_FLOAT = 2 ** 53
+
+
+def _keep_integers(df: pd.DataFrame, types: list[str]) -> pd.DataFrame:
+    """DuckDB's 128-bit integers (``sum()`` of integers is HUGEINT) arrive as float64; turn them
+    back into nullable Int64 when every value is exactly representable, so CSV/JSON/Markdown
+    print ``54``, not ``54.0``."""
+    for i, typ in enumerate(types[: df.shape[1]]):
+        if typ not in _WIDE_INTEGERS:
+            continue
+        v = df.iloc[:, i]
+        vals = v.dropna()
+        if len(vals) and not ((vals.abs() < _EXACT_IN_FLOAT) & (vals == vals.round())).all():
+            continue
+        df.isetitem(i, v.astype("Int64").array)
+    return df
+
+
+TEXT_EXTENSIONS: Final[dict[str, str]] = {"md": "markdown", "markdown": "markdown"}
+"""Extensions of the printed formats when written to a file with ``--out``."""
+
+
+def check_out_format(path: str | Path, fmt: str | None) -> str:
+    """The format to write ``path`` in: ``fmt`` when given, else from the extension (the
+    :data:`FILE_FORMATS` and :data:`TEXT_EXTENSIONS`). A known extension that names another format
+    than ``fmt`` is a ValueError (``--format csv --out x.json`` would write CSV into a .json file)."""
+    ext = Path(path).suffix.lower().lstrip(".")
+    by_ext = ext if ext in FILE_FORMATS else TEXT_EXTENSIONS.get(ext)
+    if fmt is None:
+        if by_ext is None:
+            valid = ", ".join(f".{f}" for f in (*FILE_FORMATS, *TEXT_EXTENSIONS))
+            raise ValueError(f"cannot tell the format of {str(path)!r} from its extension; use one of {valid} "
+                             "or give --format")
+        return by_ext
+    if by_ext is not None and by_ext != fmt:
+        raise ValueError(f"--format {fmt} does not match the extension of {str(path)!r} ({by_ext}); "
+                         "change one of them")
+    return fmt
 
 
 def infer_format(path: str | Path) -> str:

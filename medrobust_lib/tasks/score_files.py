@@ -135,7 +135,10 @@ def _grounding_reference(obj: Record) -> Record:
     if (not isinstance(hw, list) or len(hw) != 2
             or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in hw)):
         raise InvalidRecord("'image_hw' must be [height, width] (2 positive integers)")
-    return {"box": [float(v) for v in box], "image_hw": [int(v) for v in hw]}
+    x0, y0, x1, y1 = (float(v) for v in box)
+    if not (x1 > x0 and y1 > y0):
+        raise InvalidRecord(f"'box' {box} is inverted or empty: need x0 < x1 and y0 < y1 (XYXY, end exclusive)")
+    return {"box": [x0, y0, x1, y1], "image_hw": [int(v) for v in hw]}
 
 
 def _grounding_prediction(obj: Record) -> Record:
@@ -263,7 +266,8 @@ def score_file(task: Task, predictions: Path, references: Path, *, declared_scal
     """Summary of ``predictions`` (JSONL) scored against ``references`` (JSONL) for ``task``.
 
     Returns ``task``, ``n`` (valid references), ``n_scored``, ``n_unparseable``, ``n_refused``,
-    ``n_error``, ``n_invalid_lines``, ``invalid_lines``, ``n_unmatched_predictions`` and the task's
+    ``n_error``, ``n_invalid_lines``, ``invalid_lines``, ``n_unmatched_predictions``,
+    ``n_matched_predictions`` (predictions whose id has a reference; 0: nothing was scored) and the task's
     metrics (None when ``n == 0``): vqa ``accuracy``, ``accuracy_mc``, ``accuracy_yesno``, ``n_mc``,
     ``n_yesno``, ``n_yesno_logprobs``; caption ``bleu_1``..``bleu_4``, ``rouge_l``, ``cider_d``;
     grounding ``acc@0.5``, ``acc@0.75``, ``mean_iou``, ``box_scales`` (answers per scale used).
@@ -304,6 +308,7 @@ def score_file(task: Task, predictions: Path, references: Path, *, declared_scal
         "n_invalid_lines": len(invalid),
         "invalid_lines": invalid[:MAX_LISTED_INVALID],
         "n_unmatched_predictions": sum(1 for pid in preds if pid not in refs),
+        "n_matched_predictions": sum(1 for pid in preds if pid in refs),
     }
     out.update(metrics)
     return out

@@ -16,10 +16,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from medrobust_lib.report.latex import escape
+from medrobust_lib.report.latex import escape, to_latex
 from medrobust_lib.report.paper import ReportSummary, build_report, parse_models
 from medrobust_lib.report.paper_tables import _recomputed_correlation, taxonomy_quadrants
-from medrobust_lib.report.table import fmt_ci, fmt_float, fmt_pvalue
+from medrobust_lib.report.table import fmt_ci, fmt_float, fmt_pvalue, to_markdown
 from medrobust_lib.store.marts import (
     MART_TABLES,
     MART_VIEWS,
@@ -245,15 +245,16 @@ def test_segmentation_by_level_csv_equals_the_view(report: ReportSummary, mart: 
 
 def test_markdown_and_latex_render_the_same_rows(report: ReportSummary) -> None:
     md = (report.out_dir / "tables" / "segmentation_summary.md").read_text()
-    header = ("| Model | Clean IoU | IoU drop (corr.) | IoU rel. drop (corr.) | IoU drop (attack) "
-              "| IoU rel. drop (attack) | Clean Dice | Dice drop (corr.) | Dice rel. drop (corr.) "
-              "| Dice drop (attack) | Dice rel. drop (attack) | Images | n | Failed |")
+    header = ("| Model | Levels | Cond. | IoU | ΔIoU corr. | rel. corr. | ΔIoU att. | rel. att. | Dice | ΔDice corr. "
+              "| Dice rel. corr. | ΔDice att. | Dice rel. att. | Images | n | Failed |")
     lines = md.splitlines()
     assert lines[0] == "**Segmentation robustness per model**" and lines[2] == header
-    assert lines[3] == "|---|" + "---:|" * 13
+    assert lines[3] == "|---|---|" + "---:|" * 14
     csv_rows = _csv(report, "segmentation_summary")
     first = csv_rows.iloc[0]
-    assert lines[4].startswith(f"| sam_a | {fmt_float(first['clean_iou'])} | {fmt_float(first['corruption_iou_drop'])} |")
+    assert lines[4].startswith(f"| sam_a | 1,2 | 6 | {fmt_float(first['clean_iou'])} | "
+                               f"{fmt_float(first['corruption_iou_drop'])} |")
+    assert first["corruption_iou_rel_drop"] == pytest.approx(first["corruption_iou_drop"] / first["clean_iou"])
     for name in ALL_TABLES:
         tex = (report.out_dir / "tables" / f"{name}.tex").read_text()
         data = _csv(report, name)
@@ -283,23 +284,43 @@ def test_formatters_and_latex_escape() -> None:
     assert parse_models(" a, b,a ,") == ["a", "b"] and parse_models(" ") is None and parse_models(None) is None
 
 
-def test_vlm_pivot_equals_the_view(report: ReportSummary, mart: Path) -> None:
+def test_vlm_long_table_equals_the_view(report: ReportSummary, mart: Path) -> None:
+    """One row per (model, task, type) plus an Avg row, not one column per type (it fits a page)."""
     got = _csv(report, "vlm_task_drops")
-    assert list(got.columns) == ["model", "checkpoint", "adapter", "task", "metric", "Clean", *TYPES, "Avg", "ΔTP",
-                                 "rel_drop", "n_unparseable", "n_error"]
-    assert len(got) == 4
+    assert list(got.columns) == ["model", "checkpoint", "adapter", "task", "metric", "perturbation", "clean",
+                                 "perturbed", "drop", "rel_drop", "n_unparseable", "n_error", "floor_effect"]
+    assert len(got) == 4 * (len(TYPES) + 1)
     long = _sql(mart, "select * from vlm_task_drops")
     for rec in long.to_dict("records"):
-        row = got[(got["model"] == rec["model"]) & (got["task"] == rec["task"])]
-        assert len(row) == 1
-        assert row.iloc[0][rec["column_name"]] == pytest.approx(rec["value"], rel=1e-12)
-        if rec["column_name"] == "ΔTP":
-            assert row.iloc[0]["n_unparseable"] == rec["n_unparseable"] and row.iloc[0]["n_error"] == rec["n_error"]
-            assert row.iloc[0]["rel_drop"] == pytest.approx(rec["rel_drop"], rel=1e-12)
+        sel = got[(got["model"] == rec["model"]) & (got["task"] == rec["task"])]
+        if rec["column_name"] == "Clean":
+            assert sel["clean"].to_numpy() == pytest.approx([rec["value"]] * len(sel), rel=1e-12)
+        elif rec["column_name"] == "ΔTP":
+            avg = sel[sel["perturbation"] == "Avg"].iloc[0]
+            assert avg["drop"] == pytest.approx(rec["value"], rel=1e-12)
+            assert avg["rel_drop"] == pytest.approx(rec["rel_drop"], rel=1e-12)
+        else:
+            row = sel[sel["perturbation"] == rec["column_name"]].iloc[0]
+            assert row["perturbed"] == pytest.approx(rec["value"], rel=1e-12)
+            assert row["n_unparseable"] == rec["n_unparseable"] and row["n_error"] == rec["n_error"]
+            if rec["column_name"] != "Avg":
+                assert row["drop"] == pytest.approx(row["clean"] - row["perturbed"], rel=1e-12)
+    assert not got["floor_effect"].any()  # vqa_mc 0.6/0.7 > 0.25; captions have no chance level
     tex = (report.out_dir / "tables" / "vlm_task_drops.tex").read_text()
     assert "$\\Delta$TP" in tex and "vlm\\_a" in tex and "gaussian\\_noise" in tex
+    assert "resizebox" not in tex
     # the adapter differs between models but not within one: not a display column
     assert "Adapter" not in (report.out_dir / "tables" / "vlm_task_drops.md").read_text()
+
+
+def test_latex_tables_fit_two_columns_without_resizebox(report: ReportSummary) -> None:
+    from medrobust_lib.report.latex import TWO_COLUMN_IN
+
+    for name in ALL_TABLES:
+        tex = (report.out_dir / "tables" / f"{name}.tex").read_text()
+        assert "resizebox" not in tex, name
+        width = float(re.search(r"about (\d+\.\d) in wide", tex).group(1))  # type: ignore[union-attr]
+        assert width <= TWO_COLUMN_IN, (name, width)
 
 
 def test_taxonomy_quadrants_pool_the_view(report: ReportSummary, mart: Path) -> None:
@@ -363,6 +384,8 @@ def test_html_shows_every_table_and_figure(report: ReportSummary, mart: Path) ->
     assert report.html == report.out_dir / "index.html"
     for p in (report.out_dir / "figures").glob("*.png"):
         assert f'<img src="figures/{p.name}"' in page
+        assert f'href="figures/{p.stem}.pdf"' in page and f'href="figures/{p.stem}.svg"' in page
+        assert p.with_suffix(".pdf").is_file() and p.with_suffix(".svg").is_file()
     assert page.count("<img ") == len(report.figures)
     for name in ALL_TABLES:
         assert f'id="{name}"' in page
@@ -482,8 +505,9 @@ def test_taxonomy_quadrants_builder_reports_no_rows(mart: Path) -> None:
 
 def test_csv_is_plain_utf8(report: ReportSummary) -> None:
     with open(report.out_dir / "tables" / "vlm_task_drops.csv", encoding="utf-8", newline="") as fh:
-        header = next(csv.reader(fh))
-    assert "ΔTP" in header
+        rows = list(csv.reader(fh))
+    assert rows[0][0] == "model"  # no byte-order mark before the first header
+    assert (report.out_dir / "tables" / "vlm_task_drops.csv").read_bytes()[:3] != b"\xef\xbb\xbf"
 
 
 def test_registry_evaluations_are_left_out_unless_named() -> None:
@@ -510,3 +534,60 @@ def test_page_names_the_partitions_left_out(tmp_path: Path) -> None:
     con.close()
     html = build_report(mart, tmp_path / "out", log_mlflow=False).html.read_text()
     assert "vlm_results: vlm_a/ct/L2 (10.0% errors)" in html and "vlm_a/ct/L1" not in html
+
+
+def test_floor_datasets_are_left_out_and_flagged(tmp_path: Path) -> None:
+    """A dataset whose clean IoU is ~0 (every drop 0) would make a model look robust: it is left out of
+    the summary's means and the figures' data unless asked, counted, and a model entirely at the floor
+    is greyed out."""
+    from medrobust_lib.report import paper_tables as pt
+
+    seg = _seg_rows()
+    floor = seg[seg["model"] == "sam_a"].copy()
+    floor["dataset"] = "d_floor"
+    for c in ("iou", "dice", "clean_iou", "clean_dice", "iou_drop", "dice_drop"):
+        floor[c] = 0.0
+    only_floor = floor.assign(model="sam_z", checkpoint="ckz")
+    path = tmp_path / "m.duckdb"
+    con = duckdb.connect(str(path))
+    try:
+        _create(con, "segmentation_results", _declared("segmentation_results"), pd.concat([seg, floor, only_floor]))
+    finally:
+        con.close()
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        base = pt.segmentation_summary(con, ["sam_a", "sam_b"])
+        assert not isinstance(base, str)
+        con2 = duckdb.connect(":memory:")
+        frame = seg  # noqa: F841 - read by DuckDB's replacement scan
+        con2.execute("create table segmentation_results as select * from frame")
+        clean_only = pt.segmentation_summary(con2, ["sam_a", "sam_b"])
+        con2.close()
+        assert not isinstance(clean_only, str)
+        a = base.data.set_index("model").loc["sam_a"]
+        ref = clean_only.data.set_index("model").loc["sam_a"]
+        # the floor dataset is left out: the same means as without it, and counted
+        assert a["corruption_dice_drop"] == pytest.approx(ref["corruption_dice_drop"], rel=1e-12)
+        assert a["clean_iou"] == pytest.approx(ref["clean_iou"], rel=1e-12)
+        assert a["n_floor_datasets"] == 1 and not a["floor_effect"]
+        assert "Floor" in base.headers and "left out" in base.note
+        asked = pt.segmentation_summary(con, ["sam_a"], include_floor=True)
+        assert not isinstance(asked, str)
+        assert asked.data.iloc[0]["corruption_dice_drop"] < a["corruption_dice_drop"]  # diluted by the zeros
+        z = pt.segmentation_summary(con, ["sam_z"])
+        assert not isinstance(z, str) and bool(z.data.iloc[0]["floor_effect"]) and z.greyed() == [True]
+        md = to_markdown(z)
+        assert "| sam_z † |" in md
+        tex = to_latex(z)
+        assert "\\textcolor{gray}{sam\\_z}" in tex and "xcolor" in tex.splitlines()[0]
+        lv = pt.segmentation_level_means(con, ["sam_a", "sam_z"])
+        assert set(lv.loc[lv["floor_effect"], "model"]) == {"sam_z"}
+        both = pt.segmentation_level_means(con, ["sam_a"], include_floor=True)
+        assert (both["n"] > lv[lv["model"] == "sam_a"]["n"].to_numpy()).all()
+    finally:
+        con.close()
+
+
+def test_summary_rows_say_their_coverage(report: ReportSummary) -> None:
+    data = _csv(report, "segmentation_summary")
+    assert list(data["levels"].astype(str)) == ["1,2", "1,2"] and list(data["n_conditions"]) == [6, 6]

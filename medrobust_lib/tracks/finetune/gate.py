@@ -20,24 +20,34 @@ across all rows of the table (per metric). Three more rows:
   pairwise across samples (``n_samples`` is the test's unit, ``n_pairs`` the rows averaged).
 * ``overall`` / ``attack``: the same over the adversarial conditions (``fgsm``, ``pgd``).
 
-A row FAILS on a metric when the candidate is worse by more than the threshold
-(:class:`GateThresholds`), the BH q is below ``alpha`` and it has at least ``min_pairs`` samples.
-The gate passes when no row fails and at least one pair was compared.
+The regression rule (one rule, applied here and only here: by ``medrobust check``, by the
+``robustness_gate`` asset check and by the registry tag ``medrobust.gate``, which all call
+:func:`compare`): a row is a REGRESSION when, on IoU or Dice, all three hold
+
+1. the paired bootstrap ``1 - alpha`` CI of ``candidate - baseline`` excludes 0 on the worse side
+   (``ci_low > 0`` for a drop; ``ci_high < 0`` for the clean score),
+2. the Benjamini-Hochberg q (of the Wilcoxon signed-rank p, across the table's rows) is below
+   ``alpha``,
+3. the candidate is worse by more than the threshold (:class:`GateThresholds`),
+
+and the row has at least ``min_pairs`` paired samples. The gate passes when no row is a
+regression and at least one pair was compared.
 
 Where the rows come from: the caller evaluates each checkpoint through the existing segmentation
 pipeline (``evaluate_clean`` / ``evaluate_perturbed`` / ``evaluate_attacks``, i.e. the assets
 ``<model>/clean_predictions``, ``<model>/perturbed_predictions`` and ``<model>/attack_predictions``),
 which writes them to the results store; ``medrobust check``
-only reads that store and selects each side's rows with :func:`select_rows` -- by model id, by the
+reads that store and selects each side's rows with :func:`select_rows` -- by model id, by the
 checkpoint hash the pipeline stores, or by an MLflow ``models:/name@alias`` URI resolved to that
-hash (:func:`resolve_ref`). It never evaluates anything itself; a side without rows is an error
-that names the assets to materialize.
+hash (:func:`resolve_ref`). Only a ``models:/`` side without rows is evaluated first
+(:func:`gather_side`); any other side without rows is an error that names the assets to materialize.
 
 Regression gate in CI
 ---------------------
 Evaluate the candidate and the champion on the suite (materialize their segmentation assets), then
 gate the promotion on the exit code (0: passed, 1: the candidate regressed, 2: bad input, e.g. no
-rows for one side)::
+rows for one side). The first output line is the verdict (``PASS ...`` / ``FAIL: n regressions
+...``), then only the regressions; ``--details`` adds the full table::
 
     # .github/workflows/robustness.yml (a step after the evaluation step)
     - name: Robustness regression gate
@@ -127,16 +137,35 @@ class GateResult:
     notes: list[str] = field(default_factory=list)
 
     @property
+    def n_regressions(self) -> int:
+        """Rows (condition groups, clean or overall) that meet the regression rule."""
+        return int((self.table["verdict"] == "FAIL").sum()) if len(self.table) else 0
+
+    @property
     def verdict(self) -> str:
+        """One line that starts with ``PASS`` or ``FAIL: <n> regression(s)``."""
         n = int((self.table["kind"] != "overall").sum()) if len(self.table) else 0
         extra = f"; {self.n_unpaired} unpaired rows" if self.n_unpaired else ""
         if self.passed:
-            return f"PASS: no significant robustness regression across {n} condition groups{extra}"
-        return f"FAIL: {len(self.failures)} regression(s) across {n} condition groups{extra}"
+            return f"PASS: no robustness regression across {n} condition groups{extra}"
+        if not self.n_regressions:
+            return f"FAIL: {self.failures[0]}" if self.failures else "FAIL"
+        k = self.n_regressions
+        return f"FAIL: {k} regression{'s' if k != 1 else ''} across {n} condition groups{extra}"
+
+    @property
+    def rule(self) -> str:
+        """The regression rule in words, with this gate's thresholds."""
+        th = self.thresholds
+        return (f"regression = candidate worse with the paired bootstrap {100 * (1 - th.alpha):.0f}% CI of the "
+                f"difference excluding 0, BH q < {th.alpha:g}, and the difference beyond "
+                f"{th.max_iou_drop_increase:g} (IoU) / {th.max_dice_drop_increase:g} (Dice); "
+                f"groups with < {th.min_pairs} pairs never fail")
 
     def to_json(self) -> dict[str, Any]:
         rows = json.loads(self.table.to_json(orient="records"))
-        return {"passed": self.passed, "verdict": self.verdict, "failures": self.failures,
+        return {"passed": self.passed, "verdict": self.verdict, "rule": self.rule,
+                "n_regressions": self.n_regressions, "failures": self.failures,
                 "n_unpaired": self.n_unpaired, "n_excluded": self.n_excluded, "notes": self.notes,
                 "thresholds": asdict(self.thresholds), "rows": rows,
                 "unpaired": json.loads(self.unpaired.to_json(orient="records"))}
@@ -392,17 +421,11 @@ def compare(candidate: pd.DataFrame, baseline: pd.DataFrame, thresholds: GateThr
             table[f"{metric}_q"] = benjamini_hochberg(table[f"{metric}_p"].to_numpy(np.float64))
         verdicts = []
         for r in table.to_dict("records"):
-            verdict = "ok"
-            if r["n_samples"] < th.min_pairs:
-                verdict = "too few pairs"
-            for metric in METRICS:
-                sign = -1.0 if r["kind"] == "clean" else 1.0
-                worse = sign * r[f"{metric}_diff"]
-                q = r[f"{metric}_q"]
-                if (r["n_samples"] >= th.min_pairs and worse > th.limit(metric)
-                        and not math.isnan(q) and q < th.alpha):
-                    verdict = "FAIL"
-                    failures.append(_failure_line(r, metric, th))
+            verdict = "ok" if r["n_samples"] >= th.min_pairs else "too few pairs"
+            bad = [m for m in METRICS if is_regression(r, m, th)]
+            if bad:
+                verdict = "FAIL"
+                failures.append(_failure_line(r, bad, th))
             verdicts.append(verdict)
         table["verdict"] = verdicts
     else:
@@ -427,13 +450,31 @@ def _label(r: Mapping[Hashable, Any]) -> str:
     return f"perturbation {r['perturbation']} level {r['level']}"
 
 
-def _failure_line(r: Mapping[Hashable, Any], metric: str, th: GateThresholds) -> str:
-    name = "IoU" if metric == "iou" else "Dice"
-    what = f"clean {name}" if r["kind"] == "clean" else f"{name} drop"
-    return (f"{_label(r)}: {what} {r[f'{metric}_base']:.4f} -> {r[f'{metric}_cand']:.4f} "
-            f"(diff {r[f'{metric}_diff']:+.4f}, {100 * (1 - th.alpha):.0f}% CI [{r[f'{metric}_ci_low']:+.4f}, "
-            f"{r[f'{metric}_ci_high']:+.4f}], q={r[f'{metric}_q']:.3g}, n={r['n_samples']}; "
-            f"limit {th.limit(metric):g})")
+def is_regression(r: Mapping[Hashable, Any], metric: str, th: GateThresholds) -> bool:
+    """THE regression rule (module docstring) for one table row and metric (``iou``/``dice``):
+    enough pairs, the candidate worse beyond the threshold, the bootstrap CI of the difference
+    excluding 0 on the worse side, and BH q < alpha. NaN statistics never fail."""
+    if r["n_samples"] < th.min_pairs:
+        return False
+    diff, lo, hi, q = (float(r[f"{metric}_{k}"]) for k in ("diff", "ci_low", "ci_high", "q"))
+    if any(math.isnan(v) for v in (diff, lo, hi, q)):
+        return False
+    if r["kind"] == "clean":  # a score: lower is worse
+        worse, ci_excludes_0 = -diff, hi < 0.0
+    else:  # a drop: higher is worse
+        worse, ci_excludes_0 = diff, lo > 0.0
+    return worse > th.limit(metric) and ci_excludes_0 and q < th.alpha
+
+
+def _failure_line(r: Mapping[Hashable, Any], metrics: list[str], th: GateThresholds) -> str:
+    parts = []
+    for metric in metrics:
+        name = "IoU" if metric == "iou" else "Dice"
+        what = f"clean {name}" if r["kind"] == "clean" else f"{name} drop"
+        parts.append(f"{what} {r[f'{metric}_base']:.4f} -> {r[f'{metric}_cand']:.4f} "
+                     f"(diff {r[f'{metric}_diff']:+.4f}, {100 * (1 - th.alpha):.0f}% CI "
+                     f"[{r[f'{metric}_ci_low']:+.4f}, {r[f'{metric}_ci_high']:+.4f}], q={r[f'{metric}_q']:.2g})")
+    return f"{_label(r)} (n={r['n_samples']}): " + "; ".join(parts)
 
 
 # ---- rendering -----------------------------------------------------------------------------------
@@ -458,18 +499,31 @@ def summary_frame(result: GateResult) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def render(result: GateResult, fmt: str = "table") -> str:
-    """``table`` / ``markdown``: the compact table, notes, failures and the verdict line;
-    ``json``: :meth:`GateResult.to_json` (full precision, NaN as null)."""
+def render(result: GateResult, fmt: str = "table", details: bool = False) -> str:
+    """``table`` (plain text) / ``markdown`` (for a CI step summary): the verdict line first, then
+    one line per regression, the notes, the rule; with ``details`` the full table of every
+    condition group. ``json``: :meth:`GateResult.to_json` (full precision, NaN as null; always
+    complete)."""
     if fmt == "json":
         return json.dumps(result.to_json(), indent=1)
+    if fmt not in ("table", "markdown"):
+        raise ValueError(f"unknown format {fmt!r}; valid: table, markdown, json")
     df = summary_frame(result)
     if fmt == "markdown":
-        body = df.to_markdown(index=False, disable_numparse=True) if len(df) else "(no paired rows)"
-        lines = [body, ""] + [f"- note: {n}" for n in result.notes] + [f"- **fail**: {f}" for f in result.failures]
-        return "\n".join(lines + ["", f"**{result.verdict}**"])
-    if fmt != "table":
-        raise ValueError(f"unknown format {fmt!r}; valid: table, markdown, json")
-    body = df.to_string(index=False) if len(df) else "(no paired rows)"
-    lines = [body, ""] + [f"note: {n}" for n in result.notes] + [f"FAIL {f}" for f in result.failures]
-    return "\n".join(lines + [result.verdict])
+        lines = [f"### {'✅' if result.passed else '❌'} {result.verdict}", ""]
+        lines += [f"- {f}" for f in result.failures]
+        lines += [f"- note: {n}" for n in result.notes]
+        lines += ["", f"_{result.rule}._"]
+        if details:
+            body = df.to_markdown(index=False, disable_numparse=True) if len(df) else "(no paired rows)"
+            lines += ["", f"<details><summary>all {len(df)} rows</summary>", "", body, "", "</details>"]
+        return "\n".join(lines)
+    lines = [result.verdict]
+    lines += [f"  {f}" for f in result.failures]
+    lines += [f"note: {n}" for n in result.notes]
+    lines += [f"rule: {result.rule}"]
+    if details:
+        lines += ["", df.to_string(index=False) if len(df) else "(no paired rows)"]
+    elif len(df):
+        lines += [f"(--details: all {len(df)} rows)"]
+    return "\n".join(lines)

@@ -79,8 +79,10 @@ def test_larger_drop_on_one_condition_fails_naming_it() -> None:
     cand = make_rows("cand", "b" * 16, extra={("gaussian_noise", 3): shift(0.05)})
     res = compare(cand, BASE)
     assert not res.passed
-    assert len(res.failures) == 2  # IoU and Dice of the same group; the overall row stays under 0.01
-    assert all(f.startswith("perturbation gaussian_noise level 3:") for f in res.failures)
+    assert len(res.failures) == 1 and res.n_regressions == 1  # one group; the overall row stays under 0.01
+    assert res.failures[0].startswith("perturbation gaussian_noise level 3 (n=12): IoU drop")
+    assert "Dice drop" in res.failures[0]  # both metrics on the one line
+    assert res.verdict.startswith("FAIL: 1 regression across 8 condition groups")
     row = res.table[(res.table["perturbation"] == "gaussian_noise") & (res.table["level"] == 3)].iloc[0]
     assert row["verdict"] == "FAIL" and row["iou_diff"] == pytest.approx(0.05)
     assert 0.045 < row["iou_ci_low"] < 0.05 < row["iou_ci_high"] < 0.055 and row["iou_q"] < 0.05
@@ -96,7 +98,7 @@ def test_clean_loss_fails() -> None:
     clean = cand["condition"] == "clean"
     cand.loc[clean, "iou"] -= shift(0.05)
     res = compare(cand, BASE)
-    assert not res.passed and res.failures[0].startswith("clean: clean IoU")
+    assert not res.passed and res.failures[0].startswith("clean (n=12): clean IoU")
 
 
 def test_not_significant_or_too_few_pairs_passes() -> None:
@@ -143,12 +145,44 @@ def test_bad_inputs_are_clear() -> None:
     assert select_rows(BASE, "other").empty
 
 
+def test_ci_including_zero_is_not_a_regression() -> None:
+    """The one rule needs all three: here q < alpha and the mean difference beyond the threshold,
+    but one sample's huge improvement pulls the bootstrap CI across 0, so it is not a regression."""
+    from medrobust_lib.tracks.finetune.gate import is_regression
+
+    extra = [0.05 + 0.001 * i for i in range(11)] + [-0.30]  # 11 samples ~0.05 worse, one 0.30 better
+    r = {"kind": "corruption", "n_samples": 12, "iou_diff": 0.02, "iou_ci_low": -0.004, "iou_ci_high": 0.03,
+         "iou_q": 0.01}
+    th = GateThresholds()
+    assert not is_regression(r, "iou", th)
+    assert is_regression({**r, "iou_ci_low": 0.001}, "iou", th)
+    assert not is_regression({**r, "iou_ci_low": 0.001, "iou_q": 0.06}, "iou", th)
+    assert not is_regression({**r, "iou_ci_low": 0.001, "iou_diff": 0.009}, "iou", th)
+    assert not is_regression({**r, "iou_ci_low": 0.001, "n_samples": 4}, "iou", th)
+    clean = {"kind": "clean", "n_samples": 12, "iou_diff": -0.02, "iou_ci_low": -0.03, "iou_ci_high": -0.001,
+             "iou_q": 0.01}
+    assert is_regression(clean, "iou", th) and not is_regression({**clean, "iou_ci_high": 0.002}, "iou", th)
+    res = compare(make_rows("cand", "b" * 16, extra={(p, lv): extra for p in PERTS for lv in LEVELS}), BASE)
+    row = res.table[(res.table["perturbation"] == "gaussian_noise") & (res.table["level"] == 3)].iloc[0]
+    # the Wilcoxon/BH side and the threshold say "worse"; the bootstrap CI includes 0
+    assert row["iou_q"] < 0.05 and row["iou_diff"] > 0.02 and row["iou_ci_low"] < 0 < row["iou_ci_high"]
+    assert row["verdict"] == "ok" and res.passed
+
+
 def test_render_formats() -> None:
     res = compare(make_rows("cand", "b" * 16, extra={("gaussian_noise", 3): shift(0.05)}), BASE)
     text = render(res, "table")
-    assert "perturbation gaussian_noise level 3" in text and text.splitlines()[-1].startswith("FAIL")
+    lines = text.splitlines()
+    assert lines[0].startswith("FAIL: 1 regression") and lines[1].strip().startswith(
+        "perturbation gaussian_noise level 3")
+    assert "rotation" not in text  # only the failing conditions without --details
+    full = render(res, "table", details=True)
+    assert full.splitlines()[0] == lines[0] and "rotation" in full and "verdict" in full
     md = render(res, "markdown")
-    assert md.startswith("| group") and "**FAIL" in md
+    assert md.startswith("### ❌ FAIL: 1 regression") and "rotation" not in md
+    assert "<details>" in render(res, "markdown", details=True)
+    ok = render(compare(make_rows("cand", "b" * 16), BASE), "markdown")
+    assert ok.startswith("### ✅ PASS") and "\n- " not in ok
 
 
 # ---- the CLI -----------------------------------------------------------------------------------
@@ -175,7 +209,7 @@ def test_cli_exit_codes(res_dir: Path) -> None:
     args = ["check", "--baseline", "base", "--results-dir", str(res_dir)]
     res = runner.invoke(app, [*args, "--candidate", "good"])
     assert res.exit_code == 0, res.output
-    assert res.stdout.strip().splitlines()[-1].startswith("PASS")
+    assert res.stdout.splitlines()[0].startswith("PASS")
     res = runner.invoke(app, [*args, "--candidate", "c" * 16])  # by stored checkpoint hash
     assert res.exit_code == 1, res.output
     assert "perturbation gaussian_noise level 3" in res.stdout and "FAIL" in res.stdout
@@ -185,7 +219,8 @@ def test_cli_exit_codes(res_dir: Path) -> None:
     res = runner.invoke(app, [*args, "--candidate", "worse", "--format", "json"])
     assert res.exit_code == 1
     out = json.loads(res.stdout)
-    assert out["passed"] is False and len(out["failures"]) == 2 and out["n_unpaired"] == 0
+    assert out["passed"] is False and out["n_regressions"] == 1 and len(out["failures"]) == 1
+    assert out["n_unpaired"] == 0 and "CI of the difference excluding 0" in out["rule"]
     assert {r["kind"] for r in out["rows"]} == {"clean", "corruption", "attack", "overall"}
     assert "FAIL" in res.stderr
 
