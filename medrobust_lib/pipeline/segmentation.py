@@ -379,7 +379,7 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
     ``feed_prefetch``; :mod:`medrobust_lib.perturb.feed`) while the model scores the previous
     batches; spatial types use their moved masks and boxes.
     ``perturbations``: glob patterns (``fnmatch``) restricting the types evaluated (None: all)."""
-    from medrobust_lib.perturb.feed import clean_samples, regenerate_stream
+    from medrobust_lib.perturb.feed import clean_samples, regenerate_stream, sample_major
     from medrobust_lib.pipeline.perturbed import read_manifest
 
     t0 = time.perf_counter()
@@ -411,7 +411,8 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
             r.update(status="no_mask", error="sample has no ground-truth mask")
         else:
             todo.append((r, mr, s))
-
+    # one sample's rows together: a feed worker reads each clean sample once (rows are sorted on write)
+    todo = [todo[i] for i in sample_major([mr for _, mr, _ in todo])]
     scored: list[dict[str, Any]] = []
 
     def items() -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:

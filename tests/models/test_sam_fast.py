@@ -210,3 +210,26 @@ def test_fast_bf16_masks_agree_with_reference_fp32_on_cuda(case: str) -> None:
     agree = float((a == b).float().mean())
     inter, union = float((a & b).sum()), float((a | b).sum())
     assert agree >= 0.995 and (union == 0 or inter / union >= 0.99)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_batched_pgd_on_cuda_under_bf16_keeps_the_budget() -> None:
+    """PGD through the fast engine on the device (bf16 autocast inside the model): fp32 input
+    gradients, the result within the epsilon-ball and [0, 1], and it lowers the loss."""
+    from medrobust_lib.attacks import pgd, torch_generator_for
+
+    seg = SamSegmenter(_model(SMALL), "sam", "f", "0", device="cuda", engine="fast")
+    x, boxes = _inputs(seg.image_size, n=4, seed=7)
+    x, boxes = x.cuda(), boxes.cuda()
+    with torch.no_grad():
+        y = (seg.forward_logits(x, boxes) > 0).float()
+    xi = x.clone().requires_grad_(True)
+    (g,) = torch.autograd.grad(seg.loss(seg.forward_logits(xi, boxes), y), xi)
+    assert g.dtype == torch.float32 and torch.isfinite(g).all()
+    eps = 8 / 255
+    adv = pgd(seg, x, boxes, y, eps, 5, generator=torch_generator_for(0, "gpu-test"))
+    assert adv.device.type == "cuda" and float((adv - x).abs().max()) <= eps + 1e-6
+    assert float(adv.min()) >= 0.0 and float(adv.max()) <= 1.0
+    with torch.no_grad():
+        assert float(seg.loss(seg.forward_logits(adv, boxes), y)) > float(seg.loss(seg.forward_logits(x, boxes), y))

@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 from medrobust_lib.config import Suite, load_suite
 from medrobust_lib.models.sam import arch_for, build_sam
 from medrobust_lib.perturb.engine import regenerate
-from medrobust_lib.perturb.feed import clean_samples, regenerate_stream
+from medrobust_lib.perturb.feed import _tasks, clean_sample, clean_samples, regenerate_stream, sample_major
 from medrobust_lib.pipeline.datasets import build_clean_index
 from medrobust_lib.pipeline.perturbed import build_perturbed, read_manifest
 from medrobust_lib.pipeline.segmentation import (
@@ -94,9 +94,24 @@ def test_feed_is_bit_exact_and_ordered_with_workers(suite: Suite) -> None:
         assert np.array_equal(a.image, want.image)
 
 
+def test_feed_tasks_group_one_sample() -> None:
+    rows = [{"dataset": "d", "sample_id": sid, "k": k} for k, sid in enumerate(["b", "a", "b", "a", "a", "c"])]
+    order = sample_major(rows)
+    assert [rows[i]["sample_id"] for i in order] == ["a", "a", "a", "b", "b", "c"]
+    assert [rows[i]["k"] for i in order] == [1, 3, 4, 0, 2, 5]
+    tasks = _tasks([rows[i] for i in order], chunk=2)
+    assert [[r["sample_id"] for r in t] for t in tasks] == [["a", "a"], ["a"], ["b", "b"], ["c"]]
+
+
 def test_clean_samples_are_loaded_once_per_process(suite: Suite) -> None:
     a = clean_samples(suite, "ct", "all")
     assert clean_samples(suite, "ct", "all") is a
+    for key, s in a.items():  # the workers' single-sample path reads the same samples
+        one = clean_sample(suite, "ct", "all", key)
+        assert one.content_hash() == s.content_hash()
+        assert clean_sample(suite, "ct", "all", key) is one
+    with pytest.raises(KeyError, match="no clean sample"):
+        clean_sample(suite, "ct", "all", ("nope", "x"))
     assert clean_samples(suite, "ct", "train") is not a  # another split is another entry
 
 
