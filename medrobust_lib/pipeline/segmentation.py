@@ -240,6 +240,13 @@ def _predict_timed(model: Any, images: Sequence[np.ndarray], boxes: Sequence[np.
     return out
 
 
+def _item(s: Sample, prompt: PromptConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(image, prompt boxes, mask) of a clean sample that has a mask."""
+    if s.mask is None:
+        raise ValueError(f"sample {s.dataset}/{s.sample_id} has no ground-truth mask to score against")
+    return s.image, prompt_boxes(s, prompt), s.mask
+
+
 def _score_items(model: Any, items: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]], summary: EvalSummary,
                  batch_size: int) -> list[tuple[float, float]]:
     """(IoU, Dice) per (image, boxes, bool mask) item, in order. A model with ``score`` (the SAM
@@ -293,7 +300,7 @@ def evaluate_clean(suite: Suite, model_id: str | SegModelConfig, modality: str, 
     rows = []
     with_mask = [s for s in samples if s.mask is not None]
     scores = dict(zip((id(s) for s in with_mask),
-                      _score_items(model, ((s.image, prompt_boxes(s, sc.prompt), s.mask) for s in with_mask),
+                      _score_items(model, (_item(s, sc.prompt) for s in with_mask),
                                    summary, m.batch_size), strict=True))
     for s in samples:
         r = _base_row(m, model.checkpoint_hash, s, "clean", sc.prompt.protocol)
@@ -345,8 +352,7 @@ class CleanCache:
                 todo.setdefault(key, s)
         if not todo:
             return
-        scores = _score_items(self.model, ((s.image, prompt_boxes(s, self.prompt), s.mask) for s in todo.values()),
-                              self.summary, self.batch)
+        scores = _score_items(self.model, (_item(s, self.prompt) for s in todo.values()), self.summary, self.batch)
         self.table.update(zip(todo, scores, strict=True))
         self._filled |= set(todo)
 
@@ -360,9 +366,7 @@ class CleanCache:
             self.summary.clean_cache_hits += 1
             return self.table[key]
         self.summary.clean_cache_misses += 1
-        assert s.mask is not None
-        self.table[key] = _score_items(self.model, [(s.image, prompt_boxes(s, self.prompt), s.mask)],
-                                       self.summary, 1)[0]
+        self.table[key] = _score_items(self.model, [_item(s, self.prompt)], self.summary, 1)[0]
         return self.table[key]
 
 
