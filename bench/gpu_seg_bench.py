@@ -42,15 +42,18 @@ def sync(dev: torch.device) -> None:
 
 
 def timed(fn: Callable[[], Any], dev: torch.device, iters: int, warmup: int = 1) -> float:
-    """Seconds per call (after ``warmup`` calls)."""
+    """Seconds per call after ``warmup`` calls: the fastest of ``iters`` timed calls (the least
+    disturbed by other load on a shared machine)."""
     for _ in range(warmup):
         fn()
-    sync(dev)
-    t0 = time.perf_counter()
+    best = float("inf")
     for _ in range(iters):
+        sync(dev)
+        t0 = time.perf_counter()
         fn()
-    sync(dev)
-    return (time.perf_counter() - t0) / iters
+        sync(dev)
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
 def matmul_bound(dev: torch.device, dtype: torch.dtype) -> float:
@@ -161,10 +164,12 @@ def end_to_end(arch_name: str, dev: torch.device, batch: int, n_per_modality: in
     model = load_model(suite, model_config(suite, "m"))
     evaluate_clean(suite, "m", "ct", model)
     evaluate_perturbed(suite, "m", "ct", 3, model)  # warm-up: feed pool spawned, caches filled
-    t0 = time.perf_counter()
-    summ = evaluate_perturbed(suite, "m", "ct", 3, model)
-    sync(dev)
-    t_e2e = time.perf_counter() - t0
+    t_e2e = float("inf")
+    for _ in range(3):  # the fastest of three runs (shared machines)
+        t0 = time.perf_counter()
+        summ = evaluate_perturbed(suite, "m", "ct", 3, model)
+        sync(dev)
+        t_e2e = min(t_e2e, time.perf_counter() - t0)
     samples = clean_samples(suite, "ct", "all")
     items = []
     for rec in read_manifest(suite, "ct", 3).to_dict("records"):
@@ -175,9 +180,7 @@ def end_to_end(arch_name: str, dev: torch.device, batch: int, n_per_modality: in
         out = regenerate(r, s)
         items.append((out.image, prompt_boxes(s, PromptConfig(), mask=out.mask), out.mask))
     items = [it for it in items if len(it[1])]
-    t0 = time.perf_counter()
-    model.score(items, batch_size=batch)
-    t_pure = time.perf_counter() - t0
+    t_pure = timed(lambda: model.score(items, batch_size=batch), dev, iters=3, warmup=0)
     n = len(items)
     x = torch.rand(batch, 3, arch.image_size, arch.image_size, device=dev)
 
@@ -185,7 +188,7 @@ def end_to_end(arch_name: str, dev: torch.device, batch: int, n_per_modality: in
         with torch.no_grad():
             model.encode(x)
 
-    t_enc = timed(enc, dev, iters=max(1, n // batch)) / batch * n
+    t_enc = timed(enc, dev, iters=max(3, n // batch)) / batch * n
     return {"n": float(summ.n_rows), "e2e_ips": summ.n_rows / t_e2e, "pure_ips": n / t_pure,
             "enc_ips": n / t_enc, "ratio_e2e_pure": t_e2e / t_pure * n / summ.n_rows,
             "ratio_e2e_enc": (summ.n_rows / t_e2e) / (n / t_enc)}
@@ -235,7 +238,7 @@ def main() -> None:
         print("| encoder | img/s | share of bf16 bound |")
         print("|---|---|---|")
         for label, ips, share in rows:
-            print(f"| {label} | {ips:.2f} | {share:.1%} |" if ips == ips else f"| {label} | - | - |")
+            print(f"| {label} | {ips:.3g} | {share:.1%} |" if ips == ips else f"| {label} | - | - |")
         if not cuda and arch != "tiny" and not args.full_cpu:
             print("| evaluate_perturbed end to end, pure forward, PGD-10 | - | skipped on the CPU (--full-cpu) |")
             continue
