@@ -76,15 +76,17 @@ _ONE: dict[tuple[Any, ...], Sample] = {}
 _REFS: dict[tuple[Any, ...], tuple[dict[SampleKey, Any], dict[SampleKey, str], dict[str, Any]]] = {}
 
 
-def clean_sample(suite: Any, modality: str, split: str, key: SampleKey) -> Sample:
+def clean_sample(suite: Any, modality: str, split: str, key: SampleKey,
+                 signature: tuple[Any, ...] | None = None) -> Sample:
     """One clean sample, read through its dataset's reader and checked against the clean index's
-    hash; the last :data:`WORKER_SAMPLE_CACHE` are kept per process (the feed workers' access)."""
+    hash; the last :data:`WORKER_SAMPLE_CACHE` are kept per process (the feed workers' access).
+    ``signature``: the clean index's :func:`_index_signature`, when the caller has it already."""
     from medrobust_lib.data.dataset import index_dataset, load_sample
     from medrobust_lib.data.sample import SampleError
     from medrobust_lib.pipeline.datasets import CLEAN_TABLE, datasets_for
     from medrobust_lib.store import results
 
-    sig = (modality, split, _index_signature(suite, modality))
+    sig = (modality, split, signature if signature is not None else _index_signature(suite, modality))
     ck = (*sig, key)
     if ck in _ONE:
         _ONE[ck] = _ONE.pop(ck)  # most recently used last
@@ -117,12 +119,13 @@ def _regenerate_rows(suite: Any, modality: str, split: str, rows: Sequence[dict[
     from medrobust_lib.perturb.engine import regenerate
 
     samples = clean_samples(suite, modality, split) if local else None
+    sig = None if local else _index_signature(suite, modality)  # once per task, not per row
     out = []
     for row in rows:
         key = (str(row["dataset"]), str(row["sample_id"]))
         if samples is not None and key not in samples:
             raise KeyError(f"manifest row {key} has no clean sample in split {split!r} of modality {modality!r}")
-        sample = samples[key] if samples is not None else clean_sample(suite, modality, split, key)
+        sample = samples[key] if samples is not None else clean_sample(suite, modality, split, key, sig)
         try:
             out.append(regenerate(row, sample))
         except Exception as exc:
