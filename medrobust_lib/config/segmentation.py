@@ -91,6 +91,14 @@ class SegModelConfig(BaseModel):
     strategy: str = "pretrained"
     device: str = "cpu"
     batch_size: int = 8
+    engine: Literal["fast", "reference"] | None = Field(
+        default=None, description="image-encoder engine; None: fast on CUDA, reference elsewhere (models.sam_fast)")
+    compile: str | None = Field(
+        default=None, description="torch.compile mode for the image encoder (e.g. 'default'); None: eager")
+    mask_selection: Literal["single", "best_iou"] | None = Field(
+        default=None, description="None: the family's published choice (sam_med2d: best_iou, else single)")
+    preprocess: Literal["default", "exact"] = Field(
+        default="default", description="'exact': MedSAM_Inference.py's skimage/uint8 pipeline (medsam only)")
 
 
 class SegTrainConfig(TrainBudget):
@@ -117,6 +125,9 @@ class SegmentationConfig(BaseModel):
     split: str = "test"
     attacks: AttackSuiteConfig = Field(default_factory=lambda: AttackSuiteConfig())
     finetune: FinetuneConfig | None = None
+    feed_workers: int | None = Field(
+        default=None, ge=0, description="processes regenerating perturbed images (None: cores - 1; 0: in-process)")
+    feed_prefetch: int = Field(default=4, ge=1, description="regeneration chunks in flight ahead of the model")
 
     @property
     def prompt(self) -> PromptConfig:

@@ -22,12 +22,19 @@ fine-tuning see exactly the evaluated model):
 
 The mask decoder's low-resolution logits are upsampled to the model grid, the padding is cropped,
 and the result is resized to the input resolution (bilinear). Probabilities = sigmoid(logits).
+
+Per-family fidelity switches (:class:`SamSegmenter`): ``mask_selection`` (SAM-Med2D keeps the best
+of its three masks by predicted IoU, as its predictor does; SAM and MedSAM the single-mask output)
+and MedSAM's ``preprocess: exact`` (``MedSAM_Inference.py``: skimage bicubic resize on uint8,
+sigmoid at 256 px, then resize). Engines: ``reference`` (segment-anything's modules) and ``fast``
+(:mod:`medrobust_lib.models.sam_fast`, same weights and state-dict keys).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+import time
+from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from functools import partial
@@ -226,19 +233,87 @@ def to_tensor_batch(images: Sequence[FloatImage]) -> torch.Tensor:
     return torch.from_numpy(np.stack(arrs).astype(np.float32)).permute(0, 3, 1, 2).contiguous()
 
 
+MaskSelection = Literal["single", "best_iou"]
+Preprocess = Literal["default", "exact"]
+MASK_SELECTIONS: tuple[str, ...] = ("single", "best_iou")
+PREPROCESS_MODES: tuple[str, ...] = ("default", "exact")
+
+
+def default_mask_selection(family: Family) -> MaskSelection:
+    """SAM-Med2D's predictor decodes three masks and keeps the one with the highest predicted IoU
+    (``SammedPredictor.predict_torch`` with its default ``multimask_output=True``); SAM and MedSAM
+    evaluate the single-mask output."""
+    return "best_iou" if family == "sam_med2d" else "single"
+
+
+@dataclass
+class ScoreResult:
+    """Per-sample overlap scores from :meth:`SamSegmenter.score`: float64 (N,) arrays in input
+    order, ``model_seconds`` spent in preprocessing, the model and the metrics (device time is
+    only exact after the final synchronisation, which :meth:`SamSegmenter.score` does once)."""
+
+    iou: np.ndarray
+    dice: np.ndarray
+    model_seconds: float
+
+
 class SamSegmenter:
-    """A SAM-family model behind the SegmentationModel protocol."""
+    """A SAM-family model behind the SegmentationModel protocol.
+
+    ``engine``: ``fast`` (encoder attention through fused SDPA with the relative-position bias
+    folded in, :mod:`medrobust_lib.models.sam_fast`) or ``reference`` (segment-anything's modules
+    as released); default fast on CUDA, reference elsewhere. The switch patches the attention
+    modules in place: same parameters, same state-dict keys. On CUDA the fast engine runs under
+    bf16 autocast unless ``autocast_dtype`` says otherwise (fp32 master weights stay, so
+    fine-tuning keeps its fp32 optimiser state). ``compile_mode``: ``torch.compile`` the image
+    encoder (no-grad evaluation only; one compiled module per process, reused across partitions).
+
+    ``mask_selection``: ``single`` (the single-mask output, mask token 0) or ``best_iou`` (the
+    three multimask outputs, keeping the one with the highest predicted IoU, per box, as
+    SAM-Med2D's predictor does); default per family (:func:`default_mask_selection`). It applies to
+    ``predict``, ``score`` and ``forward_logits`` alike.
+
+    ``preprocess``: ``default`` (module docstring) or, for MedSAM only, ``exact``:
+    ``MedSAM_Inference.py``'s steps on the host: the [0, 1] image is rounded to uint8, resized with
+    ``skimage.transform.resize(order=3, preserve_range=True, anti_aliasing=True)`` and truncated
+    back to uint8, min-max normalised; the box is scaled in float64 (``box / [W, H, W, H] * S``);
+    the low-resolution logits go through the sigmoid at 256 px and the *probabilities* are resized
+    bilinearly to the input size. It is not differentiable, so it applies to ``predict`` and
+    ``score``; ``forward_logits`` (attacks, fine-tuning) keeps the differentiable default path.
+    """
 
     def __init__(self, sam: torch.nn.Module, family: Family, model_id: str, checkpoint_hash: str,
-                 device: str = "cpu", autocast_dtype: torch.dtype | None = None) -> None:
+                 device: str = "cpu", autocast_dtype: torch.dtype | None = None, *, engine: str | None = None,
+                 compile_mode: str | None = None, mask_selection: str | None = None,
+                 preprocess: str = "default") -> None:
+        from medrobust_lib.models.sam_fast import default_engine, use_engine
+
         self.sam: Any = sam.to(device).eval()
         self.family: Family = family
         self.model_id = model_id
         self.checkpoint_hash = checkpoint_hash
         self.device = torch.device(device)
+        self.engine = engine or default_engine(self.device)
+        use_engine(self.sam, self.engine)
+        if autocast_dtype is None and self.engine == "fast" and self.device.type == "cuda":
+            autocast_dtype = torch.bfloat16
         encoder: Any = self.sam.image_encoder
         self.image_size = int(encoder.img_size)
         self.autocast_dtype = autocast_dtype
+        self.compile_mode = compile_mode
+        selection = mask_selection or default_mask_selection(family)
+        if selection not in MASK_SELECTIONS:
+            raise ValueError(f"unknown mask_selection {selection!r}; valid: {', '.join(MASK_SELECTIONS)}")
+        self.mask_selection: MaskSelection = selection  # type: ignore[assignment]
+        if preprocess not in PREPROCESS_MODES:
+            raise ValueError(f"unknown preprocess {preprocess!r}; valid: {', '.join(PREPROCESS_MODES)}")
+        if preprocess == "exact" and family != "medsam":
+            raise ValueError("preprocess 'exact' is MedSAM's published inference pipeline; "
+                             f"family {family!r} has no exact mode (its default is already its published one)")
+        self.preprocess_mode: Preprocess = preprocess  # type: ignore[assignment]
+        # Host-to-device copies: float32 keeps CPU results identical to the reference; on CUDA the
+        # images travel as float16 from pinned memory (half the bytes; far below bf16 rounding).
+        self.host_dtype = torch.float16 if self.device.type == "cuda" else torch.float32
         self.n_encoder_calls = 0
         self.register_buffers()
 
@@ -275,6 +350,21 @@ class SamSegmenter:
         s = self.image_size
         return F.pad(x, (0, s - nw, 0, s - nh))
 
+    def preprocess_exact(self, images: Sequence[FloatImage]) -> torch.Tensor:
+        """MedSAM_Inference.py's host preprocessing (class docstring) of same-size images ->
+        (B, 3, S, S) float32 on the device."""
+        from skimage import transform
+
+        s = self.image_size
+        out = []
+        for im in images:
+            u8 = np.clip(np.rint(np.asarray(im, np.float64) * 255.0), 0, 255).astype(np.uint8)
+            img_3c = np.repeat(u8[:, :, None], 3, axis=-1) if u8.ndim == 2 else u8
+            r = transform.resize(img_3c, (s, s), order=3, preserve_range=True, anti_aliasing=True).astype(np.uint8)
+            r = (r - r.min()) / np.clip(r.max() - r.min(), a_min=1e-8, a_max=None)
+            out.append(torch.tensor(r).float().permute(2, 0, 1))
+        return torch.stack(out).to(self.device)
+
     def transform_boxes(self, boxes: torch.Tensor, h: int, w: int) -> torch.Tensor:
         nh, nw = self._geometry(h, w)
         scale = torch.tensor([nw / w, nh / h, nw / w, nh / h], dtype=boxes.dtype, device=boxes.device)
@@ -286,32 +376,55 @@ class SamSegmenter:
         x = F.interpolate(low_res, size=(s, s), mode="bilinear", align_corners=False)[..., :nh, :nw]
         return F.interpolate(x, size=(h, w), mode="bilinear", align_corners=False)
 
+    def probabilities(self, low_res: torch.Tensor, h: int, w: int) -> torch.Tensor:
+        """Low-resolution logits (M, 1, 256, 256) -> foreground probabilities (M, H, W) float32:
+        sigmoid after :meth:`postprocess`, or (MedSAM exact) sigmoid at 256 px, then resized."""
+        if self.preprocess_mode == "exact":
+            p = torch.sigmoid(low_res.float())
+            return F.interpolate(p, size=(h, w), mode="bilinear", align_corners=False)[:, 0]
+        return torch.sigmoid(self.postprocess(low_res.float(), h, w))[:, 0]
+
     # ---- model ---------------------------------------------------------------------------
-    def embed(self, images: torch.Tensor) -> torch.Tensor:
-        self.n_encoder_calls += int(images.shape[0])
+    def _encoder(self) -> Any:
+        if self.compile_mode and not torch.is_grad_enabled():
+            from medrobust_lib.models.sam_fast import compiled_encoder
+
+            return compiled_encoder(self.sam.image_encoder, self.compile_mode)
+        return self.sam.image_encoder
+
+    def encode(self, model_input: torch.Tensor) -> torch.Tensor:
+        """Preprocessed (B, 3, S, S) -> image embeddings (B, C, e, e) under the model's autocast."""
+        self.n_encoder_calls += int(model_input.shape[0])
         with self._autocast():
-            return self.sam.image_encoder(self.preprocess(images.to(self.device)))
+            return self._encoder()(model_input)
+
+    def embed(self, images: torch.Tensor) -> torch.Tensor:
+        return self.encode(self.preprocess(images.to(self.device)))
 
     def decode(self, embedding: torch.Tensor, boxes: torch.Tensor, h: int, w: int) -> torch.Tensor:
         """One image embedding (1, C, e, e) and its K boxes (K, 4) -> logits (K, 1, H, W)."""
         tb = self.transform_boxes(boxes.to(self.device, torch.float32), h, w)
         with self._autocast():
             sparse, dense = self.sam.prompt_encoder(points=None, boxes=tb, masks=None)
-            low, _ = self.sam.mask_decoder(image_embeddings=embedding, image_pe=self.sam.prompt_encoder.get_dense_pe(),
-                                           sparse_prompt_embeddings=sparse, dense_prompt_embeddings=dense,
-                                           multimask_output=False)
+            multi = self.mask_selection == "best_iou"
+            low, iou = self.sam.mask_decoder(image_embeddings=embedding, image_pe=self.sam.prompt_encoder.get_dense_pe(),
+                                             sparse_prompt_embeddings=sparse, dense_prompt_embeddings=dense,
+                                             multimask_output=multi)
+            if multi:
+                best = iou.argmax(dim=1)
+                low = low[torch.arange(low.shape[0], device=low.device), best][:, None]
         return self.postprocess(low.float(), h, w)
 
-    def decode_batch(self, embeddings: torch.Tensor, boxes: torch.Tensor, h: int, w: int) -> torch.Tensor:
-        """B image embeddings (B, C, e, e) with one box each (B, 4) -> logits (B, 1, H, W).
+    def decode_low(self, embeddings: torch.Tensor, model_boxes: torch.Tensor) -> torch.Tensor:
+        """M image embeddings (M, C, e, e) paired with M boxes (M, 4) already in model-grid pixels
+        -> low-resolution logits (M, 1, 256, 256) of the selected mask (``mask_selection``).
 
         segment-anything's ``MaskDecoder.predict_masks`` repeats one image embedding per prompt,
-        so it cannot pair B embeddings with B boxes; this runs the same modules batched (as
-        MedSAM's patched decoder does). Single-mask output (mask token 0), as ``decode``."""
+        so it cannot pair M embeddings with M boxes; this runs the same modules batched (as
+        MedSAM's patched decoder does)."""
         md = self.sam.mask_decoder
-        tb = self.transform_boxes(boxes.to(self.device, torch.float32), h, w)
         with self._autocast():
-            sparse, dense = self.sam.prompt_encoder(points=None, boxes=tb, masks=None)
+            sparse, dense = self.sam.prompt_encoder(points=None, boxes=model_boxes, masks=None)
             b = embeddings.shape[0]
             out_tokens = torch.cat([md.iou_token.weight, md.mask_tokens.weight], dim=0)
             tokens = torch.cat([out_tokens.unsqueeze(0).expand(b, -1, -1), sparse], dim=1)
@@ -319,12 +432,24 @@ class SamSegmenter:
             pos = self.sam.prompt_encoder.get_dense_pe().expand(b, -1, -1, -1)
             _, c, eh, ew = src.shape
             hs, src = md.transformer(src, pos, tokens)
-            mask_token_out = hs[:, 1, :]
             up = md.output_upscaling(src.transpose(1, 2).reshape(b, c, eh, ew))
-            hyper = md.output_hypernetworks_mlps[0](mask_token_out)
             _, uc, uh, uw = up.shape
-            low = (hyper.unsqueeze(1) @ up.reshape(b, uc, uh * uw)).reshape(b, 1, uh, uw)
-        return self.postprocess(low.float(), h, w)
+            if self.mask_selection == "single":
+                hyper = md.output_hypernetworks_mlps[0](hs[:, 1, :]).unsqueeze(1)
+                return (hyper @ up.reshape(b, uc, uh * uw)).reshape(b, 1, uh, uw)
+            # best_iou: the three multimask outputs (tokens 1..3), highest predicted IoU wins
+            hyper = torch.stack([md.output_hypernetworks_mlps[i](hs[:, 1 + i, :]) for i in range(1, md.num_mask_tokens)],
+                                dim=1)
+            masks = (hyper @ up.reshape(b, uc, uh * uw)).reshape(b, -1, uh, uw)
+            iou = md.iou_prediction_head(hs[:, 0, :])[:, 1:]
+            best = iou.argmax(dim=1)
+            return masks[torch.arange(b, device=masks.device), best][:, None]
+
+    def decode_batch(self, embeddings: torch.Tensor, boxes: torch.Tensor, h: int, w: int) -> torch.Tensor:
+        """B image embeddings (B, C, e, e) with one box each (B, 4) pixel XYXY of an H x W input
+        -> logits (B, 1, H, W) (the selected mask, as ``decode``)."""
+        tb = self.transform_boxes(boxes.to(self.device, torch.float32), h, w)
+        return self.postprocess(self.decode_low(embeddings, tb).float(), h, w)
 
     def forward_logits(self, images: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
         _, _, h, w = images.shape
@@ -335,29 +460,141 @@ class SamSegmenter:
 
         return dice_bce_loss(logits, target)
 
+    # ---- batched inference: probabilities and on-device metrics ----------------------------
+    def _upload(self, images: Sequence[FloatImage]) -> torch.Tensor:
+        """Same-size images -> (B, 3, H, W) float32 on the device. The host batch is stacked in
+        ``host_dtype`` (pinned and copied without blocking on CUDA); grayscale is replicated to
+        three channels on the device."""
+        host = torch.from_numpy(np.stack([np.asarray(im, np.float32) for im in images])).to(self.host_dtype)
+        if self.device.type == "cuda":
+            host = host.pin_memory()
+        x = host.to(self.device, non_blocking=True).float()
+        return x[:, None].expand(-1, 3, -1, -1) if x.ndim == 3 else x.permute(0, 3, 1, 2)
+
+    def _bucket_probs(self, images: Sequence[FloatImage], boxes: Sequence[Boxes]
+                      ) -> list[tuple[list[int], torch.Tensor, torch.Tensor]]:
+        """One encoder batch over images of any sizes (each size group preprocessed on its own,
+        all fed to the encoder together) and one decoder batch over all their boxes.
+
+        Returns per size group: (indices into ``images``, probabilities (M, H, W) float32 on the
+        device for the group's M boxes in order, owner (M,) long: the position within the group
+        of each box's image)."""
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i, im in enumerate(images):
+            groups.setdefault(tuple(np.shape(im)), []).append(i)
+        inputs = []
+        for idx in groups.values():
+            sel = [images[i] for i in idx]
+            if self.preprocess_mode == "exact":
+                inputs.append(self.preprocess_exact(sel))
+            else:
+                inputs.append(self.preprocess(self._upload(sel)))
+        emb = self.encode(torch.cat(inputs)) if len(inputs) > 1 else self.encode(inputs[0])
+        out = []
+        start = 0
+        embs, mboxes, owners, spans = [], [], [], []
+        for idx in groups.values():
+            h, w = np.shape(images[idx[0]])[:2]
+            counts = [len(np.asarray(boxes[i]).reshape(-1, 4)) for i in idx]
+            owner = torch.repeat_interleave(torch.arange(len(idx)), torch.tensor(counts, dtype=torch.long))
+            owner = owner.to(self.device)
+            if sum(counts):
+                bx = np.concatenate([np.asarray(boxes[i], np.float32).reshape(-1, 4) for i in idx])
+                if self.preprocess_mode == "exact":
+                    s = self.image_size
+                    scaled = bx.astype(np.float64) / np.array([w, h, w, h]) * s
+                    tb = torch.as_tensor(scaled, dtype=torch.float, device=self.device)
+                else:
+                    tb = self.transform_boxes(torch.from_numpy(bx).to(self.device), h, w)
+                embs.append(emb[start : start + len(idx)].index_select(0, owner))
+                mboxes.append(tb)
+            owners.append(owner)
+            spans.append((idx, h, w, sum(counts)))
+            start += len(idx)
+        low = self.decode_low(torch.cat(embs), torch.cat(mboxes)) if embs else None
+        pos = 0
+        for (idx, h, w, m), owner in zip(spans, owners, strict=True):
+            if m and low is not None:
+                probs = self.probabilities(low[pos : pos + m], h, w)
+            else:
+                probs = torch.zeros((0, h, w), dtype=torch.float32, device=self.device)
+            out.append((idx, probs, owner))
+            pos += m
+        return out
+
     @torch.no_grad()
     def predict(self, images: Sequence[FloatImage], boxes: Sequence[Boxes], batch_size: int = 8) -> list[np.ndarray]:
+        """Probabilities float32 (N_i, H, W) per image (SegmentationModel.predict). Images of any
+        sizes share encoder batches of ``batch_size``; all boxes of a batch decode at once."""
         self.sam.eval()
         out: list[np.ndarray] = []
         for start in range(0, len(images), batch_size):
             chunk = list(images[start : start + batch_size])
-            groups: dict[tuple[int, ...], list[int]] = {}
-            for i, im in enumerate(chunk):
-                groups.setdefault(im.shape, []).append(i)
+            chunk_boxes = list(boxes[start : start + batch_size])
             probs: dict[int, np.ndarray] = {}
-            for idx in groups.values():
-                batch = to_tensor_batch([chunk[i] for i in idx])
-                _, _, h, w = batch.shape
-                emb = self.embed(batch)
+            for idx, p, owner in self._bucket_probs(chunk, chunk_boxes):
+                host = p.cpu().numpy()
+                own = owner.cpu().numpy()
                 for j, i in enumerate(idx):
-                    b = torch.as_tensor(np.asarray(boxes[start + i], np.float32)).reshape(-1, 4)
-                    if len(b) == 0:
-                        probs[i] = np.zeros((0, h, w), np.float32)
-                        continue
-                    logits = self.decode(emb[j : j + 1], b, h, w)
-                    probs[i] = torch.sigmoid(logits[:, 0]).cpu().numpy().astype(np.float32)
+                    probs[i] = np.ascontiguousarray(host[own == j], dtype=np.float32)
             out.extend(probs[i] for i in range(len(chunk)))
         return out
+
+    @torch.no_grad()
+    def score(self, items: Iterable[tuple[FloatImage, Boxes, np.ndarray]], batch_size: int = 8) -> ScoreResult:
+        """IoU and Dice per (image, boxes, ground-truth mask) item, computed on the device.
+
+        The prediction of an item is the union over its boxes of ``probability > 0.5`` (an item
+        without boxes predicts nothing), scored against its bool (H, W) mask with
+        :data:`medrobust_lib.metrics.segmentation.EMPTY_GT_POLICY`, exactly as
+        ``metrics.segmentation.iou`` / ``dice`` on the host. ``items`` may be a generator (the
+        perturbation feed): it is consumed ``batch_size`` items at a time, mixed sizes batched
+        together; only the per-sample scalars return to the host, once, at the end."""
+        from medrobust_lib.metrics.segmentation import THRESHOLD
+
+        self.sam.eval()
+        ious: list[torch.Tensor] = []
+        dices: list[torch.Tensor] = []
+        seconds = 0.0
+        it = iter(items)
+        while True:
+            batch = [x for _, x in zip(range(batch_size), it, strict=False)]
+            if not batch:
+                break
+            t0 = time.perf_counter()
+            b_iou = torch.empty(len(batch), dtype=torch.float64, device=self.device)
+            b_dice = torch.empty_like(b_iou)
+            for idx, probs, owner in self._bucket_probs([x[0] for x in batch], [x[1] for x in batch]):
+                h, w = probs.shape[1:]
+                fg = torch.zeros((len(idx), h, w), dtype=torch.float32, device=self.device)
+                if len(probs):
+                    fg.index_add_(0, owner, (probs > THRESHOLD).float())
+                pred = fg > 0
+                gt = self._upload_masks([batch[i][2] for i in idx])
+                inter = (pred & gt).sum(dim=(1, 2), dtype=torch.int64)
+                ps = pred.sum(dim=(1, 2), dtype=torch.int64)
+                gs = gt.sum(dim=(1, 2), dtype=torch.int64)
+                union = ps + gs - inter
+                denom = ps + gs
+                both_empty = union == 0
+                iou = torch.where(both_empty, 1.0, inter.double() / union.clamp_min(1).double())
+                dice = torch.where(both_empty, 1.0, 2.0 * inter.double() / denom.clamp_min(1).double())
+                at = torch.as_tensor(idx, device=self.device)
+                b_iou[at] = iou
+                b_dice[at] = dice
+            ious.append(b_iou)
+            dices.append(b_dice)
+            seconds += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        iou_h = torch.cat(ious).cpu().numpy() if ious else np.zeros(0)
+        dice_h = torch.cat(dices).cpu().numpy() if dices else np.zeros(0)
+        return ScoreResult(iou_h, dice_h, seconds + time.perf_counter() - t0)
+
+    def _upload_masks(self, masks: Sequence[np.ndarray]) -> torch.Tensor:
+        host = torch.from_numpy(np.stack([np.asarray(m, bool) for m in masks]))
+        if self.device.type == "cuda":
+            host = host.pin_memory()
+        return host.to(self.device, non_blocking=True)
 
     def _autocast(self) -> AbstractContextManager[Any]:
         """The model's own autocast (``autocast_dtype`` on CUDA). Without one this is a no-op
@@ -384,8 +621,11 @@ def _adapter_strategy_checkpoint(checkpoint: Path) -> bool:
 
 
 def load_segmenter(family: Family, arch: str, checkpoint: str | Path, *, model_id: str | None = None,
-                   device: str = "cpu", autocast_dtype: torch.dtype | None = None) -> SamSegmenter:
-    """Build the architecture and load a local checkpoint in its published layout."""
+                   device: str = "cpu", autocast_dtype: torch.dtype | None = None, engine: str | None = None,
+                   compile_mode: str | None = None, mask_selection: str | None = None,
+                   preprocess: str = "default") -> SamSegmenter:
+    """Build the architecture and load a local checkpoint in its published layout. ``engine``,
+    ``compile_mode``, ``mask_selection`` and ``preprocess``: see :class:`SamSegmenter`."""
     if family not in ("sam", "medsam", "sam_med2d"):
         raise ValueError(f"unknown SAM family {family!r}; valid: sam, medsam, sam_med2d")
     a = arch_for(arch, family)
@@ -395,4 +635,5 @@ def load_segmenter(family: Family, arch: str, checkpoint: str | Path, *, model_i
     model = build_sam(a)
     load_into(model, sd, str(checkpoint))
     return SamSegmenter(model, family, model_id or f"{family}-{arch}", file_sha256(checkpoint)[:CHECKPOINT_HASH_LEN], device,
-                        autocast_dtype)
+                        autocast_dtype, engine=engine, compile_mode=compile_mode, mask_selection=mask_selection,
+                        preprocess=preprocess)

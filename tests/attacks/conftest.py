@@ -99,10 +99,22 @@ def train_tiny() -> TrainedTiny:
     return TrainedTiny(model, heldout, score, step, time.perf_counter() - t0)
 
 
-@pytest.fixture(scope="session")
-def trained_tiny() -> TrainedTiny:
-    """The trained tiny SAM (:func:`train_tiny`), shared by the session; fails if it did not learn."""
-    out = train_tiny()
+_TRAINED: list[TrainedTiny] = []
+
+
+@pytest.fixture(scope="session", params=["reference", "fast"])
+def trained_tiny(request: pytest.FixtureRequest) -> TrainedTiny:
+    """The trained tiny SAM (:func:`train_tiny`, trained once per session), served with each image
+    encoder engine (same weights; the fast engine's SDPA attention is patched into a copy), so
+    every attack property is checked on both; fails if it did not learn."""
+    import copy
+
+    if not _TRAINED:
+        _TRAINED.append(train_tiny())
+    out = _TRAINED[0]
     if out.clean_dice <= DICE_TARGET:
         pytest.fail(f"tiny SAM reached held-out Dice {out.clean_dice:.3f} <= {DICE_TARGET} after {out.steps} steps")
-    return out
+    if request.param == "reference":
+        return out
+    fast = SamSegmenter(copy.deepcopy(out.model.sam), "sam", "tiny", "test", engine="fast")
+    return TrainedTiny(fast, out.heldout, clean_dice(fast, out.heldout), out.steps, out.seconds)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,10 +74,26 @@ def resolve_checkpoint(suite: Suite, m: SegModelConfig) -> Path:
     return Path(m.checkpoint)
 
 
+_MODELS: dict[tuple[Any, ...], Any] = {}
+
+
 def load_model(suite: Suite, m: SegModelConfig) -> Any:
+    """The segmenter of a model config. Kept per process (keyed on the checkpoint file's path,
+    size and mtime and the config), so partitions evaluated in one process share one model and,
+    with ``compile``, one compiled encoder."""
     from medrobust_lib.models.sam import load_segmenter
 
-    return load_segmenter(m.family, m.arch, resolve_checkpoint(suite, m), model_id=m.id, device=m.device)
+    path = resolve_checkpoint(suite, m)
+    st = Path(path).stat() if Path(path).is_file() else None
+    key = (str(Path(path).resolve()), st.st_size if st else None, st.st_mtime_ns if st else None,
+           m.model_dump_json())
+    if key not in _MODELS:
+        if len(_MODELS) >= 2:
+            _MODELS.pop(next(iter(_MODELS)))
+        _MODELS[key] = load_segmenter(m.family, m.arch, path, model_id=m.id, device=m.device, engine=m.engine,
+                                      compile_mode=m.compile, mask_selection=m.mask_selection,
+                                      preprocess=m.preprocess)
+    return _MODELS[key]
 
 
 @dataclass
@@ -164,6 +180,29 @@ def _predict_timed(model: Any, images: Sequence[np.ndarray], boxes: Sequence[np.
     return out
 
 
+def _item(s: Sample, prompt: PromptConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(image, prompt boxes, mask) of a clean sample that has a mask."""
+    if s.mask is None:
+        raise ValueError(f"sample {s.dataset}/{s.sample_id} has no ground-truth mask to score against")
+    return s.image, prompt_boxes(s, prompt), s.mask
+
+
+def _score_items(model: Any, items: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]], summary: EvalSummary,
+                 batch_size: int) -> list[tuple[float, float]]:
+    """(IoU, Dice) per (image, boxes, bool mask) item, in order. A model with ``score`` (the SAM
+    family) predicts and scores batched on its device, consuming ``items`` lazily (the feed
+    runs ahead meanwhile); any other SegmentationModel goes through ``predict`` and the host
+    metrics. Both give :func:`_score`'s numbers."""
+    if hasattr(model, "score"):
+        res = model.score(items, batch_size=batch_size)
+        summary.model_seconds += res.model_seconds
+        summary.n_images += len(res.iou)
+        return list(zip(res.iou.tolist(), res.dice.tolist(), strict=True))
+    listed = list(items)
+    probs = _predict_timed(model, [x[0] for x in listed], [x[1] for x in listed], summary, batch_size)
+    return [_score(p, x[2]) for p, x in zip(probs, listed, strict=True)]
+
+
 def _partition(m: SegModelConfig, run: str, modality: str, level: int) -> dict[str, object]:
     """Partition folders: model / run (clean, perturbation, attack) / modality / level. ``run``
     is not a result column: an attack partition holds both the 'fgsm' and 'pgd' conditions."""
@@ -190,24 +229,26 @@ def _summarize(rows: list[dict[str, Any]], s: EvalSummary) -> EvalSummary:
 
 def evaluate_clean(suite: Suite, model_id: str | SegModelConfig, modality: str, model: Any | None = None) -> EvalSummary:
     """Clean predictions of the evaluation split, one row per sample (condition 'clean')."""
-    from medrobust_lib.tracks.datasets import load_clean_samples
+    from medrobust_lib.tracks.feed import clean_samples
 
     t0 = time.perf_counter()
     m = model_config(suite, model_id)
     sc = seg_config(suite)
     model = model or load_model(suite, m)
     summary = EvalSummary()
-    samples = [s for v in load_clean_samples(suite, modality, split=sc.split).values() for s in v]
+    samples = list(clean_samples(suite, modality, sc.split).values())
     rows = []
-    boxes = [prompt_boxes(s, sc.prompt) if s.mask is not None else np.zeros((0, 4), np.float32) for s in samples]
-    probs = _predict_timed(model, [s.image for s in samples], boxes, summary, m.batch_size) if samples else []
-    for s, p in zip(samples, probs, strict=True):
+    with_mask = [s for s in samples if s.mask is not None]
+    scores = dict(zip((id(s) for s in with_mask),
+                      _score_items(model, (_item(s, sc.prompt) for s in with_mask),
+                                   summary, m.batch_size), strict=True))
+    for s in samples:
         r = _base_row(m, model.checkpoint_hash, s, "clean", sc.prompt.protocol)
         r["sample_sha256"] = s.content_hash()
         if s.mask is None:
             r.update(status="no_mask", error="sample has no ground-truth mask")
         else:
-            r["iou"], r["dice"] = _score(p, s.mask)
+            r["iou"], r["dice"] = scores[id(s)]
             r["clean_iou"], r["clean_dice"] = r["iou"], r["dice"]
             r["iou_drop"] = r["dice_drop"] = 0.0
         rows.append(r)
@@ -233,16 +274,39 @@ class CleanCache:
                 self.table[(str(r.checkpoint), str(r.sample_sha256), str(r.prompt))] = (
                     float(r.iou), float(r.dice))  # type: ignore[arg-type]
         self.model, self.prompt, self.summary, self.batch = model, prompt, summary, m.batch_size
+        self._hashes: dict[int, str] = {}
+        self._filled: set[tuple[str, str, str]] = set()  # computed by fill(), not yet read
+
+    def _key(self, s: Sample) -> tuple[str, str, str]:
+        if id(s) not in self._hashes:  # samples come from the per-process cache: hash each once
+            self._hashes[id(s)] = s.content_hash()
+        return (self.model.checkpoint_hash, self._hashes[id(s)], self.prompt.protocol)
+
+    def fill(self, samples: Iterable[Sample]) -> None:
+        """Compute every missing clean score of ``samples`` in one batched pass; the first
+        :meth:`get` of each counts as the miss it is."""
+        todo: dict[tuple[str, str, str], Sample] = {}
+        for s in samples:
+            key = self._key(s)
+            if s.mask is not None and key not in self.table:
+                todo.setdefault(key, s)
+        if not todo:
+            return
+        scores = _score_items(self.model, (_item(s, self.prompt) for s in todo.values()), self.summary, self.batch)
+        self.table.update(zip(todo, scores, strict=True))
+        self._filled |= set(todo)
 
     def get(self, s: Sample) -> tuple[float, float]:
-        key = (self.model.checkpoint_hash, s.content_hash(), self.prompt.protocol)
+        key = self._key(s)
+        if key in self._filled:
+            self._filled.discard(key)
+            self.summary.clean_cache_misses += 1
+            return self.table[key]
         if key in self.table:
             self.summary.clean_cache_hits += 1
             return self.table[key]
         self.summary.clean_cache_misses += 1
-        assert s.mask is not None
-        p = _predict_timed(self.model, [s.image], [prompt_boxes(s, self.prompt)], self.summary, 1)[0]
-        self.table[key] = _score(p, s.mask)
+        self.table[key] = _score_items(self.model, [_item(s, self.prompt)], self.summary, 1)[0]
         return self.table[key]
 
 
@@ -255,10 +319,11 @@ def _with_clean(r: dict[str, Any], clean: tuple[float, float]) -> None:
 def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: str, level: int, model: Any | None = None,
                        perturbations: Sequence[str] | None = None) -> EvalSummary:
     """Predictions on every perturbed sample of one (modality, level) manifest partition. Images
-    are regenerated from the manifest; spatial types use their moved masks and boxes.
+    are regenerated from the manifest by the feed's worker processes (``feed_workers``,
+    ``feed_prefetch``; :mod:`medrobust_lib.tracks.feed`) while the model scores the previous
+    batches; spatial types use their moved masks and boxes.
     ``perturbations``: glob patterns (``fnmatch``) restricting the types evaluated (None: all)."""
-    from medrobust_lib.perturb.engine import regenerate
-    from medrobust_lib.tracks.datasets import load_clean_samples
+    from medrobust_lib.tracks.feed import clean_samples, regenerate_stream, sample_major
     from medrobust_lib.tracks.perturbed import read_manifest
 
     t0 = time.perf_counter()
@@ -272,7 +337,7 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
 
         keep = manifest["perturbation"].map(lambda t: any(fnmatchcase(str(t), p) for p in perturbations))
         manifest = manifest[keep]
-    samples = {(s.dataset, s.sample_id): s for v in load_clean_samples(suite, modality, split=sc.split).values() for s in v}
+    samples = clean_samples(suite, modality, sc.split)
     cache = CleanCache(suite, m, modality, model, sc.prompt, summary)
     rows: list[dict[str, Any]] = []
     todo: list[tuple[dict[str, Any], dict[str, Any], Sample]] = []
@@ -290,35 +355,26 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
             r.update(status="no_mask", error="sample has no ground-truth mask")
         else:
             todo.append((r, mr, s))
+    # one sample's rows together: a feed worker reads each clean sample once (rows are sorted on write)
+    todo = [todo[i] for i in sample_major([mr for _, mr, _ in todo])]
+    scored: list[dict[str, Any]] = []
 
-    def regenerate_chunk(items: list[tuple[dict[str, Any], dict[str, Any], Sample]]) -> list[tuple[Any, ...]]:
-        ready = []
-        for r, mr, s in items:
-            out = regenerate(mr, s)
+    def items() -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        feed = regenerate_stream(suite, modality, sc.split, [mr for _, mr, _ in todo], workers=sc.feed_workers,
+                                 prefetch=sc.feed_prefetch)
+        for (r, _mr, s), out in zip(todo, feed, strict=True):
             assert out.mask is not None
             boxes = prompt_boxes(s, sc.prompt, mask=out.mask)
             if len(boxes) == 0:
                 r.update(status="mask_out_of_view", error="the spatial perturbation moved the mask out of the image")
                 continue
-            ready.append((r, out.image, boxes, out.mask))
-        return ready
+            scored.append(r)
+            yield out.image, boxes, out.mask
 
-    # Regenerate the next chunk on a thread (OpenCV/numpy release the GIL) while the model
-    # predicts the current one.
-    from concurrent.futures import ThreadPoolExecutor
-
-    size = 32
-    chunks = [todo[i : i + size] for i in range(0, len(todo), size)]
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        nxt = pool.submit(regenerate_chunk, chunks[0]) if chunks else None
-        for k in range(len(chunks)):
-            assert nxt is not None
-            ready = nxt.result()
-            nxt = pool.submit(regenerate_chunk, chunks[k + 1]) if k + 1 < len(chunks) else None
-            probs = _predict_timed(model, [c[1] for c in ready], [c[2] for c in ready], summary, m.batch_size)
-            for (r, _img, _b, gt), p in zip(ready, probs, strict=True):
-                r["iou"], r["dice"] = _score(p, gt)
-                _with_clean(r, cache.get(samples[(r["dataset"], r["sample_id"])]))
+    cache.fill(s for _, _, s in todo)  # clean scores missing from the clean partition, one batched pass
+    for r, (iou, dice) in zip(scored, _score_items(model, items(), summary, m.batch_size), strict=True):
+        r["iou"], r["dice"] = iou, dice
+        _with_clean(r, cache.get(samples[(r["dataset"], r["sample_id"])]))
     fp = results.fingerprint([EVAL_VERSION, model.checkpoint_hash, sc.prompt.protocol, level,
                               sorted(manifest["sha256"].dropna()) if len(manifest) else [],
                               sorted(perturbations) if perturbations is not None else None])
@@ -333,18 +389,19 @@ def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str
 
     from medrobust_lib.attacks.linf import AttackConfig, fgsm, pgd, torch_generator_for
     from medrobust_lib.models.sam import to_tensor_batch
-    from medrobust_lib.tracks.datasets import load_clean_samples
+    from medrobust_lib.tracks.feed import clean_samples
 
     t0 = time.perf_counter()
     m = model_config(suite, model_id)
     sc = seg_config(suite)
     model = model or load_model(suite, m)
     summary = EvalSummary()
-    samples = [s for v in load_clean_samples(suite, modality, split=sc.split).values() for s in v
-               if s.mask is not None and s.mask.any()]
+    device = getattr(model, "device", "cpu")
+    samples = [s for s in clean_samples(suite, modality, sc.split).values() if s.mask is not None and s.mask.any()]
     if sc.attacks.max_samples is not None:
         samples = samples[: sc.attacks.max_samples]
     cache = CleanCache(suite, m, modality, model, sc.prompt, summary)
+    cache.fill(samples)
     rows: list[dict[str, Any]] = []
     for kind in sc.attacks.kinds:
         acfg = AttackConfig.for_level(kind, level, step_size_factor=sc.attacks.step_size_factor)
@@ -354,13 +411,14 @@ def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str
         for group in by_shape.values():
             for start in range(0, len(group), m.batch_size):
                 batch = group[start : start + m.batch_size]
-                x = to_tensor_batch([s.image for s in batch])
+                x = to_tensor_batch([s.image for s in batch]).to(device)
                 gray = batch[0].image.ndim == 2
                 target = _GrayView(model) if gray else model
                 if gray:  # attack the single stored channel, not three diverging copies of it
                     x = x[:, :1].contiguous()
-                boxes = torch.as_tensor(np.concatenate([prompt_boxes(s, sc.prompt) for s in batch]))
+                boxes = torch.as_tensor(np.concatenate([prompt_boxes(s, sc.prompt) for s in batch])).to(device)
                 y = torch.from_numpy(np.stack([np.asarray(s.mask) for s in batch]).astype(np.float32))[:, None]
+                y = y.to(device)
                 t1 = time.perf_counter()
                 if kind == "fgsm":
                     adv = fgsm(target, x, boxes, y, acfg.epsilon)
@@ -368,13 +426,15 @@ def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str
                     gen = torch_generator_for(suite.seed, modality, batch[0].dataset, batch[0].sample_id, "pgd", level)
                     adv = pgd(target, x, boxes, y, acfg.epsilon, acfg.steps, acfg.step_size, generator=gen)
                 summary.model_seconds += time.perf_counter() - t1
-                imgs = [a[0].numpy().copy() if gray else a.permute(1, 2, 0).numpy().copy() for a in adv.detach()]
-                probs = _predict_timed(model, imgs, [b[None] for b in boxes.numpy()], summary, m.batch_size)
-                for s, p in zip(batch, probs, strict=True):
+                adv_h = adv.detach().cpu()
+                imgs = [a[0].numpy().copy() if gray else a.permute(1, 2, 0).numpy().copy() for a in adv_h]
+                scores = _score_items(model, zip(imgs, [b[None] for b in boxes.cpu().numpy()],
+                                                 [np.asarray(s.mask) for s in batch], strict=True),
+                                      summary, m.batch_size)
+                for s, (iou, dice) in zip(batch, scores, strict=True):
                     r = _base_row(m, model.checkpoint_hash, s, kind, sc.prompt.protocol)
                     r.update(perturbation=kind, level=level, epsilon=acfg.epsilon)
-                    assert s.mask is not None
-                    r["iou"], r["dice"] = _score(p, s.mask)
+                    r["iou"], r["dice"] = iou, dice
                     _with_clean(r, cache.get(s))
                     rows.append(r)
     fp = results.fingerprint([EVAL_VERSION, model.checkpoint_hash, sc.prompt.protocol, level, sc.attacks.model_dump(),

@@ -1,0 +1,204 @@
+"""The perturbation feed: perturbed images regenerated from manifest rows by a pool of worker
+processes that runs ahead of the model, with bounded prefetch and results in row order.
+
+* Workers (default ``cores - 1``, at least 1) are spawned once per process and kept (like
+  :func:`medrobust_lib.perturb.engine.run_chunks`' pool). They receive manifest rows, never
+  images: a task is the rows of one clean sample (all its types at the level), and the worker
+  reads that sample itself through the dataset's reader, checks it against the clean index's hash
+  and keeps the last :data:`WORKER_SAMPLE_CACHE` samples (memory stays bounded however large the
+  dataset), so each worker reads a sample at most once per partition and usually once per
+  process. The parent loads and hashes the whole evaluation split once per process
+  (:func:`clean_samples`), so a process evaluating many partitions reads every clean sample once,
+  not once per partition.
+* At most ``prefetch`` tasks are in flight; results come back in the order of the rows whatever
+  the completion order, so outputs do not depend on ``workers``.
+* ``workers=0`` regenerates in the calling process through the same functions (tests, debugging).
+
+Regeneration is :func:`medrobust_lib.perturb.engine.regenerate`, bit-exact with the manifest.
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing as mp
+import os
+from collections import deque
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from medrobust_lib.data.sample import Sample
+from medrobust_lib.perturb.spec import PerturbOutput
+
+SampleKey = tuple[str, str]
+"""(dataset, sample_id)."""
+
+_CLEAN: dict[tuple[Any, ...], dict[SampleKey, Sample]] = {}
+_MAX_CLEAN_ENTRIES = 8
+
+
+def default_workers() -> int:
+    """Feed worker processes by default: all cores but one (the model's), at least one."""
+    return max(1, (os.cpu_count() or 1) - 1)
+
+
+def _index_signature(suite: Any, modality: str) -> tuple[Any, ...]:
+    """What the loaded clean samples depend on: the clean index partition's files (path, size,
+    mtime) and the suite's dataset configuration. A re-materialised index reloads."""
+    from medrobust_lib.store.results import partition_dir
+    from medrobust_lib.tracks.datasets import CLEAN_TABLE
+
+    folder = Path(partition_dir(suite.results_dir, CLEAN_TABLE, {"modality": modality}))
+    files = sorted(folder.glob("*.parquet")) if folder.is_dir() else []
+    stats = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+    return (str(Path(suite.results_dir).resolve()), stats, suite.model_dump_json())
+
+
+def clean_samples(suite: Any, modality: str, split: str) -> dict[SampleKey, Sample]:
+    """The clean evaluation samples of a modality and split keyed by (dataset, sample_id), loaded
+    and checked against their recorded hashes once per process (cached on the clean index's
+    files and the suite's settings). Callers must not mutate the samples."""
+    from medrobust_lib.tracks.datasets import load_clean_samples
+
+    key = (modality, split, _index_signature(suite, modality))
+    if key not in _CLEAN:
+        if len(_CLEAN) >= _MAX_CLEAN_ENTRIES:
+            _CLEAN.pop(next(iter(_CLEAN)))
+        loaded = load_clean_samples(suite, modality, split=split)
+        _CLEAN[key] = {(s.dataset, s.sample_id): s for v in loaded.values() for s in v}
+    return _CLEAN[key]
+
+
+WORKER_SAMPLE_CACHE = 64
+"""Clean samples a feed worker keeps (least recently used dropped first)."""
+_ONE: dict[tuple[Any, ...], Sample] = {}
+_REFS: dict[tuple[Any, ...], tuple[dict[SampleKey, Any], dict[SampleKey, str], dict[str, Any]]] = {}
+
+
+def clean_sample(suite: Any, modality: str, split: str, key: SampleKey,
+                 signature: tuple[Any, ...] | None = None) -> Sample:
+    """One clean sample, read through its dataset's reader and checked against the clean index's
+    hash; the last :data:`WORKER_SAMPLE_CACHE` are kept per process (the feed workers' access).
+    ``signature``: the clean index's :func:`_index_signature`, when the caller has it already."""
+    from medrobust_lib.data.dataset import index_dataset, load_sample
+    from medrobust_lib.data.sample import SampleError
+    from medrobust_lib.store import results
+    from medrobust_lib.tracks.datasets import CLEAN_TABLE, datasets_for
+
+    sig = (modality, split, signature if signature is not None else _index_signature(suite, modality))
+    ck = (*sig, key)
+    if ck in _ONE:
+        _ONE[ck] = _ONE.pop(ck)  # most recently used last
+        return _ONE[ck]
+    if sig not in _REFS:
+        index = results.read_partition(suite.results_dir, CLEAN_TABLE, {"modality": modality})
+        ok = index[index["status"] == "ok"] if not index.empty else index
+        if split != "all" and not ok.empty:
+            ok = ok[ok["split"] == split]
+        wanted = {(str(d), str(i)): str(h) for d, i, h in zip(ok["dataset"], ok["sample_id"], ok["sha256"], strict=True)}
+        cfgs = {c.name: c for c in datasets_for(suite, modality)}
+        refs = {(r.dataset, r.sample_id): r for c in cfgs.values() for r in index_dataset(c)[0]}
+        _REFS.clear()
+        _REFS[sig] = (refs, wanted, cfgs)
+    refs, wanted, cfgs = _REFS[sig]
+    if key not in wanted or key not in refs:
+        raise KeyError(f"manifest row {key} has no clean sample in split {split!r} of modality {modality!r}")
+    s = load_sample(cfgs[key[0]], refs[key])
+    if s.content_hash() != wanted[key]:
+        raise SampleError("changed_on_disk", "content differs from the clean index; re-materialize clean_samples")
+    while len(_ONE) >= WORKER_SAMPLE_CACHE:
+        _ONE.pop(next(iter(_ONE)))
+    _ONE[ck] = s
+    return s
+
+
+def _regenerate_rows(suite: Any, modality: str, split: str, rows: Sequence[dict[str, Any]],
+                     local: bool = False) -> list[PerturbOutput]:
+    """Regenerate rows; ``local``: in the parent, from its full per-process sample cache."""
+    from medrobust_lib.perturb.engine import regenerate
+
+    samples = clean_samples(suite, modality, split) if local else None
+    sig = None if local else _index_signature(suite, modality)  # once per task, not per row
+    out = []
+    for row in rows:
+        key = (str(row["dataset"]), str(row["sample_id"]))
+        if samples is not None and key not in samples:
+            raise KeyError(f"manifest row {key} has no clean sample in split {split!r} of modality {modality!r}")
+        sample = samples[key] if samples is not None else clean_sample(suite, modality, split, key, sig)
+        try:
+            out.append(regenerate(row, sample))
+        except Exception as exc:
+            raise RuntimeError(f"regenerating {row.get('perturbation')} level {row.get('level')} of {key} failed: "
+                               f"{type(exc).__name__}: {exc}") from exc
+    return out
+
+
+_POOL: ProcessPoolExecutor | None = None
+_POOL_SIZE = 0
+
+
+def _pool(workers: int) -> ProcessPoolExecutor:
+    """The feed's process pool, kept for the life of the process. Spawn, not fork: forking after
+    torch/OpenCV threads have started can deadlock."""
+    global _POOL, _POOL_SIZE
+    if _POOL is None or _POOL_SIZE != workers:
+        if _POOL is not None:
+            _POOL.shutdown(cancel_futures=True)
+        _POOL = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"))
+        _POOL_SIZE = workers
+        atexit.register(_POOL.shutdown, cancel_futures=True)
+    return _POOL
+
+
+def _tasks(rows: Sequence[dict[str, Any]], chunk: int) -> list[list[dict[str, Any]]]:
+    """Consecutive rows of one sample form a task (split after ``chunk`` rows), so a worker reads
+    a clean sample once for all its rows there."""
+    tasks: list[list[dict[str, Any]]] = []
+    last: SampleKey | None = None
+    for row in rows:
+        key = (str(row["dataset"]), str(row["sample_id"]))
+        if not tasks or key != last or len(tasks[-1]) >= chunk:
+            tasks.append([])
+        tasks[-1].append(row)
+        last = key
+    return tasks
+
+
+def sample_major(rows: Sequence[dict[str, Any]]) -> list[int]:
+    """A deterministic order of ``rows`` that keeps the rows of one sample together (by dataset,
+    sample id, then the original position): the order the evaluation feeds rows in."""
+    return sorted(range(len(rows)), key=lambda i: (str(rows[i]["dataset"]), str(rows[i]["sample_id"]), i))
+
+
+def regenerate_stream(suite: Any, modality: str, split: str, rows: Sequence[dict[str, Any]], *,
+                      workers: int | None = None, prefetch: int = 4, chunk: int = 32) -> Iterator[PerturbOutput]:
+    """Regenerate every manifest row (dicts with at least dataset, sample_id, perturbation,
+    strength, seed_key), yielding one :class:`PerturbOutput` per row in row order.
+
+    ``workers``: processes (None: :func:`default_workers`; 0: in this process). ``prefetch``:
+    tasks in flight ahead of the consumer (>= 1). ``chunk``: at most this many rows per task (a
+    task never mixes samples; order rows with :func:`sample_major` for full tasks). A failing row
+    raises ``RuntimeError`` naming it (the caller's partition fails, as before the feed existed)."""
+    if prefetch < 1 or chunk < 1:
+        raise ValueError(f"prefetch and chunk must be >= 1, got {prefetch}, {chunk}")
+    n_workers = default_workers() if workers is None else workers
+    if n_workers < 0:
+        raise ValueError(f"workers must be >= 0, got {workers}")
+    parts = _tasks(rows, chunk)
+    if n_workers == 0 or not parts:
+        for part in parts:
+            yield from _regenerate_rows(suite, modality, split, part, local=True)
+        return
+    pool = _pool(n_workers)
+    inflight: deque[Future[list[PerturbOutput]]] = deque()
+    nxt = 0
+    try:
+        while nxt < len(parts) or inflight:
+            while nxt < len(parts) and len(inflight) < prefetch:
+                inflight.append(pool.submit(_regenerate_rows, suite, modality, split, parts[nxt]))
+                nxt += 1
+            yield from inflight.popleft().result()
+    finally:
+        for f in inflight:
+            f.cancel()
