@@ -27,6 +27,8 @@ and the result is resized to the input resolution (bilinear). Probabilities = si
 from __future__ import annotations
 
 import hashlib
+import json
+import pickle
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
@@ -146,7 +148,6 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
 
         sd = load_file(str(p))
     else:
-        import pickle
 
         try:
             obj = torch.load(p, map_location="cpu", weights_only=True)
@@ -372,7 +373,6 @@ def _adapter_strategy_checkpoint(checkpoint: Path) -> bool:
     """Whether the ``config.json`` beside a checkpoint says the adapter strategy added bottleneck
     adapters to a vanilla SAM (a SAM-Med2D release checkpoint without that file stays refused by
     the plain SAM family: it needs SAM-Med2D's preprocessing)."""
-    import json
 
     cfg = checkpoint.parent / "config.json"
     if not cfg.is_file():

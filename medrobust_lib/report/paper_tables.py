@@ -17,7 +17,7 @@ import pandas as pd
 from medrobust_lib.report.table import FLOOR_MARK, Column, ReportTable
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store.completeness import COMPLETENESS_TABLE, complete_filter_sql
-from medrobust_lib.store.coverage import COVERAGE_VIEWS, SEG_FLOOR
+from medrobust_lib.store.coverage import COVERAGE_VIEWS, SEG_FLOOR, VLM_CHANCE
 from medrobust_lib.store.schema_strategy import RANKING_VIEW
 from medrobust_lib.store.schema_taxonomy import QUADRANTS
 
@@ -308,7 +308,6 @@ def vlm_task_drops(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None)
     mean over types and ``drop`` is ΔTP. ``floor_effect``: the clean score is at or below the task's
     chance level (``store.coverage.VLM_CHANCE``); such rows are greyed, since their drops cannot
     show a loss."""
-    from medrobust_lib.store.coverage import VLM_CHANCE
 
     where, params = where_in("model", models)
     long = con.execute(f"""
@@ -474,7 +473,7 @@ def taxonomy_points(con: duckdb.DuckDBPyConnection, configs: Sequence[str] | Non
     perturbation, level, image_mode) with ``flip_rate``, ``dangerous_share`` (both in [0, 1]), ``n``
     and ``n_error``. ``clean_only`` (default): the headline points, clean, one per (config,
     dataset)."""
-    from medrobust_lib.tracks.taxonomy.stats import correlation_points
+    from medrobust_lib.taxonomy.stats import correlation_points
 
     if not relation_exists(con, "taxonomy_results"):
         return correlation_points(pd.DataFrame())
@@ -508,7 +507,7 @@ def taxonomy_correlation(con: duckdb.DuckDBPyConnection, configs: Sequence[str] 
         df = _recomputed_correlation(con, list(configs or []), seed)
     if df.empty:
         return "no headline rows in taxonomy_correlation (no clean taxonomy results)"
-    from medrobust_lib.tracks.taxonomy.stats import headline_rows
+    from medrobust_lib.report.figures.taxonomy import headline_rows
 
     df = headline_rows(df).reset_index(drop=True)
     cols = (Column("Image removed", "image_mode"), Column("n (clean config x dataset points)", "n_points", "int"),

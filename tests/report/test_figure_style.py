@@ -11,11 +11,10 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from medrobust_lib.report import paper_figures as figs
-from medrobust_lib.report import style
-from medrobust_lib.store.schema_taxonomy import QUADRANTS
-from medrobust_lib.tracks.segmentation.stats import robustness_curves
-from medrobust_lib.tracks.taxonomy.stats import (
+from medrobust_lib.report.figures import paper as figs
+from medrobust_lib.report.figures import style
+from medrobust_lib.report.figures.segmentation import robustness_curves
+from medrobust_lib.report.figures.taxonomy import (
     QUADRANT_COLORS,
     _corr_label,
     flip_vs_dangerous_scatter,
@@ -23,6 +22,7 @@ from medrobust_lib.tracks.taxonomy.stats import (
     quadrant_bars,
     transition_heatmaps,
 )
+from medrobust_lib.store.schema_taxonomy import QUADRANTS
 
 TYPES = [f"type_{i:02d}_with_a_long_name" for i in range(30)]
 

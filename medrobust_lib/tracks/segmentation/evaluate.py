@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ import pandas as pd
 from medrobust_lib.config import Suite
 from medrobust_lib.config.segmentation import SegmentationConfig, SegModelConfig
 from medrobust_lib.data.sample import Sample
+from medrobust_lib.metrics.segmentation import EMPTY_GT_POLICY, dice, iou
 from medrobust_lib.prompts import PromptConfig, prompt_boxes
 from medrobust_lib.store import registry, results
 
@@ -138,14 +141,12 @@ class EvalSummary:
 
 
 def _score(prob: np.ndarray, gt: np.ndarray) -> tuple[float, float]:
-    from medrobust_lib.metrics.segmentation import dice, iou
 
     pred = prob.max(axis=0) > 0.5 if len(prob) else np.zeros_like(gt, bool)
     return iou(pred, gt), dice(pred, gt)
 
 
 def _base_row(m: SegModelConfig, ckpt: str, s: Sample, condition: str, prompt: str) -> dict[str, Any]:
-    from medrobust_lib.metrics.segmentation import EMPTY_GT_POLICY
 
     return {"model": m.id, "checkpoint": ckpt, "strategy": m.strategy, "dataset": s.dataset, "modality": s.modality,
             "sample_id": s.sample_id, "condition": condition, "perturbation": condition, "level": 0,
@@ -268,7 +269,6 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
     summary = EvalSummary()
     manifest = read_manifest(suite, modality, level)
     if perturbations is not None and len(manifest):
-        from fnmatch import fnmatchcase
 
         keep = manifest["perturbation"].map(lambda t: any(fnmatchcase(str(t), p) for p in perturbations))
         manifest = manifest[keep]
@@ -305,7 +305,6 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
 
     # Regenerate the next chunk on a thread (OpenCV/numpy release the GIL) while the model
     # predicts the current one.
-    from concurrent.futures import ThreadPoolExecutor
 
     size = 32
     chunks = [todo[i : i + size] for i in range(0, len(todo), size)]
