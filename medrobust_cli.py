@@ -19,6 +19,10 @@ from typing import Annotated, Any
 import click
 import typer
 
+from medrobust_lib.project import in_project, project_root
+from medrobust_lib.tasks.score_files import score_file
+from medrobust_lib.types import ALL_MODALITIES, parse_modality
+
 _DEBUG = {"on": os.environ.get("MEDROBUST_DEBUG", "") not in ("", "0")}
 
 
@@ -126,14 +130,12 @@ def _echo(msg: str) -> None:
 def _project_path(given: Path | str | None, default: str) -> Path:
     """A path option: what the user gave (relative to the current directory), else ``default``
     inside the project root (medrobust_lib.project), so commands work from any directory."""
-    from medrobust_lib.project import in_project
 
     return Path(given).expanduser().resolve() if given is not None else in_project(default)
 
 
 def _enter_project() -> Path:
     """Change into the project root (suites name their paths relative to it); returns it."""
-    from medrobust_lib.project import project_root
 
     root = project_root()
     os.chdir(root)
@@ -144,7 +146,6 @@ def _modality_option(value: str | None) -> str | None:
     """``--modality``: case-insensitive; an unknown name is a usage error listing the valid ones."""
     if value is None:
         return None
-    from medrobust_lib.types import parse_modality
 
     try:
         return parse_modality(value).value
@@ -308,7 +309,6 @@ def list_perturbations_cmd(
 ) -> None:
     """Every registered perturbation: name, family, modalities, geometry, strength, reference."""
     from medrobust_lib.perturb.spec import get_perturbation, list_perturbations
-    from medrobust_lib.types import ALL_MODALITIES
 
     rows = []
     for name in list_perturbations(modality=modality):
@@ -391,7 +391,6 @@ def score(
     """Score predictions made elsewhere against references; prints one JSON summary. Exit 1 when
     nothing was scored (no valid reference, or no prediction matches a reference id); 2 when a
     file is missing."""
-    from medrobust_lib.tasks.score_files import score_file
 
     try:
         summary = score_file(task.value, predictions, references,  # type: ignore[arg-type]

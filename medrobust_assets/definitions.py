@@ -22,6 +22,7 @@ from medrobust_assets.sensors import (
     registry_evaluation_job,
     registry_sensor,
 )
+from medrobust_lib.config.vlm import vlm_config
 
 
 def _suite_for_definitions() -> Any:
@@ -45,7 +46,6 @@ def _model_assets() -> list[dg.AssetsDefinition]:
 
 
 def _vlm_assets() -> list[dg.AssetsDefinition]:
-    from medrobust_lib.config.vlm import vlm_config
 
     suite = _suite_for_definitions()
     assets: list[dg.AssetsDefinition] = []

@@ -9,6 +9,8 @@ import cv2
 import dagster as dg
 import pandas as pd
 
+from medrobust_lib.store.tracking import register_artifact
+
 
 def markdown_table(df: pd.DataFrame, max_rows: int = 60) -> dg.MetadataValue:
     if df.empty:
@@ -37,7 +39,6 @@ def log_and_register(run: object, folder: str | Path, artifact_path: str, name: 
         return None
     import mlflow
 
-    from medrobust_lib.store.tracking import register_artifact
 
     mlflow.log_artifacts(str(folder), artifact_path=artifact_path)
     return register_artifact(run, artifact_path, name, tags)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import dagster as dg
 
 from medrobust_lib.config import Suite, load_suite
+from medrobust_lib.store.tracking import tracked_run
 
 
 class SuiteResource(dg.ConfigurableResource):  # type: ignore[misc]
@@ -18,7 +20,6 @@ class SuiteResource(dg.ConfigurableResource):  # type: ignore[misc]
     workers: int = 0  # 0: use the suite's value
 
     def load(self) -> Suite:
-        import os
 
         suite = load_suite(self.suite_path or os.environ.get("MEDROBUST_SUITE", "configs/demo.yaml"))
         if self.workers:
@@ -40,7 +41,6 @@ class TrackingResource(dg.ConfigurableResource):  # type: ignore[misc]
         if not self.enabled:
             yield None
             return
-        from medrobust_lib.store.tracking import tracked_run
 
         asset = context.asset_key.to_user_string()
         partition = context.partition_key if context.has_partition_key else ""

@@ -19,6 +19,7 @@ import dagster as dg
 from medrobust_assets import partitions
 from medrobust_assets.definitions import ALL_ASSETS, build_resources, defs
 from medrobust_lib.config import Suite, load_suite
+from medrobust_lib.store import registry
 from medrobust_lib.tracks.finetune.strategies import finetune_config
 
 # Progress is printed by run_demo; Dagster's own event stream stays in the instance (and the UI).
@@ -296,7 +297,6 @@ def run_registry_demo(suite: Any, inst: dg.DagsterInstance, step: Callable[..., 
        sensor-to-results latency (without the daemon's polling interval).
     3. A deliberately degraded candidate (seeded noise, 0.5 sd, on the mask decoder) must FAIL the gate.
     Raises RuntimeError when the gate verdicts are not the expected ones."""
-    from medrobust_lib.store import registry
     from medrobust_lib.tracks.finetune.strategies import (
         degrade_checkpoint,
         finetune_strategy,

@@ -8,6 +8,7 @@ import dagster as dg
 
 from medrobust_assets.assets.finetune import REGISTERED_VERSIONS, REGISTRY_PREFIX, version_key
 from medrobust_assets.resources import TrackingResource
+from medrobust_lib.store.registry import snapshot
 
 registry_evaluation_job = dg.define_asset_job(
     "registry_evaluation_job", selection=dg.AssetSelection.assets("registry_evaluation"),
@@ -55,7 +56,6 @@ def registry_requests(snapshot: dict[str, dict[str, Any]], cursor: str | None) -
            description="Polls the MLflow model registry (models named medrobust-seg-*): every new version, and "
                        "every move of the 'candidate' alias, launches registry_evaluation for that version.")
 def registry_sensor(context: dg.SensorEvaluationContext, tracking: TrackingResource) -> dg.SensorResult:
-    from medrobust_lib.store.registry import snapshot
 
     requests, new_keys, cursor = registry_requests(snapshot(REGISTRY_PREFIX, tracking.mlruns_dir), context.cursor)
     return dg.SensorResult(
@@ -90,7 +90,6 @@ def nightly_requests(snapshot: dict[str, dict[str, Any]], known: set[str], day: 
                          "segmentation model from scratch (no row reuse) on the current data and perturbations, "
                          "and re-run the robustness gate; the mart sensor then rebuilds the mart.")
 def nightly_reevaluation(context: dg.ScheduleEvaluationContext, tracking: TrackingResource) -> list[dg.RunRequest]:
-    from medrobust_lib.store.registry import snapshot
 
     known = set(context.instance.get_dynamic_partitions(REGISTERED_VERSIONS.name or ""))
     when = context.scheduled_execution_time

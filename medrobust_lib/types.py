@@ -39,6 +39,11 @@ class Modality(StrEnum):
 
 ALL_MODALITIES: tuple[str, ...] = tuple(m.value for m in Modality)
 SEVERITY_LEVELS: tuple[int, ...] = (1, 2, 3, 4, 5)
+SSIM_BANDS: dict[int, tuple[float, float]] = {1: (0.90, 0.98), 2: (0.80, 0.89), 3: (0.70, 0.79), 4: (0.60, 0.69),
+                                              5: (0.50, 0.59)}
+"""Default SSIM band (low, high) per severity level (MedFM-Robust); a suite may set its own."""
+ATTACK_EPSILONS: dict[int, float] = {1: 2 / 255, 2: 4 / 255, 3: 6 / 255, 4: 8 / 255, 5: 10 / 255}
+"""L-infinity attack budget per severity level, in [0, 1] pixel units."""
 
 
 def parse_modality(value: str) -> Modality:
@@ -47,3 +52,16 @@ def parse_modality(value: str) -> Modality:
         return Modality(value.lower())
     except ValueError:
         raise ValueError(f"unknown modality {value!r}; valid: {', '.join(ALL_MODALITIES)}") from None
+
+
+def validate_bands(bands: dict[int, tuple[float, float]]) -> dict[int, tuple[float, float]]:
+    """Bands must be inside [0, 1], low <= high, and strictly lower for higher levels."""
+    levels = sorted(bands)
+    for lv in levels:
+        lo, hi = bands[lv]
+        if not 0.0 <= lo <= hi <= 1.0:
+            raise ValueError(f"band for level {lv} must satisfy 0 <= low <= high <= 1, got {bands[lv]}")
+    for a, b in zip(levels, levels[1:], strict=False):
+        if bands[b][1] > bands[a][0]:
+            raise ValueError(f"band of level {b} {bands[b]} must lie below band of level {a} {bands[a]}")
+    return bands

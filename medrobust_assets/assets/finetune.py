@@ -7,6 +7,7 @@ adds) evaluates any registered segmentation checkpoint and runs the ``robustness
 against the model's ``champion``.
 """
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from medrobust_assets.assets.perturbed import perturbed_samples
 from medrobust_assets.metadata import image_md, markdown_table
 from medrobust_assets.resources import SuiteResource, TrackingResource
 from medrobust_assets.tags import GPU_OP_TAGS
+from medrobust_lib.store.registry import seg_model_name
 
 REGISTERED_VERSIONS = dg.DynamicPartitionsDefinition(name="registered_seg_versions")
 REGISTRY_PREFIX = "medrobust-seg-"
@@ -35,7 +37,6 @@ def parse_version_key(key: str) -> tuple[str, int]:
 
 def _log_metrics(run: Any, metrics: dict[str, Any]) -> None:
     if run is not None:
-        import math
 
         import mlflow
 
@@ -58,7 +59,6 @@ def finetune_family(base_id: str, strategies: list[str], base_checkpoint: Any) -
     )
     def finetuned_checkpoint(context: dg.AssetExecutionContext, suite: SuiteResource,
                              tracking: TrackingResource) -> dg.MaterializeResult:
-        from medrobust_lib.store.registry import seg_model_name
         from medrobust_lib.tracks.finetune.strategies import finetune_strategy, register_version
 
         s = suite.load()
@@ -112,7 +112,7 @@ def finetune_family(base_id: str, strategies: list[str], base_checkpoint: Any) -
     )
     def strategy_ranking(context: dg.AssetExecutionContext, suite: SuiteResource,
                          tracking: TrackingResource) -> dg.MaterializeResult:
-        from medrobust_lib.report.paper_figures import strategy_bars
+        from medrobust_lib.report.figures.paper import strategy_bars
         from medrobust_lib.tracks.finetune.ranking import compare_published, write_strategy_ranking
         from medrobust_lib.tracks.finetune.strategies import require_finetune, strategy_params
 

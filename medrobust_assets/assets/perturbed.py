@@ -14,8 +14,8 @@ from medrobust_assets.partitions import (
     modality_severity_partitions,
 )
 from medrobust_assets.resources import SuiteResource, TrackingResource
-from medrobust_lib.report.figures.gallery import modality_gallery, partition_checks
 from medrobust_lib.tracks.perturbed import build_perturbed
+from medrobust_lib.tracks.perturbed_checks import modality_gallery, partition_checks
 
 CHECKS = [
     dg.AssetCheckSpec("band_hit_rate", asset="perturbed_samples",

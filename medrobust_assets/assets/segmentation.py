@@ -130,7 +130,8 @@ def segmentation_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinit
     )
     def segmentation_report(context: dg.AssetExecutionContext, suite: SuiteResource,
                             tracking: TrackingResource) -> dg.MaterializeResult:
-        from medrobust_lib.tracks.segmentation.stats import robustness_curves, write_segmentation_stats
+        from medrobust_lib.report.figures.segmentation import robustness_curves
+        from medrobust_lib.tracks.segmentation.stats import write_segmentation_stats
 
         s = suite.load()
         with tracking.run(context, "segmentation_report") as run:

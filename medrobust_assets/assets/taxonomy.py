@@ -2,6 +2,7 @@
 [taxonomy_model] (demo training), text_only_baselines (by modality), taxonomy_clean (by modality),
 taxonomy_perturbed (modality x severity); then taxonomy_report (quadrant tables, plots)."""
 
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -125,9 +126,10 @@ def taxonomy_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinition:
                           "headline (taxonomy_correlation_stats), plots to MLflow and here.")
     def taxonomy_report(context: dg.AssetExecutionContext, suite: SuiteResource,
                         tracking: TrackingResource) -> dg.MaterializeResult:
-        from pathlib import Path
 
+        from medrobust_lib.report.figures import taxonomy as tf
         from medrobust_lib.store import results as res
+        from medrobust_lib.taxonomy.stats import correlation_points
         from medrobust_lib.tracks.taxonomy import stats as tr
 
         s = suite.load()
@@ -143,9 +145,9 @@ def taxonomy_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinition:
                 from medrobust_lib.taxonomy.stats import transitions
 
                 ok = rows[rows["outcome"] == "ok"]
-                paths += tr.quadrant_bars(stats, out_dir)
-                paths += tr.transition_heatmaps(transitions(ok).rename(columns={"count": "n"}), out_dir)
-                paths.append(tr.flip_vs_dangerous_scatter(tr.correlation_points(rows, clean_only=True), corr,
+                paths += tf.quadrant_bars(stats, out_dir)
+                paths += tf.transition_heatmaps(transitions(ok).rename(columns={"count": "n"}), out_dir)
+                paths.append(tf.flip_vs_dangerous_scatter(correlation_points(rows, clean_only=True), corr,
                                                           out_dir))
             if run is not None:
                 import mlflow
@@ -171,7 +173,7 @@ def taxonomy_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinition:
                                 "text_only_accuracy", "dangerous_floor", "flip_rate") if c in clean.columns]
             meta["clean_quadrants"] = markdown_table(clean[keep])
         if len(corr):
-            meta["headline_correlation"] = " | ".join(tr.correlation_label(r) for _, r in tr.headline_rows(corr)
+            meta["headline_correlation"] = " | ".join(tf.correlation_label(r) for _, r in tf.headline_rows(corr)
                                                       .iterrows())
             meta["correlation"] = markdown_table(corr)
         for p in paths:

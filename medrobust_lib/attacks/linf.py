@@ -31,10 +31,11 @@ from typing import Literal, Protocol
 import torch
 
 from medrobust_lib.seeding import key_digest
+from medrobust_lib.types import ATTACK_EPSILONS
 
 AttackKind = Literal["fgsm", "pgd"]
 ATTACK_KINDS: tuple[str, ...] = ("fgsm", "pgd")
-EPSILONS: dict[int, float] = {1: 2 / 255, 2: 4 / 255, 3: 6 / 255, 4: 8 / 255, 5: 10 / 255}
+EPSILONS: dict[int, float] = dict(ATTACK_EPSILONS)
 """L-infinity budget per severity level, in [0, 1] pixel units."""
 PGD_STEPS: dict[int, int] = {1: 3, 2: 5, 3: 7, 4: 10, 5: 15}
 """PGD iterations per severity level."""

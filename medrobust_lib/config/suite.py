@@ -14,8 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from medrobust_lib.config.segmentation import SegmentationConfig
 from medrobust_lib.config.taxonomy import TaxonomyConfig
 from medrobust_lib.config.vlm import VLMConfig
-from medrobust_lib.perturb.calibrate import DEFAULT_BANDS, validate_bands
-from medrobust_lib.types import ALL_MODALITIES, SEVERITY_LEVELS
+from medrobust_lib.types import ALL_MODALITIES, SEVERITY_LEVELS, SSIM_BANDS, validate_bands
 
 DEMO_TRAINED = "trained"
 """A model's weights trained by the demo's own assets (``checkpoint: trained`` / ``source: trained``)."""
@@ -40,7 +39,7 @@ class PerturbationConfig(BaseModel):
     include: list[str] = Field(default_factory=lambda: ["*"])
     exclude: list[str] = Field(default_factory=list)
     levels: list[int] = Field(default_factory=lambda: list(SEVERITY_LEVELS))
-    bands: dict[int, tuple[float, float]] = Field(default_factory=lambda: dict(DEFAULT_BANDS))
+    bands: dict[int, tuple[float, float]] = Field(default_factory=lambda: dict(SSIM_BANDS))
     calibration_subset: int = Field(default=4, ge=1, description="images per dataset used for the warm start")
     split: str = Field(default="test", description="which split to perturb: train, val, test or all")
     max_samples: int | None = Field(default=None, ge=1, description="cap per dataset, after the split filter")

@@ -729,7 +729,6 @@ def write_image(
     arr = _validate_unit_image(image)
     ext = file_extension(p)
     if ext == ".npy":
-        import io
 
         stream = io.BytesIO()
         np.save(stream, np.ascontiguousarray(arr, np.float32), allow_pickle=False)

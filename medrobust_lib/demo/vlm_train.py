@@ -16,6 +16,7 @@ from medrobust_lib.config import Suite
 from medrobust_lib.config.vlm import vlm_config, vlm_model
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.finetune.vlm_train import VLMExample
+from medrobust_lib.tasks.scoring import score_mc
 from medrobust_lib.tracks.vlm.items import VLMItem, box_in_sample, load_items, prompt_for
 from medrobust_lib.tracks.vlm.runner import checkpoint_dir
 
@@ -96,7 +97,6 @@ def heldout_accuracy(model_folder: str, adapter: str | None, items: list[VLMItem
                      samples: dict[tuple[str, str], Sample]) -> dict[str, float]:
     """Yes/no (option scoring, original question) and MC accuracy on held-out samples."""
     from medrobust_lib.models.hf_vlm import HFVisionLanguageModel
-    from medrobust_lib.tasks.scoring import score_mc
 
     kw: dict[str, Any] = {"adapter": adapter} if adapter else {}
     vlm = HFVisionLanguageModel(model_folder, **kw)

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from medrobust_lib.models.vlm_conventions import CONVENTIONS, conventions_for, encode_prompts, prompt_text
 from medrobust_lib.seeding import rng_for
 
 IGNORE = -100
@@ -102,7 +103,6 @@ def _rgb_u8(image: np.ndarray) -> np.ndarray:
 
 
 def _conventions(processor: Any, model_type: str | None) -> Any:
-    from medrobust_lib.models.vlm_conventions import conventions_for
 
     return conventions_for(model_type or _model_type_of(processor))
 
@@ -110,7 +110,6 @@ def _conventions(processor: Any, model_type: str | None) -> Any:
 def _model_type_of(processor: Any) -> str:
     """The architecture family from the processor class (LlavaProcessor -> llava); the trainer has
     no model config at hand. Unknown processors get LLaVA-like conventions."""
-    from medrobust_lib.models.vlm_conventions import CONVENTIONS
 
     name = type(processor).__name__.lower().replace("_", "").removesuffix("processor")
     for conv in CONVENTIONS:
@@ -122,7 +121,6 @@ def _model_type_of(processor: Any) -> str:
 
 def chat_prompt(processor: Any, question: str, with_image: bool, model_type: str | None = None) -> str:
     """The generation prompt for one user turn (the same prompt evaluation uses)."""
-    from medrobust_lib.models.vlm_conventions import prompt_text
 
     return prompt_text(processor, _conventions(processor, model_type), question, with_image)
 
@@ -136,7 +134,6 @@ def encode_examples(processor: Any, examples: Sequence[VLMExample], model_type: 
     tiles). Answer tokens extend the sequence-aligned outputs (``SEQ_KEYS``): token types take the
     family's ``answer_token_type`` (PaliGemma: 1, the causal suffix), Mllama's cross-attention mask
     repeats its last row (answers see the image like the prompt's end does)."""
-    from medrobust_lib.models.vlm_conventions import encode_prompts, prompt_text
 
     conv = _conventions(processor, model_type)
     tok = processor.tokenizer

@@ -36,6 +36,7 @@ import base64
 import email.utils
 import hashlib
 import io
+import ipaddress
 import json
 import logging
 import math
@@ -130,7 +131,6 @@ class ApiVLMConfig:
 
 def is_loopback(url: str) -> bool:
     """Whether ``url``'s host is a loopback address (``localhost``, 127.0.0.0/8, ``::1``)."""
-    import ipaddress
 
     host = (urllib.parse.urlsplit(url).hostname or "").lower()
     if host == "localhost":

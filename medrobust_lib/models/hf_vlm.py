@@ -15,6 +15,9 @@ Images: float32 in [0, 1], (H, W) grayscale (replicated to RGB for the processor
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -95,7 +98,6 @@ class HFVisionLanguageModel:
     def _merge_adapter(self, model: Any, weights: Path) -> Any:
         """Load the LoRA adapter beside ``weights`` onto ``model`` frozen, merge it into the base
         weights and record the first 16 hex digits of the safetensors file's SHA-256."""
-        import hashlib
 
         from peft import PeftModel
 
@@ -103,7 +105,6 @@ class HFVisionLanguageModel:
         with weights.open("rb") as fh:
             for block in iter(lambda: fh.read(1 << 20), b""):
                 h.update(block)
-        import warnings
 
         with warnings.catch_warnings():  # peft calls a deprecated transformers property while loading
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
@@ -250,7 +251,6 @@ class HFVisionLanguageModel:
         return out
 
     def _accepts_encoder_outputs(self) -> bool:
-        import inspect
 
         inner = getattr(self.model, "model", None)
         return (self.conventions.reuse_encoder and inner is not None and hasattr(inner, "get_image_features")

@@ -33,6 +33,8 @@ sigmoid at 256 px, then resize). Engines: ``reference`` (segment-anything's modu
 from __future__ import annotations
 
 import hashlib
+import json
+import pickle
 import time
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -45,6 +47,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from medrobust_lib.metrics.segmentation import THRESHOLD
 from medrobust_lib.types import Boxes, FloatImage
 
 Family = Literal["sam", "medsam", "sam_med2d"]
@@ -153,7 +156,6 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
 
         sd = load_file(str(p))
     else:
-        import pickle
 
         try:
             obj = torch.load(p, map_location="cpu", weights_only=True)
@@ -550,7 +552,6 @@ class SamSegmenter:
         ``metrics.segmentation.iou`` / ``dice`` on the host. ``items`` may be a generator (the
         perturbation feed): it is consumed ``batch_size`` items at a time, mixed sizes batched
         together; only the per-sample scalars return to the host, once, at the end."""
-        from medrobust_lib.metrics.segmentation import THRESHOLD
 
         self.sam.eval()
         ious: list[torch.Tensor] = []
@@ -609,7 +610,6 @@ def _adapter_strategy_checkpoint(checkpoint: Path) -> bool:
     """Whether the ``config.json`` beside a checkpoint says the adapter strategy added bottleneck
     adapters to a vanilla SAM (a SAM-Med2D release checkpoint without that file stays refused by
     the plain SAM family: it needs SAM-Med2D's preprocessing)."""
-    import json
 
     cfg = checkpoint.parent / "config.json"
     if not cfg.is_file():

@@ -24,10 +24,10 @@ import numpy as np
 from medrobust_lib.perturb.spec import PerturbationSpec, PerturbOutput
 from medrobust_lib.perturb.ssim import ssim
 from medrobust_lib.seeding import rng_for
-from medrobust_lib.types import BoolMask, Boxes, FloatImage
+from medrobust_lib.types import SSIM_BANDS, BoolMask, Boxes, FloatImage, validate_bands  # noqa: F401
 
 Band = tuple[float, float]
-DEFAULT_BANDS: dict[int, Band] = {1: (0.90, 0.98), 2: (0.80, 0.89), 3: (0.70, 0.79), 4: (0.60, 0.69), 5: (0.50, 0.59)}
+DEFAULT_BANDS: dict[int, Band] = dict(SSIM_BANDS)
 MAX_EVALS = 24
 
 
@@ -40,19 +40,6 @@ class Calibrated:
     band_reached: bool
     n_ssim_evals: int
     output: PerturbOutput
-
-
-def validate_bands(bands: dict[int, Band]) -> dict[int, Band]:
-    """Bands must be inside [0, 1], low <= high, and strictly lower for higher levels."""
-    levels = sorted(bands)
-    for lv in levels:
-        lo, hi = bands[lv]
-        if not 0.0 <= lo <= hi <= 1.0:
-            raise ValueError(f"band for level {lv} must satisfy 0 <= low <= high <= 1, got {bands[lv]}")
-    for a, b in zip(levels, levels[1:], strict=False):
-        if bands[b][1] > bands[a][0]:
-            raise ValueError(f"band of level {b} {bands[b]} must lie below band of level {a} {bands[a]}")
-    return bands
 
 
 def calibrate(

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from medrobust_lib.data.boxes import mask_to_boxes
+from medrobust_lib.data.sample import SampleError
 from medrobust_lib.perturb.calibrate import DEFAULT_BANDS, calibrate
 from medrobust_lib.perturb.spec import get_perturbation, list_perturbations
 from medrobust_lib.types import ALL_MODALITIES, SEVERITY_LEVELS, parse_modality
@@ -69,7 +70,6 @@ def perturb_file(
         read_image_meta,
         write_image,
     )
-    from medrobust_lib.data.sample import SampleError
 
     if not input_path.is_file():
         raise FileNotFoundError(f"input image not found: {input_path}")

@@ -27,13 +27,14 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 
-from medrobust_lib.report import paper_figures as figs
 from medrobust_lib.report import paper_tables as pt
+from medrobust_lib.report.figures import paper as figs
+from medrobust_lib.report.figures.style import twins
 from medrobust_lib.report.html import Figure, render_page
 from medrobust_lib.report.latex import to_latex
-from medrobust_lib.report.style import twins
 from medrobust_lib.report.table import ReportTable, to_csv, to_markdown
 from medrobust_lib.store.marts import connect_readonly
+from medrobust_lib.store.tracking import tracked_run
 
 EXPERIMENT = "reports"
 """MLflow experiment of the report runs."""
@@ -155,8 +156,8 @@ def _tables(con: duckdb.DuckDBPyConnection, sel: dict[str, list[str] | None], av
 def _figures(con: duckdb.DuckDBPyConnection, tables: dict[str, ReportTable], sel: dict[str, list[str] | None],
              fig_dir: Path, include_floor: bool = False) -> tuple[list[tuple[Path, str]], dict[str, str]]:
     """(path, caption) of every figure written, and figure name -> reason for those not drawn."""
-    from medrobust_lib.tracks.segmentation.stats import robustness_curves
-    from medrobust_lib.tracks.taxonomy.stats import flip_vs_dangerous_scatter, quadrant_bars
+    from medrobust_lib.report.figures.segmentation import robustness_curves
+    from medrobust_lib.report.figures.taxonomy import flip_vs_dangerous_scatter, quadrant_bars
 
     out: list[tuple[Path, str]] = []
     skipped: dict[str, str] = {}
@@ -296,7 +297,6 @@ def _log_mlflow(out: Path, files: Sequence[Path], mart: Path, models: Sequence[s
     layout as ``out``); returns the run id."""
     import mlflow
 
-    from medrobust_lib.store.tracking import tracked_run
 
     params = {"mart": str(mart.resolve()), "models": ",".join(models) if models is not None else "all",
               "out_dir": str(out.resolve())}

@@ -17,7 +17,7 @@ import pandas as pd
 from medrobust_lib.report.table import FLOOR_MARK, Column, ReportTable
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store.completeness import COMPLETENESS_TABLE, complete_filter_sql
-from medrobust_lib.store.coverage import COVERAGE_VIEWS, SEG_FLOOR
+from medrobust_lib.store.coverage import COVERAGE_VIEWS, SEG_FLOOR, VLM_CHANCE
 from medrobust_lib.store.schema_strategy import RANKING_VIEW
 from medrobust_lib.store.schema_taxonomy import QUADRANTS
 
@@ -183,15 +183,13 @@ def segmentation_summary(con: duckdb.DuckDBPyConnection, models: Sequence[str] |
             Column("rel. att.", "attack_iou_rel_drop", "float"),
             Column("Dice", "clean_dice", "float"),
             Column("ΔDice corr.", "corruption_dice_drop", "float"),
-            Column("Dice rel. corr.", "corruption_dice_rel_drop", "float"),
             Column("ΔDice att.", "attack_dice_drop", "float"),
-            Column("Dice rel. att.", "attack_dice_rel_drop", "float"),
             Column("Images", "n_images", "int"), Column("n", "n", "int"), Column("Failed", "n_failed", "int")]
     if int(df["n_floor_datasets"].sum()):
         cols.append(Column("Floor", "n_floor_datasets", "int"))
     notes = ["IoU (the primary metric) first, Dice alongside. IoU, Dice: clean scores. Δ: drops, clean minus "
-             "perturbed (positive = worse), paired per image; rel.: the drop divided by the clean score (empty "
-             "when that is 0); "
+             "perturbed (positive = worse), paired per image; rel.: the IoU drop divided by the clean IoU (empty "
+             "when that is 0; the Dice relative drops are in the CSV); "
              "corruption drops (corr.) are the mean "
              "over corruption types of each type's mean drop, attack drops (att.) the mean over FGSM and PGD at all "
              "eps. "
@@ -287,14 +285,14 @@ def strategy_ranking(con: duckdb.DuckDBPyConnection, models: Sequence[str] | Non
             Column("Strategy", "strategy"), Column("Params", "n_trainable", "int"),
             Column("IoU", "clean_iou", "float"), Column("Dice", "clean_dice", "float"),
             Column("IoU drop [95% CI]", "mean_iou_drop", "ci", "iou_drop_ci_low", "iou_drop_ci_high"),
-            Column("IoU rel. drop", "iou_rel_drop", "float"), Column("Clean Dice", "clean_dice", "float"),
+            Column("rel.", "iou_rel_drop", "float"),
             Column("Dice drop [95% CI]", "mean_dice_drop", "ci", "dice_drop_ci_low", "dice_drop_ci_high"),
-            Column("Dice rel. drop", "dice_rel_drop", "float"),
             Column("Samples", "n_samples", "int"), Column("Cond.", "n_conditions", "int"))
     return ReportTable(
         "strategy_ranking", "Fine-tuning strategies ranked by robustness", df, cols,
         "Rank 1 = smallest mean IoU drop within (model, kind); drops are clean minus perturbed with percentile "
-        "bootstrap 95% CIs over test samples; relative drop = drop / clean score of the same samples. Params: "
+        "bootstrap 95% CIs over test samples; rel. = IoU drop / clean IoU of the same samples (the Dice "
+        "relative drop is in the CSV). Params: "
         "trainable parameters; IoU, Dice: clean scores; Cond.: perturbed conditions averaged.")
 
 
@@ -308,7 +306,6 @@ def vlm_task_drops(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None)
     mean over types and ``drop`` is ΔTP. ``floor_effect``: the clean score is at or below the task's
     chance level (``store.coverage.VLM_CHANCE``); such rows are greyed, since their drops cannot
     show a loss."""
-    from medrobust_lib.store.coverage import VLM_CHANCE
 
     where, params = where_in("model", models)
     long = con.execute(f"""
@@ -416,24 +413,25 @@ def taxonomy_quadrants(con: duckdb.DuckDBPyConnection, configs: Sequence[str] | 
     for c in ("n", "n_total", "n_error"):
         df[c] = df[c].astype("int64")
     df = _add_share_ci(con, df, where, params, seed)
-    cols = (Column("Config", "config"), Column("Image removed", "image_mode"), Column("Condition", "condition"),
+    cols = (Column("Config", "config"), Column("No image", "image_mode"), Column("Cond.", "condition"),
             Column("Quadrant", "quadrant"),
             Column("Share [95% CI]", "share", "ci", "share_ci_low", "share_ci_high"),
-            Column("Accuracy", "accuracy", "float"), Column("Entropy (bits)", "mean_entropy", "float"),
-            Column("n", "n", "int"), Column("Total", "n_total", "int"), Column("Errors", "n_error", "int"),
-            Column("Flip rate", "flip_rate", "float"), Column("Text-only acc.", "text_only_accuracy", "float"),
-            Column("Dangerous floor", "dangerous_floor", "float"),
-            Column("Sensitivity: share, abstention", "share_abstention", "float"))
+            Column("Acc.", "accuracy", "float"), Column("H", "mean_entropy", "float"),
+            Column("n", "n", "int"), Column("Total", "n_total", "int"), Column("Err.", "n_error", "int"),
+            Column("Flip", "flip_rate", "float"), Column("Text acc.", "text_only_accuracy", "float"),
+            Column("Floor", "dangerous_floor", "float"),
+            Column("Abst.", "share_abstention", "float"))
     return ReportTable(
         "taxonomy_quadrants", "Safety quadrants: clean and pooled over all perturbations", df, cols,
         "Pooled over datasets (perturbed: also over every type and level); share = n / total ok samples with a "
-        "percentile bootstrap 95% CI resampling images; accuracy and entropy (bits) are means within the "
-        "quadrant. Ideal = consistent and image-reliant, Dangerous = consistent but not image-reliant. Errors "
-        "(infrastructure failures) are in no denominator. Flip rate = share of samples whose answers are not all "
-        "identical across the question and its paraphrases (negations excluded). Text-only acc. = accuracy "
-        "without the image; Dangerous floor = share of samples whose label equals the text-only answer, the "
-        "Dangerous share of an accurate, consistent model (about 0.5 on label-balanced questions). The last "
-        "column is a sensitivity analysis, not the quadrant: a text-only answer with |margin| < tau "
+        "percentile bootstrap 95% CI resampling images; Acc. and H (entropy, bits) are means within the "
+        "quadrant. No image: the image-removal mode; Cond.: clean or perturbed. Ideal = consistent and "
+        "image-reliant, Dangerous = consistent but not image-reliant. Err.: infrastructure failures, in no "
+        "denominator. Flip = flip rate, the share of samples whose answers are not all identical across the "
+        "question and its paraphrases (negations excluded). Text acc. = accuracy without the image; Floor = "
+        "the oracle Dangerous floor, the share of samples whose label equals the text-only answer, i.e. the "
+        "Dangerous share of an accurate, consistent model (about 0.5 on label-balanced questions). Abst. is a "
+        "sensitivity analysis, not the quadrant: the share when a text-only answer with |margin| < tau "
         "(tau = ln 2 by default) counts as changed.")
 
 
@@ -474,7 +472,7 @@ def taxonomy_points(con: duckdb.DuckDBPyConnection, configs: Sequence[str] | Non
     perturbation, level, image_mode) with ``flip_rate``, ``dangerous_share`` (both in [0, 1]), ``n``
     and ``n_error``. ``clean_only`` (default): the headline points, clean, one per (config,
     dataset)."""
-    from medrobust_lib.tracks.taxonomy.stats import correlation_points
+    from medrobust_lib.taxonomy.stats import correlation_points
 
     if not relation_exists(con, "taxonomy_results"):
         return correlation_points(pd.DataFrame())
@@ -508,7 +506,7 @@ def taxonomy_correlation(con: duckdb.DuckDBPyConnection, configs: Sequence[str] 
         df = _recomputed_correlation(con, list(configs or []), seed)
     if df.empty:
         return "no headline rows in taxonomy_correlation (no clean taxonomy results)"
-    from medrobust_lib.tracks.taxonomy.stats import headline_rows
+    from medrobust_lib.report.figures.taxonomy import headline_rows
 
     df = headline_rows(df).reset_index(drop=True)
     cols = (Column("Image removed", "image_mode"), Column("n (clean config x dataset points)", "n_points", "int"),

@@ -8,6 +8,7 @@ Secrets never reach MLflow: :func:`safe_params` drops keys that look like creden
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -58,7 +59,6 @@ def store_lock(mlruns_dir: str | Path = "mlruns") -> Iterator[None]:
     """An exclusive lock (``flock`` on ``<mlruns>/.lock``) held while a process creates the SQLite
     schema, an experiment or a registered model: parallel partitions (multiprocess / Dask
     executors, two queued runs) otherwise race on "already exists" errors."""
-    import fcntl
 
     root = Path(mlruns_dir).resolve()
     root.mkdir(parents=True, exist_ok=True)

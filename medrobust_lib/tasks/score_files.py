@@ -38,6 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+from medrobust_lib.metrics.caption import BLEU_N, bleu_from_stats
 from medrobust_lib.tasks.grounding import ACC_THRESHOLDS, SCALES, grounding_metrics
 from medrobust_lib.tasks.scoring import (
     SCORED_OUTCOMES,
@@ -225,7 +226,6 @@ def _score_vqa(refs: dict[str, Record], preds: dict[str, Record]) -> tuple[list[
 
 
 def _score_caption(refs: dict[str, Record], preds: dict[str, Record]) -> tuple[list[Record], dict[str, Any]]:
-    from medrobust_lib.metrics.caption import BLEU_N, bleu_from_stats
 
     references = {rid: ref["references"] for rid, ref in refs.items()}
     texts: dict[str, str | None] = {rid: (preds[rid]["prediction"] if rid in preds else None) for rid in refs}

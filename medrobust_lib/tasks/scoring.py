@@ -19,6 +19,14 @@ import json
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
+from medrobust_lib.metrics.caption import (
+    DocumentFrequency,
+    bleu,
+    bleu_stats_all,
+    cider_d,
+    ptb_tokenize,
+    rouge_l,
+)
 from medrobust_lib.tasks.grounding import ACC_THRESHOLDS, box_iou, detect_scale, parse_box, to_pixels
 from medrobust_lib.tasks.vqa import extract_choice, extract_yes_no, is_refusal, yes_no_from_logprobs
 
@@ -94,14 +102,6 @@ def score_captions(predictions: Mapping[str, str | None], references: Mapping[st
     over any subset and applying :func:`medrobust_lib.metrics.caption.bleu_from_stats` gives that
     subset's corpus BLEU exactly. A missing or empty answer scores as the empty caption (outcome
     ``error`` or ``unparseable``)."""
-    from medrobust_lib.metrics.caption import (
-        DocumentFrequency,
-        bleu,
-        bleu_stats_all,
-        cider_d,
-        ptb_tokenize,
-        rouge_l,
-    )
 
     ids = list(predictions)
     if not ids:

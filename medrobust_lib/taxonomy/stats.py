@@ -413,3 +413,23 @@ __all__ = [
     "text_only_accuracy",
     "transitions",
 ]
+
+
+POINT_KEYS: tuple[str, ...] = ("config", "dataset", "perturbation", "level", "image_mode")
+POINT_COLUMNS: tuple[str, ...] = (*POINT_KEYS, "flip_rate", "dangerous_share", "n", "n_error")
+"""Columns of :func:`correlation_points` (those of :func:`medrobust_lib.taxonomy.stats.condition_points`)."""
+
+
+def correlation_points(df: pd.DataFrame, clean_only: bool = False) -> pd.DataFrame:
+    """Scatter points from ``taxonomy_results`` rows: one row per (config, dataset, perturbation,
+    level, image_mode) with ok rows, ``flip_rate`` (share of samples not consistent across the
+    original question and its paraphrases), ``dangerous_share``, ``n`` ok samples and ``n_error``
+    (:func:`medrobust_lib.taxonomy.stats.condition_points`). ``clean_only``: the headline points
+    (clean, one per configuration and dataset) only."""
+    if df.empty:
+        return pd.DataFrame(columns=list(POINT_COLUMNS))
+    rows = df[df["perturbation"] == "clean"] if clean_only else df
+    out = condition_points(rows)
+    out["config"] = out["config"].astype(str)
+    out["level"] = pd.to_numeric(out["level"]).astype(int)
+    return out[list(POINT_COLUMNS)].reset_index(drop=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,6 @@ def resolve_datasets(suite: Suite) -> list[DatasetConfig]:
     """The demo datasets (when enabled; the demo must have been built) plus explicit ones."""
     configs: list[dict[str, Any]] = []
     if suite.demo.enabled:
-        import json
 
         manifest = Path(suite.demo.root) / "demo_manifest.json"
         if not manifest.is_file():

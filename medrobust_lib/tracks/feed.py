@@ -28,7 +28,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from medrobust_lib.data.sample import Sample
+from medrobust_lib.data.sample import Sample, SampleError
 from medrobust_lib.perturb.spec import PerturbOutput
 
 SampleKey = tuple[str, str]
@@ -82,7 +82,6 @@ def clean_sample(suite: Any, modality: str, split: str, key: SampleKey,
     hash; the last :data:`WORKER_SAMPLE_CACHE` are kept per process (the feed workers' access).
     ``signature``: the clean index's :func:`_index_signature`, when the caller has it already."""
     from medrobust_lib.data.dataset import index_dataset, load_sample
-    from medrobust_lib.data.sample import SampleError
     from medrobust_lib.store import results
     from medrobust_lib.tracks.datasets import CLEAN_TABLE, datasets_for
 

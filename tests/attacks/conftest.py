@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from medrobust_lib.metrics import binarize, dice_batch
+from medrobust_lib.metrics.segmentation import binarize, dice_batch
 from medrobust_lib.models.sam import ARCHS, SamSegmenter, build_sam
 
 SIZE = 256

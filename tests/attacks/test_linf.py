@@ -18,7 +18,7 @@ from medrobust_lib.attacks import (
     pgd,
     torch_generator_for,
 )
-from medrobust_lib.metrics import binarize, iou_batch
+from medrobust_lib.metrics.segmentation import binarize, iou_batch
 from tests.attacks.conftest import BlobBatch, TrainedTiny
 
 EPS = EPSILONS[4]  # 8/255

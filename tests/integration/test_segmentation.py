@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from medrobust_lib.config import Suite, load_suite
+from medrobust_lib.report.figures.segmentation import robustness_curves
 from medrobust_lib.store import results
 from medrobust_lib.store.marts import build_mart, connect_readonly
 from medrobust_lib.tracks.datasets import build_clean_index, load_clean_samples
@@ -20,7 +21,7 @@ from medrobust_lib.tracks.segmentation.evaluate import (
     model_config,
     train_base_checkpoint,
 )
-from medrobust_lib.tracks.segmentation.stats import robustness_curves, write_segmentation_stats
+from medrobust_lib.tracks.segmentation.stats import write_segmentation_stats
 from tests.suite_helpers import write_suite
 
 SEG = {"models": [{"id": "tiny-sam", "family": "sam", "arch": "tiny", "checkpoint": "trained"}],

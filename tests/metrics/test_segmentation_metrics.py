@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from medrobust_lib.metrics import (
+from medrobust_lib.metrics.segmentation import (
     EMPTY_GT_POLICY,
     MaskMetricAccumulator,
     binarize,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from medrobust_lib.metrics import (
+from medrobust_lib.metrics.stats import (
     benjamini_hochberg,
     bootstrap_ci,
     mcnemar,

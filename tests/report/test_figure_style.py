@@ -11,11 +11,10 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from medrobust_lib.report import paper_figures as figs
-from medrobust_lib.report import style
-from medrobust_lib.store.schema_taxonomy import QUADRANTS
-from medrobust_lib.tracks.segmentation.stats import robustness_curves
-from medrobust_lib.tracks.taxonomy.stats import (
+from medrobust_lib.report.figures import paper as figs
+from medrobust_lib.report.figures import style
+from medrobust_lib.report.figures.segmentation import robustness_curves
+from medrobust_lib.report.figures.taxonomy import (
     QUADRANT_COLORS,
     _corr_label,
     flip_vs_dangerous_scatter,
@@ -23,6 +22,7 @@ from medrobust_lib.tracks.taxonomy.stats import (
     quadrant_bars,
     transition_heatmaps,
 )
+from medrobust_lib.store.schema_taxonomy import QUADRANTS
 
 TYPES = [f"type_{i:02d}_with_a_long_name" for i in range(30)]
 
@@ -116,10 +116,10 @@ def _points() -> tuple[pd.DataFrame, pd.DataFrame]:
             for mode in ("none", "blank", "noise"):
                 for pert, lv in (("clean", 0), ("gaussian_noise", 1), ("gaussian_noise", 3)):
                     rows.append({"config": c, "dataset": f"dataset_{d}", "perturbation": pert, "level": lv,
-                                 "image_mode": mode, "mean_flip_rate": rng.random() * 0.4,
+                                 "image_mode": mode, "flip_rate": rng.random() * 0.4,
                                  "dangerous_share": rng.random(), "n": 10})
     corr = pd.DataFrame([
-        {"scope": "all", "perturbation": "all", "image_mode": m, "n_points": 90, "r": -0.3, "ci_low": -0.45,
+        {"scope": "headline", "perturbation": "clean", "image_mode": m, "n_points": 90, "r": -0.3, "ci_low": -0.45,
          "ci_high": -0.1, "p_value": 2e-9 if m == "none" else 0.01, "note": None} for m in ("blank", "none", "noise")])
     return pd.DataFrame(rows), corr
 
@@ -129,9 +129,9 @@ def test_scatter_prints_one_correlation_and_distinct_legend_glyphs(tmp_path: Pat
     row = headline_row(corr)
     assert row is not None and row["image_mode"] == "none"
     assert _corr_label(row) == "r = -0.30 [-0.45, -0.10], p < 1e-3, n = 90"
-    flagged = corr.assign(headline=[False, False, True])
-    chosen = headline_row(flagged)
-    assert chosen is not None and chosen["image_mode"] == "noise"
+    no_headline = corr.assign(scope="pooled_perturbed")  # without headline rows: the first row, said as it is
+    chosen = headline_row(no_headline)
+    assert chosen is not None and chosen["image_mode"] == "blank"
     p = flip_vs_dangerous_scatter(points, corr, tmp_path)
     _check([p], (style.ONE_COLUMN,))
     svg = p.with_suffix(".svg").read_text()

@@ -15,18 +15,20 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from medrobust_lib.report.figures.taxonomy import (
+    flip_vs_dangerous_scatter,
+    quadrant_bars,
+    transition_heatmaps,
+    transition_matrix,
+)
 from medrobust_lib.store import results
 from medrobust_lib.store.marts import build_mart, connect_readonly
 from medrobust_lib.store.schema_taxonomy import COLUMN_NAMES, QUADRANTS, TAXONOMY_TABLE
+from medrobust_lib.taxonomy.stats import correlation_points
 from medrobust_lib.tracks.taxonomy.stats import (
     CORRELATION_STATS_COLUMNS,
     QUADRANT_STATS_COLUMNS,
-    correlation_points,
-    flip_vs_dangerous_scatter,
-    quadrant_bars,
     read_taxonomy_results,
-    transition_heatmaps,
-    transition_matrix,
     write_taxonomy_stats,
 )
 

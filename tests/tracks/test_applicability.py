@@ -13,11 +13,11 @@ from PIL import Image
 
 from medrobust_lib.config import Suite
 from medrobust_lib.perturb.engine import NOT_APPLICABLE
-from medrobust_lib.report.figures.gallery import partition_checks
 from medrobust_lib.store import results
 from medrobust_lib.store.marts import build_mart
 from medrobust_lib.tracks.datasets import CLEAN_TABLE, build_clean_index
 from medrobust_lib.tracks.perturbed import MANIFEST_TABLE, build_perturbed, read_manifest
+from medrobust_lib.tracks.perturbed_checks import partition_checks
 
 GRAY = ["g1", "g2", "g3"]
 RGB = ["c1", "c2"]

@@ -1,93 +1,76 @@
-"""Checks and figures computed from the perturbation manifest (orchestration-free)."""
+"""Gallery PNG: perturbation types (rows) x severity levels (columns) for one sample.
+
+Pure drawing: the caller passes the clean image and, per (type, level), the regenerated image with
+its SSIM and band flag (:class:`GalleryCell`; :func:`medrobust_lib.tracks.perturbed_checks.modality_gallery`
+builds them from the manifest)."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
 
+import cv2
 import numpy as np
-import pandas as pd
-
-from medrobust_lib.config import Suite
-from medrobust_lib.report.gallery import write_gallery
-from medrobust_lib.store import results
-from medrobust_lib.tracks.datasets import CLEAN_TABLE, load_clean_samples
-from medrobust_lib.tracks.perturbed import PerturbSummary, read_manifest, selected_types
-
-BAND_HIT_THRESHOLD = 0.95
 
 
 @dataclass(frozen=True)
-class CheckOutcome:
-    name: str
-    passed: bool
-    severity: Literal["warn", "error"]
-    metadata: dict[str, Any]
+class GalleryCell:
+    """One tile: ``image`` float (H, W) or (H, W, C) in [0, 1], its ``ssim`` to the clean image and
+    whether the level's SSIM band was reached."""
+
+    image: np.ndarray
+    ssim: float
+    band_reached: bool
+
+TILE = 128
+LABEL_W = 190
+HEADER_H = 22
 
 
-@dataclass
-class PartitionChecks:
-    results: list[CheckOutcome] = field(default_factory=list)
-    table: pd.DataFrame = field(default_factory=pd.DataFrame)
+def gallery_image(clean: np.ndarray, cells: Mapping[str, Mapping[int, GalleryCell]],
+                  levels: Sequence[int] = (1, 2, 3, 4, 5)) -> np.ndarray:
+    """uint8 RGB (H, W, 3) grid: one row per perturbation type (sorted) with the clean image first,
+    then each level's tile, captioned with SSIM (a trailing ``!`` marks a missed band)."""
+    types = sorted(cells)
+    ncol = 1 + len(levels)
+    canvas = np.full((HEADER_H + TILE * max(len(types), 1), LABEL_W + TILE * ncol, 3), 255, np.uint8)
+    for j, title in enumerate(["clean"] + [f"L{lv}" for lv in levels]):
+        _text(canvas, title, LABEL_W + j * TILE + 4, 16)
+    clean_tile = _tile(clean)
+    for i, t in enumerate(types):
+        y = HEADER_H + i * TILE
+        _text(canvas, t, 4, y + TILE // 2)
+        canvas[y : y + TILE, LABEL_W : LABEL_W + TILE] = clean_tile
+        for j, lv in enumerate(levels, start=1):
+            cell = cells[t].get(lv)
+            if cell is None:
+                continue
+            x = LABEL_W + j * TILE
+            canvas[y : y + TILE, x : x + TILE] = _tile(cell.image)
+            caption = f"{cell.ssim:.3f}" + ("" if cell.band_reached else "!")
+            _text(canvas, caption, x + 3, y + TILE - 5, color=(255, 255, 0), bg=True)
+    return canvas
 
 
-def partition_checks(suite: Suite, modality: str, level: int, summary: PerturbSummary) -> PartitionChecks:
-    """Band hit rate (reachable outputs), finite outputs and completeness of one partition."""
-    df = read_manifest(suite, modality, level)
-    out = PartitionChecks()
-    if df.empty:
-        for name in ("band_hit_rate", "finite_outputs", "completeness"):
-            out.results.append(CheckOutcome(name, True, "warn", {"n_rows": 0, "note": "no datasets for modality"}))
-        return out
-    ok = df[df["status"] == "ok"]
-    rate = summary.reachable_hit_rate
-    out.results.append(CheckOutcome(
-        "band_hit_rate", bool(math.isnan(rate) or rate >= BAND_HIT_THRESHOLD), "warn",
-        {"hit_rate_reachable": float(rate) if not math.isnan(rate) else None, "threshold": BAND_HIT_THRESHOLD,
-         "n_reachable": summary.n_reachable_rows, "n_unreachable": int((ok["miss_reason"] == "unreachable").sum()),
-         "unreachable_types": ", ".join(summary.unreachable_types) or "none"},
-    ))
-    finite = bool(np.isfinite(ok["strength"]).all() and np.isfinite(ok["ssim"]).all()
-                  and ok["ssim"].between(-1, 1).all())
-    out.results.append(CheckOutcome("finite_outputs", finite, "error", {"n_ok": len(ok)}))
-    index = results.read_partition(suite.results_dir, CLEAN_TABLE, {"modality": modality})
-    n_dup = int(df.duplicated(["dataset", "sample_id", "perturbation"]).sum())
-    expected = 0
-    if not index.empty:
-        sel = index[index["status"] == "ok"]
-        if suite.perturbations.split != "all":
-            sel = sel[sel["split"] == suite.perturbations.split]
-        for (_ds, ch), grp in sel.groupby(["dataset", "channels"]):
-            n = len(grp) if suite.perturbations.max_samples is None else min(len(grp), suite.perturbations.max_samples)
-            expected += n * len(selected_types(suite, modality, int(str(ch))))
-    df = df[df["status"] != "not_applicable"]  # counted rows of mixed-channel datasets, not outputs
-    n_err = int((df["status"] != "ok").sum())
-    out.results.append(CheckOutcome(
-        "completeness", n_dup == 0 and n_err == 0 and len(df) == expected, "error",
-        {"n_rows": len(df), "n_expected": expected, "n_duplicates": n_dup, "n_error": n_err},
-    ))
-    out.table = (ok.groupby("perturbation")
-                 .agg(n=("ssim", "size"), mean_strength=("strength", "mean"), mean_ssim=("ssim", "mean"),
-                      hit_rate=("band_reached", "mean"), mean_evals=("n_ssim_evals", "mean"))
-                 .reset_index())
-    return out
+def write_gallery(path: str | Path, clean: np.ndarray, cells: Mapping[str, Mapping[int, GalleryCell]],
+                  levels: Sequence[int] = (1, 2, 3, 4, 5)) -> Path:
+    """Draw :func:`gallery_image` and write it as a PNG at ``path``."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    img = gallery_image(clean, cells, levels)
+    cv2.imwrite(str(p), cv2.cvtColor(img, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_PNG_COMPRESSION, 6])
+    return p
 
 
-def modality_gallery(suite: Suite, modality: str, out_dir: Path) -> list[Path]:
-    """One gallery PNG per dataset of the modality, on its first selected sample."""
-    manifest = read_manifest(suite, modality)
-    if manifest.empty:
-        return []
-    samples = load_clean_samples(suite, modality, split=suite.perturbations.split,
-                                 max_samples=suite.perturbations.max_samples)
-    paths = []
-    for ds, items in sorted(samples.items()):
-        if not items:
-            continue
-        sample = items[0]
-        rows = manifest[(manifest["dataset"] == ds) & (manifest["sample_id"] == sample.sample_id)]
-        paths.append(write_gallery(out_dir / f"{ds}.png", sample, [{str(k): v for k, v in r.items()} for r in rows.to_dict("records")],
-                                   suite.perturbations.levels))
-    return paths
+def _tile(image: np.ndarray) -> np.ndarray:
+    u8 = np.round(np.clip(image, 0, 1) * 255).astype(np.uint8)
+    if u8.ndim == 2:
+        u8 = np.repeat(u8[..., None], 3, axis=2)
+    return np.asarray(cv2.resize(u8, (TILE, TILE), interpolation=cv2.INTER_AREA))
+
+
+def _text(img: np.ndarray, s: str, x: int, y: int, color: tuple[int, int, int] = (0, 0, 0), bg: bool = False) -> None:
+    if bg:
+        cv2.putText(img, s, (x, y), cv2.FONT_HERSHEY_SIMPLEX, 0.42, (0, 0, 0), 3, cv2.LINE_AA)
+    cv2.putText(img, s, (x, y), cv2.FONT_HERSHEY_SIMPLEX, 0.42, color, 1, cv2.LINE_AA)

@@ -22,6 +22,8 @@ both write ordinary ``segmentation_results`` rows with their ``strategy``.
 
 from __future__ import annotations
 
+import json
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +32,8 @@ from typing import Any
 
 from medrobust_lib.config import Suite
 from medrobust_lib.config.segmentation import FinetuneConfig, FinetuneEval, SegModelConfig
+from medrobust_lib.seeding import rng_for, scoped_torch_seed
+from medrobust_lib.store import registry
 
 
 def finetune_config(suite: Suite) -> FinetuneConfig | None:
@@ -67,9 +71,7 @@ def registry_model_config(suite: Suite, uri: str, mlruns_dir: str | Path | None 
     id ``<name>-v<version>``, checkpoint pinned to that version, family / arch / strategy from the
     version's ``config.json`` (written by :func:`finetune.train.save_checkpoint`). The checkpoint is
     the version's local file, so loading needs no registry lookup."""
-    import json
 
-    from medrobust_lib.store import registry
     from medrobust_lib.tracks.segmentation.evaluate import seg_config
 
     name, version = registry.resolve_version(uri, mlruns_dir)
@@ -145,7 +147,6 @@ def evaluate_model(suite: Suite, m: SegModelConfig, ev: FinetuneEval | None = No
 def _prune_partitions(suite: Suite, model_id: str, keep: set[tuple[str, str, int]]) -> list[Path]:
     """Remove ``model_id``'s result partitions that this evaluation did not write (levels or
     modalities of an earlier evaluation set), so every model's rows cover one set of conditions."""
-    import shutil
 
     from medrobust_lib.tracks.segmentation.evaluate import RESULTS_TABLE
 
@@ -165,12 +166,10 @@ def degrade_checkpoint(src: str | Path, dst: str | Path, *, noise: float = 0.5, 
     every floating tensor under ``prefix`` gets seeded Gaussian noise of ``noise`` times its own
     standard deviation. ``config.json`` is copied with ``degraded`` recorded. Returns the new
     ``model.safetensors``."""
-    import json
 
     import torch
     from safetensors.torch import load_file, save_file
 
-    from medrobust_lib.seeding import rng_for
 
     src, dst = Path(src), Path(dst)
     if src.is_file():
@@ -228,7 +227,6 @@ def finetune_strategy(suite: Suite, strategy: str, log: Callable[[str], None] | 
         save_checkpoint,
         train_segmenter,
     )
-    from medrobust_lib.seeding import scoped_torch_seed
     from medrobust_lib.tracks.segmentation.evaluate import load_model, model_config, seg_config, seg_splits
 
     t0 = time.perf_counter()
@@ -275,7 +273,6 @@ def register_version(folder: str | Path, name: str, tags: dict[str, str], *, run
     The first version of a model also becomes ``champion`` (the baseline the gate compares new
     candidates with). Returns ``(version, created)``."""
     from medrobust_lib.models.sam import file_sha256
-    from medrobust_lib.store import registry
 
     digest = file_sha256(Path(folder) / "model.safetensors")
     try:
@@ -296,7 +293,6 @@ def reuse_rows(results_dir: str | Path, src_model: str, dst_model: str, checkpoi
     its rows has ``checkpoint`` (the same weights, evaluated with the same suite settings): the
     registry evaluation of a version the strategy asset already evaluated costs no model call.
     Returns the rows copied (0: nothing reusable; ``dst_model`` is left untouched)."""
-    import shutil
 
     import pandas as pd
 
@@ -329,7 +325,6 @@ def evaluate_version(suite: Suite, name: str, version: int, mlruns_dir: str | Pa
     metadata: model_id, checkpoint_hash, reused_rows, and for an evaluation n_rows, n_failed,
     seconds and ``mean_iou_<clean|perturbed|attack>``."""
     from medrobust_lib.models.sam import checkpoint_file_hash
-    from medrobust_lib.store import registry
 
     m = registry_model_config(suite, f"models:/{name}/{version}", mlruns_dir)
     digest = checkpoint_file_hash(m.checkpoint)
@@ -348,7 +343,6 @@ def evaluate_version(suite: Suite, name: str, version: int, mlruns_dir: str | Pa
 def strategy_params(suite: Suite) -> dict[str, int]:
     """Trainable parameters of every saved strategy checkpoint, by evaluated model id
     (``<base>-<strategy>``), read from its ``config.json``."""
-    import json
 
     ft = require_finetune(suite)
     out: dict[str, int] = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pandas as pd
 from medrobust_lib.config import Suite
 from medrobust_lib.config.segmentation import SegmentationConfig, SegModelConfig
 from medrobust_lib.data.sample import Sample
+from medrobust_lib.metrics.segmentation import EMPTY_GT_POLICY, dice, iou
 from medrobust_lib.prompts import PromptConfig, prompt_boxes
 from medrobust_lib.store import registry, results
 
@@ -154,14 +156,12 @@ class EvalSummary:
 
 
 def _score(prob: np.ndarray, gt: np.ndarray) -> tuple[float, float]:
-    from medrobust_lib.metrics.segmentation import dice, iou
 
     pred = prob.max(axis=0) > 0.5 if len(prob) else np.zeros_like(gt, bool)
     return iou(pred, gt), dice(pred, gt)
 
 
 def _base_row(m: SegModelConfig, ckpt: str, s: Sample, condition: str, prompt: str) -> dict[str, Any]:
-    from medrobust_lib.metrics.segmentation import EMPTY_GT_POLICY
 
     return {"model": m.id, "checkpoint": ckpt, "strategy": m.strategy, "dataset": s.dataset, "modality": s.modality,
             "sample_id": s.sample_id, "condition": condition, "perturbation": condition, "level": 0,
@@ -333,7 +333,6 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
     summary = EvalSummary()
     manifest = read_manifest(suite, modality, level)
     if perturbations is not None and len(manifest):
-        from fnmatch import fnmatchcase
 
         keep = manifest["perturbation"].map(lambda t: any(fnmatchcase(str(t), p) for p in perturbations))
         manifest = manifest[keep]
@@ -372,8 +371,8 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
             yield out.image, boxes, out.mask
 
     cache.fill(s for _, _, s in todo)  # clean scores missing from the clean partition, one batched pass
-    for r, (iou, dice) in zip(scored, _score_items(model, items(), summary, m.batch_size), strict=True):
-        r["iou"], r["dice"] = iou, dice
+    for r, (iou_v, dice_v) in zip(scored, _score_items(model, items(), summary, m.batch_size), strict=True):
+        r["iou"], r["dice"] = iou_v, dice_v
         _with_clean(r, cache.get(samples[(r["dataset"], r["sample_id"])]))
     fp = results.fingerprint([EVAL_VERSION, model.checkpoint_hash, sc.prompt.protocol, level,
                               sorted(manifest["sha256"].dropna()) if len(manifest) else [],
@@ -431,10 +430,10 @@ def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str
                 scores = _score_items(model, zip(imgs, [b[None] for b in boxes.cpu().numpy()],
                                                  [np.asarray(s.mask) for s in batch], strict=True),
                                       summary, m.batch_size)
-                for s, (iou, dice) in zip(batch, scores, strict=True):
+                for s, (iou_v, dice_v) in zip(batch, scores, strict=True):
                     r = _base_row(m, model.checkpoint_hash, s, kind, sc.prompt.protocol)
                     r.update(perturbation=kind, level=level, epsilon=acfg.epsilon)
-                    r["iou"], r["dice"] = iou, dice
+                    r["iou"], r["dice"] = iou_v, dice_v
                     _with_clean(r, cache.get(s))
                     rows.append(r)
     fp = results.fingerprint([EVAL_VERSION, model.checkpoint_hash, sc.prompt.protocol, level, sc.attacks.model_dump(),

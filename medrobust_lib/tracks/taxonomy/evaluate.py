@@ -43,6 +43,9 @@ from medrobust_lib.data.sample import Sample
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store import rerun, results
 from medrobust_lib.store.schema_taxonomy import COLUMN_NAMES, TAXONOMY_TABLE
+from medrobust_lib.tasks.vqa import extract_yes_no
+from medrobust_lib.taxonomy.paraphrase import api_paraphrases, template_paraphrases
+from medrobust_lib.taxonomy.quadrants import classify, classify_labels
 from medrobust_lib.tracks.vlm.items import YESNO_SUFFIX, VLMItem, load_items
 
 BASELINE_TABLE = "taxonomy_baselines"
@@ -86,7 +89,6 @@ def variants_of(item: VLMItem, min_paraphrases: int, negations: bool = False) ->
     (polarity +1), topped up with template ones when it has fewer than ``min_paraphrases``, then,
     only with ``negations``, its negated variants (polarity -1; the template negations when the
     record has none)."""
-    from medrobust_lib.taxonomy.paraphrase import template_paraphrases
 
     vs = tuple(item.variants or ((item.question, 1),))
     same = [v for v in vs if v[1] == 1]
@@ -112,7 +114,6 @@ def paraphrase_sets(suite: Suite, items: Sequence[VLMItem]) -> tuple[dict[str, t
 
     Records with fewer than ``min_paraphrases`` paraphrases get accepted API paraphrases first
     (when ``api_paraphraser`` is set), then template paraphrases (negations included)."""
-    from medrobust_lib.taxonomy.paraphrase import api_paraphrases
 
     tc = taxonomy_config(suite)
     api = None
@@ -187,7 +188,6 @@ class _Scorer:
 
     def labels(self, image: np.ndarray | None, prompts: Sequence[str]) -> list[str | None]:
         """Generation + rules, for API answers without log-probabilities."""
-        from medrobust_lib.tasks.vqa import extract_yes_no
 
         return [extract_yes_no(a.text) if a.text else None for _, a in self.runner.yes_no([image] * len(prompts),
                                                                                           prompts)]
@@ -273,7 +273,6 @@ def _classify_rows(suite: Suite, entry: TaxonomyConfigEntry, scorer: _Scorer, it
                    variants: dict[str, tuple[tuple[str, int], ...]]) -> list[dict[str, Any]]:
     """Rows for every yes/no item of one (possibly perturbed) image: all variants of all items
     are scored in one vision-once call."""
-    from medrobust_lib.taxonomy.quadrants import classify, classify_labels
 
     tc = taxonomy_config(suite)
     per_item = [(it, variants[it.record_id]) for it in items]

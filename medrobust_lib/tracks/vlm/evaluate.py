@@ -28,6 +28,8 @@ from medrobust_lib.data.sample import Sample
 from medrobust_lib.store import rerun, results
 from medrobust_lib.store.completeness import ERROR_OUTCOME
 from medrobust_lib.store.schema_vlm import COLUMN_NAMES, VLM_TABLE
+from medrobust_lib.tasks.judge import judge_mc
+from medrobust_lib.tasks.scoring import score_captions, score_grounding, score_mc, score_yes_no
 from medrobust_lib.tracks.vlm.items import VLMItem, box_in_sample, load_items, prompt_for
 from medrobust_lib.tracks.vlm.runner import Answer, Runner
 
@@ -104,7 +106,6 @@ def _merge(kept: dict[tuple[str, ...], dict[str, Any]], new: list[dict[str, Any]
 
 def _judge(judge: Runner, pairs: list[tuple[VLMItem, dict[str, Any]]]) -> None:
     """Fill the judge columns of unparseable multiple-choice rows (text only; failures recorded)."""
-    from medrobust_lib.tasks.judge import judge_mc
 
     if not pairs or judge.api is None:
         return
@@ -121,7 +122,6 @@ def ask(items_by_sample: dict[tuple[str, str], list[VLMItem]], conditions: Seque
     """Every item of every condition's sample, batched per task across conditions, except those
     whose row key (:func:`_item_key`) is in ``done`` (kept from a previous run). ``judge``: the
     optional LLM judge for unparseable multiple-choice answers (recorded separately)."""
-    from medrobust_lib.tasks.scoring import score_captions, score_grounding, score_mc, score_yes_no
 
     m = runner.m
     jobs: dict[str, list[tuple[VLMItem, Condition]]] = {"vqa_mc": [], "vqa_yesno": [], "caption": [], "grounding": []}

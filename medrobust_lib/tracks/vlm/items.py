@@ -17,6 +17,8 @@ import numpy as np
 
 from medrobust_lib.config import Suite
 from medrobust_lib.config.vlm import VLMRecordsConfig, vlm_config
+from medrobust_lib.paths import RECORD_FILES
+from medrobust_lib.tasks.vqa import LETTERS, build_mc_prompt
 
 YESNO_SUFFIX = " Answer with yes or no."
 CAPTION_PROMPT = "Describe the findings in this image in one sentence."
@@ -29,7 +31,6 @@ def records_config(suite: Suite) -> VLMRecordsConfig:
     if not suite.demo.enabled:
         return rc
     root = Path(suite.demo.root)
-    from medrobust_lib.paths import RECORD_FILES
 
     demo = {"image_root": str(root), "omnimedvqa": str(root / RECORD_FILES["omnimedvqa"]),
             "yesno": str(root / RECORD_FILES["yesno_paraphrases"]),
@@ -79,7 +80,6 @@ def _sid(sample_id: str | None, image_path: Path, slice_index: int | None) -> st
 def load_items(suite: Suite) -> LoadedItems:
     """Every configured record as a :class:`VLMItem`; reader quarantine counted per reason."""
     from medrobust_lib.data import vlm_records as vr
-    from medrobust_lib.tasks.vqa import LETTERS
 
     rc = records_config(suite)
     root = Path(rc.image_root or ".")
@@ -128,7 +128,6 @@ def box_in_sample(item: VLMItem, sample_hw: tuple[int, int], original_hw: tuple[
 
 def prompt_for(item: VLMItem, variant: int = 0) -> str:
     """The user text sent for an item (MC options shown; yes/no and grounding instructions)."""
-    from medrobust_lib.tasks.vqa import build_mc_prompt
 
     if item.task == "vqa_mc":
         return build_mc_prompt(item.question, list(item.options))

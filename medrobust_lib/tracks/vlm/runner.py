@@ -8,6 +8,8 @@ cache, down to single prompts; only a single prompt that still does not fit beco
 
 from __future__ import annotations
 
+import gc
+import hashlib
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -165,7 +167,6 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 def release_accelerator_memory() -> None:
     """Return cached CUDA blocks to the driver after an OOM (no-op without torch or CUDA)."""
-    import gc
 
     gc.collect()
     torch = sys.modules.get("torch")
@@ -206,7 +207,6 @@ def _from_api(r: Any) -> Answer:
 def _folder_hash(source: str) -> str:
     """Hash of a model folder (first 16 hex): names, sizes and the first MiB of every weight and
     config file, so multi-gigabyte checkpoints are not read whole; a hub id is returned as is."""
-    import hashlib
 
     p = Path(source)
     if not p.is_dir():

@@ -1,8 +1,8 @@
 """Paper figures (matplotlib Agg, deterministic: fixed sizes, sorted inputs, no timestamps).
 
-Every figure is written three times by :func:`medrobust_lib.report.style.save_figure`: PNG at
+Every figure is written three times by :func:`medrobust_lib.report.figures.style.save_figure`: PNG at
 300 dpi plus PDF and SVG (vector), sized for a one-column (3.5 in) or two-column (7.2 in) layout,
-Okabe-Ito colours (:mod:`medrobust_lib.report.style`). The functions return the PNG paths.
+Okabe-Ito colours (:mod:`medrobust_lib.report.figures.style`). The functions return the PNG paths.
 
 Inputs are mart rows already filtered to the selected models: ``segmentation_by_level`` rows for
 the robustness curves and the heatmap, ``strategy_ranking`` rows for the strategy bars,
@@ -23,8 +23,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from medrobust_lib.report import style
+from medrobust_lib.report.figures import style
 from medrobust_lib.report.table import fmt_float
+from medrobust_lib.types import ATTACK_EPSILONS as EPSILONS
+from medrobust_lib.types import SSIM_BANDS as DEFAULT_BANDS
 
 ATTACK = "attack"
 """Panel / family name of the adversarial attacks (conditions ``fgsm`` and ``pgd``)."""
@@ -45,10 +47,8 @@ def _save(fig: Any, path: Path) -> Path:
 def level_tick_labels(levels: Sequence[int], *, corruption: bool = True, attack: bool = False,
                       short: bool = False) -> list[str]:
     """Tick labels of the evaluated ``levels`` (0 = clean): the level, its SSIM band
-    (``.80-.89``, from ``perturb.calibrate.DEFAULT_BANDS``) for corruptions and its L-infinity
-    epsilon (``4/255``, from ``attacks.linf.EPSILONS``) for attacks, one per line."""
-    from medrobust_lib.attacks.linf import EPSILONS
-    from medrobust_lib.perturb.calibrate import DEFAULT_BANDS
+    (``.80-.89``, the default ``types.SSIM_BANDS``) for corruptions and its L-infinity epsilon
+    (``4/255``, ``types.ATTACK_EPSILONS``) for attacks, one per line."""
 
     out = []
     for lv in levels:

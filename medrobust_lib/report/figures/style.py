@@ -23,6 +23,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from cycler import cycler
+
 ONE_COLUMN = 3.5
 """Width in inches of a one-column figure."""
 TWO_COLUMN = 7.2
@@ -78,7 +80,6 @@ def pyplot() -> Any:
 def paper_style() -> Iterator[Any]:
     """``with paper_style() as plt:`` -- pyplot with :data:`RC` and the Okabe-Ito colour cycle."""
     plt = pyplot()
-    from cycler import cycler
 
     with plt.rc_context({**RC, "axes.prop_cycle": cycler(color=list(OKABE_ITO))}):
         yield plt
