@@ -19,7 +19,7 @@ from medrobust_assets.partitions import (
 )
 from medrobust_assets.resources import SuiteResource, TrackingResource
 from medrobust_assets.tags import GPU_OP_TAGS
-from medrobust_lib.store.schema_taxonomy import TAXONOMY_TABLE
+from medrobust_lib.store.schema import TAXONOMY_TABLE
 
 
 def _meta(s: Any) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from medrobust_assets.partitions import (
 )
 from medrobust_assets.resources import SuiteResource, TrackingResource
 from medrobust_assets.tags import GPU_OP_TAGS
-from medrobust_lib.store.schema_vlm import VLM_TABLE
+from medrobust_lib.store.schema import VLM_TABLE
 
 
 def _log(run: Any, metrics: dict[str, Any]) -> None:

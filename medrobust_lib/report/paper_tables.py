@@ -18,8 +18,7 @@ from medrobust_lib.report.table import FLOOR_MARK, Column, ReportTable
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store.completeness import COMPLETENESS_TABLE, complete_filter_sql
 from medrobust_lib.store.coverage import COVERAGE_VIEWS, SEG_FLOOR, VLM_CHANCE
-from medrobust_lib.store.schema_strategy import RANKING_VIEW
-from medrobust_lib.store.schema_taxonomy import QUADRANTS
+from medrobust_lib.store.schema import QUADRANTS, RANKING_VIEW
 
 STRATEGY_VIEW = RANKING_VIEW
 STRATEGY_COLUMNS: tuple[str, ...] = (

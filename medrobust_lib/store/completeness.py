@@ -30,12 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from medrobust_lib.store.schema import COMPLETENESS_COLUMNS, COMPLETENESS_TABLE
+
 if TYPE_CHECKING:
     import pandas as pd
 
 ERROR_OUTCOME = "error"
 DEFAULT_MAX_ERROR_SHARE = 0.02
-COMPLETENESS_TABLE = "partition_completeness"
 PARTITION_KEYS: dict[str, tuple[str, str, str]] = {
     "vlm_results": ("model", "modality", "level"),
     "taxonomy_results": ("config", "modality", "level"),
@@ -43,11 +44,6 @@ PARTITION_KEYS: dict[str, tuple[str, str, str]] = {
 """Results table -> the columns that identify one asset partition: (model or configuration id,
 modality, level); level 0 is the clean partition, 1-5 the perturbed ones."""
 
-COMPLETENESS_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("source_table", "VARCHAR"), ("model", "VARCHAR"), ("modality", "VARCHAR"), ("level", "INTEGER"),
-    ("n", "BIGINT"), ("n_excluded", "BIGINT"), ("n_attempted", "BIGINT"), ("n_error", "BIGINT"),
-    ("error_share", "DOUBLE"), ("max_error_share", "DOUBLE"), ("complete", "BOOLEAN"),
-)
 
 
 def check_max_error_share(value: float) -> float:

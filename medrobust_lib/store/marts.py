@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
@@ -24,64 +23,16 @@ from medrobust_lib.store.completeness import (
     error_share_sql,
 )
 from medrobust_lib.store.coverage import COVERAGE_VIEWS
-from medrobust_lib.store.schema_strategy import RANKING_COLUMNS, RANKING_TABLE, RANKING_VIEW
-from medrobust_lib.store.schema_taxonomy import QUADRANTS, TAXONOMY_COLUMNS, TAXONOMY_TABLE
-from medrobust_lib.store.schema_vlm import PRIMARY_METRIC, VLM_COLUMNS, VLM_TABLE
-
-
-@dataclass(frozen=True)
-class MartTable:
-    """A table loaded from ``<results_dir>/<name>/**/*.parquet``; ``columns`` (name, SQL type)
-    fix its schema and order, which are stable and documented in the README."""
-
-    name: str
-    columns: tuple[tuple[str, str], ...]
-    description: str
-
-
-MART_TABLES: list[MartTable] = [
-    MartTable("clean_samples", (
-        ("sample_id", "VARCHAR"), ("dataset", "VARCHAR"), ("modality", "VARCHAR"), ("split", "VARCHAR"),
-        ("image_path", "VARCHAR"), ("height", "INTEGER"), ("width", "INTEGER"), ("channels", "INTEGER"),
-        ("mask_area", "BIGINT"), ("n_boxes", "INTEGER"), ("sha256", "VARCHAR"), ("status", "VARCHAR"),
-        ("reason", "VARCHAR"), ("detail", "VARCHAR"),
-    ), "one row per sample found by a reader; status 'ok' or 'quarantined' with the reason"),
-    MartTable("perturbation_manifest", (
-        ("sample_id", "VARCHAR"), ("dataset", "VARCHAR"), ("modality", "VARCHAR"), ("perturbation", "VARCHAR"),
-        ("family", "VARCHAR"), ("geometry", "VARCHAR"), ("level", "INTEGER"), ("band_low", "DOUBLE"),
-        ("band_high", "DOUBLE"), ("strength", "DOUBLE"), ("dataset_strength", "DOUBLE"), ("ssim", "DOUBLE"),
-        ("band_reached", "BOOLEAN"), ("miss_reason", "VARCHAR"), ("n_ssim_evals", "INTEGER"),
-        ("seed_key", "VARCHAR"), ("sha256", "VARCHAR"), ("status", "VARCHAR"), ("error", "VARCHAR"),
-    ), "one row per (sample, perturbation, level): calibrated strength, SSIM and band flag"),
-    MartTable("segmentation_results", (
-        ("model", "VARCHAR"), ("checkpoint", "VARCHAR"), ("strategy", "VARCHAR"), ("dataset", "VARCHAR"),
-        ("modality", "VARCHAR"), ("sample_id", "VARCHAR"), ("condition", "VARCHAR"), ("perturbation", "VARCHAR"),
-        ("level", "INTEGER"), ("strength", "DOUBLE"), ("ssim", "DOUBLE"), ("epsilon", "DOUBLE"), ("iou", "DOUBLE"),
-        ("dice", "DOUBLE"), ("clean_iou", "DOUBLE"), ("clean_dice", "DOUBLE"), ("iou_drop", "DOUBLE"),
-        ("dice_drop", "DOUBLE"), ("prompt", "VARCHAR"), ("status", "VARCHAR"), ("error", "VARCHAR"),
-        ("empty_gt_policy", "VARCHAR"),
-    ), "one row per (model, image, condition): IoU/Dice and signed drops vs clean"),
-    MartTable("segmentation_stats", (
-        ("model", "VARCHAR"), ("checkpoint", "VARCHAR"), ("strategy", "VARCHAR"), ("condition", "VARCHAR"),
-        ("perturbation", "VARCHAR"), ("level", "INTEGER"), ("n", "INTEGER"), ("iou", "DOUBLE"), ("dice", "DOUBLE"),
-        ("iou_drop", "DOUBLE"), ("iou_drop_ci_low", "DOUBLE"), ("iou_drop_ci_high", "DOUBLE"),
-        ("dice_drop", "DOUBLE"), ("dice_drop_ci_low", "DOUBLE"), ("dice_drop_ci_high", "DOUBLE"),
-        ("wilcoxon_p", "DOUBLE"), ("wilcoxon_q", "DOUBLE"),
-    ), "per (model, condition, type, level): bootstrap CIs of the drops, paired Wilcoxon p and BH q"),
-    MartTable(VLM_TABLE, VLM_COLUMNS,
-              "one row per (model, checkpoint, task, record, prompt variant, image mode, condition): "
-              "parsed answer, outcome (ok/unparseable/refused/error/excluded:<reason>) and scores"),
-    MartTable("vlm_stats", (
-        ("model", "VARCHAR"), ("checkpoint", "VARCHAR"), ("adapter", "VARCHAR"), ("task", "VARCHAR"),
-        ("perturbation", "VARCHAR"), ("level", "INTEGER"), ("metric", "VARCHAR"), ("n_pairs", "INTEGER"),
-        ("n_excluded", "INTEGER"), ("n_unmatched", "INTEGER"), ("n_error", "INTEGER"), ("clean_value", "DOUBLE"),
-        ("clean_ci_low", "DOUBLE"), ("clean_ci_high", "DOUBLE"), ("perturbed_value", "DOUBLE"),
-        ("perturbed_ci_low", "DOUBLE"), ("perturbed_ci_high", "DOUBLE"), ("drop", "DOUBLE"),
-        ("drop_ci_low", "DOUBLE"), ("drop_ci_high", "DOUBLE"), ("test", "VARCHAR"), ("p_value", "DOUBLE"),
-        ("q_value", "DOUBLE"),
-    ), "per (model, checkpoint, adapter, task, type, level): paired clean vs perturbed primary metric, "
-       "bootstrap CIs, McNemar (binary) or Wilcoxon (caption) p and BH q over the type x level grid"),
-]
+from medrobust_lib.store.schema import (
+    MART_TABLES,
+    PRIMARY_METRIC,
+    QUADRANTS,
+    RANKING_TABLE,
+    RANKING_VIEW,
+    TAXONOMY_TABLE,
+    VLM_TABLE,
+    MartTable,
+)
 
 VLM_SCORED_OUTCOMES: tuple[str, ...] = ("ok", "unparseable", "refused")
 """Outcomes inside the denominators (the last two scored as wrong). ``error`` (infrastructure) and
@@ -441,41 +392,6 @@ def connect_readonly(mart_path: str | Path) -> duckdb.DuckDBPyConnection:
 
 # --- Safety taxonomy ("Consistent but Dangerous"): per-sample rows, quadrant and correlation stats ---
 
-TAXONOMY_QUADRANT_STATS_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("config", "VARCHAR"), ("dataset", "VARCHAR"), ("perturbation", "VARCHAR"), ("level", "INTEGER"),
-    ("image_mode", "VARCHAR"), ("quadrant", "VARCHAR"), ("n", "BIGINT"), ("n_total", "BIGINT"),
-    ("share", "DOUBLE"), ("share_ci_low", "DOUBLE"), ("share_ci_high", "DOUBLE"), ("accuracy", "DOUBLE"),
-    ("accuracy_ci_low", "DOUBLE"), ("accuracy_ci_high", "DOUBLE"), ("mean_entropy", "DOUBLE"),
-    ("mean_pairwise_disagreement", "DOUBLE"), ("n_error", "BIGINT"), ("flip_rate", "DOUBLE"),
-    ("text_only_accuracy", "DOUBLE"), ("dangerous_floor", "DOUBLE"), ("share_abstention", "DOUBLE"),
-    ("abstention_tau", "DOUBLE"), ("negation_consistency", "DOUBLE"), ("n_negation_samples", "BIGINT"),
-)
-TAXONOMY_CORRELATION_STATS_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("scope", "VARCHAR"), ("perturbation", "VARCHAR"), ("level", "INTEGER"), ("image_mode", "VARCHAR"),
-    ("n_points", "BIGINT"), ("n_configs", "BIGINT"), ("n_error", "BIGINT"), ("r", "DOUBLE"), ("p_value", "DOUBLE"),
-    ("ci_low", "DOUBLE"), ("ci_high", "DOUBLE"), ("ci_method", "VARCHAR"), ("fisher_low", "DOUBLE"),
-    ("fisher_high", "DOUBLE"), ("note", "VARCHAR"),
-)
-
-MART_TABLES.extend([
-    MartTable(TAXONOMY_TABLE, TAXONOMY_COLUMNS,
-              "one row per (config, yes/no record, condition, image-removal mode): consistency over question "
-              "variants, image reliance and the quadrant (Ideal/Fragile/Dangerous/Worst); outcome ok/error/"
-              "excluded:<reason>"),
-    MartTable("taxonomy_quadrant_stats", TAXONOMY_QUADRANT_STATS_COLUMNS,
-              "per (config, dataset, type, level, image mode, quadrant): count and share of the ok rows with "
-              "bootstrap CIs, accuracy with CIs, mean entropy and pairwise disagreement, error count; per group "
-              "the flip rate, text-only accuracy, oracle Dangerous floor, abstention sensitivity share and "
-              "negation robustness"),
-    MartTable("taxonomy_correlation_stats", TAXONOMY_CORRELATION_STATS_COLUMNS,
-              "Pearson r between flip rate and Dangerous share over (config, dataset) points: headline on clean "
-              "points, per perturbed condition, and pooled perturbed points with a cluster bootstrap CI"),
-    MartTable("taxonomy_paraphrases", (
-        ("config", "VARCHAR"), ("dataset", "VARCHAR"), ("record_id", "VARCHAR"), ("question", "VARCHAR"),
-        ("candidate", "VARCHAR"), ("accepted", "BOOLEAN"), ("reason", "VARCHAR"), ("overlap", "DOUBLE"),
-        ("source", "VARCHAR"), ("modality", "VARCHAR"),
-    ), "audit of every model-written paraphrase candidate: accepted or the equivalence-filter reason"),
-])
 
 _QUADRANT_ORDER_SQL = "case {col} " + " ".join(f"when '{q}' then {i}" for i, q in enumerate(QUADRANTS)) + " end"
 """Sort key of a quadrant column: Ideal, Fragile, Dangerous, Worst (unknown values last)."""
@@ -488,7 +404,9 @@ _QUADRANT_ORDER_SQL = "case {col} " + " ".join(f"when '{q}' then {i}" for i, q i
 _TAXONOMY_TRANSITIONS = f"""
         with errs as (
             select config, dataset, perturbation, level, image_mode, count(*) as n_error
-            from {TAXONOMY_TABLE} where outcome = 'error' and perturbation <> 'clean' group by all),
+            from {TAXONOMY_TABLE} t
+            where outcome = 'error' and perturbation <> 'clean' and {complete_filter_sql(TAXONOMY_TABLE, "t")}
+            group by all),
         ok as (
             select config, dataset, record_id, image_mode, perturbation, level, quadrant
             from {TAXONOMY_TABLE} t
@@ -529,11 +447,6 @@ MART_VIEWS.update({
                  perturbation nulls first, level nulls first, image_mode nulls first""",
 })
 
-MART_TABLES.append(MartTable(
-    RANKING_TABLE, RANKING_COLUMNS,
-    "per (base model, fine-tuning strategy, kind corruption|attack): mean IoU / Dice drop over the test samples "
-    "(each sample's mean over conditions) with percentile bootstrap 95 % CIs, clean scores, trainable "
-    "parameters and the rank by mean IoU drop (1 = most robust)"))
 MART_VIEWS[RANKING_VIEW] = f"""
         select *, mean_iou_drop / nullif(clean_iou, 0) as iou_rel_drop,
                mean_dice_drop / nullif(clean_dice, 0) as dice_rel_drop
@@ -542,11 +455,6 @@ MART_VIEWS[RANKING_VIEW] = f"""
 
 # --- Infrastructure failures: error share and completeness per partition (medrobust_lib.store.completeness) ---
 
-MART_TABLES.append(MartTable(
-    COMPLETENESS_TABLE, COMPLETENESS_COLUMNS,
-    "per partition (results table, model or config, modality, level) of vlm_results and taxonomy_results: rows, "
-    "excluded, attempted and error rows, error share and whether it is within max_error_share (complete); views "
-    "and statistics leave incomplete partitions out until they are re-run"))
 MART_VIEWS["incomplete_partitions"] = f"""
         select * from {COMPLETENESS_TABLE} where not complete
         order by source_table, model, modality, level"""

@@ -23,6 +23,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from medrobust_lib.store.schema import conform, table_columns
+
 FINGERPRINT_KEY = b"medrobust.fingerprint"
 _SAFE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
@@ -73,6 +75,10 @@ def write_chunk(path: Path, rows: Sequence[Mapping[str, Any]] | pd.DataFrame, fp
     df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows), columns=list(columns) if columns else None)
     partition_cols = {p.split("=", 1)[0] for p in path.parent.parts if "=" in p}
     df = df.drop(columns=[c for c in df.columns if c in partition_cols])
+    if schema is None:  # the table's declared schema (store.schema), so no chunk types a column null
+        table_name = next((p.name for p in path.parents if table_columns(p.name) is not None), None)
+        if table_name is not None:
+            df, schema = conform(df, table_name)
     table = pa.Table.from_pandas(df, schema=schema, preserve_index=False)
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), FINGERPRINT_KEY: fp.encode()})
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """Per-sample flags and quadrant of the "Consistent but Dangerous" taxonomy.
 
-Definitions follow :mod:`medrobust_lib.store.schema_taxonomy`:
+Definitions follow :mod:`medrobust_lib.store.schema`:
 
 * Variants: the original question first (polarity +1), then its paraphrases: semantically
   equivalent rewordings (polarity +1, same expected answer) and, only where a run keeps them,

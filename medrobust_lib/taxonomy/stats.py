@@ -33,7 +33,7 @@ import pandas as pd
 
 from medrobust_lib.metrics.stats import bootstrap_ci, pearson_with_ci
 from medrobust_lib.seeding import rng_for
-from medrobust_lib.store.schema_taxonomy import DEFAULT_ABSTENTION_TAU, QUADRANTS
+from medrobust_lib.store.schema import DEFAULT_ABSTENTION_TAU, QUADRANTS
 from medrobust_lib.taxonomy.quadrants import quadrant_of
 
 GROUP_COLUMNS: tuple[str, ...] = ("config", "dataset", "perturbation", "level", "image_mode")
@@ -213,7 +213,7 @@ def quadrant_stats(df: pd.DataFrame, seed: int = 0, n_boot: int = 1000,
     generated answers) and ``pairwise_disagreement``; ``outcome``, ``image_reliant`` with
     ``margin_removed`` (abstention) and ``n_negations`` with ``negation_consistent`` are optional.
     Returns :data:`QUADRANT_STATS_COLUMNS`, four rows per group (every quadrant of
-    :data:`~medrobust_lib.store.schema_taxonomy.QUADRANTS`, in that order, groups sorted):
+    :data:`~medrobust_lib.store.schema.QUADRANTS`, in that order, groups sorted):
 
     * ``n`` samples in the quadrant, ``n_total`` ok samples in the group, ``n_error`` error rows
       (outside every denominator);

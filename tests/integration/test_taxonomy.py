@@ -14,7 +14,7 @@ import pytest
 
 from medrobust_lib.config import Suite, load_suite
 from medrobust_lib.store import results
-from medrobust_lib.store.schema_taxonomy import TAXONOMY_TABLE
+from medrobust_lib.store.schema import TAXONOMY_TABLE
 from medrobust_lib.taxonomy.known_answers import clean_summary, demo_checks
 from medrobust_lib.taxonomy.stats import transitions
 from medrobust_lib.tracks.datasets import build_clean_index

@@ -15,7 +15,8 @@ from medrobust_lib.config.vlm import vlm_model
 from medrobust_lib.demo.vlm_train import finetune_adapter, train_base_vlm
 from medrobust_lib.store import results
 from medrobust_lib.store.marts import build_mart, connect_readonly
-from medrobust_lib.store.schema_vlm import COLUMN_NAMES, VLM_TABLE
+from medrobust_lib.store.schema import VLM_COLUMN_NAMES as COLUMN_NAMES
+from medrobust_lib.store.schema import VLM_TABLE
 from medrobust_lib.tracks.datasets import build_clean_index, load_clean_samples
 from medrobust_lib.tracks.perturbed import build_perturbed, read_manifest
 from medrobust_lib.tracks.vlm.evaluate import _move_box, evaluate_clean, evaluate_perturbed

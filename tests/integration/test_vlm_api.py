@@ -20,7 +20,7 @@ from medrobust_lib.config.taxonomy import TaxonomyConfig
 from medrobust_lib.store import results
 from medrobust_lib.store.completeness import partition_error_share
 from medrobust_lib.store.marts import build_mart, connect_readonly
-from medrobust_lib.store.schema_vlm import VLM_TABLE
+from medrobust_lib.store.schema import VLM_TABLE
 from medrobust_lib.tracks.datasets import build_clean_index
 from medrobust_lib.tracks.vlm.evaluate import ROW_KEY, evaluate_clean, evaluate_perturbed
 from tests.suite_helpers import write_suite
@@ -245,7 +245,7 @@ def test_taxonomy_rerun_retries_only_the_images_with_errors(api_suite: Suite) ->
     """Taxonomy partitions follow the same rule: an outage on one question wording gives error rows
     (share above the limit: incomplete); the re-run scores only the images that have an error row
     and keeps every other row as it was."""
-    from medrobust_lib.store.schema_taxonomy import TAXONOMY_TABLE
+    from medrobust_lib.store.schema import TAXONOMY_TABLE
     from medrobust_lib.tracks.taxonomy import evaluate as tx
     from medrobust_lib.tracks.vlm.items import load_items
 

@@ -22,7 +22,7 @@ from medrobust_lib.report.figures.taxonomy import (
     quadrant_bars,
     transition_heatmaps,
 )
-from medrobust_lib.store.schema_taxonomy import QUADRANTS
+from medrobust_lib.store.schema import QUADRANTS
 
 TYPES = [f"type_{i:02d}_with_a_long_name" for i in range(30)]
 

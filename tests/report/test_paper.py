@@ -26,7 +26,7 @@ from medrobust_lib.store.marts import (
     TAXONOMY_CORRELATION_STATS_COLUMNS,
     TAXONOMY_QUADRANT_STATS_COLUMNS,
 )
-from medrobust_lib.store.schema_taxonomy import QUADRANTS
+from medrobust_lib.store.schema import QUADRANTS
 from medrobust_lib.taxonomy.stats import flip_dangerous_correlation, quadrant_stats
 from medrobust_lib.tracks.segmentation.stats import segmentation_stats
 

@@ -11,7 +11,7 @@ import pytest
 
 from medrobust_lib.store import results
 from medrobust_lib.store.marts import MART_TABLES, build_mart, connect_readonly
-from medrobust_lib.store.schema_strategy import RANKING_COLUMNS, RANKING_TABLE
+from medrobust_lib.store.schema import RANKING_COLUMNS, RANKING_TABLE
 
 SEG_COLUMNS = [c for c, _ in next(t.columns for t in MART_TABLES if t.name == "segmentation_results")]
 # (sample, clean IoU, clean Dice); per type the perturbed (IoU, Dice) per sample.

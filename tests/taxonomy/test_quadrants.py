@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from medrobust_lib.store.schema_taxonomy import COLUMN_NAMES
+from medrobust_lib.store.schema import TAXONOMY_COLUMN_NAMES as COLUMN_NAMES
 from medrobust_lib.taxonomy.quadrants import (
     SampleFlags,
     classify,

@@ -13,7 +13,7 @@ from scipy import stats as sps
 
 from medrobust_lib.metrics.stats import pearson_with_ci
 from medrobust_lib.seeding import rng_for
-from medrobust_lib.store.schema_taxonomy import QUADRANTS
+from medrobust_lib.store.schema import QUADRANTS
 from medrobust_lib.taxonomy.quadrants import classify
 from medrobust_lib.taxonomy.stats import (
     GROUP_COLUMNS,

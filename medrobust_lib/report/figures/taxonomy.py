@@ -17,7 +17,7 @@ import pandas as pd
 
 from medrobust_lib.report.figures import style
 from medrobust_lib.report.figures.style import pyplot
-from medrobust_lib.store.schema_taxonomy import QUADRANTS
+from medrobust_lib.store.schema import QUADRANTS
 from medrobust_lib.taxonomy.stats import POINT_KEYS
 
 if TYPE_CHECKING:

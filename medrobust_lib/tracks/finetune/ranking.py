@@ -35,7 +35,7 @@ import pandas as pd
 from medrobust_lib.metrics.stats import benjamini_hochberg, bootstrap_ci, paired_bootstrap_ci, wilcoxon_paired
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store import results
-from medrobust_lib.store.schema_strategy import RANKING_COLUMNS, RANKING_TABLE
+from medrobust_lib.store.schema import RANKING_COLUMNS, RANKING_TABLE
 
 KINDS: dict[str, tuple[str, ...]] = {"corruption": ("perturbation",), "attack": ("fgsm", "pgd")}
 PUBLISHED_IOU_DROP: dict[str, float] = {  # MedFM-Robust, mean IoU drop under corruption

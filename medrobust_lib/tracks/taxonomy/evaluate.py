@@ -42,7 +42,8 @@ from medrobust_lib.config.vlm import VLMModelConfig, vlm_model
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store import rerun, results
-from medrobust_lib.store.schema_taxonomy import COLUMN_NAMES, TAXONOMY_TABLE
+from medrobust_lib.store.schema import TAXONOMY_COLUMN_NAMES as COLUMN_NAMES
+from medrobust_lib.store.schema import TAXONOMY_TABLE
 from medrobust_lib.tasks.vqa import extract_yes_no
 from medrobust_lib.taxonomy.paraphrase import api_paraphrases, template_paraphrases
 from medrobust_lib.taxonomy.quadrants import classify, classify_labels

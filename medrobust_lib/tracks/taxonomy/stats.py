@@ -15,8 +15,15 @@ import pandas as pd
 
 from medrobust_lib.store import results
 from medrobust_lib.store.completeness import DEFAULT_MAX_ERROR_SHARE, complete_rows
-from medrobust_lib.store.marts import TAXONOMY_CORRELATION_STATS_COLUMNS, TAXONOMY_QUADRANT_STATS_COLUMNS
-from medrobust_lib.store.schema_taxonomy import COLUMN_NAMES, DEFAULT_ABSTENTION_TAU, TAXONOMY_TABLE
+from medrobust_lib.store.schema import (
+    DEFAULT_ABSTENTION_TAU,
+    TAXONOMY_CORRELATION_STATS_COLUMNS,
+    TAXONOMY_QUADRANT_STATS_COLUMNS,
+    TAXONOMY_TABLE,
+)
+from medrobust_lib.store.schema import (
+    TAXONOMY_COLUMN_NAMES as COLUMN_NAMES,
+)
 
 if TYPE_CHECKING:
     pass

@@ -1,5 +1,5 @@
 """The VLM track: clean and perturbed evaluation of VQA (multiple choice, yes/no), captioning and
-grounding, written as ``vlm_results`` rows (schema in :mod:`medrobust_lib.store.schema_vlm`).
+grounding, written as ``vlm_results`` rows (schema in :mod:`medrobust_lib.store.schema`).
 
 Each condition runs on the same sample set: the evaluation split of the clean index, and every
 perturbed image of the (modality, level) manifest partition, regenerated bit-exactly. Spatial
@@ -27,7 +27,8 @@ from medrobust_lib.config.vlm import vlm_config, vlm_model
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.store import rerun, results
 from medrobust_lib.store.completeness import ERROR_OUTCOME
-from medrobust_lib.store.schema_vlm import COLUMN_NAMES, VLM_TABLE
+from medrobust_lib.store.schema import VLM_COLUMN_NAMES as COLUMN_NAMES
+from medrobust_lib.store.schema import VLM_TABLE
 from medrobust_lib.tasks.judge import judge_mc
 from medrobust_lib.tasks.scoring import score_captions, score_grounding, score_mc, score_yes_no
 from medrobust_lib.tracks.vlm.items import VLMItem, box_in_sample, load_items, prompt_for

@@ -34,7 +34,7 @@ from medrobust_lib.seeding import rng_for
 from medrobust_lib.store import results
 from medrobust_lib.store.completeness import DEFAULT_MAX_ERROR_SHARE, ERROR_OUTCOME, complete_rows
 from medrobust_lib.store.marts import VLM_PRIMARY_COLUMN, VLM_SCORED_OUTCOMES
-from medrobust_lib.store.schema_vlm import VLM_TABLE
+from medrobust_lib.store.schema import VLM_TABLE
 
 STATS_TABLE = "vlm_stats"
 N_BOOT = 1000

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from medrobust_lib.store.schema_strategy import RANKING_COLUMNS
+from medrobust_lib.store.schema import RANKING_COLUMNS
 from medrobust_lib.tracks.finetune.ranking import compare_published, strategy_ranking
 
 SAMPLES = [f"s{i:02d}" for i in range(16)]
