@@ -20,13 +20,12 @@ from medrobust_lib.report.latex import escape, to_latex
 from medrobust_lib.report.paper import ReportSummary, build_report, parse_models
 from medrobust_lib.report.paper_tables import _recomputed_correlation, taxonomy_quadrants
 from medrobust_lib.report.table import fmt_ci, fmt_float, fmt_pvalue, to_markdown
-from medrobust_lib.store.marts import (
-    MART_TABLES,
-    MART_VIEWS,
+from medrobust_lib.store.marts import MART_TABLES, MART_VIEWS
+from medrobust_lib.store.schema import (
+    QUADRANTS,
     TAXONOMY_CORRELATION_STATS_COLUMNS,
     TAXONOMY_QUADRANT_STATS_COLUMNS,
 )
-from medrobust_lib.store.schema import QUADRANTS
 from medrobust_lib.taxonomy.stats import flip_dangerous_correlation, quadrant_stats
 from medrobust_lib.tracks.segmentation.stats import segmentation_stats
 
