@@ -19,6 +19,7 @@ from typing import Annotated, Any
 import click
 import typer
 
+from medrobust_lib.paths import SuitePaths
 from medrobust_lib.project import in_project, project_root
 from medrobust_lib.tasks.score_files import score_file
 from medrobust_lib.types import ALL_MODALITIES, parse_modality
@@ -134,6 +135,17 @@ def _project_path(given: Path | str | None, default: str) -> Path:
     return Path(given).expanduser().resolve() if given is not None else in_project(default)
 
 
+def _suite_locations(suite: str | None) -> SuitePaths | None:
+    """The output locations of ``--suite FILE`` (None without the option), relative paths resolved
+    against the project root, as the suite's own runs resolve them."""
+    if suite is None:
+        return None
+    from medrobust_lib.config import load_suite
+    from medrobust_lib.paths import suite_paths
+
+    return suite_paths(load_suite(_project_path(suite, suite)), base=project_root())
+
+
 def _enter_project() -> Path:
     """Change into the project root (suites name their paths relative to it); returns it."""
 
@@ -171,7 +183,9 @@ def demo(
     from medrobust_lib.report.paper import build_report
 
     t1 = time.perf_counter()
-    rep = build_report(mart, Path("var/reports"), None, mlruns_dir=Path("mlruns"), log_mlflow=True)
+    loc = _suite_locations(str(suite_path))
+    assert loc is not None
+    rep = build_report(mart, loc.reports, None, mlruns_dir=Path("mlruns"), log_mlflow=True)
     _echo(f"== report  {time.perf_counter() - t1:6.1f} s  ({len(rep.tables)} tables, {len(rep.figures)} figures)")
     typer.echo(f"\nDone in {time.perf_counter() - t0:.0f} s.")
     typer.echo(f"  mart:     {mart}   (medrobust query \"SQL\")")
@@ -233,8 +247,9 @@ def query(
         "--format", "-f", help="default: table on screen; with --out, from the file's extension")] = None,
     output: Annotated[Path | None, typer.Option(
         "--out", "--output", "-o", help="write the result to this file (.csv, .parquet, .json, .md)")] = None,
-    mart: Annotated[Path | None, typer.Option(help="DuckDB mart [default: var/marts.duckdb in the project]",
-                                              show_default=False)] = None,
+    mart: Annotated[Path | None, typer.Option(help="DuckDB mart [default: the --suite's, else var/marts.duckdb "
+                                                   "in the project]", show_default=False)] = None,
+    suite: Annotated[str | None, typer.Option(help="suite YAML whose mart is queried")] = None,
 ) -> None:
     """Run one SQL statement against the mart, read-only.
 
@@ -270,7 +285,8 @@ def query(
     if fmt is OutFormat.parquet and output is None:
         raise typer.BadParameter("--format parquet needs --out FILE.parquet", param_hint="'--format'")
     try:
-        df = run_query(_project_path(mart, "var/marts.duckdb"), sql)
+        loc = _suite_locations(suite)
+        df = run_query(_project_path(mart, str(loc.mart) if loc else "var/marts.duckdb"), sql)
     except (FileNotFoundError, ValueError) as exc:  # no mart; QueryRefused by the sandbox
         _echo(f"error: {exc}")
         raise typer.Exit(2) from None
@@ -492,6 +508,7 @@ def report(
                                               show_default=False)] = None,
     mlruns: Annotated[Path | None, typer.Option(help="MLflow folder (SQLite backend) the report run is logged to "
                                                      "[default: mlruns in the project]", show_default=False)] = None,
+    suite: Annotated[str | None, typer.Option(help="suite YAML: its mart, and its reports folder as --out")] = None,
     no_mlflow: Annotated[bool, typer.Option("--no-mlflow", help="do not log the report to MLflow")] = False,
     include_floor: Annotated[bool, typer.Option("--include-floor", help="keep datasets whose clean IoU/Dice is "
                                                                         "below 0.1 in the segmentation averages and "
@@ -504,7 +521,9 @@ def report(
     from medrobust_lib.report.paper import build_report, parse_models
 
     try:
-        summary = build_report(_project_path(mart, "var/marts.duckdb"), _project_path(out, "var/reports"),
+        loc = _suite_locations(suite)
+        summary = build_report(_project_path(mart, str(loc.mart) if loc else "var/marts.duckdb"),
+                               _project_path(out, str(loc.reports) if loc else "var/reports"),
                                parse_models(models), mlruns_dir=_project_path(mlruns, "mlruns"),
                                log_mlflow=not no_mlflow, include_floor=include_floor)
     except (FileNotFoundError, ValueError) as exc:

@@ -19,6 +19,7 @@ import dagster as dg
 from medrobust_assets import partitions
 from medrobust_assets.definitions import ALL_ASSETS, build_resources, defs
 from medrobust_lib.config import Suite, load_suite
+from medrobust_lib.paths import suite_paths
 from medrobust_lib.store import registry
 from medrobust_lib.tracks.finetune.strategies import finetune_config
 
@@ -308,7 +309,7 @@ def run_registry_demo(suite: Any, inst: dg.DagsterInstance, step: Callable[..., 
     ft = require_finetune(suite)
     strategy = "lora" if "lora" in ft.strategies else ft.strategies[0]
     name = registry.seg_model_name(ft.base, strategy)
-    cursor_file = Path(suite.results_dir).parent / "dagster" / "registry_sensor_cursor.json"
+    cursor_file = suite_paths(suite).dagster_state / "registry_sensor_cursor.json"
     log("== registry loop: sensor -> registry_evaluation -> robustness_gate")
 
     def evaluate_new() -> None:

@@ -1,10 +1,58 @@
 """On-disk locations the project derives from its configuration.
 
+:func:`suite_paths`: every folder a suite writes (results, mart, checkpoints, API caches, reports,
+galleries), all under the suite's own root (the parent of its ``results_dir``; by default
+``var/<suite name>/``, the demo's ``var/``), so no suite writes into another's.
 :data:`RECORD_FILES`: where the embedded demo writes its VLM record files, relative to the demo
 root (read by the VLM configuration when the demo is enabled, written by the demo generator).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+
+class _HasLocations(Protocol):
+    name: str
+    results_dir: str
+    mart_path: str
+
+
+@dataclass(frozen=True)
+class SuitePaths:
+    """Where a suite's outputs live (paths as given in the suite: relative ones are relative to the
+    project root)."""
+
+    root: Path
+    results: Path
+    mart: Path
+    checkpoints: Path
+    cache: Path
+    reports: Path
+    galleries: Path
+    dagster_state: Path
+
+
+def suite_paths(suite: _HasLocations, base: Path | None = None) -> SuitePaths:
+    """The locations of ``suite`` (a :class:`medrobust_lib.config.Suite`); relative ones joined to
+    ``base`` when given (the project root), else left relative (to the working directory)."""
+    def at(p: str) -> Path:
+        q = Path(p).expanduser()
+        return q if base is None or q.is_absolute() else base / q
+
+    results = at(suite.results_dir)
+    root = results.parent
+    return SuitePaths(root=root, results=results, mart=at(suite.mart_path), checkpoints=root / "checkpoints",
+                      cache=root / "cache", reports=root / "reports", galleries=root / "galleries",
+                      dagster_state=root / "dagster")
+
+
+def default_locations(name: str) -> tuple[str, str]:
+    """``(results_dir, mart_path)`` of a suite that names neither: ``var/<name>/results`` and
+    ``var/<name>/marts.duckdb``."""
+    return f"var/{name}/results", f"var/{name}/marts.duckdb"
 
 RECORD_FILES: dict[str, str] = {
     "omnimedvqa": "records/omnimedvqa.json",

@@ -18,6 +18,7 @@ from medrobust_assets.assets.perturbed import perturbed_samples
 from medrobust_assets.metadata import image_md, markdown_table
 from medrobust_assets.resources import SuiteResource, TrackingResource
 from medrobust_assets.tags import GPU_OP_TAGS
+from medrobust_lib.paths import suite_paths
 from medrobust_lib.store.registry import seg_model_name
 
 REGISTERED_VERSIONS = dg.DynamicPartitionsDefinition(name="registered_seg_versions")
@@ -121,7 +122,7 @@ def finetune_family(base_id: str, strategies: list[str], base_checkpoint: Any) -
         models = {f"{base_id}-{st}": (base_id, st) for st in ft.strategies}
         with tracking.run(context, "finetune_report") as run:
             table = write_strategy_ranking(s.results_dir, models, strategy_params(s), s.seed)
-            bars = strategy_bars(table, Path(s.results_dir).parent / "reports" / "finetune")
+            bars = strategy_bars(table, suite_paths(s).reports / "finetune")
             if run is not None:
                 import mlflow
 

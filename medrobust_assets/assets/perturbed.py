@@ -1,7 +1,6 @@
 """Perturbed datasets (manifests) by modality x severity, and the per-modality gallery."""
 
 import math
-from pathlib import Path
 
 import dagster as dg
 
@@ -14,6 +13,7 @@ from medrobust_assets.partitions import (
     modality_severity_partitions,
 )
 from medrobust_assets.resources import SuiteResource, TrackingResource
+from medrobust_lib.paths import suite_paths
 from medrobust_lib.tracks.perturbed import build_perturbed
 from medrobust_lib.tracks.perturbed_checks import modality_gallery, partition_checks
 
@@ -76,7 +76,7 @@ def perturbation_gallery(context: dg.AssetExecutionContext, suite: SuiteResource
     s = suite.load()
     modality = context.partition_key
     with tracking.run(context, "perturbation_gallery") as run:
-        paths = modality_gallery(s, modality, Path(s.results_dir).parent / "galleries")
+        paths = modality_gallery(s, modality, suite_paths(s).galleries)
         if run is not None:
             import mlflow
 

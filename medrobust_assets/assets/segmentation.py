@@ -1,7 +1,6 @@
 """Segmentation asset family, one per configured model (key prefix = model id), plus the report."""
 
 import math
-from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -17,6 +16,7 @@ from medrobust_assets.partitions import (
 )
 from medrobust_assets.resources import SuiteResource, TrackingResource
 from medrobust_assets.tags import GPU_OP_TAGS
+from medrobust_lib.paths import suite_paths
 
 
 def _log_metrics(run: Any, metrics: dict[str, float]) -> None:
@@ -136,7 +136,7 @@ def segmentation_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinit
         s = suite.load()
         with tracking.run(context, "segmentation_report") as run:
             stats = write_segmentation_stats(s.results_dir, s.seed)
-            paths = robustness_curves(stats, Path(s.results_dir).parent / "reports" / "segmentation")
+            paths = robustness_curves(stats, suite_paths(s).reports / "segmentation")
             if run is not None:
                 import mlflow
 

@@ -19,6 +19,7 @@ from medrobust_assets.partitions import (
 )
 from medrobust_assets.resources import SuiteResource, TrackingResource
 from medrobust_assets.tags import GPU_OP_TAGS
+from medrobust_lib.paths import suite_paths
 from medrobust_lib.store.schema import TAXONOMY_TABLE
 
 
@@ -133,7 +134,7 @@ def taxonomy_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinition:
         from medrobust_lib.tracks.taxonomy import stats as tr
 
         s = suite.load()
-        out_dir = Path(s.results_dir).parent / "reports" / "taxonomy"
+        out_dir = suite_paths(s).reports / "taxonomy"
         with tracking.run(context, "taxonomy_report") as run:
             stats, corr = tr.write_taxonomy_stats(s.results_dir, s.seed, s.taxonomy.abstention_tau,
                                                   max_error_share=s.max_error_share)

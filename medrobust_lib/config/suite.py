@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from medrobust_lib.config.segmentation import SegmentationConfig
 from medrobust_lib.config.taxonomy import TaxonomyConfig
 from medrobust_lib.config.vlm import VLMConfig
+from medrobust_lib.paths import default_locations
 from medrobust_lib.types import ALL_MODALITIES, SEVERITY_LEVELS, SSIM_BANDS, validate_bands
 
 DEMO_TRAINED = "trained"
@@ -74,8 +75,10 @@ class Suite(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = "demo"
     seed: int = 0
-    results_dir: str = "var/results"
-    mart_path: str = "var/marts.duckdb"
+    results_dir: str = ""
+    """Where result tables go; default ``var/<name>/results`` (every other output sits beside it)."""
+    mart_path: str = ""
+    """The DuckDB mart; default ``var/<name>/marts.duckdb``."""
     workers: int = Field(default=1, ge=1, description="processes used inside one partition")
     modalities: list[str] = Field(default_factory=lambda: list(ALL_MODALITIES))
     demo: DemoConfig = Field(default_factory=lambda: DemoConfig())
@@ -99,6 +102,13 @@ class Suite(BaseModel):
         if bad:
             raise ValueError(f"unknown modalities {bad}; valid: {', '.join(ALL_MODALITIES)}")
         return v
+
+    @model_validator(mode="after")
+    def _own_locations(self) -> Suite:
+        results, mart = default_locations(self.name)
+        self.results_dir = self.results_dir or results
+        self.mart_path = self.mart_path or mart
+        return self
 
     @model_validator(mode="after")
     def _weights_named_outside_the_demo(self) -> Suite:

@@ -99,3 +99,21 @@ def test_validate_cli_exit_codes(tmp_path: Path) -> None:
     res = runner.invoke(app, ["validate", "--suite", str(good)])
     assert res.exit_code == 0, res.output
     assert "suite" in res.output and "OK" in res.output
+
+
+def test_each_suite_writes_under_its_own_root(tmp_path: Path) -> None:
+    """Two suites that name no locations never share results, mart, checkpoints, caches or reports;
+    query/report --suite read that suite's mart."""
+    from medrobust_lib.config import Suite
+    from medrobust_lib.paths import suite_paths
+
+    a, b = suite_paths(Suite(name="alpha")), suite_paths(Suite(name="beta"))
+    for field in ("results", "mart", "checkpoints", "cache", "reports", "galleries", "dagster_state"):
+        pa_, pb = getattr(a, field), getattr(b, field)
+        assert pa_ != pb and pa_.is_relative_to(Path("var/alpha")) and pb.is_relative_to(Path("var/beta")), field
+    demo = Suite(name="demo", results_dir="var/results", mart_path="var/marts.duckdb")
+    assert suite_paths(demo).reports == Path("var/reports")  # the demo keeps its documented places
+    assert suite_paths(Suite(name="x"), base=tmp_path).mart == tmp_path / "var/x/marts.duckdb"
+    p = _suite(tmp_path, {"name": "gamma"})  # its mart_path: <tmp>/var/marts.duckdb (not built)
+    res = CliRunner().invoke(app, ["query", "select 1", "--suite", str(p)])
+    assert res.exit_code == 2 and "no mart at" in res.output and str(tmp_path / "var" / "marts.duckdb") in res.output

@@ -32,6 +32,7 @@ from typing import Any
 
 from medrobust_lib.config import Suite
 from medrobust_lib.config.segmentation import FinetuneConfig, FinetuneEval, SegModelConfig
+from medrobust_lib.paths import suite_paths
 from medrobust_lib.seeding import rng_for, scoped_torch_seed
 from medrobust_lib.store import registry
 
@@ -42,7 +43,7 @@ def finetune_config(suite: Suite) -> FinetuneConfig | None:
 
 
 def strategy_dir(suite: Suite, base: str, strategy: str) -> Path:
-    return Path(suite.results_dir).parent / "checkpoints" / f"{base}-{strategy}"
+    return suite_paths(suite).checkpoints / f"{base}-{strategy}"
 
 
 def require_finetune(suite: Suite) -> FinetuneConfig:

@@ -16,6 +16,7 @@ from medrobust_lib.config import Suite
 from medrobust_lib.config.segmentation import SegmentationConfig, SegModelConfig
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.metrics.segmentation import EMPTY_GT_POLICY, dice, iou
+from medrobust_lib.paths import suite_paths
 from medrobust_lib.prompts import PromptConfig, prompt_boxes
 from medrobust_lib.store import registry, results
 
@@ -45,7 +46,7 @@ def model_config(suite: Suite, model_id: str | SegModelConfig) -> SegModelConfig
 
 
 def checkpoint_dir(suite: Suite, model_id: str) -> Path:
-    return Path(suite.results_dir).parent / "checkpoints" / model_id
+    return suite_paths(suite).checkpoints / model_id
 
 
 def seg_splits(suite: Suite) -> dict[str, list[Sample]]:

@@ -21,6 +21,7 @@ import numpy as np
 
 from medrobust_lib.config import Suite
 from medrobust_lib.config.vlm import VLMModelConfig, vlm_model
+from medrobust_lib.paths import suite_paths
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class Answer:
 
 
 def checkpoint_dir(suite: Suite, model_id: str) -> Path:
-    return Path(suite.results_dir).parent / "checkpoints" / model_id
+    return suite_paths(suite).checkpoints / model_id
 
 
 def resolve_source(suite: Suite, m: VLMModelConfig) -> str:
@@ -73,7 +74,7 @@ class Runner:
             from medrobust_lib.models.api_vlm import ApiVLM, ApiVLMConfig
 
             settings = dict(m.api)
-            settings.setdefault("cache_path", str(Path(suite.results_dir).parent / "cache" / f"{m.id}.sqlite"))
+            settings.setdefault("cache_path", str(suite_paths(suite).cache / f"{m.id}.sqlite"))
             Path(settings["cache_path"]).parent.mkdir(parents=True, exist_ok=True)
             settings.setdefault("seed", suite.seed)
             self.api = ApiVLM(ApiVLMConfig(**settings))
