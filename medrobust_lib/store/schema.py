@@ -286,11 +286,11 @@ def conform(df: pd.DataFrame, name: str) -> tuple[pd.DataFrame, pa.Schema | None
         if typ is not None:
             try:
                 if pa.types.is_integer(typ):
-                    out[c] = pd.array(col, dtype="Int64") if col.isna().any() or col.dtype == object else col
+                    out[c] = col.astype("Int64") if col.isna().any() or col.dtype == object else col
                 elif pa.types.is_floating(typ):
                     out[c] = pd.to_numeric(col, errors="raise").astype("float64")
                 elif pa.types.is_boolean(typ):
-                    out[c] = pd.array(col, dtype="boolean")
+                    out[c] = col.astype("boolean")
                 elif pa.types.is_string(typ):
                     out[c] = col.astype(object).where(col.notna(), None)
                     if not all(v is None or isinstance(v, str) for v in out[c]):

@@ -416,8 +416,7 @@ __all__ = [
 
 
 POINT_KEYS: tuple[str, ...] = ("config", "dataset", "perturbation", "level", "image_mode")
-POINT_COLUMNS: tuple[str, ...] = (*POINT_KEYS, "flip_rate", "dangerous_share", "n", "n_error")
-"""Columns of :func:`correlation_points` (those of :func:`medrobust_lib.taxonomy.stats.condition_points`)."""
+"""The keys of one scatter point (:data:`POINT_COLUMNS` are :func:`condition_points`' columns)."""
 
 
 def correlation_points(df: pd.DataFrame, clean_only: bool = False) -> pd.DataFrame:
