@@ -35,8 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     suite = load_suite(args.suite)
     if args.step_bound:
-        seg, vlm = suite.segmentation, suite.vlm
+        seg, vlm, tax = suite.segmentation, suite.vlm, suite.taxonomy
         suite = suite.model_copy(update={
+            "taxonomy": tax.model_copy(update={"train": tax.train.model_copy(update={"time_budget_s": None})}),
             "segmentation": seg.model_copy(update={"train": seg.train.model_copy(update={"time_budget_s": None})}),
             "vlm": vlm.model_copy(update={"train": vlm.train.model_copy(update={"time_budget_s": None}),
                                           "finetune": vlm.finetune.model_copy(update={"time_budget_s": None})})})
@@ -71,6 +72,14 @@ def main(argv: list[str] | None = None) -> int:
             dst = committed.publish(adapter_folder(suite, mid), mid, committed.adapter_fingerprint(suite))
             print(json.dumps({"model": mid, "steps": r3.steps, "best_val_loss": r3.best_val_loss,
                               "seconds": r3.seconds, "published": str(dst)}), flush=True)
+    for entry in suite.taxonomy.configs:  # in order: a LoRA configuration's base comes first
+        if entry.demo_training is not None and (want is None or entry.id in want):
+            from medrobust_lib.demo.taxonomy_train import train_taxonomy_model
+
+            r4 = train_taxonomy_model(suite, entry.id, log=print)
+            dst = committed.publish(Path(r4.folder), entry.id, committed.taxonomy_fingerprint(suite, entry.id))
+            print(json.dumps({"model": entry.id, "steps": r4.steps, "seconds": r4.seconds, "published": str(dst)}),
+                  flush=True)
     return 0
 
 

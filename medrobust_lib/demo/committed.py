@@ -199,3 +199,25 @@ def install_adapter(suite: Suite, model_id: str) -> Installed:
 
     return install(model_id, checkpoint_dir(suite, model_id) / "adapter", adapter_fingerprint(suite),
                    retrain=suite.demo.retrain)
+
+
+def taxonomy_fingerprint(suite: Suite, config_id: str) -> dict[str, Any]:
+    """Inputs of a taxonomy known-answer model: its kind, the taxonomy training settings, the
+    paraphrase minimum, seeds, demo size and record files (a LoRA config: also its base's)."""
+    entry = next((c for c in suite.taxonomy.configs if c.id == config_id), None)
+    if entry is None or entry.demo_training is None:
+        raise KeyError(f"no demo-trained taxonomy config {config_id!r} in suite {suite.name!r}")
+    fp: dict[str, Any] = {"kind": f"taxonomy:{entry.demo_training}", "train": _settings(suite.taxonomy.train),
+                          "min_paraphrases": suite.taxonomy.min_paraphrases, **_demo_inputs(suite, *_VLM_RECORDS)}
+    if entry.base is not None:
+        fp["base"] = taxonomy_fingerprint(suite, entry.base)
+    return fp
+
+
+def install_taxonomy(suite: Suite, config_id: str) -> Installed:
+    """The committed known-answer model of a taxonomy configuration (a LoRA one: its adapter)."""
+    from medrobust_lib.tracks.vlm.runner import checkpoint_dir
+
+    entry = next(c for c in suite.taxonomy.configs if c.id == config_id)
+    dest = checkpoint_dir(suite, config_id) / ("adapter" if entry.demo_training == "consistency_lora" else "")
+    return install(config_id, dest, taxonomy_fingerprint(suite, config_id), retrain=suite.demo.retrain)
