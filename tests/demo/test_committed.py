@@ -125,21 +125,37 @@ def test_short_vlm_schedule_learns(demo_root: Path, tmp_path: Path) -> None:
     assert tr.steps == 40 and tr.best_val_loss < 0.5 * math.log(vocab)
 
 
-@pytest.mark.slow
-def test_short_sam_schedule_learns(demo_root: Path, tmp_path: Path) -> None:
-    """The demo's tiny-SAM training (the code --retrain runs), 40 steps on 2 modalities: validation
-    Dice well above the same architecture's untrained Dice."""
-    from medrobust_lib.finetune.train import evaluate_dice
-    from medrobust_lib.models.sam import SamSegmenter, arch_for, build_sam
-    from medrobust_lib.tracks.datasets import build_clean_index
-    from medrobust_lib.tracks.segmentation.evaluate import seg_config, seg_splits, train_base_checkpoint
 
-    seg = {"models": [{"id": "tiny-sam", "family": "sam", "arch": "tiny", "checkpoint": "trained"}],
-           "train": {"max_steps": 40, "eval_every": 20, "time_budget_s": None}, "split": "all"}
-    suite = load_suite(write_suite(tmp_path, demo_root, segmentation=seg))
-    for m in suite.modalities:
-        build_clean_index(suite, m)
-    untrained = SamSegmenter(build_sam(arch_for("tiny", "sam"), seed=suite.seed), "sam", "tiny-sam", "untrained")
-    before = evaluate_dice(untrained, seg_splits(suite)["val"], seg_config(suite).prompt)
-    tr = train_base_checkpoint(suite, "tiny-sam")
-    assert tr.steps == 40 and tr.val_dice > before + 0.1, (before, tr.val_dice)
+def test_fast_and_full_demo_share_models_and_weights() -> None:
+    """configs/demo.yaml (the fast default) and configs/demo_full.yaml differ only in the grid: same
+    modalities and models in every track, the same training inputs (so the same committed weights),
+    and the fast grid's levels are a subset of the full one's."""
+    fast, full = load_suite("configs/demo.yaml"), load_suite("configs/demo_full.yaml")
+    assert fast.modalities == full.modalities and len(fast.modalities) == 10
+    assert [m.id for m in fast.segmentation.models] == [m.id for m in full.segmentation.models]
+    assert [m.id for m in fast.vlm.models] == [m.id for m in full.vlm.models]
+    assert [c.id for c in fast.taxonomy.configs] == [c.id for c in full.taxonomy.configs]
+    assert fast.segmentation.finetune is not None and full.segmentation.finetune is not None
+    assert fast.segmentation.finetune.strategies == full.segmentation.finetune.strategies
+    assert set(fast.perturbations.levels) < set(full.perturbations.levels) == {1, 2, 3, 4, 5}
+    assert committed.sam_fingerprint(fast, "tiny-sam") == committed.sam_fingerprint(full, "tiny-sam")
+    assert committed.vlm_fingerprint(fast) == committed.vlm_fingerprint(full)
+    assert committed.adapter_fingerprint(fast) == committed.adapter_fingerprint(full)
+    for c in fast.taxonomy.configs:
+        assert committed.taxonomy_fingerprint(fast, c.id) == committed.taxonomy_fingerprint(full, c.id)
+
+
+def test_retrain_reaches_the_suite_through_the_resource() -> None:
+    from medrobust_assets.resources import SuiteResource
+
+    assert not SuiteResource(suite_path="configs/demo.yaml").load().demo.retrain
+    assert SuiteResource(suite_path="configs/demo.yaml", retrain=True).load().demo.retrain
+
+
+def test_demo_takes_suite_or_full_not_both() -> None:
+    from typer.testing import CliRunner
+
+    from medrobust_cli import app
+
+    res = CliRunner().invoke(app, ["demo", "--full", "--suite", "configs/demo.yaml"])
+    assert res.exit_code == 2 and "--full" in res.output
