@@ -36,10 +36,15 @@ def _samples_by_split(suite: Suite) -> dict[str, dict[tuple[str, str], Sample]]:
 
 def box_text(box: np.ndarray, hw: tuple[int, ...], step: float = 0.01) -> str:
     """A pixel box (1, 4) as the tiny model's answer: ``[x0, y0, x1, y1]`` in 0-1, rounded to the
-    nearest multiple of ``step`` (0.01: 101 values per coordinate; 0.05: 21), written with 2 decimals."""
+    nearest multiple of ``step`` (0.01: 101 values per coordinate; 0.05: 21), written with 2 decimals.
+    A side that rounding would collapse keeps one ``step`` of extent."""
     x0, y0, x1, y1 = box[0]
     h, w = hw[0], hw[1]
     q = [min(1.0, max(0.0, round(v / step) * step)) for v in (x0 / w, y0 / h, x1 / w, y1 / h)]
+    for lo, hi in ((0, 2), (1, 3)):
+        if q[hi] <= q[lo]:
+            q[hi] = min(1.0, q[lo] + step)
+            q[lo] = q[hi] - step
     return "[" + ", ".join(f"{v:.2f}" for v in q) + "]"
 
 

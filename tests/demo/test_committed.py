@@ -80,6 +80,9 @@ def test_box_answers_on_a_grid() -> None:
     assert box_text(box, (100, 100)) == "[0.12, 0.20, 0.37, 0.41]"
     assert box_text(box, (100, 100), 0.05) == "[0.10, 0.20, 0.35, 0.40]"
     assert box_text(np.array([[0.0, 0.0, 100.0, 50.0]]), (50, 100), 0.05) == "[0.00, 0.00, 1.00, 1.00]"
+    # a 4 % wide box whose corners round to the same grid value keeps one step of width
+    assert box_text(np.array([[32.6, 10.0, 36.6, 30.0]]), (100, 100), 0.05) == "[0.35, 0.10, 0.40, 0.30]"
+    assert box_text(np.array([[98.0, 10.0, 99.5, 30.0]]), (100, 100), 0.05) == "[0.95, 0.10, 1.00, 0.30]"
 
 
 @pytest.mark.parametrize("flip", ["h", "v", "hv"])
