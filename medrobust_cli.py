@@ -19,7 +19,7 @@ from typing import Annotated, Any
 import click
 import typer
 
-from medrobust_lib.paths import SuitePaths
+from medrobust_lib.paths import SuitePaths, suite_paths
 from medrobust_lib.project import in_project, project_root
 from medrobust_lib.tasks.score_files import score_file
 from medrobust_lib.types import ALL_MODALITIES, parse_modality
@@ -141,7 +141,6 @@ def _suite_locations(suite: str | None) -> SuitePaths | None:
     if suite is None:
         return None
     from medrobust_lib.config import load_suite
-    from medrobust_lib.paths import suite_paths
 
     return suite_paths(load_suite(_project_path(suite, suite)), base=project_root())
 
@@ -167,19 +166,25 @@ def _modality_option(value: str | None) -> str | None:
 
 @app.command()
 def demo(
-    suite: Annotated[Path | None, typer.Option(help="suite YAML [default: configs/demo.yaml in the project]",
-                                               show_default=False)] = None,
+    suite: Annotated[Path | None, typer.Option(help="suite YAML [default: configs/demo.yaml in the project, or "
+                                                    "configs/demo_full.yaml with --full]", show_default=False)] = None,
     workers: Annotated[int, typer.Option(min=0, help="processes inside a partition (0: the suite's value)")] = 0,
+    full: Annotated[bool, typer.Option("--full", help="the complete grid (configs/demo_full.yaml): every "
+                                       "perturbation level and fine-tuning evaluation level")] = False,
+    retrain: Annotated[bool, typer.Option("--retrain", help="train the demo models from the embedded data instead "
+                                          "of copying the committed weights")] = False,
 ) -> None:
     """Materialize the whole asset graph on the embedded offline demo, with progress. Runs in the
     project root ($MEDROBUST_HOME, else the folder holding configs/demo.yaml), wherever it is
-    started from."""
+    started from; --full runs the complete grid."""
     from medrobust_assets.runner import run_demo
 
-    suite_path = _project_path(suite, "configs/demo.yaml")
+    if suite is not None and full:
+        raise typer.BadParameter("give --suite or --full, not both")
+    suite_path = _project_path(suite, "configs/demo_full.yaml" if full else "configs/demo.yaml")
     _enter_project()
     t0 = time.perf_counter()
-    mart = run_demo(str(suite_path), workers=workers, log=_echo)
+    mart = run_demo(str(suite_path), workers=workers, log=_echo, retrain=retrain)
     from medrobust_lib.report.paper import build_report
 
     t1 = time.perf_counter()

@@ -113,11 +113,12 @@ JOBS = [registry_evaluation_job, marts_job]
 SENSORS = [registry_sensor, mart_after_evaluation]
 
 
-def build_resources(suite_path: str = "", mlruns_dir: str = "mlruns", workers: int = 0) -> dict[str, object]:
+def build_resources(suite_path: str = "", mlruns_dir: str = "mlruns", workers: int = 0,
+                    retrain: bool = False) -> dict[str, object]:
     """Resources for a run. An empty ``suite_path`` means: $MEDROBUST_SUITE at run time, else
     configs/demo.yaml (read when the resource is used, not at import)."""
     return {
-        "suite": SuiteResource(suite_path=suite_path, workers=workers),
+        "suite": SuiteResource(suite_path=suite_path, workers=workers, retrain=retrain),
         "tracking": TrackingResource(mlruns_dir=mlruns_dir),
     }
 

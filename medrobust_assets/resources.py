@@ -18,12 +18,15 @@ class SuiteResource(dg.ConfigurableResource):  # type: ignore[misc]
 
     suite_path: str = ""  # empty: $MEDROBUST_SUITE, else configs/demo.yaml
     workers: int = 0  # 0: use the suite's value
+    retrain: bool = False  # True: demo.retrain (train the demo models instead of copying committed weights)
 
     def load(self) -> Suite:
 
         suite = load_suite(self.suite_path or os.environ.get("MEDROBUST_SUITE", "configs/demo.yaml"))
         if self.workers:
             suite = suite.model_copy(update={"workers": self.workers})
+        if self.retrain:
+            suite = suite.model_copy(update={"demo": suite.demo.model_copy(update={"retrain": True})})
         return suite
 
 

@@ -198,10 +198,12 @@ class StepFailed(RuntimeError):
 
 
 def run_plan(steps: list[Step], *, suite_path: str, instance: dg.DagsterInstance, resources: dict[str, object],
-             log: Callable[[str], None] = print, source: str = "medrobust run") -> None:
+             log: Callable[[str], None] = print, source: str = "medrobust run") -> dict[str, float]:
     """Materialize each step as its own run in ``instance`` (so every run shows in the UI), printing
-    one progress line per step and a header per asset group. Raises :class:`StepFailed`."""
+    one progress line per step and a header per asset group. Returns the seconds spent per group.
+    Raises :class:`StepFailed`."""
     group = None
+    seconds: dict[str, float] = {}
     for st in steps:
         if st.group != group:
             group = st.group
@@ -212,8 +214,16 @@ def run_plan(steps: list[Step], *, suite_path: str, instance: dg.DagsterInstance
                              tags=_own_tags(source, suite_path))
         if not res.success:
             raise StepFailed(st.label, _failure_cause(res), res.run_id)
-        log(f"  {st.label:<48} {time.perf_counter() - t0:6.1f} s")
+        dt = time.perf_counter() - t0
+        seconds[st.group] = seconds.get(st.group, 0.0) + dt
+        log(f"  {st.label:<48} {dt:6.1f} s")
         _log_failed_checks(res, log)
+    return seconds
+
+
+def stage_line(seconds: dict[str, float]) -> str:
+    """``stage times: datasets 31 s, ...`` in the order the stages ran."""
+    return "stage times: " + ", ".join(f"{g} {s:.0f} s" for g, s in seconds.items())
 
 
 def run_suite(suite_path: str, select: list[str] | None = None, *, workers: int = 0,
@@ -231,15 +241,17 @@ def run_suite(suite_path: str, select: list[str] | None = None, *, workers: int 
 
 
 def run_demo(suite_path: str, *, workers: int = 0, log: Callable[[str], None] = print,
-             instance: dg.DagsterInstance | None = None, mlruns_dir: str = "mlruns") -> str:
+             instance: dg.DagsterInstance | None = None, mlruns_dir: str = "mlruns", retrain: bool = False) -> str:
     """The offline demo: every asset of the graph in dependency order (as :func:`run_suite`), then
-    the registry loop as the daemon would run it, then the mart again. Returns the mart path."""
+    the registry loop as the daemon would run it, then the mart again. ``retrain``: train the demo
+    models instead of copying the committed weights (``demo.retrain``). Returns the mart path."""
     suite = load_suite(suite_path)
     inst = instance or get_instance()
-    resources = build_resources(suite_path=suite_path, mlruns_dir=mlruns_dir, workers=workers)
+    resources = build_resources(suite_path=suite_path, mlruns_dir=mlruns_dir, workers=workers, retrain=retrain)
     steps = plan(dg.AssetSelection.all(), suite, inst)
     _start(inst, log)
-    run_plan(steps, suite_path=suite_path, instance=inst, resources=resources, log=log, source="medrobust demo")
+    seconds = run_plan(steps, suite_path=suite_path, instance=inst, resources=resources, log=log,
+                       source="medrobust demo")
 
     def step(asset: str, partition: str | None = None) -> dg.ExecuteInProcessResult:
         t0 = time.perf_counter()
@@ -254,7 +266,10 @@ def run_demo(suite_path: str, *, workers: int = 0, log: Callable[[str], None] = 
         return res
 
     if finetune_config(suite) is not None:
+        t0 = time.perf_counter()
         run_registry_demo(suite, inst, step, log, mlruns_dir)
+        seconds["registry loop"] = time.perf_counter() - t0
+    log("== " + stage_line(seconds))
     return suite.mart_path
 
 

@@ -31,6 +31,8 @@ class DemoConfig(BaseModel):
     root: str = "var/data/demo"
     n_per_modality: int = Field(default=24, ge=4)
     seed: int = 0
+    retrain: bool = Field(default=False, description="train the demo models from the embedded data instead of "
+                          "copying the committed weights (medrobust_lib/demo/weights; medrobust demo --retrain)")
 
 
 class PerturbationConfig(BaseModel):

@@ -80,6 +80,10 @@ class VLMTrainSettings(TrainBudget):
     patch_size: int = 16
     hidden: int = 64
     layers: int = 2
+    box_step: float = Field(default=0.01, gt=0, le=0.5, description="grid of the taught box answers (fractions of "
+                            "width and height): 0.05 teaches 21 values per coordinate instead of 101")
+    grounding_flips: bool = Field(default=False, description="also teach grounding on the horizontally, vertically "
+                                  "and doubly flipped training images (the boxes flipped with them)")
 
 
 class VLMFinetuneSettings(TrainBudget, LoraSettings):

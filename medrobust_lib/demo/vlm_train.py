@@ -35,17 +35,42 @@ def _samples_by_split(suite: Suite) -> dict[str, dict[tuple[str, str], Sample]]:
     return out
 
 
-def box_text(box: np.ndarray, hw: tuple[int, ...]) -> str:
-    """A pixel box (1, 4) as the tiny model's answer: ``[x0, y0, x1, y1]`` in 0-1, 2 decimals."""
+def box_text(box: np.ndarray, hw: tuple[int, ...], step: float = 0.01) -> str:
+    """A pixel box (1, 4) as the tiny model's answer: ``[x0, y0, x1, y1]`` in 0-1, rounded to the
+    nearest multiple of ``step`` (0.01: 101 values per coordinate; 0.05: 21), written with 2 decimals.
+    A side that rounding would collapse keeps one ``step`` of extent."""
     x0, y0, x1, y1 = box[0]
     h, w = hw[0], hw[1]
-    return f"[{x0 / w:.2f}, {y0 / h:.2f}, {x1 / w:.2f}, {y1 / h:.2f}]"
+    q = [min(1.0, max(0.0, round(v / step) * step)) for v in (x0 / w, y0 / h, x1 / w, y1 / h)]
+    for lo, hi in ((0, 2), (1, 3)):
+        if q[hi] <= q[lo]:
+            q[hi] = min(1.0, q[lo] + step)
+            q[lo] = q[hi] - step
+    return "[" + ", ".join(f"{v:.2f}" for v in q) + "]"
+
+
+FLIPS = ("h", "v", "hv")
+"""Grounding augmentations: horizontal, vertical and both flips (image and box move together)."""
+
+
+def flipped(image: np.ndarray, box: np.ndarray, flip: str) -> tuple[np.ndarray, np.ndarray]:
+    """``image`` (H, W[, C]) flipped (``h``: left-right, ``v``: up-down, ``hv``: both) and the pixel
+    box (1, 4) XYXY (end exclusive) moved with it."""
+    h, w = image.shape[0], image.shape[1]
+    x0, y0, x1, y1 = (float(v) for v in box[0])
+    out = image
+    if "h" in flip:
+        out, x0, x1 = out[:, ::-1], w - x1, w - x0
+    if "v" in flip:
+        out, y0, y1 = out[::-1], h - y1, h - y0
+    return np.ascontiguousarray(out), np.array([[x0, y0, x1, y1]], np.float32)
 
 
 def examples_for(items: list[VLMItem], samples: dict[tuple[str, str], Sample], tasks: tuple[str, ...] | None = None,
-                 all_variants: bool = True) -> list[VLMExample]:
+                 all_variants: bool = True, box_step: float = 0.01, flips: bool = False) -> list[VLMExample]:
     """Supervised examples for the items whose sample is given: MC -> letter, yes/no -> the
-    polarity-adjusted answer for every paraphrase, caption -> first reference, grounding -> box."""
+    polarity-adjusted answer for every paraphrase, caption -> first reference, grounding -> box
+    (on the ``box_step`` grid; with ``flips`` also on the three flipped images, see :data:`FLIPS`)."""
     out: list[VLMExample] = []
     for it in items:
         s = samples.get((it.dataset, it.sample_id))
@@ -65,7 +90,10 @@ def examples_for(items: list[VLMItem], samples: dict[tuple[str, str], Sample], t
             orig = s.metadata.get("original_size") if s.metadata else None
             hw = (int(s.image.shape[0]), int(s.image.shape[1]))
             box = box_in_sample(it, hw, tuple(orig) if orig else None)  # type: ignore[arg-type]
-            out.append(VLMExample(key, s.image, prompt_for(it), box_text(box, hw), it.task))
+            out.append(VLMExample(key, s.image, prompt_for(it), box_text(box, hw, box_step), it.task))
+            for f in FLIPS if flips else ():
+                img, fbox = flipped(s.image, box, f)
+                out.append(VLMExample(f"{key}#{f}", img, prompt_for(it), box_text(fbox, hw, box_step), it.task))
     return out
 
 
@@ -135,8 +163,9 @@ def train_base_vlm(suite: Suite, model_id: str, log: Callable[[str], None] | Non
     tok = build_tokenizer(vocabulary_texts(items))
     model, proc = build_tiny_llava(tok, image_size=ts.image_size, patch_size=ts.patch_size, text_hidden=ts.hidden,
                                    vision_hidden=ts.hidden, layers=ts.layers, seed=suite.seed)
-    train = encode_examples(proc, examples_for(items, by_split["train"]))
-    val = encode_examples(proc, examples_for(items, by_split["val"], SELECTION_TASKS))
+    train = encode_examples(proc, examples_for(items, by_split["train"], box_step=ts.box_step,
+                                               flips=ts.grounding_flips))
+    val = encode_examples(proc, examples_for(items, by_split["val"], SELECTION_TASKS, all_variants=False))
     cfg = VLMTrainConfig(max_steps=ts.max_steps, batch_size=ts.batch_size, lr=ts.lr, eval_every=ts.eval_every,
                          patience=ts.patience, time_budget_s=ts.time_budget_s, seed=suite.seed,
                          select_on="first_token_accuracy")
@@ -192,8 +221,9 @@ def finetune_adapter(suite: Suite, model_id: str, log: Callable[[str], None] | N
     proc = AutoProcessor.from_pretrained(source, local_files_only=True)
     items = load_items(suite).items
     by_split = _samples_by_split(suite)
-    train = examples_for(items, by_split["train"], (ft.task,))
-    val = examples_for(items, by_split["val"], (ft.task,))
+    ts = vlm_config(suite).train  # the base's answer format (box grid) and augmentation
+    train = examples_for(items, by_split["train"], (ft.task,), box_step=ts.box_step, flips=ts.grounding_flips)
+    val = examples_for(items, by_split["val"], (ft.task,), box_step=ts.box_step)
     settings = LoraSettings(r=ft.r, alpha=ft.alpha, dropout=ft.dropout, target_regex=ft.target_regex or LM_PROJ_REGEX)
     cfg = VLMTrainConfig(max_steps=ft.max_steps, batch_size=ft.batch_size, lr=ft.lr, eval_every=ft.eval_every,
                          patience=ft.patience, time_budget_s=ft.time_budget_s, seed=suite.seed)

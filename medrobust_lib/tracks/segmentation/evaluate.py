@@ -141,6 +141,15 @@ def train_base_checkpoint(suite: Suite, model_id: str, log: Callable[[str], None
                             len(splits["val"]), len(splits["test"]), str(path), res.history)
 
 
+def committed_test_dice(suite: Suite, model_id: str) -> float:
+    """Mean test Dice (evaluation prompt) of the checkpoint now in ``var/checkpoints/<id>/``: the
+    demo measures the committed tiny SAM again instead of trusting the number recorded with it."""
+    from medrobust_lib.finetune.train import evaluate_dice
+
+    m = model_config(suite, model_id)
+    return evaluate_dice(load_model(suite, m), seg_splits(suite)["test"], seg_config(suite).prompt)
+
+
 # ---- evaluation -------------------------------------------------------------------------------
 
 @dataclass
