@@ -157,6 +157,7 @@ def parse_selection(tokens: list[str] | None, definitions: dg.Definitions | None
     sel: dg.AssetSelection | None = None
     for raw in tokens:
         tok, upstream = raw.lstrip("+"), raw.startswith("+")
+        part: dg.AssetSelection
         if tok in groups:
             part = dg.AssetSelection.groups(tok)
         elif tok in keys:

@@ -328,6 +328,8 @@ def evaluate_version(suite: Suite, name: str, version: int, mlruns_dir: str | Pa
     from medrobust_lib.models.sam import checkpoint_file_hash
 
     m = registry_model_config(suite, f"models:/{name}/{version}", mlruns_dir)
+    if m.checkpoint is None:
+        raise ValueError(f"registered version {name}/{version} resolved to no checkpoint")
     digest = checkpoint_file_hash(m.checkpoint)
     ft = finetune_config(suite)
     reused = 0

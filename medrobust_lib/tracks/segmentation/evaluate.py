@@ -72,6 +72,8 @@ def resolve_checkpoint(suite: Suite, m: SegModelConfig) -> Path:
         if not p.is_file():
             raise FileNotFoundError(f"no trained checkpoint for {m.id!r} at {p}: materialize '{m.id}/base_checkpoint' first")
         return p
+    if m.checkpoint is None:
+        raise ValueError(f"segmentation model {m.id!r} names no checkpoint")
     if m.checkpoint.startswith("models:/"):
         return registry.resolve_model_uri(m.checkpoint, registry.mlruns_dir())
     return Path(m.checkpoint)

@@ -48,6 +48,8 @@ def resolve_source(suite: Suite, m: VLMModelConfig) -> str:
         if not (folder / "config.json").is_file():
             raise FileNotFoundError(f"no trained VLM for {m.id!r} at {folder}: materialize '{m.id}/base_checkpoint' first")
         return str(folder)
+    if m.source is None:
+        raise ValueError(f"VLM {m.id!r} names no source (a local model folder or a cached hub id)")
     return m.source
 
 
