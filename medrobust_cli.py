@@ -42,6 +42,12 @@ def _is_user_error(exc: BaseException) -> bool:
                for c in type(exc).__mro__[:-2])
 
 
+def _is_usage_error(exc: BaseException) -> bool:
+    """typer's own usage exceptions (``typer.BadParameter``: not click's class in every typer
+    release), which typer prints as a usage error with exit code 2."""
+    return hasattr(exc, "exit_code") and hasattr(exc, "format_message") and callable(getattr(exc, "show", None))
+
+
 def guard_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Run a command so that a user error prints one line ``error: ...`` and exits 2 and any other
     failure prints one line and exits 1; the traceback only with ``medrobust --debug``."""
@@ -53,7 +59,7 @@ def guard_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except (typer.Exit, typer.Abort, click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
             raise
         except Exception as exc:
-            if _DEBUG["on"]:
+            if _DEBUG["on"] or _is_usage_error(exc):  # typer formats a bad option itself (exit 2)
                 raise
             if _is_user_error(exc):
                 typer.echo(f"error: {_one_line(exc)}", err=True)

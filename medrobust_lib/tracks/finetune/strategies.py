@@ -235,7 +235,7 @@ def finetune_strategy(suite: Suite, strategy: str, log: Callable[[str], None] | 
     if strategy not in ft.strategies:
         raise ValueError(f"strategy {strategy!r} is not configured; configured: {ft.strategies}")
     base = model_config(suite, ft.base)
-    model = load_model(suite, base)
+    model = load_model(suite, base, fresh=True)  # trained in place: never the shared inference copy
     splits = seg_splits(suite)
     prompt = seg_config(suite).prompt
     base_val = evaluate_dice(model, splits["val"], prompt)

@@ -82,16 +82,21 @@ def resolve_checkpoint(suite: Suite, m: SegModelConfig) -> Path:
 _MODELS: dict[tuple[Any, ...], Any] = {}
 
 
-def load_model(suite: Suite, m: SegModelConfig) -> Any:
+def load_model(suite: Suite, m: SegModelConfig, *, fresh: bool = False) -> Any:
     """The segmenter of a model config. Kept per process (keyed on the checkpoint file's path,
     size and mtime and the config), so partitions evaluated in one process share one model and,
-    with ``compile``, one compiled encoder."""
+    with ``compile``, one compiled encoder. The shared model is for inference only: a caller that
+    changes the model (fine-tuning applies a strategy and trains it in place) asks for a ``fresh``
+    one, which is never cached."""
     from medrobust_lib.models.sam import load_segmenter
 
     path = resolve_checkpoint(suite, m)
     st = Path(path).stat() if Path(path).is_file() else None
     key = (str(Path(path).resolve()), st.st_size if st else None, st.st_mtime_ns if st else None,
            m.model_dump_json())
+    if fresh:
+        return load_segmenter(m.family, m.arch, path, model_id=m.id, device=m.device, engine=m.engine,
+                              compile_mode=m.compile, mask_selection=m.mask_selection, preprocess=m.preprocess)
     if key not in _MODELS:
         if len(_MODELS) >= 2:
             _MODELS.pop(next(iter(_MODELS)))
