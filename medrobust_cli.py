@@ -183,11 +183,12 @@ def demo(
     """Materialize the whole asset graph on the embedded offline demo, with progress. Runs in the
     project root ($MEDROBUST_HOME, else the folder holding configs/demo.yaml), wherever it is
     started from; --full runs the complete grid."""
-    from medrobust_assets.runner import run_demo
-
     if suite is not None and full:
         raise typer.BadParameter("give --suite or --full, not both")
     suite_path = _project_path(suite, "configs/demo_full.yaml" if full else "configs/demo.yaml")
+    os.environ["MEDROBUST_SUITE"] = str(suite_path)  # the Definitions are built from this suite's models
+    from medrobust_assets.runner import run_demo
+
     _enter_project()
     t0 = time.perf_counter()
     mart = run_demo(str(suite_path), workers=workers, log=_echo, retrain=retrain)
@@ -219,6 +220,8 @@ def run(
 ) -> None:
     """Materialize a suite's assets in dependency order, with progress (one Dagster run per partition,
     visible in the UI). A failure prints one line: asset, partition, cause (full log in the run)."""
+    # the suite's model lists shape the asset graph: the Definitions must be built from this suite
+    os.environ["MEDROBUST_SUITE"] = str(Path(suite).resolve())
     from medrobust_assets.runner import StepFailed, run_suite
 
     t0 = time.perf_counter()

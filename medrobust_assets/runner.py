@@ -227,15 +227,33 @@ def stage_line(seconds: dict[str, float]) -> str:
     return "stage times: " + ", ".join(f"{g} {s:.0f} s" for g, s in seconds.items())
 
 
+def _suite_model_ids(suite: Suite) -> set[str]:
+    return ({m.id for m in suite.segmentation.models} | {v.id for v in suite.vlm.models}
+            | {c.id for c in suite.taxonomy.configs})
+
+
+def _check_definitions_suite(suite: Suite) -> None:
+    """The Definitions were built (at import) from $MEDROBUST_SUITE's model lists: refuse a suite
+    with models the asset graph does not have (rather than run another suite's assets)."""
+    keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
+    missing = _suite_model_ids(suite) - {k.split("/", 1)[0] for k in keys if "/" in k}
+    if missing:
+        raise ValueError(f"the asset graph has no assets for {', '.join(sorted(missing))}: set MEDROBUST_SUITE to "
+                         "the suite before Dagster loads the definitions (medrobust run does)")
+
+
 def run_suite(suite_path: str, select: list[str] | None = None, *, workers: int = 0,
               log: Callable[[str], None] = print, instance: dg.DagsterInstance | None = None,
               mlruns_dir: str = "mlruns") -> str:
     """Materialize the selected assets of a suite (default: all) in dependency order. Returns the
     mart path. Raises :class:`StepFailed` (one line: asset, partition, cause) or ValueError."""
     suite = load_suite(suite_path)
+    _check_definitions_suite(suite)
     inst = instance or get_instance()
     resources = build_resources(suite_path=suite_path, mlruns_dir=mlruns_dir, workers=workers)
-    steps = plan(parse_selection(select), suite, inst)
+    own = _suite_model_ids(suite)  # a model asset of another suite's graph is not this suite's to run
+    steps = [st for st in plan(parse_selection(select), suite, inst)
+             if len(st.key.path) == 1 or st.key.path[0] in own]
     _start(inst, log)
     run_plan(steps, suite_path=suite_path, instance=inst, resources=resources, log=log)
     return suite.mart_path

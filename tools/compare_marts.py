@@ -22,7 +22,7 @@ NUMERIC = ("DOUBLE", "FLOAT", "REAL", "DECIMAL", "BIGINT", "INTEGER", "SMALLINT"
 KEY_TYPES = ("VARCHAR", "BIGINT", "INTEGER", "SMALLINT", "TINYINT", "BOOLEAN", "DATE")
 # identity-like columns; free text, hashes of runs and timestamps are not keys
 NOT_KEYS = {"error", "detail", "answer", "raw", "response", "text", "prediction", "created_at", "run_id",
-            "mlflow_run_id", "dagster_run_id", "path", "mask_path", "note", "miss_reason", "judge_model",
+            "mlflow_run_id", "dagster_run_id", "path", "image_path", "mask_path", "note", "miss_reason", "judge_model",
             "judge_outcome", "judge_parsed"}
 
 

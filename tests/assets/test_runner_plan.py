@@ -60,3 +60,15 @@ def test_failure_is_one_line_naming_asset_partition_and_cause(tmp_path: Path) ->
     msg = str(err.value)
     assert "\n" not in msg and err.value.label == "clean_samples[ct]"
     assert "missing" in err.value.cause and "Dagster run" in msg
+
+
+def test_a_suite_runs_only_its_own_models(tmp_path: Path) -> None:
+    """The asset graph is built from $MEDROBUST_SUITE: a suite naming a model the graph lacks is
+    refused with a clear message (medrobust run sets the variable before the graph is built)."""
+    p = tmp_path / "suite.yaml"
+    p.write_text(yaml.safe_dump({
+        "name": "mine", "results_dir": str(tmp_path / "results"), "mart_path": str(tmp_path / "m.duckdb"),
+        "segmentation": {"models": [{"id": "medsam-x", "family": "medsam", "checkpoint": str(tmp_path / "w.pth")}]}}))
+    with pytest.raises(ValueError, match=r"no assets for medsam-x: set MEDROBUST_SUITE"):
+        run_suite(str(p), ["segmentation"], instance=dg.DagsterInstance.ephemeral(), log=lambda _: None,
+                  mlruns_dir=str(tmp_path / "mlruns"))
