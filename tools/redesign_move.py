@@ -4,6 +4,10 @@ Idempotent: a move whose source is gone and target exists is skipped; references
 every tracked text file (Python imports in all their forms, dotted paths in strings such as
 ``mock.patch`` targets, and slash paths in docs). Run from the repository root:
 ``python tools/redesign_move.py``; then ``ruff check --fix`` sorts the rewritten imports.
+
+It has been applied to main; the maps name the final homes (the three schema modules merged into
+``store/schema.py``, where the VLM and taxonomy ``COLUMN_NAMES`` are ``VLM_COLUMN_NAMES`` and
+``TAXONOMY_COLUMN_NAMES``: rename those by hand in code written against the old layout).
 """
 
 from __future__ import annotations
@@ -30,11 +34,15 @@ MODULE_MOVES: dict[str, str] = {
     "medrobust_lib.data.demo.manifest": "medrobust_lib.demo.manifest",
     "medrobust_lib.data.demo": "medrobust_lib.demo",
     # report figures
-    "medrobust_lib.pipeline.reports": "medrobust_lib.report.figures.gallery",
+    "medrobust_lib.pipeline.reports": "medrobust_lib.tracks.perturbed_checks",
+    "medrobust_lib.report.gallery": "medrobust_lib.report.figures.gallery",
+    "medrobust_lib.report.paper_figures": "medrobust_lib.report.figures.paper",
+    "medrobust_lib.report.style": "medrobust_lib.report.figures.style",
+    "medrobust_lib.perturb.feed": "medrobust_lib.tracks.feed",
     # store schemas
-    "medrobust_lib.pipeline.strategy_schema": "medrobust_lib.store.schema_strategy",
-    "medrobust_lib.pipeline.vlm_schema": "medrobust_lib.store.schema_vlm",
-    "medrobust_lib.taxonomy.schema": "medrobust_lib.store.schema_taxonomy",
+    "medrobust_lib.pipeline.strategy_schema": "medrobust_lib.store.schema",
+    "medrobust_lib.pipeline.vlm_schema": "medrobust_lib.store.schema",
+    "medrobust_lib.taxonomy.schema": "medrobust_lib.store.schema",
     # tracks
     "medrobust_lib.pipeline.datasets": "medrobust_lib.tracks.datasets",
     "medrobust_lib.pipeline.perturbed": "medrobust_lib.tracks.perturbed",

@@ -220,22 +220,13 @@ def correlation_label(row: pd.Series | dict[str, Any]) -> str:
     mode = row.get("image_mode")
     if mode is not None and not pd.isna(mode):
         head += f", image removed: {mode}"
-    n = row.get("n_points")
-    n_txt = "" if n is None or pd.isna(n) else f", n = {int(n)} points"
-    r = row.get("r")
-    if r is None or pd.isna(r):
-        note = row.get("note")
-        return f"{head}: r = n/a{n_txt}" + ("" if note is None or pd.isna(note) else f" ({note})")
-    lo, hi, p = row.get("ci_low"), row.get("ci_high"), row.get("p_value")
-    ci = "" if lo is None or hi is None or pd.isna(lo) or pd.isna(hi) else f" [{lo:.2f}, {hi:.2f}]"
-    p_txt = "" if p is None or pd.isna(p) else f", {fmt_p(float(p))}"
-    return f"{head}: r = {r:.2f}{ci}{p_txt}{n_txt}"
+    return f"{head}: {_corr_label(row, n_unit=' points')}"
 
 
-def _corr_label(row: pd.Series) -> str:
-    """``r = 0.42 [0.10, 0.70], p = 0.03, n = 12`` (or the note when r is NaN)."""
+def _corr_label(row: pd.Series | dict[str, Any], n_unit: str = "") -> str:
+    """``r = 0.42 [0.10, 0.70], p = 0.03, n = 12`` (or the note when r is NaN); ``n_unit`` follows n."""
     n = row.get("n_points")
-    n_txt = "" if n is None or pd.isna(n) else f", n = {int(n)}"
+    n_txt = "" if n is None or pd.isna(n) else f", n = {int(n)}{n_unit}"
     r = row.get("r")
     if r is None or pd.isna(r):
         note = row.get("note")
