@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from medrobust_lib.config import Suite
@@ -18,6 +19,8 @@ from medrobust_lib.store import results
 
 CLEAN_TABLE = "clean_samples"
 CLEAN_VERSION = 1
+SampleKey = tuple[str, str]
+"""(dataset, sample_id)."""
 
 
 def resolve_datasets(suite: Suite) -> list[DatasetConfig]:
@@ -141,3 +144,83 @@ def load_clean_samples(
                 on_error(ref, exc)
         out[cfg.name] = samples
     return out
+
+
+@dataclass(frozen=True)
+class EvalSamples:
+    """The samples of one evaluation split: those usable now, and why the others cannot be used.
+
+    ``quarantined``: samples of the split that the clean index records as quarantined
+    (``quarantined:<reason>``). ``unusable``: samples the clean index records as ok that cannot be
+    used now: the reader no longer finds them (``missing: <path>``) or loading them fails
+    (``quarantined:<reason>: <detail>``, e.g. ``changed_on_disk``). An evaluation writes an
+    ``error`` row with this reason for each of them instead of dropping it."""
+
+    split: str
+    samples: dict[SampleKey, Sample]
+    quarantined: dict[SampleKey, str]
+    unusable: dict[SampleKey, str]
+
+    def reason(self, key: SampleKey) -> str | None:
+        """Why the sample ``key`` (named by a manifest row) cannot be evaluated now; None when it is
+        usable or belongs to another split than this evaluation (the only legitimate skips)."""
+        if key in self.samples:
+            return None
+        if key in self.unusable:
+            return self.unusable[key]
+        if key in self.quarantined:
+            return self.quarantined[key]
+        if self.split != "all" and split_for(*key) != self.split:
+            return None
+        return f"missing: {key[0]}/{key[1]} is not a sample of the clean index"
+
+    def reasons_for(self, keys: Iterable[tuple[object, object]]) -> dict[SampleKey, str]:
+        """:meth:`reason` of every one of ``keys`` ((dataset, sample_id) pairs, e.g. a manifest's)
+        that cannot be evaluated now; usable samples and those of another split are left out."""
+        out: dict[SampleKey, str] = {}
+        for d, i in keys:
+            key = (str(d), str(i))
+            reason = self.reason(key)
+            if reason is not None:
+                out[key] = reason
+        return out
+
+
+def load_eval_samples(suite: Suite, modality: str, split: str) -> EvalSamples:
+    """The modality's samples of ``split`` (``all``: every split) as :class:`EvalSamples`: loaded
+    and checked like :func:`load_clean_samples`, a sample that fails to load is recorded, not
+    raised."""
+    failures: dict[SampleKey, str] = {}
+
+    def note(ref: SampleRef, exc: Exception) -> None:
+        failures[(ref.dataset, ref.sample_id)] = _failure_reason(exc)
+
+    loaded = load_clean_samples(suite, modality, split=split, on_error=note)
+    samples = {(s.dataset, s.sample_id): s for v in loaded.values() for s in v}
+    index = results.read_partition(suite.results_dir, CLEAN_TABLE, {"modality": modality})
+    names = {c.name for c in datasets_for(suite, modality)}
+    index = index[index["dataset"].isin(names)]
+    if split != "all":
+        index = index[index["split"] == split]
+    quarantined: dict[SampleKey, str] = {}
+    unusable: dict[SampleKey, str] = {}
+    for r in index.to_dict("records"):
+        key = (str(r["dataset"]), str(r["sample_id"]))
+        if r["status"] != "ok":
+            quarantined[key] = f"quarantined:{r['reason']}"
+        elif key not in samples:
+            unusable[key] = failures.get(key, f"missing: {r['image_path']}")
+    return EvalSamples(split, samples, quarantined, unusable)
+
+
+def _failure_reason(exc: Exception) -> str:
+    """The reason recorded for a sample the clean index lists as ok that fails to load now."""
+    if isinstance(exc, SampleError):
+        return f"quarantined:{exc.reason}: {exc.detail}"[:300] if exc.detail else f"quarantined:{exc.reason}"
+    return f"quarantined:load_error: {type(exc).__name__}: {exc}"[:300]
+
+
+def placeholder_sample(key: SampleKey, modality: str) -> Sample:
+    """A 1 x 1 stand-in that only names a sample (dataset, id, modality), for the rows of a sample
+    that cannot be loaded."""
+    return Sample(key[1], key[0], modality, np.zeros((1, 1), np.float32))

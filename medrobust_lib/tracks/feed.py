@@ -26,15 +26,19 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from medrobust_lib.data.sample import Sample, SampleError
 from medrobust_lib.perturb.spec import PerturbOutput
 
+if TYPE_CHECKING:
+    from medrobust_lib.tracks.datasets import EvalSamples
+
 SampleKey = tuple[str, str]
 """(dataset, sample_id)."""
 
-_CLEAN: dict[tuple[Any, ...], dict[SampleKey, Sample]] = {}
+_CLEAN: dict[tuple[Any, ...], EvalSamples] = {}
+"""Per-process cache of :func:`eval_samples`."""
 _MAX_CLEAN_ENTRIES = 8
 
 
@@ -55,19 +59,26 @@ def _index_signature(suite: Any, modality: str) -> tuple[Any, ...]:
     return (str(Path(suite.results_dir).resolve()), stats, suite.model_dump_json())
 
 
-def clean_samples(suite: Any, modality: str, split: str) -> dict[SampleKey, Sample]:
-    """The clean evaluation samples of a modality and split keyed by (dataset, sample_id), loaded
-    and checked against their recorded hashes once per process (cached on the clean index's
-    files and the suite's settings). Callers must not mutate the samples."""
-    from medrobust_lib.tracks.datasets import load_clean_samples
+def eval_samples(suite: Any, modality: str, split: str) -> EvalSamples:
+    """The evaluation samples of a modality and split as
+    :class:`medrobust_lib.tracks.datasets.EvalSamples` (the usable samples keyed by (dataset,
+    sample_id), and the reason each other sample of the split cannot be used), loaded and checked
+    against their recorded hashes once per process (cached on the clean index's files and the
+    suite's settings). Callers must not mutate the samples."""
+    from medrobust_lib.tracks.datasets import load_eval_samples
 
     key = (modality, split, _index_signature(suite, modality))
     if key not in _CLEAN:
         if len(_CLEAN) >= _MAX_CLEAN_ENTRIES:
             _CLEAN.pop(next(iter(_CLEAN)))
-        loaded = load_clean_samples(suite, modality, split=split)
-        _CLEAN[key] = {(s.dataset, s.sample_id): s for v in loaded.values() for s in v}
+        _CLEAN[key] = load_eval_samples(suite, modality, split)
     return _CLEAN[key]
+
+
+def clean_samples(suite: Any, modality: str, split: str) -> dict[SampleKey, Sample]:
+    """The usable clean evaluation samples of a modality and split keyed by (dataset, sample_id)
+    (:func:`eval_samples`; a sample that fails to load is left out here and recorded there)."""
+    return eval_samples(suite, modality, split).samples
 
 
 WORKER_SAMPLE_CACHE = 64

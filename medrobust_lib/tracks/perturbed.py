@@ -191,3 +191,11 @@ def read_manifest(suite: Suite, modality: str | None = None, level: int | None =
     if modality is not None and not df.empty:
         df = df[df["modality"] == modality]
     return df
+
+
+def manifest_keys(manifest: pd.DataFrame) -> list[tuple[str, str]]:
+    """The distinct (dataset, sample_id) keys named by manifest rows, sorted (none for an empty
+    frame)."""
+    if manifest.empty:
+        return []
+    return sorted({(str(d), str(i)) for d, i in zip(manifest["dataset"], manifest["sample_id"], strict=True)})

@@ -1,0 +1,71 @@
+"""A small CT suite whose samples break after the clean index and manifest were built, shared by the
+tests of the evaluations' ``error`` rows for samples that cannot be used now.
+
+The copied demo's four CT images: the evaluation split is ``train`` (``ct_0001``, ``ct_0003``,
+``ct_0004``), ``ct_0002`` is ``test``. After the clean index and the level-1 manifest (split
+``all``) are built:
+
+- :data:`QUARANTINED` (train) becomes unreadable and the clean index is rebuilt: quarantined there;
+- :data:`MISSING` (train) is deleted without rebuilding the index: missing (with
+  ``deleted=False`` its pixels change instead: ``changed_on_disk``, unreadable now; the VLM record
+  readers quarantine a record whose image file is gone, so the VLM tracks test that way);
+- :data:`OTHER_SPLIT` (test) is deleted (changed) too: it belongs to another split, so no row at all;
+- :data:`OK` (train) stays usable.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from medrobust_lib.config import Suite, load_suite
+from medrobust_lib.data.splits import split_for
+from medrobust_lib.demo import build_demo
+from medrobust_lib.tracks.datasets import build_clean_index
+from medrobust_lib.tracks.perturbed import build_perturbed
+from tests.suite_helpers import write_suite
+
+DATASET = "ct_demo"
+SPLIT = "train"
+OK, QUARANTINED, MISSING, OTHER_SPLIT = "ct_0001", "ct_0003", "ct_0004", "ct_0002"
+LEVEL = 1
+
+
+def image_path(demo: Path, sample_id: str) -> Path:
+    """The DICOM file of a CT demo sample."""
+    return demo / "ct_demo" / "dicom" / f"{sample_id}.dcm"
+
+
+CHANGED_REASON = "quarantined:changed_on_disk: content differs from the clean index; re-materialize clean_samples"
+"""The reason of a sample whose pixels changed after the clean index was built."""
+
+
+def change_pixels(path: Path) -> None:
+    """Rewrite a DICOM file with other pixel values (still readable, another content hash)."""
+    import pydicom
+
+    ds = pydicom.dcmread(path)
+    ds.PixelData = (ds.pixel_array + 100).astype(ds.pixel_array.dtype).tobytes()
+    ds.save_as(path)
+
+
+def broken_suite(root: Path, demo_root: Path, deleted: bool = True, **over: object) -> Suite:
+    """A CT-only suite on a private copy of the demo, broken as the module docstring says."""
+    assert [split_for(DATASET, s) for s in (OK, QUARANTINED, MISSING, OTHER_SPLIT)] == [SPLIT] * 3 + ["test"]
+    demo = root / "demo"
+    shutil.copytree(demo_root, demo)
+    build_demo(demo, seed=0, n_per_modality=4)  # refreshes the absolute dataset roots of the copy
+    suite = load_suite(write_suite(root, demo_root, modalities=["ct"],
+                                   demo={"enabled": True, "root": str(demo), "n_per_modality": 4, "seed": 0},
+                                   perturbations={"include": ["gaussian_noise"], "split": "all",
+                                                  "calibration_subset": 2, "levels": [LEVEL]}, **over))
+    build_clean_index(suite, "ct")
+    build_perturbed(suite, "ct", LEVEL)
+    image_path(demo, QUARANTINED).write_bytes(b"not a dicom file")
+    build_clean_index(suite, "ct")
+    for sid in (MISSING, OTHER_SPLIT):
+        if deleted:
+            image_path(demo, sid).unlink()
+        else:
+            change_pixels(image_path(demo, sid))
+    return suite
