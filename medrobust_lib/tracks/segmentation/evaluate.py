@@ -19,6 +19,7 @@ from medrobust_lib.metrics.segmentation import EMPTY_GT_POLICY, dice, iou
 from medrobust_lib.paths import suite_paths
 from medrobust_lib.prompts import PromptConfig, prompt_boxes
 from medrobust_lib.store import registry, results
+from medrobust_lib.store.completeness import ERROR_OUTCOME
 
 RESULTS_TABLE = "segmentation_results"
 EVAL_VERSION = 1
@@ -188,6 +189,17 @@ def _base_row(m: SegModelConfig, ckpt: str, s: Sample, condition: str, prompt: s
             "empty_gt_policy": EMPTY_GT_POLICY}
 
 
+def _error_row(m: SegModelConfig, ckpt: str, key: tuple[str, str], modality: str, condition: str, prompt: str,
+               reason: str) -> dict[str, Any]:
+    """The ``error`` row of a sample that cannot be used now (missing, quarantined since the clean
+    index or manifest was built): no scores, counted in ``n_failed``, ``error`` says why."""
+    from medrobust_lib.tracks.datasets import placeholder_sample
+
+    r = _base_row(m, ckpt, placeholder_sample(key, modality), condition, prompt)
+    r.update(status=ERROR_OUTCOME, error=reason)
+    return r
+
+
 def _predict_timed(model: Any, images: Sequence[np.ndarray], boxes: Sequence[np.ndarray], summary: EvalSummary,
                    batch_size: int) -> list[np.ndarray]:
     t0 = time.perf_counter()
@@ -245,15 +257,17 @@ def _summarize(rows: list[dict[str, Any]], s: EvalSummary) -> EvalSummary:
 
 
 def evaluate_clean(suite: Suite, model_id: str | SegModelConfig, modality: str, model: Any | None = None) -> EvalSummary:
-    """Clean predictions of the evaluation split, one row per sample (condition 'clean')."""
-    from medrobust_lib.tracks.feed import clean_samples
+    """Clean predictions of the evaluation split, one row per sample (condition 'clean'); a sample
+    of the split that cannot be used now (the clean index lists it as ok) is an ``error`` row."""
+    from medrobust_lib.tracks.feed import eval_samples
 
     t0 = time.perf_counter()
     m = model_config(suite, model_id)
     sc = seg_config(suite)
     model = model or load_model(suite, m)
     summary = EvalSummary()
-    samples = list(clean_samples(suite, modality, sc.split).values())
+    ev = eval_samples(suite, modality, sc.split)
+    samples = list(ev.samples.values())
     rows = []
     with_mask = [s for s in samples if s.mask is not None]
     scores = dict(zip((id(s) for s in with_mask),
@@ -269,6 +283,8 @@ def evaluate_clean(suite: Suite, model_id: str | SegModelConfig, modality: str, 
             r["clean_iou"], r["clean_dice"] = r["iou"], r["dice"]
             r["iou_drop"] = r["dice_drop"] = 0.0
         rows.append(r)
+    rows += [_error_row(m, model.checkpoint_hash, key, modality, "clean", sc.prompt.protocol, reason)
+             for key, reason in sorted(ev.unusable.items())]
     fp = results.fingerprint([EVAL_VERSION, model.checkpoint_hash, sc.prompt.protocol,
                               sorted((s.sample_id, s.content_hash()) for s in samples)])
     # the sample hash is the clean-prediction cache key; keep it in the chunk
@@ -287,7 +303,7 @@ class CleanCache:
         df = results.read_partition(suite.results_dir, RESULTS_TABLE, _partition(m, "clean", modality, 0))
         self.table: dict[tuple[str, str, str], tuple[float, float]] = {}
         if not df.empty and "sample_sha256" in df:
-            for r in df.itertuples():
+            for r in df[df["sample_sha256"].notna()].itertuples():
                 self.table[(str(r.checkpoint), str(r.sample_sha256), str(r.prompt))] = (
                     float(r.iou), float(r.dice))  # type: ignore[arg-type]
         self.model, self.prompt, self.summary, self.batch = model, prompt, summary, m.batch_size
@@ -338,9 +354,11 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
     """Predictions on every perturbed sample of one (modality, level) manifest partition. Images
     are regenerated from the manifest by the feed's worker processes (``feed_workers``,
     ``feed_prefetch``; :mod:`medrobust_lib.tracks.feed`) while the model scores the previous
-    batches; spatial types use their moved masks and boxes.
+    batches; spatial types use their moved masks and boxes. A manifest row of the evaluation split
+    whose sample cannot be used now (missing, quarantined since the manifest was built) is an
+    ``error`` row with the reason; only rows of another split are skipped.
     ``perturbations``: glob patterns (``fnmatch``) restricting the types evaluated (None: all)."""
-    from medrobust_lib.tracks.feed import clean_samples, regenerate_stream, sample_major
+    from medrobust_lib.tracks.feed import eval_samples, regenerate_stream, sample_major
     from medrobust_lib.tracks.perturbed import read_manifest
 
     t0 = time.perf_counter()
@@ -353,15 +371,23 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
 
         keep = manifest["perturbation"].map(lambda t: any(fnmatchcase(str(t), p) for p in perturbations))
         manifest = manifest[keep]
-    samples = clean_samples(suite, modality, sc.split)
+    ev = eval_samples(suite, modality, sc.split)
+    samples = ev.samples
     cache = CleanCache(suite, m, modality, model, sc.prompt, summary)
     rows: list[dict[str, Any]] = []
     todo: list[tuple[dict[str, Any], dict[str, Any], Sample]] = []
     for rec in manifest.to_dict("records"):
         mr = {str(k): v for k, v in rec.items()}
-        s = samples.get((mr["dataset"], mr["sample_id"]))
+        key = (str(mr["dataset"]), str(mr["sample_id"]))
+        s = samples.get(key)
         if s is None:
-            continue  # the manifest covers another split than this evaluation
+            reason = ev.reason(key)
+            if reason is None:
+                continue  # the manifest covers another split than this evaluation
+            r = _error_row(m, model.checkpoint_hash, key, modality, "perturbation", sc.prompt.protocol, reason)
+            r.update(perturbation=mr["perturbation"], level=level, strength=mr["strength"], ssim=mr["ssim"])
+            rows.append(r)
+            continue
         r = _base_row(m, model.checkpoint_hash, s, "perturbation", sc.prompt.protocol)
         r.update(perturbation=mr["perturbation"], level=level, strength=mr["strength"], ssim=mr["ssim"])
         rows.append(r)
@@ -400,12 +426,14 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
 
 
 def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str, level: int, model: Any | None = None) -> EvalSummary:
-    """FGSM and PGD at the level's epsilon on every evaluation sample (conditions 'fgsm', 'pgd')."""
+    """FGSM and PGD at the level's epsilon on every evaluation sample (conditions 'fgsm', 'pgd').
+    Without ``attacks.max_samples``, a sample of the split that cannot be used now (the clean index
+    lists it as ok) is an ``error`` row per attack."""
     import torch
 
     from medrobust_lib.attacks.linf import AttackConfig, fgsm, pgd, torch_generator_for
     from medrobust_lib.models.sam import to_tensor_batch
-    from medrobust_lib.tracks.feed import clean_samples
+    from medrobust_lib.tracks.feed import clean_samples, eval_samples
 
     t0 = time.perf_counter()
     m = model_config(suite, model_id)
@@ -416,6 +444,7 @@ def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str
     samples = [s for s in clean_samples(suite, modality, sc.split).values() if s.mask is not None and s.mask.any()]
     if sc.attacks.max_samples is not None:
         samples = samples[: sc.attacks.max_samples]
+    unusable = eval_samples(suite, modality, sc.split).unusable if sc.attacks.max_samples is None else {}
     cache = CleanCache(suite, m, modality, model, sc.prompt, summary)
     cache.fill(samples)
     rows: list[dict[str, Any]] = []
@@ -453,6 +482,10 @@ def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str
                     r["iou"], r["dice"] = iou_v, dice_v
                     _with_clean(r, cache.get(s))
                     rows.append(r)
+        for key, reason in sorted(unusable.items()):
+            r = _error_row(m, model.checkpoint_hash, key, modality, kind, sc.prompt.protocol, reason)
+            r.update(level=level, epsilon=acfg.epsilon)
+            rows.append(r)
     fp = results.fingerprint([EVAL_VERSION, model.checkpoint_hash, sc.prompt.protocol, level, sc.attacks.model_dump(),
                               sorted((s.sample_id, s.content_hash()) for s in samples)])
     _write(suite, _partition(m, "attack", modality, level), rows, fp)
