@@ -24,7 +24,8 @@ Columns (SQL types in :data:`VLM_COLUMNS`):
 - ``prediction``: the raw model text (None when the model produced none); ``parsed``: letter,
   yes/no, or the pixel box as JSON; ``outcome``: model behaviour ``ok``, ``unparseable``,
   ``refused`` (scored, the last two as wrong); infrastructure ``error`` (transport, retries
-  exhausted, cache, out of memory, an exception in the runner: no prediction, every score column
+  exhausted, cache, out of memory, an exception in the runner, an image of the evaluation split
+  missing or quarantined since the clean index or manifest was built: no prediction, every score column
   NULL, outside every denominator, counted in ``n_error`` and retried by the next run of the
   partition); or ``excluded:<reason>`` (the condition cannot be scored, e.g.
   ``excluded:perturbation_error``, ``excluded:box_out_of_view``, ``excluded:image_not_indexed``;

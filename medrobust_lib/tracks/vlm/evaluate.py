@@ -4,7 +4,11 @@ grounding, written as ``vlm_results`` rows (schema in :mod:`medrobust_lib.store.
 Each condition runs on the same sample set: the evaluation split of the clean index, and every
 perturbed image of the (modality, level) manifest partition, regenerated bit-exactly. Spatial
 perturbations move the grounding box with the image. Every record yields a row: failures are
-outcomes, never gaps.
+outcomes, never gaps. A sample of the evaluation split that cannot be used now (unreadable or
+changed since the clean index was built, quarantined since the manifest was built, or gone from
+the clean index) gives an ``error`` row per record with the reason (``quarantined:<reason>``,
+``missing: ...``); only another split is skipped. (A record whose image file is gone never gets
+here: its record reader quarantines it as ``missing_image``.)
 
 Re-runs: rows already stored for the partition under the same input fingerprint are kept, except
 ``error`` rows (infrastructure failures), which are asked again; so a re-run after an outage only
@@ -16,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,6 +94,19 @@ def _with_answer(r: dict[str, Any], a: Answer, scored: dict[str, Any]) -> dict[s
         if r.get("correct") is not None:
             r["correct"] = 0.0
     return r
+
+
+def _unusable_rows(items: Iterable[VLMItem], cond: Condition, runner: Runner, reason: str,
+                   done: Collection[tuple[str, ...]] = frozenset()) -> list[dict[str, Any]]:
+    """``error`` rows (nothing scored, retried by the next run) for the items of a sample that
+    cannot be used now, except those whose row key is in ``done``."""
+    rows = []
+    for it in items:
+        if _item_key(it, cond.perturbation) not in done:
+            r = _row(it, cond, runner)
+            r.update(outcome=ERROR_OUTCOME, error=reason)
+            rows.append(r)
+    return rows
 
 
 def _item_key(it: VLMItem, perturbation: str) -> tuple[str, ...]:
@@ -169,10 +186,10 @@ def ask(items_by_sample: dict[tuple[str, str], list[VLMItem]], conditions: Seque
     return rows
 
 
-def _items_for(suite: Suite, samples: dict[tuple[str, str], Sample]) -> tuple[dict[tuple[str, str], list[VLMItem]],
-                                                                            list[VLMItem], dict[str, list[str]]]:
-    """(items by sample key for this modality's evaluation samples, items whose image is not
-    indexed anywhere, the clean caption reference set over every evaluation record)."""
+def _items_for(suite: Suite, samples: Collection[tuple[str, str]]
+               ) -> tuple[dict[tuple[str, str], list[VLMItem]], list[VLMItem], dict[str, list[str]]]:
+    """(items by sample key for the evaluation samples ``samples`` (keys), items whose image is
+    not indexed anywhere, the clean caption reference set over every evaluation record)."""
     vc = vlm_config(suite)
     loaded = load_items(suite)
     by: dict[tuple[str, str], list[VLMItem]] = {}
@@ -265,15 +282,16 @@ def evaluate_clean(suite: Suite, model_id: str, modality: str, runner: Runner | 
                    log: Callable[[str], None] | None = None) -> VLMEvalSummary:
     """Clean rows for every record of the modality's evaluation samples; records whose image is
     not in the clean index at all are written as ``excluded:image_not_indexed`` rows (in the
-    partition of their record's modality)."""
-    from medrobust_lib.tracks.datasets import load_clean_samples
+    partition of their record's modality); records of an image the clean index lists as ok that
+    cannot be used now are ``error`` rows with the reason."""
+    from medrobust_lib.tracks.datasets import load_eval_samples, placeholder_sample
 
     t0 = time.perf_counter()
     vc = vlm_config(suite)
     runner = runner or Runner(suite, vlm_model(suite, model_id))
-    samples = {(s.dataset, s.sample_id): s for v in load_clean_samples(suite, modality, split=vc.split).values()
-               for s in v}
-    by, missing, df_refs = _items_for(suite, samples)
+    ev = load_eval_samples(suite, modality, vc.split)
+    samples = ev.samples
+    by, missing, df_refs = _items_for(suite, samples.keys() | ev.unusable.keys())
     fp = _fingerprint(runner, suite, [modality, sorted((k, s.content_hash()) for k, s in samples.items())])
     kept = _reusable(suite, _partition(model_id, modality, 0), fp)
     conds = [Condition(s, s.image, boxes=_grounding_boxes(by.get(k, []), s)) for k, s in sorted(samples.items())
@@ -281,6 +299,9 @@ def evaluate_clean(suite: Suite, model_id: str, modality: str, runner: Runner | 
     summary = VLMEvalSummary(n_reused=len(kept))
     judge = _judge_runner(suite)
     rows = ask(by, conds, runner, df_refs, summary, judge, done=kept.keys())
+    for key, reason in sorted(ev.unusable.items()):
+        stand_in = placeholder_sample(key, modality)
+        rows += _unusable_rows(by.get(key, []), Condition(stand_in, stand_in.image), runner, reason)
     for it in missing:
         if it.modality == modality:
             r = _row(it, Condition(Sample(it.sample_id, it.dataset, modality, np.zeros((1, 1), np.float32)),
@@ -295,18 +316,20 @@ def evaluate_clean(suite: Suite, model_id: str, modality: str, runner: Runner | 
 
 def evaluate_perturbed(suite: Suite, model_id: str, modality: str, level: int, runner: Runner | None = None,
                        log: Callable[[str], None] | None = None) -> VLMEvalSummary:
-    """Rows for every record of every perturbed image of one (modality, level) manifest partition."""
+    """Rows for every record of every perturbed image of one (modality, level) manifest partition;
+    a manifest row of the evaluation split whose sample cannot be used now gives ``error`` rows."""
     from medrobust_lib.perturb.engine import regenerate
-    from medrobust_lib.tracks.datasets import load_clean_samples
-    from medrobust_lib.tracks.perturbed import read_manifest
+    from medrobust_lib.tracks.datasets import load_eval_samples, placeholder_sample
+    from medrobust_lib.tracks.perturbed import manifest_keys, read_manifest
 
     t0 = time.perf_counter()
     vc = vlm_config(suite)
     runner = runner or Runner(suite, vlm_model(suite, model_id))
-    samples = {(s.dataset, s.sample_id): s for v in load_clean_samples(suite, modality, split=vc.split).values()
-               for s in v}
-    by, _, df_refs = _items_for(suite, samples)
+    ev = load_eval_samples(suite, modality, vc.split)
+    samples = ev.samples
     manifest = read_manifest(suite, modality, level)
+    reasons = ev.reasons_for(manifest_keys(manifest))
+    by, _, df_refs = _items_for(suite, samples.keys() | reasons.keys())
     fp = _fingerprint(runner, suite, [modality, level, sorted(manifest["sha256"].dropna()) if len(manifest) else []])
     kept = _reusable(suite, _partition(model_id, modality, level), fp)
     summary = VLMEvalSummary(n_reused=len(kept))
@@ -317,12 +340,15 @@ def evaluate_perturbed(suite: Suite, model_id: str, modality: str, level: int, r
     for rec in manifest.to_dict("records"):
         mr = {str(k): v for k, v in rec.items()}
         key = (str(mr["dataset"]), str(mr["sample_id"]))
-        s = samples.get(key)
-        if s is None or key not in by:
+        if key not in by:
             continue  # another split, or no record asks about this image
+        s = samples.get(key) or placeholder_sample(key, modality)
         base = Condition(s, s.image, str(mr["perturbation"]), level, mr.get("strength"), mr.get("ssim"))
         if all(_item_key(it, base.perturbation) in kept for it in by[key]):
             continue  # every row of this image is kept from the previous run
+        if key in reasons:
+            rows.extend(_unusable_rows(by[key], base, runner, reasons[key], kept.keys()))
+            continue
         if mr["status"] != "ok":
             for it in by[key]:
                 r = _row(it, base, runner)
