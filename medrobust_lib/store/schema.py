@@ -69,7 +69,8 @@ One row per (configuration, yes/no record, condition, image-removal mode). Parti
 - ``quadrant``: ``Ideal`` (consistent, image-reliant), ``Fragile`` (inconsistent, image-reliant),
   ``Dangerous`` (consistent, not image-reliant), ``Worst`` (inconsistent, not image-reliant).
 - ``source``: ``logprobs`` or ``generate`` (API fallback); ``outcome``: ``ok``, ``error``
-  (a prediction failed: flags NULL, counted) or ``excluded:<reason>``; ``error`` text.
+  (a prediction failed, or the image is missing or quarantined since the clean index or manifest
+  was built: flags NULL, counted) or ``excluded:<reason>``; ``error`` text.
 
 ``strategy``: Schema of the strategy ranking table (kept apart so the mart imports no pandas/scipy).
 """

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +42,7 @@ from medrobust_lib.config.vlm import VLMModelConfig, vlm_model
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store import rerun, results
+from medrobust_lib.store.completeness import ERROR_OUTCOME
 from medrobust_lib.store.schema import TAXONOMY_COLUMN_NAMES as COLUMN_NAMES
 from medrobust_lib.store.schema import TAXONOMY_TABLE
 from medrobust_lib.tasks.vqa import extract_yes_no
@@ -194,21 +195,22 @@ class _Scorer:
                                                                                           prompts)]
 
 
-def _yes_no_items(suite: Suite, samples: dict[tuple[str, str], Sample]) -> list[VLMItem]:
+def _yes_no_items(suite: Suite, samples: Collection[tuple[str, str]]) -> list[VLMItem]:
+    """The yes/no records whose image is one of ``samples`` ((dataset, sample_id) keys)."""
     return [it for it in load_items(suite).items if it.task == "vqa_yesno" and (it.dataset, it.sample_id) in samples]
 
 
 def compute_baselines(suite: Suite, config_id: str, modality: str, log: Callable[[str], None] | None = None
                       ) -> int:
     """Text-only (and blank / noise image) answers to every original question of the modality's
-    evaluation samples, for every configured image mode; returns the row count."""
-    from medrobust_lib.tracks.datasets import load_clean_samples
+    usable evaluation samples, for every configured image mode; returns the row count. (A sample
+    that cannot be used now has none: :func:`evaluate` writes its ``error`` rows.)"""
+    from medrobust_lib.tracks.datasets import load_eval_samples
 
     tc = taxonomy_config(suite)
     entry = config_entry(suite, config_id)
     scorer = _Scorer(suite, entry)
-    samples = {(s.dataset, s.sample_id): s for v in load_clean_samples(suite, modality, split=tc.split).values()
-               for s in v}
+    samples = load_eval_samples(suite, modality, tc.split).samples
     rows: list[dict[str, Any]] = []
     items = _yes_no_items(suite, samples)
     for it in items:
@@ -269,6 +271,35 @@ class _Cond:
     ssim: float | None = None
 
 
+def _unasked_rows(suite: Suite, scorer: _Scorer, items: list[VLMItem], cond: _Cond, reason: str,
+                  outcome: str = ERROR_OUTCOME) -> list[dict[str, Any]]:
+    """Unscored rows (every image mode) for the items of an image that was not asked about:
+    ``error`` for a sample that cannot be used now (flags NULL, counted, retried by the next run),
+    or another outcome such as ``excluded:perturbation_error``; the ``error`` column holds
+    ``reason``."""
+    rows: list[dict[str, Any]] = []
+    for it in items:
+        for mode in taxonomy_config(suite).image_modes:
+            r: dict[str, Any] = dict.fromkeys(COLUMN_NAMES)
+            r.update(config=scorer.entry.id, checkpoint=scorer.runner.checkpoint, adapter=scorer.runner.adapter,
+                     dataset=it.dataset, modality=cond.sample.modality, sample_id=it.sample_id,
+                     record_id=it.record_id, perturbation=cond.perturbation, level=cond.level,
+                     strength=cond.strength, ssim=cond.ssim, image_mode=mode, answer=it.answer, outcome=outcome,
+                     error=reason)
+            rows.append(r)
+    return rows
+
+
+def _items_by_sample(items: Sequence[VLMItem], keys: Collection[tuple[str, str]]
+                     ) -> dict[tuple[str, str], list[VLMItem]]:
+    """The ``items`` whose image is one of ``keys``, by image."""
+    by: dict[tuple[str, str], list[VLMItem]] = {}
+    for it in items:
+        if (it.dataset, it.sample_id) in keys:
+            by.setdefault((it.dataset, it.sample_id), []).append(it)
+    return by
+
+
 def _classify_rows(suite: Suite, entry: TaxonomyConfigEntry, scorer: _Scorer, items: list[VLMItem],
                    cond: _Cond, base: dict[tuple[str, str], dict[str, Any]],
                    variants: dict[str, tuple[tuple[str, int], ...]]) -> list[dict[str, Any]]:
@@ -322,30 +353,32 @@ def _classify_rows(suite: Suite, entry: TaxonomyConfigEntry, scorer: _Scorer, it
 def evaluate(suite: Suite, config_id: str, modality: str, level: int,
              log: Callable[[str], None] | None = None) -> TaxonomySummary:
     """``taxonomy_results`` rows for one modality: clean (``level`` 0) or every perturbed image
-    of the (modality, level) manifest partition."""
+    of the (modality, level) manifest partition. A sample of the evaluation split that cannot be
+    used now (missing, unreadable, quarantined since the clean index or manifest was built) gives
+    ``error`` rows with the reason; only samples of another split are skipped."""
     import pandas as pd
 
     from medrobust_lib.perturb.engine import regenerate
-    from medrobust_lib.tracks.datasets import load_clean_samples
-    from medrobust_lib.tracks.perturbed import read_manifest
+    from medrobust_lib.tracks.datasets import load_eval_samples, placeholder_sample
+    from medrobust_lib.tracks.perturbed import manifest_keys, read_manifest
 
     t0 = time.perf_counter()
     tc = taxonomy_config(suite)
     entry = config_entry(suite, config_id)
     scorer = _Scorer(suite, entry)
-    samples = {(s.dataset, s.sample_id): s for v in load_clean_samples(suite, modality, split=tc.split).values()
-               for s in v}
-    by: dict[tuple[str, str], list[VLMItem]] = {}
-    for it in _yes_no_items(suite, samples):
-        by.setdefault((it.dataset, it.sample_id), []).append(it)
+    ev = load_eval_samples(suite, modality, tc.split)
+    samples = ev.samples
+    # Re-runs keep the stored non-error rows of the same inputs and score only the images that
+    # still have a missing or error row (medrobust_lib.store.rerun).
+    manifest = read_manifest(suite, modality, level) if level != 0 else None
+    unusable = ev.unusable if manifest is None else ev.reasons_for(manifest_keys(manifest))
+    yes_no = _yes_no_items(suite, samples.keys() | unusable.keys())
+    by, by_unusable = _items_by_sample(yes_no, samples.keys()), _items_by_sample(yes_no, unusable.keys())
     base = _baselines(suite, config_id, modality)
     variants, _ = paraphrase_sets(suite, [it for v in by.values() for it in v])
     v0 = scorer.vision_calls
     rows: list[dict[str, Any]] = []
     n_images = 0
-    # Re-runs keep the stored non-error rows of the same inputs and score only the images that
-    # still have a missing or error row (medrobust_lib.store.rerun).
-    manifest = read_manifest(suite, modality, level) if level != 0 else None
     fp_extra: list[Any] = (sorted((k, s.content_hash()) for k, s in samples.items()) if manifest is None
                            else [sorted(manifest["sha256"].dropna()) if len(manifest) else []])
     part = {"config": config_id, "run": "clean" if level == 0 else "perturbation", "modality": modality,
@@ -364,23 +397,25 @@ def evaluate(suite: Suite, config_id: str, modality: str, level: int,
             rows.extend(_classify_rows(suite, entry, scorer, items, _Cond(samples[key], samples[key].image), base,
                                        variants))
             n_images += 1
+        for key, items in sorted(by_unusable.items()):
+            if not done(items, "clean"):
+                stand_in = placeholder_sample(key, modality)
+                rows.extend(_unasked_rows(suite, scorer, items, _Cond(stand_in, stand_in.image), unusable[key]))
     else:
         for rec in manifest.to_dict("records"):
             mr = {str(k): v for k, v in rec.items()}
             key = (str(mr["dataset"]), str(mr["sample_id"]))
-            if key not in by or done(by[key], str(mr["perturbation"])):
-                continue
-            s = samples[key]
+            items = by.get(key) or by_unusable.get(key, [])
+            if not items or done(items, str(mr["perturbation"])):
+                continue  # another split, no yes/no record asks about this image, or kept from the last run
+            s = samples.get(key) or placeholder_sample(key, modality)
             cond = _Cond(s, s.image, str(mr["perturbation"]), level, mr.get("strength"), mr.get("ssim"))
+            if key in unusable:
+                rows.extend(_unasked_rows(suite, scorer, items, cond, unusable[key]))
+                continue
             if mr["status"] != "ok":
-                for it in by[key]:
-                    for mode in tc.image_modes:
-                        r: dict[str, Any] = dict.fromkeys(COLUMN_NAMES)
-                        r.update(config=config_id, dataset=it.dataset, modality=modality, sample_id=it.sample_id,
-                                 record_id=it.record_id, perturbation=cond.perturbation, level=level,
-                                 image_mode=mode, answer=it.answer, outcome="excluded:perturbation_error",
-                                 error=str(mr.get("error")))
-                        rows.append(r)
+                rows.extend(_unasked_rows(suite, scorer, items, cond, str(mr.get("error")),
+                                          outcome="excluded:perturbation_error"))
                 continue
             cond = dataclasses.replace(cond, image=regenerate(mr, s).image)
             rows.extend(_classify_rows(suite, entry, scorer, by[key], cond, base, variants))
