@@ -153,7 +153,8 @@ MART_VIEWS: dict[str, str] = {
     "perturbation_summary": """
         select modality, perturbation, any_value(family) as family, level,
                count(*) as n,
-               count(*) filter (where status <> 'ok') as n_error,
+               count(*) filter (where status = 'error') as n_error,
+               count(*) filter (where status = 'not_applicable') as n_not_applicable,
                avg(strength) as mean_strength,
                avg(ssim) as mean_ssim, min(ssim) as min_ssim, max(ssim) as max_ssim,
                avg(case when band_reached then 1.0 else 0.0 end) filter (where status = 'ok') as band_hit_rate,

@@ -57,3 +57,19 @@ def test_mart_reads_hive_partitions(tmp_path: Path) -> None:
     finally:
         con.close()
     assert rows == [("mri", 1, 1, 1.0), ("mri", 2, 1, 1.0)]
+
+
+def test_perturbation_summary_counts_not_applicable_apart_from_errors(tmp_path: Path) -> None:
+    res = tmp_path / "results"
+    rows = [{"sample_id": sid, "dataset": "ds", "perturbation": "saturation", "ssim": 0.9, "strength": 0.1,
+             "band_reached": status == "ok", "status": status, "n_ssim_evals": 2}
+            for sid, status in (("a", "ok"), ("b", "not_applicable"), ("c", "not_applicable"), ("d", "error"))]
+    results.write_chunk(results.chunk_path(res, "perturbation_manifest", {"modality": "dermoscopy", "level": 1},
+                                           "ds__saturation"), rows, "fp")
+    build_mart(res, tmp_path / "m.duckdb")
+    con = connect_readonly(tmp_path / "m.duckdb")
+    try:
+        got = con.execute("select n, n_error, n_not_applicable, band_hit_rate from perturbation_summary").fetchall()
+    finally:
+        con.close()
+    assert got == [(4, 1, 2, 1.0)]  # a type that does not apply to a sample is no failure
