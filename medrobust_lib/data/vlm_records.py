@@ -16,10 +16,14 @@ Four formats, one reader each, all returning a :class:`ReadResult`:
 Contract shared by all readers: ``record_id`` is the dataset's own identifier (stable across runs);
 ``image_path`` is absolute, resolved against ``image_root`` (an absolute path in the file is kept),
 and must exist. An entry that cannot become a record is never dropped: it becomes a
-:class:`QuarantineEntry` ``(record_id, reason, detail)``, and
-``len(result.records) + len(result.quarantine) == result.n_total`` always holds. An entry with no
-usable id is named ``"#<index>"`` (JSON lists), ``"line:<n>"`` (JSONL) or ``"row:<n>"`` (CSV; n is
-the 1-based data row). A file that is missing or is not the expected container at all (a JSON file
+:class:`QuarantineEntry` ``(record_id, reason, detail, source)``, and
+``len(result.records) + len(result.quarantine) == result.n_total`` always holds. ``source``
+(:class:`RecordSource`) is what the entry says about its image (dataset, modality, image path,
+sample id) whenever it names one, so that an evaluation can still write a row for it; it is None
+for an entry that names no image (``bad_json``, no image field), for a ``duplicate_id`` (the
+record of that id is read) and for ``not_yesno`` (not a question of the yes/no task). An entry
+with no usable id is named ``"#<index>"`` (JSON lists), ``"line:<n>"`` (JSONL) or ``"row:<n>"``
+(CSV; n is the 1-based data row). A file that is missing or is not the expected container at all (a JSON file
 that is not a list) raises ``FileNotFoundError`` / ``ValueError``: there are no entries to count.
 
 Quarantine reasons: ``missing_field``, ``bad_json``, ``duplicate_id``, ``missing_image``,
@@ -52,6 +56,7 @@ __all__ = [
     "MCQRecord",
     "QuarantineEntry",
     "ReadResult",
+    "RecordSource",
     "YesNoRecord",
     "canonical_modality",
     "read_binary_paraphrases",
@@ -68,12 +73,26 @@ PathLike = str | Path
 # ---------------------------------------------------------------- result types
 
 
+class RecordSource(NamedTuple):
+    """What a quarantined entry says about the image it asks about, as far as it says it: enough to
+    name its sample. ``image_path`` is resolved against ``image_root`` like a record's, but it may
+    not exist; ``dataset`` and ``modality`` take the readers' defaults."""
+
+    dataset: str
+    modality: str
+    image_path: Path
+    sample_id: str | None = None
+    slice_index: int | None = None
+
+
 class QuarantineEntry(NamedTuple):
-    """An entry that could not become a record: its id, a short reason code, and a human detail."""
+    """An entry that could not become a record: its id, a short reason code, a human detail, and
+    its :class:`RecordSource` when it names an image (None otherwise)."""
 
     record_id: str
     reason: str
     detail: str
+    source: RecordSource | None = None
 
 
 @dataclass(frozen=True)
@@ -251,10 +270,14 @@ def _opt_int(value: Any) -> int | None:
         return None
 
 
-def _resolve_image(image_root: Path, rel: str) -> Path:
-    """``image_root / rel`` (absolute ``rel`` kept); raises ``missing_image`` if it does not exist."""
+def _image_path(image_root: Path, rel: str) -> Path:
+    """``image_root / rel`` (absolute ``rel`` kept), whether it exists or not."""
     p = Path(rel)
-    path = p if p.is_absolute() else image_root / p
+    return p if p.is_absolute() else image_root / p
+
+
+def _existing(path: Path) -> Path:
+    """``path``; raises ``missing_image`` if it does not exist."""
     if not path.exists():
         raise SampleError("missing_image", str(path))
     return path
@@ -270,8 +293,26 @@ def _load_json_list(path: Path) -> list[Any]:
     return data
 
 
-def _collect(entries: Iterable[tuple[str, Any]], build: Callable[[str, Any], T]) -> ReadResult[T]:
-    """Run ``build(fallback_id, entry)`` over entries; a SampleError quarantines the entry.
+_NO_SOURCE = frozenset({"duplicate_id", "not_yesno"})
+"""Quarantine reasons whose entry gets no :class:`RecordSource`: a repeated id (the record of that
+id is read) and a question that is not of the yes/no task."""
+
+
+def _source_of(source: Callable[[str, Mapping[str, Any]], RecordSource | None] | None, rid: str, entry: Any,
+               reason: str) -> RecordSource | None:
+    """The entry's :class:`RecordSource` (best effort: None when it names no image or cannot be read)."""
+    if source is None or reason in _NO_SOURCE or not isinstance(entry, Mapping):
+        return None
+    try:
+        return source(rid, entry)
+    except Exception:  # a malformed entry names no image we could use
+        return None
+
+
+def _collect(entries: Iterable[tuple[str, Any]], build: Callable[[str, Any], T],
+             source: Callable[[str, Mapping[str, Any]], RecordSource | None] | None = None) -> ReadResult[T]:
+    """Run ``build(fallback_id, entry)`` over entries; a SampleError quarantines the entry, with
+    ``source(id, entry)`` when the entry is an object (see :func:`_source_of`).
 
     The quarantine id is the entry's own id when it has one, else ``fallback_id``; a repeated id
     is quarantined as ``duplicate_id``."""
@@ -293,7 +334,7 @@ def _collect(entries: Iterable[tuple[str, Any]], build: Callable[[str, Any], T])
             seen.add(rid)
             records.append(build(rid, entry))
         except SampleError as e:
-            quarantine.append(QuarantineEntry(rid, e.reason, e.detail))
+            quarantine.append(QuarantineEntry(rid, e.reason, e.detail, _source_of(source, rid, entry, e.reason)))
     return ReadResult(records, quarantine, n)
 
 
@@ -320,6 +361,18 @@ def _norm_answer(s: str) -> str:
     return " ".join(s.casefold().split()).rstrip(".")
 
 
+def _mcq_source(e: Mapping[str, Any], image_root: Path) -> RecordSource | None:
+    if _is_missing(e.get("image_path")):
+        return None
+    return RecordSource(
+        dataset=_opt_str(e.get("dataset")) or "unknown",
+        modality=canonical_modality(_opt_str(e.get("modality_type")) or ""),
+        image_path=_image_path(image_root, _text(e["image_path"])),
+        sample_id=_opt_str(e.get("sample_id")),
+        slice_index=_opt_int(e.get("slice_index")),
+    )
+
+
 def _mcq_from_entry(rid: str, e: Mapping[str, Any], image_root: Path) -> MCQRecord:
     _require(e, "question_id", "question", "gt_answer", "image_path")
     options = {
@@ -337,19 +390,20 @@ def _mcq_from_entry(rid: str, e: Mapping[str, Any], image_root: Path) -> MCQReco
         raise SampleError("answer_not_in_options", f"gt_answer {gt!r} not in {list(options.values())}")
     if len(letters) > 1:
         raise SampleError("ambiguous_answer", f"gt_answer {gt!r} matches options {letters}")
-    modality_type = _opt_str(e.get("modality_type")) or ""
+    src = _mcq_source(e, image_root)
+    assert src is not None  # image_path is required
     return MCQRecord(
         record_id=rid,
-        dataset=_opt_str(e.get("dataset")) or "unknown",
-        modality=canonical_modality(modality_type),
-        image_path=_resolve_image(image_root, _text(e["image_path"])),
+        dataset=src.dataset,
+        modality=src.modality,
+        image_path=_existing(src.image_path),
         question=_text(e["question"]),
         question_type=_opt_str(e.get("question_type")) or "",
-        modality_type=modality_type,
+        modality_type=_opt_str(e.get("modality_type")) or "",
         options=options,
         answer_letter=letters[0],
-        sample_id=_opt_str(e.get("sample_id")),
-        slice_index=_opt_int(e.get("slice_index")),
+        sample_id=src.sample_id,
+        slice_index=src.slice_index,
     )
 
 
@@ -361,7 +415,8 @@ def read_omnimedvqa(path: PathLike, image_root: PathLike) -> ReadResult[MCQRecor
     entries: list[tuple[str, Any]] = []
     for f in files:
         entries.extend((f"#{len(entries)}", e) for e in _load_json_list(f))
-    return _collect(_with_rid(entries, "question_id"), lambda rid, e: _mcq_from_entry(rid, e, root))
+    return _collect(_with_rid(entries, "question_id"), lambda rid, e: _mcq_from_entry(rid, e, root),
+                    lambda rid, e: _mcq_source(e, root))
 
 
 # ---------------------------------------------------------------- ROCOv2
@@ -436,39 +491,49 @@ def read_roco(
 
     entries = _group_rows(rows, id_col)
 
+    def locate(rid: str, grp: list[dict[str, Any]]) -> tuple[Mapping[str, Any], list[Path]]:
+        """(the row giving the ID's dataset / sample fields, its candidate image paths, in order);
+        raises ``missing_image`` when ``images_csv`` maps the ID to no path."""
+        if images_csv is not None:
+            if rid not in mapping or _is_missing(mapping[rid].get("image_path")):
+                raise SampleError("missing_image", f"{rid} has no image_path in {images_csv}")
+            return mapping[rid], [_image_path(root, _text(mapping[rid]["image_path"]))]
+        if path_col is not None and isinstance(grp[0].get(path_col), str) and grp[0][path_col].strip():
+            return grp[0], [_image_path(root, grp[0][path_col].strip())]
+        m = _ROCO_SPLIT.match(rid)
+        return grp[0], [root / f"{rid}.jpg"] + ([root / m.group(1) / f"{rid}.jpg"] if m else [])
+
+    def source(rid: str, e: Mapping[str, Any]) -> RecordSource:
+        extra, cands = locate(rid, e["rows"])
+        return RecordSource(
+            dataset=_opt_str(extra.get("dataset")) or "rocov2",
+            modality=_opt_str(extra.get("modality")) or "unknown",
+            image_path=next((c for c in cands if c.exists()), cands[0]),
+            sample_id=_opt_str(extra.get("sample_id")),
+            slice_index=_opt_int(extra.get("slice_index")),
+        )
+
     def build(rid: str, e: Mapping[str, Any]) -> CaptionRecord:
         grp: list[dict[str, Any]] = e["rows"]
         refs = tuple(_text(r[cap_col]) for r in grp if not _is_missing(r.get(cap_col)))
         if not refs:
             raise SampleError("empty_caption", f"{len(grp)} row(s), all empty")
         m = _ROCO_SPLIT.match(rid)
-        split = m.group(1) if m else None
-        extra: Mapping[str, Any] = grp[0]
-        if images_csv is not None:
-            if rid not in mapping or _is_missing(mapping[rid].get("image_path")):
-                raise SampleError("missing_image", f"{rid} has no image_path in {images_csv}")
-            extra = mapping[rid]
-            image = _resolve_image(root, _text(extra["image_path"]))
-        elif path_col is not None and isinstance(grp[0].get(path_col), str) and grp[0][path_col].strip():
-            image = _resolve_image(root, grp[0][path_col].strip())
-        else:
-            cands = [root / f"{rid}.jpg"] + ([root / split / f"{rid}.jpg"] if split else [])
-            found = next((c for c in cands if c.exists()), None)
-            if found is None:
-                raise SampleError("missing_image", " or ".join(str(c) for c in cands))
-            image = found
+        src = source(rid, e)
+        if not src.image_path.exists():
+            raise SampleError("missing_image", " or ".join(str(c) for c in locate(rid, grp)[1]))
         return CaptionRecord(
             record_id=rid,
-            dataset=_opt_str(extra.get("dataset")) or "rocov2",
-            modality=_opt_str(extra.get("modality")) or "unknown",
-            image_path=image,
+            dataset=src.dataset,
+            modality=src.modality,
+            image_path=src.image_path,
             references=refs,
-            split=split,
-            sample_id=_opt_str(extra.get("sample_id")),
-            slice_index=_opt_int(extra.get("slice_index")),
+            split=m.group(1) if m else None,
+            sample_id=src.sample_id,
+            slice_index=src.slice_index,
         )
 
-    return _collect(entries, build)
+    return _collect(entries, build, source)
 
 
 # ---------------------------------------------------------------- MeCoVQA-G
@@ -532,6 +597,20 @@ def _check_box(box: tuple[float, ...], hw: tuple[int, int] | None) -> tuple[int,
     return x0, y0, x1, y1
 
 
+def _grounding_source(e: Mapping[str, Any], root: Path) -> RecordSource | None:
+    if _is_missing(e.get("image")):
+        return None
+    name_modality, name_dataset = samed2d_name_parts(_opt_str(e.get("id")) or Path(_text(e["image"])).stem)
+    modality = _opt_str(e.get("modality")) or (name_modality or "").replace("_", " ")
+    return RecordSource(
+        dataset=_opt_str(e.get("dataset")) or name_dataset or "mecovqa_g",
+        modality=canonical_modality(modality),
+        image_path=_image_path(root, _text(e["image"])),
+        sample_id=_opt_str(e.get("sample_id")),
+        slice_index=_opt_int(e.get("slice_index")),
+    )
+
+
 def _grounding_from_entry(rid: str, e: Mapping[str, Any], root: Path) -> GroundingRecord:
     _require(e, "image", "conversations")
     conv = e["conversations"]
@@ -543,7 +622,9 @@ def _grounding_from_entry(rid: str, e: Mapping[str, Any], root: Path) -> Groundi
     raw_answer = _turn(conv, "gpt") or ""
     tagged = _MASK_TAG.search(raw_answer)
     answer = _MASK_TAG.sub("", raw_answer).replace("<SEG>", "").strip()
-    image = _resolve_image(root, _text(e["image"]))
+    src = _grounding_source(e, root)
+    assert src is not None  # image is required
+    image = _existing(src.image_path)
     hw = _hw(e.get("image_size"))
 
     box: tuple[float, ...] | None = None
@@ -584,20 +665,18 @@ def _grounding_from_entry(rid: str, e: Mapping[str, Any], root: Path) -> Groundi
         box, source = vals, "answer"
     if hw is None:
         hw = _raster_hw(image)
-    name_modality, name_dataset = samed2d_name_parts(_opt_str(e.get("id")) or Path(_text(e["image"])).stem)
-    modality = _opt_str(e.get("modality")) or (name_modality or "").replace("_", " ")
     return GroundingRecord(
         record_id=rid,
-        dataset=_opt_str(e.get("dataset")) or name_dataset or "mecovqa_g",
-        modality=canonical_modality(modality),
+        dataset=src.dataset,
+        modality=src.modality,
         image_path=image,
         question=human.replace("<image>", "").strip(),
         answer=answer.strip(),
         box_xyxy=_check_box(box, hw),
         image_hw=hw,
         box_source=source,
-        sample_id=_opt_str(e.get("sample_id")),
-        slice_index=_opt_int(e.get("slice_index")),
+        sample_id=src.sample_id,
+        slice_index=src.slice_index,
     )
 
 
@@ -621,7 +700,8 @@ def read_mecovqa_grounding(path: PathLike, image_root: PathLike) -> ReadResult[G
     ``answer`` is the gpt turn without ``<SEG>`` and the mask tag."""
     p, root = Path(path), Path(image_root)
     entries = [(f"#{i}", e) for i, e in enumerate(_load_json_list(p))]
-    return _collect(_with_rid(entries, "id"), lambda rid, e: _grounding_from_entry(rid, e, root))
+    return _collect(_with_rid(entries, "id"), lambda rid, e: _grounding_from_entry(rid, e, root),
+                    lambda rid, e: _grounding_source(e, root))
 
 
 # ---------------------------------------------------------------- binary paraphrases
@@ -646,6 +726,21 @@ def _polarity(value: Any) -> int:
     return pol
 
 
+def _yesno_source(e: Mapping[str, Any], root: Path) -> RecordSource | None:
+    """The source of a yes/no entry in our schema (a JSONL object, or a CSV group's first row)."""
+    if "rows" in e and isinstance(e["rows"], list):
+        e = e["rows"][0]
+    if _is_missing(e.get("image_path")):
+        return None
+    return RecordSource(
+        dataset=_opt_str(e.get("dataset")) or "unknown",
+        modality=canonical_modality(_opt_str(e.get("modality")) or ""),
+        image_path=_image_path(root, _text(e["image_path"])),
+        sample_id=_opt_str(e.get("sample_id")),
+        slice_index=_opt_int(e.get("slice_index")),
+    )
+
+
 def _yesno_record(
     rid: str, e: Mapping[str, Any], paraphrases: list[tuple[Any, Any]], root: Path
 ) -> YesNoRecord:
@@ -657,17 +752,19 @@ def _yesno_record(
         if _is_missing(text) or not isinstance(text, str):
             raise SampleError("bad_paraphrase", f"paraphrase text {text!r}")
         variants.append((text.strip(), _polarity(pol)))
+    src = _yesno_source(e, root)
+    assert src is not None  # image_path is required
     return YesNoRecord(
         record_id=rid,
-        dataset=_opt_str(e.get("dataset")) or "unknown",
-        modality=canonical_modality(_opt_str(e.get("modality")) or ""),
-        image_path=_resolve_image(root, _text(e["image_path"])),
+        dataset=src.dataset,
+        modality=src.modality,
+        image_path=_existing(src.image_path),
         question=question,
         answer=answer,
         variants=tuple(variants),
         finding=_opt_str(e.get("finding")) or "",
-        sample_id=_opt_str(e.get("sample_id")),
-        slice_index=_opt_int(e.get("slice_index")),
+        sample_id=src.sample_id,
+        slice_index=src.slice_index,
     )
 
 
@@ -726,11 +823,12 @@ def read_binary_paraphrases(path: PathLike, image_root: PathLike) -> ReadResult[
     if p.is_file() and looks_like_psf_med(p):
         return read_psf_med(p, root)
     if suffix in (".jsonl", ".json"):
-        return _collect(_with_rid(_jsonl_entries(p), "id"), lambda rid, e: _build_jsonl_yesno(rid, e, root))
+        return _collect(_with_rid(_jsonl_entries(p), "id"), lambda rid, e: _build_jsonl_yesno(rid, e, root),
+                        lambda rid, e: _yesno_source(e, root))
     if suffix != ".csv":
         raise ValueError(f"{p}: unsupported extension {suffix!r}; valid: .jsonl, .json, .csv")
     entries = _group_rows(_read_csv_rows(p), "id")
-    return _collect(entries, lambda rid, e: _build_csv_yesno(rid, e, root))
+    return _collect(entries, lambda rid, e: _build_csv_yesno(rid, e, root), lambda rid, e: _yesno_source(e, root))
 
 
 # ---------------------------------------------------------------- PSF-Med
@@ -812,7 +910,10 @@ class _ImageIndex:
         return self._names.get(name)
 
 
-def _psf_image(row: Mapping[str, Any], fields: Mapping[str, tuple[str, ...]], root: Path, index: _ImageIndex) -> Path:
+def _psf_image(row: Mapping[str, Any], fields: Mapping[str, tuple[str, ...]], root: Path, index: _ImageIndex,
+               check: bool = True) -> Path:
+    """The row's image; a missing one raises ``missing_image``, or with ``check=False`` comes back
+    as the path it would have (no image field: ``missing_field`` either way)."""
     subject, study = _psf_get(row, fields, "subject_id"), _psf_get(row, fields, "study_id")
     dicom = _psf_get(row, fields, "dicom_id")
     if subject is not None and study is not None and dicom is not None:
@@ -823,6 +924,8 @@ def _psf_image(row: Mapping[str, Any], fields: Mapping[str, tuple[str, ...]], ro
         for base in (root, root / "mimic-cxr-jpg"):
             if (base / rel).exists():
                 return base / rel
+        if not check:
+            return root / rel
         raise SampleError("missing_image", str(root / rel))
     value = _psf_get(row, fields, "image")
     if value is None:
@@ -834,6 +937,8 @@ def _psf_image(row: Mapping[str, Any], fields: Mapping[str, tuple[str, ...]], ro
         return direct
     found = index.find(p.name)
     if found is None:
+        if not check:
+            return direct
         raise SampleError("missing_image", f"{direct} (and no unique {p.name} under {root})")
     return found
 
@@ -1004,7 +1109,11 @@ def read_psf_med(
             finding=";".join(phenomena),
         )
 
-    return _collect(entries, build)
+    def source(rid: str, e: Mapping[str, Any]) -> RecordSource:
+        return RecordSource(dataset=dataset, modality="xray",
+                            image_path=_psf_image(e["rows"][0], f, root, index, check=False))
+
+    return _collect(entries, build, source)
 
 
 def looks_like_psf_med(path: PathLike) -> bool:

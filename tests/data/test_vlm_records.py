@@ -19,6 +19,7 @@ from PIL import Image
 
 from medrobust_lib.data.vlm_records import (
     ReadResult,
+    RecordSource,
     YesNoRecord,
     canonical_modality,
     read_binary_paraphrases,
@@ -41,6 +42,10 @@ def _check_counts(res: ReadResult[Any]) -> None:
 
 def _reasons(res: ReadResult[Any]) -> dict[str, str]:
     return {q.record_id: q.reason for q in res.quarantine}
+
+
+def _sources(res: ReadResult[Any]) -> dict[str, RecordSource | None]:
+    return {q.record_id: q.source for q in res.quarantine}
 
 
 def _csv(path: Path, header: list[str], rows: list[list[Any]]) -> Path:
@@ -104,6 +109,12 @@ def test_omnimedvqa_fixture(tmp_path: Path) -> None:
         "q7": "too_few_options",
         "#9": "bad_json",
     }
+    # a quarantined entry still names its image (so an evaluation can write its row), unless it
+    # is a repeated id or names none
+    src = _sources(res)
+    assert src["q5"] == RecordSource("ACRIMA", "fundus", tmp_path / "Images/ACRIMA/missing.png")
+    assert src["q4"] == src["q6"] == src["q7"] == RecordSource("ACRIMA", "fundus", tmp_path / img)
+    assert src["q0"] is None and src["#9"] is None
     # a folder of QA files reads the same
     folder = read_omnimedvqa(qa.parent, tmp_path)
     assert [r.record_id for r in folder.records] == [r.record_id for r in res.records]
@@ -159,6 +170,12 @@ def test_roco_csv_fixture(tmp_path: Path) -> None:
         "row:5": "missing_field",
         "ROCOv2_2023_train_000004": "empty_caption",
     }
+    src = _sources(res)
+    assert src["ROCOv2_2023_train_000002"] == RecordSource("rocov2", "unknown",
+                                                           images / "ROCOv2_2023_train_000002.jpg")
+    assert src["ROCOv2_2023_train_000004"] == RecordSource("rocov2", "unknown",
+                                                           images / "ROCOv2_2023_train_000004.jpg")
+    assert src["row:5"] is None
 
 
 def test_roco_parquet_and_mapping(tmp_path: Path) -> None:
@@ -177,6 +194,7 @@ def test_roco_parquet_and_mapping(tmp_path: Path) -> None:
     assert [r.record_id for r in res.records] == ["r1", "r2"]
     assert res.records[0].references == ("first", "first again")
     assert _reasons(res) == {"r3": "missing_image"}
+    assert _sources(res) == {"r3": RecordSource("rocov2", "unknown", tmp_path / "a" / "gone.png")}
 
     mapping = _csv(
         tmp_path / "map.csv",
@@ -188,6 +206,13 @@ def test_roco_parquet_and_mapping(tmp_path: Path) -> None:
     assert res2.records[0].dataset == "ct_demo" and res2.records[0].slice_index == 2
     assert res2.records[1].slice_index is None
     assert _reasons(res2) == {"r3": "missing_image"}  # not in the mapping
+    assert _sources(res2) == {"r3": None}
+    gone = _csv(tmp_path / "map_gone.csv", ["ID", "image_path", "dataset", "sample_id", "slice_index"],
+                [["r1", "a/x.png", "ct_demo", "s1", "2"], ["r2", "a/gone.png", "ct_demo", "s2", "3"]])
+    res3 = read_roco(pq, tmp_path, images_csv=gone)
+    assert _reasons(res3) == {"r2": "missing_image", "r3": "missing_image"}
+    assert _sources(res3) == {"r2": RecordSource("ct_demo", "unknown", tmp_path / "a" / "gone.png", "s2", 3),
+                              "r3": None}
 
 
 # ---------------------------------------------------------------- MeCoVQA-G
@@ -242,6 +267,9 @@ def test_mecovqa_grounding_fixture(tmp_path: Path) -> None:
         "g9": "missing_mask",
         "g10": "empty_mask",
     }
+    src = _sources(res)
+    assert src["g6"] == RecordSource("mecovqa_g", "unknown", tmp_path / "img" / "missing.png")
+    assert src["g8"] == src["g9"] == RecordSource("mecovqa_g", "unknown", tmp_path / img)
 
 
 # ---------------------------------------------------------------- binary paraphrases
@@ -297,6 +325,10 @@ def test_binary_paraphrases_jsonl_fixture(tmp_path: Path) -> None:
         "y5": "missing_field",
         "y6": "bad_paraphrase",
     }
+    src = _sources(res)
+    assert src["y4"] == RecordSource("mimic", "xray", tmp_path / "gone.png")
+    assert src["y2"] == src["y5"] == RecordSource("mimic", "xray", tmp_path / "a.png")
+    assert src["line:3"] is None
 
 
 def test_binary_paraphrases_csv_fixture(tmp_path: Path) -> None:
@@ -327,6 +359,8 @@ def test_binary_paraphrases_csv_fixture(tmp_path: Path) -> None:
     assert c0.expected(-1) == "yes"
     assert res.records[1].variants == ((q, 1),)
     assert _reasons(res) == {"c2": "inconsistent_rows", "row:6": "missing_field", "c3": "bad_polarity"}
+    assert _sources(res) == {"c2": RecordSource("unknown", "unknown", tmp_path / "a.png"), "row:6": None,
+                             "c3": RecordSource("unknown", "unknown", tmp_path / "a.png")}
 
 
 # ---------------------------------------------------------------- demo equivalents

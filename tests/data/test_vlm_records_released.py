@@ -24,13 +24,14 @@ import pandas as pd
 from PIL import Image
 
 from medrobust_lib.data.vlm_records import (
+    RecordSource,
     looks_like_psf_med,
     read_binary_paraphrases,
     read_mecovqa_grounding,
     read_psf_med,
     samed2d_name_parts,
 )
-from tests.data.test_vlm_records import _check_counts, _csv, _png, _reasons
+from tests.data.test_vlm_records import _check_counts, _csv, _png, _reasons, _sources
 
 # ---------------------------------------------------------------- MeCoVQA-G
 
@@ -126,6 +127,12 @@ def test_psf_med_mimic_grouped_parquet(tmp_path: Path) -> None:
     assert m1.image_path == images / "files" / "p10" / "p10000032" / "s50414267" / "02aa804e-bde0afdd.jpg"
     assert by_id["m2"].answer == "yes" and by_id["m2"].variants == (("Is the heart enlarged?", 1),)
     assert _reasons(res) == {"m3": "not_yesno", "m4": "bad_answer", "m5": "missing_image"}
+    # a record whose image is gone still names it; a question that is not yes/no names none
+    assert _sources(res) == {
+        "m3": None,
+        "m4": RecordSource("mimic", "xray", m1.image_path),
+        "m5": RecordSource("mimic", "xray", tmp_path / "files" / "p10" / "p10000099" / "s5" / "x.jpg"),
+    }
     kept = read_psf_med(p, tmp_path, yesno_only=False)
     assert _reasons(kept)["m3"] == "bad_answer"
 
@@ -155,6 +162,8 @@ def test_psf_med_padchest_pair_rows_csv(tmp_path: Path) -> None:
                                            "Is there no cardiomegaly absent?"]
     assert all(pol == 1 for _, pol in p1.variants)  # meaning-preserving: no polarity flips
     assert _reasons(res) == {"p2": "missing_image", "p3": "inconsistent_rows"}
+    assert _sources(res) == {"p2": RecordSource("padchest", "xray", images / "missing.png"),
+                             "p3": RecordSource("padchest", "xray", images / "12" / img)}
 
 
 def test_psf_med_json_list_field_override_and_our_schema_untouched(tmp_path: Path) -> None:
