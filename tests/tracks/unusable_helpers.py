@@ -7,8 +7,9 @@ The copied demo's four CT images: the evaluation split is ``train`` (``ct_0001``
 
 - :data:`QUARANTINED` (train) becomes unreadable and the clean index is rebuilt: quarantined there;
 - :data:`MISSING` (train) is deleted without rebuilding the index: missing (with
-  ``deleted=False`` its pixels change instead: ``changed_on_disk``, unreadable now; the VLM record
-  readers quarantine a record whose image file is gone, so the VLM tracks test that way);
+  ``deleted=False`` its pixels change instead: ``changed_on_disk``, unreadable now; the VLM tracks
+  test both, since their record readers quarantine every record of a deleted image as
+  ``missing_image`` before the evaluation: :func:`missing_reason` is the reason either way);
 - :data:`OTHER_SPLIT` (test) is deleted (changed) too: it belongs to another split, so no row at all;
 - :data:`OK` (train) stays usable.
 """
@@ -47,6 +48,13 @@ def change_pixels(path: Path) -> None:
     ds = pydicom.dcmread(path)
     ds.PixelData = (ds.pixel_array + 100).astype(ds.pixel_array.dtype).tobytes()
     ds.save_as(path)
+
+
+def missing_reason(suite: Suite) -> str:
+    """The ``error`` text of a VLM / taxonomy row of :data:`MISSING`'s records: ``changed_on_disk``
+    when its pixels changed, ``missing: <image path>`` (the record reader's) when its file is gone."""
+    path = image_path(Path(suite.demo.root), MISSING)
+    return CHANGED_REASON if path.exists() else f"missing: {path}"
 
 
 def broken_suite(root: Path, demo_root: Path, deleted: bool = True, **over: object) -> Suite:

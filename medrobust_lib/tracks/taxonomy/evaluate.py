@@ -48,7 +48,7 @@ from medrobust_lib.store.schema import TAXONOMY_TABLE
 from medrobust_lib.tasks.vqa import extract_yes_no
 from medrobust_lib.taxonomy.paraphrase import api_paraphrases, template_paraphrases
 from medrobust_lib.taxonomy.quadrants import classify, classify_labels
-from medrobust_lib.tracks.vlm.items import YESNO_SUFFIX, VLMItem, load_items
+from medrobust_lib.tracks.vlm.items import YESNO_SUFFIX, DroppedRecord, LoadedItems, VLMItem, load_items
 
 BASELINE_TABLE = "taxonomy_baselines"
 BASELINE_COLUMNS = ("config", "checkpoint", "adapter", "dataset", "modality", "sample_id", "record_id", "image_mode",
@@ -195,9 +195,9 @@ class _Scorer:
                                                                                           prompts)]
 
 
-def _yes_no_items(suite: Suite, samples: Collection[tuple[str, str]]) -> list[VLMItem]:
-    """The yes/no records whose image is one of ``samples`` ((dataset, sample_id) keys)."""
-    return [it for it in load_items(suite).items if it.task == "vqa_yesno" and (it.dataset, it.sample_id) in samples]
+def _yes_no_items(loaded: LoadedItems, samples: Collection[tuple[str, str]]) -> list[VLMItem]:
+    """The readable yes/no records whose image is one of ``samples`` ((dataset, sample_id) keys)."""
+    return [it for it in loaded.items if it.task == "vqa_yesno" and (it.dataset, it.sample_id) in samples]
 
 
 def compute_baselines(suite: Suite, config_id: str, modality: str, log: Callable[[str], None] | None = None
@@ -212,7 +212,7 @@ def compute_baselines(suite: Suite, config_id: str, modality: str, log: Callable
     scorer = _Scorer(suite, entry)
     samples = load_eval_samples(suite, modality, tc.split).samples
     rows: list[dict[str, Any]] = []
-    items = _yes_no_items(suite, samples)
+    items = _yes_no_items(load_items(suite), samples)
     for it in items:
         s = samples[(it.dataset, it.sample_id)]
         for mode in tc.image_modes:
@@ -284,10 +284,17 @@ def _unasked_rows(suite: Suite, scorer: _Scorer, items: list[VLMItem], cond: _Co
             r.update(config=scorer.entry.id, checkpoint=scorer.runner.checkpoint, adapter=scorer.runner.adapter,
                      dataset=it.dataset, modality=cond.sample.modality, sample_id=it.sample_id,
                      record_id=it.record_id, perturbation=cond.perturbation, level=cond.level,
-                     strength=cond.strength, ssim=cond.ssim, image_mode=mode, answer=it.answer, outcome=outcome,
-                     error=reason)
+                     strength=cond.strength, ssim=cond.ssim, image_mode=mode, answer=it.answer or None,
+                     outcome=outcome, error=reason)
             rows.append(r)
     return rows
+
+
+def _dropped_rows(suite: Suite, scorer: _Scorer, dropped: Sequence[DroppedRecord], cond: _Cond
+                  ) -> list[dict[str, Any]]:
+    """``error`` rows (every image mode; ``answer`` NULL) for the yes/no records of ``cond``'s image
+    that their reader quarantined, each with its own reason (:attr:`DroppedRecord.error`)."""
+    return [r for d in dropped for r in _unasked_rows(suite, scorer, [d.as_item()], cond, d.error)]
 
 
 def _items_by_sample(items: Sequence[VLMItem], keys: Collection[tuple[str, str]]
@@ -355,7 +362,9 @@ def evaluate(suite: Suite, config_id: str, modality: str, level: int,
     """``taxonomy_results`` rows for one modality: clean (``level`` 0) or every perturbed image
     of the (modality, level) manifest partition. A sample of the evaluation split that cannot be
     used now (missing, unreadable, quarantined since the clean index or manifest was built) gives
-    ``error`` rows with the reason; only samples of another split are skipped."""
+    ``error`` rows with the reason; only samples of another split are skipped. A yes/no record of
+    an evaluation image that its reader quarantined (image file gone, malformed entry) gives
+    ``error`` rows with its own reason (``missing: <image path>``, ``quarantined:<reason>: ...``)."""
     import pandas as pd
 
     from medrobust_lib.perturb.engine import regenerate
@@ -372,8 +381,10 @@ def evaluate(suite: Suite, config_id: str, modality: str, level: int,
     # still have a missing or error row (medrobust_lib.store.rerun).
     manifest = read_manifest(suite, modality, level) if level != 0 else None
     unusable = ev.unusable if manifest is None else ev.reasons_for(manifest_keys(manifest))
-    yes_no = _yes_no_items(suite, samples.keys() | unusable.keys())
+    loaded = load_items(suite)
+    yes_no = _yes_no_items(loaded, samples.keys() | unusable.keys())
     by, by_unusable = _items_by_sample(yes_no, samples.keys()), _items_by_sample(yes_no, unusable.keys())
+    lost = loaded.dropped_by_sample(samples.keys() | unusable.keys(), "vqa_yesno")
     base = _baselines(suite, config_id, modality)
     variants, _ = paraphrase_sets(suite, [it for v in by.values() for it in v])
     v0 = scorer.vision_calls
@@ -401,15 +412,24 @@ def evaluate(suite: Suite, config_id: str, modality: str, level: int,
             if not done(items, "clean"):
                 stand_in = placeholder_sample(key, modality)
                 rows.extend(_unasked_rows(suite, scorer, items, _Cond(stand_in, stand_in.image), unusable[key]))
+        for key, dropped in sorted(lost.items()):
+            stand_in = placeholder_sample(key, modality)
+            rows.extend(_dropped_rows(suite, scorer, [d for d in dropped if not done([d.as_item()], "clean")],
+                                      _Cond(stand_in, stand_in.image)))
     else:
         for rec in manifest.to_dict("records"):
             mr = {str(k): v for k, v in rec.items()}
             key = (str(mr["dataset"]), str(mr["sample_id"]))
+            perturbation = str(mr["perturbation"])
             items = by.get(key) or by_unusable.get(key, [])
-            if not items or done(items, str(mr["perturbation"])):
-                continue  # another split, no yes/no record asks about this image, or kept from the last run
+            dropped = [d for d in lost.get(key, []) if not done([d.as_item()], perturbation)]
+            if not items and not dropped:
+                continue  # another split, or no yes/no record asks about this image
             s = samples.get(key) or placeholder_sample(key, modality)
-            cond = _Cond(s, s.image, str(mr["perturbation"]), level, mr.get("strength"), mr.get("ssim"))
+            cond = _Cond(s, s.image, perturbation, level, mr.get("strength"), mr.get("ssim"))
+            rows.extend(_dropped_rows(suite, scorer, dropped, cond))
+            if not items or done(items, perturbation):
+                continue  # no readable yes/no record, or every row is kept from the last run
             if key in unusable:
                 rows.extend(_unasked_rows(suite, scorer, items, cond, unusable[key]))
                 continue

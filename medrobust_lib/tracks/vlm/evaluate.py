@@ -7,8 +7,11 @@ perturbations move the grounding box with the image. Every record yields a row: 
 outcomes, never gaps. A sample of the evaluation split that cannot be used now (unreadable or
 changed since the clean index was built, quarantined since the manifest was built, or gone from
 the clean index) gives an ``error`` row per record with the reason (``quarantined:<reason>``,
-``missing: ...``); only another split is skipped. (A record whose image file is gone never gets
-here: its record reader quarantines it as ``missing_image``.)
+``missing: ...``); only another split is skipped. A record its reader quarantined (its image file
+is gone: ``missing_image``; or a malformed entry) that still names its image gets, wherever a
+readable record of that image would get a row, an ``error`` row with its own reason
+(``missing: <image path>``, ``quarantined:<reason>: <detail>``), or the same
+``excluded:image_not_indexed`` row when the image is not in the clean index.
 
 Re-runs: rows already stored for the partition under the same input fingerprint are kept, except
 ``error`` rows (infrastructure failures), which are asked again; so a re-run after an outage only
@@ -35,7 +38,7 @@ from medrobust_lib.store.schema import VLM_COLUMN_NAMES as COLUMN_NAMES
 from medrobust_lib.store.schema import VLM_TABLE
 from medrobust_lib.tasks.judge import judge_mc
 from medrobust_lib.tasks.scoring import score_captions, score_grounding, score_mc, score_yes_no
-from medrobust_lib.tracks.vlm.items import VLMItem, box_in_sample, load_items, prompt_for
+from medrobust_lib.tracks.vlm.items import DroppedRecord, VLMItem, box_in_sample, load_items, prompt_for
 from medrobust_lib.tracks.vlm.runner import Answer, Runner
 
 EVAL_VERSION = 1
@@ -107,6 +110,24 @@ def _unusable_rows(items: Iterable[VLMItem], cond: Condition, runner: Runner, re
             r.update(outcome=ERROR_OUTCOME, error=reason)
             rows.append(r)
     return rows
+
+
+def _dropped_rows(dropped: Iterable[DroppedRecord], cond: Condition, runner: Runner,
+                  done: Collection[tuple[str, ...]] = frozenset()) -> list[dict[str, Any]]:
+    """``error`` rows, each with its record's own reason (:attr:`DroppedRecord.error`), for the
+    records of ``cond``'s sample that their reader quarantined, except those whose row key is in
+    ``done``."""
+    return [r for d in dropped for r in _unusable_rows([d.as_item()], cond, runner, d.error, done)]
+
+
+def _not_indexed_row(it: VLMItem, modality: str, runner: Runner, why: str = "") -> dict[str, Any]:
+    """The ``excluded:image_not_indexed`` row of a record whose image is not a usable sample of the
+    clean index (``why``: the reader's reason when the record was quarantined too)."""
+    stand_in = Sample(it.sample_id, it.dataset, modality, np.zeros((1, 1), np.float32))
+    r = _row(it, Condition(stand_in, stand_in.image), runner)
+    error = f"no usable sample {it.dataset}/{it.sample_id} in the clean index"
+    r.update(outcome="excluded:image_not_indexed", error=f"{error} (record {why})"[:300] if why else error)
+    return r
 
 
 def _item_key(it: VLMItem, perturbation: str) -> tuple[str, ...]:
@@ -186,27 +207,52 @@ def ask(items_by_sample: dict[tuple[str, str], list[VLMItem]], conditions: Seque
     return rows
 
 
-def _items_for(suite: Suite, samples: Collection[tuple[str, str]]
-               ) -> tuple[dict[tuple[str, str], list[VLMItem]], list[VLMItem], dict[str, list[str]]]:
-    """(items by sample key for the evaluation samples ``samples`` (keys), items whose image is
-    not indexed anywhere, the clean caption reference set over every evaluation record)."""
+@dataclass
+class _Items:
+    """The records of one evaluation (:func:`_items_for`)."""
+
+    by: dict[tuple[str, str], list[VLMItem]]
+    """Readable records of the evaluation samples, by sample."""
+    dropped: dict[tuple[str, str], list[DroppedRecord]]
+    """Records of the evaluation samples that their reader quarantined, by sample."""
+    not_indexed: list[VLMItem]
+    """Readable records whose image is not a usable sample of the clean index."""
+    dropped_not_indexed: list[DroppedRecord]
+    """Quarantined records whose image is not a usable sample of the clean index."""
+    df_refs: dict[str, list[str]]
+    """The clean caption reference set over every evaluation record."""
+
+
+def _items_for(suite: Suite, samples: Collection[tuple[str, str]]) -> _Items:
+    """The records of the evaluation samples ``samples`` (keys), and those of images not indexed.
+    ``max_records_per_task`` caps the records per task: the readable ones first, then those their
+    reader quarantined."""
     vc = vlm_config(suite)
     loaded = load_items(suite)
-    by: dict[tuple[str, str], list[VLMItem]] = {}
     counts: dict[str, int] = {}
+
+    def take(task: str) -> bool:
+        n = counts.get(task, 0)
+        if vc.max_records_per_task is not None and n >= vc.max_records_per_task:
+            return False
+        counts[task] = n + 1
+        return True
+
+    by: dict[tuple[str, str], list[VLMItem]] = {}
     for it in loaded.items:
         key = (it.dataset, it.sample_id)
-        if key in samples:
-            n = counts.get(it.task, 0)
-            if vc.max_records_per_task is None or n < vc.max_records_per_task:
-                by.setdefault(key, []).append(it)
-                counts[it.task] = n + 1
+        if key in samples and take(it.task):
+            by.setdefault(key, []).append(it)
+    dropped: dict[tuple[str, str], list[DroppedRecord]] = {}
+    for d in loaded.dropped:
+        if d.key in samples and take(d.task):
+            dropped.setdefault(d.key, []).append(d)
     indexed = _indexed_keys(suite)
-    missing = [it for it in loaded.items if (it.dataset, it.sample_id) not in indexed]
     df_refs = {it.record_id: list(it.references) for it in loaded.items if it.task == "caption"
                and (it.dataset, it.sample_id) in indexed
                and vc.split in ("all", indexed[(it.dataset, it.sample_id)])}
-    return by, missing, df_refs
+    return _Items(by, dropped, [it for it in loaded.items if (it.dataset, it.sample_id) not in indexed],
+                  [d for d in loaded.dropped if d.key not in indexed], df_refs)
 
 
 def _indexed_keys(suite: Suite) -> dict[tuple[str, str], str]:
@@ -283,7 +329,8 @@ def evaluate_clean(suite: Suite, model_id: str, modality: str, runner: Runner | 
     """Clean rows for every record of the modality's evaluation samples; records whose image is
     not in the clean index at all are written as ``excluded:image_not_indexed`` rows (in the
     partition of their record's modality); records of an image the clean index lists as ok that
-    cannot be used now are ``error`` rows with the reason."""
+    cannot be used now are ``error`` rows with the reason; records of an evaluation image that their
+    reader quarantined are ``error`` rows with the reader's reason."""
     from medrobust_lib.tracks.datasets import load_eval_samples, placeholder_sample
 
     t0 = time.perf_counter()
@@ -291,7 +338,8 @@ def evaluate_clean(suite: Suite, model_id: str, modality: str, runner: Runner | 
     runner = runner or Runner(suite, vlm_model(suite, model_id))
     ev = load_eval_samples(suite, modality, vc.split)
     samples = ev.samples
-    by, missing, df_refs = _items_for(suite, samples.keys() | ev.unusable.keys())
+    its = _items_for(suite, samples.keys() | ev.unusable.keys())
+    by, df_refs = its.by, its.df_refs
     fp = _fingerprint(runner, suite, [modality, sorted((k, s.content_hash()) for k, s in samples.items())])
     kept = _reusable(suite, _partition(model_id, modality, 0), fp)
     conds = [Condition(s, s.image, boxes=_grounding_boxes(by.get(k, []), s)) for k, s in sorted(samples.items())
@@ -302,13 +350,12 @@ def evaluate_clean(suite: Suite, model_id: str, modality: str, runner: Runner | 
     for key, reason in sorted(ev.unusable.items()):
         stand_in = placeholder_sample(key, modality)
         rows += _unusable_rows(by.get(key, []), Condition(stand_in, stand_in.image), runner, reason)
-    for it in missing:
-        if it.modality == modality:
-            r = _row(it, Condition(Sample(it.sample_id, it.dataset, modality, np.zeros((1, 1), np.float32)),
-                                   np.zeros((1, 1), np.float32)), runner)
-            r.update(outcome="excluded:image_not_indexed",
-                     error=f"no usable sample {it.dataset}/{it.sample_id} in the clean index")
-            rows.append(r)
+    for key, lost in sorted(its.dropped.items()):
+        stand_in = placeholder_sample(key, modality)
+        rows += _dropped_rows(lost, Condition(stand_in, stand_in.image), runner)
+    rows += [_not_indexed_row(it, modality, runner) for it in its.not_indexed if it.modality == modality]
+    rows += [_not_indexed_row(d.as_item(), modality, runner, d.error) for d in its.dropped_not_indexed
+             if d.modality == modality]
     rows = _merge(kept, rows)
     _write(suite, model_id, "clean", modality, 0, rows, fp)
     return _summarize(rows, summary, t0, runner)
@@ -317,7 +364,8 @@ def evaluate_clean(suite: Suite, model_id: str, modality: str, runner: Runner | 
 def evaluate_perturbed(suite: Suite, model_id: str, modality: str, level: int, runner: Runner | None = None,
                        log: Callable[[str], None] | None = None) -> VLMEvalSummary:
     """Rows for every record of every perturbed image of one (modality, level) manifest partition;
-    a manifest row of the evaluation split whose sample cannot be used now gives ``error`` rows."""
+    a manifest row of the evaluation split whose sample cannot be used now gives ``error`` rows, and
+    so does every record of its image that the reader quarantined (with the reader's reason)."""
     from medrobust_lib.perturb.engine import regenerate
     from medrobust_lib.tracks.datasets import load_eval_samples, placeholder_sample
     from medrobust_lib.tracks.perturbed import manifest_keys, read_manifest
@@ -329,7 +377,8 @@ def evaluate_perturbed(suite: Suite, model_id: str, modality: str, level: int, r
     samples = ev.samples
     manifest = read_manifest(suite, modality, level)
     reasons = ev.reasons_for(manifest_keys(manifest))
-    by, _, df_refs = _items_for(suite, samples.keys() | reasons.keys())
+    its = _items_for(suite, samples.keys() | reasons.keys())
+    by, df_refs = its.by, its.df_refs
     fp = _fingerprint(runner, suite, [modality, level, sorted(manifest["sha256"].dropna()) if len(manifest) else []])
     kept = _reusable(suite, _partition(model_id, modality, level), fp)
     summary = VLMEvalSummary(n_reused=len(kept))
@@ -340,12 +389,13 @@ def evaluate_perturbed(suite: Suite, model_id: str, modality: str, level: int, r
     for rec in manifest.to_dict("records"):
         mr = {str(k): v for k, v in rec.items()}
         key = (str(mr["dataset"]), str(mr["sample_id"]))
-        if key not in by:
+        if key not in by and key not in its.dropped:
             continue  # another split, or no record asks about this image
         s = samples.get(key) or placeholder_sample(key, modality)
         base = Condition(s, s.image, str(mr["perturbation"]), level, mr.get("strength"), mr.get("ssim"))
-        if all(_item_key(it, base.perturbation) in kept for it in by[key]):
-            continue  # every row of this image is kept from the previous run
+        rows.extend(_dropped_rows(its.dropped.get(key, []), base, runner, kept.keys()))
+        if all(_item_key(it, base.perturbation) in kept for it in by.get(key, [])):
+            continue  # no readable record, or every row of this image is kept from the previous run
         if key in reasons:
             rows.extend(_unusable_rows(by[key], base, runner, reasons[key], kept.keys()))
             continue

@@ -5,11 +5,17 @@ Images are joined to the clean-sample index on ``(dataset, sample_id)`` (``sampl
 to the image file stem), so every perturbed image comes from the same manifest as the
 segmentation track. A record whose image is not in the index becomes an
 ``excluded:image_not_indexed`` row, counted, never dropped.
+
+A record its reader quarantines (its image file is gone, a field is malformed, ...) is not an
+item, but when the entry still names its image it is kept as a :class:`DroppedRecord`, so that the
+evaluations write an ``error`` row for it (``missing: <image path>`` or
+``quarantined:<reason>: <detail>``) wherever a readable record of that image would have a row.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -64,11 +70,57 @@ class VLMItem:
     image_hw: tuple[int, int] | None = None
 
 
+@dataclass(frozen=True)
+class DroppedRecord:
+    """A record its reader quarantined (``reason`` code and ``detail``) whose entry still names its
+    image: enough to write the rows it would have had. ``sample_id`` is derived like an item's."""
+
+    task: str
+    record_id: str
+    dataset: str
+    sample_id: str
+    modality: str
+    image_path: Path
+    reason: str
+    detail: str = ""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """(dataset, sample_id) of its image."""
+        return (self.dataset, self.sample_id)
+
+    @property
+    def error(self) -> str:
+        """The ``error`` text of its rows: ``missing: <image path>`` when the image file is gone,
+        else ``quarantined:<reason>: <detail>`` (at most 300 characters)."""
+        if self.reason == "missing_image":
+            return f"missing: {self.image_path}"
+        return (f"quarantined:{self.reason}: {self.detail}" if self.detail else f"quarantined:{self.reason}")[:300]
+
+    def as_item(self) -> VLMItem:
+        """The record as a question-less :class:`VLMItem` that only names it, for the row writers
+        (never asked)."""
+        return VLMItem(self.task, self.record_id, self.dataset, self.sample_id, self.modality, question="")
+
+
 @dataclass
 class LoadedItems:
+    """The readable records as items; the reader quarantine counted per reason; the quarantined
+    records that name their image (``dropped``), whose rows the evaluations write as errors."""
+
     items: list[VLMItem]
     quarantine: dict[str, int]
     n_total: int
+    dropped: list[DroppedRecord] = field(default_factory=list)
+
+    def dropped_by_sample(self, keys: Collection[tuple[str, str]], task: str | None = None
+                          ) -> dict[tuple[str, str], list[DroppedRecord]]:
+        """The dropped records (of ``task``, when given) whose image is one of ``keys``, by image."""
+        by: dict[tuple[str, str], list[DroppedRecord]] = {}
+        for d in self.dropped:
+            if d.key in keys and (task is None or d.task == task):
+                by.setdefault(d.key, []).append(d)
+        return by
 
 
 def _sid(sample_id: str | None, image_path: Path, slice_index: int | None) -> str:
@@ -78,42 +130,49 @@ def _sid(sample_id: str | None, image_path: Path, slice_index: int | None) -> st
 
 
 def load_items(suite: Suite) -> LoadedItems:
-    """Every configured record as a :class:`VLMItem`; reader quarantine counted per reason."""
+    """Every configured record as a :class:`VLMItem`; reader quarantine counted per reason, and
+    kept as a :class:`DroppedRecord` when the entry names its image."""
     from medrobust_lib.data import vlm_records as vr
 
     rc = records_config(suite)
     root = Path(rc.image_root or ".")
     items: list[VLMItem] = []
     quarantine: dict[str, int] = {}
+    dropped: list[DroppedRecord] = []
     total = 0
 
-    def tally(res: Any) -> list[Any]:
+    def tally(res: Any, task: str) -> list[Any]:
         nonlocal total
         total += res.n_total
         for q in res.quarantine:
             quarantine[q.reason] = quarantine.get(q.reason, 0) + 1
+            if q.source is not None:
+                src = q.source
+                dropped.append(DroppedRecord(task, q.record_id, src.dataset,
+                                             _sid(src.sample_id, src.image_path, src.slice_index), src.modality,
+                                             src.image_path, q.reason, q.detail))
         return list(res.records)
 
     if rc.omnimedvqa:
-        for r in tally(vr.read_omnimedvqa(rc.omnimedvqa, root)):
+        for r in tally(vr.read_omnimedvqa(rc.omnimedvqa, root), "vqa_mc"):
             letters = list(r.options)
             items.append(VLMItem("vqa_mc", r.record_id, r.dataset, _sid(r.sample_id, r.image_path, r.slice_index),
                                  r.modality, r.question, LETTERS[letters.index(r.answer_letter)],
                                  options=tuple(r.options[k] for k in letters)))
     if rc.yesno:
-        for r in tally(vr.read_binary_paraphrases(rc.yesno, root)):
+        for r in tally(vr.read_binary_paraphrases(rc.yesno, root), "vqa_yesno"):
             items.append(VLMItem("vqa_yesno", r.record_id, r.dataset, _sid(r.sample_id, r.image_path, r.slice_index),
                                  r.modality, r.question, r.answer, variants=tuple(r.variants)))
     if rc.roco_captions:
-        for r in tally(vr.read_roco(rc.roco_captions, root, images_csv=rc.roco_images)):
+        for r in tally(vr.read_roco(rc.roco_captions, root, images_csv=rc.roco_images), "caption"):
             items.append(VLMItem("caption", r.record_id, r.dataset, _sid(r.sample_id, r.image_path, r.slice_index),
                                  r.modality, CAPTION_PROMPT, references=tuple(r.references)))
     if rc.mecovqa_grounding:
-        for r in tally(vr.read_mecovqa_grounding(rc.mecovqa_grounding, root)):
+        for r in tally(vr.read_mecovqa_grounding(rc.mecovqa_grounding, root), "grounding"):
             items.append(VLMItem("grounding", r.record_id, r.dataset, _sid(r.sample_id, r.image_path, r.slice_index),
                                  r.modality, r.question, box=tuple(float(v) for v in r.box_xyxy),  # type: ignore[arg-type]
                                  image_hw=r.image_hw))
-    return LoadedItems(items, quarantine, total)
+    return LoadedItems(items, quarantine, total, dropped)
 
 
 def box_in_sample(item: VLMItem, sample_hw: tuple[int, int], original_hw: tuple[int, int] | None) -> np.ndarray:

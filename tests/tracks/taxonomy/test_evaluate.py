@@ -1,7 +1,9 @@
 """No vanishing rows in the taxonomy: every yes/no record of an image of the evaluation split that is
-unreadable or quarantined since the clean index / manifest was built gives ``error`` rows (one per
-image mode) with the reason, counted in ``n_error`` and in no share; an image of another split has
-no row."""
+unreadable, gone or quarantined since the clean index / manifest was built gives ``error`` rows (one
+per image mode) with the reason, counted in ``n_error`` and in no share; an image of another split
+has no row. Each test runs twice: with the broken images' pixels changed and with the image files
+deleted (the record readers then quarantine the records as ``missing_image``:
+``missing: <image path>``)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,6 @@ from medrobust_lib.store.schema import TAXONOMY_TABLE
 from medrobust_lib.tracks.taxonomy import evaluate as tx
 from medrobust_lib.tracks.taxonomy.stats import write_taxonomy_stats
 from tests.tracks.unusable_helpers import (
-    CHANGED_REASON,
     LEVEL,
     MISSING,
     OK,
@@ -27,6 +28,8 @@ from tests.tracks.unusable_helpers import (
     QUARANTINED,
     SPLIT,
     broken_suite,
+    image_path,
+    missing_reason,
 )
 
 CONFIG = "demo-image-reliant"
@@ -55,10 +58,11 @@ class FakeScorer:
         return [{"yes": -0.1, "no": -2.4} for _ in prompts], "logprobs"
 
 
-@pytest.fixture(scope="module")
-def suite(tmp_path_factory: pytest.TempPathFactory, demo_root: Path) -> Suite:
+@pytest.fixture(scope="module", params=["changed", "deleted"])
+def suite(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, demo_root: Path) -> Suite:
     tax = {"configs": [{"id": CONFIG, "demo_training": "image_reliant"}], "image_modes": MODES, "split": SPLIT}
-    return broken_suite(tmp_path_factory.mktemp("tax_unusable"), demo_root, deleted=False, taxonomy=tax)
+    return broken_suite(tmp_path_factory.mktemp(f"tax_unusable_{request.param}"), demo_root,
+                        deleted=request.param == "deleted", taxonomy=tax)
 
 
 @pytest.fixture(autouse=True)
@@ -85,8 +89,12 @@ def test_perturbed_records_of_unusable_images_are_errors(suite: Suite) -> None:
     assert counts == {OK: {"ok": PER_IMAGE}, QUARANTINED: {"error": PER_IMAGE}, MISSING: {"error": PER_IMAGE}}
     errors = df[df["outcome"] == "error"].set_index("sample_id")
     assert set(errors.loc[QUARANTINED, "error"]) == {"quarantined:unreadable_dicom"}
-    assert set(errors.loc[MISSING, "error"]) == {CHANGED_REASON}
+    assert set(errors.loc[MISSING, "error"]) == {missing_reason(suite)}
     assert errors[["quadrant", "consistent", "image_reliant", "correct_original"]].isna().all().all()
+    deleted = not image_path(Path(suite.demo.root), MISSING).exists()
+    # a record the reader quarantined has no known answer; a record of an unreadable image keeps it
+    assert errors.loc[MISSING, "answer"].isna().all() == deleted
+    assert errors.loc[QUARANTINED, "answer"].notna().all()
     assert set(errors["perturbation"]) == {"gaussian_noise"} and set(errors["level"]) == {LEVEL}
     assert out.outcomes == {"ok": PER_IMAGE, "error": 2 * PER_IMAGE}
     assert sum(out.quadrants.values()) == PER_IMAGE  # quadrants of the ok rows only
@@ -101,5 +109,5 @@ def test_clean_records_of_unreadable_images_are_errors(suite: Suite) -> None:
     counts = _by_sample(_rows(suite, 0))
     # quarantined in the current clean index: not an evaluation sample; another split: no row
     assert counts == {OK: {"ok": PER_IMAGE}, MISSING: {"error": PER_IMAGE}}
-    assert set(_rows(suite, 0).query("outcome == 'error'")["error"]) == {CHANGED_REASON}
+    assert set(_rows(suite, 0).query("outcome == 'error'")["error"]) == {missing_reason(suite)}
     assert out.outcomes == {"ok": PER_IMAGE, "error": PER_IMAGE}
