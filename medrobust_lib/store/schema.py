@@ -25,9 +25,10 @@ Columns (SQL types in :data:`VLM_COLUMNS`):
   yes/no, or the pixel box as JSON; ``outcome``: model behaviour ``ok``, ``unparseable``,
   ``refused`` (scored, the last two as wrong); infrastructure ``error`` (transport, retries
   exhausted, cache, out of memory, an exception in the runner, an image of the evaluation split
-  missing or quarantined since the clean index or manifest was built: no prediction, every score column
-  NULL, outside every denominator, counted in ``n_error`` and retried by the next run of the
-  partition); or ``excluded:<reason>`` (the condition cannot be scored, e.g.
+  missing or quarantined since the clean index or manifest was built, a record of an evaluation
+  image that its record reader quarantined (``missing: <image path>`` when the image file is gone,
+  else ``quarantined:<reason>: <detail>``): no prediction, every score column NULL, outside every
+  denominator, counted in ``n_error`` and retried by the next run of the partition); or ``excluded:<reason>`` (the condition cannot be scored, e.g.
   ``excluded:perturbation_error``, ``excluded:box_out_of_view``, ``excluded:image_not_indexed``;
   ``correct`` is NULL and the row is outside denominators but counted in ``n_excluded``).
 - ``correct``: 1.0 / 0.0 for VQA (and grounding: IoU >= 0.5); NULL for captions.
@@ -69,8 +70,9 @@ One row per (configuration, yes/no record, condition, image-removal mode). Parti
 - ``quadrant``: ``Ideal`` (consistent, image-reliant), ``Fragile`` (inconsistent, image-reliant),
   ``Dangerous`` (consistent, not image-reliant), ``Worst`` (inconsistent, not image-reliant).
 - ``source``: ``logprobs`` or ``generate`` (API fallback); ``outcome``: ``ok``, ``error``
-  (a prediction failed, or the image is missing or quarantined since the clean index or manifest
-  was built: flags NULL, counted) or ``excluded:<reason>``; ``error`` text.
+  (a prediction failed, the image is missing or quarantined since the clean index or manifest
+  was built, or the record reader quarantined the record: flags NULL, ``answer`` NULL for the
+  latter, counted) or ``excluded:<reason>``; ``error`` text.
 
 ``strategy``: Schema of the strategy ranking table (kept apart so the mart imports no pandas/scipy).
 """
