@@ -10,7 +10,7 @@ import dagster as dg
 from medrobust_assets.assets.datasets import clean_samples
 from medrobust_assets.assets.perturbed import perturbed_samples
 from medrobust_assets.checks import error_share_result, error_share_spec
-from medrobust_assets.metadata import image_md, log_and_register, markdown_table
+from medrobust_assets.metadata import image_md, markdown_table
 from medrobust_assets.partitions import (
     by_modality,
     modality_and_level,
@@ -29,13 +29,6 @@ def _meta(s: Any) -> dict[str, Any]:
     meta.update({f"quadrant_{k}": v for k, v in s.quadrants.items()})
     meta.update({f"n_{k.replace(':', '_')}": v for k, v in s.outcomes.items()})
     return meta
-
-
-def _log(run: Any, meta: dict[str, Any]) -> None:
-    if run is not None:
-        import mlflow
-
-        mlflow.log_metrics({k: float(v) for k, v in meta.items() if isinstance(v, int | float)})
 
 
 def taxonomy_family(config_id: str, trained: bool, upstream: list[Any]) -> list[dg.AssetsDefinition]:
@@ -62,9 +55,10 @@ def taxonomy_family(config_id: str, trained: bool, upstream: list[Any]) -> list[
                 r = train_taxonomy_model(suite.load(), config_id, log=context.log.info)
                 meta = {"kind": r.kind, "seconds": r.seconds, "steps": r.steps, "best_val_loss": r.best_val_loss,
                         "n_train": r.n_train, **r.extra}
-                _log(run, meta)
-                meta["registered_version"] = log_and_register(run, r.folder, "model",
-                                                              f"medrobust-taxonomy-{config_id}", {"kind": r.kind})
+                tracking.log_metrics(run, meta)
+                meta["registered_version"] = tracking.log_and_register(run, r.folder, "model",
+                                                                       f"medrobust-taxonomy-{config_id}",
+                                                                       {"kind": r.kind})
             meta = {k: v for k, v in meta.items() if v is not None}  # no version when tracking is off
             return dg.MaterializeResult(metadata={**meta, "folder": dg.MetadataValue.path(r.folder)})
 
@@ -81,7 +75,7 @@ def taxonomy_family(config_id: str, trained: bool, upstream: list[Any]) -> list[
 
         with tracking.run(context, "taxonomy", {"config": config_id, "step": "baselines"}) as run:
             n = compute_baselines(suite.load(), config_id, context.partition_key)
-            _log(run, {"n_rows": n})
+            tracking.log_metrics(run, {"n_rows": n})
         return dg.MaterializeResult(metadata={"n_rows": n})
 
     clean_key = [config_id, "taxonomy_clean"]
@@ -99,7 +93,7 @@ def taxonomy_family(config_id: str, trained: bool, upstream: list[Any]) -> list[
         s = suite.load()
         with tracking.run(context, "taxonomy", {"config": config_id, "condition": "clean"}) as run:
             meta = _meta(evaluate(s, config_id, context.partition_key, 0))
-            _log(run, meta)
+            tracking.log_metrics(run, meta)
         check = error_share_result(s, TAXONOMY_TABLE, clean_key, {"config": config_id, "run": "clean",
                                                                   "modality": context.partition_key, "level": 0})
         return dg.MaterializeResult(metadata=meta, check_results=[check])
@@ -118,7 +112,7 @@ def taxonomy_family(config_id: str, trained: bool, upstream: list[Any]) -> list[
         with tracking.run(context, "taxonomy", {"config": config_id, "condition": "perturbation",
                                                 "level": level}) as run:
             meta = _meta(evaluate(s, config_id, modality, level))
-            _log(run, meta)
+            tracking.log_metrics(run, meta)
         check = error_share_result(s, TAXONOMY_TABLE, perturbed_key, {"config": config_id, "run": "perturbation",
                                                                       "modality": modality, "level": level})
         return dg.MaterializeResult(metadata=meta, check_results=[check])
@@ -157,11 +151,7 @@ def taxonomy_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinition:
                 paths += tf.transition_heatmaps(transitions(ok).rename(columns={"count": "n"}), out_dir)
                 paths.append(tf.flip_vs_dangerous_scatter(correlation_points(rows, clean_only=True), corr,
                                                           out_dir))
-            if run is not None:
-                import mlflow
-
-                for p in paths:
-                    mlflow.log_artifact(str(p), artifact_path="plots")
+            tracking.log_files(run, paths, "plots")
         meta: dict[str, Any] = {"n_stats_rows": len(stats)}
         mode = s.taxonomy.known_answer_checks
         if len(stats) and mode != "off":

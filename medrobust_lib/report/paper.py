@@ -34,7 +34,7 @@ from medrobust_lib.report.html import Figure, render_page
 from medrobust_lib.report.latex import to_latex
 from medrobust_lib.report.table import ReportTable, to_csv, to_markdown
 from medrobust_lib.store.marts import connect_readonly
-from medrobust_lib.store.tracking import tracked_run
+from medrobust_lib.store.tracking import log_artifact, log_metrics, tracked_run
 
 EXPERIMENT = "reports"
 """MLflow experiment of the report runs."""
@@ -295,14 +295,11 @@ def _log_mlflow(out: Path, files: Sequence[Path], mart: Path, models: Sequence[s
                 mlruns_dir: str | Path, seconds: float) -> str:
     """One run in experiment :data:`EXPERIMENT` with every file as an artifact (same relative
     layout as ``out``); returns the run id."""
-    import mlflow
-
-
     params = {"mart": str(mart.resolve()), "models": ",".join(models) if models is not None else "all",
               "out_dir": str(out.resolve())}
     with tracked_run(EXPERIMENT, "paper_report", {"medrobust.kind": "paper_report"}, mlruns_dir, params) as run:
         for f in files:
             parent = f.relative_to(out).parent.as_posix()
-            mlflow.log_artifact(str(f), artifact_path=None if parent == "." else parent)
-        mlflow.log_metrics({"seconds": seconds, "n_files": float(len(files))})
+            log_artifact(run, f, None if parent == "." else parent)
+        log_metrics(run, {"seconds": seconds, "n_files": len(files)})
         return str(run.info.run_id)
