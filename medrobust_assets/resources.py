@@ -11,6 +11,7 @@ from typing import Any
 import dagster as dg
 
 from medrobust_lib.config import Suite, load_suite
+from medrobust_lib.paths import experiment_name
 from medrobust_lib.store import tracking
 
 
@@ -46,19 +47,22 @@ class TrackingResource(dg.ConfigurableResource):  # type: ignore[misc]
     enabled: bool = True
 
     @contextmanager
-    def run(self, context: dg.AssetExecutionContext, experiment: str,
+    def run(self, context: dg.AssetExecutionContext, suite: Suite, experiment: str,
             params: Mapping[str, Any] | None = None) -> Iterator[Any]:
-        """An MLflow run tagged with the Dagster run id, asset key and partition (or None when
-        tracking is disabled)."""
+        """An MLflow run in the suite's experiment ``<suite name>/<experiment>``
+        (:func:`medrobust_lib.paths.experiment_name`), tagged with the Dagster run id, asset key
+        and partition (or None when tracking is disabled)."""
         if not self.enabled:
             yield None
             return
 
         asset = context.asset_key.to_user_string()
         partition = context.partition_key if context.has_partition_key else ""
-        tags = {"dagster.run_id": context.run_id, "dagster.asset": asset, "dagster.partition": str(partition)}
+        tags = {"dagster.run_id": context.run_id, "dagster.asset": asset, "dagster.partition": str(partition),
+                "medrobust.suite": suite.name}
         name = f"{asset}[{partition}]" if partition else asset
-        with tracking.tracked_run(experiment, name, tags, self.mlruns_dir, params) as run:
+        with tracking.tracked_run(experiment_name(suite, experiment), name, tags, self.mlruns_dir,
+                                  params) as run:
             yield run
 
     def log_metrics(self, run: Any, metrics: Mapping[str, Any]) -> dict[str, float]:

@@ -35,7 +35,7 @@ def clean_samples(context: dg.AssetExecutionContext, suite: SuiteResource,
                   tracking: TrackingResource) -> dg.MaterializeResult:
     s = suite.load()
     modality = context.partition_key
-    with tracking.run(context, "clean_samples") as run:
+    with tracking.run(context, s, "clean_samples") as run:
         summary = build_clean_index(s, modality)
         tracking.log_metrics(run, {"n_ok": summary.n_ok, "n_quarantined": summary.n_quarantined})
     return dg.MaterializeResult(metadata={

@@ -54,7 +54,7 @@ def finetune_family(base_id: str, strategies: list[str], base_checkpoint: Any) -
 
         s = suite.load()
         strategy = context.partition_key
-        with tracking.run(context, "finetune", {"model": base_id, "strategy": strategy}) as run:
+        with tracking.run(context, s, "finetune", {"model": base_id, "strategy": strategy}) as run:
             r = finetune_strategy(s, strategy, log=context.log.info)
             metrics = {"val_dice": r.val_dice, "test_dice": r.test_dice, "base_val_dice": r.base_val_dice,
                        "n_trainable": r.n_trainable, "n_total": r.n_total, "steps": r.steps, "train_seconds": r.seconds}
@@ -88,7 +88,7 @@ def finetune_family(base_id: str, strategies: list[str], base_checkpoint: Any) -
 
         s = suite.load()
         m = strategy_model_config(s, context.partition_key)
-        with tracking.run(context, "finetune_eval", {"model": m.id, "strategy": m.strategy}) as run:
+        with tracking.run(context, s, "finetune_eval", {"model": m.id, "strategy": m.strategy}) as run:
             r = evaluate_model(s, m, log=context.log.info)
             meta = {"n_rows": r.n_rows, "n_failed": r.n_failed, "partitions": r.n_partitions, "seconds": r.seconds,
                     **{f"mean_iou_{k}": v for k, v in r.mean_iou.items()}}
@@ -110,7 +110,7 @@ def finetune_family(base_id: str, strategies: list[str], base_checkpoint: Any) -
         s = suite.load()
         ft = require_finetune(s)
         models = {f"{base_id}-{st}": (base_id, st) for st in ft.strategies}
-        with tracking.run(context, "finetune_report") as run:
+        with tracking.run(context, s, "finetune_report") as run:
             table = write_strategy_ranking(s.results_dir, models, strategy_params(s), s.seed)
             bars = strategy_bars(table, suite_paths(s).reports / "finetune")
             tracking.log_files(run, bars, "ranking")
@@ -145,7 +145,7 @@ def registry_evaluation(context: dg.AssetExecutionContext, suite: SuiteResource,
 
     s = suite.load()
     name, version = parse_version_key(context.partition_key)
-    with tracking.run(context, "registry_evaluation", {"model": name, "version": version}) as run:
+    with tracking.run(context, s, "registry_evaluation", {"model": name, "version": version}) as run:
         fresh = context.run.tags.get("medrobust/trigger") == "nightly"  # nightly: recompute, never copy
         meta = evaluate_version(s, name, version, tracking.mlruns_dir, reuse=not fresh, log=context.log.info)
         tracking.log_metrics(run, meta)

@@ -39,7 +39,7 @@ def perturbed_samples(context: dg.AssetExecutionContext, suite: SuiteResource,
     modality, level = modality_and_level(context)
     params = {"seed": s.seed, "level": level, "band": s.perturbations.bands[level],
               "split": s.perturbations.split, "calibration_subset": s.perturbations.calibration_subset}
-    with tracking.run(context, "perturbed_samples", params) as run:
+    with tracking.run(context, s, "perturbed_samples", params) as run:
         summary = build_perturbed(s, modality, level, progress=context.log.info)
         metrics = {"n_rows": summary.n_rows, "n_error": summary.n_error,
                    "band_hit_rate_reachable": summary.reachable_hit_rate, f"mean_ssim_L{level}": summary.mean_ssim,
@@ -70,7 +70,7 @@ def perturbation_gallery(context: dg.AssetExecutionContext, suite: SuiteResource
                          tracking: TrackingResource) -> dg.MaterializeResult:
     s = suite.load()
     modality = context.partition_key
-    with tracking.run(context, "perturbation_gallery") as run:
+    with tracking.run(context, s, "perturbation_gallery") as run:
         paths = modality_gallery(s, modality, suite_paths(s).galleries)
         tracking.log_files(run, paths, "galleries")
     meta: dict[str, object] = {"n_galleries": len(paths)}

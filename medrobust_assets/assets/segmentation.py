@@ -30,8 +30,10 @@ def _run_partition(context: dg.AssetExecutionContext, suite: SuiteResource, trac
                    model_id: str, condition: str, evaluate: Any) -> dg.MaterializeResult:
     """One modality x severity evaluation with its MLflow run and metadata."""
     modality, level = modality_and_level(context)
-    with tracking.run(context, "segmentation_eval", {"model": model_id, "condition": condition, "level": level}) as run:
-        meta = _eval_metadata(evaluate(suite.load(), model_id, modality, level))
+    s = suite.load()
+    with tracking.run(context, s, "segmentation_eval", {"model": model_id, "condition": condition,
+                                                        "level": level}) as run:
+        meta = _eval_metadata(evaluate(s, model_id, modality, level))
         tracking.log_metrics(run, meta)
     return dg.MaterializeResult(metadata=meta)
 
@@ -57,14 +59,15 @@ def segmentation_family(model_id: str, trained: bool) -> list[dg.AssetsDefinitio
             inst = install_sam(s, model_id)
             if inst.used:  # the committed weights (sha256-verified); test Dice measured again here
                 dice = committed_test_dice(s, model_id)
-                with tracking.run(context, "segmentation_training", {"model": model_id, "weights": "committed"}) as run:
+                with tracking.run(context, s, "segmentation_training",
+                                  {"model": model_id, "weights": "committed"}) as run:
                     tracking.log_metrics(run, {"test_dice": dice})
                 return dg.MaterializeResult(metadata={
                     "weights": "committed (sha256 verified; medrobust demo --retrain trains them)", "test_dice": dice,
                     "val_dice": inst.meta.get("val_dice"), "steps": inst.meta.get("best_step"),
                     "checkpoint": dg.MetadataValue.path(inst.folder)})
             context.log.info(f"training {model_id}: {inst.reason}")
-            with tracking.run(context, "segmentation_training", {"model": model_id}) as run:
+            with tracking.run(context, s, "segmentation_training", {"model": model_id}) as run:
                 r = train_base_checkpoint(s, model_id, log=context.log.info)
                 tracking.log_metrics(run, {"val_dice": r.val_dice, "test_dice": r.test_dice, "steps": r.steps,
                                            "train_seconds": r.seconds})
@@ -86,8 +89,9 @@ def segmentation_family(model_id: str, trained: bool) -> list[dg.AssetsDefinitio
                           tracking: TrackingResource) -> dg.MaterializeResult:
         from medrobust_lib.tracks.segmentation.evaluate import evaluate_clean
 
-        with tracking.run(context, "segmentation_eval", {"model": model_id, "condition": "clean"}) as run:
-            summary = evaluate_clean(suite.load(), model_id, context.partition_key)
+        s = suite.load()
+        with tracking.run(context, s, "segmentation_eval", {"model": model_id, "condition": "clean"}) as run:
+            summary = evaluate_clean(s, model_id, context.partition_key)
             meta = _eval_metadata(summary)
             tracking.log_metrics(run, meta)
         return dg.MaterializeResult(metadata=meta)
@@ -134,7 +138,7 @@ def segmentation_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinit
         from medrobust_lib.tracks.segmentation.stats import write_segmentation_stats
 
         s = suite.load()
-        with tracking.run(context, "segmentation_report") as run:
+        with tracking.run(context, s, "segmentation_report") as run:
             stats = write_segmentation_stats(s.results_dir, s.seed)
             paths = robustness_curves(stats, suite_paths(s).reports / "segmentation")
             tracking.log_files(run, paths, "curves")

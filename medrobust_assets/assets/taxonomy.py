@@ -45,14 +45,15 @@ def taxonomy_family(config_id: str, trained: bool, upstream: list[Any]) -> list[
             from medrobust_lib.demo.committed import install_taxonomy
             from medrobust_lib.demo.taxonomy_train import train_taxonomy_model
 
-            inst = install_taxonomy(suite.load(), config_id)
+            s = suite.load()
+            inst = install_taxonomy(s, config_id)
             if inst.used:  # the committed weights (sha256-verified) of the same inputs
                 return dg.MaterializeResult(metadata={
                     "weights": "committed (sha256 verified; medrobust demo --retrain trains them)",
                     "steps": inst.meta.get("steps"), "folder": dg.MetadataValue.path(inst.folder)})
             context.log.info(f"training {config_id}: {inst.reason}")
-            with tracking.run(context, "taxonomy_training", {"config": config_id}) as run:
-                r = train_taxonomy_model(suite.load(), config_id, log=context.log.info)
+            with tracking.run(context, s, "taxonomy_training", {"config": config_id}) as run:
+                r = train_taxonomy_model(s, config_id, log=context.log.info)
                 meta = {"kind": r.kind, "seconds": r.seconds, "steps": r.steps, "best_val_loss": r.best_val_loss,
                         "n_train": r.n_train, **r.extra}
                 tracking.log_metrics(run, meta)
@@ -73,8 +74,9 @@ def taxonomy_family(config_id: str, trained: bool, upstream: list[Any]) -> list[
                             tracking: TrackingResource) -> dg.MaterializeResult:
         from medrobust_lib.tracks.taxonomy.evaluate import compute_baselines
 
-        with tracking.run(context, "taxonomy", {"config": config_id, "step": "baselines"}) as run:
-            n = compute_baselines(suite.load(), config_id, context.partition_key)
+        s = suite.load()
+        with tracking.run(context, s, "taxonomy", {"config": config_id, "step": "baselines"}) as run:
+            n = compute_baselines(s, config_id, context.partition_key)
             tracking.log_metrics(run, {"n_rows": n})
         return dg.MaterializeResult(metadata={"n_rows": n})
 
@@ -91,7 +93,7 @@ def taxonomy_family(config_id: str, trained: bool, upstream: list[Any]) -> list[
         from medrobust_lib.tracks.taxonomy.evaluate import evaluate
 
         s = suite.load()
-        with tracking.run(context, "taxonomy", {"config": config_id, "condition": "clean"}) as run:
+        with tracking.run(context, s, "taxonomy", {"config": config_id, "condition": "clean"}) as run:
             meta = _meta(evaluate(s, config_id, context.partition_key, 0))
             tracking.log_metrics(run, meta)
         check = error_share_result(s, TAXONOMY_TABLE, clean_key, {"config": config_id, "run": "clean",
@@ -109,7 +111,7 @@ def taxonomy_family(config_id: str, trained: bool, upstream: list[Any]) -> list[
 
         modality, level = modality_and_level(context)
         s = suite.load()
-        with tracking.run(context, "taxonomy", {"config": config_id, "condition": "perturbation",
+        with tracking.run(context, s, "taxonomy", {"config": config_id, "condition": "perturbation",
                                                 "level": level}) as run:
             meta = _meta(evaluate(s, config_id, modality, level))
             tracking.log_metrics(run, meta)
@@ -136,7 +138,7 @@ def taxonomy_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinition:
 
         s = suite.load()
         out_dir = suite_paths(s).reports / "taxonomy"
-        with tracking.run(context, "taxonomy_report") as run:
+        with tracking.run(context, s, "taxonomy_report") as run:
             stats, corr = tr.write_taxonomy_stats(s.results_dir, s.seed, s.taxonomy.abstention_tau,
                                                   max_error_share=s.max_error_share)
             from medrobust_lib.store.completeness import complete_rows

@@ -45,15 +45,16 @@ def vlm_family(model_id: str, trained: bool, finetuned: bool, upstream: dg.Asset
             from medrobust_lib.demo.committed import install_vlm
             from medrobust_lib.demo.vlm_train import train_base_vlm
 
-            inst = install_vlm(suite.load(), model_id)
+            s = suite.load()
+            inst = install_vlm(s, model_id)
             if inst.used:  # the committed weights (sha256-verified); held-out scores as recorded with them
                 return dg.MaterializeResult(metadata={
                     "weights": "committed (sha256 verified; medrobust demo --retrain trains them)",
                     **{f"trained_{k}": v for k, v in inst.meta.get("heldout", {}).items()},
                     "steps": inst.meta.get("steps"), "folder": dg.MetadataValue.path(inst.folder)})
             context.log.info(f"training {model_id}: {inst.reason}")
-            with tracking.run(context, "vlm_training", {"model": model_id}) as run:
-                r = train_base_vlm(suite.load(), model_id, log=context.log.info)
+            with tracking.run(context, s, "vlm_training", {"model": model_id}) as run:
+                r = train_base_vlm(s, model_id, log=context.log.info)
                 meta: dict[str, Any] = {"seconds": r.seconds, "steps": r.steps, "best_step": r.best_step,
                         "best_val_loss": r.best_val_loss, "n_train": r.n_train, "n_val": r.n_val, **r.heldout}
                 tracking.log_metrics(run, meta)
@@ -74,14 +75,15 @@ def vlm_family(model_id: str, trained: bool, finetuned: bool, upstream: dg.Asset
             from medrobust_lib.demo.committed import install_adapter
             from medrobust_lib.demo.vlm_train import finetune_adapter
 
-            inst = install_adapter(suite.load(), model_id)
+            s = suite.load()
+            inst = install_adapter(s, model_id)
             if inst.used:  # the committed adapter (sha256-verified), trained on the committed base
                 return dg.MaterializeResult(metadata={
                     "weights": "committed (sha256 verified; medrobust demo --retrain trains them)",
                     "folder": dg.MetadataValue.path(inst.folder)})
             context.log.info(f"fine-tuning {model_id}: {inst.reason}")
-            with tracking.run(context, "vlm_finetuning", {"model": model_id}) as run:
-                r = finetune_adapter(suite.load(), model_id, log=context.log.info)
+            with tracking.run(context, s, "vlm_finetuning", {"model": model_id}) as run:
+                r = finetune_adapter(s, model_id, log=context.log.info)
                 meta: dict[str, Any] = {"task": r.task, "adapter_hash": r.adapter_hash,
                                         "initial_val_loss": r.initial_val_loss,
                         "best_val_loss": r.best_val_loss, "steps": r.steps, "seconds": r.seconds,
@@ -109,7 +111,7 @@ def vlm_family(model_id: str, trained: bool, finetuned: bool, upstream: dg.Asset
         from medrobust_lib.tracks.vlm.evaluate import evaluate_clean
 
         s = suite.load()
-        with tracking.run(context, "vlm_eval", {"model": model_id, "condition": "clean"}) as run:
+        with tracking.run(context, s, "vlm_eval", {"model": model_id, "condition": "clean"}) as run:
             meta = _eval_meta(evaluate_clean(s, model_id, context.partition_key))
             tracking.log_metrics(run, meta)
         check = error_share_result(s, VLM_TABLE, clean_key, {"model": model_id, "run": "clean",
@@ -128,7 +130,8 @@ def vlm_family(model_id: str, trained: bool, finetuned: bool, upstream: dg.Asset
 
         modality, level = modality_and_level(context)
         s = suite.load()
-        with tracking.run(context, "vlm_eval", {"model": model_id, "condition": "perturbation", "level": level}) as run:
+        with tracking.run(context, s, "vlm_eval", {"model": model_id, "condition": "perturbation",
+                                                   "level": level}) as run:
             meta = _eval_meta(evaluate_perturbed(s, model_id, modality, level))
             tracking.log_metrics(run, meta)
         check = error_share_result(s, VLM_TABLE, perturbed_key, {"model": model_id, "run": "perturbation",
@@ -148,7 +151,7 @@ def vlm_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinition:
         from medrobust_lib.tracks.vlm.stats import write_vlm_stats
 
         s = suite.load()
-        with tracking.run(context, "vlm_report"):
+        with tracking.run(context, s, "vlm_report"):
             stats = write_vlm_stats(s.results_dir, s.seed, s.max_error_share)
         meta: dict[str, Any] = {"n_stats_rows": len(stats)}
         if len(stats):

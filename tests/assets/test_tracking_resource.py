@@ -8,6 +8,7 @@ import dagster as dg
 import pytest
 
 from medrobust_assets.resources import TrackingResource
+from medrobust_lib.config import Suite
 from medrobust_lib.store.tracking import SERVER_ENV, tracking_uri
 
 
@@ -19,7 +20,7 @@ def _local_store(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_disabled_tracking_yields_no_run_and_logs_nothing(tmp_path: Path) -> None:
     res = TrackingResource(mlruns_dir=str(tmp_path / "mlruns"), enabled=False)
     ctx = dg.build_asset_context()
-    with res.run(ctx, "exp", {"a": 1}) as run:
+    with res.run(ctx, Suite(name="unit"), "exp", {"a": 1}) as run:
         assert run is None
         assert res.log_metrics(run, {"x": 1.0}) == {}
         res.log_params(run, {"a": 1})
@@ -42,7 +43,7 @@ def test_enabled_tracking_logs_into_the_tagged_run(tmp_path: Path) -> None:
 
     @dg.asset(key=["m", "clean_predictions"], partitions_def=dg.StaticPartitionsDefinition(["ct"]))
     def asset(context: dg.AssetExecutionContext, tracking: TrackingResource) -> None:
-        with tracking.run(context, "exp", {"model": "m"}) as run:
+        with tracking.run(context, Suite(name="unit"), "exp", {"model": "m"}) as run:
             logged = tracking.log_metrics(run, {"n_rows": 3, "mean_iou": float("nan"), "label": "x"})
             assert logged == {"n_rows": 3.0}
             tracking.log_files(run, plots, "plots")
@@ -56,4 +57,25 @@ def test_enabled_tracking_logs_into_the_tagged_run(tmp_path: Path) -> None:
     assert got.data.params == {"model": "m"}
     assert got.data.tags["dagster.asset"] == "m/clean_predictions" and got.data.tags["dagster.partition"] == "ct"
     assert got.data.tags["dagster.run_id"] == res.run_id and got.info.status == "FINISHED"
+    assert got.data.tags["medrobust.suite"] == "unit"
+    assert client.get_experiment(got.info.experiment_id).name == "unit/exp"  # the suite's own experiment
     assert sorted(a.path for a in client.list_artifacts(seen["run_id"], "plots")) == ["plots/a.png", "plots/b.png"]
+
+
+def test_two_suites_log_into_separate_experiments(tmp_path: Path) -> None:
+    from mlflow import MlflowClient
+
+    mlruns = tmp_path / "mlruns"
+    for name in ("alpha", "beta"):
+        @dg.asset(name="clean_samples")
+        def asset(context: dg.AssetExecutionContext, tracking: TrackingResource) -> None:
+            with tracking.run(context, Suite(name=name), "clean_samples") as run:  # noqa: B023 (run at once)
+                tracking.log_metrics(run, {"n_ok": 1})
+
+        assert dg.materialize([asset], resources={"tracking": TrackingResource(mlruns_dir=str(mlruns))}).success
+    client = MlflowClient(tracking_uri=tracking_uri(mlruns))
+    exps = {e.name: e.experiment_id for e in client.search_experiments() if e.name != "Default"}
+    assert set(exps) == {"alpha/clean_samples", "beta/clean_samples"}
+    for name, exp_id in exps.items():
+        runs = client.search_runs([exp_id])
+        assert len(runs) == 1 and runs[0].data.tags["medrobust.suite"] == name.split("/")[0]
