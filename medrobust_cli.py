@@ -151,6 +151,19 @@ def _suite_locations(suite: str | None) -> SuitePaths | None:
     return suite_paths(load_suite(_project_path(suite, suite)), base=project_root())
 
 
+def _report_experiment(suite: str | None) -> str:
+    """The MLflow experiment of a report run: the suite's ``<suite name>/reports``, or ``reports``
+    when no suite is named (the mart's suite is not known then)."""
+    from medrobust_lib.report.paper import EXPERIMENT
+
+    if suite is None:
+        return EXPERIMENT
+    from medrobust_lib.config import load_suite
+    from medrobust_lib.paths import experiment_name
+
+    return experiment_name(load_suite(_project_path(suite, suite)), EXPERIMENT)
+
+
 def _enter_project() -> Path:
     """Change into the project root (suites name their paths relative to it); returns it."""
 
@@ -197,7 +210,8 @@ def demo(
     t1 = time.perf_counter()
     loc = _suite_locations(str(suite_path))
     assert loc is not None
-    rep = build_report(mart, loc.reports, None, mlruns_dir=Path("mlruns"), log_mlflow=True)
+    rep = build_report(mart, loc.reports, None, mlruns_dir=Path("mlruns"), log_mlflow=True,
+                       experiment=_report_experiment(str(suite_path)))
     _echo(f"== report  {time.perf_counter() - t1:6.1f} s  ({len(rep.tables)} tables, {len(rep.figures)} figures)")
     typer.echo(f"\nDone in {time.perf_counter() - t0:.0f} s.")
     typer.echo(f"  mart:     {mart}   (medrobust query \"SQL\")")
@@ -522,7 +536,8 @@ def report(
                                               show_default=False)] = None,
     mlruns: Annotated[Path | None, typer.Option(help="MLflow folder (SQLite backend) the report run is logged to "
                                                      "[default: mlruns in the project]", show_default=False)] = None,
-    suite: Annotated[str | None, typer.Option(help="suite YAML: its mart, and its reports folder as --out")] = None,
+    suite: Annotated[str | None, typer.Option(help="suite YAML: its mart, its reports folder as --out and its "
+                                                   "MLflow experiment <suite>/reports")] = None,
     no_mlflow: Annotated[bool, typer.Option("--no-mlflow", help="do not log the report to MLflow")] = False,
     include_floor: Annotated[bool, typer.Option("--include-floor", help="keep datasets whose clean IoU/Dice is "
                                                                         "below 0.1 in the segmentation averages and "
@@ -530,8 +545,8 @@ def report(
     = False,
 ) -> None:
     """Paper-ready tables (CSV, Markdown, LaTeX), figures (PNG 300 dpi, PDF, SVG) and one index.html
-    from the mart; logged as artifacts of one MLflow run in experiment 'reports' (exit 2: no mart
-    or unknown ids)."""
+    from the mart; logged as artifacts of one MLflow run in the suite's experiment '<suite>/reports'
+    ('reports' without --suite) (exit 2: no mart or unknown ids)."""
     from medrobust_lib.report.paper import build_report, parse_models
 
     try:
@@ -539,7 +554,8 @@ def report(
         summary = build_report(_project_path(mart, str(loc.mart) if loc else "var/marts.duckdb"),
                                _project_path(out, str(loc.reports) if loc else "var/reports"),
                                parse_models(models), mlruns_dir=_project_path(mlruns, "mlruns"),
-                               log_mlflow=not no_mlflow, include_floor=include_floor)
+                               log_mlflow=not no_mlflow, include_floor=include_floor,
+                               experiment=_report_experiment(suite))
     except (FileNotFoundError, ValueError) as exc:
         _echo(f"error: {exc}")
         raise typer.Exit(2) from None

@@ -70,6 +70,7 @@ def main() -> None:
     import dagster as dg
 
     from medrobust_lib.config import load_suite
+    from medrobust_lib.paths import experiment_name
     from medrobust_lib.store import registry
     from medrobust_lib.tracks.finetune.strategies import (
         finetune_strategy,
@@ -108,7 +109,7 @@ def main() -> None:
         before = {r.run_id for r in _runs(instance, name)}  # type: ignore[attr-defined]
         t_reg = time.perf_counter()
         version, created = register_version(out, name, {"strategy": strategy, "role": "bench: retrained"},
-                                            mlruns_dir="mlruns")
+                                            mlruns_dir="mlruns", experiment=experiment_name(suite, "registry"))
         if not created:
             raise SystemExit(f"{name} already has these weights (version {version}); use another --seed-offset")
         model_id = f"{name}-v{version}"

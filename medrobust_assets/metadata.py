@@ -9,8 +9,6 @@ import cv2
 import dagster as dg
 import pandas as pd
 
-from medrobust_lib.store.tracking import register_artifact
-
 
 def markdown_table(df: pd.DataFrame, max_rows: int = 60) -> dg.MetadataValue:
     if df.empty:
@@ -29,16 +27,3 @@ def image_md(path: str | Path, max_width: int = 640) -> dg.MetadataValue:
     ok, buf = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 80])
     data = base64.b64encode(buf.tobytes()).decode()
     return dg.MetadataValue.md(f"![{Path(path).name}](data:image/jpeg;base64,{data})\n\n`{path}`")
-
-
-def log_and_register(run: object, folder: str | Path, artifact_path: str, name: str,
-                     tags: dict[str, str]) -> str | None:
-    """Log a model folder as artifacts of the MLflow run and register it as a new version of
-    ``name``; returns the version (None when tracking is off)."""
-    if run is None:
-        return None
-    import mlflow
-
-
-    mlflow.log_artifacts(str(folder), artifact_path=artifact_path)
-    return register_artifact(run, artifact_path, name, tags)

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
 from medrobust_lib.config import Suite, load_suite
-from medrobust_lib.store.tracking import tracked_run
+from medrobust_lib.paths import experiment_name
+from medrobust_lib.store import tracking
 
 
 class SuiteResource(dg.ConfigurableResource):  # type: ignore[misc]
@@ -31,23 +33,65 @@ class SuiteResource(dg.ConfigurableResource):  # type: ignore[misc]
 
 
 class TrackingResource(dg.ConfigurableResource):  # type: ignore[misc]
-    """MLflow on a SQLite store under ``mlruns_dir``; one run per materialization."""
+    """MLflow on a SQLite store under ``mlruns_dir``; one run per materialization.
+
+    The assets' only way to MLflow: :meth:`run` opens the run, the ``log_*`` methods write into
+    it (delegating to :mod:`medrobust_lib.store.tracking`). Every ``log_*`` method takes the run
+    that :meth:`run` yielded and does nothing when it is None (``enabled: false``), so asset
+    bodies never test for tracking themselves. Metrics follow one rule
+    (:func:`medrobust_lib.store.tracking.loggable_metrics`): only finite real numbers are logged;
+    None, NaN, +-inf and non-numbers are skipped.
+    """
 
     mlruns_dir: str = "mlruns"
     enabled: bool = True
 
     @contextmanager
-    def run(self, context: dg.AssetExecutionContext, experiment: str,
+    def run(self, context: dg.AssetExecutionContext, suite: Suite, experiment: str,
             params: Mapping[str, Any] | None = None) -> Iterator[Any]:
-        """An MLflow run tagged with the Dagster run id, asset key and partition (or None when
-        tracking is disabled)."""
+        """An MLflow run in the suite's experiment ``<suite name>/<experiment>``
+        (:func:`medrobust_lib.paths.experiment_name`), tagged with the Dagster run id, asset key
+        and partition (or None when tracking is disabled)."""
         if not self.enabled:
             yield None
             return
 
         asset = context.asset_key.to_user_string()
         partition = context.partition_key if context.has_partition_key else ""
-        tags = {"dagster.run_id": context.run_id, "dagster.asset": asset, "dagster.partition": str(partition)}
+        tags = {"dagster.run_id": context.run_id, "dagster.asset": asset, "dagster.partition": str(partition),
+                "medrobust.suite": suite.name}
         name = f"{asset}[{partition}]" if partition else asset
-        with tracked_run(experiment, name, tags, self.mlruns_dir, params) as run:
+        with tracking.tracked_run(experiment_name(suite, experiment), name, tags, self.mlruns_dir,
+                                  params) as run:
             yield run
+
+    def log_metrics(self, run: Any, metrics: Mapping[str, Any]) -> dict[str, float]:
+        """Log the finite real-valued entries of ``metrics`` (others skipped); returns them."""
+        return tracking.log_metrics(run, metrics)
+
+    def log_params(self, run: Any, params: Mapping[str, Any]) -> None:
+        """Log ``params`` (secret-looking keys dropped, values capped at 500 characters)."""
+        tracking.log_params(run, params)
+
+    def log_artifact(self, run: Any, path: str | Path, artifact_path: str | None = None) -> None:
+        """Log one file under ``artifact_path``."""
+        tracking.log_artifact(run, path, artifact_path)
+
+    def log_files(self, run: Any, paths: Sequence[str | Path], artifact_path: str | None = None) -> None:
+        """Log each file of ``paths`` under ``artifact_path``."""
+        for p in paths:
+            tracking.log_artifact(run, p, artifact_path)
+
+    def log_artifacts(self, run: Any, folder: str | Path, artifact_path: str | None = None) -> None:
+        """Log every file under ``folder`` under ``artifact_path``."""
+        tracking.log_artifacts(run, folder, artifact_path)
+
+    def log_text(self, run: Any, text: str, artifact_file: str) -> None:
+        """Log ``text`` as the run-relative file ``artifact_file``."""
+        tracking.log_text(run, text, artifact_file)
+
+    def log_and_register(self, run: Any, folder: str | Path, artifact_path: str, name: str,
+                         tags: Mapping[str, str] | None = None) -> str | None:
+        """Log a model folder and register it as a new version of ``name``; the version, or None
+        when tracking is disabled."""
+        return tracking.log_and_register(run, folder, artifact_path, name, tags)

@@ -19,7 +19,7 @@ import dagster as dg
 from medrobust_assets import partitions
 from medrobust_assets.definitions import ALL_ASSETS, build_resources, defs
 from medrobust_lib.config import Suite, load_suite
-from medrobust_lib.paths import suite_paths
+from medrobust_lib.paths import experiment_name, suite_paths
 from medrobust_lib.store import registry
 from medrobust_lib.tracks.finetune.strategies import finetune_config
 
@@ -356,9 +356,10 @@ def run_registry_demo(suite: Any, inst: dg.DagsterInstance, step: Callable[..., 
     base_tags = {"strategy": strategy, "suite": suite.name, "dataset": ",".join(suite.modalities), "base_model": ft.base}
     retrained = finetune_strategy(suite, strategy, seed=suite.seed + 1, out_dir=root.with_name(root.name + "-seed1"))
     t_reg = time.perf_counter()
+    experiment = experiment_name(suite, "registry")
     v2, created = register_version(Path(retrained.checkpoint).parent, name,
                                    {**base_tags, "role": "retrained (seed + 1)", "val_dice": f"{retrained.val_dice:.4f}"},
-                                   mlruns_dir=mlruns_dir)
+                                   mlruns_dir=mlruns_dir, experiment=experiment)
     evaluate_new()
     if created:
         step("marts")
@@ -367,7 +368,7 @@ def run_registry_demo(suite: Any, inst: dg.DagsterInstance, step: Callable[..., 
     degraded = degrade_checkpoint(root, root.with_name(root.name + "-degraded"), noise=0.5, seed=suite.seed,
                                   prefix="mask_decoder.")
     v3, _ = register_version(degraded.parent, name, {**base_tags, "role": "degraded (mask-decoder noise 0.5 sd)"},
-                             mlruns_dir=mlruns_dir)
+                             mlruns_dir=mlruns_dir, experiment=experiment)
     evaluate_new()
     verdicts = {v: registry.version_tags(name, v, mlruns_dir).get("medrobust.gate", "") for v in (v2, v3)}
     log(f"  gate verdicts: retrained v{v2}: {verdicts[v2]}; degraded v{v3}: {verdicts[v3]}")

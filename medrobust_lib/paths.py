@@ -3,6 +3,8 @@
 :func:`suite_paths`: every folder a suite writes (results, mart, checkpoints, API caches, reports,
 galleries), all under the suite's own root (the parent of its ``results_dir``; by default
 ``var/<suite name>/``, the demo's ``var/``), so no suite writes into another's.
+:func:`experiment_name`: the MLflow experiment a suite's runs go to (``<suite name>/<experiment>``),
+so no suite logs into another's either.
 :data:`RECORD_FILES`: where the embedded demo writes its VLM record files, relative to the demo
 root (read by the VLM configuration when the demo is enabled, written by the demo generator).
 """
@@ -12,6 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
+
+
+class _Named(Protocol):
+    name: str
 
 
 class _HasLocations(Protocol):
@@ -53,6 +59,16 @@ def default_locations(name: str) -> tuple[str, str]:
     """``(results_dir, mart_path)`` of a suite that names neither: ``var/<name>/results`` and
     ``var/<name>/marts.duckdb``."""
     return f"var/{name}/results", f"var/{name}/marts.duckdb"
+
+def experiment_name(suite: _Named, experiment: str) -> str:
+    """The MLflow experiment of ``suite`` (a :class:`medrobust_lib.config.Suite`) for the kind of
+    run ``experiment`` (``segmentation_eval``, ``reports``, ...): ``<suite name>/<experiment>``,
+    e.g. ``demo/segmentation_eval``. Registered-model names are not scoped by suite: a checkpoint
+    is registered once, whichever suite evaluates it."""
+    if not experiment or "/" in experiment:
+        raise ValueError(f"experiment must be a non-empty name without '/', got {experiment!r}")
+    return f"{suite.name}/{experiment}"
+
 
 RECORD_FILES: dict[str, str] = {
     "omnimedvqa": "records/omnimedvqa.json",

@@ -205,3 +205,19 @@ def test_function_level_imports_only_for_heavy_dependencies(pkg: str) -> None:
            if i.in_function and i.src.startswith(pkg) and i.target.split(".")[0] not in HEAVY
            and i.target not in heavy and not i.target.startswith("__future__")]
     assert bad == []
+
+
+def test_only_the_store_imports_mlflow() -> None:
+    """Every MLflow call goes through ``medrobust_lib.store`` (tracking.py, registry.py); the Dagster
+    assets reach it through ``TrackingResource`` and never import mlflow themselves."""
+    bad = [f"{i.src}:{i.line}" for i in IMPORTS if i.target.split(".")[0] == "mlflow"
+           and not i.src.startswith("medrobust_lib.store.")]
+    assert bad == []
+
+
+def test_no_asset_module_mentions_import_mlflow() -> None:
+    """The literal check of the tracking issue: ``grep -rn "import mlflow" medrobust_assets/assets``
+    prints nothing (also catches an import hidden in a string passed to exec)."""
+    hits = [f"{p.relative_to(ROOT)}:{n}" for p in sorted((ROOT / "medrobust_assets" / "assets").rglob("*.py"))
+            for n, line in enumerate(p.read_text().splitlines(), 1) if "import mlflow" in line]
+    assert hits == []

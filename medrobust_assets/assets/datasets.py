@@ -35,12 +35,9 @@ def clean_samples(context: dg.AssetExecutionContext, suite: SuiteResource,
                   tracking: TrackingResource) -> dg.MaterializeResult:
     s = suite.load()
     modality = context.partition_key
-    with tracking.run(context, "clean_samples") as run:
+    with tracking.run(context, s, "clean_samples") as run:
         summary = build_clean_index(s, modality)
-        if run is not None:
-            import mlflow
-
-            mlflow.log_metrics({"n_ok": summary.n_ok, "n_quarantined": summary.n_quarantined})
+        tracking.log_metrics(run, {"n_ok": summary.n_ok, "n_quarantined": summary.n_quarantined})
     return dg.MaterializeResult(metadata={
         "n_ok": summary.n_ok, "n_quarantined": summary.n_quarantined,
         "quarantine_reasons": dg.MetadataValue.json(summary.reasons), "datasets": ", ".join(summary.datasets),

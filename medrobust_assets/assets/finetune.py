@@ -7,7 +7,6 @@ adds) evaluates any registered segmentation checkpoint and runs the ``robustness
 against the model's ``champion``.
 """
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -36,15 +35,6 @@ def parse_version_key(key: str) -> tuple[str, int]:
     return name, int(version)
 
 
-def _log_metrics(run: Any, metrics: dict[str, Any]) -> None:
-    if run is not None:
-
-        import mlflow
-
-        mlflow.log_metrics({k: float(v) for k, v in metrics.items()
-                            if isinstance(v, int | float) and not math.isnan(float(v))})
-
-
 def finetune_family(base_id: str, strategies: list[str], base_checkpoint: Any) -> list[dg.AssetsDefinition]:
     """The strategy-partitioned checkpoint and evaluation assets of one base model, and its ranking."""
     by_strategy = dg.StaticPartitionsDefinition(strategies)
@@ -64,11 +54,11 @@ def finetune_family(base_id: str, strategies: list[str], base_checkpoint: Any) -
 
         s = suite.load()
         strategy = context.partition_key
-        with tracking.run(context, "finetune", {"model": base_id, "strategy": strategy}) as run:
+        with tracking.run(context, s, "finetune", {"model": base_id, "strategy": strategy}) as run:
             r = finetune_strategy(s, strategy, log=context.log.info)
             metrics = {"val_dice": r.val_dice, "test_dice": r.test_dice, "base_val_dice": r.base_val_dice,
                        "n_trainable": r.n_trainable, "n_total": r.n_total, "steps": r.steps, "train_seconds": r.seconds}
-            _log_metrics(run, metrics)
+            tracking.log_metrics(run, metrics)
             version, created = None, False
             if run is not None:
                 folder = Path(r.checkpoint).parent
@@ -98,11 +88,11 @@ def finetune_family(base_id: str, strategies: list[str], base_checkpoint: Any) -
 
         s = suite.load()
         m = strategy_model_config(s, context.partition_key)
-        with tracking.run(context, "finetune_eval", {"model": m.id, "strategy": m.strategy}) as run:
+        with tracking.run(context, s, "finetune_eval", {"model": m.id, "strategy": m.strategy}) as run:
             r = evaluate_model(s, m, log=context.log.info)
             meta = {"n_rows": r.n_rows, "n_failed": r.n_failed, "partitions": r.n_partitions, "seconds": r.seconds,
                     **{f"mean_iou_{k}": v for k, v in r.mean_iou.items()}}
-            _log_metrics(run, meta)
+            tracking.log_metrics(run, meta)
         return dg.MaterializeResult(metadata={**meta, "model_id": m.id, "checkpoint_hash": r.checkpoint})
 
     @dg.asset(
@@ -120,15 +110,11 @@ def finetune_family(base_id: str, strategies: list[str], base_checkpoint: Any) -
         s = suite.load()
         ft = require_finetune(s)
         models = {f"{base_id}-{st}": (base_id, st) for st in ft.strategies}
-        with tracking.run(context, "finetune_report") as run:
+        with tracking.run(context, s, "finetune_report") as run:
             table = write_strategy_ranking(s.results_dir, models, strategy_params(s), s.seed)
             bars = strategy_bars(table, suite_paths(s).reports / "finetune")
-            if run is not None:
-                import mlflow
-
-                for p in bars:
-                    mlflow.log_artifact(str(p), artifact_path="ranking")
-                mlflow.log_text(table.to_csv(index=False), "ranking/strategy_ranking.csv")
+            tracking.log_files(run, bars, "ranking")
+            tracking.log_text(run, table.to_csv(index=False), "ranking/strategy_ranking.csv")
         cols = ["strategy", "kind", "mean_iou_drop", "iou_drop_ci_low", "iou_drop_ci_high", "mean_dice_drop",
                 "clean_iou", "n_samples", "n_conditions", "n_trainable", "rank", "ref_strategy", "iou_drop_diff",
                 "wilcoxon_q"]
@@ -159,10 +145,10 @@ def registry_evaluation(context: dg.AssetExecutionContext, suite: SuiteResource,
 
     s = suite.load()
     name, version = parse_version_key(context.partition_key)
-    with tracking.run(context, "registry_evaluation", {"model": name, "version": version}) as run:
+    with tracking.run(context, s, "registry_evaluation", {"model": name, "version": version}) as run:
         fresh = context.run.tags.get("medrobust/trigger") == "nightly"  # nightly: recompute, never copy
         meta = evaluate_version(s, name, version, tracking.mlruns_dir, reuse=not fresh, log=context.log.info)
-        _log_metrics(run, meta)
+        tracking.log_metrics(run, meta)
     yield dg.MaterializeResult(metadata=meta)
 
     champion, result = gate_version(s, name, version, tracking.mlruns_dir, log=context.log.info)

@@ -1,7 +1,5 @@
 """Perturbed datasets (manifests) by modality x severity, and the per-modality gallery."""
 
-import math
-
 import dagster as dg
 
 from medrobust_assets.assets.datasets import clean_samples
@@ -41,16 +39,13 @@ def perturbed_samples(context: dg.AssetExecutionContext, suite: SuiteResource,
     modality, level = modality_and_level(context)
     params = {"seed": s.seed, "level": level, "band": s.perturbations.bands[level],
               "split": s.perturbations.split, "calibration_subset": s.perturbations.calibration_subset}
-    with tracking.run(context, "perturbed_samples", params) as run:
+    with tracking.run(context, s, "perturbed_samples", params) as run:
         summary = build_perturbed(s, modality, level, progress=context.log.info)
         metrics = {"n_rows": summary.n_rows, "n_error": summary.n_error,
                    "band_hit_rate_reachable": summary.reachable_hit_rate, f"mean_ssim_L{level}": summary.mean_ssim,
                    "chunks_reused": summary.chunks_reused}
-        if run is not None:
-            import mlflow
-
-            mlflow.log_param("types", ",".join(summary.types)[:500])
-            mlflow.log_metrics({k: v for k, v in metrics.items() if not math.isnan(v)})
+        tracking.log_params(run, {"types": ",".join(summary.types)})
+        tracking.log_metrics(run, metrics)
     checks = partition_checks(s, modality, level, summary)
     return dg.MaterializeResult(
         metadata={**metrics, "n_types": len(summary.types),
@@ -75,13 +70,9 @@ def perturbation_gallery(context: dg.AssetExecutionContext, suite: SuiteResource
                          tracking: TrackingResource) -> dg.MaterializeResult:
     s = suite.load()
     modality = context.partition_key
-    with tracking.run(context, "perturbation_gallery") as run:
+    with tracking.run(context, s, "perturbation_gallery") as run:
         paths = modality_gallery(s, modality, suite_paths(s).galleries)
-        if run is not None:
-            import mlflow
-
-            for p in paths:
-                mlflow.log_artifact(str(p), artifact_path="galleries")
+        tracking.log_files(run, paths, "galleries")
     meta: dict[str, object] = {"n_galleries": len(paths)}
     for p in paths[:3]:
         meta[f"gallery_{p.stem}"] = image_md(p)

@@ -1,6 +1,5 @@
 """Segmentation asset family, one per configured model (key prefix = model id), plus the report."""
 
-import math
 from typing import Any
 
 import dagster as dg
@@ -19,13 +18,6 @@ from medrobust_assets.tags import GPU_OP_TAGS
 from medrobust_lib.paths import suite_paths
 
 
-def _log_metrics(run: Any, metrics: dict[str, float]) -> None:
-    if run is not None:
-        import mlflow
-
-        mlflow.log_metrics({k: float(v) for k, v in metrics.items() if v is not None and not math.isnan(float(v))})
-
-
 def _eval_metadata(summary: Any) -> dict[str, Any]:
     overhead = summary.total_seconds / summary.model_seconds if summary.model_seconds else float("nan")
     return {"n_rows": summary.n_rows, "n_failed": summary.n_failed, "mean_iou": summary.mean_iou,
@@ -38,9 +30,11 @@ def _run_partition(context: dg.AssetExecutionContext, suite: SuiteResource, trac
                    model_id: str, condition: str, evaluate: Any) -> dg.MaterializeResult:
     """One modality x severity evaluation with its MLflow run and metadata."""
     modality, level = modality_and_level(context)
-    with tracking.run(context, "segmentation_eval", {"model": model_id, "condition": condition, "level": level}) as run:
-        meta = _eval_metadata(evaluate(suite.load(), model_id, modality, level))
-        _log_metrics(run, meta)
+    s = suite.load()
+    with tracking.run(context, s, "segmentation_eval", {"model": model_id, "condition": condition,
+                                                        "level": level}) as run:
+        meta = _eval_metadata(evaluate(s, model_id, modality, level))
+        tracking.log_metrics(run, meta)
     return dg.MaterializeResult(metadata=meta)
 
 
@@ -65,21 +59,19 @@ def segmentation_family(model_id: str, trained: bool) -> list[dg.AssetsDefinitio
             inst = install_sam(s, model_id)
             if inst.used:  # the committed weights (sha256-verified); test Dice measured again here
                 dice = committed_test_dice(s, model_id)
-                with tracking.run(context, "segmentation_training", {"model": model_id, "weights": "committed"}) as run:
-                    _log_metrics(run, {"test_dice": dice})
+                with tracking.run(context, s, "segmentation_training",
+                                  {"model": model_id, "weights": "committed"}) as run:
+                    tracking.log_metrics(run, {"test_dice": dice})
                 return dg.MaterializeResult(metadata={
                     "weights": "committed (sha256 verified; medrobust demo --retrain trains them)", "test_dice": dice,
                     "val_dice": inst.meta.get("val_dice"), "steps": inst.meta.get("best_step"),
                     "checkpoint": dg.MetadataValue.path(inst.folder)})
             context.log.info(f"training {model_id}: {inst.reason}")
-            with tracking.run(context, "segmentation_training", {"model": model_id}) as run:
+            with tracking.run(context, s, "segmentation_training", {"model": model_id}) as run:
                 r = train_base_checkpoint(s, model_id, log=context.log.info)
-                _log_metrics(run, {"val_dice": r.val_dice, "test_dice": r.test_dice, "steps": r.steps,
-                                   "train_seconds": r.seconds})
-                if run is not None:
-                    import mlflow
-
-                    mlflow.log_artifact(r.checkpoint, artifact_path="checkpoint")
+                tracking.log_metrics(run, {"val_dice": r.val_dice, "test_dice": r.test_dice, "steps": r.steps,
+                                           "train_seconds": r.seconds})
+                tracking.log_artifact(run, r.checkpoint, "checkpoint")
             return dg.MaterializeResult(metadata={"val_dice": r.val_dice, "test_dice": r.test_dice, "steps": r.steps,
                                                   "seconds": r.seconds, "n_train": r.n_train,
                                                   "checkpoint": dg.MetadataValue.path(r.checkpoint)})
@@ -97,10 +89,11 @@ def segmentation_family(model_id: str, trained: bool) -> list[dg.AssetsDefinitio
                           tracking: TrackingResource) -> dg.MaterializeResult:
         from medrobust_lib.tracks.segmentation.evaluate import evaluate_clean
 
-        with tracking.run(context, "segmentation_eval", {"model": model_id, "condition": "clean"}) as run:
-            summary = evaluate_clean(suite.load(), model_id, context.partition_key)
+        s = suite.load()
+        with tracking.run(context, s, "segmentation_eval", {"model": model_id, "condition": "clean"}) as run:
+            summary = evaluate_clean(s, model_id, context.partition_key)
             meta = _eval_metadata(summary)
-            _log_metrics(run, meta)
+            tracking.log_metrics(run, meta)
         return dg.MaterializeResult(metadata=meta)
 
     @dg.asset(
@@ -145,14 +138,10 @@ def segmentation_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinit
         from medrobust_lib.tracks.segmentation.stats import write_segmentation_stats
 
         s = suite.load()
-        with tracking.run(context, "segmentation_report") as run:
+        with tracking.run(context, s, "segmentation_report") as run:
             stats = write_segmentation_stats(s.results_dir, s.seed)
             paths = robustness_curves(stats, suite_paths(s).reports / "segmentation")
-            if run is not None:
-                import mlflow
-
-                for p in paths:
-                    mlflow.log_artifact(str(p), artifact_path="curves")
+            tracking.log_files(run, paths, "curves")
         meta: dict[str, Any] = {"n_stats_rows": len(stats)}
         if len(stats):
             top = (stats[stats["condition"] == "perturbation"].groupby(["model", "perturbation"])

@@ -10,7 +10,7 @@ import dagster as dg
 from medrobust_assets.assets.datasets import clean_samples
 from medrobust_assets.assets.perturbed import perturbed_samples
 from medrobust_assets.checks import error_share_result, error_share_spec
-from medrobust_assets.metadata import image_md, log_and_register, markdown_table
+from medrobust_assets.metadata import image_md, markdown_table
 from medrobust_assets.partitions import (
     by_modality,
     modality_and_level,
@@ -31,13 +31,6 @@ def _meta(s: Any) -> dict[str, Any]:
     return meta
 
 
-def _log(run: Any, meta: dict[str, Any]) -> None:
-    if run is not None:
-        import mlflow
-
-        mlflow.log_metrics({k: float(v) for k, v in meta.items() if isinstance(v, int | float)})
-
-
 def taxonomy_family(config_id: str, trained: bool, upstream: list[Any]) -> list[dg.AssetsDefinition]:
     """Assets of one configuration. ``upstream``: assets its weights come from."""
     out: list[dg.AssetsDefinition] = []
@@ -52,19 +45,21 @@ def taxonomy_family(config_id: str, trained: bool, upstream: list[Any]) -> list[
             from medrobust_lib.demo.committed import install_taxonomy
             from medrobust_lib.demo.taxonomy_train import train_taxonomy_model
 
-            inst = install_taxonomy(suite.load(), config_id)
+            s = suite.load()
+            inst = install_taxonomy(s, config_id)
             if inst.used:  # the committed weights (sha256-verified) of the same inputs
                 return dg.MaterializeResult(metadata={
                     "weights": "committed (sha256 verified; medrobust demo --retrain trains them)",
                     "steps": inst.meta.get("steps"), "folder": dg.MetadataValue.path(inst.folder)})
             context.log.info(f"training {config_id}: {inst.reason}")
-            with tracking.run(context, "taxonomy_training", {"config": config_id}) as run:
-                r = train_taxonomy_model(suite.load(), config_id, log=context.log.info)
+            with tracking.run(context, s, "taxonomy_training", {"config": config_id}) as run:
+                r = train_taxonomy_model(s, config_id, log=context.log.info)
                 meta = {"kind": r.kind, "seconds": r.seconds, "steps": r.steps, "best_val_loss": r.best_val_loss,
                         "n_train": r.n_train, **r.extra}
-                _log(run, meta)
-                meta["registered_version"] = log_and_register(run, r.folder, "model",
-                                                              f"medrobust-taxonomy-{config_id}", {"kind": r.kind})
+                tracking.log_metrics(run, meta)
+                meta["registered_version"] = tracking.log_and_register(run, r.folder, "model",
+                                                                       f"medrobust-taxonomy-{config_id}",
+                                                                       {"kind": r.kind})
             meta = {k: v for k, v in meta.items() if v is not None}  # no version when tracking is off
             return dg.MaterializeResult(metadata={**meta, "folder": dg.MetadataValue.path(r.folder)})
 
@@ -79,9 +74,10 @@ def taxonomy_family(config_id: str, trained: bool, upstream: list[Any]) -> list[
                             tracking: TrackingResource) -> dg.MaterializeResult:
         from medrobust_lib.tracks.taxonomy.evaluate import compute_baselines
 
-        with tracking.run(context, "taxonomy", {"config": config_id, "step": "baselines"}) as run:
-            n = compute_baselines(suite.load(), config_id, context.partition_key)
-            _log(run, {"n_rows": n})
+        s = suite.load()
+        with tracking.run(context, s, "taxonomy", {"config": config_id, "step": "baselines"}) as run:
+            n = compute_baselines(s, config_id, context.partition_key)
+            tracking.log_metrics(run, {"n_rows": n})
         return dg.MaterializeResult(metadata={"n_rows": n})
 
     clean_key = [config_id, "taxonomy_clean"]
@@ -97,9 +93,9 @@ def taxonomy_family(config_id: str, trained: bool, upstream: list[Any]) -> list[
         from medrobust_lib.tracks.taxonomy.evaluate import evaluate
 
         s = suite.load()
-        with tracking.run(context, "taxonomy", {"config": config_id, "condition": "clean"}) as run:
+        with tracking.run(context, s, "taxonomy", {"config": config_id, "condition": "clean"}) as run:
             meta = _meta(evaluate(s, config_id, context.partition_key, 0))
-            _log(run, meta)
+            tracking.log_metrics(run, meta)
         check = error_share_result(s, TAXONOMY_TABLE, clean_key, {"config": config_id, "run": "clean",
                                                                   "modality": context.partition_key, "level": 0})
         return dg.MaterializeResult(metadata=meta, check_results=[check])
@@ -115,10 +111,10 @@ def taxonomy_family(config_id: str, trained: bool, upstream: list[Any]) -> list[
 
         modality, level = modality_and_level(context)
         s = suite.load()
-        with tracking.run(context, "taxonomy", {"config": config_id, "condition": "perturbation",
+        with tracking.run(context, s, "taxonomy", {"config": config_id, "condition": "perturbation",
                                                 "level": level}) as run:
             meta = _meta(evaluate(s, config_id, modality, level))
-            _log(run, meta)
+            tracking.log_metrics(run, meta)
         check = error_share_result(s, TAXONOMY_TABLE, perturbed_key, {"config": config_id, "run": "perturbation",
                                                                       "modality": modality, "level": level})
         return dg.MaterializeResult(metadata=meta, check_results=[check])
@@ -142,7 +138,7 @@ def taxonomy_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinition:
 
         s = suite.load()
         out_dir = suite_paths(s).reports / "taxonomy"
-        with tracking.run(context, "taxonomy_report") as run:
+        with tracking.run(context, s, "taxonomy_report") as run:
             stats, corr = tr.write_taxonomy_stats(s.results_dir, s.seed, s.taxonomy.abstention_tau,
                                                   max_error_share=s.max_error_share)
             from medrobust_lib.store.completeness import complete_rows
@@ -157,11 +153,7 @@ def taxonomy_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinition:
                 paths += tf.transition_heatmaps(transitions(ok).rename(columns={"count": "n"}), out_dir)
                 paths.append(tf.flip_vs_dangerous_scatter(correlation_points(rows, clean_only=True), corr,
                                                           out_dir))
-            if run is not None:
-                import mlflow
-
-                for p in paths:
-                    mlflow.log_artifact(str(p), artifact_path="plots")
+            tracking.log_files(run, paths, "plots")
         meta: dict[str, Any] = {"n_stats_rows": len(stats)}
         mode = s.taxonomy.known_answer_checks
         if len(stats) and mode != "off":

@@ -1,7 +1,6 @@
 """VLM asset family, one per configured model (key prefix = model id): [base_checkpoint |
 finetuned_adapter], clean_predictions (by modality), perturbed_predictions (modality x severity)."""
 
-import math
 from typing import Any
 
 import dagster as dg
@@ -9,7 +8,7 @@ import dagster as dg
 from medrobust_assets.assets.datasets import clean_samples
 from medrobust_assets.assets.perturbed import perturbed_samples
 from medrobust_assets.checks import error_share_result, error_share_spec
-from medrobust_assets.metadata import log_and_register, markdown_table
+from medrobust_assets.metadata import markdown_table
 from medrobust_assets.partitions import (
     by_modality,
     modality_and_level,
@@ -19,14 +18,6 @@ from medrobust_assets.partitions import (
 from medrobust_assets.resources import SuiteResource, TrackingResource
 from medrobust_assets.tags import GPU_OP_TAGS
 from medrobust_lib.store.schema import VLM_TABLE
-
-
-def _log(run: Any, metrics: dict[str, Any]) -> None:
-    if run is not None:
-        import mlflow
-
-        mlflow.log_metrics({k: float(v) for k, v in metrics.items()
-                            if isinstance(v, int | float) and not math.isnan(float(v))})
 
 
 def _eval_meta(s: Any) -> dict[str, Any]:
@@ -54,20 +45,21 @@ def vlm_family(model_id: str, trained: bool, finetuned: bool, upstream: dg.Asset
             from medrobust_lib.demo.committed import install_vlm
             from medrobust_lib.demo.vlm_train import train_base_vlm
 
-            inst = install_vlm(suite.load(), model_id)
+            s = suite.load()
+            inst = install_vlm(s, model_id)
             if inst.used:  # the committed weights (sha256-verified); held-out scores as recorded with them
                 return dg.MaterializeResult(metadata={
                     "weights": "committed (sha256 verified; medrobust demo --retrain trains them)",
                     **{f"trained_{k}": v for k, v in inst.meta.get("heldout", {}).items()},
                     "steps": inst.meta.get("steps"), "folder": dg.MetadataValue.path(inst.folder)})
             context.log.info(f"training {model_id}: {inst.reason}")
-            with tracking.run(context, "vlm_training", {"model": model_id}) as run:
-                r = train_base_vlm(suite.load(), model_id, log=context.log.info)
+            with tracking.run(context, s, "vlm_training", {"model": model_id}) as run:
+                r = train_base_vlm(s, model_id, log=context.log.info)
                 meta: dict[str, Any] = {"seconds": r.seconds, "steps": r.steps, "best_step": r.best_step,
                         "best_val_loss": r.best_val_loss, "n_train": r.n_train, "n_val": r.n_val, **r.heldout}
-                _log(run, meta)
-                meta["registered_version"] = log_and_register(run, r.folder, "model", f"medrobust-vlm-{model_id}",
-                                                              {"task": "all", "kind": "base"})
+                tracking.log_metrics(run, meta)
+                meta["registered_version"] = tracking.log_and_register(
+                    run, r.folder, "model", f"medrobust-vlm-{model_id}", {"task": "all", "kind": "base"})
             meta = {k: v for k, v in meta.items() if v is not None}  # no version when tracking is off
             return dg.MaterializeResult(metadata={**meta, "folder": dg.MetadataValue.path(r.folder)})
 
@@ -83,20 +75,21 @@ def vlm_family(model_id: str, trained: bool, finetuned: bool, upstream: dg.Asset
             from medrobust_lib.demo.committed import install_adapter
             from medrobust_lib.demo.vlm_train import finetune_adapter
 
-            inst = install_adapter(suite.load(), model_id)
+            s = suite.load()
+            inst = install_adapter(s, model_id)
             if inst.used:  # the committed adapter (sha256-verified), trained on the committed base
                 return dg.MaterializeResult(metadata={
                     "weights": "committed (sha256 verified; medrobust demo --retrain trains them)",
                     "folder": dg.MetadataValue.path(inst.folder)})
             context.log.info(f"fine-tuning {model_id}: {inst.reason}")
-            with tracking.run(context, "vlm_finetuning", {"model": model_id}) as run:
-                r = finetune_adapter(suite.load(), model_id, log=context.log.info)
+            with tracking.run(context, s, "vlm_finetuning", {"model": model_id}) as run:
+                r = finetune_adapter(s, model_id, log=context.log.info)
                 meta: dict[str, Any] = {"task": r.task, "adapter_hash": r.adapter_hash,
                                         "initial_val_loss": r.initial_val_loss,
                         "best_val_loss": r.best_val_loss, "steps": r.steps, "seconds": r.seconds,
                         "n_trainable": r.n_trainable, "n_total": r.n_total, "n_target_modules": len(r.target_modules)}
-                _log(run, meta)
-                meta["registered_version"] = log_and_register(
+                tracking.log_metrics(run, meta)
+                meta["registered_version"] = tracking.log_and_register(
                     run, r.folder, "adapter", f"medrobust-vlm-{model_id}",
                     {"task": r.task, "kind": "lora", "adapter_hash": r.adapter_hash})
             meta = {k: v for k, v in meta.items() if v is not None}  # no version when tracking is off
@@ -118,9 +111,9 @@ def vlm_family(model_id: str, trained: bool, finetuned: bool, upstream: dg.Asset
         from medrobust_lib.tracks.vlm.evaluate import evaluate_clean
 
         s = suite.load()
-        with tracking.run(context, "vlm_eval", {"model": model_id, "condition": "clean"}) as run:
+        with tracking.run(context, s, "vlm_eval", {"model": model_id, "condition": "clean"}) as run:
             meta = _eval_meta(evaluate_clean(s, model_id, context.partition_key))
-            _log(run, meta)
+            tracking.log_metrics(run, meta)
         check = error_share_result(s, VLM_TABLE, clean_key, {"model": model_id, "run": "clean",
                                                              "modality": context.partition_key, "level": 0})
         return dg.MaterializeResult(metadata=meta, check_results=[check])
@@ -137,9 +130,10 @@ def vlm_family(model_id: str, trained: bool, finetuned: bool, upstream: dg.Asset
 
         modality, level = modality_and_level(context)
         s = suite.load()
-        with tracking.run(context, "vlm_eval", {"model": model_id, "condition": "perturbation", "level": level}) as run:
+        with tracking.run(context, s, "vlm_eval", {"model": model_id, "condition": "perturbation",
+                                                   "level": level}) as run:
             meta = _eval_meta(evaluate_perturbed(s, model_id, modality, level))
-            _log(run, meta)
+            tracking.log_metrics(run, meta)
         check = error_share_result(s, VLM_TABLE, perturbed_key, {"model": model_id, "run": "perturbation",
                                                                  "modality": modality, "level": level})
         return dg.MaterializeResult(metadata=meta, check_results=[check])
@@ -157,7 +151,7 @@ def vlm_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinition:
         from medrobust_lib.tracks.vlm.stats import write_vlm_stats
 
         s = suite.load()
-        with tracking.run(context, "vlm_report"):
+        with tracking.run(context, s, "vlm_report"):
             stats = write_vlm_stats(s.results_dir, s.seed, s.max_error_share)
         meta: dict[str, Any] = {"n_stats_rows": len(stats)}
         if len(stats):

@@ -48,14 +48,20 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 import numpy as np
 from PIL import Image
 
+from medrobust_lib.models.base import VisionLanguageEndpoint
 from medrobust_lib.models.cache import ResponseCache, cache_key
 from medrobust_lib.seeding import rng_for
+
+if TYPE_CHECKING:
+    from medrobust_lib.config.vlm import VLMModelConfig
+    from medrobust_lib.models.registry import VLMInputs
 
 logger = logging.getLogger(__name__)
 
@@ -363,6 +369,20 @@ class ApiVLM:
         self.http_calls = 0
         """HTTP attempts made by this adapter (all calls together)."""
 
+    @classmethod
+    def from_config(cls, m: VLMModelConfig, inputs: VLMInputs) -> ApiVLM:
+        """The client of a suite's ``kind: api`` entry: its ``api`` settings, with the response
+        cache at ``inputs.cache_path`` (folder created) and ``inputs.seed`` unless the settings
+        name their own; the constructor that :func:`medrobust_lib.models.registry.build_vlm`
+        calls."""
+        settings = dict(m.api)
+        if inputs.cache_path is not None:
+            settings.setdefault("cache_path", inputs.cache_path)
+        settings.setdefault("seed", inputs.seed)
+        if settings.get("cache_path"):
+            Path(settings["cache_path"]).parent.mkdir(parents=True, exist_ok=True)
+        return cls(ApiVLMConfig(**settings))
+
     def __repr__(self) -> str:
         return f"ApiVLM(model={self.config.model!r}, base_url={self.config.base_url!r})"
 
@@ -548,3 +568,7 @@ class ApiVLM:
         if self._key:
             text = text.replace(self._key, "***")
         return text
+
+
+_PROTOCOL: type[VisionLanguageEndpoint] = ApiVLM
+"""Static proof (mypy) that the adapter satisfies :class:`VisionLanguageEndpoint`."""

@@ -5,17 +5,23 @@ as torch tensors (B, 3, H, W) in [0, 1] on the differentiable path (grayscale is
 three channels). Boxes are pixel XYXY (end exclusive) in the coordinates of the input image.
 Outputs are foreground probabilities in [0, 1] at the input resolution; a pixel is foreground
 when its probability is > 0.5.
+
+Which adapter class serves a configured segmentation family or VLM kind is in
+:mod:`medrobust_lib.models.registry`; every adapter satisfies one of these protocols (checked
+statically by mypy beside each adapter, and at run time on tiny real models by the tests).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
-import torch
 
 from medrobust_lib.types import Boxes, FloatImage
+
+if TYPE_CHECKING:  # annotations only: an API-only evaluation never imports torch
+    import torch
 
 
 @runtime_checkable
@@ -48,9 +54,10 @@ class VisionLanguageModel(Protocol):
 
     Images: float32 in [0, 1], (H, W) or (H, W, 3), or None for a text-only prompt (the
     image-removal baseline). Decoding is greedy. Local models implement this directly
-    (:class:`medrobust_lib.models.hf_vlm.HFVisionLanguageModel`); the API adapter returns richer
-    per-request results (outcome, latency, cache hit) and the evaluation's runner
-    (:class:`medrobust_lib.tracks.vlm.runner.Runner`) maps both onto one interface."""
+    (:class:`medrobust_lib.models.hf_vlm.HFVisionLanguageModel`); the API adapter is a
+    :class:`VisionLanguageEndpoint` (per-request results: outcome, latency, cache hit) and the
+    evaluation's runner (:class:`medrobust_lib.tracks.vlm.runner.Runner`) maps both onto one
+    interface."""
 
     model_id: str
 
@@ -63,4 +70,57 @@ class VisionLanguageModel(Protocol):
               batch_size: int = 8) -> list[dict[str, float]]:
         """Natural-log probability of each option's first token as the next token after the
         generation prompt (over the whole vocabulary, so values are <= 0), one dict per input."""
+        ...
+
+
+@runtime_checkable
+class EndpointResult(Protocol):
+    """One request's result from a :class:`VisionLanguageEndpoint`: the answer ``text`` (None
+    when there is none), its ``outcome`` (``ok``, ``refused`` or an infrastructure failure such as
+    ``timeout``), wall ``latency_s``, whether it came from the response cache, a short ``error``
+    and the first token's top ``logprobs`` when the endpoint returned them."""
+
+    @property
+    def text(self) -> str | None: ...
+
+    @property
+    def outcome(self) -> str: ...
+
+    @property
+    def latency_s(self) -> float: ...
+
+    @property
+    def cache_hit(self) -> bool: ...
+
+    @property
+    def error(self) -> str | None: ...
+
+    @property
+    def logprobs(self) -> dict[str, float] | None: ...
+
+
+@runtime_checkable
+class VisionLanguageEndpoint(Protocol):
+    """A vision-language model behind a remote endpoint
+    (:class:`medrobust_lib.models.api_vlm.ApiVLM`). It cannot promise
+    :meth:`VisionLanguageModel.score` (an endpoint may return no log-probabilities, and every
+    request has an outcome of its own), so it answers with one :class:`EndpointResult` per input
+    instead of raising; the evaluation's runner maps both kinds onto one interface. Same image and
+    prompt conventions as :class:`VisionLanguageModel`."""
+
+    model_id: str
+
+    def generate(self, images: Sequence[np.ndarray | None], prompts: Sequence[str]) -> Sequence[EndpointResult]:
+        """One result per (image, prompt), in input order; a failed request is a result, never an
+        exception."""
+        ...
+
+    def score_results(self, images: Sequence[np.ndarray | None], prompts: Sequence[str]
+                      ) -> Sequence[EndpointResult]:
+        """One result per input for a one-token answer with the first token's top log-probabilities
+        (``logprobs`` None where the endpoint returned none)."""
+        ...
+
+    def close(self) -> None:
+        """Release connections and caches."""
         ...

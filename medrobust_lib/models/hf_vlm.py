@@ -20,12 +20,17 @@ import inspect
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from medrobust_lib.models.base import VisionLanguageModel
 from medrobust_lib.models.vlm_conventions import conventions_for, encode_prompts, prompt_text
+
+if TYPE_CHECKING:
+    from medrobust_lib.config.vlm import VLMModelConfig
+    from medrobust_lib.models.registry import VLMInputs
 
 
 class ModelNotAvailable(FileNotFoundError):
@@ -80,6 +85,16 @@ class HFVisionLanguageModel:
         tower = self._vision_module()
         if tower is not None:
             tower.register_forward_pre_hook(self._count_vision, with_kwargs=True)
+
+    @classmethod
+    def from_config(cls, m: VLMModelConfig, inputs: VLMInputs) -> HFVisionLanguageModel:
+        """The model of a suite's ``kind: hf`` entry: weights from ``inputs.source`` (plus the LoRA
+        adapter ``inputs.adapter`` when given) on ``m.device``; the constructor that
+        :func:`medrobust_lib.models.registry.build_vlm` calls."""
+        if inputs.source is None:
+            raise ValueError(f"VLM {m.id!r} names no source (a local model folder or a cached hub id)")
+        kw: dict[str, Any] = {"adapter": inputs.adapter} if inputs.adapter else {}
+        return cls(inputs.source, model_id=m.id, device=m.device, **kw)
 
     @staticmethod
     def _adapter_weights(adapter: str | Path) -> Path:
@@ -255,3 +270,7 @@ class HFVisionLanguageModel:
         inner = getattr(self.model, "model", None)
         return (self.conventions.reuse_encoder and inner is not None and hasattr(inner, "get_image_features")
                 and "mm_encoder_outputs" in inspect.signature(inner.forward).parameters)
+
+
+_PROTOCOL: type[VisionLanguageModel] = HFVisionLanguageModel
+"""Static proof (mypy) that the adapter satisfies :class:`VisionLanguageModel`."""

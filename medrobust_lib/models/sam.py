@@ -41,14 +41,18 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from medrobust_lib.metrics.segmentation import THRESHOLD
+from medrobust_lib.models.base import SegmentationModel
 from medrobust_lib.types import Boxes, FloatImage
+
+if TYPE_CHECKING:
+    from medrobust_lib.config.segmentation import SegModelConfig
 
 Family = Literal["sam", "medsam", "sam_med2d"]
 PIXEL_MEAN = (123.675, 116.28, 103.53)
@@ -318,6 +322,14 @@ class SamSegmenter:
         self.host_dtype = torch.float16 if self.device.type == "cuda" else torch.float32
         self.n_encoder_calls = 0
         self.register_buffers()
+
+    @classmethod
+    def from_config(cls, m: SegModelConfig, checkpoint: str | Path) -> SamSegmenter:
+        """The model of a suite's segmentation entry (family, arch, device, engine, compile,
+        mask selection, preprocessing) loaded from ``checkpoint`` (:func:`load_segmenter`); the
+        constructor that :func:`medrobust_lib.models.registry.build_segmenter` calls."""
+        return load_segmenter(m.family, m.arch, checkpoint, model_id=m.id, device=m.device, engine=m.engine,
+                              compile_mode=m.compile, mask_selection=m.mask_selection, preprocess=m.preprocess)
 
     def register_buffers(self) -> None:
         self.mean = torch.tensor(PIXEL_MEAN, device=self.device).view(1, 3, 1, 1)
@@ -637,3 +649,7 @@ def load_segmenter(family: Family, arch: str, checkpoint: str | Path, *, model_i
     return SamSegmenter(model, family, model_id or f"{family}-{arch}", file_sha256(checkpoint)[:CHECKPOINT_HASH_LEN], device,
                         autocast_dtype, engine=engine, compile_mode=compile_mode, mask_selection=mask_selection,
                         preprocess=preprocess)
+
+
+_PROTOCOL: type[SegmentationModel] = SamSegmenter
+"""Static proof (mypy) that the adapter satisfies :class:`SegmentationModel`."""

@@ -1,5 +1,6 @@
 """Paper-ready report from the DuckDB mart: tables (CSV, Markdown, LaTeX), PNG figures, one
-static ``index.html``, optionally logged to MLflow (experiment ``reports``, one run).
+static ``index.html``, optionally logged to MLflow (one run in the suite's experiment
+``<suite>/reports``, or ``reports`` when the caller names no suite).
 
 Layout under ``out_dir``::
 
@@ -34,10 +35,10 @@ from medrobust_lib.report.html import Figure, render_page
 from medrobust_lib.report.latex import to_latex
 from medrobust_lib.report.table import ReportTable, to_csv, to_markdown
 from medrobust_lib.store.marts import connect_readonly
-from medrobust_lib.store.tracking import tracked_run
+from medrobust_lib.store.tracking import log_artifact, log_metrics, tracked_run
 
 EXPERIMENT = "reports"
-"""MLflow experiment of the report runs."""
+"""MLflow experiment of the report runs (a suite's own is ``paths.experiment_name(suite, EXPERIMENT)``)."""
 MANIFEST = ".medrobust_report.json"
 TABLE_FORMATS: tuple[str, ...] = ("csv", "md", "tex")
 TRACKS: dict[str, tuple[str, str]] = {
@@ -226,13 +227,15 @@ def _families(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
 
 def build_report(mart_path: str | Path = "var/marts.duckdb", out_dir: str | Path = "var/reports",
                  models: Sequence[str] | None = None, *, mlruns_dir: str | Path = "mlruns",
-                 log_mlflow: bool = True, seed: int = 0, include_floor: bool = False) -> ReportSummary:
+                 log_mlflow: bool = True, seed: int = 0, include_floor: bool = False,
+                 experiment: str = EXPERIMENT) -> ReportSummary:
     """Write the report for ``models`` (model / configuration ids; None = all) into ``out_dir``.
 
     Raises FileNotFoundError without a mart and ValueError for unknown ids (listing the available
     ones). ``seed`` keys the bootstrap of the pooled taxonomy shares (and a recomputed correlation).
     ``include_floor``: keep datasets whose clean score is at the floor (``store.coverage``) in the
     segmentation averages and figures (default: left out, counted in the summary table).
+    ``experiment``: the MLflow experiment of the run (the CLI passes the suite's ``<suite>/reports``).
     """
     t0 = time.perf_counter()
     mart = Path(mart_path)
@@ -284,7 +287,7 @@ def build_report(mart_path: str | Path = "var/marts.duckdb", out_dir: str | Path
 
     run_id = None
     if log_mlflow:
-        run_id = _log_mlflow(out, written, mart, models, mlruns_dir, time.perf_counter() - t0)
+        run_id = _log_mlflow(out, written, mart, models, mlruns_dir, time.perf_counter() - t0, experiment)
     return ReportSummary(out_dir=out.resolve(), html=html_path.resolve(),
                          files=tuple(sorted(p.resolve() for p in written)), tables=tuple(t.name for t in tables),
                          figures=tuple(p.resolve() for p, _ in figures), skipped=all_skipped, models=shown,
@@ -292,17 +295,14 @@ def build_report(mart_path: str | Path = "var/marts.duckdb", out_dir: str | Path
 
 
 def _log_mlflow(out: Path, files: Sequence[Path], mart: Path, models: Sequence[str] | None,
-                mlruns_dir: str | Path, seconds: float) -> str:
-    """One run in experiment :data:`EXPERIMENT` with every file as an artifact (same relative
-    layout as ``out``); returns the run id."""
-    import mlflow
-
-
+                mlruns_dir: str | Path, seconds: float, experiment: str) -> str:
+    """One run in ``experiment`` with every file as an artifact (same relative layout as ``out``);
+    returns the run id."""
     params = {"mart": str(mart.resolve()), "models": ",".join(models) if models is not None else "all",
               "out_dir": str(out.resolve())}
-    with tracked_run(EXPERIMENT, "paper_report", {"medrobust.kind": "paper_report"}, mlruns_dir, params) as run:
+    with tracked_run(experiment, "paper_report", {"medrobust.kind": "paper_report"}, mlruns_dir, params) as run:
         for f in files:
             parent = f.relative_to(out).parent.as_posix()
-            mlflow.log_artifact(str(f), artifact_path=None if parent == "." else parent)
-        mlflow.log_metrics({"seconds": seconds, "n_files": float(len(files))})
+            log_artifact(run, f, None if parent == "." else parent)
+        log_metrics(run, {"seconds": seconds, "n_files": len(files)})
         return str(run.info.run_id)

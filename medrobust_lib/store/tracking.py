@@ -4,11 +4,19 @@ tracking server for runs, artifacts (proxied by the server) and the model regist
 
 Secrets never reach MLflow: :func:`safe_params` drops keys that look like credentials.
 ``mlflow`` is imported lazily (it costs seconds) so the CLI and Dagster definitions load fast.
+
+Every MLflow write of the project goes through this module (the Dagster assets reach it through
+``medrobust_assets.resources.TrackingResource``): :func:`log_metrics` (one rule for missing
+values, :func:`loggable_metrics`), :func:`log_params`, :func:`log_artifact`,
+:func:`log_artifacts`, :func:`log_text` and :func:`log_and_register` take the run explicitly and
+do nothing when it is None (tracking disabled).
 """
 
 from __future__ import annotations
 
 import fcntl
+import math
+import numbers
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -152,3 +160,76 @@ def register_artifact(run: Any, artifact_path: str, name: str, tags: Mapping[str
     mv = client.create_model_version(name, source=f"{run.info.artifact_uri}/{artifact_path}", run_id=run.info.run_id,
                                      tags=safe_params(tags or {}))
     return str(mv.version)
+
+
+# ---- logging into a run (each a no-op when ``run`` is None: tracking disabled) -----------------
+
+def loggable_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The metrics MLflow receives, as floats: real numbers (int, float, bool, numpy scalars) that
+    are finite. None, NaN, +-inf and anything that is not a number (strings, paths, lists) are
+    skipped, never logged as 0 or as NaN: a metric that could not be computed (no clean rows, no
+    timing) is absent from the run rather than a value that plots as a point."""
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, numbers.Real) and math.isfinite(float(v))}
+
+
+def _run_id(run: Any) -> str:
+    return str(run.info.run_id)
+
+
+def log_metrics(run: Any, metrics: Mapping[str, Any]) -> dict[str, float]:
+    """Log the :func:`loggable_metrics` of ``metrics`` to ``run``; returns what was logged
+    (empty when ``run`` is None)."""
+    if run is None:
+        return {}
+    values = loggable_metrics(metrics)
+    if values:
+        import mlflow
+
+        mlflow.log_metrics(values, run_id=_run_id(run))
+    return values
+
+
+def log_params(run: Any, params: Mapping[str, Any]) -> None:
+    """Log ``params`` to ``run`` through :func:`safe_params` (no secrets, values capped)."""
+    if run is None or not params:
+        return
+    import mlflow
+
+    mlflow.log_params(safe_params(params), run_id=_run_id(run))
+
+
+def log_artifact(run: Any, path: str | Path, artifact_path: str | None = None) -> None:
+    """Copy the file ``path`` into ``run``'s artifacts under ``artifact_path`` (None: the root)."""
+    if run is None:
+        return
+    import mlflow
+
+    mlflow.log_artifact(str(path), artifact_path=artifact_path, run_id=_run_id(run))
+
+
+def log_artifacts(run: Any, folder: str | Path, artifact_path: str | None = None) -> None:
+    """Copy every file under ``folder`` into ``run``'s artifacts under ``artifact_path``."""
+    if run is None:
+        return
+    import mlflow
+
+    mlflow.log_artifacts(str(folder), artifact_path=artifact_path, run_id=_run_id(run))
+
+
+def log_text(run: Any, text: str, artifact_file: str) -> None:
+    """Write ``text`` as the artifact file ``artifact_file`` (a run-relative path) of ``run``."""
+    if run is None:
+        return
+    import mlflow
+
+    mlflow.log_text(text, artifact_file, run_id=_run_id(run))
+
+
+def log_and_register(run: Any, folder: str | Path, artifact_path: str, name: str,
+                     tags: Mapping[str, str] | None = None) -> str | None:
+    """Log a model folder as the ``artifact_path`` artifacts of ``run`` and register them as a new
+    version of the registered model ``name``; returns the version (None when ``run`` is None)."""
+    if run is None:
+        return None
+    log_artifacts(run, folder, artifact_path)
+    return register_artifact(run, artifact_path, name, tags)

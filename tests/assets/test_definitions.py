@@ -57,12 +57,12 @@ def test_small_graph_materializes(tmp_path: Path, demo_root: Path) -> None:
     import mlflow
 
     mlflow.set_tracking_uri(f"sqlite:///{mlruns / 'mlflow.db'}")
-    runs = mlflow.search_runs(experiment_names=["perturbed_samples"], output_format="pandas")
+    runs = mlflow.search_runs(experiment_names=["tiny/perturbed_samples"], output_format="pandas")
     assert len(runs) == 1
     row = runs.iloc[0]
     assert row["tags.dagster.partition"] == "ct|2" and row["tags.dagster.asset"] == "perturbed_samples"
     assert row["params.level"] == "2" and 0.0 <= row["metrics.band_hit_rate_reachable"] <= 1.0
-    gal = mlflow.search_runs(experiment_names=["perturbation_gallery"], output_format="pandas")
+    gal = mlflow.search_runs(experiment_names=["tiny/perturbation_gallery"], output_format="pandas")
     client = mlflow.MlflowClient()
     arts = [a.path for a in client.list_artifacts(gal.iloc[0]["run_id"], "galleries")]
     assert arts == ["galleries/ct_demo.png"]

@@ -494,6 +494,16 @@ def test_logs_one_mlflow_run_with_every_file(mart: Path, tmp_path: Path) -> None
     assert (tmp_path / "mlruns" / "mlflow.db").is_file()
 
 
+def test_logs_into_the_given_experiment(mart: Path, tmp_path: Path) -> None:
+    """The CLI passes the suite's experiment (``<suite>/reports``)."""
+    rep = build_report(mart, tmp_path / "out", ["sam_a"], mlruns_dir=tmp_path / "mlruns", experiment="alpha/reports")
+    from mlflow import MlflowClient
+
+    client = MlflowClient()
+    run = client.get_run(rep.mlflow_run_id)
+    assert client.get_experiment(run.info.experiment_id).name == "alpha/reports"
+
+
 def test_taxonomy_quadrants_builder_reports_no_rows(mart: Path) -> None:
     con = duckdb.connect(str(mart), read_only=True)
     try:

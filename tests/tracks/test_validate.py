@@ -117,3 +117,15 @@ def test_each_suite_writes_under_its_own_root(tmp_path: Path) -> None:
     p = _suite(tmp_path, {"name": "gamma"})  # its mart_path: <tmp>/var/marts.duckdb (not built)
     res = CliRunner().invoke(app, ["query", "select 1", "--suite", str(p)])
     assert res.exit_code == 2 and "no mart at" in res.output and str(tmp_path / "var" / "marts.duckdb") in res.output
+
+
+def test_each_suite_logs_into_its_own_experiments() -> None:
+    """MLflow experiments derive from the suite like its folders do: ``<suite>/<experiment>``."""
+    from medrobust_lib.config import Suite
+    from medrobust_lib.paths import experiment_name
+
+    assert experiment_name(Suite(name="demo"), "segmentation_eval") == "demo/segmentation_eval"
+    assert experiment_name(Suite(name="alpha"), "reports") != experiment_name(Suite(name="beta"), "reports")
+    for bad in ("", "a/b"):
+        with pytest.raises(ValueError, match="experiment must be"):
+            experiment_name(Suite(name="demo"), bad)

@@ -267,12 +267,13 @@ def finetune_strategy(suite: Suite, strategy: str, log: Callable[[str], None] | 
 
 
 def register_version(folder: str | Path, name: str, tags: dict[str, str], *, run: Any = None,
-                     mlruns_dir: str | Path | None = None) -> tuple[int, bool]:
+                     mlruns_dir: str | Path | None = None, experiment: str = "registry") -> tuple[int, bool]:
     """Register a checkpoint folder as a new version of ``name`` with the ``candidate`` alias, unless
     a version with the same weights (tag ``checkpoint_sha256``) exists already: then that version is
     returned and nothing changes (re-running a deterministic fine-tune does not pile up versions).
     The first version of a model also becomes ``champion`` (the baseline the gate compares new
-    candidates with). Returns ``(version, created)``."""
+    candidates with). Without a ``run``, the registration gets its own run in ``experiment`` (a
+    suite's is ``paths.experiment_name(suite, "registry")``). Returns ``(version, created)``."""
     from medrobust_lib.models.sam import file_sha256
 
     digest = file_sha256(Path(folder) / "model.safetensors")
@@ -283,7 +284,7 @@ def register_version(folder: str | Path, name: str, tags: dict[str, str], *, run
     except registry.RegistryError:
         pass
     rv = registry.register_checkpoint(folder, name, tags={**tags, "checkpoint_sha256": digest}, run=run,
-                                      mlruns_dir=mlruns_dir, alias="candidate")
+                                      experiment=experiment, mlruns_dir=mlruns_dir, alias="candidate")
     if registry.get_alias_version(name, "champion", mlruns_dir) is None:
         registry.set_alias(name, "champion", rv.version, mlruns_dir)
     return rv.version, True

@@ -16,6 +16,7 @@ from medrobust_lib.config import Suite
 from medrobust_lib.config.segmentation import SegmentationConfig, SegModelConfig
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.metrics.segmentation import EMPTY_GT_POLICY, dice, iou
+from medrobust_lib.models.registry import build_segmenter
 from medrobust_lib.paths import suite_paths
 from medrobust_lib.prompts import PromptConfig, prompt_boxes
 from medrobust_lib.store import registry, results
@@ -88,22 +89,18 @@ def load_model(suite: Suite, m: SegModelConfig, *, fresh: bool = False) -> Any:
     size and mtime and the config), so partitions evaluated in one process share one model and,
     with ``compile``, one compiled encoder. The shared model is for inference only: a caller that
     changes the model (fine-tuning applies a strategy and trains it in place) asks for a ``fresh``
-    one, which is never cached."""
-    from medrobust_lib.models.sam import load_segmenter
-
+    one, which is never cached. The adapter class is the one registered for ``m.family``
+    (:mod:`medrobust_lib.models.registry`)."""
     path = resolve_checkpoint(suite, m)
     st = Path(path).stat() if Path(path).is_file() else None
     key = (str(Path(path).resolve()), st.st_size if st else None, st.st_mtime_ns if st else None,
            m.model_dump_json())
     if fresh:
-        return load_segmenter(m.family, m.arch, path, model_id=m.id, device=m.device, engine=m.engine,
-                              compile_mode=m.compile, mask_selection=m.mask_selection, preprocess=m.preprocess)
+        return build_segmenter(m, path)
     if key not in _MODELS:
         if len(_MODELS) >= 2:
             _MODELS.pop(next(iter(_MODELS)))
-        _MODELS[key] = load_segmenter(m.family, m.arch, path, model_id=m.id, device=m.device, engine=m.engine,
-                                      compile_mode=m.compile, mask_selection=m.mask_selection,
-                                      preprocess=m.preprocess)
+        _MODELS[key] = build_segmenter(m, path)
     return _MODELS[key]
 
 

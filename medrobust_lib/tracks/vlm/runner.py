@@ -21,6 +21,8 @@ import numpy as np
 
 from medrobust_lib.config import Suite
 from medrobust_lib.config.vlm import VLMModelConfig, vlm_model
+from medrobust_lib.models.base import VisionLanguageEndpoint
+from medrobust_lib.models.registry import VLMInputs, adapter_entry, build_vlm
 from medrobust_lib.paths import suite_paths
 
 
@@ -65,31 +67,35 @@ def resolve_adapter(suite: Suite, m: VLMModelConfig) -> str | None:
     return m.adapter
 
 
+def vlm_inputs(suite: Suite, m: VLMModelConfig) -> VLMInputs:
+    """What the suite resolves for ``m``'s adapter (:mod:`medrobust_lib.models.registry`): the
+    weights (``source``, LoRA ``adapter``) when the adapter loads local weights, and always the
+    response-cache file ``<cache>/<id>.sqlite`` and the suite seed."""
+    cache = str(suite_paths(suite).cache / f"{m.id}.sqlite")
+    if not adapter_entry(m.kind, "vlm").local_weights:
+        return VLMInputs(cache_path=cache, seed=suite.seed)
+    adapter = resolve_adapter(suite, m)  # checked first: its error names the asset to materialize
+    return VLMInputs(source=resolve_source(suite, m), adapter=adapter, cache_path=cache, seed=suite.seed)
+
+
 class Runner:
-    """``generate`` and ``yes_no`` over a configured model."""
+    """``generate`` and ``yes_no`` over a configured model: the adapter registered for
+    ``m.kind``, driven as a :class:`VisionLanguageEndpoint` (``api``) or a local
+    :class:`medrobust_lib.models.base.VisionLanguageModel` (``hf``)."""
 
     def __init__(self, suite: Suite, m: VLMModelConfig) -> None:
         self.m = m
         self.api: Any = None
         self.hf: Any = None
-        if m.kind == "api":
-            from medrobust_lib.models.api_vlm import ApiVLM, ApiVLMConfig
-
-            settings = dict(m.api)
-            settings.setdefault("cache_path", str(suite_paths(suite).cache / f"{m.id}.sqlite"))
-            Path(settings["cache_path"]).parent.mkdir(parents=True, exist_ok=True)
-            settings.setdefault("seed", suite.seed)
-            self.api = ApiVLM(ApiVLMConfig(**settings))
-            self.checkpoint = f"api:{settings.get('model')}"
+        inputs = vlm_inputs(suite, m)
+        model = build_vlm(m, inputs)
+        if isinstance(model, VisionLanguageEndpoint):
+            self.api = model
+            self.checkpoint = f"api:{model.model_id}"
             self.adapter = None
         else:
-            from medrobust_lib.models.hf_vlm import HFVisionLanguageModel
-
-            adapter = resolve_adapter(suite, m)
-            source = resolve_source(suite, m)
-            kw: dict[str, Any] = {"adapter": adapter} if adapter else {}
-            self.hf = HFVisionLanguageModel(source, model_id=m.id, device=m.device, **kw)
-            self.checkpoint = _folder_hash(source)
+            self.hf = model
+            self.checkpoint = _folder_hash(inputs.source) if inputs.source is not None else f"{m.kind}:{m.id}"
             self.adapter = getattr(self.hf, "adapter_hash", None)
 
     @property

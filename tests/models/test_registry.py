@@ -1,0 +1,180 @@
+"""The model-adapter registry: every family / kind the config accepts has an entry, entries resolve
+lazily to classes, and the adapters built from real tiny models satisfy the protocols of
+``models/base.py`` (the registry is the test matrix)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, get_args
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from medrobust_lib.config import Suite
+from medrobust_lib.config.segmentation import SegModelConfig
+from medrobust_lib.config.vlm import VLMModelConfig, vlm_model
+from medrobust_lib.models import base, registry
+from medrobust_lib.models.registry import (
+    AdapterEntry,
+    VLMInputs,
+    build_segmenter,
+    build_vlm,
+    load_adapter_class,
+)
+
+SEG_FAMILIES: tuple[str, ...] = get_args(SegModelConfig.model_fields["family"].annotation)
+VLM_KINDS: tuple[str, ...] = get_args(VLMModelConfig.model_fields["kind"].annotation)
+API = {"model": "tiny-remote", "base_url": "http://127.0.0.1:9/v1", "api_key_env": None}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_the_config_literals_are_exactly_the_registered_names() -> None:
+    """A new Literal value without a registry line (or a line no config can name) fails here."""
+    assert SEG_FAMILIES and VLM_KINDS
+    assert sorted(SEG_FAMILIES) == registry.list_adapters("segmentation")
+    assert sorted(VLM_KINDS) == registry.list_adapters("vlm")
+    assert registry.list_adapters() == sorted(SEG_FAMILIES + VLM_KINDS)
+
+
+@pytest.mark.parametrize("name", registry.list_adapters())
+def test_every_entry_resolves_to_a_class_with_from_config(name: str) -> None:
+    entry = registry.adapter_entry(name)
+    cls = load_adapter_class(name, entry.task)
+    assert f"{cls.__module__}:{cls.__qualname__}" == entry.class_path
+    assert callable(getattr(cls, "from_config", None))
+    assert hasattr(base, entry.protocol)
+
+
+def test_unknown_names_list_the_known_ones() -> None:
+    with pytest.raises(KeyError, match=r"unknown model adapter 'nope'; known: api, hf, medsam, sam, sam_med2d"):
+        load_adapter_class("nope")
+    with pytest.raises(KeyError, match=r"unknown segmentation adapter 'hf'; known: medsam, sam, sam_med2d"):
+        load_adapter_class("hf", "segmentation")  # a VLM kind is no segmentation family
+    with pytest.raises(KeyError, match=r"unknown vlm adapter 'sam'; known: api, hf"):
+        registry.adapter_entry("sam", "vlm")
+
+
+def test_entries_are_validated_and_unique() -> None:
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register(registry.adapter_entry("sam"))
+    with pytest.raises(ValueError, match="class_path must be"):
+        AdapterEntry("x", "vlm", "medrobust_lib.models.hf_vlm.HFVisionLanguageModel", "VisionLanguageModel", True, "")
+    with pytest.raises(ValueError, match="unknown protocol"):
+        AdapterEntry("x", "vlm", "m:C", "Model", True, "")
+
+
+def test_a_missing_class_is_an_import_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    entry = AdapterEntry("ghost", "vlm", "medrobust_lib.models.base:Ghost", "VisionLanguageModel", True, "")
+    monkeypatch.setitem(registry.ADAPTERS._entries, "ghost", entry)
+    with pytest.raises(ImportError, match="has no class 'Ghost'"):
+        load_adapter_class("ghost")
+
+
+def test_importing_the_registry_imports_no_adapter() -> None:
+    code = ("import sys, medrobust_lib.models.registry as r; r.list_adapters(); r.adapter_entry('hf'); "
+            "heavy = [m for m in ('torch', 'transformers', 'segment_anything', 'httpx', "
+            "'medrobust_lib.models.sam', 'medrobust_lib.models.hf_vlm', 'medrobust_lib.models.api_vlm') "
+            "if m in sys.modules]; print(heavy); sys.exit(1 if heavy else 0)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("family", SEG_FAMILIES)
+def test_segmenters_built_from_tiny_checkpoints_satisfy_the_protocol(family: str, tmp_path: Path) -> None:
+    from medrobust_lib.models.sam import SamSegmenter, arch_for, build_sam
+
+    sam = build_sam(arch_for("tiny", family), seed=0)  # type: ignore[arg-type]
+    path = tmp_path / "model.safetensors"
+    save_file({k: v.detach().clone().contiguous() for k, v in sam.state_dict().items()}, str(path))
+    m = SegModelConfig(id=f"tiny-{family}", family=family, arch="tiny", checkpoint=str(path))  # type: ignore[arg-type]
+    seg = build_segmenter(m, path)
+    assert isinstance(seg, SamSegmenter) and isinstance(seg, base.SegmentationModel)
+    assert seg.family == family and seg.model_id == m.id and len(seg.checkpoint_hash) > 0
+    img = np.full((64, 64), 0.5, np.float32)
+    probs = seg.predict([img], [np.array([[8, 8, 40, 40]], np.float32)])
+    assert probs[0].shape == (1, 64, 64) and probs[0].dtype == np.float32
+
+
+def test_segmentation_load_model_goes_through_the_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from medrobust_lib.models.sam import arch_for, build_sam
+    from medrobust_lib.tracks.segmentation import evaluate
+
+    path = tmp_path / "model.safetensors"
+    sam = build_sam(arch_for("tiny", "medsam"), seed=0)
+    save_file({k: v.detach().clone().contiguous() for k, v in sam.state_dict().items()}, str(path))
+    suite = Suite.model_validate({"name": "t", "results_dir": str(tmp_path / "results"), "segmentation": {
+        "models": [{"id": "m", "family": "medsam", "arch": "tiny", "checkpoint": str(path)}]}})
+    calls: list[str] = []
+    real = registry.load_adapter_class
+
+    def spy(name: str, task: Any = None) -> type[Any]:
+        calls.append(name)
+        return real(name, task)
+
+    monkeypatch.setattr(registry, "load_adapter_class", spy)
+    seg = evaluate.load_model(suite, suite.segmentation.models[0], fresh=True)
+    assert calls == ["medsam"] and isinstance(seg, base.SegmentationModel) and seg.family == "medsam"
+
+
+@pytest.fixture(scope="module")
+def tiny_llava(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from medrobust_lib.models.tiny_vlm import build_tiny_llava, build_tokenizer, save_tiny
+
+    model, proc = build_tiny_llava(build_tokenizer(["is there a lesion ?", "yes", "no"]), seed=1)
+    return save_tiny(model, proc, tmp_path_factory.mktemp("tiny_llava"))
+
+
+def test_hf_adapter_is_a_local_vision_language_model(tiny_llava: Path) -> None:
+    vlm = build_vlm(VLMModelConfig(id="tiny", source=str(tiny_llava)), VLMInputs(source=str(tiny_llava)))
+    assert isinstance(vlm, base.VisionLanguageModel) and not isinstance(vlm, base.VisionLanguageEndpoint)
+    assert vlm.model_id == "tiny"
+    scores = vlm.score([np.full((32, 32), 0.5, np.float32)], ["is there a lesion ?"], ["yes", "no"])
+    assert set(scores[0]) == {"yes", "no"} and all(v <= 0 for v in scores[0].values())
+    with pytest.raises(ValueError, match="names no source"):
+        build_vlm(VLMModelConfig(id="tiny"), VLMInputs())
+
+
+def test_api_adapter_is_an_endpoint(tmp_path: Path) -> None:
+    cache = tmp_path / "cache" / "remote.sqlite"
+    vlm = build_vlm(VLMModelConfig(id="remote", kind="api", api=API), VLMInputs(cache_path=str(cache), seed=7))
+    try:
+        assert isinstance(vlm, base.VisionLanguageEndpoint) and vlm.model_id == "tiny-remote"
+        assert vlm.config.seed == 7 and vlm.config.cache_path == str(cache) and cache.parent.is_dir()
+    finally:
+        vlm.close()
+    own = build_vlm(VLMModelConfig(id="remote", kind="api", api={**API, "seed": 1, "cache_path": None}),
+                    VLMInputs(cache_path=str(cache), seed=7))
+    try:
+        assert own.config.seed == 1 and own.config.cache_path is None  # the model's own settings win
+    finally:
+        own.close()
+
+
+def test_the_runner_builds_through_the_registry(tiny_llava: Path, tmp_path: Path) -> None:
+    from medrobust_lib.tracks.vlm.runner import Runner
+
+    suite = Suite.model_validate({"name": "t", "seed": 5, "results_dir": str(tmp_path / "results"), "vlm": {
+        "models": [{"id": "tiny", "source": str(tiny_llava)}, {"id": "remote", "kind": "api", "api": API}]}})
+    remote = Runner(suite, vlm_model(suite, "remote"))
+    try:
+        assert remote.hf is None and isinstance(remote.api, base.VisionLanguageEndpoint)
+        assert remote.checkpoint == "api:tiny-remote" and remote.adapter is None
+        assert remote.api.config.cache_path == str(tmp_path / "cache" / "remote.sqlite")
+        assert remote.api.config.seed == 5
+    finally:
+        remote.close()
+    local = Runner(suite, vlm_model(suite, "tiny"))
+    assert local.api is None and isinstance(local.hf, base.VisionLanguageModel)
+    assert len(local.checkpoint) == 16 and local.adapter is None
