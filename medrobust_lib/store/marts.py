@@ -27,12 +27,11 @@ from medrobust_lib.store.schema import (
     MART_TABLES,
     PRIMARY_METRIC,
     QUADRANTS,
-    RANKING_TABLE,
-    RANKING_VIEW,
     TAXONOMY_TABLE,
     VLM_TABLE,
     MartTable,
 )
+from medrobust_lib.store.summary_views import SUMMARY_VIEWS
 
 VLM_SCORED_OUTCOMES: tuple[str, ...] = ("ok", "unparseable", "refused")
 """Outcomes inside the denominators (the last two scored as wrong). ``error`` (infrastructure) and
@@ -162,71 +161,6 @@ MART_VIEWS: dict[str, str] = {
         from perturbation_manifest
         group by modality, perturbation, level
         order by modality, perturbation, level""",
-    "segmentation_by_level": """
-        select r.model, r.checkpoint, r.strategy, r.condition, r.perturbation, r.level,
-               count(*) as n, count(*) filter (where r.status <> 'ok') as n_failed,
-               avg(r.iou) filter (where r.status = 'ok') as iou, avg(r.dice) filter (where r.status = 'ok') as dice,
-               avg(r.iou_drop) filter (where r.status = 'ok') as iou_drop,
-               avg(r.dice_drop) filter (where r.status = 'ok') as dice_drop,
-               avg(r.iou_drop) filter (where r.status = 'ok')
-                   / nullif(avg(r.clean_iou) filter (where r.status = 'ok'), 0) as iou_rel_drop,
-               avg(r.dice_drop) filter (where r.status = 'ok')
-                   / nullif(avg(r.clean_dice) filter (where r.status = 'ok'), 0) as dice_rel_drop,
-               avg(r.clean_iou) filter (where r.status = 'ok') as clean_iou,
-               avg(r.clean_dice) filter (where r.status = 'ok') as clean_dice,
-               avg(r.ssim) as mean_ssim, any_value(r.epsilon) as epsilon,
-               any_value(s.iou_drop_ci_low) as iou_drop_ci_low, any_value(s.iou_drop_ci_high) as iou_drop_ci_high,
-               any_value(s.dice_drop_ci_low) as dice_drop_ci_low, any_value(s.dice_drop_ci_high) as dice_drop_ci_high,
-               any_value(s.wilcoxon_p) as wilcoxon_p, any_value(s.wilcoxon_q) as wilcoxon_q
-        from segmentation_results r
-        left join segmentation_stats s using (model, checkpoint, strategy, condition, perturbation, level)
-        where r.condition <> 'clean'
-        group by all order by all""",
-    "segmentation_summary": """
-        with ok as (select * from segmentation_results where status = 'ok'),
-        clean as (
-            select model, checkpoint, strategy, avg(iou) as iou, avg(dice) as dice, count(*) as n
-            from ok where condition = 'clean' group by all),
-        per_type as (
-            select model, checkpoint, strategy,
-                   case when condition = 'perturbation' then 'corruption' else 'attack' end as row_kind,
-                   perturbation, avg(iou) as iou, avg(dice) as dice, avg(iou_drop) as iou_drop,
-                   avg(dice_drop) as dice_drop, avg(clean_iou) as clean_iou, avg(clean_dice) as clean_dice,
-                   count(*) as n
-            from ok where condition <> 'clean' group by all),
-        avg_row as (
-            select model, checkpoint, strategy, avg(iou) as iou, avg(dice) as dice, avg(iou_drop) as iou_drop,
-                   avg(dice_drop) as dice_drop, avg(clean_iou) as clean_iou, avg(clean_dice) as clean_dice,
-                   sum(n) as n
-            from per_type where row_kind = 'corruption' group by all)
-        select model, checkpoint, strategy, 'Clean' as row_kind, 'Clean' as perturbation, iou, dice,
-               0.0 as iou_drop, 0.0 as dice_drop, 0.0 as iou_rel_drop, 0.0 as dice_rel_drop, n, 0 as sort_key
-        from clean
-        union all
-        select model, checkpoint, strategy, row_kind, perturbation, iou, dice, iou_drop, dice_drop,
-               iou_drop / nullif(clean_iou, 0), dice_drop / nullif(clean_dice, 0), n,
-               case when row_kind = 'corruption' then 1 else 2 end from per_type
-        union all
-        select model, checkpoint, strategy, 'Avg', 'Avg', iou, dice, iou_drop, dice_drop,
-               iou_drop / nullif(clean_iou, 0), dice_drop / nullif(clean_dice, 0), n, 3 from avg_row
-        union all
-        -- Delta: the mean paired drop over corruption types. Types cover different modalities, so
-        -- Clean minus Avg(dice) would mix sample sets; the paired drop does not.
-        select model, checkpoint, strategy, 'Delta', 'Delta', iou_drop, dice_drop, iou_drop, dice_drop,
-               iou_drop / nullif(clean_iou, 0), dice_drop / nullif(clean_dice, 0), n, 4
-        from avg_row
-        order by model, strategy, sort_key, perturbation""",
-    # Ranked by the mean IoU drop (MedFM-Robust's primary metric), Dice alongside.
-    "segmentation_top_corruptions": """
-        with per_type as (
-            select model, strategy, perturbation, avg(iou_drop) as iou_drop,
-                   avg(iou_drop) / nullif(avg(clean_iou), 0) as iou_rel_drop, avg(dice_drop) as dice_drop,
-                   avg(dice_drop) / nullif(avg(clean_dice), 0) as dice_rel_drop, avg(clean_iou) as clean_iou,
-                   avg(clean_dice) as clean_dice, count(*) as n
-            from segmentation_results where status = 'ok' and condition = 'perturbation'
-            group by model, strategy, perturbation)
-        select *, rank() over (partition by model, strategy order by iou_drop desc nulls last) as rank
-        from per_type order by model, strategy, rank, perturbation""",
     "quarantine": """
         select dataset, modality, sample_id, image_path, reason, detail
         from clean_samples where status <> 'ok' order by dataset, sample_id""",
@@ -447,16 +381,12 @@ MART_VIEWS.update({
                  perturbation nulls first, level nulls first, image_mode nulls first""",
 })
 
-MART_VIEWS[RANKING_VIEW] = f"""
-        select *, mean_iou_drop / nullif(clean_iou, 0) as iou_rel_drop,
-               mean_dice_drop / nullif(clean_dice, 0) as dice_rel_drop
-        from {RANKING_TABLE}
-        order by model, kind, rank, strategy"""
-
 # --- Infrastructure failures: error share and completeness per partition (medrobust_lib.store.completeness) ---
 
 MART_VIEWS["incomplete_partitions"] = f"""
         select * from {COMPLETENESS_TABLE} where not complete
         order by source_table, model, modality, level"""
+# averaging / ranking views without and with floor datasets (medrobust_lib.store.summary_views), and
 # coverage and floor effects (medrobust_lib.store.coverage): after the views they read
+MART_VIEWS.update(SUMMARY_VIEWS)
 MART_VIEWS.update(COVERAGE_VIEWS)

@@ -111,7 +111,7 @@ def _strategy_rows() -> pd.DataFrame:
                              "mean_iou_drop": d, "iou_drop_ci_low": d - 0.005, "iou_drop_ci_high": d + 0.005,
                              "mean_dice_drop": d / 2, "dice_drop_ci_low": d / 2 - 0.002,
                              "dice_drop_ci_high": d / 2 + 0.002, "clean_iou": 0.6, "clean_dice": 0.75,
-                             "n_trainable": 1000 * rank, "rank": rank})
+                             "n_trainable": 1000 * rank, "rank": rank, "with_floor": False})
     return pd.DataFrame(rows)
 
 
@@ -460,7 +460,8 @@ def test_empty_strategy_view_is_skipped(tmp_path: Path) -> None:
     con.execute("create table strategy_ranking_stats as select * from (select 'm' as model, 's' as strategy, "
                 "'corruption' as kind, 1 as n_samples, 1 as n_conditions, 0.0 as mean_iou_drop, "
                 "0.0 as iou_drop_ci_low, 0.0 as iou_drop_ci_high, 0.0 as mean_dice_drop, 0.0 as dice_drop_ci_low, "
-                "0.0 as dice_drop_ci_high, 0.0 as clean_iou, 0.0 as clean_dice, 1 as n_trainable, 1 as rank) "
+                "0.0 as dice_drop_ci_high, 0.0 as clean_iou, 0.0 as clean_dice, 1 as n_trainable, 1 as rank, "
+                "false as with_floor) "
                 "where false")
     con.execute(f"create view strategy_ranking as {MART_VIEWS['strategy_ranking']}")
     con.close()
