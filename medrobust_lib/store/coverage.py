@@ -20,7 +20,8 @@ checkpoint, strategy) is at the floor; then they are kept and the model's rows c
   ``n_datasets``, ``n_floor_datasets`` and ``floor_effect`` (every dataset at the floor). Rows with
   different ``levels`` are not comparable drop for drop.
 - ``vlm_floor``: per (model, checkpoint, adapter, task) the clean primary score of the accuracy
-  tasks, the task's ``chance`` (:data:`VLM_CHANCE`) and ``floor_effect`` = clean at or below chance.
+  tasks, the task's ``chance`` (:func:`vlm_chance_sql`: multiple choice 1/options of the items
+  evaluated) and ``floor_effect`` = clean at or below chance.
 """
 
 from __future__ import annotations
@@ -28,11 +29,15 @@ from __future__ import annotations
 SEG_FLOOR = 0.1
 """Clean IoU or Dice below this: the segmentation drop is at the floor (not informative)."""
 VLM_CHANCE: dict[str, float] = {"vqa_yesno": 0.5, "vqa_mc": 0.25, "grounding": 0.0}
-"""Chance level of the clean primary metric per VLM task: yes/no 0.5; multiple choice 1/4 (the
-demo's and the published sets' four options A-D); grounding Acc@0.5 0 (no box guessed right).
-Captions (CIDEr-D) have no chance level and are never flagged."""
+"""Fixed chance level of the clean primary metric per VLM task: yes/no 0.5; grounding Acc@0.5 0 (no
+box guessed right). Multiple choice: the mart derives it from the data (:func:`vlm_chance_sql`, the
+mean of 1/``n_options`` over the items evaluated); 0.25 (four options A-D) is only the fallback for
+rows that do not say how many options they had (written before ``n_options`` existed). Captions
+(CIDEr-D) have no chance level and are never flagged."""
 
-_CHANCE_SQL = "case task " + " ".join(f"when '{t}' then {c}" for t, c in VLM_CHANCE.items()) + " end"
+CHANCE_TOL = 1e-9
+"""Slack of "at or below chance": a mean of 1/k and an accuracy of the same value may differ in the
+last bits."""
 
 LEVELS_SQL = "array_to_string(list_sort(list_distinct(list(level))), ',')"
 """Aggregate: the distinct severity levels of a group, sorted, comma-separated (e.g. ``'2,4'``)."""
@@ -88,6 +93,20 @@ def seg_rows_ctes(include_floor: bool | str = False, where: str = "true") -> str
             from floor_model)"""
 
 
+def vlm_floor_sql(value: str, chance: str) -> str:
+    """SQL boolean: the clean ``value`` is at or below ``chance`` (false when either is NULL)."""
+    return f"coalesce({value} <= {chance} + {CHANCE_TOL}, false)"
+
+
+def vlm_chance_sql(inv_options: str) -> str:
+    """SQL expression of a VLM row group's chance level, given ``inv_options``: the group's mean of
+    ``1 / n_options`` (NULL when its rows carry no ``n_options``). Multiple choice: that mean (the
+    expected accuracy of a uniform guess over each item's own options), else 0.25; yes/no 0.5;
+    grounding 0; captions NULL."""
+    fixed = " ".join(f"when '{t}' then {c}" for t, c in VLM_CHANCE.items() if t != "vqa_mc")
+    return f"case task when 'vqa_mc' then coalesce({inv_options}, {VLM_CHANCE['vqa_mc']}) {fixed} end"
+
+
 COVERAGE_VIEWS: dict[str, str] = {
     "segmentation_floor": SEGMENTATION_FLOOR_SQL,
     "segmentation_coverage": f"""
@@ -112,12 +131,12 @@ COVERAGE_VIEWS: dict[str, str] = {
                coalesce(f.n_floor = f.n_clean_datasets and f.n_floor > 0, false) as floor_effect
         from cov c left join fl f using (model, checkpoint, strategy)
         order by c.model, c.checkpoint, c.strategy""",
-    "vlm_floor": f"""
-        select model, checkpoint, adapter, task, metric, value as clean_value, {_CHANCE_SQL} as chance,
-               coalesce(value <= {_CHANCE_SQL}, false) as floor_effect
+    "vlm_floor": """
+        select model, checkpoint, adapter, task, metric, value as clean_value, chance, floor_effect
         from vlm_task_drops where column_name = 'Clean'
         order by model, checkpoint, adapter, task""",
 }
 
 
-__all__ = ["COVERAGE_VIEWS", "LEVELS_SQL", "SEGMENTATION_FLOOR_SQL", "SEG_FLOOR", "VLM_CHANCE", "seg_rows_ctes"]
+__all__ = ["CHANCE_TOL", "COVERAGE_VIEWS", "LEVELS_SQL", "SEGMENTATION_FLOOR_SQL", "SEG_FLOOR", "VLM_CHANCE", "seg_rows_ctes",
+           "vlm_chance_sql", "vlm_floor_sql"]

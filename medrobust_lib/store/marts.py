@@ -22,7 +22,7 @@ from medrobust_lib.store.completeness import (
     complete_filter_sql,
     error_share_sql,
 )
-from medrobust_lib.store.coverage import COVERAGE_VIEWS
+from medrobust_lib.store.coverage import COVERAGE_VIEWS, vlm_chance_sql, vlm_floor_sql
 from medrobust_lib.store.schema import (
     MART_TABLES,
     PRIMARY_METRIC,
@@ -55,7 +55,8 @@ _BLEU_RATIO_SQL = f"((hyp_len + {_BLEU_TINY_SQL}) / (ref_len + {_BLEU_SMALL_SQL}
 # the scored rows: accuracy in [0, 1] (VQA and grounding, NULL for captions); grounding mean_iou,
 # acc_50 (= accuracy), acc_75; captions cider_d (mean, >= 0), rouge_l (mean, [0, 1]) and bleu_4, the
 # corpus BLEU-4 from the summed sufficient statistics (medrobust_lib.metrics.caption.bleu_from_stats,
-# same constants and brevity penalty); mean_ssim over all rows.
+# same constants and brevity penalty); mean_ssim over all rows; chance: the chance level of the primary
+# metric (multiple choice: the mean of 1/n_options over the scored rows, medrobust_lib.store.coverage).
 _VLM_BY_LEVEL = f"""
         with base as (
             select *, {_SCORED_SQL} as scored from {VLM_TABLE} v
@@ -78,7 +79,8 @@ _VLM_BY_LEVEL = f"""
                    sum(bleu_g1) filter (where scored) as g1, sum(bleu_g2) filter (where scored) as g2,
                    sum(bleu_g3) filter (where scored) as g3, sum(bleu_g4) filter (where scored) as g4,
                    sum(hyp_len) filter (where scored) as hyp_len, sum(ref_len) filter (where scored) as ref_len,
-                   avg(ssim) as mean_ssim
+                   avg(ssim) as mean_ssim,
+                   avg(1.0 / nullif(n_options, 0)) filter (where scored) as inv_options
             from base group by model, checkpoint, adapter, task, perturbation, level)
         select model, checkpoint, adapter, task, perturbation, level, n, n_scored, n_unparseable, n_refused,
                n_error, n_excluded,
@@ -92,7 +94,7 @@ _VLM_BY_LEVEL = f"""
                    {_BLEU4_SQL}
                    * case when {_BLEU_RATIO_SQL} < 1 then exp(1 - 1 / {_BLEU_RATIO_SQL}) else 1.0 end
                end as bleu_4,
-               mean_ssim
+               mean_ssim, {vlm_chance_sql("inv_options")} as chance
         from agg
         order by model, checkpoint, adapter, task, perturbation, level"""
 
@@ -103,7 +105,8 @@ _VLM_BY_LEVEL = f"""
 # unparseable answers and the infrastructure errors (outside the number) behind each number (Avg: all
 # types; ΔTP: Clean plus all types); drop = Clean - value (the ΔTP row: ΔTP itself; Clean: 0) and
 # rel_drop = drop / Clean (NULL when Clean is 0 or missing); ord orders the columns (Clean 0, types
-# alphabetically, then Avg, ΔTP).
+# alphabetically, then Avg, ΔTP); chance: the task's chance level on its clean items (vlm_by_level) and
+# floor_effect: Clean at or below chance (the drops cannot show a loss), on every row of the task.
 _VLM_TASK_DROPS = f"""
         with lv as (
             select model, checkpoint, adapter, task, perturbation, level, {_PRIMARY_SQL} as value,
@@ -139,14 +142,21 @@ _VLM_TASK_DROPS = f"""
             from rows),
         with_drop as (
             select *, case when column_name = 'ΔTP' then value else clean_value - value end as drop
-            from with_clean)
-        select model, checkpoint, adapter, task, column_name,
-               case task {" ".join(f"when '{t}' then '{c}'" for t, c in VLM_PRIMARY_COLUMN.items())} end as metric,
-               value, drop, drop / nullif(clean_value, 0) as rel_drop, n_unparseable, n_error,
-               cast(row_number() over (partition by model, checkpoint, adapter, task order by grp, column_name) - 1
-                    as integer) as ord
-        from with_drop
-        order by model, checkpoint, adapter, task, ord"""
+            from with_clean),
+        task_chance as (
+            select model, checkpoint, adapter, task, avg(chance) as chance
+            from vlm_by_level where perturbation = 'clean' and level = 0
+            group by model, checkpoint, adapter, task)
+        select d.model, d.checkpoint, d.adapter, d.task, d.column_name,
+               case d.task {" ".join(f"when '{t}' then '{c}'" for t, c in VLM_PRIMARY_COLUMN.items())} end as metric,
+               d.value, d.drop, d.drop / nullif(d.clean_value, 0) as rel_drop, d.n_unparseable, d.n_error,
+               cast(row_number() over (partition by d.model, d.checkpoint, d.adapter, d.task
+                                       order by d.grp, d.column_name) - 1 as integer) as ord,
+               c.chance, {vlm_floor_sql("d.clean_value", "c.chance")} as floor_effect
+        from with_drop d
+        left join task_chance c on d.model = c.model and d.checkpoint is not distinct from c.checkpoint
+             and d.adapter is not distinct from c.adapter and d.task = c.task
+        order by d.model, d.checkpoint, d.adapter, d.task, ord"""
 
 MART_VIEWS: dict[str, str] = {
     "perturbation_summary": """

@@ -40,6 +40,8 @@ Columns (SQL types in :data:`VLM_COLUMNS`):
 - Optional LLM judge (``vlm.judge``, off by default): for multiple-choice answers the rules could
   not parse, ``judge_model``, ``judge_outcome``, ``judge_parsed`` (letter) and ``judge_correct``;
   NULL when no judge ran. ``correct`` is always the rule-based score.
+- ``n_options``: the answer options the multiple-choice item offered (its chance level is
+  1/``n_options``); NULL for the other tasks (and for rows written before the column existed).
 
 ``taxonomy``: The ``taxonomy_results`` row schema ("Consistent but Dangerous" per-sample taxonomy).
 
@@ -103,7 +105,7 @@ VLM_COLUMNS: tuple[tuple[str, str], ...] = (
     ("bleu_g1", "DOUBLE"), ("bleu_g2", "DOUBLE"), ("bleu_g3", "DOUBLE"), ("bleu_g4", "DOUBLE"),
     ("hyp_len", "DOUBLE"), ("ref_len", "DOUBLE"), ("latency_s", "DOUBLE"), ("cache_hit", "BOOLEAN"),
     ("error", "VARCHAR"), ("judge_model", "VARCHAR"), ("judge_outcome", "VARCHAR"), ("judge_parsed", "VARCHAR"),
-    ("judge_correct", "DOUBLE"),
+    ("judge_correct", "DOUBLE"), ("n_options", "INTEGER"),
 )
 VLM_COLUMN_NAMES: tuple[str, ...] = tuple(c for c, _ in VLM_COLUMNS)
 PRIMARY_METRIC: dict[str, str] = {"vqa_mc": "accuracy", "vqa_yesno": "accuracy", "caption": "cider_d",
