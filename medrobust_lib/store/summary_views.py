@@ -43,7 +43,7 @@ def segmentation_by_level(include_floor: bool) -> str:
     """Per (model, checkpoint, strategy, condition, perturbation, level) of the non-clean rows:
     counts, mean scores and drops, relative drops, ``segmentation_stats`` CIs and tests (NULL when
     floor datasets were left out, since the stats pool every dataset), coverage columns."""
-    stats = ", ".join(f"case when x.n_floor_excluded = 0 then s.{c} end as {c}" for c in _STATS_COLUMNS)
+    stats_cols = ", ".join(f"case when x.n_floor_excluded = 0 then s.{c} end as {c}" for c in _STATS_COLUMNS)
     return f"""
         with {seg_rows_ctes(include_floor)},
         agg as (
@@ -57,15 +57,19 @@ def segmentation_by_level(include_floor: bool) -> str:
                    avg(ssim) as mean_ssim, any_value(epsilon) as epsilon,
                    cast(count(distinct dataset) as bigint) as n_datasets
             from seg_rows where condition <> 'clean'
-            group by model, checkpoint, strategy, condition, perturbation, level)
+            group by model, checkpoint, strategy, condition, perturbation, level),
+        stats as (
+            select model, checkpoint, strategy, condition, perturbation, level,
+                   {", ".join(f"any_value({c}) as {c}" for c in _STATS_COLUMNS)}
+            from segmentation_stats group by model, checkpoint, strategy, condition, perturbation, level)
         select a.model, a.checkpoint, a.strategy, a.condition, a.perturbation, a.level, a.n, a.n_failed,
                a.iou, a.dice, a.iou_drop, a.dice_drop, a.iou_drop / nullif(a.clean_iou, 0) as iou_rel_drop,
                a.dice_drop / nullif(a.clean_dice, 0) as dice_rel_drop, a.clean_iou, a.clean_dice, a.mean_ssim,
-               a.epsilon, {stats}, a.n_datasets, coalesce(x.n_floor_excluded, 0) as n_floor_excluded,
+               a.epsilon, {stats_cols}, a.n_datasets, coalesce(x.n_floor_excluded, 0) as n_floor_excluded,
                coalesce(x.floor_effect, false) as floor_effect
         from agg a
         left join floor_excl x using (model, checkpoint, strategy)
-        left join segmentation_stats s using (model, checkpoint, strategy, condition, perturbation, level)
+        left join stats s using (model, checkpoint, strategy, condition, perturbation, level)
         order by a.model, a.checkpoint, a.strategy, a.condition, a.perturbation, a.level"""
 
 
