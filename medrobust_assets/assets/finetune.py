@@ -98,7 +98,8 @@ def finetune_family(base_id: str, strategies: list[str], base_checkpoint: Any) -
     @dg.asset(
         key=[base_id, "strategy_ranking"], group_name="finetune", kinds={"python", "parquet", "png"},
         deps=[strategy_predictions],
-        description="Table strategy_ranking_stats (view strategy_ranking): mean IoU / Dice drop per strategy over "
+        description="Table strategy_ranking_stats (views strategy_ranking, floor datasets left out, and "
+                    "strategy_ranking_all): mean IoU / Dice drop per strategy over "
                     "corruptions and over attacks with bootstrap 95 % CIs, beside the published ranking.",
     )
     def strategy_ranking(context: dg.AssetExecutionContext, suite: SuiteResource,

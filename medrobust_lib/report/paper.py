@@ -131,7 +131,7 @@ def _tables(con: duckdb.DuckDBPyConnection, sel: dict[str, list[str] | None], av
     builders: dict[str, Callable[[list[str] | None], pt.TableResult]] = {
         "segmentation_summary": lambda ids: pt.segmentation_summary(con, ids, include_floor),
         "segmentation_by_level": lambda ids: pt.segmentation_by_level(con, ids),
-        "strategy_ranking": lambda ids: pt.strategy_ranking(con, ids),
+        "strategy_ranking": lambda ids: pt.strategy_ranking(con, ids, include_floor),
         "vlm_task_drops": lambda ids: pt.vlm_task_drops(con, ids),
         "taxonomy_quadrants": lambda ids: pt.taxonomy_quadrants(con, ids, seed),
         "taxonomy_correlation": lambda ids: pt.taxonomy_correlation(con, ids, available["taxonomy"], seed),

@@ -17,8 +17,9 @@ import pandas as pd
 from medrobust_lib.report.table import FLOOR_MARK, Column, ReportTable
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store.completeness import COMPLETENESS_TABLE, complete_filter_sql
-from medrobust_lib.store.coverage import COVERAGE_VIEWS, SEG_FLOOR, VLM_CHANCE
+from medrobust_lib.store.coverage import CHANCE_TOL, SEG_FLOOR, VLM_CHANCE, seg_rows_ctes
 from medrobust_lib.store.schema import QUADRANTS, RANKING_VIEW
+from medrobust_lib.store.summary_views import ALL_SUFFIX
 
 STRATEGY_VIEW = RANKING_VIEW
 STRATEGY_COLUMNS: tuple[str, ...] = (
@@ -77,27 +78,14 @@ def _identity_columns(df: pd.DataFrame, key: str, extra: Sequence[tuple[str, str
     return cols
 
 
-def _floor_cte() -> str:
-    """``segmentation_floor`` as a CTE (so marts built before the view existed work too)."""
-    return f"segmentation_floor as ({COVERAGE_VIEWS['segmentation_floor']})"
-
-
 def _kept_ctes(where: str) -> str:
-    """CTEs ``segmentation_floor``, ``model_floor`` and ``kept``: the ok ``segmentation_results``
-    rows (alias ``r`` in ``where``) that enter the report's averages. A (model, checkpoint,
-    strategy, dataset) at the floor is left out unless the named parameter ``$include_floor`` is
-    true or every dataset of that model is at the floor (then the model is kept, flagged)."""
-    return f"""{_floor_cte()},
-        model_floor as (
-            select model, checkpoint, strategy, bool_and(floor_effect) as all_floor
-            from segmentation_floor group by all),
-        kept as (
-            select r.*, coalesce(mf.all_floor, false) as floor_effect
-            from segmentation_results r
-            left join segmentation_floor f using (model, checkpoint, strategy, dataset)
-            left join model_floor mf using (model, checkpoint, strategy)
-            where r.status = 'ok' and {where}
-              and ($include_floor or not coalesce(f.floor_effect, false) or coalesce(mf.all_floor, false)))"""
+    """The CTEs of :func:`medrobust_lib.store.coverage.seg_rows_ctes` (the rule the mart's default
+    views use, inlined so marts built before those views existed work too) plus ``kept``: the ok
+    rows (alias ``r`` in ``where``) that enter the report's averages, floor datasets left out unless
+    the named parameter ``$include_floor`` is true or every dataset of the model is at the floor
+    (then kept, ``floor_effect`` true)."""
+    return f"""{seg_rows_ctes("$include_floor", where)},
+        kept as (select * from seg_rows where status = 'ok')"""
 
 
 def segmentation_summary(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None,
@@ -144,9 +132,7 @@ def segmentation_summary(con: duckdb.DuckDBPyConnection, models: Sequence[str] |
                    count(distinct (condition, perturbation, level)) filter (where condition <> 'clean')
                        as n_conditions
             from segmentation_results where {where} group by model, checkpoint, strategy),
-        nfl as (
-            select model, checkpoint, strategy, count(*) filter (where floor_effect) as n_floor_datasets
-            from segmentation_floor group by all),
+        nfl as (select model, checkpoint, strategy, n_floor as n_floor_datasets from floor_model),
         counts as (
             select model, checkpoint, strategy, count(*) filter (where condition = 'clean') as n_images,
                    count(*) as n, count(*) filter (where status <> 'ok') as n_failed
@@ -232,19 +218,26 @@ def segmentation_level_means(con: duckdb.DuckDBPyConnection, models: Sequence[st
     return df
 
 
+BY_LEVEL_VIEWS: tuple[str, ...] = ("segmentation_by_level_all", "segmentation_by_level")
+"""Where the by-level table reads from, first present: the ``_all`` view (every dataset, the stats
+columns filled), else the plain view of a mart built before the floor-free default existed (which
+then held every dataset too)."""
+
+
 def segmentation_by_level(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None) -> TableResult:
-    """The ``segmentation_by_level`` view: per (model, checkpoint, strategy, condition, perturbation,
+    """The by-level view (:data:`BY_LEVEL_VIEWS`): per (model, checkpoint, strategy, condition, perturbation,
     level) ``n``, ``n_failed``, mean ``iou`` / ``dice`` in [0, 1], mean paired ``iou_drop`` /
     ``dice_drop`` with bootstrap 95 % CIs, relative drops ``iou_rel_drop`` / ``dice_rel_drop`` (drop /
     clean score, NULL when that is 0), ``wilcoxon_q`` (Benjamini-Hochberg). IoU columns first.
     ``kind`` is ``corruption`` or ``attack``. Corruptions first, then attacks, each by type and level."""
     where, params = where_in("model", models)
+    view = next((v for v in BY_LEVEL_VIEWS if relation_exists(con, v)), BY_LEVEL_VIEWS[-1])
     df = con.execute(f"""
         select model, checkpoint, strategy, condition,
                case when condition = 'perturbation' then 'corruption' else 'attack' end as kind,
                perturbation, level, n, n_failed, iou, dice, iou_drop, iou_drop_ci_low, iou_drop_ci_high,
                iou_rel_drop, dice_drop, dice_drop_ci_low, dice_drop_ci_high, dice_rel_drop, wilcoxon_q
-        from segmentation_by_level where {where}
+        from {view} where {where}
         order by model, strategy, checkpoint, case when condition = 'perturbation' then 0 else 1 end,
                  perturbation, level""", params).df()
     if df.empty:
@@ -266,20 +259,27 @@ def segmentation_by_level(con: duckdb.DuckDBPyConnection, models: Sequence[str] 
         "Attack levels 1-5 are eps = 2, 4, 6, 8, 10 /255.")
 
 
-def strategy_ranking(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None) -> TableResult:
+def strategy_ranking(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None,
+                     include_floor: bool = False) -> TableResult:
     """The ``strategy_ranking`` view (fine-tuning strategies ranked by mean IoU drop, 1 = most
-    robust) per (model, kind): drops with bootstrap 95 % CIs, clean IoU/Dice, trainable parameters."""
+    robust) per (model, kind): drops with bootstrap 95 % CIs, clean IoU/Dice, trainable parameters.
+    Floor datasets are left out of the view's means (``strategy_ranking_all``, which keeps them,
+    with ``include_floor`` when the mart has it); the view's ``note`` (a strategy not ranked since
+    every dataset is at the floor, or ranked only among strategies of its levels) goes under the
+    table."""
     if not relation_exists(con, STRATEGY_VIEW):
         return f"the mart has no {STRATEGY_VIEW} view (fine-tuning strategies not evaluated)"
-    missing = [c for c in STRATEGY_COLUMNS if c not in relation_columns(con, STRATEGY_VIEW)]
+    view = STRATEGY_VIEW + ALL_SUFFIX if include_floor and relation_exists(con, STRATEGY_VIEW + ALL_SUFFIX) \
+        else STRATEGY_VIEW
+    missing = [c for c in STRATEGY_COLUMNS if c not in relation_columns(con, view)]
     if missing:
-        return f"the {STRATEGY_VIEW} view lacks columns {missing}"
+        return f"the {view} view lacks columns {missing}"
     where, params = where_in("model", models)
     df = con.execute(f"""
-        select {", ".join(STRATEGY_COLUMNS)} from {STRATEGY_VIEW} where {where}
+        select {", ".join(STRATEGY_COLUMNS)} from {view} where {where}
         order by model, kind, rank, strategy""", params).df()
     if df.empty:
-        return f"the {STRATEGY_VIEW} view has no rows" + ("" if models is None else " for the selected models")
+        return f"the {view} view has no rows" + ("" if models is None else " for the selected models")
     cols = (Column("Model", "model"), Column("Kind", "kind"), Column("Rank", "rank", "int"),
             Column("Strategy", "strategy"), Column("Params", "n_trainable", "int"),
             Column("IoU", "clean_iou", "float"), Column("Dice", "clean_dice", "float"),
@@ -292,7 +292,23 @@ def strategy_ranking(con: duckdb.DuckDBPyConnection, models: Sequence[str] | Non
         "Rank 1 = smallest mean IoU drop within (model, kind); drops are clean minus perturbed with percentile "
         "bootstrap 95% CIs over test samples; rel. = IoU drop / clean IoU of the same samples (the Dice "
         "relative drop is in the CSV). Params: "
-        "trainable parameters; IoU, Dice: clean scores; Cond.: perturbed conditions averaged.")
+        "trainable parameters; IoU, Dice: clean scores; Cond.: perturbed conditions averaged."
+        + _ranking_notes(con, view, where, params))
+
+
+def _ranking_notes(con: duckdb.DuckDBPyConnection, view: str, where: str, params: list[object]) -> str:
+    """The distinct ``note`` values of the selected rows of ``view`` as sentences ("" when the view
+    has no ``note`` column or no row has one)."""
+    if "note" not in relation_columns(con, view):
+        return ""
+    rows = con.execute(f"""
+        select model, kind, strategy, note from {view} where note is not null and {where}
+        order by model, kind, strategy""", params).fetchall()
+    return "".join(f" {m} / {k} / {st}: {n}." for m, k, st, n in rows)
+
+
+_FIXED_CHANCE_SQL = "case task " + " ".join(f"when '{t}' then {c}" for t, c in VLM_CHANCE.items()) + " end"
+"""The chance level of a mart built before ``vlm_task_drops`` carried ``chance`` (multiple choice 0.25)."""
 
 
 def vlm_task_drops(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None) -> TableResult:
@@ -303,13 +319,14 @@ def vlm_task_drops(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None)
     worse), ``rel_drop`` (drop / clean, empty when clean is 0), ``n_unparseable`` and ``n_error``
     (infrastructure errors, outside every number); then one ``Avg`` row per (model, task) whose ``perturbed`` is the
     mean over types and ``drop`` is ΔTP. ``floor_effect``: the clean score is at or below the task's
-    chance level (``store.coverage.VLM_CHANCE``); such rows are greyed, since their drops cannot
-    show a loss."""
+    chance level (the view's ``chance``: multiple choice 1 / the options of its items; a mart without
+    it: ``store.coverage.VLM_CHANCE``); such rows are greyed, since their drops cannot show a loss."""
 
     where, params = where_in("model", models)
+    chance = "chance" if "chance" in relation_columns(con, "vlm_task_drops") else _FIXED_CHANCE_SQL
     long = con.execute(f"""
         select model, checkpoint, coalesce(adapter, '') as adapter, task, metric, column_name, value,
-               rel_drop, n_unparseable, n_error
+               rel_drop, n_unparseable, n_error, {chance} as chance
         from vlm_task_drops where {where}""", params).df()
     if long.empty:
         return "no vlm_task_drops rows for the selected models"
@@ -322,8 +339,7 @@ def vlm_task_drops(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None)
     body["drop"] = np.where(body["perturbation"] == "Avg", body["delta_tp"], body["clean"] - body["perturbed"])
     body["rel_drop"] = body["drop"] / body["clean"].where(body["clean"] != 0)
     body["is_avg"] = (body["perturbation"] == "Avg").astype(int)
-    chance = body["task"].map(lambda t: VLM_CHANCE.get(str(t), np.nan)).astype(float)
-    body["floor_effect"] = (body["clean"] <= chance).fillna(False).astype(bool)
+    body["floor_effect"] = (body["clean"] <= body["chance"].astype(float) + CHANCE_TOL).fillna(False).astype(bool)
     df = body.sort_values([*keys[:4], "is_avg", "perturbation"], kind="stable").reset_index(drop=True)
     df = df[[*keys, "perturbation", "clean", "perturbed", "drop", "rel_drop", "n_unparseable", "n_error",
              "floor_effect"]]
@@ -340,8 +356,9 @@ def vlm_task_drops(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None)
             "over types and its drop is ΔTP; Rel. = Drop / Clean. Unparseable: answers that could not be parsed "
             "(counted wrong); Errors: infrastructure failures (transport, out of memory), outside every number.")
     if df["floor_effect"].any():
-        note += (f" {FLOOR_MARK} / grey: clean score at or below chance ("
-                 + ", ".join(f"{t} {c:g}" for t, c in VLM_CHANCE.items()) + "): the drops cannot show a loss.")
+        note += (f" {FLOOR_MARK} / grey: clean score at or below chance (yes/no {VLM_CHANCE['vqa_yesno']:g}, "
+                 f"multiple choice 1 / the options of its items, grounding {VLM_CHANCE['grounding']:g}): the drops "
+                 "cannot show a loss.")
     return ReportTable(
         "vlm_task_drops", "Vision-language tasks: clean, per perturbation type, average and drop", df, tuple(cols),
         note, grey_key="floor_effect")

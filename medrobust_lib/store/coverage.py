@@ -1,10 +1,16 @@
-"""Coverage and floor-effect views of the mart (registered in ``MART_VIEWS`` by
+"""Coverage and floor effects: the rule that leaves floor datasets out of the segmentation means,
+the VLM chance levels, and the coverage views of the mart (registered in ``MART_VIEWS`` by
 :mod:`medrobust_lib.store.marts`).
 
 A drop (clean minus perturbed) means nothing when the clean score is already at the floor: a
 model with clean Dice 0.000 "loses" nothing under any corruption and would look perfectly robust.
-Such a (model, dataset) or (model, task) is flagged ``floor_effect``; the report greys it out and
-leaves it out of its averages unless asked (``medrobust report --include-floor``).
+Such a (model, dataset) or (model, task) is flagged ``floor_effect``; the mart's averaging and
+ranking views leave floor datasets out (their ``_all`` companions keep them), and so does the
+report unless asked (``medrobust report --include-floor``). The rule, in one place
+(:func:`seg_rows_ctes`, used by the mart views and the report alike): the rows of a (model,
+checkpoint, strategy, dataset) at the floor are left out, unless every dataset of that (model,
+checkpoint, strategy) is at the floor; then they are kept and the model's rows carry
+``floor_effect`` (greyed, never ranked by default).
 
 - ``segmentation_floor``: per (model, checkpoint, strategy, dataset) the clean IoU / Dice and
   ``floor_effect`` = clean IoU < :data:`SEG_FLOOR` or clean Dice < :data:`SEG_FLOOR`.
@@ -14,7 +20,8 @@ leaves it out of its averages unless asked (``medrobust report --include-floor``
   ``n_datasets``, ``n_floor_datasets`` and ``floor_effect`` (every dataset at the floor). Rows with
   different ``levels`` are not comparable drop for drop.
 - ``vlm_floor``: per (model, checkpoint, adapter, task) the clean primary score of the accuracy
-  tasks, the task's ``chance`` (:data:`VLM_CHANCE`) and ``floor_effect`` = clean at or below chance.
+  tasks, the task's ``chance`` (:func:`vlm_chance_sql`: multiple choice 1/options of the items
+  evaluated) and ``floor_effect`` = clean at or below chance.
 """
 
 from __future__ import annotations
@@ -22,21 +29,87 @@ from __future__ import annotations
 SEG_FLOOR = 0.1
 """Clean IoU or Dice below this: the segmentation drop is at the floor (not informative)."""
 VLM_CHANCE: dict[str, float] = {"vqa_yesno": 0.5, "vqa_mc": 0.25, "grounding": 0.0}
-"""Chance level of the clean primary metric per VLM task: yes/no 0.5; multiple choice 1/4 (the
-demo's and the published sets' four options A-D); grounding Acc@0.5 0 (no box guessed right).
-Captions (CIDEr-D) have no chance level and are never flagged."""
+"""Fixed chance level of the clean primary metric per VLM task: yes/no 0.5; grounding Acc@0.5 0 (no
+box guessed right). Multiple choice: the mart derives it from the data (:func:`vlm_chance_sql`, the
+mean of 1/``n_options`` over the items evaluated); 0.25 (four options A-D) is only the fallback for
+rows that do not say how many options they had (written before ``n_options`` existed). Captions
+(CIDEr-D) have no chance level and are never flagged."""
 
-_CHANCE_SQL = "case task " + " ".join(f"when '{t}' then {c}" for t, c in VLM_CHANCE.items()) + " end"
+CHANCE_TOL = 1e-9
+"""Slack of "at or below chance": a mean of 1/k and an accuracy of the same value may differ in the
+last bits."""
 
-COVERAGE_VIEWS: dict[str, str] = {
-    "segmentation_floor": f"""
+LEVELS_SQL = "array_to_string(list_sort(list_distinct(list(level))), ',')"
+"""Aggregate: the distinct severity levels of a group, sorted, comma-separated (e.g. ``'2,4'``)."""
+
+SEGMENTATION_FLOOR_SQL = f"""
         select model, checkpoint, strategy, dataset, any_value(modality) as modality, count(*) as n,
                avg(iou) as clean_iou, avg(dice) as clean_dice,
                coalesce(avg(iou) < {SEG_FLOOR} or avg(dice) < {SEG_FLOOR}, false) as floor_effect
         from segmentation_results where condition = 'clean' and status = 'ok'
         group by model, checkpoint, strategy, dataset
-        order by model, checkpoint, strategy, dataset""",
-    "segmentation_coverage": """
+        order by model, checkpoint, strategy, dataset"""
+
+
+def _sql_bool(value: bool | str) -> str:
+    """A Python bool as SQL ``true``/``false``; a string is taken as a SQL expression (e.g. ``$p``)."""
+    return value if isinstance(value, str) else ("true" if value else "false")
+
+
+def seg_rows_ctes(include_floor: bool | str = False, where: str = "true") -> str:
+    """CTEs (without the leading ``with``) of the segmentation rows that enter a mean.
+
+    - ``floor_ds``: :data:`SEGMENTATION_FLOOR_SQL` (per (model, checkpoint, strategy, dataset)).
+    - ``floor_model``: per (model, checkpoint, strategy) ``all_floor`` (every dataset with clean
+      rows at the floor) and ``n_floor`` (datasets at the floor).
+    - ``seg_rows``: every ``segmentation_results`` row (any status; alias ``r`` in ``where``) plus
+      ``dataset_floor`` (its dataset is at the floor) and ``floor_effect`` (``all_floor`` of its
+      model), except the rows of a floor dataset, which are left out unless ``include_floor`` or
+      ``all_floor``.
+    - ``floor_excl``: per (model, checkpoint, strategy) ``n_floor_excluded`` (floor datasets left
+      out of ``seg_rows``: 0 when ``include_floor`` or ``all_floor``) and ``floor_effect``.
+
+    ``include_floor``: a bool, or a SQL boolean expression such as the named parameter
+    ``$include_floor``.
+    """
+    inc = _sql_bool(include_floor)
+    return f"""floor_ds as ({SEGMENTATION_FLOOR_SQL}),
+        floor_model as (
+            select model, checkpoint, strategy, bool_and(floor_effect) as all_floor,
+                   cast(count(*) filter (where floor_effect) as bigint) as n_floor
+            from floor_ds group by model, checkpoint, strategy),
+        seg_rows as (
+            select r.*, coalesce(f.floor_effect, false) as dataset_floor,
+                   coalesce(m.all_floor, false) as floor_effect
+            from segmentation_results r
+            left join floor_ds f using (model, checkpoint, strategy, dataset)
+            left join floor_model m using (model, checkpoint, strategy)
+            where ({inc} or not coalesce(f.floor_effect, false) or coalesce(m.all_floor, false))
+              and ({where})),
+        floor_excl as (
+            select model, checkpoint, strategy,
+                   cast(case when {inc} or all_floor then 0 else n_floor end as bigint) as n_floor_excluded,
+                   all_floor as floor_effect
+            from floor_model)"""
+
+
+def vlm_floor_sql(value: str, chance: str) -> str:
+    """SQL boolean: the clean ``value`` is at or below ``chance`` (false when either is NULL)."""
+    return f"coalesce({value} <= {chance} + {CHANCE_TOL}, false)"
+
+
+def vlm_chance_sql(inv_options: str) -> str:
+    """SQL expression of a VLM row group's chance level, given ``inv_options``: the group's mean of
+    ``1 / n_options`` (NULL when its rows carry no ``n_options``). Multiple choice: that mean (the
+    expected accuracy of a uniform guess over each item's own options), else 0.25; yes/no 0.5;
+    grounding 0; captions NULL."""
+    fixed = " ".join(f"when '{t}' then {c}" for t, c in VLM_CHANCE.items() if t != "vqa_mc")
+    return f"case task when 'vqa_mc' then coalesce({inv_options}, {VLM_CHANCE['vqa_mc']}) {fixed} end"
+
+
+COVERAGE_VIEWS: dict[str, str] = {
+    "segmentation_floor": SEGMENTATION_FLOOR_SQL,
+    "segmentation_coverage": f"""
         with cov as (
             select model, checkpoint, strategy,
                    array_to_string(list_sort(list_distinct(list(level) filter (where condition <> 'clean'))), ',')
@@ -48,21 +121,22 @@ COVERAGE_VIEWS: dict[str, str] = {
                    cast(count(distinct (dataset, sample_id)) as bigint) as n_samples,
                    cast(count(distinct dataset) as bigint) as n_datasets
             from segmentation_results group by model, checkpoint, strategy),
+        floor_ds as ({SEGMENTATION_FLOOR_SQL}),
         fl as (
             select model, checkpoint, strategy, cast(count(*) filter (where floor_effect) as bigint) as n_floor,
                    cast(count(*) as bigint) as n_clean_datasets
-            from segmentation_floor group by model, checkpoint, strategy)
+            from floor_ds group by model, checkpoint, strategy)
         select c.model, c.checkpoint, c.strategy, c.levels, c.n_levels, c.n_conditions, c.n_types, c.n_samples,
                c.n_datasets, coalesce(f.n_floor, 0) as n_floor_datasets,
                coalesce(f.n_floor = f.n_clean_datasets and f.n_floor > 0, false) as floor_effect
         from cov c left join fl f using (model, checkpoint, strategy)
         order by c.model, c.checkpoint, c.strategy""",
-    "vlm_floor": f"""
-        select model, checkpoint, adapter, task, metric, value as clean_value, {_CHANCE_SQL} as chance,
-               coalesce(value <= {_CHANCE_SQL}, false) as floor_effect
+    "vlm_floor": """
+        select model, checkpoint, adapter, task, metric, value as clean_value, chance, floor_effect
         from vlm_task_drops where column_name = 'Clean'
         order by model, checkpoint, adapter, task""",
 }
 
 
-__all__ = ["COVERAGE_VIEWS", "SEG_FLOOR", "VLM_CHANCE"]
+__all__ = ["CHANCE_TOL", "COVERAGE_VIEWS", "LEVELS_SQL", "SEGMENTATION_FLOOR_SQL", "SEG_FLOOR", "VLM_CHANCE", "seg_rows_ctes",
+           "vlm_chance_sql", "vlm_floor_sql"]

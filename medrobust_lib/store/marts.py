@@ -22,17 +22,16 @@ from medrobust_lib.store.completeness import (
     complete_filter_sql,
     error_share_sql,
 )
-from medrobust_lib.store.coverage import COVERAGE_VIEWS
+from medrobust_lib.store.coverage import COVERAGE_VIEWS, vlm_chance_sql, vlm_floor_sql
 from medrobust_lib.store.schema import (
     MART_TABLES,
     PRIMARY_METRIC,
     QUADRANTS,
-    RANKING_TABLE,
-    RANKING_VIEW,
     TAXONOMY_TABLE,
     VLM_TABLE,
     MartTable,
 )
+from medrobust_lib.store.summary_views import SUMMARY_VIEWS
 
 VLM_SCORED_OUTCOMES: tuple[str, ...] = ("ok", "unparseable", "refused")
 """Outcomes inside the denominators (the last two scored as wrong). ``error`` (infrastructure) and
@@ -56,7 +55,8 @@ _BLEU_RATIO_SQL = f"((hyp_len + {_BLEU_TINY_SQL}) / (ref_len + {_BLEU_SMALL_SQL}
 # the scored rows: accuracy in [0, 1] (VQA and grounding, NULL for captions); grounding mean_iou,
 # acc_50 (= accuracy), acc_75; captions cider_d (mean, >= 0), rouge_l (mean, [0, 1]) and bleu_4, the
 # corpus BLEU-4 from the summed sufficient statistics (medrobust_lib.metrics.caption.bleu_from_stats,
-# same constants and brevity penalty); mean_ssim over all rows.
+# same constants and brevity penalty); mean_ssim over all rows; chance: the chance level of the primary
+# metric (multiple choice: the mean of 1/n_options over the scored rows, medrobust_lib.store.coverage).
 _VLM_BY_LEVEL = f"""
         with base as (
             select *, {_SCORED_SQL} as scored from {VLM_TABLE} v
@@ -79,7 +79,8 @@ _VLM_BY_LEVEL = f"""
                    sum(bleu_g1) filter (where scored) as g1, sum(bleu_g2) filter (where scored) as g2,
                    sum(bleu_g3) filter (where scored) as g3, sum(bleu_g4) filter (where scored) as g4,
                    sum(hyp_len) filter (where scored) as hyp_len, sum(ref_len) filter (where scored) as ref_len,
-                   avg(ssim) as mean_ssim
+                   avg(ssim) as mean_ssim,
+                   avg(1.0 / nullif(n_options, 0)) filter (where scored) as inv_options
             from base group by model, checkpoint, adapter, task, perturbation, level)
         select model, checkpoint, adapter, task, perturbation, level, n, n_scored, n_unparseable, n_refused,
                n_error, n_excluded,
@@ -93,7 +94,7 @@ _VLM_BY_LEVEL = f"""
                    {_BLEU4_SQL}
                    * case when {_BLEU_RATIO_SQL} < 1 then exp(1 - 1 / {_BLEU_RATIO_SQL}) else 1.0 end
                end as bleu_4,
-               mean_ssim
+               mean_ssim, {vlm_chance_sql("inv_options")} as chance
         from agg
         order by model, checkpoint, adapter, task, perturbation, level"""
 
@@ -104,7 +105,8 @@ _VLM_BY_LEVEL = f"""
 # unparseable answers and the infrastructure errors (outside the number) behind each number (Avg: all
 # types; ΔTP: Clean plus all types); drop = Clean - value (the ΔTP row: ΔTP itself; Clean: 0) and
 # rel_drop = drop / Clean (NULL when Clean is 0 or missing); ord orders the columns (Clean 0, types
-# alphabetically, then Avg, ΔTP).
+# alphabetically, then Avg, ΔTP); chance: the task's chance level on its clean items (vlm_by_level) and
+# floor_effect: Clean at or below chance (the drops cannot show a loss), on every row of the task.
 _VLM_TASK_DROPS = f"""
         with lv as (
             select model, checkpoint, adapter, task, perturbation, level, {_PRIMARY_SQL} as value,
@@ -140,14 +142,21 @@ _VLM_TASK_DROPS = f"""
             from rows),
         with_drop as (
             select *, case when column_name = 'ΔTP' then value else clean_value - value end as drop
-            from with_clean)
-        select model, checkpoint, adapter, task, column_name,
-               case task {" ".join(f"when '{t}' then '{c}'" for t, c in VLM_PRIMARY_COLUMN.items())} end as metric,
-               value, drop, drop / nullif(clean_value, 0) as rel_drop, n_unparseable, n_error,
-               cast(row_number() over (partition by model, checkpoint, adapter, task order by grp, column_name) - 1
-                    as integer) as ord
-        from with_drop
-        order by model, checkpoint, adapter, task, ord"""
+            from with_clean),
+        task_chance as (
+            select model, checkpoint, adapter, task, avg(chance) as chance
+            from vlm_by_level where perturbation = 'clean' and level = 0
+            group by model, checkpoint, adapter, task)
+        select d.model, d.checkpoint, d.adapter, d.task, d.column_name,
+               case d.task {" ".join(f"when '{t}' then '{c}'" for t, c in VLM_PRIMARY_COLUMN.items())} end as metric,
+               d.value, d.drop, d.drop / nullif(d.clean_value, 0) as rel_drop, d.n_unparseable, d.n_error,
+               cast(row_number() over (partition by d.model, d.checkpoint, d.adapter, d.task
+                                       order by d.grp, d.column_name) - 1 as integer) as ord,
+               c.chance, {vlm_floor_sql("d.clean_value", "c.chance")} as floor_effect
+        from with_drop d
+        left join task_chance c on d.model = c.model and d.checkpoint is not distinct from c.checkpoint
+             and d.adapter is not distinct from c.adapter and d.task = c.task
+        order by d.model, d.checkpoint, d.adapter, d.task, ord"""
 
 MART_VIEWS: dict[str, str] = {
     "perturbation_summary": """
@@ -163,71 +172,6 @@ MART_VIEWS: dict[str, str] = {
         from perturbation_manifest
         group by modality, perturbation, level
         order by modality, perturbation, level""",
-    "segmentation_by_level": """
-        select r.model, r.checkpoint, r.strategy, r.condition, r.perturbation, r.level,
-               count(*) as n, count(*) filter (where r.status <> 'ok') as n_failed,
-               avg(r.iou) filter (where r.status = 'ok') as iou, avg(r.dice) filter (where r.status = 'ok') as dice,
-               avg(r.iou_drop) filter (where r.status = 'ok') as iou_drop,
-               avg(r.dice_drop) filter (where r.status = 'ok') as dice_drop,
-               avg(r.iou_drop) filter (where r.status = 'ok')
-                   / nullif(avg(r.clean_iou) filter (where r.status = 'ok'), 0) as iou_rel_drop,
-               avg(r.dice_drop) filter (where r.status = 'ok')
-                   / nullif(avg(r.clean_dice) filter (where r.status = 'ok'), 0) as dice_rel_drop,
-               avg(r.clean_iou) filter (where r.status = 'ok') as clean_iou,
-               avg(r.clean_dice) filter (where r.status = 'ok') as clean_dice,
-               avg(r.ssim) as mean_ssim, any_value(r.epsilon) as epsilon,
-               any_value(s.iou_drop_ci_low) as iou_drop_ci_low, any_value(s.iou_drop_ci_high) as iou_drop_ci_high,
-               any_value(s.dice_drop_ci_low) as dice_drop_ci_low, any_value(s.dice_drop_ci_high) as dice_drop_ci_high,
-               any_value(s.wilcoxon_p) as wilcoxon_p, any_value(s.wilcoxon_q) as wilcoxon_q
-        from segmentation_results r
-        left join segmentation_stats s using (model, checkpoint, strategy, condition, perturbation, level)
-        where r.condition <> 'clean'
-        group by all order by all""",
-    "segmentation_summary": """
-        with ok as (select * from segmentation_results where status = 'ok'),
-        clean as (
-            select model, checkpoint, strategy, avg(iou) as iou, avg(dice) as dice, count(*) as n
-            from ok where condition = 'clean' group by all),
-        per_type as (
-            select model, checkpoint, strategy,
-                   case when condition = 'perturbation' then 'corruption' else 'attack' end as row_kind,
-                   perturbation, avg(iou) as iou, avg(dice) as dice, avg(iou_drop) as iou_drop,
-                   avg(dice_drop) as dice_drop, avg(clean_iou) as clean_iou, avg(clean_dice) as clean_dice,
-                   count(*) as n
-            from ok where condition <> 'clean' group by all),
-        avg_row as (
-            select model, checkpoint, strategy, avg(iou) as iou, avg(dice) as dice, avg(iou_drop) as iou_drop,
-                   avg(dice_drop) as dice_drop, avg(clean_iou) as clean_iou, avg(clean_dice) as clean_dice,
-                   sum(n) as n
-            from per_type where row_kind = 'corruption' group by all)
-        select model, checkpoint, strategy, 'Clean' as row_kind, 'Clean' as perturbation, iou, dice,
-               0.0 as iou_drop, 0.0 as dice_drop, 0.0 as iou_rel_drop, 0.0 as dice_rel_drop, n, 0 as sort_key
-        from clean
-        union all
-        select model, checkpoint, strategy, row_kind, perturbation, iou, dice, iou_drop, dice_drop,
-               iou_drop / nullif(clean_iou, 0), dice_drop / nullif(clean_dice, 0), n,
-               case when row_kind = 'corruption' then 1 else 2 end from per_type
-        union all
-        select model, checkpoint, strategy, 'Avg', 'Avg', iou, dice, iou_drop, dice_drop,
-               iou_drop / nullif(clean_iou, 0), dice_drop / nullif(clean_dice, 0), n, 3 from avg_row
-        union all
-        -- Delta: the mean paired drop over corruption types. Types cover different modalities, so
-        -- Clean minus Avg(dice) would mix sample sets; the paired drop does not.
-        select model, checkpoint, strategy, 'Delta', 'Delta', iou_drop, dice_drop, iou_drop, dice_drop,
-               iou_drop / nullif(clean_iou, 0), dice_drop / nullif(clean_dice, 0), n, 4
-        from avg_row
-        order by model, strategy, sort_key, perturbation""",
-    # Ranked by the mean IoU drop (MedFM-Robust's primary metric), Dice alongside.
-    "segmentation_top_corruptions": """
-        with per_type as (
-            select model, strategy, perturbation, avg(iou_drop) as iou_drop,
-                   avg(iou_drop) / nullif(avg(clean_iou), 0) as iou_rel_drop, avg(dice_drop) as dice_drop,
-                   avg(dice_drop) / nullif(avg(clean_dice), 0) as dice_rel_drop, avg(clean_iou) as clean_iou,
-                   avg(clean_dice) as clean_dice, count(*) as n
-            from segmentation_results where status = 'ok' and condition = 'perturbation'
-            group by model, strategy, perturbation)
-        select *, rank() over (partition by model, strategy order by iou_drop desc nulls last) as rank
-        from per_type order by model, strategy, rank, perturbation""",
     "quarantine": """
         select dataset, modality, sample_id, image_path, reason, detail
         from clean_samples where status <> 'ok' order by dataset, sample_id""",
@@ -448,16 +392,12 @@ MART_VIEWS.update({
                  perturbation nulls first, level nulls first, image_mode nulls first""",
 })
 
-MART_VIEWS[RANKING_VIEW] = f"""
-        select *, mean_iou_drop / nullif(clean_iou, 0) as iou_rel_drop,
-               mean_dice_drop / nullif(clean_dice, 0) as dice_rel_drop
-        from {RANKING_TABLE}
-        order by model, kind, rank, strategy"""
-
 # --- Infrastructure failures: error share and completeness per partition (medrobust_lib.store.completeness) ---
 
 MART_VIEWS["incomplete_partitions"] = f"""
         select * from {COMPLETENESS_TABLE} where not complete
         order by source_table, model, modality, level"""
+# averaging / ranking views without and with floor datasets (medrobust_lib.store.summary_views), and
 # coverage and floor effects (medrobust_lib.store.coverage): after the views they read
+MART_VIEWS.update(SUMMARY_VIEWS)
 MART_VIEWS.update(COVERAGE_VIEWS)

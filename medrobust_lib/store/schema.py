@@ -42,6 +42,8 @@ Columns (SQL types in :data:`VLM_COLUMNS`):
 - Optional LLM judge (``vlm.judge``, off by default): for multiple-choice answers the rules could
   not parse, ``judge_model``, ``judge_outcome``, ``judge_parsed`` (letter) and ``judge_correct``;
   NULL when no judge ran. ``correct`` is always the rule-based score.
+- ``n_options``: the answer options the multiple-choice item offered (its chance level is
+  1/``n_options``); NULL for the other tasks (and for rows written before the column existed).
 
 ``taxonomy``: The ``taxonomy_results`` row schema ("Consistent but Dangerous" per-sample taxonomy).
 
@@ -75,6 +77,11 @@ One row per (configuration, yes/no record, condition, image-removal mode). Parti
   latter, counted) or ``excluded:<reason>``; ``error`` text.
 
 ``strategy``: Schema of the strategy ranking table (kept apart so the mart imports no pandas/scipy).
+It holds two variants of the ranking: ``with_floor`` false leaves the datasets whose clean score is
+at the floor out of every mean (the view ``strategy_ranking``), true keeps them (the view
+``strategy_ranking_all``); ``levels`` / ``n_datasets`` / ``n_floor_excluded`` say what each row
+covers, ``rank`` ranks a row only among the rows of its (model, kind, levels), and ``note`` says why
+a row is not ranked or that its group mixes coverages.
 """
 
 from __future__ import annotations
@@ -102,7 +109,7 @@ VLM_COLUMNS: tuple[tuple[str, str], ...] = (
     ("bleu_g1", "DOUBLE"), ("bleu_g2", "DOUBLE"), ("bleu_g3", "DOUBLE"), ("bleu_g4", "DOUBLE"),
     ("hyp_len", "DOUBLE"), ("ref_len", "DOUBLE"), ("latency_s", "DOUBLE"), ("cache_hit", "BOOLEAN"),
     ("error", "VARCHAR"), ("judge_model", "VARCHAR"), ("judge_outcome", "VARCHAR"), ("judge_parsed", "VARCHAR"),
-    ("judge_correct", "DOUBLE"),
+    ("judge_correct", "DOUBLE"), ("n_options", "INTEGER"),
 )
 VLM_COLUMN_NAMES: tuple[str, ...] = tuple(c for c, _ in VLM_COLUMNS)
 PRIMARY_METRIC: dict[str, str] = {"vqa_mc": "accuracy", "vqa_yesno": "accuracy", "caption": "cider_d",
@@ -138,10 +145,12 @@ RANKING_COLUMNS: tuple[tuple[str, str], ...] = (
     ("dice_drop_ci_high", "DOUBLE"), ("clean_iou", "DOUBLE"), ("clean_dice", "DOUBLE"),
     ("n_trainable", "BIGINT"), ("rank", "INTEGER"), ("ref_strategy", "VARCHAR"), ("n_pairs", "INTEGER"),
     ("iou_drop_diff", "DOUBLE"), ("iou_drop_diff_ci_low", "DOUBLE"), ("iou_drop_diff_ci_high", "DOUBLE"),
-    ("wilcoxon_p", "DOUBLE"), ("wilcoxon_q", "DOUBLE"),
+    ("wilcoxon_p", "DOUBLE"), ("wilcoxon_q", "DOUBLE"), ("levels", "VARCHAR"), ("n_datasets", "INTEGER"),
+    ("n_floor_excluded", "INTEGER"), ("floor_effect", "BOOLEAN"), ("with_floor", "BOOLEAN"), ("note", "VARCHAR"),
 )
 
 RANKING_VIEW = "strategy_ranking"
+"""The view of the ranking without floor datasets (``with_floor`` false); ``strategy_ranking_all`` keeps them."""
 
 
 # --- partition completeness (medrobust_lib.store.completeness) ---
@@ -246,9 +255,10 @@ MART_TABLES.extend([
 
 MART_TABLES.append(MartTable(
     RANKING_TABLE, RANKING_COLUMNS,
-    "per (base model, fine-tuning strategy, kind corruption|attack): mean IoU / Dice drop over the test samples "
-    "(each sample's mean over conditions) with percentile bootstrap 95 % CIs, clean scores, trainable "
-    "parameters and the rank by mean IoU drop (1 = most robust)"))
+    "per (base model, fine-tuning strategy, kind corruption|attack, with_floor): mean IoU / Dice drop over the "
+    "test samples (each sample's mean over conditions) with percentile bootstrap 95 % CIs, clean scores, "
+    "trainable parameters, coverage (levels, datasets, floor datasets left out) and the rank by mean IoU drop "
+    "(1 = most robust) among the strategies of the same levels"))
 
 MART_TABLES.append(MartTable(
     COMPLETENESS_TABLE, COMPLETENESS_COLUMNS,

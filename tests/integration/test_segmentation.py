@@ -85,7 +85,8 @@ def test_track_end_to_end(seg_suite: Suite) -> None:
     try:
         summ = con.execute("select row_kind, perturbation, iou, dice, dice_drop from segmentation_summary").df()
         by_level = con.execute("select * from segmentation_by_level").df()
-        top = con.execute("select * from segmentation_top_corruptions").df()
+        top = con.execute("select * from segmentation_top_corruptions_all").df()
+        default_top = con.execute("select rank, floor_effect from segmentation_top_corruptions").df()
     finally:
         con.close()
     assert list(summ["row_kind"]) == ["Clean", "corruption", "corruption", "attack", "attack", "Avg", "Delta"]
@@ -100,3 +101,5 @@ def test_track_end_to_end(seg_suite: Suite) -> None:
     assert set(by_level["condition"]) == {"perturbation", "fgsm", "pgd"} and by_level["wilcoxon_p"].notna().any()
     assert list(top["rank"]) == sorted(top["rank"])
     assert list(top["iou_drop"]) == sorted(top["iou_drop"], reverse=True)  # ranked by IoU drop
+    # a model whose every dataset is at the floor (this untrained tiny one may be) is ranked only by the _all view
+    assert (default_top["rank"].isna() == default_top["floor_effect"]).all() and len(default_top) == len(top)

@@ -111,7 +111,7 @@ def _strategy_rows() -> pd.DataFrame:
                              "mean_iou_drop": d, "iou_drop_ci_low": d - 0.005, "iou_drop_ci_high": d + 0.005,
                              "mean_dice_drop": d / 2, "dice_drop_ci_low": d / 2 - 0.002,
                              "dice_drop_ci_high": d / 2 + 0.002, "clean_iou": 0.6, "clean_dice": 0.75,
-                             "n_trainable": 1000 * rank, "rank": rank})
+                             "n_trainable": 1000 * rank, "rank": rank, "with_floor": False})
     return pd.DataFrame(rows)
 
 
@@ -460,7 +460,8 @@ def test_empty_strategy_view_is_skipped(tmp_path: Path) -> None:
     con.execute("create table strategy_ranking_stats as select * from (select 'm' as model, 's' as strategy, "
                 "'corruption' as kind, 1 as n_samples, 1 as n_conditions, 0.0 as mean_iou_drop, "
                 "0.0 as iou_drop_ci_low, 0.0 as iou_drop_ci_high, 0.0 as mean_dice_drop, 0.0 as dice_drop_ci_low, "
-                "0.0 as dice_drop_ci_high, 0.0 as clean_iou, 0.0 as clean_dice, 1 as n_trainable, 1 as rank) "
+                "0.0 as dice_drop_ci_high, 0.0 as clean_iou, 0.0 as clean_dice, 1 as n_trainable, 1 as rank, "
+                "false as with_floor) "
                 "where false")
     con.execute(f"create view strategy_ranking as {MART_VIEWS['strategy_ranking']}")
     con.close()
@@ -600,3 +601,84 @@ def test_floor_datasets_are_left_out_and_flagged(tmp_path: Path) -> None:
 def test_summary_rows_say_their_coverage(report: ReportSummary) -> None:
     data = _csv(report, "segmentation_summary")
     assert list(data["levels"].astype(str)) == ["1,2", "1,2"] and list(data["n_conditions"]) == [6, 6]
+
+
+def test_vlm_floor_uses_the_chance_the_view_derives(tmp_path: Path) -> None:
+    """A view with ``chance`` decides the flag: vlm_a's clean accuracy 0.7 is above a fixed 0.25 but at
+    or below the chance 0.75 its items would give (4/3-option mix made up here)."""
+    from medrobust_lib.report import paper_tables as pt
+
+    mart = make_mart(tmp_path / "m.duckdb")
+    con = duckdb.connect(str(mart))
+    con.execute("create table drops_with_chance as select *, case when task = 'vqa_mc' and model = 'vlm_a' "
+                "then 0.75 when task = 'vqa_mc' then 0.25 end as chance from vlm_task_drops")
+    con.execute("drop table vlm_task_drops")
+    con.execute("alter table drops_with_chance rename to vlm_task_drops")
+    con.close()
+    con = duckdb.connect(str(mart), read_only=True)
+    try:
+        t = pt.vlm_task_drops(con, None)
+    finally:
+        con.close()
+    assert not isinstance(t, str)
+    flagged = t.data.groupby(["model", "task"])["floor_effect"].all()
+    assert flagged.to_dict() == {("vlm_a", "caption"): False, ("vlm_a", "vqa_mc"): True,
+                                 ("vlm_b", "caption"): False, ("vlm_b", "vqa_mc"): False}
+    assert "multiple choice 1 / the options of its items" in t.note and "chance" not in t.data.columns
+
+
+def _floor_mart(path: Path) -> Path:
+    """The test mart plus sam_a's floor dataset, with every segmentation view (both variants) and a
+    ranking table holding both variants, one strategy entirely at the floor."""
+    from medrobust_lib.store.summary_views import FLOOR_NOTE
+
+    mart = make_mart(path)
+    seg = _seg_rows()
+    floor = seg[seg["model"] == "sam_a"].assign(dataset="d_floor")
+    for c in ("iou", "dice", "clean_iou", "clean_dice", "iou_drop", "dice_drop"):
+        floor[c] = 0.0
+    strat = _strategy_rows()
+    strat = pd.concat([strat, strat.assign(with_floor=True)], ignore_index=True)
+    zero = (strat["strategy"] == "decoder_only") & (strat["model"] == "sam_a") & (strat["kind"] == "corruption")
+    strat["note"] = None
+    strat.loc[zero & ~strat["with_floor"], ["rank", "note"]] = [None, FLOOR_NOTE]
+    strat.loc[zero & strat["with_floor"], "mean_iou_drop"] = 0.0
+    frame = floor  # noqa: F841 - read by DuckDB's replacement scan
+    con = duckdb.connect(str(mart))
+    try:
+        con.execute("insert into segmentation_results by name select * from frame")
+        con.execute("drop view strategy_ranking")
+        con.execute("drop table strategy_ranking_stats")
+        cols = [(c, "DOUBLE" if "drop" in c or "clean" in c else "BOOLEAN" if c == "with_floor" else
+                 "VARCHAR" if c in ("model", "strategy", "kind", "note") else "BIGINT") for c in strat.columns]
+        _create(con, "strategy_ranking_stats", cols, strat)
+        for view in ("segmentation_by_level", "segmentation_by_level_all", "strategy_ranking", "strategy_ranking_all"):
+            con.execute(f"create or replace view {view} as {MART_VIEWS[view]}")
+    finally:
+        con.close()
+    return mart
+
+
+def test_report_reads_the_floor_views(tmp_path: Path) -> None:
+    """By level: the ``_all`` view (as before the floor-free default existed); strategy ranking: the
+    floor-free view, ``strategy_ranking_all`` with ``include_floor``, the view's notes under the table."""
+    from medrobust_lib.report import paper_tables as pt
+
+    con = duckdb.connect(str(_floor_mart(tmp_path / "m.duckdb")), read_only=True)
+    try:
+        lv = pt.segmentation_by_level(con, ["sam_a"])
+        assert not isinstance(lv, str)
+        exp = con.execute("select * from segmentation_by_level_all where model = 'sam_a'").df()
+        assert sorted(lv.data["n"]) == sorted(exp["n"]) and (lv.data["n"] == 12).all()
+        assert lv.data["iou_drop_ci_low"].notna().all()
+        default = pt.strategy_ranking(con, ["sam_a"])
+        asked = pt.strategy_ranking(con, ["sam_a"], include_floor=True)
+    finally:
+        con.close()
+    assert not isinstance(default, str) and not isinstance(asked, str)
+    d = default.data.set_index(["kind", "strategy"])
+    a = asked.data.set_index(["kind", "strategy"])
+    assert pd.isna(d.loc[("corruption", "decoder_only"), "rank"])
+    assert a.loc[("corruption", "decoder_only"), "mean_iou_drop"] == 0.0
+    assert "sam_a / corruption / decoder_only: every dataset at the floor" in default.note
+    assert "every dataset at the floor" not in asked.note

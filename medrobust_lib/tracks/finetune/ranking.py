@@ -12,16 +12,26 @@ strategy models ``<base>-<strategy>``, all evaluated on the same conditions (the
   over conditions weighted equally per sample; percentile bootstrap 95 % CI over samples
   (generator ``rng_for(seed, "strategy-ranking", model, kind, metric)``);
 * ``clean_iou`` / ``clean_dice``: the mean clean score of the same samples;
-* ``rank``: 1 = smallest mean IoU drop within (base model, kind);
+* ``rank``: 1 = smallest mean IoU drop within (base model, kind, levels);
 * paired comparison with the reference strategy ``ref_strategy`` (``full`` when present, else
   the rank-1 strategy) on the images both have: ``iou_drop_diff`` = mean of (this strategy's
   per-image drop - the reference's), its paired bootstrap 95 % CI
   (``rng_for(seed, "strategy-vs-ref", model, kind, strategy)``), the two-sided Wilcoxon
-  signed-rank p and Benjamini-Hochberg q over the strategies of (base model, kind); NULL on the
+  signed-rank p and Benjamini-Hochberg q over the strategies of (base model, kind, levels); NULL on the
   reference row itself. Overlapping marginal CIs say little here: the images are shared, so the
   paired test is the one that separates strategies.
 
 Rows that are not ``ok`` are counted in ``n_failed`` and never enter a mean.
+
+Floors and coverage (the rule of :func:`medrobust_lib.store.coverage.seg_rows_ctes`): by default
+(``with_floor`` false) the rows of a dataset whose clean IoU or Dice is below ``SEG_FLOOR`` for that
+evaluated model are left out (``n_floor_excluded`` counts them), unless every dataset of the model is
+at the floor: then they are kept, the row is flagged ``floor_effect`` and left unranked. With
+``with_floor`` every dataset is kept and ranked. ``levels`` (the severity levels of the kind's ok
+rows) and ``n_datasets`` say what a row covers; ``rank`` and the paired comparison only put rows of
+the same (model, kind, levels) together, and ``note`` says when a group mixes levels.
+:func:`write_strategy_ranking` stores both variants (views ``strategy_ranking`` and
+``strategy_ranking_all``).
 """
 
 from __future__ import annotations
@@ -35,7 +45,9 @@ import pandas as pd
 from medrobust_lib.metrics.stats import benjamini_hochberg, bootstrap_ci, paired_bootstrap_ci, wilcoxon_paired
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store import results
+from medrobust_lib.store.coverage import SEG_FLOOR
 from medrobust_lib.store.schema import RANKING_COLUMNS, RANKING_TABLE
+from medrobust_lib.store.summary_views import FLOOR_NOTE, LEVELS_NOTE, LEVELS_NOTE_TAIL
 
 KINDS: dict[str, tuple[str, ...]] = {"corruption": ("perturbation",), "attack": ("fgsm", "pgd")}
 PUBLISHED_IOU_DROP: dict[str, float] = {  # MedFM-Robust, mean IoU drop under corruption
@@ -44,46 +56,92 @@ PUBLISHED_IOU_DROP: dict[str, float] = {  # MedFM-Robust, mean IoU drop under co
 }
 
 
+FLOOR_KEYS: tuple[str, ...] = ("model", "checkpoint", "strategy", "dataset")
+"""The unit a floor effect is judged on (as in the mart's ``segmentation_floor``)."""
+
+
+def dataset_floors(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per :data:`FLOOR_KEYS` of the clean ok rows: ``floor`` = mean clean IoU or Dice below
+    ``SEG_FLOOR``; ``all_floor`` = every such dataset of the (model, checkpoint, strategy) is at
+    the floor."""
+    clean = rows[(rows["condition"] == "clean") & (rows["status"] == "ok")]
+    means = clean.groupby(list(FLOOR_KEYS), dropna=False)[["iou", "dice"]].mean()
+    fl = ((means["iou"] < SEG_FLOOR) | (means["dice"] < SEG_FLOOR)).rename("floor").reset_index()
+    fl["all_floor"] = fl.groupby(list(FLOOR_KEYS[:3]), dropna=False)["floor"].transform("all")
+    return fl
+
+
+def without_floor(rows: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, tuple[int, bool]]]:
+    """``rows`` without the datasets at the floor (kept when every dataset of their model is), and
+    per evaluated model id ``(n_floor_excluded, floor_effect)``."""
+    fl = dataset_floors(rows)
+    merged = rows.merge(fl, on=list(FLOOR_KEYS), how="left")
+    floor = merged["floor"].fillna(False).astype(bool).to_numpy()
+    all_floor = merged["all_floor"].fillna(False).astype(bool).to_numpy()
+    info = {str(m): (int((g["floor"] & ~g["all_floor"]).sum()), bool(g["all_floor"].any()))
+            for m, g in fl.groupby("model")}
+    return rows[~floor | all_floor], info
+
+
+def _levels(ok: pd.DataFrame) -> str:
+    """The distinct levels of ``ok``, sorted, comma-separated (the SQL views' ``levels``)."""
+    return ",".join(str(v) for v in sorted({int(v) for v in ok["level"].dropna()}))
+
+
+def _record(model_id: str, g: pd.DataFrame, kind: str, base: str, strategy: str,
+            n_trainable: Mapping[str, int] | None, seed: int, n_boot: int) -> dict[str, object]:
+    """One ranking row of an evaluated model and kind (before ranks and paired comparisons)."""
+    clean = g[(g["condition"] == "clean") & (g["status"] == "ok")]
+    k = g[g["condition"].isin(KINDS[kind])]
+    ok = k[k["status"] == "ok"]
+    per = ok.groupby(["dataset", "sample_id"])[["iou_drop", "dice_drop"]].mean()
+    cl = clean.set_index(["dataset", "sample_id"]).reindex(per.index)
+    rec: dict[str, object] = {
+        "model": base, "strategy": strategy, "evaluated_as": model_id,
+        "checkpoint": ",".join(sorted(g["checkpoint"].astype(str).unique())), "kind": kind,
+        "n_samples": len(per), "n_conditions": int(ok.groupby(["condition", "perturbation", "level"]).ngroups),
+        "n_rows": len(k), "n_failed": int((k["status"] != "ok").sum()),
+        "clean_iou": float(cl["iou"].mean()) if len(per) else float("nan"),
+        "clean_dice": float(cl["dice"].mean()) if len(per) else float("nan"),
+        "n_trainable": (n_trainable or {}).get(model_id),
+        "levels": _levels(ok), "n_datasets": int(ok["dataset"].nunique()),
+    }
+    for metric in ("iou", "dice"):
+        vals = per[f"{metric}_drop"].to_numpy(dtype=float)
+        vals = vals[np.isfinite(vals)]
+        est, lo, hi = bootstrap_ci(vals, n_boot=n_boot, rng=rng_for(seed, "strategy-ranking", model_id, kind, metric))
+        rec.update({f"mean_{metric}_drop": est, f"{metric}_drop_ci_low": lo, f"{metric}_drop_ci_high": hi})
+    return rec
+
+
 def strategy_ranking(rows: pd.DataFrame, models: Mapping[str, tuple[str, str]],
                      n_trainable: Mapping[str, int] | None = None, seed: int = 0,
-                     n_boot: int = 2000) -> pd.DataFrame:
-    """The ranking table (columns :data:`RANKING_COLUMNS`).
+                     n_boot: int = 2000, with_floor: bool = False) -> pd.DataFrame:
+    """The ranking table (columns :data:`RANKING_COLUMNS`) of one variant: floor datasets left out
+    (``with_floor`` false, the default) or kept.
 
     ``models`` maps an evaluated model id to ``(base model id, strategy)``, e.g.
-    ``{"tiny-sam-lora": ("tiny-sam", "lora")}``; rows of other models are ignored. ``n_trainable``: trainable parameters per evaluated model id."""
-    out: list[dict[str, object]] = []
+    ``{"tiny-sam-lora": ("tiny-sam", "lora")}``; rows of other models are ignored. ``n_trainable``:
+    trainable parameters per evaluated model id."""
     names = [c for c, _ in RANKING_COLUMNS]
     if rows.empty:
         return pd.DataFrame(columns=names)
     sel = rows[rows["model"].isin(list(models))]
-    for model_id, g in sel.groupby("model", sort=True):
+    kept, floors = without_floor(sel)
+    if with_floor:
+        kept = sel
+    out: list[dict[str, object]] = []
+    for model_id, g in kept.groupby("model", sort=True):
         base, strategy = models[str(model_id)]
-        clean = g[(g["condition"] == "clean") & (g["status"] == "ok")]
-        for kind, conditions in KINDS.items():
-            k = g[g["condition"].isin(conditions)]
-            ok = k[k["status"] == "ok"]
-            per = ok.groupby(["dataset", "sample_id"])[["iou_drop", "dice_drop"]].mean()
-            cl = clean.set_index(["dataset", "sample_id"]).reindex(per.index)
-            rec: dict[str, object] = {
-                "model": base, "strategy": strategy, "evaluated_as": str(model_id),
-                "checkpoint": ",".join(sorted(g["checkpoint"].astype(str).unique())), "kind": kind,
-                "n_samples": len(per), "n_conditions": int(ok.groupby(["condition", "perturbation", "level"]).ngroups),
-                "n_rows": len(k), "n_failed": int((k["status"] != "ok").sum()),
-                "clean_iou": float(cl["iou"].mean()) if len(per) else float("nan"),
-                "clean_dice": float(cl["dice"].mean()) if len(per) else float("nan"),
-                "n_trainable": (n_trainable or {}).get(str(model_id)),
-            }
-            for metric in ("iou", "dice"):
-                vals = per[f"{metric}_drop"].to_numpy(dtype=float)
-                vals = vals[np.isfinite(vals)]
-                est, lo, hi = bootstrap_ci(vals, n_boot=n_boot,
-                                           rng=rng_for(seed, "strategy-ranking", str(model_id), kind, metric))
-                rec.update({f"mean_{metric}_drop": est, f"{metric}_drop_ci_low": lo, f"{metric}_drop_ci_high": hi})
+        n_excluded, floor_effect = floors.get(str(model_id), (0, False))
+        for kind in KINDS:
+            rec = _record(str(model_id), g, kind, base, strategy, n_trainable, seed, n_boot)
+            rec.update(n_floor_excluded=0 if with_floor else n_excluded, floor_effect=floor_effect,
+                       with_floor=with_floor)
             out.append(rec)
-    df = pd.DataFrame(out, columns=[c for c in names if c not in PAIRED_COLUMNS])
-    df["rank"] = (df.groupby(["model", "kind"])["mean_iou_drop"].rank(method="min", na_option="bottom")
-                  .astype("Int64"))
-    df = _versus_reference(df, sel, models, seed, n_boot)
+    df = pd.DataFrame(out, columns=[c for c in names if c not in PAIRED_COLUMNS and c != "note"])
+    df = _rank(df, with_floor)
+    df = _versus_reference(df, kept, models, seed, n_boot)
     return df.sort_values(["model", "kind", "rank", "strategy"]).reset_index(drop=True)[names]
 
 
@@ -96,13 +154,32 @@ def _per_image_drop(rows: pd.DataFrame, model_id: str, kind: str) -> pd.Series:
     return k.groupby(["dataset", "sample_id"])["iou_drop"].mean().dropna()
 
 
+RANK_GROUP: tuple[str, ...] = ("model", "kind", "levels")
+"""Rows ranked and compared together: the same base model, kind and evaluated levels."""
+
+
+def _rank(df: pd.DataFrame, with_floor: bool) -> pd.DataFrame:
+    """``rank`` within :data:`RANK_GROUP` (floor-effect rows unranked unless ``with_floor``) and ``note``."""
+    ranked = df if with_floor else df[~df["floor_effect"].astype(bool)]
+    df["rank"] = (ranked.groupby(list(RANK_GROUP))["mean_iou_drop"].rank(method="min", na_option="bottom")
+                  .reindex(df.index).astype("Int64"))
+    mixed = df.groupby(["model", "kind"])["levels"].transform("nunique") > 1
+    note = pd.Series(None, index=df.index, dtype=object)
+    note[mixed] = LEVELS_NOTE + df.loc[mixed, "levels"] + LEVELS_NOTE_TAIL
+    if not with_floor:
+        note[df["floor_effect"].astype(bool)] = FLOOR_NOTE
+    df["note"] = note
+    return df
+
+
 def _versus_reference(df: pd.DataFrame, rows: pd.DataFrame, models: Mapping[str, tuple[str, str]], seed: int,
                       n_boot: int) -> pd.DataFrame:
     for c in PAIRED_COLUMNS[1:]:
         df[c] = None if c == "ref_strategy" else np.nan
-    for (_, kind), g in df.groupby(["model", "kind"]):
+    for (_, kind, _), g in df.groupby(list(RANK_GROUP)):
         strategies = dict(zip(g["strategy"], g["evaluated_as"], strict=True))
-        ref = "full" if "full" in strategies else str(g.sort_values("rank")["strategy"].iloc[0])
+        ranked = g[g["rank"].notna()] if g["rank"].notna().any() else g
+        ref = "full" if "full" in set(ranked["strategy"]) else str(ranked.sort_values("rank")["strategy"].iloc[0])
         ref_drop = _per_image_drop(rows, strategies[ref], str(kind))
         ps: dict[object, float] = {}
         for idx, r in g.iterrows():
@@ -126,12 +203,24 @@ def _versus_reference(df: pd.DataFrame, rows: pd.DataFrame, models: Mapping[str,
 
 def write_strategy_ranking(results_dir: str | Path, models: Mapping[str, tuple[str, str]],
                            n_trainable: Mapping[str, int] | None = None, seed: int = 0) -> pd.DataFrame:
-    """Recompute the ranking from every ``segmentation_results`` row and store it (one chunk per
-    base model; the mart exposes it as the view ``strategy_ranking``)."""
+    """Recompute the ranking from every ``segmentation_results`` row and store both variants (one
+    chunk per base model; the mart exposes them as the views ``strategy_ranking``, floor datasets
+    left out, and ``strategy_ranking_all``); returns the default variant."""
     df = results.read_table(results_dir, "segmentation_results")
     table = strategy_ranking(df, models, n_trainable, seed)
-    results.write_per_key(results_dir, RANKING_TABLE, table, "model", results.fingerprint(["ranking", len(table)]))
+    both = pd.concat([table, _with_floor_variant(df, models, n_trainable, seed, table)], ignore_index=True)
+    results.write_per_key(results_dir, RANKING_TABLE, both, "model", results.fingerprint(["ranking", len(both)]))
     return table
+
+
+def _with_floor_variant(rows: pd.DataFrame, models: Mapping[str, tuple[str, str]],
+                        n_trainable: Mapping[str, int] | None, seed: int, default: pd.DataFrame) -> pd.DataFrame:
+    """The ``with_floor`` variant: the default one relabelled when no row touched a floor (the same
+    numbers), else recomputed with the floor datasets."""
+    if default.empty or not (default["n_floor_excluded"].fillna(0).astype(int).any()
+                             or default["floor_effect"].fillna(False).astype(bool).any()):
+        return default.assign(with_floor=True)
+    return strategy_ranking(rows, models, n_trainable, seed, with_floor=True)
 
 
 def compare_published(table: pd.DataFrame, kind: str = "corruption") -> pd.DataFrame:

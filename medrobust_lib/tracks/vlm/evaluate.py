@@ -83,8 +83,14 @@ def _row(item: VLMItem, cond: Condition, runner: Runner, prompt_id: int = 0) -> 
     r.update(model=runner.m.id, checkpoint=runner.checkpoint, adapter=runner.adapter, task=item.task,
              dataset=item.dataset, modality=cond.sample.modality, sample_id=item.sample_id, record_id=item.record_id,
              prompt_id=prompt_id, image_mode="image", perturbation=cond.perturbation, level=cond.level,
-             strength=cond.strength, ssim=cond.ssim, cache_hit=False)
+             strength=cond.strength, ssim=cond.ssim, cache_hit=False, n_options=n_options(item))
     return r
+
+
+def n_options(item: VLMItem) -> int | None:
+    """The answer options a multiple-choice item offers (its chance level is 1 / that); None for
+    the other tasks."""
+    return len(item.options) if item.task == "vqa_mc" else None
 
 
 def _with_answer(r: dict[str, Any], a: Answer, scored: dict[str, Any]) -> dict[str, Any]:

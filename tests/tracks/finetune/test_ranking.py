@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from medrobust_lib.store.schema import RANKING_COLUMNS
+from medrobust_lib.store.summary_views import LEVELS_NOTE, LEVELS_NOTE_TAIL
 from medrobust_lib.tracks.finetune.ranking import compare_published, strategy_ranking
 
 SAMPLES = [f"s{i:02d}" for i in range(16)]
@@ -64,3 +65,20 @@ def test_compare_published_orders_by_the_published_table() -> None:
     assert list(cmp["strategy"])[0] == "full" and list(cmp["strategy"])[-1] == "lora"
     assert cmp.set_index("strategy").loc["lora", "our_rank"] == 2
     assert cmp["mean_iou_drop"].isna().sum() == 4  # strategies not evaluated here
+
+
+def test_strategies_of_different_levels_are_not_ranked_together() -> None:
+    """``lora`` was evaluated at levels 2 and 5, ``full`` at 2 and 4: each is rank 1 of its own
+    coverage, says so in ``note``, and is not paired with the other."""
+    lora = pd.DataFrame(_rows("m-lora", "lora", 0.02))
+    lora.loc[lora["level"] == 4, "level"] = 5
+    rows = pd.concat([pd.DataFrame(_rows("m-full", "full", 0.0)), lora], ignore_index=True)
+    t = strategy_ranking(rows, {"m-full": ("m", "full"), "m-lora": ("m", "lora")}, seed=0, n_boot=200)
+    c = t[t["kind"] == "corruption"].set_index("strategy")
+    assert (c.loc["full", "levels"], c.loc["lora", "levels"]) == ("2,4", "2,5")
+    assert list(c.loc[["full", "lora"], "rank"]) == [1, 1]
+    assert c.loc["lora", "note"] == LEVELS_NOTE + "2,5" + LEVELS_NOTE_TAIL
+    assert c.loc["lora", "ref_strategy"] == "lora" and pd.isna(c.loc["lora", "iou_drop_diff"])
+    a = t[t["kind"] == "attack"]  # both evaluated FGSM at level 2: ranked together, no note
+    assert set(a["levels"]) == {"2"} and sorted(a["rank"]) == [1, 2] and a["note"].isna().all()
+    assert not t["floor_effect"].any() and set(t["n_floor_excluded"]) == {0} and not t["with_floor"].any()
