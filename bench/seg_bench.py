@@ -4,16 +4,24 @@ perturbed manifests and the tiny-sam checkpoint) first. Run: .venv/bin/python be
 Prints: pipeline overhead = end-to-end evaluate_perturbed wall time / pure batched model forward
 on the same regenerated images (goal <= 1.2); images per second for clean, perturbed and PGD
 evaluation; clean-prediction cache hits over a full run.
+
+The evaluations write into a scratch copy of the suite's results (its clean index and perturbation
+manifests, the checkpoints linked), so existing rows neither short-circuit the timed runs (resume)
+nor get overwritten. ``--level`` defaults to the highest severity the suite perturbs.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
-from medrobust_lib.config import load_suite
+from medrobust_lib.config import Suite, load_suite
+from medrobust_lib.paths import suite_paths
 from medrobust_lib.perturb.engine import regenerate
 from medrobust_lib.prompts import prompt_boxes
 from medrobust_lib.tracks.datasets import load_clean_samples
@@ -28,29 +36,45 @@ from medrobust_lib.tracks.segmentation.evaluate import (
 )
 
 
+def scratch_suite(suite: Suite, scratch: Path) -> Suite:
+    """``suite`` with its results under ``scratch``: the clean index and perturbation manifests
+    copied, the checkpoints folder linked, every result table empty."""
+    paths = suite_paths(suite)
+    for table in ("clean_samples", "perturbation_manifest"):
+        shutil.copytree(paths.results / table, scratch / "results" / table)
+    (scratch / "checkpoints").symlink_to(paths.checkpoints.resolve(), target_is_directory=True)
+    return suite.model_copy(update={"results_dir": str(scratch / "results")})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--suite", default="configs/demo.yaml")
     ap.add_argument("--model", default="tiny-sam")
     ap.add_argument("--modalities", default="ct,dermoscopy,mri")
+    ap.add_argument("--level", type=int, default=None, help="severity (default: the suite's highest)")
     args = ap.parse_args()
-    suite = load_suite(args.suite)
-    m = model_config(suite, args.model)
+    with tempfile.TemporaryDirectory(prefix="seg_bench_") as tmp:
+        run(scratch_suite(load_suite(args.suite), Path(tmp)), args.model, args.modalities.split(","), args.level)
+
+
+def run(suite: Suite, model_id: str, modalities: list[str], level: int | None) -> None:
+    lv = level if level is not None else max(suite.perturbations.levels)
+    m = model_config(suite, model_id)
     model = load_model(suite, m)
     rows = []
     hits = misses = 0
-    for modality in args.modalities.split(","):
+    for modality in modalities:
         t0 = time.perf_counter()
         c = evaluate_clean(suite, m.id, modality, model)
         t_clean = time.perf_counter() - t0
         t0 = time.perf_counter()
-        p = evaluate_perturbed(suite, m.id, modality, 3, model)
+        p = evaluate_perturbed(suite, m.id, modality, lv, model)
         t_pert = time.perf_counter() - t0
         hits, misses = hits + p.clean_cache_hits, misses + p.clean_cache_misses
         # pure batched forward on exactly the images the perturbed evaluation saw
         samples = {(s.dataset, s.sample_id): s for v in load_clean_samples(suite, modality, split=seg_config(suite).split).values() for s in v}
         imgs, boxes = [], []
-        for r in read_manifest(suite, modality, 3).to_dict("records"):
+        for r in read_manifest(suite, modality, lv).to_dict("records"):
             s = samples.get((r["dataset"], r["sample_id"]))
             if s is None or r["status"] != "ok":
                 continue
@@ -61,12 +85,13 @@ def main() -> None:
         model.predict(imgs, boxes, batch_size=m.batch_size)
         t_pure = time.perf_counter() - t0
         t0 = time.perf_counter()
-        a = evaluate_attacks(suite, m.id, modality, 3, model)
+        a = evaluate_attacks(suite, m.id, modality, lv, model)
         t_att = time.perf_counter() - t0
         hits, misses = hits + a.clean_cache_hits, misses + a.clean_cache_misses
         rows.append((modality, c.n_rows / t_clean, p.n_rows / t_pert, (a.n_rows / 2) / t_att, t_pert / t_pure,
                      len(imgs)))
-    print("| modality | clean img/s | perturbed img/s | attack img/s (FGSM+PGD L3) | overhead (e2e / pure forward) | n perturbed |")
+    print(f"level {lv}\n")
+    print("| modality | clean img/s | perturbed img/s | attack img/s (FGSM+PGD) | overhead (e2e / pure forward) | n perturbed |")
     print("|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r[0]} | {r[1]:.1f} | {r[2]:.1f} | {r[3]:.1f} | {r[4]:.2f} | {r[5]} |")
