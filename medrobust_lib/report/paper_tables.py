@@ -311,11 +311,21 @@ _FIXED_CHANCE_SQL = "case task " + " ".join(f"when '{t}' then {c}" for t, c in V
 """The chance level of a mart built before ``vlm_task_drops`` carried ``chance`` (multiple choice 0.25)."""
 
 
+def _vlm_levels(con: duckdb.DuckDBPyConnection, where: str, params: Sequence[object]) -> str:
+    """The severity levels the selected models were evaluated at (``levels 2, 4``; ``levels 1-5`` for a full grid;
+    ``the evaluated levels`` when the mart has no ``vlm_results``)."""
+    if not relation_exists(con, "vlm_results"):
+        return "the evaluated levels"
+    levels = [int(r[0]) for r in con.execute(
+        f"select distinct level from vlm_results where level > 0 and {where} order by 1", params).fetchall()]
+    return "levels " + ("1-5" if levels == [1, 2, 3, 4, 5] else ", ".join(map(str, levels)) or "(none)")
+
+
 def vlm_task_drops(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None) -> TableResult:
     """The ``vlm_task_drops`` view in long form (fits a page; the published wide table has one
     column per type): one row per (model, checkpoint, adapter, task, perturbation type) with
     ``metric`` (the task's primary metric: accuracy / acc_50 in [0, 1], CIDEr-D >= 0), ``clean``,
-    ``perturbed`` (the type's mean over levels 1-5), ``drop`` (clean - perturbed, positive =
+    ``perturbed`` (the type's mean over the evaluated levels), ``drop`` (clean - perturbed, positive =
     worse), ``rel_drop`` (drop / clean, empty when clean is 0), ``n_unparseable`` and ``n_error``
     (infrastructure errors, outside every number); then one ``Avg`` row per (model, task) whose ``perturbed`` is the
     mean over types and ``drop`` is ΔTP. ``floor_effect``: the clean score is at or below the task's
@@ -352,7 +362,7 @@ def vlm_task_drops(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None)
             Column("Drop", "drop", "float"), Column("Rel.", "rel_drop", "float"),
             Column("Unparseable", "n_unparseable", "int"), Column("Errors", "n_error", "int")]
     note = ("Primary metric per task (accuracy for VQA, Acc@0.5 for grounding, CIDEr-D for captions); Perturbed is "
-            "the type's mean over levels 1-5, Drop = Clean - Perturbed (positive = worse); the Avg row is the mean "
+            f"the type's mean over {_vlm_levels(con, where, params)}, Drop = Clean - Perturbed (positive = worse); the Avg row is the mean "
             "over types and its drop is ΔTP; Rel. = Drop / Clean. Unparseable: answers that could not be parsed "
             "(counted wrong); Errors: infrastructure failures (transport, out of memory), outside every number.")
     if df["floor_effect"].any():
