@@ -9,14 +9,16 @@ their tables under that (long format, not 50 columns). Tables longer than :data:
 use ``longtable`` (one-column layouts; in a two-column paper put them in a one-column appendix).
 Greyed rows (floor effects) are ``\\textcolor{gray}`` (``xcolor``). Needs ``\\usepackage{booktabs}``;
 the first line of each file names every package it uses. Every data row is one line ending in
-``\\\\``.
+``\\\\``; a table with :attr:`~medrobust_lib.report.table.ReportTable.group_by` columns shows them as an
+italic ``\\multicolumn`` heading line above each group instead of as columns.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
-from medrobust_lib.report.table import ReportTable, display_rows, numeric_alignment
+from medrobust_lib.report.table import ReportTable, display_rows, fmt_cell, numeric_alignment
 
 LONG_ROWS = 40
 ONE_COLUMN_IN = 3.4
@@ -48,7 +50,9 @@ def label(name: str) -> str:
 
 def estimated_width_in(table: ReportTable, char_pt: float = SIZES[0][1], tabcolsep_pt: float = SIZES[0][2]) -> float:
     """Estimated printed width in inches: per column the longest of header and cells (in
-    characters, LaTeX escapes not counted) x ``char_pt`` plus 2 x ``tabcolsep_pt``."""
+    characters, LaTeX escapes not counted) x ``char_pt`` plus 2 x ``tabcolsep_pt``; columns shown as
+    group headings (:func:`body_table`) are not counted."""
+    table = body_table(table)
     rows = display_rows(table)
     total = 0.0
     for j, h in enumerate(table.headers):
@@ -67,6 +71,28 @@ def layout(table: ReportTable) -> tuple[str, float, float]:
     return size, sep, width
 
 
+def body_table(table: ReportTable) -> ReportTable:
+    """``table`` without the columns that :attr:`ReportTable.group_by` turns into heading rows."""
+    if not table.group_by:
+        return table
+    return replace(table, columns=tuple(c for c in table.columns if c.key not in table.group_by))
+
+
+def group_headings(table: ReportTable) -> list[str | None]:
+    """Per ``data`` row: the heading (the grouped columns' ``header: value`` pairs joined by
+    ``, ``) when the row starts a new group, else None. All None without ``group_by``."""
+    if not table.group_by:
+        return [None] * len(table.data)
+    cols = [c for c in table.columns if c.key in table.group_by]
+    out: list[str | None] = []
+    last: str | None = None
+    for r in table.data.to_dict("records"):
+        heading = ", ".join(f"{c.header}: {fmt_cell(r, c)}" for c in cols)
+        out.append(heading if heading != last else None)
+        last = heading
+    return out
+
+
 def _cell(text: str, grey: bool) -> str:
     return f"\\textcolor{{gray}}{{{text}}}" if grey and text else text
 
@@ -76,11 +102,17 @@ def to_latex(table: ReportTable) -> str:
     ``\\toprule``, header, ``\\midrule``, one line per row and ``\\bottomrule``, in
     ``\\footnotesize``; the note becomes a footnote-size paragraph under the tabular (in a
     ``longtable``: appended to the caption)."""
+    headings = group_headings(table)
+    table = body_table(table)
     spec = "".join("r" if num else "l" for num in numeric_alignment(table))
     header = " & ".join(escape(h) for h in table.headers) + r" \\"
     greys = table.greyed()
-    body = [" & ".join(_cell(escape(c), g) for c in row) + r" \\"
-            for row, g in zip(display_rows(table), greys, strict=True)]
+    body: list[str] = []
+    for row, g, heading in zip(display_rows(table), greys, headings, strict=True):
+        if heading is not None:
+            rule = ["\\addlinespace"] if body else []
+            body += [*rule, f"\\multicolumn{{{len(table.columns)}}}{{l}}{{\\textit{{{escape(heading)}}}}} \\\\"]
+        body.append(" & ".join(_cell(escape(c), g) for c in row) + r" \\")
     caption = escape(table.title)
     note = escape(table.note)
     packages = "booktabs" + (",xcolor" if any(greys) else "")

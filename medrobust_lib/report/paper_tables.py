@@ -232,11 +232,12 @@ def segmentation_by_level(con: duckdb.DuckDBPyConnection, models: Sequence[str] 
     ``kind`` is ``corruption`` or ``attack``. Corruptions first, then attacks, each by type and level."""
     where, params = where_in("model", models)
     view = next((v for v in BY_LEVEL_VIEWS if relation_exists(con, v)), BY_LEVEL_VIEWS[-1])
+    floor = "floor_effect" if "floor_effect" in relation_columns(con, view) else "false as floor_effect"
     df = con.execute(f"""
         select model, checkpoint, strategy, condition,
                case when condition = 'perturbation' then 'corruption' else 'attack' end as kind,
                perturbation, level, n, n_failed, iou, dice, iou_drop, iou_drop_ci_low, iou_drop_ci_high,
-               iou_rel_drop, dice_drop, dice_drop_ci_low, dice_drop_ci_high, dice_rel_drop, wilcoxon_q
+               iou_rel_drop, dice_drop, dice_drop_ci_low, dice_drop_ci_high, dice_rel_drop, wilcoxon_q, {floor}
         from {view} where {where}
         order by model, strategy, checkpoint, case when condition = 'perturbation' then 0 else 1 end,
                  perturbation, level""", params).df()
@@ -251,12 +252,14 @@ def segmentation_by_level(con: duckdb.DuckDBPyConnection, models: Sequence[str] 
             Column("Dice drop [95% CI]", "dice_drop", "ci", "dice_drop_ci_low", "dice_drop_ci_high"),
             Column("Dice rel. drop", "dice_rel_drop", "float"),
             Column("q", "wilcoxon_q", "pvalue")]
+    grouped = tuple(c.key for c in cols if c.key in ("model", "strategy", "checkpoint", "kind"))
     return ReportTable(
         "segmentation_by_level", "Segmentation by perturbation type and severity level", df, tuple(cols),
         "Drop = clean minus perturbed, paired per image, percentile bootstrap 95% CI over images; relative drop = "
         "drop / clean score of the same images; q: paired Wilcoxon (clean vs perturbed IoU) with "
         "Benjamini-Hochberg over the model's type x level grid. "
-        "Attack levels 1-5 are eps = 2, 4, 6, 8, 10 /255.")
+        "Attack levels 1-5 are eps = 2, 4, 6, 8, 10 /255. Grey rows: clean IoU or Dice below the floor.",
+        grey_key="floor_effect", group_by=grouped)
 
 
 def strategy_ranking(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None,

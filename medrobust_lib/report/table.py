@@ -52,6 +52,10 @@ class ReportTable:
     grey_key: str | None = None
     """A boolean ``data`` column: rows where it is true (a floor effect) are greyed out (LaTeX
     ``\\textcolor{gray}``, HTML class ``floor``) and marked :data:`FLOOR_MARK` in Markdown."""
+    group_by: tuple[str, ...] = ()
+    """Display columns (by ``key``) that LaTeX shows as a heading row above each run of rows sharing
+    their values instead of as columns, so a long table of long names fits the page; ``data`` must be
+    sorted by them. Markdown, CSV and HTML keep them as columns."""
 
     @property
     def headers(self) -> list[str]:

@@ -177,11 +177,12 @@ def _csv(report: ReportSummary, name: str) -> pd.DataFrame:
 
 
 def _latex_rows(tex: str) -> list[str]:
-    """Data rows of a booktabs table or longtable (lines ending in ``\\\\`` after the header)."""
+    """Data rows of a booktabs table or longtable (lines ending in ``\\\\`` after the header; group
+    heading lines, ``\\multicolumn``, left out)."""
     lines = tex.splitlines()
     start = lines.index("\\endfoot") + 1 if "\\endfoot" in lines else lines.index("\\midrule") + 1
     end = lines.index("\\end{longtable}") if "\\end{longtable}" in lines else lines.index("\\bottomrule")
-    return [ln for ln in lines[start:end] if ln.endswith("\\\\")]
+    return [ln for ln in lines[start:end] if ln.endswith("\\\\") and not ln.startswith("\\multicolumn")]
 
 
 # --- tests -----------------------------------------------------------------------------------
@@ -281,6 +282,31 @@ def test_formatters_and_latex_escape() -> None:
     assert fmt_ci(0.1234, 0.1, 0.15) == "0.123 [0.100, 0.150]" and fmt_ci(0.5, None, None) == "0.500"
     assert fmt_pvalue(2e-9) == "<0.001" and fmt_pvalue(0.0412) == "0.041" and fmt_pvalue(None) == "–"
     assert parse_models(" a, b,a ,") == ["a", "b"] and parse_models(" ") is None and parse_models(None) is None
+
+
+def test_latex_groups_long_identity_columns_into_heading_lines() -> None:
+    """``group_by`` columns become one italic heading line per run of equal values in LaTeX (not
+    columns), while Markdown keeps them as columns; the width estimate counts only the body."""
+    from medrobust_lib.report.latex import estimated_width_in, group_headings
+    from medrobust_lib.report.table import Column, ReportTable
+
+    df = pd.DataFrame({"model": ["models:/a-very-long-registry-name@champion"] * 2 + ["b"],
+                       "kind": ["corruption", "attack", "attack"], "x": [0.5, 0.25, 1.0]})
+    cols = (Column("Model", "model"), Column("Kind", "kind"), Column("x", "x", "float"))
+    flat = ReportTable("t", "T", df, cols)
+    grouped = ReportTable("t", "T", df, cols, group_by=("model", "kind"))
+    assert group_headings(flat) == [None] * 3
+    assert group_headings(grouped) == ["Model: models:/a-very-long-registry-name@champion, Kind: corruption",
+                                       "Model: models:/a-very-long-registry-name@champion, Kind: attack",
+                                       "Model: b, Kind: attack"]
+    tex = to_latex(grouped)
+    assert "\\begin{tabular}{r}" in tex and "x \\\\" in tex.splitlines()
+    heads = [ln for ln in tex.splitlines() if ln.startswith("\\multicolumn")]
+    assert heads[0] == "\\multicolumn{1}{l}{\\textit{Model: models:/a-very-long-registry-name@champion, Kind: corruption}} \\\\"
+    assert len(heads) == 3 and tex.count("\\addlinespace") == 2
+    assert _latex_rows(tex) == ["0.500 \\\\", "0.250 \\\\", "1.000 \\\\"]
+    assert estimated_width_in(grouped) < estimated_width_in(flat)
+    assert "| models:/a-very-long-registry-name@champion | corruption | 0.500 |" in to_markdown(grouped)
 
 
 def test_vlm_long_table_equals_the_view(report: ReportSummary, mart: Path) -> None:
