@@ -68,16 +68,21 @@ def taxonomy_rows(rng: np.random.Generator) -> pd.DataFrame:
                 conds = [("clean", 0)] + [(t, lv) for t in ("gaussian_noise", "gaussian_blur") for lv in range(1, 6)]
                 for pert, level in conds:
                     for s in range(10):
-                        flip = float(rng.choice([0.0, 0.2, 0.4], p=[0.5 - 0.1 * ci + 0.02 * level, 0.3, 0.2 + 0.1 * ci
-                                                                   - 0.02 * level]))
-                        consistent = flip == 0.0
+                        disagreement = float(rng.choice([0.0, 0.2, 0.4], p=[0.5 - 0.1 * ci + 0.02 * level, 0.3,
+                                                                           0.2 + 0.1 * ci - 0.02 * level]))
+                        consistent = disagreement == 0.0
                         reliant = bool(rng.random() < 0.7 - 0.25 * ci)
                         quad = {(True, True): "Ideal", (False, True): "Fragile", (True, False): "Dangerous",
                                 (False, False): "Worst"}[(consistent, reliant)]
+                        answer = "yes" if s % 2 == 0 else "no"
+                        correct = bool(rng.random() < 0.6)
+                        pred = answer if correct else ("no" if answer == "yes" else "yes")
+                        removed = pred if not reliant else ("no" if pred == "yes" else "yes")
                         rows.append({"config": cfg, "dataset": ds, "sample_id": f"{ds}_{s}", "record_id": f"r{s}",
                                      "perturbation": pert, "level": level, "image_mode": mode, "quadrant": quad,
-                                     "correct_original": float(rng.random() < 0.6),
-                                     "entropy_original": float(rng.random()), "flip_rate": flip,
+                                     "answer": answer, "pred_original": pred, "pred_removed": removed,
+                                     "correct_original": float(correct), "entropy_original": float(rng.random()),
+                                     "flip_rate": float(not consistent), "pairwise_disagreement": disagreement,
                                      "consistent": consistent, "image_reliant": reliant, "outcome": "ok"})
     return pd.DataFrame(rows)
 
@@ -87,10 +92,15 @@ def vlm_rows() -> pd.DataFrame:
     for task, metric, clean in (("vqa_mc", "accuracy", 0.62), ("grounding", "acc@0.5", 0.0)):
         per = {t: max(clean - 0.01 * (i % 7), 0.0) for i, t in enumerate(TYPES)}
         avg = float(np.mean(list(per.values())))
+        chance = 0.25 if task == "vqa_mc" else None
         cols = [("Clean", clean), *per.items(), ("Avg", avg), ("ΔTP", clean - avg)]
         for ord_, (name, value) in enumerate(cols):
+            drop = value if name == "ΔTP" else clean - value
             rows.append({"model": "tiny-llava", "checkpoint": "ck", "adapter": None, "task": task,
-                         "column_name": name, "metric": metric, "value": value, "n_unparseable": 0, "ord": ord_})
+                         "column_name": name, "metric": metric, "value": value, "drop": drop,
+                         "rel_drop": drop / clean if clean else None, "n_unparseable": 0, "n_error": 0,
+                         "ord": ord_, "chance": chance,
+                         "floor_effect": clean <= (chance if chance is not None else 0.0)})
     return pd.DataFrame(rows)
 
 
@@ -103,7 +113,8 @@ def strategy_rows() -> pd.DataFrame:
             rows.append({"model": "tiny-sam", "strategy": strat, "kind": kind, "n_samples": 16, "n_conditions": 32,
                          "mean_iou_drop": d, "iou_drop_ci_low": d - 0.005, "iou_drop_ci_high": d + 0.005,
                          "mean_dice_drop": d / 2, "dice_drop_ci_low": d / 2 - 0.002, "dice_drop_ci_high": d / 2 + 0.002,
-                         "clean_iou": 0.6, "clean_dice": 0.75, "n_trainable": 1000 * rank, "rank": rank})
+                         "clean_iou": 0.6, "clean_dice": 0.75, "n_trainable": 1000 * rank, "rank": rank,
+                         "iou_rel_drop": d / 0.6, "dice_rel_drop": d / 2 / 0.75})
     return pd.DataFrame(rows)
 
 
