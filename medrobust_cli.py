@@ -141,6 +141,13 @@ def _project_path(given: Path | str | None, default: str) -> Path:
     return Path(given).expanduser().resolve() if given is not None else in_project(default)
 
 
+def _suite_workers(suite: Path) -> int:
+    """The suite's ``workers`` (processes the machine can give one job)."""
+    from medrobust_lib.config import load_suite
+
+    return int(load_suite(suite).workers)
+
+
 def _suite_locations(suite: str | None) -> SuitePaths | None:
     """The output locations of ``--suite FILE`` (None without the option), relative paths resolved
     against the project root, as the suite's own runs resolve them."""
@@ -211,7 +218,8 @@ def demo(
     loc = _suite_locations(str(suite_path))
     assert loc is not None
     rep = build_report(mart, loc.reports, None, mlruns_dir=Path("mlruns"), log_mlflow=True,
-                       experiment=_report_experiment(str(suite_path)))
+                       experiment=_report_experiment(str(suite_path)),
+                       workers=workers or _suite_workers(suite_path))
     _echo(f"== report  {time.perf_counter() - t1:6.1f} s  ({len(rep.tables)} tables, {len(rep.figures)} figures)")
     typer.echo(f"\nDone in {time.perf_counter() - t0:.0f} s.")
     typer.echo(f"  mart:     {mart}   (medrobust query \"SQL\")")
@@ -543,6 +551,7 @@ def report(
                                                                         "below 0.1 in the segmentation averages and "
                                                                         "figures (default: left out, counted)")]
     = False,
+    workers: Annotated[int, typer.Option(min=1, help="processes drawing the figure files (same bytes as 1)")] = 1,
 ) -> None:
     """Paper-ready tables (CSV, Markdown, LaTeX), figures (PNG 300 dpi, PDF, SVG) and one index.html
     from the mart; logged as artifacts of one MLflow run in the suite's experiment '<suite>/reports'
@@ -555,7 +564,7 @@ def report(
                                _project_path(out, str(loc.reports) if loc else "var/reports"),
                                parse_models(models), mlruns_dir=_project_path(mlruns, "mlruns"),
                                log_mlflow=not no_mlflow, include_floor=include_floor,
-                               experiment=_report_experiment(suite))
+                               experiment=_report_experiment(suite), workers=workers)
     except (FileNotFoundError, ValueError) as exc:
         _echo(f"error: {exc}")
         raise typer.Exit(2) from None

@@ -30,7 +30,7 @@ import pandas as pd
 
 from medrobust_lib.report import paper_tables as pt
 from medrobust_lib.report.figures import paper as figs
-from medrobust_lib.report.figures.style import twins
+from medrobust_lib.report.figures.style import parallel_saves, twins
 from medrobust_lib.report.html import Figure, render_page
 from medrobust_lib.report.latex import to_latex
 from medrobust_lib.report.table import ReportTable, to_csv, to_markdown
@@ -228,7 +228,7 @@ def _families(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
 def build_report(mart_path: str | Path = "var/marts.duckdb", out_dir: str | Path = "var/reports",
                  models: Sequence[str] | None = None, *, mlruns_dir: str | Path = "mlruns",
                  log_mlflow: bool = True, seed: int = 0, include_floor: bool = False,
-                 experiment: str = EXPERIMENT) -> ReportSummary:
+                 experiment: str = EXPERIMENT, workers: int = 1) -> ReportSummary:
     """Write the report for ``models`` (model / configuration ids; None = all) into ``out_dir``.
 
     Raises FileNotFoundError without a mart and ValueError for unknown ids (listing the available
@@ -236,6 +236,8 @@ def build_report(mart_path: str | Path = "var/marts.duckdb", out_dir: str | Path
     ``include_floor``: keep datasets whose clean score is at the floor (``store.coverage``) in the
     segmentation averages and figures (default: left out, counted in the summary table).
     ``experiment``: the MLflow experiment of the run (the CLI passes the suite's ``<suite>/reports``).
+    ``workers``: processes that draw the figure files (:func:`~medrobust_lib.report.figures.style.
+    parallel_saves`; 1 = in this process); the files are the same bytes either way.
     """
     t0 = time.perf_counter()
     mart = Path(mart_path)
@@ -248,7 +250,8 @@ def build_report(mart_path: str | Path = "var/marts.duckdb", out_dir: str | Path
         out.mkdir(parents=True, exist_ok=True)
         _clear_previous(out)
         fig_dir = out / "figures"
-        figures, fig_skipped = _figures(con, {t.name: t for t in tables}, sel, fig_dir, include_floor)
+        with parallel_saves(workers):
+            figures, fig_skipped = _figures(con, {t.name: t for t in tables}, sel, fig_dir, include_floor)
         incomplete = _incomplete(con)
     finally:
         con.close()

@@ -171,3 +171,24 @@ def test_taxonomy_bars_and_transitions(tmp_path: Path) -> None:
                           for m in ("none", "blank", "noise") for a in QUADRANTS for b in QUADRANTS])
     _check(transition_heatmaps(trans, tmp_path), (style.TWO_COLUMN,))
     assert set(QUADRANT_COLORS.values()) <= set(style.OKABE_ITO)
+
+
+def test_parallel_saves_write_the_same_bytes(tmp_path: Path) -> None:
+    """Figures handed to worker processes (pickled, drawn there) come out byte-identical to the
+    in-process files, the palette's "C0"-style colours included."""
+    by_level = _by_level(n_types=6)
+    ranking = pd.DataFrame([{"model": "m", "strategy": s, "kind": k, "rank": r, "mean_iou_drop": 0.1 * r,
+                             "iou_drop_ci_low": 0.1 * r - 0.02, "iou_drop_ci_high": 0.1 * r + 0.02}
+                            for r, s in enumerate(("lora", "full"), start=1) for k in ("corruption", "attack")])
+
+    def draw(out: Path) -> list[Path]:
+        return [*figs.drop_heatmap(by_level, out), *figs.family_curves(by_level, {}, out),
+                *figs.strategy_bars(ranking, out)]
+
+    serial = draw(tmp_path / "serial")
+    with style.parallel_saves(2):
+        par = draw(tmp_path / "par")
+    assert [p.name for p in par] == [p.name for p in serial] and len(serial) == 3
+    for a, b in zip(serial, par, strict=True):
+        for x, y in zip(style.twins(a), style.twins(b), strict=True):
+            assert x.read_bytes() == y.read_bytes(), x.name

@@ -85,21 +85,69 @@ def paper_style() -> Iterator[Any]:
         yield plt
 
 
+_METADATA: dict[str, dict[str, None]] = {
+    "png": {"Software": None},
+    "pdf": {"CreationDate": None, "ModDate": None, "Producer": None, "Creator": None},
+    "svg": {"Date": None, "Creator": None},
+}
+_SAVER: dict[str, Any] = {}
+"""While :func:`parallel_saves` is active: ``pool`` (the process pool) and ``pending`` (futures)."""
+
+
+def _write_formats(fig: Any, png_path: Path) -> None:
+    plt = pyplot()
+    # the paper style again: colours such as "C0" are resolved against the cycle when drawn
+    with plt.rc_context({**RC, "axes.prop_cycle": cycler(color=list(OKABE_ITO))}):
+        for fmt in FORMATS:
+            fig.savefig(png_path.with_suffix(f".{fmt}"), dpi=DPI, metadata=_METADATA[fmt], format=fmt)
+    plt.close(fig)
+
+
+def _write_pickled(data: bytes, png_path: str) -> None:
+    """Worker side of :func:`parallel_saves`: unpickle a figure and write its three files."""
+    import pickle
+
+    pyplot()
+    _write_formats(pickle.loads(data), Path(png_path))  # noqa: S301 - a figure this process pickled
+
+
+@contextmanager
+def parallel_saves(workers: int) -> Iterator[None]:
+    """Within the block :func:`save_figure` pickles each figure and leaves the drawing of its three
+    files (the costly part) to ``workers`` processes (spawned; none when ``workers`` <= 1); on
+    exit it waits for every file and re-raises the first error. The files are the same bytes."""
+    if workers <= 1 or _SAVER:
+        yield
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        _SAVER.update(pool=pool, pending=[])
+        try:
+            yield
+            for fut in _SAVER["pending"]:
+                fut.result()
+        finally:
+            _SAVER.clear()
+
+
 def save_figure(fig: Any, png_path: Path) -> Path:
     """Write ``fig`` as PNG (300 dpi) plus PDF and SVG twins next to it (same stem), without
-    timestamps, close it and return the PNG path. ``bbox_inches="tight"`` is not used, so the
-    files keep the figure's designed width (3.5 or 7.2 in)."""
+    timestamps, close it and return the PNG path (inside :func:`parallel_saves` the files are
+    written by a worker process and exist when the block ends). ``bbox_inches="tight"`` is not
+    used, so the files keep the figure's designed width (3.5 or 7.2 in)."""
     png_path.parent.mkdir(parents=True, exist_ok=True)
-    plt = pyplot()
     if RECORD_OVERLAPS:
         OVERLAPS[str(png_path)] = overlapping_texts(fig)
-    meta = {"png": {"Software": None}, "pdf": {"CreationDate": None, "ModDate": None, "Producer": None,
-                                               "Creator": None},
-            "svg": {"Date": None, "Creator": None}}
-    with plt.rc_context({"svg.hashsalt": "medrobust", "svg.fonttype": "none", "pdf.fonttype": 42}):
-        for fmt in FORMATS:
-            fig.savefig(png_path.with_suffix(f".{fmt}"), dpi=DPI, metadata=meta[fmt], format=fmt)
-    plt.close(fig)
+    if _SAVER:
+        import pickle
+
+        data = pickle.dumps(fig)
+        pyplot().close(fig)
+        _SAVER["pending"].append(_SAVER["pool"].submit(_write_pickled, data, str(png_path)))
+        return png_path
+    _write_formats(fig, png_path)
     return png_path
 
 
