@@ -16,7 +16,10 @@ DEFAULT_ABSTENTION_TAU = math.log(2.0)
 
 class TaxonomyTrain(TrainBudget):
     """Training of the demo's known-answer models (``demo_training``): the base model's budget and
-    architecture, then ``lora_steps`` / ``lora_lr`` for ``consistency_lora``."""
+    architecture, then ``lora_steps`` / ``lora_lr`` for ``consistency_lora``. The ``image_reliant``
+    model first runs ``align_steps`` of attribute naming (the image's modality and its target's
+    side, height, size and brightness as one-word answers, on the train split and its flips), then
+    its ``max_steps`` of yes/no with ``align_share`` of each epoch still attribute naming."""
 
     max_steps: int = 1500
     batch_size: int = 32
@@ -30,6 +33,8 @@ class TaxonomyTrain(TrainBudget):
     layers: int = 2
     lora_steps: int = Field(default=300, ge=1)
     lora_lr: float = Field(default=2e-3, gt=0)
+    align_steps: int = Field(default=1500, ge=0)
+    align_share: float = Field(default=0.25, ge=0, lt=1)
 
 
 class TaxonomyConfigEntry(BaseModel):

@@ -128,7 +128,7 @@ _SURROUND: dict[str, str] = {
     "oct": "retinal tissue",
 }
 _PCT = f"{SMALL_AREA_FRACTION * 100:g}%"
-_NO_BRIGHTNESS = frozenset({"angiography"})
+NO_BRIGHTNESS = frozenset({"angiography"})
 """Modalities without brightness questions: a stenosis is brighter than the vessel around it but
 darker than the background, so 'brighter than its surroundings' has no single answer."""
 
@@ -310,7 +310,7 @@ _FINDING_KINDS: tuple[str, ...] = ("horizontal", "vertical", "size", "brightness
 
 
 def _finding_kinds(s: DemoSample) -> tuple[str, ...]:
-    return tuple(k for k in _FINDING_KINDS if k != "brightness" or s.modality not in _NO_BRIGHTNESS)
+    return tuple(k for k in _FINDING_KINDS if k != "brightness" or s.modality not in NO_BRIGHTNESS)
 
 
 def _family(s: DemoSample, kind: str) -> tuple[str, str]:
@@ -356,7 +356,7 @@ def _balanced_plan(samples: Sequence[DemoSample], seed: int) -> dict[Slot, tuple
     for s in samples:
         u = rng_for(seed, "records", "yesno", s.dataset, s.sample_id).random()
         preferred.append("horizontal" if u < 0.3 else "vertical" if u < 0.6 else "size" if (
-            u < 0.8 or s.modality in _NO_BRIGHTNESS) else "brightness")
+            u < 0.8 or s.modality in NO_BRIGHTNESS) else "brightness")
 
     def ask_pair(i: int, j: int, kind: str, rng: np.random.Generator) -> None:
         vi, vj = (samples[i].modality, samples[j].modality) if kind == "modality" else (
@@ -474,7 +474,7 @@ def caption_for(s: DemoSample, rng: np.random.Generator) -> str:
     term = bright_term(s.modality, brighter)
     technical = s.modality in _BRIGHT_TERMS and "hyper" not in lt and "hypo" not in lt
     shade = f"{term} " if technical else ""
-    if s.modality in _NO_BRIGHTNESS:
+    if s.modality in NO_BRIGHTNESS:
         cmp = ""
     elif s.modality in _BRIGHT_TERMS:
         cmp = f", {term} relative to the surrounding {_surround(s)}"
