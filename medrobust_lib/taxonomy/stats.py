@@ -25,6 +25,7 @@ depend on the input row order or on which other groups are present.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -108,7 +109,7 @@ def _mean(values: pd.Series) -> float:
     return float(a.mean()) if a.size else _NAN
 
 
-def _bools(values: pd.Series) -> npt.NDArray[np.bool_]:
+def _bools(values: pd.Series | npt.NDArray[Any]) -> npt.NDArray[np.bool_]:
     """A boolean column (object dtype with None / NaN allowed) as bool; None and NaN read False."""
     return np.fromiter((v is not None and v == v and bool(v) for v in values), dtype=bool, count=len(values))
 
@@ -131,9 +132,9 @@ def flip_rate(consistent: pd.Series) -> float:
 def text_only_accuracy(answer: pd.Series, pred_removed: pd.Series) -> float:
     """Share of samples whose text-only answer (``pred_removed``) equals the label, in [0, 1]; NaN
     for no samples."""
-    a = answer.astype(str).str.lower().to_numpy()
-    p = pred_removed.astype(str).str.lower().to_numpy()
-    return float((a == p).mean()) if a.size else _NAN
+    if not len(answer):
+        return _NAN
+    return float(np.mean([str(a).lower() == str(p).lower() for a, p in zip(answer, pred_removed, strict=True)]))
 
 
 def dangerous_floor(answer: pd.Series, pred_removed: pd.Series) -> float:
@@ -162,42 +163,79 @@ def abstention_quadrants(group: pd.DataFrame, tau: float) -> pd.Series:
                      index=group.index, dtype=object)
 
 
+@dataclass(frozen=True)
+class _GroupColumns:
+    """One group's columns as arrays, converted once for its four quadrant rows: ``quadrant``
+    (object), ``correct`` / ``entropy`` / ``disagreement`` (float64, NaN where missing)."""
+
+    quadrant: npt.NDArray[Any]
+    correct: npt.NDArray[np.float64]
+    entropy: npt.NDArray[np.float64]
+    disagreement: npt.NDArray[np.float64]
+
+    @classmethod
+    def of(cls, group: pd.DataFrame) -> _GroupColumns:
+        def num(col: str) -> npt.NDArray[np.float64]:
+            return np.asarray(pd.to_numeric(group[col], errors="coerce"), dtype=np.float64)
+
+        return cls(group["quadrant"].to_numpy(dtype=object), num("correct_original"), num("entropy_original"),
+                   num("pairwise_disagreement"))
+
+
+def _finite(a: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    out: npt.NDArray[np.float64] = a[np.isfinite(a)]
+    return out
+
+
 def _group_summary(group: pd.DataFrame, tau: float) -> dict[str, Any]:
     """Group-level columns of :func:`quadrant_stats` (the same on the group's four rows)."""
     n = len(group)
-    neg = group[pd.to_numeric(group["n_negations"], errors="coerce").fillna(0) > 0] \
-        if "n_negations" in group.columns else group.iloc[0:0]
+    with_neg = (pd.to_numeric(group["n_negations"], errors="coerce").fillna(0).to_numpy() > 0
+                if "n_negations" in group.columns else np.zeros(n, dtype=bool))
+    neg_consistent = _bools(group["negation_consistent"].to_numpy()[with_neg]) if with_neg.any() else None
     has_margin = "margin_removed" in group.columns and "image_reliant" in group.columns
+    text_only = text_only_accuracy(group["answer"], group["pred_removed"])
     return {
         "flip_rate": flip_rate(group["consistent"]),
-        "text_only_accuracy": text_only_accuracy(group["answer"], group["pred_removed"]),
-        "dangerous_floor": dangerous_floor(group["answer"], group["pred_removed"]),
-        "_abstention": abstention_quadrants(group, tau) if has_margin and n else None,
+        "text_only_accuracy": text_only,
+        "dangerous_floor": text_only,  # dangerous_floor(): equal by construction for yes/no answers
+        "_abstention": abstention_quadrants(group, tau).to_numpy(dtype=object) if has_margin and n else None,
         "abstention_tau": tau,
-        "negation_consistency": float(_bools(neg["negation_consistent"]).mean()) if len(neg) else _NAN,
-        "n_negation_samples": len(neg),
+        "negation_consistency": float(neg_consistent.mean()) if neg_consistent is not None else _NAN,
+        "n_negation_samples": int(with_neg.sum()),
     }
 
 
-def _quadrant_row(key: Key, quadrant: str, group: pd.DataFrame, summary: dict[str, Any], n_error: int,
-                  seed: int, n_boot: int) -> dict[str, Any]:
-    n_total = len(group)
-    mask = (group["quadrant"] == quadrant).to_numpy(dtype=bool)
-    if n_total:
-        # Same key -> same index matrix for every quadrant of the group: shares of one resample sum to 1.
-        share = bootstrap_ci(mask.astype(np.float64), n_boot=n_boot, rng=rng_for(seed, "taxonomy", *key))
-    else:
-        share = (_NAN, _NAN, _NAN)
-    inside = group[mask]
-    acc = bootstrap_ci(_floats(inside["correct_original"]), n_boot=n_boot,
+def _share_cis(cols: _GroupColumns, key: Key, seed: int, n_boot: int) -> dict[str, tuple[float, float, float]]:
+    """Per quadrant: its share of the group with the percentile bootstrap CI. One index matrix
+    (from the group's key) serves all four quadrants, so the shares of one resample sum to 1; equal
+    to :func:`~medrobust_lib.metrics.stats.bootstrap_ci` of each indicator with that generator."""
+    n = cols.quadrant.size
+    if n == 0:
+        return {q: (_NAN, _NAN, _NAN) for q in QUADRANTS}
+    idx = rng_for(seed, "taxonomy", *key).integers(0, n, size=(n_boot, n))
+    out: dict[str, tuple[float, float, float]] = {}
+    for q in QUADRANTS:
+        x = (cols.quadrant == q).astype(np.float64)
+        lo, hi = np.nanquantile(np.mean(x[idx], axis=1), [0.025, 0.975])
+        out[q] = (float(np.mean(x)), float(lo), float(hi))
+    return out
+
+
+def _quadrant_row(key: Key, quadrant: str, cols: _GroupColumns, share: tuple[float, float, float],
+                  summary: dict[str, Any], n_error: int, seed: int, n_boot: int) -> dict[str, Any]:
+    n_total = cols.quadrant.size
+    mask = cols.quadrant == quadrant
+    acc = bootstrap_ci(_finite(cols.correct[mask]), n_boot=n_boot,
                        rng=rng_for(seed, "taxonomy", *key, quadrant, "accuracy"))
+    entropy, disagreement = _finite(cols.entropy[mask]), _finite(cols.disagreement[mask])
     abst = summary["_abstention"]
     return {
         **dict(zip(GROUP_COLUMNS, key, strict=True)), "quadrant": quadrant, "n": int(mask.sum()),
         "n_total": n_total, "share": share[0], "share_ci_low": share[1], "share_ci_high": share[2],
         "accuracy": acc[0], "accuracy_ci_low": acc[1], "accuracy_ci_high": acc[2],
-        "mean_entropy": _mean(inside["entropy_original"]),
-        "mean_pairwise_disagreement": _mean(inside["pairwise_disagreement"]),
+        "mean_entropy": float(entropy.mean()) if entropy.size else _NAN,
+        "mean_pairwise_disagreement": float(disagreement.mean()) if disagreement.size else _NAN,
         "n_error": n_error,
         **{k: v for k, v in summary.items() if not k.startswith("_")},
         "share_abstention": float((abst == quadrant).mean()) if abst is not None and n_total else _NAN,
@@ -234,14 +272,18 @@ def quadrant_stats(df: pd.DataFrame, seed: int = 0, n_boot: int = 1000,
                   "entropy_original", "pairwise_disagreement"))
     if not abstention_tau > 0:
         raise ValueError(f"abstention_tau must be > 0 nats, got {abstention_tau}")
-    ok = _groups(_ok_rows(df), GROUP_COLUMNS)
+    # one stable sort up front: each group then holds its rows in _ordered()'s canonical order
+    ok = _groups(_ordered(_ok_rows(df)), GROUP_COLUMNS)
     errors = _error_counts(df, GROUP_COLUMNS)
     empty = df.iloc[0:0]
     rows: list[dict[str, Any]] = []
     for key in sorted(set(ok) | set(errors)):
-        group = _ordered(ok.get(key, empty))
+        group = ok.get(key, empty)
+        cols = _GroupColumns.of(group)
         summary = _group_summary(group, abstention_tau)
-        rows += [_quadrant_row(key, q, group, summary, errors.get(key, 0), seed, n_boot) for q in QUADRANTS]
+        shares = _share_cis(cols, key, seed, n_boot)
+        rows += [_quadrant_row(key, q, cols, shares[q], summary, errors.get(key, 0), seed, n_boot)
+                 for q in QUADRANTS]
     return pd.DataFrame(rows, columns=list(QUADRANT_STATS_COLUMNS))
 
 
