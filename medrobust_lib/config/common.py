@@ -1,4 +1,5 @@
-"""Settings shared by several sections: a training budget and a LoRA shape."""
+"""Settings shared by several sections: a training budget, a LoRA shape and a demo model's
+attribute-naming (alignment) stage."""
 
 from __future__ import annotations
 
@@ -26,3 +27,13 @@ class LoraSettings(BaseModel):
     r: int = Field(default=8, ge=1)
     alpha: int = Field(default=16, ge=1)
     dropout: float = Field(default=0.05, ge=0, lt=1)
+
+
+class AlignmentStage(BaseModel):
+    """A tiny demo VLM's attribute-naming stage (:mod:`medrobust_lib.demo.alignment`): ``align_steps``
+    of naming what the questions ask about (modality, side, height, size, brightness) before the
+    main training (0: none), then ``align_share`` of each main epoch still attribute naming."""
+
+    model_config = ConfigDict(extra="forbid")
+    align_steps: int = Field(default=0, ge=0)
+    align_share: float = Field(default=0.25, ge=0, lt=1)

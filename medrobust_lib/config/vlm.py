@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from medrobust_lib.config.common import LoraSettings, TrainBudget
+from medrobust_lib.config.common import AlignmentStage, LoraSettings, TrainBudget
 
 if TYPE_CHECKING:
     from medrobust_lib.config import Suite
@@ -67,8 +67,9 @@ class VLMRecordsConfig(BaseModel):
     mecovqa_grounding: str | None = None
 
 
-class VLMTrainSettings(TrainBudget):
-    """Training of the demo base model (``source: trained``)."""
+class VLMTrainSettings(TrainBudget, AlignmentStage):
+    """Training of the demo base model (``source: trained``), after its alignment stage
+    (:class:`AlignmentStage`, none by default)."""
 
     max_steps: int = 3000
     batch_size: int = 32

@@ -15,6 +15,7 @@ import numpy as np
 from medrobust_lib.config import Suite
 from medrobust_lib.config.vlm import vlm_config, vlm_model
 from medrobust_lib.data.sample import Sample
+from medrobust_lib.demo.alignment import alignment_sets, mixed_in, run_alignment
 from medrobust_lib.finetune.vlm_train import VLMExample
 from medrobust_lib.tasks.scoring import score_mc
 from medrobust_lib.tracks.vlm.items import VLMItem, box_in_sample, load_items, prompt_for
@@ -160,22 +161,26 @@ def train_base_vlm(suite: Suite, model_id: str, log: Callable[[str], None] | Non
     ts = vc.train
     items = load_items(suite).items
     by_split = _samples_by_split(suite)
-    tok = build_tokenizer(vocabulary_texts(items))
+    align_tr, align_va = alignment_sets(suite, by_split) if ts.align_steps > 0 else ([], [])
+    tok = build_tokenizer(vocabulary_texts(items) + [f"{e.question} {e.answer}" for e in align_tr])
     model, proc = build_tiny_llava(tok, image_size=ts.image_size, patch_size=ts.patch_size, text_hidden=ts.hidden,
                                    vision_hidden=ts.hidden, layers=ts.layers, seed=suite.seed)
-    train = encode_examples(proc, examples_for(items, by_split["train"], box_step=ts.box_step,
-                                               flips=ts.grounding_flips))
+    examples = examples_for(items, by_split["train"], box_step=ts.box_step, flips=ts.grounding_flips)
     val = encode_examples(proc, examples_for(items, by_split["val"], SELECTION_TASKS, all_variants=False))
     cfg = VLMTrainConfig(max_steps=ts.max_steps, batch_size=ts.batch_size, lr=ts.lr, eval_every=ts.eval_every,
                          patience=ts.patience, time_budget_s=ts.time_budget_s, seed=suite.seed,
                          select_on="first_token_accuracy")
     with torch.random.fork_rng(devices=[]):
+        align = run_alignment(model, proc, align_tr, align_va, ts, cfg, log=log)
+        mix = mixed_in(align_tr, len(examples), ts.align_share, suite.seed)
+        train = encode_examples(proc, examples + mix)
         res = train_vlm(model, proc, train, val, cfg, log=log)
     folder = save_tiny(model, proc, checkpoint_dir(suite, model_id))
     held = heldout_accuracy(str(folder), None, items, by_split["test"])
     meta = {"model_id": model_id, "train": cfg.__dict__, "architecture": ts.model_dump(), "steps": res.steps,
             "best_step": res.best_step, "best_val_loss": res.best_val_loss, "heldout": held,
-            "n_train": len(train), "n_val": len(val), "history": res.history}
+            "n_train": len(train), "n_mixed_in": len(mix), "n_val": len(val), "alignment": align,
+            "history": res.history}
     (folder / "training.json").write_text(json.dumps(meta, indent=2, default=str))
     return VLMTrainSummary(str(folder), time.perf_counter() - t0, res.steps, res.best_step, res.best_val_loss,
                            len(train), len(val), held, res.history)

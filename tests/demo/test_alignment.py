@@ -1,5 +1,5 @@
-"""The demo's taxonomy training data: attribute-naming examples (the alignment stage of the
-image-reliant model) follow the image through flips, and the mix-in share is what it says."""
+"""The alignment stage of the tiny demo VLMs: attribute-naming examples follow the image through
+flips, and the mix-in share is what it says."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from medrobust_lib.config import load_suite
-from medrobust_lib.demo.taxonomy_train import ATTRIBUTE_QUESTIONS, attribute_examples, demo_truth, mixed_in
+from medrobust_lib.demo.alignment import ATTRIBUTE_QUESTIONS, attribute_examples, demo_truth, mixed_in
 from medrobust_lib.finetune.vlm_train import VLMExample
 from tests.suite_helpers import write_suite
 
