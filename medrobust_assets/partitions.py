@@ -14,6 +14,11 @@ modality_severity_partitions = dg.MultiPartitionsDefinition(
     {"modality": modality_partitions, "severity": severity_partitions}
 )
 
+LEVELS_TAG = "medrobust/levels"
+"""Asset tag naming whose levels a modality x severity asset covers: ``taxonomy`` (the suite's
+``taxonomy_levels()``); untagged assets cover ``perturbations.levels``. The runner plans only those
+partitions."""
+
 # A modality-partitioned asset feeding a modality x severity one, and back.
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", dg.BetaWarning)  # stable in practice since 1.5; keep logs clean

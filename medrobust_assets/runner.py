@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ import dagster as dg
 
 from medrobust_assets import partitions
 from medrobust_assets.definitions import ALL_ASSETS, build_resources, defs
+from medrobust_assets.partitions import LEVELS_TAG
 from medrobust_lib.config import Suite, load_suite
 from medrobust_lib.paths import experiment_name, suite_paths
 from medrobust_lib.store import registry
@@ -108,19 +109,21 @@ class Step:
         return f"{name}[{self.partition}]" if self.partition is not None else name
 
 
-def _partitions(pdef: dg.PartitionsDefinition | None, suite: Suite,
-                instance: dg.DagsterInstance) -> list[str | dg.MultiPartitionKey | None]:
+def _partitions(pdef: dg.PartitionsDefinition | None, suite: Suite, instance: dg.DagsterInstance,
+                tags: Mapping[str, str] | None = None) -> list[str | dg.MultiPartitionKey | None]:
     """The partitions of one asset that the suite asks for: modality and severity dimensions are
-    filtered by ``suite.modalities`` and ``suite.perturbations.levels``; dynamic partitions are
-    the ones the instance holds (the registry sensor adds them)."""
+    filtered by ``suite.modalities`` and the suite's levels (``suite.perturbations.levels``, or
+    ``suite.taxonomy_levels()`` for an asset tagged :data:`LEVELS_TAG` = ``taxonomy``); dynamic
+    partitions are the ones the instance holds (the registry sensor adds them)."""
     if pdef is None:
         return [None]
     if isinstance(pdef, dg.MultiPartitionsDefinition):
+        levels = suite.taxonomy_levels() if (tags or {}).get(LEVELS_TAG) == "taxonomy" else suite.perturbations.levels
         out: list[str | dg.MultiPartitionKey | None] = []
         for k in pdef.get_partition_keys(dynamic_partitions_store=instance):
             dims = k.keys_by_dimension if isinstance(k, dg.MultiPartitionKey) else {}
             if dims.get("modality", suite.modalities[0]) in suite.modalities and \
-                    int(dims.get("severity", suite.perturbations.levels[0])) in suite.perturbations.levels:
+                    ("severity" not in dims or int(dims["severity"]) in levels):
                 out.append(k)
         return out
     keys = pdef.get_partition_keys(dynamic_partitions_store=instance)
@@ -140,7 +143,7 @@ def plan(selection: dg.AssetSelection, suite: Suite, instance: dg.DagsterInstanc
     for level in graph.toposorted_asset_keys_by_level:
         for key in sorted(k for k in level if k in wanted):
             node = graph.get(key)
-            for part in _partitions(node.partitions_def, suite, instance):
+            for part in _partitions(node.partitions_def, suite, instance, node.tags):
                 steps.append(Step(key, part, node.group_name or "default"))
     return steps
 

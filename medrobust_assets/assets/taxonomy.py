@@ -9,9 +9,10 @@ import dagster as dg
 
 from medrobust_assets.assets.datasets import clean_samples
 from medrobust_assets.assets.perturbed import perturbed_samples
-from medrobust_assets.checks import error_share_result, error_share_spec
+from medrobust_assets.checks import ERROR_SHARE_CHECK, error_share_result, error_share_spec
 from medrobust_assets.metadata import image_md, markdown_table
 from medrobust_assets.partitions import (
+    LEVELS_TAG,
     by_modality,
     modality_and_level,
     modality_partitions,
@@ -102,15 +103,22 @@ def taxonomy_family(config_id: str, trained: bool, upstream: list[Any]) -> list[
 
     @dg.asset(key=perturbed_key, group_name="taxonomy", kinds={"pytorch", "parquet"},
               partitions_def=modality_severity_partitions, pool="gpu", op_tags=GPU_OP_TAGS,
-              check_specs=[error_share_spec(perturbed_key)],
+              check_specs=[error_share_spec(perturbed_key)], tags={LEVELS_TAG: "taxonomy"},
               deps=[perturbed_samples, dg.AssetDep(text_only_baselines, partition_mapping=by_modality)],
-              description=f"{config_id}: the taxonomy on every perturbed image of the partition.")
+              description=f"{config_id}: the taxonomy on every perturbed image of the partition (levels: "
+                          "taxonomy.levels, default every perturbed level).")
     def taxonomy_perturbed(context: dg.AssetExecutionContext, suite: SuiteResource,
                            tracking: TrackingResource) -> dg.MaterializeResult:
         from medrobust_lib.tracks.taxonomy.evaluate import evaluate
 
         modality, level = modality_and_level(context)
         s = suite.load()
+        if level not in s.taxonomy_levels():
+            context.log.info(f"level {level} is not in taxonomy.levels {s.taxonomy_levels()}: nothing to evaluate")
+            return dg.MaterializeResult(
+                metadata={"skipped": f"level {level} not in taxonomy.levels"},
+                check_results=[dg.AssetCheckResult(check_name=ERROR_SHARE_CHECK, asset_key=dg.AssetKey(perturbed_key),
+                                                   passed=True, metadata={"skipped": "no rows"})])
         with tracking.run(context, s, "taxonomy", {"config": config_id, "condition": "perturbation",
                                                 "level": level}) as run:
             meta = _meta(evaluate(s, config_id, modality, level))
@@ -146,13 +154,15 @@ def taxonomy_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinition:
             rows = complete_rows(res.read_table(s.results_dir, TAXONOMY_TABLE), TAXONOMY_TABLE, s.max_error_share)
             paths: list[Path] = []
             if len(stats):
+                from medrobust_lib.report.figures.style import parallel_saves
                 from medrobust_lib.taxonomy.stats import transitions
 
                 ok = rows[rows["outcome"] == "ok"]
-                paths += tf.quadrant_bars(stats, out_dir)
-                paths += tf.transition_heatmaps(transitions(ok).rename(columns={"count": "n"}), out_dir)
-                paths.append(tf.flip_vs_dangerous_scatter(correlation_points(rows, clean_only=True), corr,
-                                                          out_dir))
+                with parallel_saves(s.workers):  # the figure files are drawn by the suite's workers
+                    paths += tf.quadrant_bars(stats, out_dir)
+                    paths += tf.transition_heatmaps(transitions(ok).rename(columns={"count": "n"}), out_dir)
+                    paths.append(tf.flip_vs_dangerous_scatter(correlation_points(rows, clean_only=True), corr,
+                                                              out_dir))
             tracking.log_files(run, paths, "plots")
         meta: dict[str, Any] = {"n_stats_rows": len(stats)}
         mode = s.taxonomy.known_answer_checks

@@ -113,6 +113,19 @@ class Suite(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _taxonomy_levels_perturbed(self) -> Suite:
+        extra = sorted(set(self.taxonomy.levels or ()) - set(self.perturbations.levels))
+        if extra:
+            raise ValueError(f"taxonomy.levels {extra} are not perturbed: perturbations.levels is "
+                             f"{self.perturbations.levels}")
+        return self
+
+    def taxonomy_levels(self) -> list[int]:
+        """The perturbed levels the taxonomy evaluates (``taxonomy.levels``, else every perturbed level)."""
+        wanted = self.taxonomy.levels
+        return [lv for lv in self.perturbations.levels if wanted is None or lv in wanted]
+
+    @model_validator(mode="after")
     def _weights_named_outside_the_demo(self) -> Suite:
         if self.demo.enabled:  # the demo trains what it does not name
             for m in self.segmentation.models:

@@ -8,18 +8,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from medrobust_lib.config.common import TrainBudget
+from medrobust_lib.config.common import AlignmentStage, TrainBudget
 
 DEFAULT_ABSTENTION_TAU = math.log(2.0)
 """Abstention band of the sensitivity column: |margin| < ln 2 nats, i.e. p(yes) within [1/3, 2/3]."""
 
 
-class TaxonomyTrain(TrainBudget):
+class TaxonomyTrain(TrainBudget, AlignmentStage):
     """Training of the demo's known-answer models (``demo_training``): the base model's budget and
-    architecture, then ``lora_steps`` / ``lora_lr`` for ``consistency_lora``. The ``image_reliant``
-    model first runs ``align_steps`` of attribute naming (the image's modality and its target's
-    side, height, size and brightness as one-word answers, on the train split and its flips), then
-    its ``max_steps`` of yes/no with ``align_share`` of each epoch still attribute naming."""
+    architecture, then ``lora_steps`` / ``lora_lr`` for ``consistency_lora``. Only the
+    ``image_reliant`` model runs the alignment stage (:class:`AlignmentStage`)."""
 
     max_steps: int = 1500
     batch_size: int = 32
@@ -34,7 +32,6 @@ class TaxonomyTrain(TrainBudget):
     lora_steps: int = Field(default=300, ge=1)
     lora_lr: float = Field(default=2e-3, gt=0)
     align_steps: int = Field(default=1500, ge=0)
-    align_share: float = Field(default=0.25, ge=0, lt=1)
 
 
 class TaxonomyConfigEntry(BaseModel):
@@ -79,6 +76,10 @@ class TaxonomyConfig(BaseModel):
     """A ``kind: api`` model of ``vlm.models`` that writes extra paraphrases for records with too
     few (cached; each candidate passes the recorded equivalence filter before use)."""
     split: str = "test"
+    levels: list[int] | None = None
+    """Perturbed severity levels the taxonomy evaluates, a subset of ``perturbations.levels`` (None:
+    all of them). The ``taxonomy_perturbed`` partitions of other levels are not planned by the
+    runner and write nothing when materialised."""
     train: TaxonomyTrain = Field(default_factory=lambda: TaxonomyTrain())
 
 

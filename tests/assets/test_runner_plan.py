@@ -36,6 +36,31 @@ def test_plan_follows_the_asset_graph() -> None:
     assert order[0] == dg.AssetKey("demo_data") and order[-1] == dg.AssetKey("marts")
 
 
+def test_taxonomy_levels_limit_only_the_taxonomy_partitions() -> None:
+    """``taxonomy.levels`` plans the taxonomy's perturbed partitions at those levels only; the
+    perturbed data and the other tracks keep every perturbed level; a level that is not perturbed
+    is refused when the suite loads."""
+    from medrobust_lib.config import Suite
+
+    base = _suite()
+    data = base.model_dump()  # type: ignore[attr-defined]
+    data["taxonomy"]["levels"] = [4]
+    suite = Suite.model_validate(data)
+    assert suite.perturbations.levels == [2, 4] and suite.taxonomy_levels() == [4]
+    steps = plan(dg.AssetSelection.all(), suite, dg.DagsterInstance.ephemeral())
+    n_mod = len(suite.modalities)
+    tax = [s for s in steps if s.key.path[-1] == "taxonomy_perturbed"]
+    n_configs = len(suite.taxonomy.configs)
+    assert len(tax) == n_configs * n_mod
+    assert {s.partition.keys_by_dimension["severity"] for s in tax} == {"4"}  # type: ignore[union-attr]
+    assert sum(s.key == dg.AssetKey("perturbed_samples") for s in steps) == 2 * n_mod
+    vlm = [s for s in steps if s.key.path[-1] == "vlm_perturbed_predictions"]
+    assert {s.partition.keys_by_dimension["severity"] for s in vlm} == {"2", "4"}  # type: ignore[union-attr]
+    data["taxonomy"]["levels"] = [3]
+    with pytest.raises(ValueError, match=r"taxonomy.levels \[3\] are not perturbed"):
+        Suite.model_validate(data)
+
+
 def test_selection_by_group_asset_and_upstream() -> None:
     suite, inst = _suite(), dg.DagsterInstance.ephemeral()
     seg = plan(parse_selection(["segmentation"]), suite, inst)
