@@ -130,7 +130,7 @@ def _tables(con: duckdb.DuckDBPyConnection, sel: dict[str, list[str] | None], av
             seed: int, include_floor: bool = False) -> tuple[list[ReportTable], dict[str, str]]:
     builders: dict[str, Callable[[list[str] | None], pt.TableResult]] = {
         "segmentation_summary": lambda ids: pt.segmentation_summary(con, ids, include_floor),
-        "segmentation_by_level": lambda ids: pt.segmentation_by_level(con, ids),
+        "segmentation_by_level": lambda ids: pt.segmentation_by_level(con, ids, include_floor),
         "strategy_ranking": lambda ids: pt.strategy_ranking(con, ids, include_floor),
         "vlm_task_drops": lambda ids: pt.vlm_task_drops(con, ids),
         "taxonomy_quadrants": lambda ids: pt.taxonomy_quadrants(con, ids, seed),

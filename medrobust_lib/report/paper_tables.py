@@ -218,20 +218,23 @@ def segmentation_level_means(con: duckdb.DuckDBPyConnection, models: Sequence[st
     return df
 
 
-BY_LEVEL_VIEWS: tuple[str, ...] = ("segmentation_by_level_all", "segmentation_by_level")
-"""Where the by-level table reads from, first present: the ``_all`` view (every dataset, the stats
-columns filled), else the plain view of a mart built before the floor-free default existed (which
-then held every dataset too)."""
+BY_LEVEL_VIEW = "segmentation_by_level"
+"""The by-level view: floor datasets left out (its ``_all`` companion keeps them; a mart built
+before the companions existed has only this name, holding every dataset)."""
 
 
-def segmentation_by_level(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None) -> TableResult:
-    """The by-level view (:data:`BY_LEVEL_VIEWS`): per (model, checkpoint, strategy, condition, perturbation,
+def segmentation_by_level(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None,
+                          include_floor: bool = False) -> TableResult:
+    """The by-level view (:data:`BY_LEVEL_VIEW`, or its ``_all`` companion with ``include_floor``), the
+    datasets at the floor left out of its means and CIs as in :func:`segmentation_summary` (a model
+    with only floor datasets keeps them, greyed): per (model, checkpoint, strategy, condition, perturbation,
     level) ``n``, ``n_failed``, mean ``iou`` / ``dice`` in [0, 1], mean paired ``iou_drop`` /
     ``dice_drop`` with bootstrap 95 % CIs, relative drops ``iou_rel_drop`` / ``dice_rel_drop`` (drop /
     clean score, NULL when that is 0), ``wilcoxon_q`` (Benjamini-Hochberg). IoU columns first.
     ``kind`` is ``corruption`` or ``attack``. Corruptions first, then attacks, each by type and level."""
     where, params = where_in("model", models)
-    view = next((v for v in BY_LEVEL_VIEWS if relation_exists(con, v)), BY_LEVEL_VIEWS[-1])
+    view = BY_LEVEL_VIEW + ALL_SUFFIX if include_floor and relation_exists(con, BY_LEVEL_VIEW + ALL_SUFFIX) \
+        else BY_LEVEL_VIEW
     floor = "floor_effect" if "floor_effect" in relation_columns(con, view) else "false as floor_effect"
     df = con.execute(f"""
         select model, checkpoint, strategy, condition,

@@ -199,8 +199,10 @@ MART_TABLES: list[MartTable] = [
         ("perturbation", "VARCHAR"), ("level", "INTEGER"), ("n", "INTEGER"), ("iou", "DOUBLE"), ("dice", "DOUBLE"),
         ("iou_drop", "DOUBLE"), ("iou_drop_ci_low", "DOUBLE"), ("iou_drop_ci_high", "DOUBLE"),
         ("dice_drop", "DOUBLE"), ("dice_drop_ci_low", "DOUBLE"), ("dice_drop_ci_high", "DOUBLE"),
-        ("wilcoxon_p", "DOUBLE"), ("wilcoxon_q", "DOUBLE"),
-    ), "per (model, condition, type, level): bootstrap CIs of the drops, paired Wilcoxon p and BH q"),
+        ("wilcoxon_p", "DOUBLE"), ("wilcoxon_q", "DOUBLE"), ("scope", "VARCHAR"),
+    ), "per (model, condition, type, level) and scope: bootstrap CIs of the drops, paired Wilcoxon p and BH q; "
+       "scope 'all' pools every dataset, 'floor_excluded' leaves out the datasets at the floor (clean IoU or "
+       "Dice < 0.1; written only for a model with such datasets, not all of them at the floor)"),
     MartTable(VLM_TABLE, VLM_COLUMNS,
               "one row per (model, checkpoint, task, record, prompt variant, image mode, condition): "
               "parsed answer, outcome (ok/unparseable/refused/error/excluded:<reason>) and scores"),

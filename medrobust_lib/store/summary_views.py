@@ -27,7 +27,9 @@ LEVELS_NOTE, LEVELS_NOTE_TAIL = "ranked only among rows covering levels ", " (ot
 
 _STATS_COLUMNS = ("iou_drop_ci_low", "iou_drop_ci_high", "dice_drop_ci_low", "dice_drop_ci_high", "wilcoxon_p",
                   "wilcoxon_q")
-"""``segmentation_stats`` columns computed over every dataset (NULL where floor datasets were left out)."""
+"""``segmentation_stats`` columns the by-level views take: from the stats of scope ``all`` where every
+dataset is averaged, from those of scope ``floor_excluded`` where the floor datasets were left out
+(NULL when a mart predates that scope)."""
 
 
 def _rank_note(partition: str, ranked: str) -> str:
@@ -41,9 +43,10 @@ def _rank_note(partition: str, ranked: str) -> str:
 
 def segmentation_by_level(include_floor: bool) -> str:
     """Per (model, checkpoint, strategy, condition, perturbation, level) of the non-clean rows:
-    counts, mean scores and drops, relative drops, ``segmentation_stats`` CIs and tests (NULL when
-    floor datasets were left out, since the stats pool every dataset), coverage columns."""
-    stats_cols = ", ".join(f"case when x.n_floor_excluded = 0 then s.{c} end as {c}" for c in _STATS_COLUMNS)
+    counts, mean scores and drops, relative drops, ``segmentation_stats`` CIs and tests of the same
+    rows (scope ``all``, or ``floor_excluded`` when floor datasets were left out), coverage columns."""
+    stats_cols = ", ".join(f"case when coalesce(x.n_floor_excluded, 0) = 0 then s.{c} else e.{c} end as {c}"
+                           for c in _STATS_COLUMNS)
     return f"""
         with {seg_rows_ctes(include_floor)},
         agg as (
@@ -61,7 +64,13 @@ def segmentation_by_level(include_floor: bool) -> str:
         stats as (
             select model, checkpoint, strategy, condition, perturbation, level,
                    {", ".join(f"any_value({c}) as {c}" for c in _STATS_COLUMNS)}
-            from segmentation_stats group by model, checkpoint, strategy, condition, perturbation, level)
+            from segmentation_stats where coalesce(scope, 'all') = 'all'
+            group by model, checkpoint, strategy, condition, perturbation, level),
+        stats_excl as (
+            select model, checkpoint, strategy, condition, perturbation, level,
+                   {", ".join(f"any_value({c}) as {c}" for c in _STATS_COLUMNS)}
+            from segmentation_stats where scope = 'floor_excluded'
+            group by model, checkpoint, strategy, condition, perturbation, level)
         select a.model, a.checkpoint, a.strategy, a.condition, a.perturbation, a.level, a.n, a.n_failed,
                a.iou, a.dice, a.iou_drop, a.dice_drop, a.iou_drop / nullif(a.clean_iou, 0) as iou_rel_drop,
                a.dice_drop / nullif(a.clean_dice, 0) as dice_rel_drop, a.clean_iou, a.clean_dice, a.mean_ssim,
@@ -70,6 +79,7 @@ def segmentation_by_level(include_floor: bool) -> str:
         from agg a
         left join floor_excl x using (model, checkpoint, strategy)
         left join stats s using (model, checkpoint, strategy, condition, perturbation, level)
+        left join stats_excl e using (model, checkpoint, strategy, condition, perturbation, level)
         order by a.model, a.checkpoint, a.strategy, a.condition, a.perturbation, a.level"""
 
 

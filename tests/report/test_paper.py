@@ -673,6 +673,9 @@ def _floor_mart(path: Path) -> Path:
     con = duckdb.connect(str(mart))
     try:
         con.execute("insert into segmentation_results by name select * from frame")
+        stats = segmentation_stats(con.execute("select * from segmentation_results").df(), seed=0)  # noqa: F841
+        con.execute("delete from segmentation_stats")
+        con.execute("insert into segmentation_stats by name select * from stats")
         con.execute("drop view strategy_ranking")
         con.execute("drop table strategy_ranking_stats")
         cols = [(c, "DOUBLE" if "drop" in c or "clean" in c else "BOOLEAN" if c == "with_floor" else
@@ -686,17 +689,21 @@ def _floor_mart(path: Path) -> Path:
 
 
 def test_report_reads_the_floor_views(tmp_path: Path) -> None:
-    """By level: the ``_all`` view (as before the floor-free default existed); strategy ranking: the
-    floor-free view, ``strategy_ranking_all`` with ``include_floor``, the view's notes under the table."""
+    """By level and strategy ranking: the floor-free views (with CIs of their own rows), the ``_all``
+    views with ``include_floor``, the ranking view's notes under the table."""
     from medrobust_lib.report import paper_tables as pt
 
     con = duckdb.connect(str(_floor_mart(tmp_path / "m.duckdb")), read_only=True)
     try:
         lv = pt.segmentation_by_level(con, ["sam_a"])
-        assert not isinstance(lv, str)
-        exp = con.execute("select * from segmentation_by_level_all where model = 'sam_a'").df()
-        assert sorted(lv.data["n"]) == sorted(exp["n"]) and (lv.data["n"] == 12).all()
-        assert lv.data["iou_drop_ci_low"].notna().all()
+        lv_all = pt.segmentation_by_level(con, ["sam_a"], include_floor=True)
+        assert not isinstance(lv, str) and not isinstance(lv_all, str)
+        exp = con.execute("select * from segmentation_by_level where model = 'sam_a'").df()
+        exp_all = con.execute("select * from segmentation_by_level_all where model = 'sam_a'").df()
+        assert sorted(lv.data["n"]) == sorted(exp["n"]) and sorted(lv_all.data["n"]) == sorted(exp_all["n"])
+        assert (lv_all.data["n"] == 12).all() and (lv.data["n"] < 12).all()
+        assert lv.data["iou_drop_ci_low"].notna().all() and lv_all.data["iou_drop_ci_low"].notna().all()
+        assert not lv.data["iou_drop_ci_low"].equals(lv_all.data["iou_drop_ci_low"])
         default = pt.strategy_ranking(con, ["sam_a"])
         asked = pt.strategy_ranking(con, ["sam_a"], include_floor=True)
     finally:

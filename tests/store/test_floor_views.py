@@ -201,3 +201,37 @@ def test_strategy_ranking_views_split_the_stored_variants(tmp_path: Path) -> Non
     assert (a.loc["zero", "rank"], a.loc["full", "rank"]) == (1, 2)  # the floor model would look most robust
     assert set(d["levels"]) == set(a["levels"]) == {"2"}
     assert not d["with_floor"].any() and a["with_floor"].all()
+
+
+def test_default_by_level_carries_cis_of_its_own_rows(tmp_path: Path) -> None:
+    """With the real ``segmentation_stats`` (scopes ``all`` and ``floor_excluded``) the default view's
+    CI and q describe the rows it averages (floor dataset left out) and the ``_all`` view's those of
+    every dataset; floor-excluded stats exist only for a model with a floor dataset that is not
+    entirely at the floor."""
+    from medrobust_lib.tracks.segmentation.stats import floor_datasets, segmentation_stats
+
+    seg = seg_rows()
+    floor = floor_datasets(seg).set_index(["model", "dataset"])["floor_effect"]
+    assert floor.to_dict() == {("lv", "good"): False, ("m", "good"): False, ("m", "low"): True,
+                               ("z", "low"): True}
+    stats = segmentation_stats(seg, seed=0)
+    excl = stats[stats["scope"] == "floor_excluded"]
+    assert set(excl["model"]) == {"m"} and set(stats.loc[stats["scope"] == "all", "model"]) == {"m", "z", "lv"}
+    blur = excl[excl["perturbation"] == "blur"].iloc[0]
+    assert blur["n"] == 2 and blur["iou_drop"] == pytest.approx(0.15)  # good only: (0.2 + 0.1) / 2
+    pooled = stats[(stats["scope"] == "all") & (stats["model"] == "m") & (stats["perturbation"] == "blur")].iloc[0]
+    assert pooled["n"] == 3 and pooled["iou_drop"] == pytest.approx(0.1)
+    res = tmp_path / "results"
+    results.write_chunk(results.chunk_path(res, "segmentation_results", {"part": "x"}, "d"), seg, "fp")
+    results.write_chunk(results.chunk_path(res, "segmentation_stats", {"part": "x"}, "d"),
+                        stats.reindex(columns=STATS_COLUMNS), "fp")
+    build_mart(res, tmp_path / "m.duckdb")
+    c = connect_readonly(tmp_path / "m.duckdb")
+    try:
+        d = _df(c, "select * from segmentation_by_level where model = 'm' and perturbation = 'blur'").iloc[0]
+        a = _df(c, "select * from segmentation_by_level_all where model = 'm' and perturbation = 'blur'").iloc[0]
+    finally:
+        c.close()
+    for col in ("iou_drop_ci_low", "iou_drop_ci_high", "dice_drop_ci_low", "wilcoxon_q"):
+        assert d[col] == pytest.approx(blur[col], nan_ok=True) and a[col] == pytest.approx(pooled[col], nan_ok=True)
+    assert d["iou_drop_ci_low"] <= d["iou_drop"] <= d["iou_drop_ci_high"]

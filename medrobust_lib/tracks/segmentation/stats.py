@@ -11,23 +11,53 @@ import pandas as pd
 from medrobust_lib.metrics.stats import benjamini_hochberg, bootstrap_ci, wilcoxon_paired
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store import results
+from medrobust_lib.store.coverage import SEG_FLOOR
 
 STATS_TABLE = "segmentation_stats"
 N_BOOT = 1000
 
 
-def segmentation_stats(df: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
-    """One row per (model, checkpoint, strategy, condition, perturbation, level): n, mean IoU and
-    Dice, mean drops with bootstrap 95% CIs over images, paired Wilcoxon p (clean vs condition
-    IoU, the primary metric) and the Benjamini-Hochberg q over the model's type x level grid."""
-    if df.empty:
-        return pd.DataFrame()
-    ok = df[(df["status"] == "ok") & (df["condition"] != "clean")]
+SCOPE_ALL, SCOPE_FLOOR_EXCLUDED = "all", "floor_excluded"
+"""``scope`` of a ``segmentation_stats`` row: every dataset, or the datasets at the floor left out."""
+
+
+def floor_datasets(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (model, checkpoint, strategy, dataset) with ok clean rows: ``floor_effect`` = mean clean
+    IoU or Dice below :data:`~medrobust_lib.store.coverage.SEG_FLOOR` (the mart's rule,
+    ``SEGMENTATION_FLOOR_SQL``)."""
+    keys = ["model", "checkpoint", "strategy", "dataset"]
+    clean = df[(df["condition"] == "clean") & (df["status"] == "ok")]
+    if clean.empty:
+        return pd.DataFrame(columns=[*keys, "floor_effect"])
+    means = clean.groupby(keys, dropna=False)[["iou", "dice"]].mean().reset_index()
+    means["floor_effect"] = (means["iou"] < SEG_FLOOR) | (means["dice"] < SEG_FLOOR)
+    return means[[*keys, "floor_effect"]]
+
+
+def _floor_excluded_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows the mart's default views average: floor datasets left out, except for a model whose
+    every dataset is at the floor (kept whole, flagged there); empty when nothing is left out."""
+    keys = ["model", "checkpoint", "strategy"]
+    floor = floor_datasets(df)
+    if floor.empty or not floor["floor_effect"].any():
+        return df.iloc[0:0]
+    all_floor = floor.groupby(keys, dropna=False)["floor_effect"].transform("all")
+    drop = floor[floor["floor_effect"] & ~all_floor]
+    if drop.empty:
+        return df.iloc[0:0]
+    marked = df.merge(drop.assign(_drop=True), on=[*keys, "dataset"], how="left")
+    affected = df.merge(drop[keys].drop_duplicates().assign(_model=True), on=keys, how="left")["_model"].eq(True)
+    keep = marked["_drop"].ne(True).to_numpy() & affected.to_numpy()
+    return df[keep]
+
+
+def _stats_rows(ok: pd.DataFrame, seed: int, scope: str) -> pd.DataFrame:
     keys = ["model", "checkpoint", "strategy", "condition", "perturbation", "level"]
     rows = []
     for key, g in ok.groupby(keys, sort=True):
         rec = dict(zip(keys, key, strict=True))
-        rng = rng_for(seed, "segstats", *map(str, key))
+        rng = rng_for(seed, "segstats", *map(str, key)) if scope == SCOPE_ALL else \
+            rng_for(seed, "segstats", scope, *map(str, key))
         _, ilo, ihi = bootstrap_ci(g["iou_drop"].to_numpy(), n_boot=N_BOOT, rng=rng)
         _, dlo, dhi = bootstrap_ci(g["dice_drop"].to_numpy(), n_boot=N_BOOT, rng=rng)
         _, p = wilcoxon_paired(g["clean_iou"].to_numpy(), g["iou"].to_numpy())
@@ -36,9 +66,30 @@ def segmentation_stats(df: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
                    dice_drop_ci_low=dlo, dice_drop_ci_high=dhi, wilcoxon_p=p)
         rows.append(rec)
     out = pd.DataFrame(rows)
+    if out.empty:
+        return out
     out["wilcoxon_q"] = np.nan
     for _, idx in out.groupby(["model", "checkpoint", "strategy"]).groups.items():
         out.loc[idx, "wilcoxon_q"] = benjamini_hochberg(out.loc[idx, "wilcoxon_p"].to_numpy())
+    out["scope"] = scope
+    return out
+
+
+def segmentation_stats(df: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
+    """One row per (model, checkpoint, strategy, condition, perturbation, level) and ``scope``: n,
+    mean IoU and Dice, mean drops with bootstrap 95% CIs over images, paired Wilcoxon p (clean vs
+    condition IoU, the primary metric) and the Benjamini-Hochberg q over the model's type x level
+    grid. Scope ``all`` pools every dataset; ``floor_excluded`` repeats the statistics without the
+    datasets at the floor (:func:`floor_datasets`), for the models that have some (the rows the
+    mart's default views average), so those views carry CIs too."""
+    if df.empty:
+        return pd.DataFrame()
+    perturbed = (df["status"] == "ok") & (df["condition"] != "clean")
+    out = _stats_rows(df[perturbed], seed, SCOPE_ALL)
+    excluded = _floor_excluded_rows(df)
+    if len(excluded):
+        kept = excluded[(excluded["status"] == "ok") & (excluded["condition"] != "clean")]
+        out = pd.concat([out, _stats_rows(kept, seed, SCOPE_FLOOR_EXCLUDED)], ignore_index=True)
     return out
 
 
