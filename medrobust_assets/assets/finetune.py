@@ -149,6 +149,9 @@ def registry_evaluation(context: dg.AssetExecutionContext, suite: SuiteResource,
     with tracking.run(context, s, "registry_evaluation", {"model": name, "version": version}) as run:
         fresh = context.run.tags.get("medrobust/trigger") == "nightly"  # nightly: recompute, never copy
         meta = evaluate_version(s, name, version, tracking.mlruns_dir, reuse=not fresh, log=context.log.info)
+        from medrobust_lib.tracks.segmentation.stats import write_model_stats
+
+        meta["n_stats_rows"] = len(write_model_stats(s.results_dir, meta["model_id"], s.seed))  # CIs in the views
         tracking.log_metrics(run, meta)
     yield dg.MaterializeResult(metadata=meta)
 

@@ -99,3 +99,14 @@ def write_segmentation_stats(results_dir: str | Path, seed: int = 0) -> pd.DataF
     stats = segmentation_stats(df, seed)
     results.write_per_key(results_dir, STATS_TABLE, stats, "model", results.fingerprint(["stats", len(stats)]))
     return stats
+
+
+def write_model_stats(results_dir: str | Path, model: str, seed: int = 0) -> pd.DataFrame:
+    """Recompute and write the stats chunk of one ``model`` only (the other models' chunks are left
+    alone, so evaluations of different models may write concurrently)."""
+    df = results.read_table(results_dir, "segmentation_results")
+    stats = segmentation_stats(df[df["model"] == model] if len(df) else df, seed)
+    if len(stats):
+        results.write_chunk(results.chunk_path(results_dir, STATS_TABLE, {"model": model}, "stats"), stats,
+                            results.fingerprint(["stats", len(stats)]))
+    return stats
