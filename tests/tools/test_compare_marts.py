@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import duckdb
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.tools.tool_loader import load_tool
 
 
 def _tool():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("compare_marts", ROOT / "tools" / "compare_marts.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("compare_marts")
 
 
 def _mart(path: Path, rows: list[tuple[str, str, int, float]], extra: str = "") -> Path:

@@ -3,20 +3,15 @@ when the taxonomy and VLM schemas grew; this keeps it in step)."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import duckdb
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.tools.tool_loader import load_tool
 
 
 def _tool():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("figure_mart", ROOT / "tools" / "figure_mart.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("figure_mart")
 
 
 def test_figure_mart_feeds_every_report_table(tmp_path: Path) -> None:
