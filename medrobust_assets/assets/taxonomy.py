@@ -21,6 +21,7 @@ from medrobust_assets.partitions import (
 from medrobust_assets.resources import SuiteResource, TrackingResource
 from medrobust_assets.tags import GPU_OP_TAGS
 from medrobust_lib.paths import suite_paths
+from medrobust_lib.report.figures.style import parallel_saves
 from medrobust_lib.store.schema import TAXONOMY_TABLE
 
 
@@ -154,7 +155,6 @@ def taxonomy_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinition:
             rows = complete_rows(res.read_table(s.results_dir, TAXONOMY_TABLE), TAXONOMY_TABLE, s.max_error_share)
             paths: list[Path] = []
             if len(stats):
-                from medrobust_lib.report.figures.style import parallel_saves
                 from medrobust_lib.taxonomy.stats import transitions
 
                 ok = rows[rows["outcome"] == "ok"]

@@ -18,7 +18,10 @@ matplotlib is imported inside the functions (the Agg backend), never at module i
 
 from __future__ import annotations
 
+import multiprocessing
+import pickle
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -105,8 +108,6 @@ def _write_formats(fig: Any, png_path: Path) -> None:
 
 def _write_pickled(data: bytes, png_path: str) -> None:
     """Worker side of :func:`parallel_saves`: unpickle a figure and write its three files."""
-    import pickle
-
     pyplot()
     _write_formats(pickle.loads(data), Path(png_path))  # noqa: S301 - a figure this process pickled
 
@@ -119,9 +120,6 @@ def parallel_saves(workers: int) -> Iterator[None]:
     if workers <= 1 or _SAVER:
         yield
         return
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         _SAVER.update(pool=pool, pending=[])
         try:
@@ -141,8 +139,6 @@ def save_figure(fig: Any, png_path: Path) -> Path:
     if RECORD_OVERLAPS:
         OVERLAPS[str(png_path)] = overlapping_texts(fig)
     if _SAVER:
-        import pickle
-
         data = pickle.dumps(fig)
         pyplot().close(fig)
         _SAVER["pending"].append(_SAVER["pool"].submit(_write_pickled, data, str(png_path)))
