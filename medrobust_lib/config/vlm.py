@@ -85,6 +85,10 @@ class VLMTrainSettings(TrainBudget, AlignmentStage):
                             "width and height): 0.05 teaches 21 values per coordinate instead of 101")
     grounding_flips: bool = Field(default=False, description="also teach grounding on the horizontally, vertically "
                                   "and doubly flipped training images (the boxes flipped with them)")
+    yesno_steps: int = Field(default=0, ge=0, description="a yes/no stage between the alignment stage and the main "
+                             "training: positive paraphrases only, align_share attribute naming mixed in (0: none)")
+    negations: bool = Field(default=True, description="train on the negated yes/no variants too (the VLM track asks "
+                            "the original question; a tiny model learns the extra inversion poorly)")
 
 
 class VLMFinetuneSettings(TrainBudget, LoraSettings):

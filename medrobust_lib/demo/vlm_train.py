@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 
 from medrobust_lib.config import Suite
-from medrobust_lib.config.vlm import vlm_config, vlm_model
+from medrobust_lib.config.vlm import VLMTrainSettings, vlm_config, vlm_model
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.demo.alignment import alignment_sets, mixed_in, run_alignment
-from medrobust_lib.finetune.vlm_train import VLMExample
+from medrobust_lib.finetune.vlm_train import VLMExample, VLMTrainConfig
 from medrobust_lib.tasks.scoring import score_mc
 from medrobust_lib.tracks.vlm.items import VLMItem, box_in_sample, load_items, prompt_for
 from medrobust_lib.tracks.vlm.runner import checkpoint_dir
@@ -68,10 +68,12 @@ def flipped(image: np.ndarray, box: np.ndarray, flip: str) -> tuple[np.ndarray, 
 
 
 def examples_for(items: list[VLMItem], samples: dict[tuple[str, str], Sample], tasks: tuple[str, ...] | None = None,
-                 all_variants: bool = True, box_step: float = 0.01, flips: bool = False) -> list[VLMExample]:
+                 all_variants: bool = True, box_step: float = 0.01, flips: bool = False,
+                 negations: bool = True) -> list[VLMExample]:
     """Supervised examples for the items whose sample is given: MC -> letter, yes/no -> the
-    polarity-adjusted answer for every paraphrase, caption -> first reference, grounding -> box
-    (on the ``box_step`` grid; with ``flips`` also on the three flipped images, see :data:`FLIPS`)."""
+    polarity-adjusted answer for every paraphrase (the negated ones only with ``negations``),
+    caption -> first reference, grounding -> box (on the ``box_step`` grid; with ``flips`` also on
+    the three flipped images, see :data:`FLIPS`)."""
     out: list[VLMExample] = []
     for it in items:
         s = samples.get((it.dataset, it.sample_id))
@@ -83,6 +85,8 @@ def examples_for(items: list[VLMItem], samples: dict[tuple[str, str], Sample], t
         elif it.task == "vqa_yesno":
             variants = it.variants if all_variants else it.variants[:1]
             for k, (_, pol) in enumerate(variants):
+                if pol != 1 and not negations:
+                    continue
                 ans = it.answer if pol == 1 else ("no" if it.answer == "yes" else "yes")
                 out.append(VLMExample(key, s.image, prompt_for(it, k), ans, it.task))
         elif it.task == "caption":
@@ -165,13 +169,16 @@ def train_base_vlm(suite: Suite, model_id: str, log: Callable[[str], None] | Non
     tok = build_tokenizer(vocabulary_texts(items) + [f"{e.question} {e.answer}" for e in align_tr])
     model, proc = build_tiny_llava(tok, image_size=ts.image_size, patch_size=ts.patch_size, text_hidden=ts.hidden,
                                    vision_hidden=ts.hidden, layers=ts.layers, seed=suite.seed)
-    examples = examples_for(items, by_split["train"], box_step=ts.box_step, flips=ts.grounding_flips)
+    examples = examples_for(items, by_split["train"], box_step=ts.box_step, flips=ts.grounding_flips,
+                            negations=ts.negations)
     val = encode_examples(proc, examples_for(items, by_split["val"], SELECTION_TASKS, all_variants=False))
     cfg = VLMTrainConfig(max_steps=ts.max_steps, batch_size=ts.batch_size, lr=ts.lr, eval_every=ts.eval_every,
                          patience=ts.patience, time_budget_s=ts.time_budget_s, seed=suite.seed,
                          select_on="first_token_accuracy")
     with torch.random.fork_rng(devices=[]):
         align = run_alignment(model, proc, align_tr, align_va, ts, cfg, log=log)
+        if ts.yesno_steps > 0:
+            align["yesno"] = _yes_no_stage(model, proc, items, by_split, align_tr, ts, cfg, log)
         mix = mixed_in(align_tr, len(examples), ts.align_share, suite.seed)
         train = encode_examples(proc, examples + mix)
         res = train_vlm(model, proc, train, val, cfg, log=log)
@@ -184,6 +191,23 @@ def train_base_vlm(suite: Suite, model_id: str, log: Callable[[str], None] | Non
     (folder / "training.json").write_text(json.dumps(meta, indent=2, default=str))
     return VLMTrainSummary(str(folder), time.perf_counter() - t0, res.steps, res.best_step, res.best_val_loss,
                            len(train), len(val), held, res.history)
+
+
+def _yes_no_stage(model: Any, proc: Any, items: list[VLMItem], by_split: dict[str, dict[tuple[str, str], Sample]],
+                  align_tr: list[VLMExample], ts: VLMTrainSettings, main: VLMTrainConfig,
+                  log: Callable[[str], None] | None) -> dict[str, Any]:
+    """``ts.yesno_steps`` of yes/no alone (positive paraphrases, ``ts.align_share`` attribute naming
+    mixed in), selected on the original questions of val; the main training's batch, rate, cadence."""
+    from medrobust_lib.finetune.vlm_train import encode_examples, train_vlm
+
+    yes_no = examples_for(items, by_split["train"], ("vqa_yesno",), negations=False)
+    val = examples_for(items, by_split["val"], ("vqa_yesno",), all_variants=False)
+    cfg = VLMTrainConfig(max_steps=ts.yesno_steps, batch_size=main.batch_size, lr=main.lr, eval_every=main.eval_every,
+                         patience=ts.yesno_steps, seed=main.seed, select_on="first_token_accuracy")
+    mix = mixed_in(align_tr, len(yes_no), ts.align_share, main.seed)
+    r = train_vlm(model, proc, encode_examples(proc, yes_no + mix), encode_examples(proc, val), cfg, log=log)
+    return {"steps": r.steps, "best_step": r.best_step, "n_train": len(yes_no) + len(mix),
+            "val_accuracy": max((h.get("val_first_token_acc", 0.0) for h in r.history), default=None)}
 
 
 def adapter_folder(suite: Suite, model_id: str) -> Path:

@@ -109,6 +109,26 @@ def test_grounding_flips_add_three_examples_per_box(demo_root: Path, tmp_path: P
     assert len({e.image_key for e in aug}) == 4 * len({e.image_key for e in plain})
 
 
+def test_yes_no_examples_without_negations(demo_root: Path, tmp_path: Path) -> None:
+    """``negations=False`` drops exactly the negated variants (polarity -1); every positive variant
+    keeps its record's label."""
+    from medrobust_lib.tracks.datasets import build_clean_index, load_clean_samples
+    from medrobust_lib.tracks.vlm.items import load_items, prompt_for
+
+    suite = load_suite(write_suite(tmp_path, demo_root, modalities=["ct"], vlm={"split": "all"}))
+    build_clean_index(suite, "ct")
+    samples = {(s.dataset, s.sample_id): s for v in load_clean_samples(suite, "ct").values() for s in v}
+    items = [it for it in load_items(suite).items if it.task == "vqa_yesno" and (it.dataset, it.sample_id) in samples]
+    every = examples_for(items, samples, ("vqa_yesno",))
+    positive = examples_for(items, samples, ("vqa_yesno",), negations=False)
+    n_neg = sum(1 for it in items for _, pol in it.variants if pol == -1)
+    assert n_neg > 0 and len(every) - len(positive) == n_neg
+    got = {(e.image_key, e.question): e.answer for e in positive}
+    want = {(f"{it.dataset}/{it.sample_id}", prompt_for(it, k)): it.answer
+            for it in items for k, (_, pol) in enumerate(it.variants) if pol == 1}
+    assert got == want and len(got) == len(positive)
+
+
 @pytest.mark.slow
 def test_short_vlm_schedule_learns(demo_root: Path, tmp_path: Path) -> None:
     """The demo's tiny-LLaVA training (the code --retrain runs) on 2 modalities, 40 steps: the
