@@ -75,7 +75,9 @@ def demo_truth(suite: Suite) -> dict[tuple[str, str], DemoSample]:
 
 
 def mixed_in(extra: list[VLMExample], n_main: int, share: float, seed: int) -> list[VLMExample]:
-    """A seeded subset of ``extra`` sized so it makes up ``share`` of ``n_main + subset``."""
+    """A seeded subset of ``extra`` sized so it makes up ``share`` of ``n_main + subset`` (the same
+    subset for the same sizes; the generator's key predates its use by the VLM and is kept so the
+    committed weights stay reproducible)."""
     if share <= 0 or not extra:
         return []
     n = min(len(extra), round(n_main * share / (1 - share)))
@@ -90,18 +92,24 @@ def alignment_sets(suite: Suite, by_split: dict[str, dict[tuple[str, str], Sampl
     return attribute_examples(by_split["train"], truth), attribute_examples(by_split["val"], truth, flips=("",))
 
 
-def run_alignment(model: Any, processor: Any, train: list[VLMExample], val: list[VLMExample], stage: AlignmentStage,
-                  main: VLMTrainConfig, log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Train ``stage.align_steps`` of attribute naming (no early stop; the best validation
-    first-token accuracy is kept) with the main loop's batch, learning rate, cadence and seed.
-    Returns a summary for ``training.json`` ({} when the stage is off or there is no example)."""
+def train_stage(model: Any, processor: Any, train: list[VLMExample], val: list[VLMExample], steps: int,
+                main: VLMTrainConfig, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Train a fixed stage of ``steps`` (no early stop; the best validation first-token accuracy is
+    kept) with the main loop's batch, learning rate, cadence and seed. Returns a summary for
+    ``training.json``."""
     from medrobust_lib.finetune.vlm_train import encode_examples, train_vlm
 
-    if stage.align_steps <= 0 or not train:
-        return {}
-    cfg = VLMTrainConfig(max_steps=stage.align_steps, batch_size=main.batch_size, lr=main.lr,
-                         eval_every=main.eval_every, patience=stage.align_steps, seed=main.seed,
-                         select_on="first_token_accuracy")
+    cfg = VLMTrainConfig(max_steps=steps, batch_size=main.batch_size, lr=main.lr, eval_every=main.eval_every,
+                         patience=steps, seed=main.seed, select_on="first_token_accuracy")
     r = train_vlm(model, processor, encode_examples(processor, train), encode_examples(processor, val), cfg, log=log)
     return {"steps": r.steps, "best_step": r.best_step, "n_train": len(train), "n_val": len(val),
             "val_accuracy": max((h.get("val_first_token_acc", 0.0) for h in r.history), default=None)}
+
+
+def run_alignment(model: Any, processor: Any, train: list[VLMExample], val: list[VLMExample], stage: AlignmentStage,
+                  main: VLMTrainConfig, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The alignment stage: ``stage.align_steps`` of attribute naming (:func:`train_stage`); {} when
+    the stage is off or there is no example."""
+    if stage.align_steps <= 0 or not train:
+        return {}
+    return train_stage(model, processor, train, val, stage.align_steps, main, log)

@@ -15,7 +15,7 @@ import numpy as np
 from medrobust_lib.config import Suite
 from medrobust_lib.config.vlm import VLMTrainSettings, vlm_config, vlm_model
 from medrobust_lib.data.sample import Sample
-from medrobust_lib.demo.alignment import alignment_sets, mixed_in, run_alignment
+from medrobust_lib.demo.alignment import alignment_sets, mixed_in, run_alignment, train_stage
 from medrobust_lib.finetune.vlm_train import VLMExample, VLMTrainConfig
 from medrobust_lib.tasks.scoring import score_mc
 from medrobust_lib.tracks.vlm.items import VLMItem, box_in_sample, load_items, prompt_for
@@ -156,7 +156,7 @@ def train_base_vlm(suite: Suite, model_id: str, log: Callable[[str], None] | Non
     ``save_pretrained`` under ``var/checkpoints/<id>/`` and report held-out accuracy."""
     import torch
 
-    from medrobust_lib.finetune.vlm_train import VLMTrainConfig, encode_examples, train_vlm
+    from medrobust_lib.finetune.vlm_train import encode_examples, train_vlm
     from medrobust_lib.models.tiny_vlm import build_tiny_llava, build_tokenizer, save_tiny
 
     t0 = time.perf_counter()
@@ -197,17 +197,11 @@ def _yes_no_stage(model: Any, proc: Any, items: list[VLMItem], by_split: dict[st
                   align_tr: list[VLMExample], ts: VLMTrainSettings, main: VLMTrainConfig,
                   log: Callable[[str], None] | None) -> dict[str, Any]:
     """``ts.yesno_steps`` of yes/no alone (positive paraphrases, ``ts.align_share`` attribute naming
-    mixed in), selected on the original questions of val; the main training's batch, rate, cadence."""
-    from medrobust_lib.finetune.vlm_train import encode_examples, train_vlm
-
+    mixed in), selected on the original questions of val (:func:`~medrobust_lib.demo.alignment.train_stage`)."""
     yes_no = examples_for(items, by_split["train"], ("vqa_yesno",), negations=False)
     val = examples_for(items, by_split["val"], ("vqa_yesno",), all_variants=False)
-    cfg = VLMTrainConfig(max_steps=ts.yesno_steps, batch_size=main.batch_size, lr=main.lr, eval_every=main.eval_every,
-                         patience=ts.yesno_steps, seed=main.seed, select_on="first_token_accuracy")
     mix = mixed_in(align_tr, len(yes_no), ts.align_share, main.seed)
-    r = train_vlm(model, proc, encode_examples(proc, yes_no + mix), encode_examples(proc, val), cfg, log=log)
-    return {"steps": r.steps, "best_step": r.best_step, "n_train": len(yes_no) + len(mix),
-            "val_accuracy": max((h.get("val_first_token_acc", 0.0) for h in r.history), default=None)}
+    return train_stage(model, proc, yes_no + mix, val, ts.yesno_steps, main, log)
 
 
 def adapter_folder(suite: Suite, model_id: str) -> Path:
@@ -237,7 +231,6 @@ def finetune_adapter(suite: Suite, model_id: str, log: Callable[[str], None] | N
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     from medrobust_lib.finetune.vlm_lora import LM_PROJ_REGEX, LoraSettings, finetune_lora
-    from medrobust_lib.finetune.vlm_train import VLMTrainConfig
     from medrobust_lib.tracks.vlm.runner import _folder_hash, resolve_source
 
     t0 = time.perf_counter()

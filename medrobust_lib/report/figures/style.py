@@ -107,9 +107,11 @@ def _write_formats(fig: Any, png_path: Path) -> None:
 
 
 def _write_pickled(data: bytes, png_path: str) -> None:
-    """Worker side of :func:`parallel_saves`: unpickle a figure and write its three files."""
+    """Worker side of :func:`parallel_saves`: unpickle a figure and write its three files. ``data``
+    comes only from :func:`save_figure` in the parent process (its own figure, through the pool's
+    pipe), never from a file or a user, so pickle is safe here; weights never travel this way."""
     pyplot()
-    _write_formats(pickle.loads(data), Path(png_path))  # noqa: S301 - a figure this process pickled
+    _write_formats(pickle.loads(data), Path(png_path))  # noqa: S301 - the parent's own figure, see above
 
 
 @contextmanager
