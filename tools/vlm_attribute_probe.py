@@ -5,54 +5,28 @@ Run from the project root after the demo datasets exist (``medrobust run --suite
 configs/demo.yaml --select datasets``)::
 
     python tools/vlm_attribute_probe.py [--lr 5e-4] [--steps 1500] [--image-size 64] [--patch-size 16]
-                                        [--hidden 64] [--corpus N] [--threads 2]
+                                        [--hidden 64] [--corpus N] [--position-std S] [--tower-steps N] [--threads 2]
 
-``--corpus N`` adds a second synthetic corpus of N images per modality, built by the demo's own
-generators with seed ``suite seed + 1`` under ``var/data/probe-corpus`` (never the demo's test
-split), to the training images. Side and height questions are counted separately. A constant
-answer scores about 0.5 on side, height and size: that is what the tiny LLaVA does at 64 and 128 px,
-patch 8 and 16, with and without a 1,200-image corpus (see the README's VLM section).
+``--corpus N`` adds the synthetic corpus of N images per modality (:mod:`medrobust_lib.demo.corpus`)
+to the training images; ``--position-std`` and ``--tower-steps`` apply the demo recipe's position
+init and supervised tower stage (:mod:`medrobust_lib.demo.vision_pretrain`). Side and height
+questions are counted separately. A constant answer scores about 0.5 on side, height and size:
+that is what the tiny LLaVA does without the tower stage (see the README's VLM section).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from medrobust_lib.config import Suite, load_suite  # noqa: E402
-from medrobust_lib.data.dataset import index_dataset, load_sample  # noqa: E402
-from medrobust_lib.data.sample import Sample  # noqa: E402
+from medrobust_lib.config import load_suite  # noqa: E402
 from medrobust_lib.demo.alignment import ATTRIBUTE_QUESTIONS, attribute_examples, demo_truth  # noqa: E402
-from medrobust_lib.demo.build import build_demo  # noqa: E402
-from medrobust_lib.demo.manifest import DemoManifest, DemoSample  # noqa: E402
+from medrobust_lib.demo.corpus import load_corpus  # noqa: E402
 from medrobust_lib.finetune.vlm_train import VLMExample  # noqa: E402
-from medrobust_lib.tracks.datasets import datasets_for  # noqa: E402
-
-CORPUS_PREFIX = "corpus/"
-"""Dataset-name prefix of corpus samples, so their image keys never collide with the demo's."""
-
-
-def corpus(suite: Suite, n: int) -> tuple[dict[tuple[str, str], Sample], dict[tuple[str, str], DemoSample]]:
-    """(samples, truth) of a synthetic corpus of ``n`` images per modality (seed + 1)."""
-    root = Path(suite.demo.root).parent / "probe-corpus"
-    build_demo(root, seed=suite.demo.seed + 1, n_per_modality=n)
-    other = suite.model_copy(update={"demo": suite.demo.model_copy(update={"root": str(root),
-                                                                           "seed": suite.demo.seed + 1,
-                                                                           "n_per_modality": n})})
-    samples: dict[tuple[str, str], Sample] = {}
-    for modality in other.modalities:
-        for cfg in datasets_for(other, modality):
-            for ref in index_dataset(cfg)[0]:
-                s = load_sample(cfg, ref)
-                samples[(CORPUS_PREFIX + s.dataset, s.sample_id)] = dataclasses.replace(
-                    s, dataset=CORPUS_PREFIX + s.dataset)
-    truth = {(CORPUS_PREFIX + t.dataset, t.sample_id): t for t in DemoManifest.load(root).samples()}
-    return samples, truth
 
 
 def attribute_of(example: VLMExample) -> str:
@@ -76,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--patch-size", type=int, default=16)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--corpus", type=int, default=0, help="images per modality of an extra synthetic corpus")
+    ap.add_argument("--position-std", type=float, default=None, help="std of the tower's initial position embeddings")
+    ap.add_argument("--tower-steps", type=int, default=0, help="supervised tower pretraining steps first")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
 
@@ -91,15 +67,22 @@ def main(argv: list[str] | None = None) -> int:
     suite = load_suite(args.suite)
     by_split = _samples_by_split(suite)
     truth = demo_truth(suite)
-    train = attribute_examples(by_split["train"], truth)
     if args.corpus > 0:
-        extra, extra_truth = corpus(suite, args.corpus)
-        train += attribute_examples(extra, extra_truth)
+        corpus = load_corpus(suite, args.corpus)
+        by_split["train"] = by_split["train"] | corpus.samples
+        truth = truth | corpus.truth
+    train = attribute_examples(by_split["train"], truth)
     splits = {"train": attribute_examples(by_split["train"], truth, flips=("",)),
               "val": attribute_examples(by_split["val"], truth, flips=("",))}
     tok = build_tokenizer([f"{e.question} {e.answer}" for e in train])
     model, proc = build_tiny_llava(tok, image_size=args.image_size, patch_size=args.patch_size,
-                                   text_hidden=args.hidden, vision_hidden=args.hidden, seed=suite.seed)
+                                   text_hidden=args.hidden, vision_hidden=args.hidden, seed=suite.seed,
+                                   position_std=args.position_std)
+    if args.tower_steps > 0:
+        from medrobust_lib.demo.vision_pretrain import pretrain_tower
+
+        pretrain_tower(model, proc, by_split["train"], by_split["val"], truth, steps=args.tower_steps, lr=1e-3,
+                       batch_size=32, seed=suite.seed, log=print)
     cfg = VLMTrainConfig(max_steps=args.steps, batch_size=32, lr=args.lr, eval_every=max(1, args.steps // 10),
                          seed=suite.seed, select_on="first_token_accuracy")
     with torch.random.fork_rng(devices=[]):

@@ -89,6 +89,15 @@ class VLMTrainSettings(TrainBudget, AlignmentStage):
                              "training: positive paraphrases only, align_share attribute naming mixed in (0: none)")
     negations: bool = Field(default=True, description="train on the negated yes/no variants too (the VLM track asks "
                             "the original question; a tiny model learns the extra inversion poorly)")
+    corpus_per_modality: int = Field(default=0, ge=0, description="images per modality of a synthetic pretraining "
+                                     "corpus from the demo's generators (seed + 1, medrobust_lib/demo/corpus.py), "
+                                     "added to the train split in every stage (0: none)")
+    tower_steps: int = Field(default=0, ge=0, description="supervised pretraining steps of the vision tower on the "
+                             "target's mask, box, side, height and size before any text (demo/vision_pretrain.py)")
+    tower_lr: float = Field(default=1e-3, gt=0, description="learning rate of the tower pretraining (AdamW, constant)")
+    position_init_std: float | None = Field(default=None, gt=0, description="std of the tower's initial position "
+                                            "embeddings (None: the architecture's own init, 0.02 for CLIP, too faint "
+                                            "for a from-scratch tower to tell left from right)")
 
 
 class VLMFinetuneSettings(TrainBudget, LoraSettings):

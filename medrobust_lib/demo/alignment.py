@@ -85,10 +85,12 @@ def mixed_in(extra: list[VLMExample], n_main: int, share: float, seed: int) -> l
     return [extra[int(i)] for i in sorted(pick)]
 
 
-def alignment_sets(suite: Suite, by_split: dict[str, dict[tuple[str, str], Sample]]
+def alignment_sets(suite: Suite, by_split: dict[str, dict[tuple[str, str], Sample]],
+                   extra_truth: dict[tuple[str, str], DemoSample] | None = None
                    ) -> tuple[list[VLMExample], list[VLMExample]]:
-    """(train, val) attribute-naming examples: train with the three flips, val unflipped."""
-    truth = demo_truth(suite)
+    """(train, val) attribute-naming examples: train with the three flips, val unflipped.
+    ``extra_truth``: ground truth of train samples outside the demo (the corpus)."""
+    truth = demo_truth(suite) | (extra_truth or {})
     return attribute_examples(by_split["train"], truth), attribute_examples(by_split["val"], truth, flips=("",))
 
 

@@ -15,7 +15,9 @@ import numpy as np
 from medrobust_lib.config import Suite
 from medrobust_lib.config.vlm import VLMTrainSettings, vlm_config, vlm_model
 from medrobust_lib.data.sample import Sample
-from medrobust_lib.demo.alignment import alignment_sets, mixed_in, run_alignment, train_stage
+from medrobust_lib.demo.alignment import alignment_sets, demo_truth, mixed_in, run_alignment, train_stage
+from medrobust_lib.demo.corpus import load_corpus
+from medrobust_lib.demo.vision_pretrain import pretrain_tower
 from medrobust_lib.finetune.vlm_train import VLMExample, VLMTrainConfig
 from medrobust_lib.tasks.scoring import score_mc
 from medrobust_lib.tracks.vlm.items import VLMItem, box_in_sample, load_items, prompt_for
@@ -152,8 +154,11 @@ def heldout_accuracy(model_folder: str, adapter: str | None, items: list[VLMItem
 
 
 def train_base_vlm(suite: Suite, model_id: str, log: Callable[[str], None] | None = None) -> VLMTrainSummary:
-    """Train a tiny LLaVA from scratch on the train split (all tasks), select on val, save it with
-    ``save_pretrained`` under ``var/checkpoints/<id>/`` and report held-out accuracy."""
+    """Train a tiny LLaVA from scratch on the train split (plus the synthetic corpus when
+    ``corpus_per_modality`` > 0), select on val, save it with ``save_pretrained`` under
+    ``var/checkpoints/<id>/`` and report held-out accuracy. Stages: the vision tower's supervised
+    pretraining (``tower_steps``), attribute naming (``align_steps``), yes/no alone
+    (``yesno_steps``), then every task (``max_steps``)."""
     import torch
 
     from medrobust_lib.finetune.vlm_train import encode_examples, train_vlm
@@ -165,11 +170,22 @@ def train_base_vlm(suite: Suite, model_id: str, log: Callable[[str], None] | Non
     ts = vc.train
     items = load_items(suite).items
     by_split = _samples_by_split(suite)
-    align_tr, align_va = alignment_sets(suite, by_split) if ts.align_steps > 0 else ([], [])
-    tok = build_tokenizer(vocabulary_texts(items) + [f"{e.question} {e.answer}" for e in align_tr])
+    corpus = load_corpus(suite, ts.corpus_per_modality) if ts.corpus_per_modality > 0 else None
+    train_items = items + (corpus.items if corpus else [])
+    if corpus:  # the corpus is training data: it joins the train split of every stage
+        by_split["train"] = by_split["train"] | corpus.samples
+    align_tr, align_va = (alignment_sets(suite, by_split, corpus.truth if corpus else None)
+                          if ts.align_steps > 0 else ([], []))
+    tok = build_tokenizer(vocabulary_texts(train_items) + [f"{e.question} {e.answer}" for e in align_tr])
     model, proc = build_tiny_llava(tok, image_size=ts.image_size, patch_size=ts.patch_size, text_hidden=ts.hidden,
-                                   vision_hidden=ts.hidden, layers=ts.layers, seed=suite.seed)
-    examples = examples_for(items, by_split["train"], box_step=ts.box_step, flips=ts.grounding_flips,
+                                   vision_hidden=ts.hidden, layers=ts.layers, seed=suite.seed,
+                                   position_std=ts.position_init_std)
+    tower: dict[str, Any] = {}
+    if ts.tower_steps > 0:
+        truth = demo_truth(suite) | (corpus.truth if corpus else {})
+        tower = pretrain_tower(model, proc, by_split["train"], by_split["val"], truth, steps=ts.tower_steps,
+                               lr=ts.tower_lr, batch_size=ts.batch_size, seed=suite.seed, log=log)
+    examples = examples_for(train_items, by_split["train"], box_step=ts.box_step, flips=ts.grounding_flips,
                             negations=ts.negations)
     val = encode_examples(proc, examples_for(items, by_split["val"], SELECTION_TASKS, all_variants=False))
     cfg = VLMTrainConfig(max_steps=ts.max_steps, batch_size=ts.batch_size, lr=ts.lr, eval_every=ts.eval_every,
@@ -178,7 +194,7 @@ def train_base_vlm(suite: Suite, model_id: str, log: Callable[[str], None] | Non
     with torch.random.fork_rng(devices=[]):
         align = run_alignment(model, proc, align_tr, align_va, ts, cfg, log=log)
         if ts.yesno_steps > 0:
-            align["yesno"] = _yes_no_stage(model, proc, items, by_split, align_tr, ts, cfg, log)
+            align["yesno"] = _yes_no_stage(model, proc, train_items, items, by_split, align_tr, ts, cfg, log)
         mix = mixed_in(align_tr, len(examples), ts.align_share, suite.seed)
         train = encode_examples(proc, examples + mix)
         res = train_vlm(model, proc, train, val, cfg, log=log)
@@ -187,18 +203,20 @@ def train_base_vlm(suite: Suite, model_id: str, log: Callable[[str], None] | Non
     meta = {"model_id": model_id, "train": cfg.__dict__, "architecture": ts.model_dump(), "steps": res.steps,
             "best_step": res.best_step, "best_val_loss": res.best_val_loss, "heldout": held,
             "n_train": len(train), "n_mixed_in": len(mix), "n_val": len(val), "alignment": align,
+            "corpus_samples": len(corpus.samples) if corpus else 0, "tower": tower,
             "history": res.history}
     (folder / "training.json").write_text(json.dumps(meta, indent=2, default=str))
     return VLMTrainSummary(str(folder), time.perf_counter() - t0, res.steps, res.best_step, res.best_val_loss,
                            len(train), len(val), held, res.history)
 
 
-def _yes_no_stage(model: Any, proc: Any, items: list[VLMItem], by_split: dict[str, dict[tuple[str, str], Sample]],
-                  align_tr: list[VLMExample], ts: VLMTrainSettings, main: VLMTrainConfig,
-                  log: Callable[[str], None] | None) -> dict[str, Any]:
-    """``ts.yesno_steps`` of yes/no alone (positive paraphrases, ``ts.align_share`` attribute naming
-    mixed in), selected on the original questions of val (:func:`~medrobust_lib.demo.alignment.train_stage`)."""
-    yes_no = examples_for(items, by_split["train"], ("vqa_yesno",), negations=False)
+def _yes_no_stage(model: Any, proc: Any, train_items: list[VLMItem], items: list[VLMItem],
+                  by_split: dict[str, dict[tuple[str, str], Sample]], align_tr: list[VLMExample],
+                  ts: VLMTrainSettings, main: VLMTrainConfig, log: Callable[[str], None] | None) -> dict[str, Any]:
+    """``ts.yesno_steps`` of yes/no alone (positive paraphrases of ``train_items``, ``ts.align_share``
+    attribute naming mixed in), selected on the original questions of val (``items``; see
+    :func:`~medrobust_lib.demo.alignment.train_stage`)."""
+    yes_no = examples_for(train_items, by_split["train"], ("vqa_yesno",), negations=False)
     val = examples_for(items, by_split["val"], ("vqa_yesno",), all_variants=False)
     mix = mixed_in(align_tr, len(yes_no), ts.align_share, main.seed)
     return train_stage(model, proc, yes_no + mix, val, ts.yesno_steps, main, log)

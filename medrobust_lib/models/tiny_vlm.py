@@ -61,8 +61,11 @@ def build_tokenizer(texts: Iterable[str], min_count: int = 1) -> Any:
 
 
 def build_tiny_llava(tokenizer: Any, *, image_size: int = 64, patch_size: int = 16, text_hidden: int = 64,
-                     vision_hidden: int = 48, layers: int = 2, seed: int = 0) -> tuple[Any, Any]:
-    """(model, processor): a randomly initialised tiny LLaVA (weights from a seeded, scoped RNG)."""
+                     vision_hidden: int = 48, layers: int = 2, seed: int = 0,
+                     position_std: float | None = None) -> tuple[Any, Any]:
+    """(model, processor): a randomly initialised tiny LLaVA (weights from a seeded, scoped RNG).
+    ``position_std``: the vision tower's position embeddings drawn from N(0, std) instead of
+    CLIP's own init (std 0.02)."""
     from transformers import (
         CLIPImageProcessor,
         CLIPVisionConfig,
@@ -85,6 +88,9 @@ def build_tiny_llava(tokenizer: Any, *, image_size: int = 64, patch_size: int = 
     with torch.random.fork_rng(devices=[]):
         torch.random.manual_seed(seed)  # scoped: the global state is restored on exit
         model = LlavaForConditionalGeneration(cfg)
+        if position_std is not None:
+            with torch.no_grad():
+                model.model.vision_tower.embeddings.position_embedding.weight.normal_(0.0, position_std)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     ip = CLIPImageProcessor(size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size},
                             do_convert_rgb=True)

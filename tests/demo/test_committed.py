@@ -131,13 +131,15 @@ def test_yes_no_examples_without_negations(demo_root: Path, tmp_path: Path) -> N
 
 @pytest.mark.slow
 def test_short_vlm_schedule_learns(demo_root: Path, tmp_path: Path) -> None:
-    """The demo's tiny-LLaVA training (the code --retrain runs) on 2 modalities, 40 steps: the
+    """The demo's tiny-LLaVA training (the code --retrain runs) on 2 modalities with every stage on
+    (a 1-image-per-modality corpus, 10 tower steps, attribute naming, yes/no, 40 main steps): the
     validation loss falls far below the uniform guess over the vocabulary."""
     from medrobust_lib.demo.vlm_train import train_base_vlm
 
     vlm = {"models": [{"id": "tiny-llava", "source": "trained", "box_scale": "0-1"}], "split": "all",
            "train": {"max_steps": 40, "eval_every": 20, "batch_size": 16, "time_budget_s": None,
-                     "box_step": 0.05, "grounding_flips": True}}
+                     "box_step": 0.05, "grounding_flips": True, "corpus_per_modality": 1, "tower_steps": 10,
+                     "position_init_std": 1.0, "align_steps": 10, "yesno_steps": 10, "negations": False}}
     suite = load_suite(write_suite(tmp_path, demo_root, vlm=vlm))
     from medrobust_lib.tracks.datasets import build_clean_index
 
@@ -146,6 +148,8 @@ def test_short_vlm_schedule_learns(demo_root: Path, tmp_path: Path) -> None:
     tr = train_base_vlm(suite, "tiny-llava")
     vocab = json.loads((Path(tr.folder) / "config.json").read_text())["text_config"]["vocab_size"]
     assert tr.steps == 40 and tr.best_val_loss < 0.5 * math.log(vocab)
+    meta = json.loads((Path(tr.folder) / "training.json").read_text())
+    assert meta["corpus_samples"] > 0 and meta["tower"]["steps"] == 10 and meta["alignment"]["yesno"]["steps"] == 10
 
 
 
