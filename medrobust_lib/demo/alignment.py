@@ -40,7 +40,9 @@ field's value (``ct``, ``left``, ``upper``, ``large``, ``brighter``, ...)."""
 _SWAP = {"horizontal": {"left": "right", "right": "left"}, "vertical": {"upper": "lower", "lower": "upper"}}
 
 
-def _flip(image: np.ndarray, flip: str) -> np.ndarray:
+def flip_array(image: np.ndarray, flip: str) -> np.ndarray:
+    """``image`` (H, W[, C]) flipped: ``h`` left-right, ``v`` up-down, ``hv`` both, ``""`` as is (a
+    contiguous copy)."""
     out = image[:, ::-1] if "h" in flip else image
     out = out[::-1] if "v" in flip else out
     return np.ascontiguousarray(out)
@@ -57,7 +59,7 @@ def attribute_examples(samples: dict[tuple[str, str], Sample], truth: dict[tuple
         if t is None:
             continue
         for flip in flips:
-            img = _flip(s.image, flip)
+            img = flip_array(s.image, flip)
             name = f"{s.dataset}/{s.sample_id}" + (f"#{flip}" if flip else "")
             for attr, template in ATTRIBUTE_QUESTIONS.items():
                 if attr == "brightness" and t.modality in NO_BRIGHTNESS:

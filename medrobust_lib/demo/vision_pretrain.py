@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from medrobust_lib.data.sample import Sample
+from medrobust_lib.demo.alignment import flip_array
 from medrobust_lib.demo.manifest import DemoSample
 from medrobust_lib.seeding import rng_for
 
@@ -58,11 +59,6 @@ def tower_targets(mask: npt.NDArray[np.bool_], grid: int, large: bool) -> tuple[
     return patch, image
 
 
-def _flip(a: np.ndarray, flip: str) -> np.ndarray:
-    out = a[:, ::-1] if "h" in flip else a
-    return np.ascontiguousarray(out[::-1] if "v" in flip else out)
-
-
 def tower_set(processor: Any, samples: dict[tuple[str, str], Sample], truth: dict[tuple[str, str], DemoSample],
               grid: int, flips: tuple[str, ...] = FLIPS) -> tuple[Any, Any, Any]:
     """(pixel values (N, 3, S, S), patch targets (N, grid * grid), image targets (N, 7)) as float32
@@ -77,8 +73,8 @@ def tower_set(processor: Any, samples: dict[tuple[str, str], Sample], truth: dic
         if t is None or s.mask is None or not s.mask.any():
             continue
         for flip in flips:
-            pics.append(_rgb_u8(_flip(s.image, flip)))
-            p, g = tower_targets(_flip(s.mask, flip).astype(bool), grid, t.size == "large")
+            pics.append(_rgb_u8(flip_array(s.image, flip)))
+            p, g = tower_targets(flip_array(s.mask, flip).astype(bool), grid, t.size == "large")
             patches.append(p)
             images.append(g)
     if not pics:
@@ -93,8 +89,9 @@ def _box_iou(a: Any, b: Any) -> Any:
     ix = (torch.minimum(a[:, 2], b[:, 2]) - torch.maximum(a[:, 0], b[:, 0])).clamp(min=0)
     iy = (torch.minimum(a[:, 3], b[:, 3]) - torch.maximum(a[:, 1], b[:, 1])).clamp(min=0)
     inter = ix * iy
-    area = (a[:, 2] - a[:, 0]).clamp(min=0) * (a[:, 3] - a[:, 1]).clamp(min=0) + (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
-    return inter / (area - inter).clamp(min=1e-6)
+    area_a = (a[:, 2] - a[:, 0]).clamp(min=0) * (a[:, 3] - a[:, 1]).clamp(min=0)
+    area_b = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
+    return inter / (area_a + area_b - inter).clamp(min=1e-6)
 
 
 def pretrain_tower(model: Any, processor: Any, train: dict[tuple[str, str], Sample],
@@ -143,8 +140,8 @@ def pretrain_tower(model: Any, processor: Any, train: dict[tuple[str, str], Samp
                 iou = _box_iou(box, g_va[:, :4])
                 acc = ((attrs > 0.5).float() == g_va[:, 4:]).float().mean(0)
             row = {"step": step, "train_loss": float(loss.detach()), "val_loss": float(vl),
-                   "val_box_iou": float(iou.mean()), "val_box_acc50": float((iou >= 0.5).float().mean()), "val_side_acc": float(acc[0]),
-                   "val_height_acc": float(acc[1]), "val_size_acc": float(acc[2])}
+                   "val_box_iou": float(iou.mean()), "val_box_acc50": float((iou >= 0.5).float().mean()),
+                   "val_side_acc": float(acc[0]), "val_height_acc": float(acc[1]), "val_size_acc": float(acc[2])}
             history.append(row)
             if log:
                 log("tower " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
