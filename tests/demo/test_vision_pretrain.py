@@ -68,3 +68,9 @@ def test_short_tower_pretraining_learns_where_the_target_is() -> None:
     assert final["val_side_acc"] >= 0.8 and final["val_height_acc"] >= 0.8
     assert final["val_box_iou"] > first["final"]["val_box_iou"] + 0.2
     assert final["val_loss"] < first["final"]["val_loss"]
+    # the tower keeps the evaluation with the best mean attribute accuracy (the later one on a tie)
+    def score(h: dict[str, float]) -> float:
+        return (h["val_side_acc"] + h["val_height_acc"] + h["val_size_acc"]) / 3
+    top = max(score(h) for h in out["history"])
+    assert out["best"]["step"] == max(h["step"] for h in out["history"] if score(h) == top)
+    assert out["best_step"] == out["best"]["step"]
