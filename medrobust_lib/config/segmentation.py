@@ -126,7 +126,7 @@ class SegmentationConfig(BaseModel):
     attacks: AttackSuiteConfig = Field(default_factory=lambda: AttackSuiteConfig())
     finetune: FinetuneConfig | None = None
     feed_workers: int | None = Field(
-        default=None, ge=0, description="processes regenerating perturbed images (None: cores - 1; 0: in-process)")
+        default=None, ge=0, description="processes regenerating perturbed images (None: cores - 1, or in-process for a CPU model on <= 2 cores; 0: in-process)")
     feed_prefetch: int = Field(default=4, ge=1, description="regeneration chunks in flight ahead of the model")
 
     @property

@@ -349,13 +349,14 @@ def _with_clean(r: dict[str, Any], clean: tuple[float, float]) -> None:
 def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: str, level: int, model: Any | None = None,
                        perturbations: Sequence[str] | None = None) -> EvalSummary:
     """Predictions on every perturbed sample of one (modality, level) manifest partition. Images
-    are regenerated from the manifest by the feed's worker processes (``feed_workers``,
+    are regenerated from the manifest by the feed's worker processes (``feed_workers``, by
+    default :func:`~medrobust_lib.tracks.feed.default_workers` for the model's device;
     ``feed_prefetch``; :mod:`medrobust_lib.tracks.feed`) while the model scores the previous
     batches; spatial types use their moved masks and boxes. A manifest row of the evaluation split
     whose sample cannot be used now (missing, quarantined since the manifest was built) is an
     ``error`` row with the reason; only rows of another split are skipped.
     ``perturbations``: glob patterns (``fnmatch``) restricting the types evaluated (None: all)."""
-    from medrobust_lib.tracks.feed import eval_samples, regenerate_stream, sample_major
+    from medrobust_lib.tracks.feed import default_workers, eval_samples, regenerate_stream, sample_major
     from medrobust_lib.tracks.perturbed import read_manifest
 
     t0 = time.perf_counter()
@@ -396,10 +397,12 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
             todo.append((r, mr, s))
     # one sample's rows together: a feed worker reads each clean sample once (rows are sorted on write)
     todo = [todo[i] for i in sample_major([mr for _, mr, _ in todo])]
+    device = getattr(model, "device", None)
+    workers = sc.feed_workers if sc.feed_workers is not None else default_workers(getattr(device, "type", "cpu"))
     scored: list[dict[str, Any]] = []
 
     def items() -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        feed = regenerate_stream(suite, modality, sc.split, [mr for _, mr, _ in todo], workers=sc.feed_workers,
+        feed = regenerate_stream(suite, modality, sc.split, [mr for _, mr, _ in todo], workers=workers,
                                  prefetch=sc.feed_prefetch)
         for (r, _mr, s), out in zip(todo, feed, strict=True):
             assert out.mask is not None

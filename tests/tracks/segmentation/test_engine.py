@@ -17,7 +17,7 @@ from medrobust_lib.perturb.engine import regenerate
 from medrobust_lib.prompts import PromptConfig, prompt_boxes
 from medrobust_lib.store import results
 from medrobust_lib.tracks.datasets import build_clean_index
-from medrobust_lib.tracks.feed import _tasks, clean_sample, clean_samples, regenerate_stream, sample_major
+from medrobust_lib.tracks.feed import _tasks, clean_sample, clean_samples, default_workers, regenerate_stream, sample_major
 from medrobust_lib.tracks.perturbed import build_perturbed, read_manifest
 from medrobust_lib.tracks.segmentation.evaluate import (
     _score,
@@ -101,6 +101,16 @@ def test_feed_tasks_group_one_sample() -> None:
     assert [rows[i]["k"] for i in order] == [1, 3, 4, 0, 2, 5]
     tasks = _tasks([rows[i] for i in order], chunk=2)
     assert [[r["sample_id"] for r in t] for t in tasks] == [["a", "a"], ["a"], ["b", "b"], ["c"]]
+
+
+@pytest.mark.parametrize(("cores", "device", "expected"), [
+    (2, "cpu", 0), (1, "cpu", 0), (2, "cuda", 1), (1, "cuda", 1), (3, "cpu", 2), (16, "cuda", 15)])
+def test_default_workers_leave_a_small_cpu_to_torch(monkeypatch: pytest.MonkeyPatch, cores: int, device: str,
+                                                    expected: int) -> None:
+    """A CPU model on <= 2 cores regenerates in-process (a worker would take a core from torch's
+    threads); otherwise, and always for CUDA, all cores but the model's, at least one."""
+    monkeypatch.setattr("medrobust_lib.tracks.feed.os.cpu_count", lambda: cores)
+    assert default_workers(device) == expected
 
 
 def test_clean_samples_are_loaded_once_per_process(suite: Suite) -> None:
