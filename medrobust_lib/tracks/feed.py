@@ -1,7 +1,8 @@
 """The perturbation feed: perturbed images regenerated from manifest rows by a pool of worker
 processes that runs ahead of the model, with bounded prefetch and results in row order.
 
-* Workers (default ``cores - 1``, at least 1) are spawned once per process and kept (like
+* Workers (default ``cores - 1``, at least 1; none, in-process, for a CPU model on <= 2 cores:
+  :func:`default_workers`) are spawned once per process and kept (like
   :func:`medrobust_lib.perturb.engine.run_chunks`' pool). They receive manifest rows, never
   images: a task is the rows of one clean sample (all its types at the level), and the worker
   reads that sample itself through the dataset's reader, checks it against the clean index's hash
