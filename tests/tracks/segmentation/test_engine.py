@@ -17,7 +17,14 @@ from medrobust_lib.perturb.engine import regenerate
 from medrobust_lib.prompts import PromptConfig, prompt_boxes
 from medrobust_lib.store import results
 from medrobust_lib.tracks.datasets import build_clean_index
-from medrobust_lib.tracks.feed import _tasks, clean_sample, clean_samples, default_workers, regenerate_stream, sample_major
+from medrobust_lib.tracks.feed import (
+    _tasks,
+    clean_sample,
+    clean_samples,
+    default_workers,
+    regenerate_stream,
+    sample_major,
+)
 from medrobust_lib.tracks.perturbed import build_perturbed, read_manifest
 from medrobust_lib.tracks.segmentation.evaluate import (
     _score,
