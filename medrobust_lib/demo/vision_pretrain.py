@@ -19,6 +19,7 @@ them. Images are used with their three flips, and the targets move with the flip
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -106,8 +107,6 @@ def pretrain_tower(model: Any, processor: Any, train: dict[tuple[str, str], Samp
     of side, height and size (what the language stages ask about; the later step on a tie; the last
     step is always evaluated). The val loss is no guide here: its patch term overfits while the
     attributes still improve. Returns a summary for ``training.json``."""
-    import math
-
     import torch
 
     tower = model.model.vision_tower
