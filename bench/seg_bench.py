@@ -3,8 +3,8 @@ perturbed manifests and the tiny-sam checkpoint) first. Run: .venv/bin/python be
 
 Prints: pipeline overhead = end-to-end evaluate_perturbed wall time / pure batched model forward
 on the same regenerated images (goal <= 1.2); regeneration of those images in one process over the
-pure forward (the feed spreads it over its workers, so the overhead's floor is about that ratio
-divided by the workers); images per second for clean, perturbed and PGD
+pure forward (regenerated in-process, the overhead cannot fall below about 1 + that ratio); images
+per second for clean, perturbed and PGD
 evaluation; clean-prediction cache hits over a full run.
 
 The evaluations write into a scratch copy of the suite's results (its clean index and perturbation
@@ -26,7 +26,6 @@ from medrobust_lib.config import Suite, load_suite
 from medrobust_lib.paths import suite_paths
 from medrobust_lib.perturb.engine import regenerate
 from medrobust_lib.prompts import prompt_boxes
-from medrobust_lib.tracks.datasets import load_clean_samples
 from medrobust_lib.tracks.feed import clean_samples, default_workers, regenerate_stream
 from medrobust_lib.tracks.perturbed import read_manifest
 from medrobust_lib.tracks.segmentation.evaluate import (
@@ -83,7 +82,7 @@ def run(suite: Suite, model_id: str, modalities: list[str], level: int | None) -
         t_pert = time.perf_counter() - t0
         hits, misses = hits + p.clean_cache_hits, misses + p.clean_cache_misses
         # pure batched forward on exactly the images the perturbed evaluation saw
-        samples = {(s.dataset, s.sample_id): s for v in load_clean_samples(suite, modality, split=seg_config(suite).split).values() for s in v}
+        samples = clean_samples(suite, modality, split)  # the evaluation's own per-process cache
         imgs, boxes = [], []
         t0 = time.perf_counter()
         for rec in read_manifest(suite, modality, lv).to_dict("records"):

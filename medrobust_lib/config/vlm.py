@@ -94,7 +94,8 @@ class VLMTrainSettings(TrainBudget, AlignmentStage):
                                      "added to the train split in every stage (0: none)")
     tower_steps: int = Field(default=0, ge=0, description="supervised pretraining steps of the vision tower on the "
                              "target's mask, box, side, height and size before any text (demo/vision_pretrain.py)")
-    tower_lr: float = Field(default=1e-3, gt=0, description="learning rate of the tower pretraining (AdamW, constant)")
+    tower_lr: float = Field(default=1e-3, gt=0, description="peak learning rate of the tower pretraining (AdamW, cosine "
+                            "decay to a tenth)")
     position_init_std: float | None = Field(default=None, gt=0, description="std of the tower's initial position "
                                             "embeddings (None: the architecture's own init, 0.02 for CLIP, too faint "
                                             "for a from-scratch tower to tell left from right)")

@@ -88,11 +88,12 @@ def mixed_in(extra: list[VLMExample], n_main: int, share: float, seed: int) -> l
 
 
 def alignment_sets(suite: Suite, by_split: dict[str, dict[tuple[str, str], Sample]],
-                   extra_truth: dict[tuple[str, str], DemoSample] | None = None
+                   truth: dict[tuple[str, str], DemoSample] | None = None
                    ) -> tuple[list[VLMExample], list[VLMExample]]:
     """(train, val) attribute-naming examples: train with the three flips, val unflipped.
-    ``extra_truth``: ground truth of train samples outside the demo (the corpus)."""
-    truth = demo_truth(suite) | (extra_truth or {})
+    ``truth``: ground truth of every sample (None: the demo's, :func:`demo_truth`; pass the demo's
+    joined with the corpus's when the train split holds corpus samples)."""
+    truth = demo_truth(suite) if truth is None else truth
     return attribute_examples(by_split["train"], truth), attribute_examples(by_split["val"], truth, flips=("",))
 
 

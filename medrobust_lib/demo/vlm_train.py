@@ -174,15 +174,14 @@ def train_base_vlm(suite: Suite, model_id: str, log: Callable[[str], None] | Non
     train_items = items + (corpus.items if corpus else [])
     if corpus:  # the corpus is training data: it joins the train split of every stage
         by_split["train"] = by_split["train"] | corpus.samples
-    align_tr, align_va = (alignment_sets(suite, by_split, corpus.truth if corpus else None)
-                          if ts.align_steps > 0 else ([], []))
+    truth = demo_truth(suite) | (corpus.truth if corpus else {})
+    align_tr, align_va = alignment_sets(suite, by_split, truth) if ts.align_steps > 0 else ([], [])
     tok = build_tokenizer(vocabulary_texts(train_items) + [f"{e.question} {e.answer}" for e in align_tr])
     model, proc = build_tiny_llava(tok, image_size=ts.image_size, patch_size=ts.patch_size, text_hidden=ts.hidden,
                                    vision_hidden=ts.hidden, layers=ts.layers, seed=suite.seed,
                                    position_std=ts.position_init_std)
     tower: dict[str, Any] = {}
     if ts.tower_steps > 0:
-        truth = demo_truth(suite) | (corpus.truth if corpus else {})
         tower = pretrain_tower(model, proc, by_split["train"], by_split["val"], truth, steps=ts.tower_steps,
                                lr=ts.tower_lr, batch_size=ts.batch_size, seed=suite.seed, log=log)
     examples = examples_for(train_items, by_split["train"], box_step=ts.box_step, flips=ts.grounding_flips,
