@@ -86,40 +86,95 @@ def peak_memory(dev: torch.device) -> str:
     return f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB (process RSS)"
 
 
-def encoder_rows(arch_name: str, dev: torch.device, batch: int, iters: int, bound: float, compile_on: bool
-                 ) -> tuple[list[tuple[str, float, float]], int, float]:
+def _sdpa_backend(name: str) -> AbstractContextManager[Any]:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(getattr(SDPBackend, name))
+
+
+def encoder_rows(arch_name: str, dev: torch.device, batch: int, iters: int, bound: float, compile_modes: list[str],
+                 profile: Path | None = None) -> tuple[list[tuple[str, float, float]], int, float]:
+    """Encoder img/s per variant. The product's path is ``fast bf16`` (``SamSegmenter.encode``:
+    on CUDA a bf16 copy of the encoder, SDPA choosing its kernel); the other rows isolate one
+    choice each (autocast over fp32 weights, a forced SDPA backend, v not padded, compilation)."""
+    from medrobust_lib.models.sam_fast import FastAttention
+
     arch = arch_for(arch_name, "sam")
     ref = SamSegmenter(build_sam(arch, seed=0), "sam", "ref", "0", device=str(dev), engine="reference",
                        autocast_dtype=None)
     fast = SamSegmenter(copy.deepcopy(ref.sam), "sam", "fast", "0", device=str(dev), engine="fast")
     flops = encoder_flops(ref)
     x = torch.rand(batch, 3, arch.image_size, arch.image_size, device=dev)
-    rows = []
-    configs: list[tuple[str, SamSegmenter, bool, bool]] = [
-        ("reference fp32", ref, False, False), ("reference bf16", ref, True, False),
-        ("fast bf16", fast, True, False), ("fast bf16 compiled", fast, True, True)]
-    fast_ips = float("nan")
-    for name, seg, bf16, comp in configs:
-        if comp and not compile_on:
-            rows.append((name + " (skipped: --compile)", float("nan"), float("nan")))
-            continue
-        from medrobust_lib.models.sam_fast import compiled_encoder
+    inp = fast.preprocess(x)
+    cuda = dev.type == "cuda"
 
-        enc = compiled_encoder(seg.sam.image_encoder) if comp else seg.sam.image_encoder
-        inp = seg.preprocess(x)
-
-        def run(enc: Any = enc, inp: torch.Tensor = inp, bf16: bool = bf16) -> None:
+    def module(enc: Any, bf16: bool) -> Callable[[], None]:
+        def run() -> None:
             with torch.no_grad(), autocast(dev, bf16):
                 enc(inp)
+        return run
 
+    def product(seg: SamSegmenter, ctx: Callable[[], AbstractContextManager[Any]] = nullcontext,
+                pad_v: bool | None = None) -> Callable[[], None]:
+        def run() -> None:
+            FastAttention.pad_v = pad_v
+            try:
+                with torch.no_grad(), ctx():
+                    seg.encode(inp)
+            finally:
+                FastAttention.pad_v = None
+        return run
+
+    variants: list[tuple[str, Callable[[], None], bool]] = [
+        ("reference fp32", module(ref.sam.image_encoder, False), False),
+        ("reference bf16 autocast", module(ref.sam.image_encoder, True), False),
+        ("fast bf16 autocast over fp32 weights", module(fast.sam.image_encoder, True), False),
+        ("fast bf16" + (" (bf16 weights; the product's path)" if cuda else " (CPU: fp32, as the product)"),
+         product(fast), False)]
+    if cuda:
+        for backend in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION"):
+            variants.append((f"fast bf16, SDPA forced to {backend}",
+                             product(fast, lambda b=backend: _sdpa_backend(b)), False))  # type: ignore[misc]
+        variants.append(("fast bf16, v not padded (EFFICIENT_ATTENTION)",
+                         product(fast, lambda: _sdpa_backend("EFFICIENT_ATTENTION"), pad_v=False), False))
+    for mode in compile_modes:
+        seg = SamSegmenter(fast.sam, "sam", "fast", "0", device=str(dev), engine="fast", compile_mode=mode)
+        variants.append((f"fast bf16 compiled ({mode})", product(seg), True))
+    rows = []
+    fast_ips = float("nan")
+    for name, fn, comp in variants:
         t0 = time.perf_counter()
-        dt = timed(run, dev, iters, warmup=3)
+        try:
+            dt = timed(fn, dev, iters, warmup=3 if cuda else 1)
+        except Exception as exc:  # a backend that refuses these shapes: report it, keep going
+            rows.append((f"{name}: failed ({type(exc).__name__}: {str(exc).splitlines()[0][:90]})",
+                         float("nan"), float("nan")))
+            continue
         ips = batch / dt
-        if name == "fast bf16":
+        if name.startswith("fast bf16 (") or name == "fast bf16":
             fast_ips = ips
-        rows.append((name + (f" (warm-up {time.perf_counter() - t0 - dt * iters:.0f} s)" if comp else ""), ips,
-                     ips * flops / bound))
+        warm = time.perf_counter() - t0 - dt * iters
+        rows.append((name + (f" (warm-up {warm:.0f} s)" if comp else ""), ips, ips * flops / bound))
+        if cuda:
+            torch.cuda.empty_cache()
+    if profile is not None:
+        profile.write_text(kernel_profile(product(fast), dev))
     return rows, flops, fast_ips
+
+
+def kernel_profile(fn: Callable[[], None], dev: torch.device, steps: int = 3) -> str:
+    """``torch.profiler`` table of the top kernels (self device time) over ``steps`` calls."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    sync(dev)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for _ in range(steps):
+            fn()
+        sync(dev)
+    key = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
+    return str(prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=70))
 
 
 def end_to_end(arch_name: str, dev: torch.device, batch: int, n_per_modality: int, workers: int | None,
@@ -214,7 +269,12 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=None, help="default 5 on CUDA, 2 on CPU")
     ap.add_argument("--archs", default=None, help="default vit_b on CUDA, tiny,vit_b on CPU")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                    help="include the compiled row (default: on CUDA only)")
+                    help="include the compiled rows (default: on CUDA only)")
+    ap.add_argument("--compile-modes", default="default",
+                    help="torch.compile modes measured, comma-separated (e.g. default,max-autotune-no-cudagraphs)")
+    ap.add_argument("--profile", type=Path, default=None,
+                    help="write a torch.profiler table of the fast encoder's top kernels to this file")
+    ap.add_argument("--skip-e2e", action="store_true", help="encoder rows only")
     ap.add_argument("--n-per-modality", type=int, default=6, help="demo images for the end-to-end partition")
     ap.add_argument("--workers", type=int, default=None, help="feed workers (default cores - 1)")
     ap.add_argument("--types", default=None, help="perturbation types of the end-to-end partition (default: all)")
@@ -234,13 +294,18 @@ def main() -> None:
     print(f"measured matmul bound: bf16 {bound / 1e12:.3f} TFLOP/s, fp32 {fp32_bound / 1e12:.3f} TFLOP/s "
           "(shares below are of the bf16 bound)")
     for arch in archs:
-        rows, flops, _ = encoder_rows(arch, dev, batch, iters, bound, compile_on)
+        modes = args.compile_modes.split(",") if compile_on else []
+        rows, flops, _ = encoder_rows(arch, dev, batch, iters, bound, modes, args.profile)
         size = arch_for(arch, "sam").image_size
         print(f"\n### {arch} at {size} px, batch {batch}: encoder {flops / 1e9:.1f} GFLOP/img")
         print("| encoder | img/s | share of bf16 bound |")
         print("|---|---|---|")
         for label, ips, share in rows:
             print(f"| {label} | {ips:.3g} | {share:.1%} |" if ips == ips else f"| {label} | - | - |")
+        if not compile_on:
+            print("| fast bf16 compiled | - | skipped (--compile) |")
+        if args.skip_e2e:
+            continue
         if not cuda and arch != "tiny" and not args.full_cpu:
             print("| evaluate_perturbed end to end, pure forward, PGD-10 | - | skipped on the CPU (--full-cpu) |")
             continue

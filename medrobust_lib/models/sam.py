@@ -32,6 +32,7 @@ sigmoid at 256 px, then resize). Engines: ``reference`` (segment-anything's modu
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import pickle
@@ -271,7 +272,10 @@ class SamSegmenter:
     as released); default fast on CUDA, reference elsewhere. The switch patches the attention
     modules in place: same parameters, same state-dict keys. On CUDA the fast engine runs under
     bf16 autocast unless ``autocast_dtype`` says otherwise (fp32 master weights stay, so
-    fine-tuning keeps its fp32 optimiser state). ``compile_mode``: ``torch.compile`` the image
+    fine-tuning keeps its fp32 optimiser state); while the encoder is in eval mode it runs a bf16
+    copy of itself (bf16 weights and activations: no per-call weight casts), rebuilt whenever a
+    parameter of the fp32 encoder changes in place (an optimiser step, ``load_state_dict``).
+    ``compile_mode``: ``torch.compile`` the image
     encoder (no-grad evaluation only; one compiled module per process, reused across partitions).
 
     ``mask_selection``: ``single`` (the single-mask output, mask token 0) or ``best_iou`` (the
@@ -399,18 +403,42 @@ class SamSegmenter:
         return torch.sigmoid(self.postprocess(low_res.float(), h, w))[:, 0]
 
     # ---- model ---------------------------------------------------------------------------
-    def _encoder(self) -> Any:
+    def _low_precision_encoder(self) -> Any | None:
+        """The bf16 inference copy of the image encoder (class docstring), or None where it does
+        not apply: not CUDA, not the fast engine, no bf16 autocast, or the encoder in train mode.
+        The copy is keyed on every encoder parameter's identity and in-place version counter."""
+        enc = self.sam.image_encoder
+        if (self.device.type != "cuda" or self.engine != "fast" or self.autocast_dtype != torch.bfloat16
+                or enc.training):
+            return None
+        key = tuple((id(p), p._version) for p in enc.parameters())
+        cached = getattr(self, "_lp_cache", None)
+        if cached is None or cached[0] != key:
+            self._lp_cache = None  # free the stale copy before building the next
+            lp = copy.deepcopy(enc).to(torch.bfloat16).eval()
+            for p in lp.parameters():
+                p.requires_grad_(False)
+            self._lp_cache = (key, lp)
+            cached = self._lp_cache
+        return cached[1]
+
+    def _encoder(self) -> tuple[Any, torch.dtype | None]:
+        """The encoder module to call and the dtype its input must have (None: as given)."""
+        lp = self._low_precision_encoder()
+        enc, dtype = (lp, torch.bfloat16) if lp is not None else (self.sam.image_encoder, None)
         if self.compile_mode and not torch.is_grad_enabled():
             from medrobust_lib.models.sam_fast import compiled_encoder
 
-            return compiled_encoder(self.sam.image_encoder, self.compile_mode)
-        return self.sam.image_encoder
+            return compiled_encoder(enc, self.compile_mode), dtype
+        return enc, dtype
 
     def encode(self, model_input: torch.Tensor) -> torch.Tensor:
-        """Preprocessed (B, 3, S, S) -> image embeddings (B, C, e, e) under the model's autocast."""
+        """Preprocessed (B, 3, S, S) -> image embeddings (B, C, e, e) under the model's autocast
+        (bf16 on CUDA with the fast engine; gradients still reach a float32 input)."""
         self.n_encoder_calls += int(model_input.shape[0])
+        enc, dtype = self._encoder()
         with self._autocast():
-            return self._encoder()(model_input)
+            return enc(model_input if dtype is None else model_input.to(dtype))
 
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         return self.encode(self.preprocess(images.to(self.device)))

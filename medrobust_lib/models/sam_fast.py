@@ -51,7 +51,12 @@ class FastAttention(Attention):
 
     Input tokens (B, H, W, C) -> (B, H, W, C), equal to ``Attention.forward`` up to floating-point
     reassociation. Made by re-classing an ``Attention`` (:func:`use_engine`), never constructed.
+    ``pad_v`` (class-wide): passed to :func:`fold_rel_pos`; None pads v on CUDA only. Setting it
+    False on CUDA restricts SDPA to kernels that take a narrower v (the memory-efficient one);
+    ``bench/gpu_seg_bench.py`` measures both.
     """
+
+    pad_v: bool | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, h, w, _ = x.shape
@@ -61,7 +66,7 @@ class FastAttention(Attention):
         q, k, v = qkv.unbind(0)
         hd = q.shape[-1]
         if self.use_rel_pos:
-            q, k, v = fold_rel_pos(q, k, v, self.rel_pos_h, self.rel_pos_w, (h, w), self.scale)
+            q, k, v = fold_rel_pos(q, k, v, self.rel_pos_h, self.rel_pos_w, (h, w), self.scale, self.pad_v)
         out = F.scaled_dot_product_attention(q, k, v, scale=self.scale)[..., :hd]
         out = out.permute(0, 2, 1, 3).reshape(b, h, w, -1)
         return self.proj(out)

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import copy
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 from segment_anything.modeling.image_encoder import Attention, add_decomposed_rel_pos
 
+from medrobust_lib.demo import build_demo
+from medrobust_lib.demo.committed import committed_dir
 from medrobust_lib.metrics.segmentation import dice, iou
-from medrobust_lib.models.sam import ARCHS, Family, SamArch, SamSegmenter, arch_for, build_sam
+from medrobust_lib.models.sam import ARCHS, Family, SamArch, SamSegmenter, arch_for, build_sam, load_segmenter
 from medrobust_lib.models.sam_fast import FastAttention, engine_of, fold_rel_pos, use_engine
 
 SMALL = replace(ARCHS["vit_b"], encoder_embed_dim=64, encoder_depth=2, encoder_num_heads=2,
@@ -233,3 +237,69 @@ def test_batched_pgd_on_cuda_under_bf16_keeps_the_budget() -> None:
     assert float(adv.min()) >= 0.0 and float(adv.max()) <= 1.0
     with torch.no_grad():
         assert float(seg.loss(seg.forward_logits(adv, boxes), y)) > float(seg.loss(seg.forward_logits(x, boxes), y))
+
+
+def _agreement(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    """Pixel agreement and IoU of two bool masks (IoU 1 when both are empty)."""
+    union = float((a | b).sum())
+    return float((a == b).mean()), (float((a & b).sum()) / union if union else 1.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fast_bf16_agrees_with_reference_at_vit_b_1024_on_cuda() -> None:
+    """The real size: ViT-B at 1024 px (random weights, non-zero rel-pos tables), fast bf16 (bf16
+    weights copy) vs reference fp32 on the same weights."""
+    model = _model(ARCHS["vit_b"])
+    ref = SamSegmenter(model, "sam", "r", "0", device="cuda", engine="reference")
+    fast = SamSegmenter(copy.deepcopy(model), "sam", "f", "0", device="cuda", engine="fast")
+    x, boxes = _inputs(ref.image_size, n=2, seed=11)
+    with torch.no_grad():
+        a = (ref.forward_logits(x.cuda(), boxes.cuda()) > 0).cpu().numpy()
+        b = (fast.forward_logits(x.cuda(), boxes.cuda()) > 0).cpu().numpy()
+    agree, mask_iou = _agreement(a, b)
+    assert agree >= 0.995 and mask_iou >= 0.99, (agree, mask_iou)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fast_bf16_agrees_with_reference_on_demo_images_on_cuda(demo_root: Path) -> None:
+    """The committed tiny demo SAM on the demo's own PNG images and box prompts: fast bf16 vs
+    reference fp32 predictions (probability > 0.5) agree on >= 99.5% of pixels with IoU >= 0.99."""
+    root = demo_root
+    manifest = build_demo(root, seed=0, n_per_modality=4)
+    images, boxes = [], []
+    for s in manifest.samples():
+        if s.image_path.endswith(".png"):
+            images.append(np.asarray(Image.open(root / s.image_path).convert("RGB"), np.float32) / 255.0)
+            boxes.append(np.asarray([s.box], np.float32))
+    assert len(images) >= 8
+    ckpt = committed_dir("tiny-sam") / "model.safetensors"
+    ref = load_segmenter("sam", "tiny", ckpt, device="cuda", engine="reference")
+    fast = load_segmenter("sam", "tiny", ckpt, device="cuda", engine="fast")
+    a = np.concatenate([p.ravel() > 0.5 for p in ref.predict(images, boxes)])
+    b = np.concatenate([p.ravel() > 0.5 for p in fast.predict(images, boxes)])
+    agree, mask_iou = _agreement(a, b)
+    assert a.any() and agree >= 0.995 and mask_iou >= 0.99, (agree, mask_iou)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_bf16_inference_copy_follows_weight_updates_on_cuda() -> None:
+    """The bf16 copy the fast engine evaluates with is rebuilt after an in-place weight change
+    (an optimiser step) and is not used in train mode (fine-tuning keeps fp32 master weights)."""
+    seg = SamSegmenter(_model(SMALL), "sam", "f", "0", device="cuda", engine="fast")
+    x, _ = _inputs(seg.image_size, n=2, seed=3)
+    inp = seg.preprocess(x.cuda())
+    with torch.no_grad():
+        before = seg.encode(inp).float()
+        enc, dtype = seg._encoder()
+        assert dtype == torch.bfloat16 and next(enc.parameters()).dtype == torch.bfloat16
+        for p in seg.sam.image_encoder.parameters():
+            p.mul_(0.5)
+        after = seg.encode(inp).float()
+        fresh = SamSegmenter(copy.deepcopy(seg.sam), "sam", "g", "0", device="cuda", engine="fast").encode(inp).float()
+    assert not torch.allclose(before, after, atol=1e-2)
+    torch.testing.assert_close(after, fresh, rtol=0, atol=0)
+    seg.sam.image_encoder.train()
+    assert seg._encoder()[1] is None
