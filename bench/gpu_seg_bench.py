@@ -93,7 +93,7 @@ def _sdpa_backend(name: str) -> AbstractContextManager[Any]:
 
 
 def encoder_rows(arch_name: str, dev: torch.device, batch: int, iters: int, bound: float, compile_modes: list[str],
-                 profile: Path | None = None) -> tuple[list[tuple[str, float, float]], int, float]:
+                 profile: Path | None = None, backends: bool = False) -> tuple[list[tuple[str, float, float]], int, float]:
     """Encoder img/s per variant. The product's path is ``fast bf16`` (``SamSegmenter.encode``:
     on CUDA a bf16 copy of the encoder, SDPA choosing its kernel); the other rows isolate one
     choice each (autocast over fp32 weights, a forced SDPA backend, v not padded, compilation)."""
@@ -125,21 +125,31 @@ def encoder_rows(arch_name: str, dev: torch.device, batch: int, iters: int, boun
                 FastAttention.pad_v = None
         return run
 
+    lowp = SamSegmenter(fast.sam, "sam", "fast", "0", device=str(dev), engine="fast", bf16_weights=True)
     variants: list[tuple[str, Callable[[], None], bool]] = [
         ("reference fp32", module(ref.sam.image_encoder, False), False),
         ("reference bf16 autocast", module(ref.sam.image_encoder, True), False),
-        ("fast bf16 autocast over fp32 weights", module(fast.sam.image_encoder, True), False),
-        ("fast bf16" + (" (bf16 weights; the product's path)" if cuda else " (CPU: fp32, as the product)"),
+        ("fast bf16" + (" (autocast over fp32 weights; the product's path)" if cuda else " (CPU: fp32, as the product)"),
          product(fast), False)]
     if cuda:
+        variants.append(("fast bf16, bf16 weights copy (bf16_weights=True)", product(lowp), False))
+    if cuda and backends:
         for backend in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION"):
             variants.append((f"fast bf16, SDPA forced to {backend}",
                              product(fast, lambda b=backend: _sdpa_backend(b)), False))  # type: ignore[misc]
-        variants.append(("fast bf16, v not padded (EFFICIENT_ATTENTION)",
-                         product(fast, lambda: _sdpa_backend("EFFICIENT_ATTENTION"), pad_v=False), False))
+        for backend in ("EFFICIENT_ATTENTION", "CUDNN_ATTENTION"):
+            variants.append((f"fast bf16, v not padded ({backend})",
+                             product(fast, lambda b=backend: _sdpa_backend(b), pad_v=False), False))  # type: ignore[misc]
+    profiled = product(fast)  # the kernel profile: the product's path, compiled when measured
     for mode in compile_modes:
         seg = SamSegmenter(fast.sam, "sam", "fast", "0", device=str(dev), engine="fast", compile_mode=mode)
         variants.append((f"fast bf16 compiled ({mode})", product(seg), True))
+        if mode == compile_modes[0]:
+            profiled = product(seg)
+        if cuda:
+            seg_lp = SamSegmenter(fast.sam, "sam", "fast", "0", device=str(dev), engine="fast", compile_mode=mode,
+                                  bf16_weights=True)
+            variants.append((f"fast bf16 compiled ({mode}), bf16 weights copy", product(seg_lp), True))
     rows = []
     fast_ips = float("nan")
     for name, fn, comp in variants:
@@ -151,14 +161,14 @@ def encoder_rows(arch_name: str, dev: torch.device, batch: int, iters: int, boun
                          float("nan"), float("nan")))
             continue
         ips = batch / dt
-        if name.startswith("fast bf16 (") or name == "fast bf16":
+        if name.startswith("fast bf16 ("):
             fast_ips = ips
         warm = time.perf_counter() - t0 - dt * iters
         rows.append((name + (f" (warm-up {warm:.0f} s)" if comp else ""), ips, ips * flops / bound))
         if cuda:
             torch.cuda.empty_cache()
     if profile is not None:
-        profile.write_text(kernel_profile(product(fast), dev))
+        profile.write_text(kernel_profile(profiled, dev))
     return rows, flops, fast_ips
 
 
@@ -178,7 +188,7 @@ def kernel_profile(fn: Callable[[], None], dev: torch.device, steps: int = 3) ->
 
 
 def end_to_end(arch_name: str, dev: torch.device, batch: int, n_per_modality: int, workers: int | None,
-               types: list[str] | None) -> dict[str, float]:
+               types: list[str] | None, compile_mode: str | None = None) -> dict[str, float]:
     """evaluate_perturbed on a freshly built demo partition (CT, level 3, every registered
     perturbation type) with the fast engine; pure forward = ``score`` on the same regenerated
     images; encoder-only = the encoder on as many model-size inputs."""
@@ -211,7 +221,7 @@ def end_to_end(arch_name: str, dev: torch.device, batch: int, n_per_modality: in
                              **({"include": types} if types else {})},
            "segmentation": {"split": "all", "feed_workers": workers,
                             "models": [{"id": "m", "arch": arch_name, "checkpoint": str(ckpt), "engine": "fast",
-                                        "device": str(dev), "batch_size": batch}]}}
+                                        "device": str(dev), "batch_size": batch, "compile": compile_mode}]}}
     (root / "suite.yaml").write_text(yaml.safe_dump(cfg))
     suite = load_suite(root / "suite.yaml")
     build_clean_index(suite, "ct")
@@ -275,6 +285,8 @@ def main() -> None:
     ap.add_argument("--profile", type=Path, default=None,
                     help="write a torch.profiler table of the fast encoder's top kernels to this file")
     ap.add_argument("--skip-e2e", action="store_true", help="encoder rows only")
+    ap.add_argument("--backends", action="store_true", help="also rows with each SDPA backend forced (CUDA)")
+    ap.add_argument("--e2e-compile", default=None, help="torch.compile mode of the end-to-end model (default: eager)")
     ap.add_argument("--n-per-modality", type=int, default=6, help="demo images for the end-to-end partition")
     ap.add_argument("--workers", type=int, default=None, help="feed workers (default cores - 1)")
     ap.add_argument("--types", default=None, help="perturbation types of the end-to-end partition (default: all)")
@@ -295,7 +307,7 @@ def main() -> None:
           "(shares below are of the bf16 bound)")
     for arch in archs:
         modes = args.compile_modes.split(",") if compile_on else []
-        rows, flops, _ = encoder_rows(arch, dev, batch, iters, bound, modes, args.profile)
+        rows, flops, _ = encoder_rows(arch, dev, batch, iters, bound, modes, args.profile, args.backends)
         size = arch_for(arch, "sam").image_size
         print(f"\n### {arch} at {size} px, batch {batch}: encoder {flops / 1e9:.1f} GFLOP/img")
         print("| encoder | img/s | share of bf16 bound |")
@@ -310,8 +322,9 @@ def main() -> None:
             print("| evaluate_perturbed end to end, pure forward, PGD-10 | - | skipped on the CPU (--full-cpu) |")
             continue
         e = end_to_end(arch, dev, batch, args.n_per_modality, args.workers,
-                       args.types.split(",") if args.types else None)
-        print(f"| evaluate_perturbed end to end (fast, real regeneration, {int(e['n'])} rows) | {e['e2e_ips']:.2f} | "
+                       args.types.split(",") if args.types else None, args.e2e_compile)
+        how = f"compiled {args.e2e_compile}" if args.e2e_compile else "eager"
+        print(f"| evaluate_perturbed end to end (fast {how}, real regeneration, {int(e['n'])} rows) | {e['e2e_ips']:.2f} | "
               f"{e['ratio_e2e_enc']:.2f}x encoder-only img/s |")
         print(f"| pure forward (score on regenerated images) | {e['pure_ips']:.2f} | perturbed eval / pure forward "
               f"time = {e['ratio_e2e_pure']:.2f}x |")

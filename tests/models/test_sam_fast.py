@@ -120,6 +120,32 @@ def test_engine_switch_is_in_place_and_reversible() -> None:
         use_engine(model, "turbo")
 
 
+def test_compiled_encoder_pads_short_batches_to_one_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``compile_mode`` the encoder sees one batch size (the largest so far): a short last
+    batch is zero-padded, and its embeddings equal the eager ones (each image is encoded alone)."""
+    import medrobust_lib.models.sam_fast as sam_fast
+
+    sizes: list[int] = []
+
+    def fake_compile(enc: torch.nn.Module, mode: str = "default") -> object:
+        def run(x: torch.Tensor) -> torch.Tensor:
+            sizes.append(int(x.shape[0]))
+            return enc(x)
+        return run
+
+    monkeypatch.setattr(sam_fast, "compiled_encoder", fake_compile)
+    seg = SamSegmenter(_model(SMALL), "sam", "c", "0", engine="fast", compile_mode="default")
+    eager = SamSegmenter(copy.deepcopy(seg.sam), "sam", "e", "0", engine="fast")
+    x, _ = _inputs(seg.image_size, n=4, seed=9)
+    inp = seg.preprocess(x)
+    with torch.no_grad():
+        seg.encode(inp)
+        short = seg.encode(inp[:3])
+        want = eager.encode(inp[:3])
+    assert sizes == [4, 4] and short.shape[0] == 3
+    torch.testing.assert_close(short, want, rtol=1e-5, atol=1e-5)
+
+
 def test_default_engine_is_reference_on_cpu() -> None:
     seg = SamSegmenter(_model(SMALL), "sam", "m", "0")
     assert seg.engine == "reference" and seg.autocast_dtype is None
@@ -248,8 +274,8 @@ def _agreement(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_fast_bf16_agrees_with_reference_at_vit_b_1024_on_cuda() -> None:
-    """The real size: ViT-B at 1024 px (random weights, non-zero rel-pos tables), fast bf16 (bf16
-    weights copy) vs reference fp32 on the same weights."""
+    """The real size: ViT-B at 1024 px (random weights, non-zero rel-pos tables), fast bf16
+    (autocast over the fp32 weights, the default) vs reference fp32 on the same weights."""
     model = _model(ARCHS["vit_b"])
     ref = SamSegmenter(model, "sam", "r", "0", device="cuda", engine="reference")
     fast = SamSegmenter(copy.deepcopy(model), "sam", "f", "0", device="cuda", engine="fast")
@@ -286,9 +312,9 @@ def test_fast_bf16_agrees_with_reference_on_demo_images_on_cuda(demo_root: Path)
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_bf16_inference_copy_follows_weight_updates_on_cuda() -> None:
-    """The bf16 copy the fast engine evaluates with is rebuilt after an in-place weight change
+    """The bf16 copy the fast engine evaluates with (``bf16_weights``) is rebuilt after an in-place weight change
     (an optimiser step) and is not used in train mode (fine-tuning keeps fp32 master weights)."""
-    seg = SamSegmenter(_model(SMALL), "sam", "f", "0", device="cuda", engine="fast")
+    seg = SamSegmenter(_model(SMALL), "sam", "f", "0", device="cuda", engine="fast", bf16_weights=True)
     x, _ = _inputs(seg.image_size, n=2, seed=3)
     inp = seg.preprocess(x.cuda())
     with torch.no_grad():
@@ -298,7 +324,8 @@ def test_bf16_inference_copy_follows_weight_updates_on_cuda() -> None:
         for p in seg.sam.image_encoder.parameters():
             p.mul_(0.5)
         after = seg.encode(inp).float()
-        fresh = SamSegmenter(copy.deepcopy(seg.sam), "sam", "g", "0", device="cuda", engine="fast").encode(inp).float()
+        fresh = SamSegmenter(copy.deepcopy(seg.sam), "sam", "g", "0", device="cuda", engine="fast",
+                             bf16_weights=True).encode(inp).float()
     assert not torch.allclose(before, after, atol=1e-2)
     torch.testing.assert_close(after, fresh, rtol=0, atol=0)
     seg.sam.image_encoder.train()
