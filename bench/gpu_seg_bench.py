@@ -93,7 +93,7 @@ def _sdpa_backend(name: str) -> AbstractContextManager[Any]:
 
 
 def encoder_rows(arch_name: str, dev: torch.device, batch: int, iters: int, bound: float, compile_modes: list[str],
-                 profile: Path | None = None, backends: bool = False) -> tuple[list[tuple[str, float, float]], int, float]:
+                 profile: Path | None = None, backends: bool = False, quick: bool = False) -> tuple[list[tuple[str, float, float]], int, float]:
     """Encoder img/s per variant. The product's path is ``fast bf16`` (``SamSegmenter.encode``:
     on CUDA a bf16 copy of the encoder, SDPA choosing its kernel); the other rows isolate one
     choice each (autocast over fp32 weights, a forced SDPA backend, v not padded, compilation)."""
@@ -131,7 +131,7 @@ def encoder_rows(arch_name: str, dev: torch.device, batch: int, iters: int, boun
         ("reference bf16 autocast", module(ref.sam.image_encoder, True), False),
         ("fast bf16" + (" (autocast over fp32 weights; the product's path)" if cuda else " (CPU: fp32, as the product)"),
          product(fast), False)]
-    if cuda:
+    if cuda and not quick:
         variants.append(("fast bf16, bf16 weights copy (bf16_weights=True)", product(lowp), False))
     if cuda and backends:
         for backend in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION"):
@@ -146,7 +146,7 @@ def encoder_rows(arch_name: str, dev: torch.device, batch: int, iters: int, boun
         variants.append((f"fast bf16 compiled ({mode})", product(seg), True))
         if mode == compile_modes[0]:
             profiled = product(seg)
-        if cuda:
+        if cuda and not quick:
             seg_lp = SamSegmenter(fast.sam, "sam", "fast", "0", device=str(dev), engine="fast", compile_mode=mode,
                                   bf16_weights=True)
             variants.append((f"fast bf16 compiled ({mode}), bf16 weights copy", product(seg_lp), True))
@@ -285,6 +285,7 @@ def main() -> None:
     ap.add_argument("--profile", type=Path, default=None,
                     help="write a torch.profiler table of the fast encoder's top kernels to this file")
     ap.add_argument("--skip-e2e", action="store_true", help="encoder rows only")
+    ap.add_argument("--quick", action="store_true", help="no bf16-weights-copy rows")
     ap.add_argument("--backends", action="store_true", help="also rows with each SDPA backend forced (CUDA)")
     ap.add_argument("--e2e-compile", default=None, help="torch.compile mode of the end-to-end model (default: eager)")
     ap.add_argument("--n-per-modality", type=int, default=6, help="demo images for the end-to-end partition")
@@ -307,7 +308,7 @@ def main() -> None:
           "(shares below are of the bf16 bound)")
     for arch in archs:
         modes = args.compile_modes.split(",") if compile_on else []
-        rows, flops, _ = encoder_rows(arch, dev, batch, iters, bound, modes, args.profile, args.backends)
+        rows, flops, _ = encoder_rows(arch, dev, batch, iters, bound, modes, args.profile, args.backends, args.quick)
         size = arch_for(arch, "sam").image_size
         print(f"\n### {arch} at {size} px, batch {batch}: encoder {flops / 1e9:.1f} GFLOP/img")
         print("| encoder | img/s | share of bf16 bound |")

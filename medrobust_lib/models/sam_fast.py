@@ -51,12 +51,13 @@ class FastAttention(Attention):
 
     Input tokens (B, H, W, C) -> (B, H, W, C), equal to ``Attention.forward`` up to floating-point
     reassociation. Made by re-classing an ``Attention`` (:func:`use_engine`), never constructed.
-    ``pad_v`` (class-wide): passed to :func:`fold_rel_pos`; None pads v on CUDA only. Setting it
-    False on CUDA restricts SDPA to kernels that take a narrower v (the memory-efficient one);
-    ``bench/gpu_seg_bench.py`` measures both.
+    Whether v is zero-padded to the folded width: ``auto_pad_v``, set per module by
+    :func:`use_engine` from the device (:func:`pads_v`), unless the class-wide override ``pad_v``
+    is set (``bench/gpu_seg_bench.py`` measures both).
     """
 
     pad_v: bool | None = None
+    auto_pad_v: bool = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, h, w, _ = x.shape
@@ -66,7 +67,8 @@ class FastAttention(Attention):
         q, k, v = qkv.unbind(0)
         hd = q.shape[-1]
         if self.use_rel_pos:
-            q, k, v = fold_rel_pos(q, k, v, self.rel_pos_h, self.rel_pos_w, (h, w), self.scale, self.pad_v)
+            pad = self.auto_pad_v if self.pad_v is None else self.pad_v
+            q, k, v = fold_rel_pos(q, k, v, self.rel_pos_h, self.rel_pos_w, (h, w), self.scale, pad)
         out = F.scaled_dot_product_attention(q, k, v, scale=self.scale)[..., :hd]
         out = out.permute(0, 2, 1, 3).reshape(b, h, w, -1)
         return self.proj(out)
@@ -80,7 +82,7 @@ def fold_rel_pos(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_pos_h: t
     ``q``, ``k``, ``v``: (B, heads, N, C) with ``N = H * W`` tokens in row-major order; the
     relative-position tables (2H-1, C) and (2W-1, C) as in ``add_decomposed_rel_pos`` (queries and
     keys on the same grid). Returns q', k' of width ``round_up(C + H + W, 8)`` and v zero-padded to
-    that width when ``pad_v`` (default: on CUDA, where the fused kernels want equal widths), else v.
+    that width when ``pad_v`` (default: off the CPU, where the flash kernel wants equal widths), else v.
     All in q's dtype (bf16 under autocast).
     """
     h, w = hw
@@ -123,7 +125,25 @@ def use_engine(sam: torch.nn.Module, engine: str) -> torch.nn.Module:
     cls = FastAttention if engine == "fast" else Attention
     for m in encoder_attention_modules(sam):
         m.__class__ = cls
+        if engine == "fast":
+            m.auto_pad_v = pads_v(m.qkv.weight.device)  # type: ignore[attr-defined]
     return sam
+
+
+def pads_v(device: torch.device) -> bool:
+    """Whether the fast attention zero-pads v to the folded width on ``device``.
+
+    No on the CPU (the math kernel takes a narrower v). On CUDA only where SDPA has no kernel
+    for a narrower v worth taking: cuDNN's attention (Hopper and newer, when enabled) takes
+    v at its own width, which skips the padded columns' wasted work in ``P @ V``, so there v is
+    not padded. Measured on an H200 (ViT-B 1024 px, batch 16, eager): 173 img/s unpadded on
+    cuDNN vs 162 padded; the memory-efficient kernel, the fallback elsewhere, ran unpadded v at
+    118 img/s, so other GPUs keep the padding (flash, equal widths only).
+    """
+    if device.type != "cuda":
+        return False
+    major, _ = torch.cuda.get_device_capability(device)
+    return not (major >= 9 and torch.backends.cuda.cudnn_sdp_enabled())
 
 
 def engine_of(sam: torch.nn.Module) -> str:
