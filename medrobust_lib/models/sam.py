@@ -389,8 +389,17 @@ class SamSegmenter:
 
     def transform_boxes(self, boxes: torch.Tensor, h: int, w: int) -> torch.Tensor:
         nh, nw = self._geometry(h, w)
-        scale = torch.tensor([nw / w, nh / h, nw / w, nh / h], dtype=boxes.dtype, device=boxes.device)
+        scale = self._to_device(torch.tensor([nw / w, nh / h, nw / w, nh / h], dtype=boxes.dtype), boxes.device)
         return boxes * scale
+
+    def _to_device(self, host: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
+        """A host tensor on ``device`` (default the model's). On CUDA the copy goes through pinned
+        memory without blocking: a copy from pageable memory first waits for the stream to drain,
+        which would stall the host behind every queued encoder batch."""
+        dev = device or self.device
+        if dev.type == "cuda":
+            return host.pin_memory().to(dev, non_blocking=True)
+        return host.to(dev)
 
     def postprocess(self, low_res: torch.Tensor, h: int, w: int) -> torch.Tensor:
         s = self.image_size
@@ -520,9 +529,7 @@ class SamSegmenter:
         ``host_dtype`` (pinned and copied without blocking on CUDA); grayscale is replicated to
         three channels on the device."""
         host = torch.from_numpy(np.stack([np.asarray(im, np.float32) for im in images])).to(self.host_dtype)
-        if self.device.type == "cuda":
-            host = host.pin_memory()
-        x = host.to(self.device, non_blocking=True).float()
+        x = self._to_device(host).float()
         return x[:, None].expand(-1, 3, -1, -1) if x.ndim == 3 else x.permute(0, 3, 1, 2)
 
     def _bucket_probs(self, images: Sequence[FloatImage], boxes: Sequence[Boxes]
@@ -550,16 +557,15 @@ class SamSegmenter:
         for idx in groups.values():
             h, w = np.shape(images[idx[0]])[:2]
             counts = [len(np.asarray(boxes[i]).reshape(-1, 4)) for i in idx]
-            owner = torch.repeat_interleave(torch.arange(len(idx)), torch.tensor(counts, dtype=torch.long))
-            owner = owner.to(self.device)
+            owner = self._to_device(torch.repeat_interleave(torch.arange(len(idx)), torch.tensor(counts, dtype=torch.long)))
             if sum(counts):
                 bx = np.concatenate([np.asarray(boxes[i], np.float32).reshape(-1, 4) for i in idx])
                 if self.preprocess_mode == "exact":
                     s = self.image_size
                     scaled = bx.astype(np.float64) / np.array([w, h, w, h]) * s
-                    tb = torch.as_tensor(scaled, dtype=torch.float, device=self.device)
+                    tb = self._to_device(torch.as_tensor(scaled, dtype=torch.float))
                 else:
-                    tb = self.transform_boxes(torch.from_numpy(bx).to(self.device), h, w)
+                    tb = self.transform_boxes(self._to_device(torch.from_numpy(bx)), h, w)
                 embs.append(emb[start : start + len(idx)].index_select(0, owner))
                 mboxes.append(tb)
             owners.append(owner)
@@ -632,7 +638,7 @@ class SamSegmenter:
                 both_empty = union == 0
                 iou = torch.where(both_empty, 1.0, inter.double() / union.clamp_min(1).double())
                 dice = torch.where(both_empty, 1.0, 2.0 * inter.double() / denom.clamp_min(1).double())
-                at = torch.as_tensor(idx, device=self.device)
+                at = self._to_device(torch.as_tensor(idx))
                 b_iou[at] = iou
                 b_dice[at] = dice
             ious.append(b_iou)
@@ -644,10 +650,7 @@ class SamSegmenter:
         return ScoreResult(iou_h, dice_h, seconds + time.perf_counter() - t0)
 
     def _upload_masks(self, masks: Sequence[np.ndarray]) -> torch.Tensor:
-        host = torch.from_numpy(np.stack([np.asarray(m, bool) for m in masks]))
-        if self.device.type == "cuda":
-            host = host.pin_memory()
-        return host.to(self.device, non_blocking=True)
+        return self._to_device(torch.from_numpy(np.stack([np.asarray(m, bool) for m in masks])))
 
     def _autocast(self) -> AbstractContextManager[Any]:
         """The model's own autocast (``autocast_dtype`` on CUDA). Without one this is a no-op
