@@ -262,6 +262,12 @@ def test_mixed_sizes_share_one_encoder_batch() -> None:
     assert calls == [6]
 
 
+def _agreement(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    """Pixel agreement and IoU of two bool masks (IoU 1 when both are empty)."""
+    union = float((a | b).sum())
+    return float((a == b).mean()), (float((a & b).sum()) / union if union else 1.0)
+
+
 def _bf16_iou_bar(ref_model: torch.nn.Module, family: Family, x: torch.Tensor, boxes: torch.Tensor,
                   base: torch.Tensor) -> float:
     """The mask-IoU bar for bf16 against fp32: 0.99 (issue 15), or, where segment-anything's own
@@ -277,18 +283,25 @@ def _bf16_iou_bar(ref_model: torch.nn.Module, family: Family, x: torch.Tensor, b
     return min(0.99, _agreement(base.cpu().numpy(), b.cpu().numpy())[1] - 0.005)
 
 
+GPU_CASES: dict[str, tuple[Family, SamArch, int, int]] = {
+    **{case: (*CASES[case], 8, 5) for case in ("sam", "sam_med2d", "tiny")},
+    "vit_b_1024": ("sam", ARCHS["vit_b"], 2, 11),  # the real size: ViT-B at 1024 px
+}
+"""GPU agreement cases: (family, architecture, images, seed); random weights with non-zero rel-pos tables."""
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("case", ["sam", "sam_med2d", "tiny"])
+@pytest.mark.parametrize("case", list(GPU_CASES))
 def test_fast_bf16_masks_agree_with_reference_fp32_on_cuda(case: str) -> None:
-    """bf16 fast engine vs fp32 reference on CUDA: pixel agreement >= 99.5%, mask IoU >= the bar
-    of :func:`_bf16_iou_bar`."""
-    family, arch = CASES[case]
+    """bf16 fast engine (autocast over the fp32 weights, the default) vs fp32 reference on CUDA, same
+    weights: pixel agreement >= 99.5%, mask IoU >= the bar of :func:`_bf16_iou_bar`."""
+    family, arch, n, seed = GPU_CASES[case]
     ref_model = _model(arch)
     ref = SamSegmenter(ref_model, family, "r", "0", device="cuda", engine="reference")
     fast = SamSegmenter(copy.deepcopy(ref_model), family, "f", "0", device="cuda", engine="fast")
     assert fast.autocast_dtype == torch.bfloat16
-    x, boxes = _inputs(ref.image_size, n=8, seed=5)
+    x, boxes = _inputs(ref.image_size, n=n, seed=seed)
     x, boxes = x.cuda(), boxes.cuda()
     with torch.no_grad():
         a = ref.forward_logits(x, boxes) > 0
@@ -318,30 +331,6 @@ def test_batched_pgd_on_cuda_under_bf16_keeps_the_budget() -> None:
     assert float(adv.min()) >= 0.0 and float(adv.max()) <= 1.0
     with torch.no_grad():
         assert float(seg.loss(seg.forward_logits(adv, boxes), y)) > float(seg.loss(seg.forward_logits(x, boxes), y))
-
-
-def _agreement(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
-    """Pixel agreement and IoU of two bool masks (IoU 1 when both are empty)."""
-    union = float((a | b).sum())
-    return float((a == b).mean()), (float((a & b).sum()) / union if union else 1.0)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_fast_bf16_agrees_with_reference_at_vit_b_1024_on_cuda() -> None:
-    """The real size: ViT-B at 1024 px (random weights, non-zero rel-pos tables), fast bf16
-    (autocast over the fp32 weights, the default) vs reference fp32 on the same weights; the IoU
-    bar of :func:`_bf16_iou_bar`."""
-    model = _model(ARCHS["vit_b"])
-    ref = SamSegmenter(model, "sam", "r", "0", device="cuda", engine="reference")
-    fast = SamSegmenter(copy.deepcopy(model), "sam", "f", "0", device="cuda", engine="fast")
-    x, boxes = _inputs(ref.image_size, n=2, seed=11)
-    x, boxes = x.cuda(), boxes.cuda()
-    with torch.no_grad():
-        a = ref.forward_logits(x, boxes) > 0
-        b = fast.forward_logits(x, boxes) > 0
-    agree, mask_iou = _agreement(a.cpu().numpy(), b.cpu().numpy())
-    assert agree >= 0.995 and mask_iou >= _bf16_iou_bar(model, "sam", x, boxes, a), (agree, mask_iou)
 
 
 @pytest.mark.gpu
