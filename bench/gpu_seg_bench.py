@@ -3,10 +3,13 @@
 On CUDA (ViT-B at 1024 px, random weights: speed does not depend on them):
   * the measured bf16 matmul bound (TFLOP/s, square 8192 matmuls);
   * encoder FLOP per image (``torch.utils.flop_counter``, reference encoder);
-  * encoder img/s and share of the bound for reference fp32, reference bf16 (autocast), fast bf16,
-    fast bf16 compiled;
-  * end-to-end ``evaluate_perturbed`` img/s over a demo partition with real regeneration by the
-    feed's worker processes (images resized to the model's 1024 px), and its ratio to encoder-only
+  * encoder img/s and share of the bound for reference fp32, reference bf16 (autocast), fast bf16
+    (the product's path), the fast engine with a bf16 weights copy, fast bf16 compiled per
+    ``--compile-modes`` (with and without the copy); ``--backends`` adds rows with each SDPA
+    backend forced and with v unpadded; ``--profile FILE`` writes the top kernels of the product's
+    path (compiled when measured);
+  * end-to-end ``evaluate_perturbed`` img/s (eager, or compiled with ``--e2e-compile MODE``) over a
+    demo partition with real regeneration by the feed's worker processes (images resized to the model's 1024 px), and its ratio to encoder-only
     and to the pure forward (``score`` on the already regenerated images);
   * PGD-10 img/s (fast engine, bf16 autocast, fp32 input gradients); peak memory.
 Without CUDA the same table runs on the CPU with the tiny demo architecture and ViT-B at small
