@@ -275,9 +275,9 @@ class SamSegmenter:
     fine-tuning keeps its fp32 optimiser state). ``bf16_weights`` (CUDA, fast engine, encoder in
     eval mode): run a bf16 copy of the encoder instead (bf16 weights, activations and residual
     stream), rebuilt whenever a parameter of the fp32 encoder changes in place (an optimiser step,
-    ``load_state_dict``). Off by default: on an H200 it was no faster than autocast in eager mode
-    (158 vs 163 img/s, ViT-B 1024 px) and its bf16 residual stream moved mask agreement with the
-    fp32 reference below the 0.99 IoU bar (README, performance). ``compile_mode``: ``torch.compile`` the image
+    ``load_state_dict``). Off by default: on an H200 (ViT-B 1024 px) it was no faster than autocast
+    (154-158 vs 159-163 img/s eager, 286 vs 288 compiled) and no closer to the fp32 masks (README,
+    performance). ``compile_mode``: ``torch.compile`` the image
     encoder (no-grad evaluation only; one compiled module per process, reused across partitions).
 
     ``mask_selection``: ``single`` (the single-mask output, mask token 0) or ``best_iou`` (the

@@ -20,7 +20,8 @@ and ``scaled_dot_product_attention(q', k', v', scale=scale)`` with ``v'`` = ``v`
 the same width computes the reference attention output in its first C columns, through the fused
 (flash / memory-efficient) kernels on CUDA that never materialise the scores. The padded width is
 rounded up to a multiple of 8 (zeros in q', k' and v' change nothing) so the CUDA kernels accept
-it; on the CPU v is not padded (the math kernel takes a narrower v).
+it. v is padded only where the kernel SDPA picks needs equal widths (:func:`pads_v`): not on the
+CPU (the math kernel takes a narrower v) and not on Hopper with cuDNN attention.
 
 The patch embedding runs as one matrix product (:class:`FastPatchEmbed`). Modules are patched
 in place (:func:`use_engine` swaps the ``__class__`` of every encoder ``Attention`` and
