@@ -128,13 +128,13 @@ def encoder_rows(arch_name: str, dev: torch.device, batch: int, iters: int, boun
                 FastAttention.pad_v = None
         return run
 
-    lowp = SamSegmenter(fast.sam, "sam", "fast", "0", device=str(dev), engine="fast", bf16_weights=True)
     variants: list[tuple[str, Callable[[], None], bool]] = [
         ("reference fp32", module(ref.sam.image_encoder, False), False),
         ("reference bf16 autocast", module(ref.sam.image_encoder, True), False),
         ("fast bf16" + (" (autocast over fp32 weights; the product's path)" if cuda else " (CPU: fp32, as the product)"),
          product(fast), False)]
     if cuda and not quick:
+        lowp = SamSegmenter(fast.sam, "sam", "fast", "0", device=str(dev), engine="fast", bf16_weights=True)
         variants.append(("fast bf16, bf16 weights copy (bf16_weights=True)", product(lowp), False))
     if cuda and backends:
         for backend in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION"):

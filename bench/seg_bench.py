@@ -26,7 +26,7 @@ from medrobust_lib.config import Suite, load_suite
 from medrobust_lib.paths import suite_paths
 from medrobust_lib.perturb.engine import regenerate
 from medrobust_lib.prompts import prompt_boxes
-from medrobust_lib.tracks.feed import clean_samples, default_workers, regenerate_stream
+from medrobust_lib.tracks.feed import clean_samples, regenerate_stream, resolve_workers
 from medrobust_lib.tracks.perturbed import read_manifest
 from medrobust_lib.tracks.segmentation.evaluate import (
     evaluate_attacks,
@@ -70,8 +70,7 @@ def run(suite: Suite, model_id: str, modalities: list[str], level: int | None) -
     known = clean_samples(suite, modalities[0], split)
     warm = [{str(k): v for k, v in rec.items()} for rec in read_manifest(suite, modalities[0], lv).to_dict("records")
             if rec["status"] == "ok" and (rec["dataset"], rec["sample_id"]) in known][:1]
-    workers = seg_config(suite).feed_workers
-    workers = workers if workers is not None else default_workers(model.device.type)
+    workers = resolve_workers(seg_config(suite).feed_workers, model.device.type)
     list(regenerate_stream(suite, modalities[0], split, warm, workers=workers))
     for modality in modalities:
         t0 = time.perf_counter()

@@ -314,6 +314,7 @@ class SamSegmenter:
         self.autocast_dtype = autocast_dtype
         self.compile_mode = compile_mode
         self.bf16_weights = bf16_weights
+        self._lp_cache: tuple[tuple[tuple[int, int], ...], Any] | None = None
         self._compile_batch = 0
         selection = mask_selection or default_mask_selection(family)
         if selection not in MASK_SELECTIONS:
@@ -425,24 +426,26 @@ class SamSegmenter:
                 or self.autocast_dtype != torch.bfloat16 or enc.training):
             return None
         key = tuple((id(p), p._version) for p in enc.parameters())
-        cached = getattr(self, "_lp_cache", None)
-        if cached is None or cached[0] != key:
+        if self._lp_cache is None or self._lp_cache[0] != key:
             self._lp_cache = None  # free the stale copy before building the next
             lp = copy.deepcopy(enc).to(torch.bfloat16).eval()
             for p in lp.parameters():
                 p.requires_grad_(False)
             self._lp_cache = (key, lp)
-            cached = self._lp_cache
-        return cached[1]
+        return self._lp_cache[1]
+
+    def _compiled(self) -> bool:
+        """Whether :meth:`encode` runs the compiled encoder now (``compile_mode``, no grad)."""
+        return bool(self.compile_mode) and not torch.is_grad_enabled()
 
     def _encoder(self) -> tuple[Any, torch.dtype | None]:
         """The encoder module to call and the dtype its input must have (None: as given)."""
         lp = self._low_precision_encoder()
         enc, dtype = (lp, torch.bfloat16) if lp is not None else (self.sam.image_encoder, None)
-        if self.compile_mode and not torch.is_grad_enabled():
+        if self._compiled():
             from medrobust_lib.models.sam_fast import compiled_encoder
 
-            return compiled_encoder(enc, self.compile_mode), dtype
+            return compiled_encoder(enc, str(self.compile_mode)), dtype
         return enc, dtype
 
     def encode(self, model_input: torch.Tensor) -> torch.Tensor:
@@ -452,7 +455,7 @@ class SamSegmenter:
         self.n_encoder_calls += b
         enc, dtype = self._encoder()
         x = model_input if dtype is None else model_input.to(dtype)
-        if self.compile_mode and not torch.is_grad_enabled():
+        if self._compiled():
             # a compiled graph is specialised to its batch size: pad every batch up to the largest
             # seen so far, so a partition's short last batch reuses the graph instead of recompiling
             self._compile_batch = max(self._compile_batch, b)

@@ -60,6 +60,12 @@ def default_workers(device_type: str = "cuda") -> int:
     return max(1, cores - 1)
 
 
+def resolve_workers(configured: int | None, device_type: str) -> int:
+    """The feed's worker count for a suite setting (``segmentation.feed_workers``; None: the
+    default for the model's ``device_type``, :func:`default_workers`)."""
+    return configured if configured is not None else default_workers(device_type)
+
+
 def _index_signature(suite: Any, modality: str) -> tuple[Any, ...]:
     """What the loaded clean samples depend on: the clean index partition's files (path, size,
     mtime) and the suite's dataset configuration. A re-materialised index reloads."""
@@ -205,7 +211,7 @@ def regenerate_stream(suite: Any, modality: str, split: str, rows: Sequence[dict
     raises ``RuntimeError`` naming it (the caller's partition fails, as before the feed existed)."""
     if prefetch < 1 or chunk < 1:
         raise ValueError(f"prefetch and chunk must be >= 1, got {prefetch}, {chunk}")
-    n_workers = default_workers() if workers is None else workers
+    n_workers = resolve_workers(workers, "cuda")
     if n_workers < 0:
         raise ValueError(f"workers must be >= 0, got {workers}")
     parts = _tasks(rows, chunk)

@@ -356,7 +356,7 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
     whose sample cannot be used now (missing, quarantined since the manifest was built) is an
     ``error`` row with the reason; only rows of another split are skipped.
     ``perturbations``: glob patterns (``fnmatch``) restricting the types evaluated (None: all)."""
-    from medrobust_lib.tracks.feed import default_workers, eval_samples, regenerate_stream, sample_major
+    from medrobust_lib.tracks.feed import eval_samples, regenerate_stream, resolve_workers, sample_major
     from medrobust_lib.tracks.perturbed import read_manifest
 
     t0 = time.perf_counter()
@@ -397,8 +397,7 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
             todo.append((r, mr, s))
     # one sample's rows together: a feed worker reads each clean sample once (rows are sorted on write)
     todo = [todo[i] for i in sample_major([mr for _, mr, _ in todo])]
-    device = getattr(model, "device", None)
-    workers = sc.feed_workers if sc.feed_workers is not None else default_workers(getattr(device, "type", "cpu"))
+    workers = resolve_workers(sc.feed_workers, getattr(getattr(model, "device", None), "type", "cpu"))
     scored: list[dict[str, Any]] = []
 
     def items() -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:

@@ -23,6 +23,7 @@ from medrobust_lib.tracks.feed import (
     clean_samples,
     default_workers,
     regenerate_stream,
+    resolve_workers,
     sample_major,
 )
 from medrobust_lib.tracks.perturbed import build_perturbed, read_manifest
@@ -118,6 +119,7 @@ def test_default_workers_leave_a_small_cpu_to_torch(monkeypatch: pytest.MonkeyPa
     threads); otherwise, and always for CUDA, all cores but the model's, at least one."""
     monkeypatch.setattr("medrobust_lib.tracks.feed.os.cpu_count", lambda: cores)
     assert default_workers(device) == expected
+    assert resolve_workers(None, device) == expected and resolve_workers(3, device) == 3
 
 
 def test_clean_samples_are_loaded_once_per_process(suite: Suite) -> None:
