@@ -32,6 +32,8 @@ class TaxonomyTrain(TrainBudget, AlignmentStage):
     lora_steps: int = Field(default=300, ge=1)
     lora_lr: float = Field(default=2e-3, gt=0)
     align_steps: int = Field(default=1500, ge=0)
+    store_float16: bool = Field(default=False, description="save the trained base models' weights as float16 "
+                                "(loaded back as float32): half the bytes of the committed demo weights")
 
 
 class TaxonomyConfigEntry(BaseModel):

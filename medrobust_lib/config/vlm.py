@@ -81,6 +81,9 @@ class VLMTrainSettings(TrainBudget, AlignmentStage):
     patch_size: int = 16
     hidden: int = 64
     layers: int = 2
+    vision_hidden: int | None = Field(default=None, gt=0, description="width of the vision tower (None: hidden)")
+    vision_layers: int | None = Field(default=None, gt=0, description="blocks of the vision tower (None: layers)")
+    vision_heads: int = Field(default=2, gt=0, description="attention heads of the vision tower")
     box_step: float = Field(default=0.01, gt=0, le=0.5, description="grid of the taught box answers (fractions of "
                             "width and height): 0.05 teaches 21 values per coordinate instead of 101")
     grounding_flips: bool = Field(default=False, description="also teach grounding on the horizontally, vertically "
@@ -96,6 +99,16 @@ class VLMTrainSettings(TrainBudget, AlignmentStage):
                              "target's mask, box, side, height and size before any text (demo/vision_pretrain.py)")
     tower_lr: float = Field(default=1e-3, gt=0, description="peak learning rate of the tower pretraining (AdamW, cosine "
                             "decay to a tenth)")
+    tower_box_loss: Literal["mse", "l1_giou"] = Field(default="mse", description="box loss of the tower pretraining "
+                                                    "(demo/vision_pretrain.py BOX_LOSSES)")
+    store_float16: bool = Field(default=False, description="save the trained model's weights as float16 "
+                                "(loaded back as float32): half the bytes of the committed demo weights")
+    tower_text_lr_scale: float = Field(default=1.0, ge=0, description="learning-rate factor of the vision tower in "
+                                       "the text stages after its pretraining: 0 freezes it (LLaVA's recipe: only "
+                                       "the projector and the language model learn), 1 trains it with the rest")
+    tower_transposes: bool = Field(default=False, description="tower pretraining draws one of the eight symmetries "
+                                   "of the square per image and batch instead of storing the four flips as rows "
+                                   "(one copy of the images in memory)")
     position_init_std: float | None = Field(default=None, gt=0, description="std of the tower's initial position "
                                             "embeddings (None: the architecture's own init, 0.02 for CLIP, too faint "
                                             "for a from-scratch tower to tell left from right)")

@@ -100,12 +100,12 @@ def alignment_sets(suite: Suite, by_split: dict[str, dict[tuple[str, str], Sampl
 def train_stage(model: Any, processor: Any, train: list[VLMExample], val: list[VLMExample], steps: int,
                 main: VLMTrainConfig, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Train a fixed stage of ``steps`` (no early stop; the best validation first-token accuracy is
-    kept) with the main loop's batch, learning rate, cadence and seed. Returns a summary for
+    kept) with the main loop's batch, learning rate (and its per-parameter factors), cadence and seed. Returns a summary for
     ``training.json``."""
     from medrobust_lib.finetune.vlm_train import encode_examples, train_vlm
 
     cfg = VLMTrainConfig(max_steps=steps, batch_size=main.batch_size, lr=main.lr, eval_every=main.eval_every,
-                         patience=steps, seed=main.seed, select_on="first_token_accuracy")
+                         patience=steps, seed=main.seed, select_on="first_token_accuracy", lr_scales=main.lr_scales)
     r = train_vlm(model, processor, encode_examples(processor, train), encode_examples(processor, val), cfg, log=log)
     return {"steps": r.steps, "best_step": r.best_step, "n_train": len(train), "n_val": len(val),
             "val_accuracy": max((h.get("val_first_token_acc", 0.0) for h in r.history), default=None)}

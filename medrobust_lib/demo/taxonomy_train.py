@@ -125,7 +125,7 @@ def train_taxonomy_model(suite: Suite, config_id: str, log: Callable[[str], None
         align = run_alignment(model, proc, align_tr, align_va, tc.train, cfg, log=log)
         mix = mixed_in(align_tr, len(train), tc.train.align_share, suite.seed)
         r = train_vlm(model, proc, encode_examples(proc, train + mix), encode_examples(proc, val), cfg, log=log)
-    folder = save_tiny(model, proc, checkpoint_dir(suite, config_id))
+    folder = save_tiny(model, proc, checkpoint_dir(suite, config_id), float16=tc.train.store_float16)
     meta = {"config": config_id, "kind": kind, "steps": r.steps, "best_step": r.best_step,
             "best_val_loss": r.best_val_loss, "n_train": len(train), "n_mixed_in": len(mix), "n_val": len(val),
             "alignment": align, "history": r.history}

@@ -14,7 +14,10 @@ away afterwards. The head predicts:
   three binary labels (binary cross-entropy).
 
 Every token predicts the image-level targets, so every token the language model later sees carries
-them. Images are used with their three flips, and the targets move with the flip.
+them. Images are used with their flips, and the targets move with the flip: by default the four
+flips (none, left-right, up-down, both) are stored as rows (the committed weights' recipe); with
+``transposes`` each batch draws one of the eight symmetries of the square per image instead
+(:func:`symmetry_batch`), so the set is one copy of the images in memory.
 """
 
 from __future__ import annotations
@@ -39,6 +42,11 @@ N_GLOBAL = 7
 
 FLIPS = ("", "h", "v", "hv")
 
+BOX_LOSSES = ("mse", "l1_giou")
+"""``mse``: :data:`BOX_WEIGHT` times the squared error of the fractions. ``l1_giou``: 5 times the
+mean absolute error plus 1 - generalised IoU (DETR's box loss), which keeps pulling on small boxes
+whose squared errors are tiny."""
+
 
 def tower_targets(mask: npt.NDArray[np.bool_], grid: int, large: bool) -> tuple[np.ndarray, np.ndarray]:
     """(patch, image) targets of one mask (H, W) bool, H and W divisible by ``grid``.
@@ -61,9 +69,10 @@ def tower_targets(mask: npt.NDArray[np.bool_], grid: int, large: bool) -> tuple[
 
 
 def tower_set(processor: Any, samples: dict[tuple[str, str], Sample], truth: dict[tuple[str, str], DemoSample],
-              grid: int, flips: tuple[str, ...] = FLIPS) -> tuple[Any, Any, Any]:
+              grid: int, flips: tuple[str, ...] = ("",)) -> tuple[Any, Any, Any]:
     """(pixel values (N, 3, S, S), patch targets (N, grid * grid), image targets (N, 7)) as float32
-    tensors for every sample with a mask and ground truth, each of its ``flips`` one row."""
+    tensors for every sample with a mask and ground truth, each of its ``flips`` one row (``""``:
+    as it is; ``h``, ``v``, ``hv``: flipped)."""
     import torch
 
     from medrobust_lib.finetune.vlm_train import _rgb_u8
@@ -84,24 +93,68 @@ def tower_set(processor: Any, samples: dict[tuple[str, str], Sample], truth: dic
     return pixels, torch.tensor(np.stack(patches)), torch.tensor(np.stack(images))
 
 
-def _box_iou(a: Any, b: Any) -> Any:
+def _overlap(a: Any, b: Any) -> tuple[Any, Any]:
+    """(intersection, union) areas of boxes ``a`` and ``b`` (..., 4) XYXY; a negative side counts as 0."""
     import torch
 
-    ix = (torch.minimum(a[:, 2], b[:, 2]) - torch.maximum(a[:, 0], b[:, 0])).clamp(min=0)
-    iy = (torch.minimum(a[:, 3], b[:, 3]) - torch.maximum(a[:, 1], b[:, 1])).clamp(min=0)
+    ix = (torch.minimum(a[..., 2], b[..., 2]) - torch.maximum(a[..., 0], b[..., 0])).clamp(min=0)
+    iy = (torch.minimum(a[..., 3], b[..., 3]) - torch.maximum(a[..., 1], b[..., 1])).clamp(min=0)
     inter = ix * iy
-    area_a = (a[:, 2] - a[:, 0]).clamp(min=0) * (a[:, 3] - a[:, 1]).clamp(min=0)
-    area_b = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
-    return inter / (area_a + area_b - inter).clamp(min=1e-6)
+    area_a = (a[..., 2] - a[..., 0]).clamp(min=0) * (a[..., 3] - a[..., 1]).clamp(min=0)
+    area_b = (b[..., 2] - b[..., 0]).clamp(min=0) * (b[..., 3] - b[..., 1]).clamp(min=0)
+    return inter, (area_a + area_b - inter).clamp(min=1e-6)
+
+
+def _box_iou(a: Any, b: Any) -> Any:
+    inter, union = _overlap(a, b)
+    return inter / union
+
+
+def _giou(a: Any, b: Any) -> Any:
+    """Generalised IoU of boxes ``a`` and ``b`` (..., 4) XYXY: IoU less the share of the smallest
+    enclosing box that neither covers; in [-1, 1]."""
+    import torch
+
+    inter, union = _overlap(a, b)
+    hull = ((torch.maximum(a[..., 2], b[..., 2]) - torch.minimum(a[..., 0], b[..., 0]))
+            * (torch.maximum(a[..., 3], b[..., 3]) - torch.minimum(a[..., 1], b[..., 1]))).clamp(min=1e-6)
+    return inter / union - (hull - union) / hull
+
+
+def symmetry_batch(x: Any, p: Any, g: Any, codes: npt.NDArray[np.int64], grid: int) -> tuple[Any, Any, Any]:
+    """Apply one symmetry of the square per row: bit 0 of ``codes`` flips left-right, bit 1 up-down,
+    bit 2 transposes (after the flips). ``x`` (B, 3, S, S) pixels, ``p`` (B, grid * grid) row-major
+    patch targets, ``g`` (B, 7) image targets as :func:`tower_targets` returns them; new tensors
+    are returned (the inputs are not changed). The box, the left/upper labels and the patch grid
+    move with the image; ``large`` does not change. The labels flip exactly as recomputing them
+    from the flipped mask would, except for a centre less than one pixel left of (or above) the
+    middle, where :func:`tower_targets`' strict ``<`` puts both the mask and its mirror image on
+    one side."""
+    import torch
+
+    x, p, g = x.clone(), p.reshape(-1, grid, grid).clone(), g.clone()
+    for bit, dim in ((1, -1), (2, -2)):
+        rows = torch.from_numpy(np.flatnonzero(codes & bit))
+        if len(rows):
+            x[rows], p[rows] = x[rows].flip(dim), p[rows].flip(dim)
+            lo, hi, side = (0, 2, 4) if bit == 1 else (1, 3, 5)
+            g[rows, lo], g[rows, hi] = 1 - g[rows, hi], 1 - g[rows, lo]
+            g[rows, side] = 1 - g[rows, side]
+    rows = torch.from_numpy(np.flatnonzero(codes & 4))
+    if len(rows):
+        x[rows], p[rows] = x[rows].transpose(-1, -2).clone(), p[rows].transpose(-1, -2).clone()
+        g[rows] = g[rows][:, [1, 0, 3, 2, 5, 4, 6]]
+    return x, p.reshape(len(codes), -1), g
 
 
 def pretrain_tower(model: Any, processor: Any, train: dict[tuple[str, str], Sample],
                    val: dict[tuple[str, str], Sample], truth: dict[tuple[str, str], DemoSample], *, steps: int,
-                   lr: float, batch_size: int, seed: int, eval_every: int = 1000,
-                   log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Pretrain ``model``'s vision tower (a transformers LLaVA) for ``steps`` on ``train`` (with the
-    flips) and report on ``val`` (unflipped) every ``eval_every`` steps: the val loss, box IoU
-    (mean and share >= 0.5) and side/height/size accuracy of the head. AdamW, ``lr`` decayed on a
+                   lr: float, batch_size: int, seed: int, eval_every: int = 1000, box_loss: str = "mse",
+                   transposes: bool = False, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Pretrain ``model``'s vision tower (a transformers LLaVA) for ``steps`` on ``train`` (its four
+    flips as rows; with ``transposes``, one of the eight symmetries per image drawn for each batch,
+    :func:`symmetry_batch`), with the box loss ``box_loss`` (:data:`BOX_LOSSES`), and report on ``val``
+    (unflipped) every ``eval_every`` steps: the val loss, box IoU (mean and share >= 0.5) and side/height/size accuracy of the head. AdamW, ``lr`` decayed on a
     cosine to a tenth at ``steps``, gradient norm clipped at 1; batches drawn from a generator keyed
     by (seed, stage). The tower keeps the weights of the evaluation with the best mean val accuracy
     of side, height and size (what the language stages ask about; the later step on a tie; the last
@@ -112,8 +165,10 @@ def pretrain_tower(model: Any, processor: Any, train: dict[tuple[str, str], Samp
     tower = model.model.vision_tower
     width = tower.config.hidden_size
     grid = tower.config.image_size // tower.config.patch_size
-    x_tr, p_tr, g_tr = tower_set(processor, train, truth, grid)
-    x_va, p_va, g_va = tower_set(processor, val, truth, grid, flips=("",))
+    if box_loss not in BOX_LOSSES:
+        raise ValueError(f"box_loss must be one of {BOX_LOSSES}, got {box_loss!r}")
+    x_tr, p_tr, g_tr = tower_set(processor, train, truth, grid, flips=("",) if transposes else FLIPS)
+    x_va, p_va, g_va = tower_set(processor, val, truth, grid)
     with torch.random.fork_rng(devices=[]):
         torch.random.manual_seed(int(rng_for(seed, "demo-vlm", "tower-head").integers(2**31)))
         head = torch.nn.Linear(width, 1 + N_GLOBAL)
@@ -126,8 +181,12 @@ def pretrain_tower(model: Any, processor: Any, train: dict[tuple[str, str], Samp
         out = head(tower(x, output_hidden_states=True).hidden_states[-1][:, 1:])  # (B, tokens, 8)
         bce = torch.nn.functional.binary_cross_entropy_with_logits
         box = torch.sigmoid(out[..., 1:5])
-        loss = (bce(out[..., 0], p) + BOX_WEIGHT * ((box - g[:, None, :4]) ** 2).mean()
-                + bce(out[..., 5:], g[:, None, 4:].expand(-1, out.shape[1], -1)))
+        want = g[:, None, :4].expand_as(box)
+        if box_loss == "mse":
+            box_term = BOX_WEIGHT * ((box - want) ** 2).mean()
+        else:
+            box_term = 5.0 * (box - want).abs().mean() + (1 - _giou(box, want)).mean()
+        loss = bce(out[..., 0], p) + box_term + bce(out[..., 5:], g[:, None, 4:].expand(-1, out.shape[1], -1))
         return loss, box.mean(1), torch.sigmoid(out[..., 5:]).mean(1)
 
     history: list[dict[str, float]] = []
@@ -135,7 +194,10 @@ def pretrain_tower(model: Any, processor: Any, train: dict[tuple[str, str], Samp
     tower.train()
     for step in range(1, steps + 1):
         idx = torch.from_numpy(order.integers(0, len(x_tr), size=batch_size))
-        loss, _, _ = forward(x_tr[idx], p_tr[idx], g_tr[idx])
+        batch = x_tr[idx], p_tr[idx], g_tr[idx]
+        if transposes:
+            batch = symmetry_batch(*batch, order.integers(0, 8, size=batch_size), grid)
+        loss, _, _ = forward(*batch)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -178,18 +178,22 @@ def train_base_vlm(suite: Suite, model_id: str, log: Callable[[str], None] | Non
     align_tr, align_va = alignment_sets(suite, by_split, truth) if ts.align_steps > 0 else ([], [])
     tok = build_tokenizer(vocabulary_texts(train_items) + [f"{e.question} {e.answer}" for e in align_tr])
     model, proc = build_tiny_llava(tok, image_size=ts.image_size, patch_size=ts.patch_size, text_hidden=ts.hidden,
-                                   vision_hidden=ts.hidden, layers=ts.layers, seed=suite.seed,
-                                   position_std=ts.position_init_std)
+                                   vision_hidden=ts.vision_hidden or ts.hidden, layers=ts.layers, seed=suite.seed,
+                                   position_std=ts.position_init_std, vision_layers=ts.vision_layers,
+                                   vision_heads=ts.vision_heads)
     tower: dict[str, Any] = {}
     if ts.tower_steps > 0:
         tower = pretrain_tower(model, proc, by_split["train"], by_split["val"], truth, steps=ts.tower_steps,
-                               lr=ts.tower_lr, batch_size=ts.batch_size, seed=suite.seed, log=log)
+                               lr=ts.tower_lr, batch_size=ts.batch_size, seed=suite.seed,
+                               box_loss=ts.tower_box_loss, transposes=ts.tower_transposes, log=log)
+    if ts.tower_text_lr_scale == 0:
+        model.model.vision_tower.requires_grad_(False)
     examples = examples_for(train_items, by_split["train"], box_step=ts.box_step, flips=ts.grounding_flips,
                             negations=ts.negations)
     val = encode_examples(proc, examples_for(items, by_split["val"], SELECTION_TASKS, all_variants=False))
     cfg = VLMTrainConfig(max_steps=ts.max_steps, batch_size=ts.batch_size, lr=ts.lr, eval_every=ts.eval_every,
                          patience=ts.patience, time_budget_s=ts.time_budget_s, seed=suite.seed,
-                         select_on="first_token_accuracy")
+                         select_on="first_token_accuracy", lr_scales=(("model.vision_tower.", ts.tower_text_lr_scale),))
     with torch.random.fork_rng(devices=[]):
         align = run_alignment(model, proc, align_tr, align_va, ts, cfg, log=log)
         if ts.yesno_steps > 0:
@@ -197,12 +201,14 @@ def train_base_vlm(suite: Suite, model_id: str, log: Callable[[str], None] | Non
         mix = mixed_in(align_tr, len(examples), ts.align_share, suite.seed)
         train = encode_examples(proc, examples + mix)
         res = train_vlm(model, proc, train, val, cfg, log=log)
-    folder = save_tiny(model, proc, checkpoint_dir(suite, model_id))
+    folder = save_tiny(model, proc, checkpoint_dir(suite, model_id), float16=ts.store_float16)
     held = heldout_accuracy(str(folder), None, items, by_split["test"])
     meta = {"model_id": model_id, "train": cfg.__dict__, "architecture": ts.model_dump(), "steps": res.steps,
             "best_step": res.best_step, "best_val_loss": res.best_val_loss, "heldout": held,
             "n_train": len(train), "n_mixed_in": len(mix), "n_val": len(val), "alignment": align,
             "corpus_samples": len(corpus.samples) if corpus else 0, "tower": tower,
+            "trainable_after_tower": sum(p.numel() for p in model.parameters() if p.requires_grad),
+            "parameters": sum(p.numel() for p in model.parameters()),
             "history": res.history}
     (folder / "training.json").write_text(json.dumps(meta, indent=2, default=str))
     return VLMTrainSummary(str(folder), time.perf_counter() - t0, res.steps, res.best_step, res.best_val_loss,

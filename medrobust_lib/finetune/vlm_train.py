@@ -57,6 +57,9 @@ class VLMTrainConfig:
     select_on: str = "loss"
     """``loss`` (mean validation loss) or ``first_token_accuracy`` (closed-answer tasks)."""
     seed: int = 0
+    lr_scales: tuple[tuple[str, float], ...] = ()
+    """(parameter-name prefix, factor) pairs: a trainable parameter whose name starts with the first
+    matching prefix learns at factor x the scheduled learning rate (1 for the rest)."""
 
 
 SEQ_KEYS = ("token_type_ids", "mm_token_type_ids", "cross_attention_mask")
@@ -276,10 +279,16 @@ def train_vlm(model: Any, processor: Any, train: EncodedSet, val: EncodedSet, cf
               log: Callable[[str], None] | None = None) -> VLMTrainResult:
     """Train the parameters of ``model`` that require grad; restores the best-on-val weights."""
     pad_id = int(processor.tokenizer.pad_token_id)
-    params = [p for p in model.parameters() if p.requires_grad]
+    groups: dict[float, list[torch.nn.Parameter]] = {}
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            scale = next((f for prefix, f in cfg.lr_scales if name.startswith(prefix)), 1.0)
+            groups.setdefault(float(scale), []).append(p)
+    params = [p for ps in groups.values() for p in ps]
     if not params:
         raise ValueError("the model has no trainable parameters")
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt = torch.optim.AdamW([{"params": ps, "scale": f} for f, ps in groups.items()], lr=cfg.lr,
+                            weight_decay=cfg.weight_decay)
     rng = rng_for(cfg.seed, "vlm-train", "shuffle")
     order: list[int] = []
     best = (float("inf"), -1)
@@ -296,7 +305,7 @@ def train_vlm(model: Any, processor: Any, train: EncodedSet, val: EncodedSet, cf
             order.extend(rng.permutation(len(train)).tolist())
         idx, order = order[: cfg.batch_size], order[cfg.batch_size:]
         for g in opt.param_groups:
-            g["lr"] = _lr_at(step, cfg)
+            g["lr"] = _lr_at(step, cfg) * g["scale"]
         loss = example_losses(model, collate(train, idx, pad_id)).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -48,7 +48,7 @@ class HFVisionLanguageModel:
     def __init__(self, source: str | Path, *, model_id: str | None = None, device: str = "cpu",
                  dtype: torch.dtype | None = None, revision: str | None = None,
                  adapter: str | Path | None = None) -> None:
-        from transformers import AutoModelForImageTextToText, AutoProcessor
+        from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # one "Loading weights" bar per partition drowns the logs
@@ -62,7 +62,10 @@ class HFVisionLanguageModel:
         kwargs: dict[str, Any] = {"local_files_only": True, "revision": revision}
         try:
             self.processor = AutoProcessor.from_pretrained(src, **kwargs)
-            loaded: Any = AutoModelForImageTextToText.from_pretrained(src, dtype=dtype, **kwargs)  # type: ignore[arg-type]
+            # dtype None: the dtype config.json declares (a checkpoint stored as float16 to save bytes
+            # still loads as the float32 it declares), else the checkpoint's own ("auto")
+            declared = dtype or getattr(AutoConfig.from_pretrained(src, **kwargs), "dtype", None) or "auto"
+            loaded: Any = AutoModelForImageTextToText.from_pretrained(src, dtype=declared, **kwargs)
             self.model = loaded.to(device).eval()
         except OSError as exc:
             raise ModelNotAvailable(

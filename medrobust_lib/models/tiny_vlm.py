@@ -62,10 +62,12 @@ def build_tokenizer(texts: Iterable[str], min_count: int = 1) -> Any:
 
 def build_tiny_llava(tokenizer: Any, *, image_size: int = 64, patch_size: int = 16, text_hidden: int = 64,
                      vision_hidden: int = 48, layers: int = 2, seed: int = 0,
-                     position_std: float | None = None) -> tuple[Any, Any]:
+                     position_std: float | None = None, vision_layers: int | None = None,
+                     vision_heads: int = 2) -> tuple[Any, Any]:
     """(model, processor): a randomly initialised tiny LLaVA (weights from a seeded, scoped RNG).
-    ``position_std``: the vision tower's position embeddings drawn from N(0, std) instead of
-    CLIP's own init (std 0.02)."""
+    ``layers`` blocks in the language model and, unless ``vision_layers`` is given, in the CLIP
+    tower (``vision_heads`` heads, MLP twice ``vision_hidden`` wide). ``position_std``: the vision
+    tower's position embeddings drawn from N(0, std) instead of CLIP's own init (std 0.02)."""
     from transformers import (
         CLIPImageProcessor,
         CLIPVisionConfig,
@@ -76,8 +78,9 @@ def build_tiny_llava(tokenizer: Any, *, image_size: int = 64, patch_size: int = 
     )
 
     image_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
-    vis = CLIPVisionConfig(hidden_size=vision_hidden, intermediate_size=2 * vision_hidden, num_hidden_layers=layers,
-                           num_attention_heads=2, image_size=image_size, patch_size=patch_size)
+    vis = CLIPVisionConfig(hidden_size=vision_hidden, intermediate_size=2 * vision_hidden,
+                           num_hidden_layers=vision_layers or layers, num_attention_heads=vision_heads,
+                           image_size=image_size, patch_size=patch_size)
     txt = LlamaConfig(vocab_size=len(tokenizer), hidden_size=text_hidden, intermediate_size=2 * text_hidden,
                       num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=2,
                       max_position_embeddings=256, pad_token_id=tokenizer.pad_token_id,
@@ -101,10 +104,32 @@ def build_tiny_llava(tokenizer: Any, *, image_size: int = 64, patch_size: int = 
     return model, proc
 
 
-def save_tiny(model: Any, processor: Any, folder: str | Path) -> Path:
-    """``save_pretrained`` for model (safetensors) and processor; returns the folder."""
+def save_tiny(model: Any, processor: Any, folder: str | Path, *, float16: bool = False) -> Path:
+    """``save_pretrained`` for model (safetensors) and processor; returns the folder. With
+    ``float16`` the safetensors files store every floating tensor as float16 (half the bytes)
+    while ``config.json`` keeps the model's float32 ``dtype``, so ``from_pretrained`` loads the
+    rounded weights back as float32."""
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     processor.save_pretrained(out)
+    if float16:
+        store_float16(out)
     return out
+
+
+def store_float16(folder: str | Path) -> list[Path]:
+    """Rewrite every ``*.safetensors`` file in ``folder`` with its floating tensors as float16 (the
+    file's metadata and other tensors kept); returns the files rewritten. The weights are rounded
+    once; ``config.json`` is left alone, so a model that declares float32 still loads as float32."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    files = sorted(Path(folder).glob("*.safetensors"))
+    for f in files:
+        with safe_open(str(f), framework="pt") as fh:
+            meta = fh.metadata()
+            tensors = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+        save_file({k: v.to(torch.float16) if v.is_floating_point() else v for k, v in tensors.items()},
+                  str(f), metadata=meta)
+    return files

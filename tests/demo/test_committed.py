@@ -132,14 +132,19 @@ def test_yes_no_examples_without_negations(demo_root: Path, tmp_path: Path) -> N
 @pytest.mark.slow
 def test_short_vlm_schedule_learns(demo_root: Path, tmp_path: Path) -> None:
     """The demo's tiny-LLaVA training (the code --retrain runs) on 2 modalities with every stage on
-    (a 1-image-per-modality corpus, 10 tower steps, attribute naming, yes/no, 40 main steps): the
-    validation loss falls far below the uniform guess over the vocabulary."""
+    (a 1-image-per-modality corpus, 10 tower steps, attribute naming, yes/no, 40 main steps) and the
+    demo's tower options (wider and deeper than the language model, GIoU box loss, transposes,
+    frozen after pretraining, float16 storage): the validation loss falls far below the uniform
+    guess over the vocabulary, only the projector and the language model learned from text, and
+    the saved weights are float16 that load as float32."""
     from medrobust_lib.demo.vlm_train import train_base_vlm
 
     vlm = {"models": [{"id": "tiny-llava", "source": "trained", "box_scale": "0-1"}], "split": "all",
            "train": {"max_steps": 40, "eval_every": 20, "batch_size": 16, "time_budget_s": None,
                      "box_step": 0.05, "grounding_flips": True, "corpus_per_modality": 1, "tower_steps": 10,
-                     "position_init_std": 1.0, "align_steps": 10, "yesno_steps": 10, "negations": False}}
+                     "position_init_std": 1.0, "align_steps": 10, "yesno_steps": 10, "negations": False,
+                     "vision_hidden": 96, "vision_layers": 3, "vision_heads": 4, "tower_box_loss": "l1_giou",
+                     "tower_transposes": True, "tower_text_lr_scale": 0.0, "store_float16": True}}
     suite = load_suite(write_suite(tmp_path, demo_root, vlm=vlm))
     from medrobust_lib.tracks.datasets import build_clean_index
 
@@ -150,6 +155,17 @@ def test_short_vlm_schedule_learns(demo_root: Path, tmp_path: Path) -> None:
     assert tr.steps == 40 and tr.best_val_loss < 0.5 * math.log(vocab)
     meta = json.loads((Path(tr.folder) / "training.json").read_text())
     assert meta["corpus_samples"] > 0 and meta["tower"]["steps"] == 10 and meta["alignment"]["yesno"]["steps"] == 10
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoModelForImageTextToText
+
+    loaded = AutoModelForImageTextToText.from_pretrained(tr.folder, local_files_only=True)
+    tower = loaded.model.vision_tower
+    assert tower.config.hidden_size == 96 and len(tower.encoder.layers) == 3
+    assert meta["trainable_after_tower"] == meta["parameters"] - sum(p.numel() for p in tower.parameters())
+    with safe_open(str(Path(tr.folder) / "model.safetensors"), framework="pt") as fh:
+        assert {fh.get_tensor(k).dtype for k in fh.keys()} == {torch.float16}  # noqa: SIM118
+    assert {p.dtype for p in loaded.parameters()} == {torch.float32}
 
 
 

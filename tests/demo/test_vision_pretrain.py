@@ -34,6 +34,44 @@ def test_tower_targets_reject_empty_masks_and_uneven_grids() -> None:
         tower_targets(np.ones((8, 8), bool), 3, large=True)
 
 
+@pytest.mark.parametrize("code", range(8))
+def test_symmetry_batch_moves_the_targets_with_the_image(code: int) -> None:
+    """Each of the eight symmetries applied to (pixels, patch targets, image targets) equals the
+    targets of the mask transformed the same way (left-right flip, up-down flip, then transpose)."""
+    import torch
+
+    from medrobust_lib.demo.vision_pretrain import symmetry_batch
+
+    rng = np.random.default_rng(code)
+    masks, xs, ps, gs = [], [], [], []
+    for _ in range(3):
+        m = np.zeros((16, 16), bool)
+        y, x = int(rng.integers(0, 5)), int(rng.integers(9, 13))  # upper right: centre clear of the middle
+        m[y:y + int(rng.integers(2, 4)), x:x + int(rng.integers(2, 4))] = True
+        p, g = tower_targets(m, 4, large=bool(rng.integers(2)))
+        masks.append(m)
+        xs.append(np.stack([m * 1.0, m * 2.0, rng.uniform(size=m.shape)]).astype(np.float32))
+        ps.append(p)
+        gs.append(g)
+    codes = np.full(3, code, np.int64)
+    inputs = torch.tensor(np.stack(xs)), torch.tensor(np.stack(ps)), torch.tensor(np.stack(gs))
+    x, p, g = symmetry_batch(*inputs, codes, 4)
+    for i, m in enumerate(masks):
+        img = xs[i]
+        if code & 1:
+            m, img = m[:, ::-1], img[:, :, ::-1]
+        if code & 2:
+            m, img = m[::-1], img[:, ::-1]
+        if code & 4:
+            m, img = m.T, img.transpose(0, 2, 1)
+        want_p, want_g = tower_targets(np.ascontiguousarray(m), 4, large=bool(gs[i][6]))
+        np.testing.assert_allclose(p[i].numpy(), want_p)
+        np.testing.assert_allclose(g[i].numpy(), want_g, atol=1e-6)
+        np.testing.assert_array_equal(x[i].numpy(), img)
+    for before, after in zip((np.stack(xs), np.stack(ps), np.stack(gs)), inputs, strict=True):
+        np.testing.assert_array_equal(after.numpy(), before)  # the inputs are not changed
+
+
 def _squares(n: int, offset: int, rng: np.random.Generator) -> tuple[dict, dict]:  # type: ignore[type-arg]
     samples, truth = {}, {}
     for i in range(n):
@@ -74,3 +112,15 @@ def test_short_tower_pretraining_learns_where_the_target_is() -> None:
     top = max(score(h) for h in out["history"])
     assert out["best"]["step"] == max(h["step"] for h in out["history"] if score(h) == top)
     assert out["best_step"] == out["best"]["step"]
+
+
+def test_box_iou_and_generalised_iou_of_known_boxes() -> None:
+    import torch
+
+    from medrobust_lib.demo.vision_pretrain import _box_iou, _giou
+
+    a = torch.tensor([[0.0, 0.0, 2.0, 2.0], [0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 1.0]])
+    b = torch.tensor([[1.0, 1.0, 3.0, 3.0], [2.0, 0.0, 3.0, 1.0], [0.0, 0.0, 1.0, 1.0]])
+    torch.testing.assert_close(_box_iou(a, b), torch.tensor([1 / 7, 0.0, 1.0]))
+    # hull areas 9, 3, 1: IoU less the uncovered share of the hull (9 - 7) / 9, (3 - 2) / 3, 0
+    torch.testing.assert_close(_giou(a, b), torch.tensor([1 / 7 - 2 / 9, -1 / 3, 1.0]))

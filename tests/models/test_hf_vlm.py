@@ -88,3 +88,28 @@ def test_score_variants_runs_the_vision_tower_once(vlm: HFVisionLanguageModel) -
     for a, b in zip(per, once, strict=True):
         assert abs(a["yes"] - b["yes"]) < 1e-5 and abs(a["no"] - b["no"]) < 1e-5
     assert vlm.score_variants(None, prompts, ["yes", "no"]) == vlm.score([None] * 3, prompts, ["yes", "no"])
+
+
+def test_float16_storage_halves_the_file_and_loads_back_as_float32(tmp_path: Path) -> None:
+    """``save_tiny(float16=True)``: the safetensors hold float16, ``from_pretrained`` returns float32
+    parameters equal to the float32 originals rounded to float16, and the model's scores move by
+    no more than that rounding does."""
+    from safetensors import safe_open
+
+    tok = build_tokenizer(TEXTS)
+    model, proc = build_tiny_llava(tok, seed=3, vision_layers=3, vision_heads=4)
+    full = save_tiny(model, proc, tmp_path / "fp32")
+    half = save_tiny(model, proc, tmp_path / "fp16", float16=True)
+    with safe_open(str(half / "model.safetensors"), framework="pt") as fh:
+        assert {fh.get_tensor(k).dtype for k in fh.keys()} == {torch.float16}  # noqa: SIM118
+    assert (half / "model.safetensors").stat().st_size < 0.55 * (full / "model.safetensors").stat().st_size
+    a, b = HFVisionLanguageModel(full), HFVisionLanguageModel(half)
+    params_a = dict(a.model.named_parameters())
+    for name, p in b.model.named_parameters():
+        assert p.dtype == torch.float32
+        torch.testing.assert_close(p, params_a[name].to(torch.float16).float(), rtol=0, atol=0)
+    assert len(b.model.model.vision_tower.encoder.layers) == 3
+    lp_a = a.score(_images(2), [TEXTS[0]] * 2, ["yes", "no"])
+    lp_b = b.score(_images(2), [TEXTS[0]] * 2, ["yes", "no"])
+    for x, y in zip(lp_a, lp_b, strict=True):
+        assert x.keys() == y.keys() and all(abs(x[k] - y[k]) < 0.05 for k in x)
