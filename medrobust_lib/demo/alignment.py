@@ -100,8 +100,8 @@ def alignment_sets(suite: Suite, by_split: dict[str, dict[tuple[str, str], Sampl
 def train_stage(model: Any, processor: Any, train: list[VLMExample], val: list[VLMExample], steps: int,
                 main: VLMTrainConfig, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Train a fixed stage of ``steps`` (no early stop; the best validation first-token accuracy is
-    kept) with the main loop's batch, learning rate (and its per-parameter factors), cadence and seed. Returns a summary for
-    ``training.json``."""
+    kept) with the main loop's batch, learning rate (and its per-parameter factors), cadence and
+    seed. Returns a summary for ``training.json``."""
     from medrobust_lib.finetune.vlm_train import encode_examples, train_vlm
 
     cfg = VLMTrainConfig(max_steps=steps, batch_size=main.batch_size, lr=main.lr, eval_every=main.eval_every,

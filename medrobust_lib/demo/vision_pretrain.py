@@ -154,12 +154,14 @@ def pretrain_tower(model: Any, processor: Any, train: dict[tuple[str, str], Samp
     """Pretrain ``model``'s vision tower (a transformers LLaVA) for ``steps`` on ``train`` (its four
     flips as rows; with ``transposes``, one of the eight symmetries per image drawn for each batch,
     :func:`symmetry_batch`), with the box loss ``box_loss`` (:data:`BOX_LOSSES`), and report on ``val``
-    (unflipped) every ``eval_every`` steps: the val loss, box IoU (mean and share >= 0.5) and side/height/size accuracy of the head. AdamW, ``lr`` decayed on a
-    cosine to a tenth at ``steps``, gradient norm clipped at 1; batches drawn from a generator keyed
-    by (seed, stage). The tower keeps the weights of the evaluation with the best mean val accuracy
-    of side, height and size (what the language stages ask about; the later step on a tie; the last
-    step is always evaluated). The val loss is no guide here: its patch term overfits while the
-    attributes still improve. Returns a summary for ``training.json``."""
+    (unflipped) every ``eval_every`` steps: the val loss, box IoU (mean and share >= 0.5) and
+    side/height/size accuracy of the head. AdamW, ``lr`` decayed on a cosine to a tenth at ``steps``,
+    gradient norm clipped at 1; batches drawn from a generator keyed by (seed, stage). The tower keeps
+    the weights of the evaluation with the best mean val accuracy of side, height and size (what the
+    language stages ask about; the later step on a tie; the last step is always evaluated). The val loss
+    is no guide here: its patch term overfits while the attributes still improve. Returns a summary for
+    ``training.json``.
+    """
     import torch
 
     tower = model.model.vision_tower
