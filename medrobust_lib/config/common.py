@@ -37,3 +37,12 @@ class AlignmentStage(BaseModel):
     model_config = ConfigDict(extra="forbid")
     align_steps: int = Field(default=0, ge=0)
     align_share: float = Field(default=0.25, ge=0, lt=1)
+
+
+class WeightStorage(BaseModel):
+    """How a tiny demo VLM's trained weights are saved: ``store_float16`` rounds every floating
+    tensor to float16 in the safetensors files (half the bytes of the committed demo weights) while
+    ``config.json`` keeps float32, so they load back as float32 (:func:`~medrobust_lib.models.tiny_vlm.save_tiny`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    store_float16: bool = False

@@ -8,13 +8,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from medrobust_lib.config.common import AlignmentStage, TrainBudget
+from medrobust_lib.config.common import AlignmentStage, TrainBudget, WeightStorage
 
 DEFAULT_ABSTENTION_TAU = math.log(2.0)
 """Abstention band of the sensitivity column: |margin| < ln 2 nats, i.e. p(yes) within [1/3, 2/3]."""
 
 
-class TaxonomyTrain(TrainBudget, AlignmentStage):
+class TaxonomyTrain(TrainBudget, AlignmentStage, WeightStorage):
     """Training of the demo's known-answer models (``demo_training``): the base model's budget and
     architecture, then ``lora_steps`` / ``lora_lr`` for ``consistency_lora``. Only the
     ``image_reliant`` model runs the alignment stage (:class:`AlignmentStage`)."""
@@ -32,8 +32,6 @@ class TaxonomyTrain(TrainBudget, AlignmentStage):
     lora_steps: int = Field(default=300, ge=1)
     lora_lr: float = Field(default=2e-3, gt=0)
     align_steps: int = Field(default=1500, ge=0)
-    store_float16: bool = Field(default=False, description="save the trained base models' weights as float16 "
-                                "(loaded back as float32): half the bytes of the committed demo weights")
 
 
 class TaxonomyConfigEntry(BaseModel):

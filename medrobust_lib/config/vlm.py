@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from medrobust_lib.config.common import AlignmentStage, LoraSettings, TrainBudget
+from medrobust_lib.config.common import AlignmentStage, LoraSettings, TrainBudget, WeightStorage
 
 if TYPE_CHECKING:
     from medrobust_lib.config import Suite
@@ -67,7 +67,7 @@ class VLMRecordsConfig(BaseModel):
     mecovqa_grounding: str | None = None
 
 
-class VLMTrainSettings(TrainBudget, AlignmentStage):
+class VLMTrainSettings(TrainBudget, AlignmentStage, WeightStorage):
     """Training of the demo base model (``source: trained``), after its alignment stage
     (:class:`AlignmentStage`, none by default)."""
 
@@ -101,8 +101,6 @@ class VLMTrainSettings(TrainBudget, AlignmentStage):
                             "decay to a tenth)")
     tower_box_loss: Literal["mse", "l1_giou"] = Field(default="mse", description="box loss of the tower pretraining "
                                                     "(demo/vision_pretrain.py BOX_LOSSES)")
-    store_float16: bool = Field(default=False, description="save the trained model's weights as float16 "
-                                "(loaded back as float32): half the bytes of the committed demo weights")
     tower_text_lr_scale: float = Field(default=1.0, ge=0, description="learning-rate factor of the vision tower in "
                                        "the text stages after its pretraining: 0 freezes it (LLaVA's recipe: only "
                                        "the projector and the language model learn), 1 trains it with the rest")
