@@ -95,6 +95,10 @@ class VLMTrainSettings(TrainBudget, AlignmentStage, WeightStorage):
     corpus_per_modality: int = Field(default=0, ge=0, description="images per modality of a synthetic pretraining "
                                      "corpus from the demo's generators (seed + 1, medrobust_lib/demo/corpus.py), "
                                      "added to the train split in every stage (0: none)")
+    tower_corpus_per_modality: int | None = Field(default=None, ge=0, description="images per modality of the "
+                                                  "synthetic corpus the tower pretraining sees (None: "
+                                                  "corpus_per_modality); a larger tower corpus costs one image copy "
+                                                  "in memory, the text stages' corpus several")
     tower_steps: int = Field(default=0, ge=0, description="supervised pretraining steps of the vision tower on the "
                              "target's mask, box, side, height and size before any text (demo/vision_pretrain.py)")
     tower_lr: float = Field(default=1e-3, gt=0, description="peak learning rate of the tower pretraining (AdamW, cosine "

@@ -29,6 +29,9 @@ CORPUS_PREFIX = "corpus/"
 CORPUS_FOLDER = "demo-corpus"
 """The corpus folder, a sibling of the demo root."""
 
+TOWER_CORPUS_FOLDER = "demo-corpus-tower"
+"""The folder of the tower pretraining's own corpus when its size differs (``tower_corpus_per_modality``)."""
+
 
 @dataclass(frozen=True)
 class Corpus:
@@ -40,18 +43,20 @@ class Corpus:
     items: list[VLMItem]
 
 
-def corpus_suite(suite: Suite, n_per_modality: int) -> Suite:
-    """``suite`` with its demo section pointed at the corpus (root, seed + 1, ``n_per_modality``)."""
-    root = Path(suite.demo.root).parent / CORPUS_FOLDER
+def corpus_suite(suite: Suite, n_per_modality: int, folder: str = CORPUS_FOLDER) -> Suite:
+    """``suite`` with its demo section pointed at the corpus (root ``<demo root>/../<folder>``,
+    seed + 1, ``n_per_modality``)."""
+    root = Path(suite.demo.root).parent / folder
     return suite.model_copy(update={"demo": suite.demo.model_copy(update={
         "root": str(root), "seed": suite.demo.seed + 1, "n_per_modality": n_per_modality})})
 
 
-def load_corpus(suite: Suite, n_per_modality: int) -> Corpus:
+def load_corpus(suite: Suite, n_per_modality: int, folder: str = CORPUS_FOLDER) -> Corpus:
     """Build (or reuse, see :func:`~medrobust_lib.demo.build.build_demo`) and load the corpus of
-    ``n_per_modality`` images per modality. Every sample is loaded through the dataset readers, as
-    the demo's own are."""
-    other = corpus_suite(suite, n_per_modality)
+    ``n_per_modality`` images per modality under ``folder`` (a sibling of the demo root; one folder
+    per corpus size in use, or each load rebuilds it). Every sample is loaded through the dataset
+    readers, as the demo's own are."""
+    other = corpus_suite(suite, n_per_modality, folder)
     root = Path(other.demo.root)
     build_demo(root, seed=other.demo.seed, n_per_modality=n_per_modality)
     samples: dict[tuple[str, str], Sample] = {}

@@ -16,7 +16,8 @@ from medrobust_lib.config import Suite
 from medrobust_lib.config.vlm import VLMTrainSettings, vlm_config, vlm_model
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.demo.alignment import alignment_sets, demo_truth, mixed_in, run_alignment, train_stage
-from medrobust_lib.demo.corpus import load_corpus
+from medrobust_lib.demo.corpus import TOWER_CORPUS_FOLDER, Corpus, load_corpus
+from medrobust_lib.demo.manifest import DemoSample
 from medrobust_lib.demo.vision_pretrain import pretrain_tower
 from medrobust_lib.finetune.vlm_train import VLMExample, VLMTrainConfig
 from medrobust_lib.tasks.scoring import score_mc
@@ -183,7 +184,8 @@ def train_base_vlm(suite: Suite, model_id: str, log: Callable[[str], None] | Non
                                    vision_heads=ts.vision_heads)
     tower: dict[str, Any] = {}
     if ts.tower_steps > 0:
-        tower = pretrain_tower(model, proc, by_split["train"], by_split["val"], truth, steps=ts.tower_steps,
+        tower_train, tower_truth = tower_data(suite, ts, by_split, truth, corpus)
+        tower = pretrain_tower(model, proc, tower_train, by_split["val"], tower_truth, steps=ts.tower_steps,
                                lr=ts.tower_lr, batch_size=ts.batch_size, seed=suite.seed,
                                box_loss=ts.tower_box_loss, transposes=ts.tower_transposes, log=log)
     if ts.tower_text_lr_scale == 0:
@@ -213,6 +215,23 @@ def train_base_vlm(suite: Suite, model_id: str, log: Callable[[str], None] | Non
     (folder / "training.json").write_text(json.dumps(meta, indent=2, default=str))
     return VLMTrainSummary(str(folder), time.perf_counter() - t0, res.steps, res.best_step, res.best_val_loss,
                            len(train), len(val), held, res.history)
+
+
+def tower_data(suite: Suite, ts: VLMTrainSettings, by_split: dict[str, dict[tuple[str, str], Sample]],
+                truth: dict[tuple[str, str], DemoSample], corpus: Corpus | None
+                ) -> tuple[dict[tuple[str, str], Sample], dict[tuple[str, str], DemoSample]]:
+    """(train samples, ground truth) of the tower pretraining: the text stages' train split, unless
+    ``tower_corpus_per_modality`` names another corpus size; then the demo's train split joined with
+    that corpus (built under :data:`TOWER_CORPUS_FOLDER`, seed + 1 as every corpus, so its first
+    images are the text stages' corpus images when the generators are per-index)."""
+    n = ts.tower_corpus_per_modality
+    if n is None or n == ts.corpus_per_modality:
+        return by_split["train"], truth
+    demo_train = {k: s for k, s in by_split["train"].items() if not (corpus and k in corpus.samples)}
+    if n == 0:
+        return demo_train, truth
+    other = load_corpus(suite, n, TOWER_CORPUS_FOLDER)
+    return demo_train | other.samples, truth | other.truth
 
 
 def _yes_no_stage(model: Any, proc: Any, train_items: list[VLMItem], items: list[VLMItem],
