@@ -218,12 +218,12 @@ def train_base_vlm(suite: Suite, model_id: str, log: Callable[[str], None] | Non
 
 
 def tower_data(suite: Suite, ts: VLMTrainSettings, by_split: dict[str, dict[tuple[str, str], Sample]],
-                truth: dict[tuple[str, str], DemoSample], corpus: Corpus | None
-                ) -> tuple[dict[tuple[str, str], Sample], dict[tuple[str, str], DemoSample]]:
+               truth: dict[tuple[str, str], DemoSample], corpus: Corpus | None
+               ) -> tuple[dict[tuple[str, str], Sample], dict[tuple[str, str], DemoSample]]:
     """(train samples, ground truth) of the tower pretraining: the text stages' train split, unless
     ``tower_corpus_per_modality`` names another corpus size; then the demo's train split joined with
-    that corpus (built under :data:`TOWER_CORPUS_FOLDER`, seed + 1 as every corpus, so its first
-    images are the text stages' corpus images when the generators are per-index)."""
+    that corpus (built under :data:`TOWER_CORPUS_FOLDER`, seed + 1 as every corpus); 0: the demo's
+    train split alone. The ground truth returned covers every sample returned."""
     n = ts.tower_corpus_per_modality
     if n is None or n == ts.corpus_per_modality:
         return by_split["train"], truth
