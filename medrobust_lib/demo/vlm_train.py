@@ -231,6 +231,7 @@ def tower_data(suite: Suite, ts: VLMTrainSettings, by_split: dict[str, dict[tupl
     if n == 0:
         return demo_train, truth
     other = load_corpus(suite, n, TOWER_CORPUS_FOLDER)
+    # both corpora name their samples alike (prefix, dataset, sample id): the tower corpus's truth must win
     return demo_train | other.samples, truth | other.truth
 
 
