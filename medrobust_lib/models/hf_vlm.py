@@ -26,11 +26,16 @@ import numpy as np
 import torch
 
 from medrobust_lib.models.base import VisionLanguageModel
+from medrobust_lib.models.shared_image import shared_image
 from medrobust_lib.models.vlm_conventions import conventions_for, encode_prompts, prompt_text
 
 if TYPE_CHECKING:
     from medrobust_lib.config.vlm import VLMModelConfig
     from medrobust_lib.models.registry import VLMInputs
+
+
+_PROMPT_MEMO = 4096
+"""Rendered prompts a model remembers (:meth:`HFVisionLanguageModel.chat_prompt`) before it starts over."""
 
 
 class ModelNotAvailable(FileNotFoundError):
@@ -84,6 +89,8 @@ class HFVisionLanguageModel:
         self.conventions = conventions_for(str(getattr(self.model.config, "model_type", "")))
         self._neutralise_generation_config()
         self.n_vision_calls = 0
+        self._prompts: dict[tuple[str, bool], str] = {}  # chat_prompt memo (the template is fixed per model)
+        self._reuse_encoder: bool | None = None  # _accepts_encoder_outputs, once known
         self._batch_images = 0  # images of the batch now in the model (the "batch" count)
         tower = self._vision_module()
         if tower is not None:
@@ -167,8 +174,16 @@ class HFVisionLanguageModel:
 
     # ---- prompts ---------------------------------------------------------------------------
     def chat_prompt(self, question: str, with_image: bool) -> str:
-        """The prompt text for one user turn (the family's chat template, or its prompt layout)."""
-        return prompt_text(self.processor, self.conventions, question, with_image)
+        """The prompt text for one user turn (the family's chat template, or its prompt layout).
+        Rendered once per (question, with_image) and remembered: evaluations ask the same questions
+        of every image, and rendering the Jinja template cost more than tokenising."""
+        key = (question, with_image)
+        text = self._prompts.get(key)
+        if text is None:
+            if len(self._prompts) >= _PROMPT_MEMO:
+                self._prompts.clear()
+            text = self._prompts[key] = prompt_text(self.processor, self.conventions, question, with_image)
+        return text
 
     def _inputs(self, images: Sequence[np.ndarray | None], prompts: Sequence[str]) -> Any:
         with_image = images[0] is not None
@@ -245,21 +260,24 @@ class HFVisionLanguageModel:
         equal to :meth:`score` up to float rounding."""
         if image is None or not self._accepts_encoder_outputs():
             return self.score([image] * len(prompts), prompts, options, batch_size=batch_size)
+        from transformers.modeling_outputs import BaseModelOutputWithPooling
+
         ids = self.option_token_ids(options)
         pic = _to_uint8_rgb(np.asarray(image))
-        first = self._inputs([image], [prompts[0]])
-        feats = self.model.model.get_image_features(pixel_values=first["pixel_values"], return_dict=True)
-        pooled = feats.pooler_output  # LLaVA: one tensor per image; Gemma 3, PaliGemma: (1, T, D)
+        pooled: Any = None
         out: list[dict[str, float]] = []
         for s in range(0, len(prompts), batch_size):
             chunk = list(prompts[s : s + batch_size])
             texts = [self.chat_prompt(p, True) for p in chunk]
-            # tokenise with the image placeholder expanded, but without computing pixels again
-            batch = encode_prompts(self.processor, self.conventions, texts, [pic] * len(chunk))
-            batch.pop("pixel_values", None)
+            # tokenise with the image placeholder expanded; the image processor runs on one copy
+            with shared_image(self.processor):
+                batch = encode_prompts(self.processor, self.conventions, texts, [pic] * len(chunk))
+            pixels = batch.pop("pixel_values")
             batch = batch.to(self.device)
-            from transformers.modeling_outputs import BaseModelOutputWithPooling
-
+            if pooled is None:  # every row is the same image: encode it once, for every chunk
+                self._batch_images = 1
+                feats = self.model.model.get_image_features(pixel_values=pixels[:1].to(self.device), return_dict=True)
+                pooled = feats.pooler_output  # LLaVA: one tensor per image; Gemma 3, PaliGemma: (1, T, D)
             rep = (pooled.repeat(len(chunk), *([1] * (pooled.dim() - 1))) if isinstance(pooled, torch.Tensor)
                    else list(pooled) * len(chunk))
             mm = {"image": BaseModelOutputWithPooling(pooler_output=rep)}  # type: ignore[arg-type]
@@ -269,10 +287,13 @@ class HFVisionLanguageModel:
         return out
 
     def _accepts_encoder_outputs(self) -> bool:
-
-        inner = getattr(self.model, "model", None)
-        return (self.conventions.reuse_encoder and inner is not None and hasattr(inner, "get_image_features")
+        known = self._reuse_encoder
+        if known is None:
+            inner = getattr(self.model, "model", None)
+            known = self._reuse_encoder = bool(
+                self.conventions.reuse_encoder and inner is not None and hasattr(inner, "get_image_features")
                 and "mm_encoder_outputs" in inspect.signature(inner.forward).parameters)
+        return known
 
 
 _PROTOCOL: type[VisionLanguageModel] = HFVisionLanguageModel

@@ -178,3 +178,32 @@ def test_the_runner_builds_through_the_registry(tiny_llava: Path, tmp_path: Path
     local = Runner(suite, vlm_model(suite, "tiny"))
     assert local.api is None and isinstance(local.hf, base.VisionLanguageModel)
     assert len(local.checkpoint) == 16 and local.adapter is None
+
+
+def test_runners_share_a_local_model_until_its_weights_or_config_change(tiny_llava: Path, tmp_path: Path) -> None:
+    """Partitions in one process share the loaded model (one load, not one per partition); each
+    runner counts only its own vision-encoder calls; new weight files or another configuration
+    load afresh, releasing the previous model."""
+    import os
+    import shutil
+
+    from medrobust_lib.tracks.vlm import runner as runner_mod
+    from medrobust_lib.tracks.vlm.runner import Runner
+
+    folder = tmp_path / "weights"
+    shutil.copytree(tiny_llava, folder)
+    suite = Suite.model_validate({"name": "t", "results_dir": str(tmp_path / "results"), "vlm": {
+        "models": [{"id": "a", "source": str(folder)}, {"id": "b", "source": str(folder), "batch_size": 4}]}})
+    first = Runner(suite, vlm_model(suite, "a"))
+    first.yes_no([np.full((32, 32), 0.5, np.float32)] * 2, ["is there a lesion ?"] * 2)
+    second = Runner(suite, vlm_model(suite, "a"))
+    assert second.hf is first.hf and len(runner_mod._LOCAL) == 1
+    assert first.n_vision_calls == 2 and second.n_vision_calls == 0
+    second.yes_no([np.full((32, 32), 0.5, np.float32)], ["is there a lesion ?"])
+    assert second.n_vision_calls == 1 and first.n_vision_calls == 3  # the model's counter is shared
+    other = Runner(suite, vlm_model(suite, "b"))
+    assert other.hf is not first.hf and len(runner_mod._LOCAL) == 1  # one model kept
+    weights = folder / "model.safetensors"
+    st = weights.stat()
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # the weights were rewritten
+    assert Runner(suite, vlm_model(suite, "b")).hf is not other.hf

@@ -22,7 +22,8 @@ import torch
 from medrobust_lib.finetune.vlm_lora import LoraSettings, finetune_lora
 from medrobust_lib.finetune.vlm_train import VLMExample, VLMTrainConfig
 from medrobust_lib.models.hf_vlm import HFVisionLanguageModel
-from medrobust_lib.models.vlm_conventions import conventions_for
+from medrobust_lib.models.shared_image import shared_image
+from medrobust_lib.models.vlm_conventions import conventions_for, encode_prompts
 from medrobust_lib.seeding import rng_for
 from tests.models.vlm_twins import ARCHS, build_twin
 
@@ -181,6 +182,37 @@ def test_score_variants_matches_score(twin_folders: dict[str, Path], arch: str) 
     assert vlm.n_vision_calls == (1 if vlm.conventions.reuse_encoder else 3)
     for a, b in zip(per, once, strict=True):
         assert a["yes"] == pytest.approx(b["yes"], abs=1e-4) and a["no"] == pytest.approx(b["no"], abs=1e-4)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("nested", [False, True])
+def test_shared_image_processing_returns_what_the_processor_returns(twin_folders: dict[str, Path], arch: str,
+                                                                     nested: bool) -> None:
+    """One image repeated over several prompts: processed once (where every output is per image)
+    and the processor's outputs are identical, tokens and pixels, to processing every copy."""
+    vlm = _vlm(twin_folders, arch)
+    conv = vlm.conventions
+    if nested != conv.nest_images:
+        pytest.skip("the processor takes one layout of images")
+    pic = _u8(_images()[0])
+    texts = [vlm.chat_prompt(q, True) for q in QUESTIONS]
+    want = encode_prompts(vlm.processor, conv, texts, [pic] * len(texts))
+    inner = vlm.processor.image_processor
+    with shared_image(vlm.processor) as wrapper:
+        got = encode_prompts(vlm.processor, conv, texts, [pic] * len(texts))
+    assert vlm.processor.image_processor is inner  # restored
+    assert wrapper is not None
+    assert sorted(got.keys()) == sorted(want.keys())
+    for key in want:
+        a, b = want[key], got[key]
+        if isinstance(a, torch.Tensor):
+            assert a.shape == b.shape and torch.equal(a, b), key
+        else:
+            assert a == b, key
+    # the families whose image outputs are one entry per image take the shortcut; Qwen2-VL's
+    # flattened patches do not (every copy is processed, as the processor would)
+    per_image = arch not in ("qwen2_vl", "qwen2_5_vl")
+    assert wrapper.n_shared == (1 if per_image else 0)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -88,7 +88,7 @@ class Runner:
         self.api: Any = None
         self.hf: Any = None
         inputs = vlm_inputs(suite, m)
-        model = build_vlm(m, inputs)
+        model = _local_model(m, inputs) if adapter_entry(m.kind, "vlm").local_weights else build_vlm(m, inputs)
         if isinstance(model, VisionLanguageEndpoint):
             self.api = model
             self.checkpoint = f"api:{model.model_id}"
@@ -97,10 +97,12 @@ class Runner:
             self.hf = model
             self.checkpoint = _folder_hash(inputs.source) if inputs.source is not None else f"{m.kind}:{m.id}"
             self.adapter = getattr(self.hf, "adapter_hash", None)
+        self._vision0 = int(getattr(self.hf, "n_vision_calls", 0))  # the model may be shared: count from here
 
     @property
     def n_vision_calls(self) -> int:
-        return int(getattr(self.hf, "n_vision_calls", 0))
+        """Images the vision encoder encoded through this runner."""
+        return int(getattr(self.hf, "n_vision_calls", 0)) - getattr(self, "_vision0", 0)
 
     def close(self) -> None:
         if self.api is not None:
@@ -161,6 +163,39 @@ class Runner:
                 else:
                     res.append((lp, Answer(max(lp, key=lambda k: lp[k]), "ok", dt)))
         return res
+
+
+_LOCAL: dict[tuple[Any, ...], Any] = {}
+"""The local model of the last :class:`Runner` (one: a real VLM fills an accelerator), by
+:func:`_local_key`."""
+
+
+def _stamp(path: str | None) -> tuple[tuple[str, int, int], ...]:
+    """(name, size, mtime) of a weights folder's files (a file: itself); () for a hub id or None."""
+    if path is None:
+        return ()
+    p = Path(path)
+    files = sorted(f for f in p.iterdir() if f.is_file()) if p.is_dir() else [p] if p.is_file() else []
+    return tuple((f.name, (st := f.stat()).st_size, st.st_mtime_ns) for f in files)
+
+
+def _local_key(m: VLMModelConfig, inputs: VLMInputs) -> tuple[Any, ...]:
+    return (m.model_dump_json(), inputs.source, _stamp(inputs.source), inputs.adapter, _stamp(inputs.adapter))
+
+
+def _local_model(m: VLMModelConfig, inputs: VLMInputs) -> Any:
+    """The local VLM of ``m``, loaded once per process while its configuration and weight files
+    (names, sizes, modification times of the base and adapter folders) stay the same: the
+    partitions one process evaluates share it instead of loading the weights per partition. The
+    previous model is released before another one loads. Inference only: nothing may change the
+    returned model (fine-tuning loads its own)."""
+    key = _local_key(m, inputs)
+    model = _LOCAL.get(key)
+    if model is None:
+        _LOCAL.clear()
+        gc.collect()
+        model = _LOCAL[key] = build_vlm(m, inputs)
+    return model
 
 
 def _describe(exc: BaseException) -> str:
