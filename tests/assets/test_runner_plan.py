@@ -97,3 +97,31 @@ def test_a_suite_runs_only_its_own_models(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"no assets for medsam-x: set MEDROBUST_SUITE"):
         run_suite(str(p), ["segmentation"], instance=dg.DagsterInstance.ephemeral(), log=lambda _: None,
                   mlruns_dir=str(tmp_path / "mlruns"))
+
+
+def test_steps_share_runs_only_within_a_level_partition_and_partitions_definition() -> None:
+    """Runs group the steps of one topological level with the same partitions definition and
+    partition; every step runs once, and every run follows the runs of what it depends on."""
+    from medrobust_assets.runner import batch_steps
+
+    suite = _suite()
+    steps = plan(dg.AssetSelection.all(), suite, dg.DagsterInstance.ephemeral())
+    runs = batch_steps(steps)
+    assert sorted(s.label for r in runs for s in r) == sorted(s.label for s in steps)
+    assert len(runs) < len(steps) * 0.6  # the demo's 270-odd steps need far fewer runs
+    for r in runs:
+        assert len({s.level for s in r}) == 1 and len({str(s.partition) for s in r}) == 1
+        assert len({id(s.partitions_def) for s in r}) == 1 and len({s.key for s in r}) == len(r)
+    graph = defs.resolve_asset_graph()
+    runs_of: dict[dg.AssetKey, list[int]] = {}
+    for i, r in enumerate(runs):
+        for s in r:
+            runs_of.setdefault(s.key, []).append(i)
+    for i, r in enumerate(runs):
+        for s in r:
+            for parent in graph.get(s.key).parent_keys:
+                assert all(j < i for j in runs_of.get(parent, [])), f"every run of {parent} must precede {s.label}"
+    # the perturbed data of one (modality, level) and nothing of another partition share a run
+    ct4 = next(r for r in runs if any(s.key == dg.AssetKey("perturbed_samples") for s in r)
+               and str(r[0].partition) == "ct|4")
+    assert {str(s.partition) for s in ct4} == {"ct|4"}
