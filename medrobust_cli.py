@@ -241,7 +241,8 @@ def run(
     workers: Annotated[int, typer.Option(help="processes inside a partition (0: the suite's value)")] = 0,
 ) -> None:
     """Materialize a suite's assets in dependency order, with progress (one Dagster run per partition,
-    visible in the UI). A failure prints one line: asset, partition, cause (full log in the run)."""
+    shared by the assets of that partition that do not depend on each other, visible in the UI). A
+    failure prints one line: asset, partition, cause (full log in the run)."""
     # the suite's model lists shape the asset graph: the Definitions must be built from this suite
     os.environ["MEDROBUST_SUITE"] = str(Path(suite).resolve())
     from medrobust_assets.runner import StepFailed, run_suite

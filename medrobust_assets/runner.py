@@ -1,5 +1,7 @@
 """Materialize a selection of the Definitions (``medrobust run`` / ``medrobust demo``), one run per
-partition, recorded in the instance configured by dagster.yaml so the runs show up in the UI.
+partition, shared by the assets of that partition that do not depend on each other
+(:func:`batch_steps`), recorded in the instance configured by dagster.yaml so the runs show up in
+the UI.
 
 What runs and in which order comes from the Definitions' own asset graph (:func:`plan`: Dagster's
 asset selection and its topological levels), never from a hand-written list."""

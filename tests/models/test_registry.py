@@ -180,16 +180,18 @@ def test_the_runner_builds_through_the_registry(tiny_llava: Path, tmp_path: Path
     assert len(local.checkpoint) == 16 and local.adapter is None
 
 
-def test_runners_share_a_local_model_until_its_weights_or_config_change(tiny_llava: Path, tmp_path: Path) -> None:
+def test_runners_share_a_local_model_until_its_weights_or_config_change(tiny_llava: Path, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Partitions in one process share the loaded model (one load, not one per partition); each
     runner counts only its own vision-encoder calls; new weight files or another configuration
-    load afresh, releasing the previous model."""
+    load afresh; models are kept within a byte budget, the oldest released first."""
     import os
     import shutil
 
     from medrobust_lib.tracks.vlm import runner as runner_mod
     from medrobust_lib.tracks.vlm.runner import Runner
 
+    monkeypatch.setattr(runner_mod, "_LOCAL", {})  # what earlier tests loaded is not this test's
     folder = tmp_path / "weights"
     shutil.copytree(tiny_llava, folder)
     suite = Suite.model_validate({"name": "t", "results_dir": str(tmp_path / "results"), "vlm": {
@@ -202,8 +204,15 @@ def test_runners_share_a_local_model_until_its_weights_or_config_change(tiny_lla
     second.yes_no([np.full((32, 32), 0.5, np.float32)], ["is there a lesion ?"])
     assert second.n_vision_calls == 1 and first.n_vision_calls == 3  # the model's counter is shared
     other = Runner(suite, vlm_model(suite, "b"))
-    assert other.hf is not first.hf and len(runner_mod._LOCAL) == 1  # one model kept
+    assert other.hf is not first.hf and len(runner_mod._LOCAL) == 2  # tiny models: both kept
+    assert Runner(suite, vlm_model(suite, "a")).hf is first.hf
     weights = folder / "model.safetensors"
     st = weights.stat()
     os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # the weights were rewritten
-    assert Runner(suite, vlm_model(suite, "b")).hf is not other.hf
+    fresh = Runner(suite, vlm_model(suite, "b"))
+    assert fresh.hf is not other.hf
+    # a budget below two models keeps only the newest: the older one is released before a load
+    monkeypatch.setattr(runner_mod, "LOCAL_MODEL_BUDGET", int(2.5 * weights.stat().st_size))
+    again = Runner(suite, vlm_model(suite, "a"))
+    assert again.hf is not first.hf and list(runner_mod._LOCAL.values())[-1][0] is again.hf
+    assert len(runner_mod._LOCAL) == 1

@@ -165,9 +165,13 @@ class Runner:
         return res
 
 
-_LOCAL: dict[tuple[Any, ...], Any] = {}
-"""The local model of the last :class:`Runner` (one: a real VLM fills an accelerator), by
-:func:`_local_key`."""
+_LOCAL: dict[tuple[Any, ...], tuple[Any, int]] = {}
+"""Local models of recent :class:`Runner` s (oldest first), by :func:`_local_key`, with the bytes
+each is counted for."""
+LOCAL_MODEL_BUDGET = 2 << 30
+"""Bytes of weights the kept local models may hold together (estimated from their weight files,
+twice their size: a float16 file may load as float32). The newest model is always kept, so one
+real VLM (gigabytes) stays alone, while the demo's tiny models (megabytes) all stay."""
 
 
 def _stamp(path: str | None) -> tuple[tuple[str, int, int], ...]:
@@ -183,18 +187,31 @@ def _local_key(m: VLMModelConfig, inputs: VLMInputs) -> tuple[Any, ...]:
     return (m.model_dump_json(), inputs.source, _stamp(inputs.source), inputs.adapter, _stamp(inputs.adapter))
 
 
+def _weight_bytes(key: tuple[Any, ...]) -> int:
+    """Twice the size of the weight files named in a :func:`_local_key` (base and adapter); a hub
+    id (no local files) counts as the whole budget, so it is kept alone."""
+    sizes = [size for stamp in (key[2], key[4]) for name, size, _ in stamp
+             if name.endswith((".safetensors", ".bin", ".pt", ".pth"))]
+    return 2 * sum(sizes) if sizes else LOCAL_MODEL_BUDGET
+
+
 def _local_model(m: VLMModelConfig, inputs: VLMInputs) -> Any:
     """The local VLM of ``m``, loaded once per process while its configuration and weight files
     (names, sizes, modification times of the base and adapter folders) stay the same: the
-    partitions one process evaluates share it instead of loading the weights per partition. The
-    previous model is released before another one loads. Inference only: nothing may change the
-    returned model (fine-tuning loads its own)."""
+    partitions one process evaluates share it instead of loading the weights per partition.
+    Models are kept within :data:`LOCAL_MODEL_BUDGET`, oldest released first, before another
+    loads. Inference only: nothing may change the returned model (fine-tuning loads its own)."""
     key = _local_key(m, inputs)
-    model = _LOCAL.get(key)
-    if model is None:
-        _LOCAL.clear()
+    hit = _LOCAL.pop(key, None)
+    if hit is not None:
+        _LOCAL[key] = hit  # now the newest
+        return hit[0]
+    need = _weight_bytes(key)
+    while _LOCAL and sum(b for _, b in _LOCAL.values()) + need > LOCAL_MODEL_BUDGET:
+        _LOCAL.pop(next(iter(_LOCAL)))
         gc.collect()
-        model = _LOCAL[key] = build_vlm(m, inputs)
+    model = build_vlm(m, inputs)
+    _LOCAL[key] = (model, need)
     return model
 
 
