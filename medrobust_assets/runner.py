@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -247,8 +247,9 @@ class StepJobs:
     """The jobs of a runner call, one per set of asset keys, built once and reused for each
     partition (``dg.materialize`` builds the whole Definitions again for every run)."""
 
-    def __init__(self, resources: Mapping[str, object]) -> None:
+    def __init__(self, resources: Mapping[str, object], assets: Sequence[Any] | None = None) -> None:
         self.resources = dict(resources)
+        self.assets = list(ALL_ASSETS if assets is None else assets)
         self._jobs: dict[tuple[dg.AssetKey, ...], dg.JobDefinition] = {}
         self._steps: dict[str, dg.AssetKey] = {}
 
@@ -259,7 +260,7 @@ class StepJobs:
         sel = tuple(keys)
         job = self._jobs.get(sel)
         if job is None:
-            defs = dg.Definitions(jobs=[dg.define_asset_job(_JOB_NAME, selection=list(sel))], assets=ALL_ASSETS,
+            defs = dg.Definitions(jobs=[dg.define_asset_job(_JOB_NAME, selection=list(sel))], assets=self.assets,
                                   resources=self.resources)
             job = self._jobs[sel] = defs.resolve_job_def(_JOB_NAME)
         return job.execute_in_process(run_config=QUIET, instance=instance, partition_key=partition,
@@ -268,7 +269,7 @@ class StepJobs:
     def asset_of_step(self, step_key: str) -> dg.AssetKey | None:
         """The asset a step of these jobs materializes (None: a step that is not an asset's own)."""
         if not self._steps:
-            self._steps = {a.node_def.name: a.key for a in ALL_ASSETS
+            self._steps = {a.node_def.name: a.key for a in self.assets
                            if isinstance(a, dg.AssetsDefinition) and a.is_executable and len(a.keys) == 1}
         return self._steps.get(step_key)
 
@@ -277,10 +278,10 @@ def run_plan(steps: list[Step], *, suite_path: str, instance: dg.DagsterInstance
              log: Callable[[str], None] = print, source: str = "medrobust run") -> dict[str, float]:
     """Materialize the steps, several per run where they can share one (:func:`batch_steps`);
     every run is recorded in ``instance`` (so it shows in the UI). Prints one progress line per
-    step with its own seconds, and a header when the asset group changes. Returns the seconds
+    step with its own seconds, and a header when the asset groups of the runs change. Returns the seconds
     spent per group (each run's wall time split over its steps in proportion to their seconds).
     Raises :class:`StepFailed` naming the first failed step."""
-    group = None
+    shown = None
     seconds: dict[str, float] = {}
     jobs = StepJobs(resources)
     for run in batch_steps(steps):
@@ -290,12 +291,13 @@ def run_plan(steps: list[Step], *, suite_path: str, instance: dg.DagsterInstance
         wall = time.perf_counter() - t0
         own = {jobs.asset_of_step(k): v for k, v in _step_seconds(res).items()}
         total = sum(own.get(st.key, 0.0) for st in run) or 1.0
+        groups = " + ".join(dict.fromkeys(st.group for st in run))  # a run may span asset groups
+        if groups != shown:
+            shown = groups
+            log(f"== {groups}")
         for st in run:
             if st.key not in own:
                 continue
-            if st.group != group:
-                group = st.group
-                log(f"== {group}")
             dt = own[st.key]
             seconds[st.group] = seconds.get(st.group, 0.0) + wall * dt / total
             log(f"  {st.label:<48} {dt:6.1f} s")

@@ -4,6 +4,8 @@ lazily to classes, and the adapters built from real tiny models satisfy the prot
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -185,9 +187,6 @@ def test_runners_share_a_local_model_until_its_weights_or_config_change(tiny_lla
     """Partitions in one process share the loaded model (one load, not one per partition); each
     runner counts only its own vision-encoder calls; new weight files or another configuration
     load afresh; models are kept within a byte budget, the oldest released first."""
-    import os
-    import shutil
-
     from medrobust_lib.tracks.vlm import runner as runner_mod
     from medrobust_lib.tracks.vlm.runner import Runner
 
