@@ -251,7 +251,8 @@ class StepJobs:
         self.resources = dict(resources)
         self.assets = list(ALL_ASSETS if assets is None else assets)
         self._jobs: dict[tuple[dg.AssetKey, ...], dg.JobDefinition] = {}
-        self._steps: dict[str, dg.AssetKey] = {}
+        self._steps = {a.node_def.name: a.key for a in self.assets  # step key (op name) -> its asset
+                       if isinstance(a, dg.AssetsDefinition) and a.is_executable and len(a.keys) == 1}
 
     def materialize(self, keys: list[dg.AssetKey], partition: str | None, instance: dg.DagsterInstance,
                     tags: Mapping[str, str]) -> dg.ExecuteInProcessResult:
@@ -268,9 +269,6 @@ class StepJobs:
 
     def asset_of_step(self, step_key: str) -> dg.AssetKey | None:
         """The asset a step of these jobs materializes (None: a step that is not an asset's own)."""
-        if not self._steps:
-            self._steps = {a.node_def.name: a.key for a in self.assets
-                           if isinstance(a, dg.AssetsDefinition) and a.is_executable and len(a.keys) == 1}
         return self._steps.get(step_key)
 
 

@@ -37,14 +37,10 @@ class _SharedImageProcessor:
         if one is None or n < 2:
             return self._inner(images, *args, **kwargs)
         out = self._inner(one, *args, **kwargs)
-        tiled = {}
-        for key, value in out.items():
-            repeated = _repeat(value, n)
-            if repeated is None:  # not a per-image output: process every copy as the processor would
-                return self._inner(images, *args, **kwargs)
-            tiled[key] = repeated
-        for key, value in tiled.items():
-            out[key] = value
+        tiled = {key: _repeat(value, n) for key, value in out.items()}
+        if any(v is None for v in tiled.values()):  # not per image: process every copy as the processor would
+            return self._inner(images, *args, **kwargs)
+        out.update(tiled)
         self.n_shared += 1
         return out
 

@@ -101,7 +101,8 @@ class Runner:
 
     @property
     def n_vision_calls(self) -> int:
-        """Images the vision encoder encoded through this runner."""
+        """Images the vision encoder encoded since this runner was made (the model may be shared
+        with runners of earlier partitions, never with one running at the same time)."""
         return int(getattr(self.hf, "n_vision_calls", 0)) - getattr(self, "_vision0", 0)
 
     def close(self) -> None:
@@ -166,8 +167,8 @@ class Runner:
 
 
 _LOCAL: dict[tuple[Any, ...], tuple[Any, int]] = {}
-"""Local models of recent :class:`Runner` s (oldest first), by :func:`_local_key`, with the bytes
-each is counted for."""
+"""Local models of recent :class:`Runner` s (oldest first), by (configuration, base folder and its
+file stamps, adapter folder and its file stamps), with the bytes each is counted for."""
 LOCAL_MODEL_BUDGET = 2 << 30
 """Bytes of weights the kept local models may hold together (estimated from their weight files,
 twice their size: a float16 file may load as float32). The newest model is always kept, so one
@@ -183,14 +184,10 @@ def _stamp(path: str | None) -> tuple[tuple[str, int, int], ...]:
     return tuple((f.name, (st := f.stat()).st_size, st.st_mtime_ns) for f in files)
 
 
-def _local_key(m: VLMModelConfig, inputs: VLMInputs) -> tuple[Any, ...]:
-    return (m.model_dump_json(), inputs.source, _stamp(inputs.source), inputs.adapter, _stamp(inputs.adapter))
-
-
-def _weight_bytes(key: tuple[Any, ...]) -> int:
-    """Twice the size of the weight files named in a :func:`_local_key` (base and adapter); a hub
+def _weight_bytes(*stamps: tuple[tuple[str, int, int], ...]) -> int:
+    """Twice the size of the weight files among :func:`_stamp` s (base and adapter folders); a hub
     id (no local files) counts as the whole budget, so it is kept alone."""
-    sizes = [size for stamp in (key[2], key[4]) for name, size, _ in stamp
+    sizes = [size for stamp in stamps for name, size, _ in stamp
              if name.endswith((".safetensors", ".bin", ".pt", ".pth"))]
     return 2 * sum(sizes) if sizes else LOCAL_MODEL_BUDGET
 
@@ -201,12 +198,13 @@ def _local_model(m: VLMModelConfig, inputs: VLMInputs) -> Any:
     partitions one process evaluates share it instead of loading the weights per partition.
     Models are kept within :data:`LOCAL_MODEL_BUDGET`, oldest released first, before another
     loads. Inference only: nothing may change the returned model (fine-tuning loads its own)."""
-    key = _local_key(m, inputs)
+    base, adapter = _stamp(inputs.source), _stamp(inputs.adapter)
+    key = (m.model_dump_json(), inputs.source, base, inputs.adapter, adapter)
     hit = _LOCAL.pop(key, None)
     if hit is not None:
         _LOCAL[key] = hit  # now the newest
         return hit[0]
-    need = _weight_bytes(key)
+    need = _weight_bytes(base, adapter)
     while _LOCAL and sum(b for _, b in _LOCAL.values()) + need > LOCAL_MODEL_BUDGET:
         _LOCAL.pop(next(iter(_LOCAL)))
         gc.collect()
