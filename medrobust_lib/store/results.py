@@ -15,6 +15,7 @@ import json
 import os
 import re
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -124,16 +125,46 @@ def finalize_partition(results_dir: str | Path, table: str, partition: Mapping[s
     return removed
 
 
+CHUNK_CACHE_BYTES = 256 << 20
+"""Bytes of decoded chunks :func:`read_partition` keeps per process (least recently used dropped
+first): a process that reads a partition again (every model of a manifest partition, the clean
+index of each evaluation) decodes its unchanged chunks once."""
+_CHUNKS: OrderedDict[str, tuple[tuple[int, int, int], pd.DataFrame, int]] = OrderedDict()
+
+
+def _read_chunk(path: Path) -> pd.DataFrame:
+    """One chunk file as a frame, decoded once while the file stays the same (inode, size and
+    modification time: chunks are replaced by rename, never rewritten in place). The returned
+    frame is the cached one: callers must not change it."""
+    st = path.stat()
+    stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+    key = str(path.resolve())
+    hit = _CHUNKS.get(key)
+    if hit is not None and hit[0] == stamp:
+        _CHUNKS.move_to_end(key)
+        return hit[1]
+    df = pq.read_table(path).to_pandas()
+    size = int(df.memory_usage(index=True, deep=False).sum())
+    _CHUNKS.pop(key, None)
+    if size <= CHUNK_CACHE_BYTES:
+        while _CHUNKS and sum(v[2] for v in _CHUNKS.values()) + size > CHUNK_CACHE_BYTES:
+            _CHUNKS.popitem(last=False)
+        _CHUNKS[key] = (stamp, df, size)
+    return df
+
+
 def read_partition(results_dir: str | Path, table: str, partition: Mapping[str, object]) -> pd.DataFrame:
-    """All chunks of one partition, with the partition columns added back."""
+    """All chunks of one partition, with the partition columns added back. A new frame on every
+    call (the caller may change it); unchanged chunks are decoded once per process."""
     folder = partition_dir(results_dir, table, partition)
     files = sorted(folder.glob("*.parquet")) if folder.is_dir() else []
     if not files:
         return pd.DataFrame()
-    df = pd.concat([pq.read_table(f).to_pandas() for f in files], ignore_index=True)
-    for k, v in partition.items():
-        df[k] = v
-    return df
+    frames = [_read_chunk(f) for f in files]
+    # concat of one frame shares its memory (pandas 2): copy, so the cached chunk stays unchanged
+    df = frames[0].copy() if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+    columns: dict[str, Any] = {str(k): v for k, v in partition.items()}
+    return df.assign(**columns)
 
 
 def read_table(results_dir: str | Path, table: str) -> pd.DataFrame:

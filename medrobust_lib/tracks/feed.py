@@ -14,6 +14,10 @@ processes that runs ahead of the model, with bounded prefetch and results in row
 * At most ``prefetch`` tasks are in flight; results come back in the order of the rows whatever
   the completion order, so outputs do not depend on ``workers``.
 * ``workers=0`` regenerates in the calling process through the same functions (tests, debugging).
+* Outputs pass through the parent's cache of regenerated samples
+  (:mod:`medrobust_lib.perturb.regen_cache`): a later model evaluating the same partition in the
+  same process gets them without regenerating, and a task whose rows are all cached is not sent
+  to a worker. Workers themselves keep no outputs.
 
 Regeneration is :func:`medrobust_lib.perturb.engine.regenerate`, bit-exact with the manifest.
 """
@@ -30,6 +34,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from medrobust_lib.data.sample import Sample, SampleError
+from medrobust_lib.perturb import regen_cache
+from medrobust_lib.perturb.engine import regenerate
 from medrobust_lib.perturb.spec import PerturbOutput
 
 if TYPE_CHECKING:
@@ -37,6 +43,10 @@ if TYPE_CHECKING:
 
 SampleKey = tuple[str, str]
 """(dataset, sample_id)."""
+
+
+def _key(row: dict[str, Any]) -> SampleKey:
+    return (str(row["dataset"]), str(row["sample_id"]))
 
 _CLEAN: dict[tuple[Any, ...], EvalSamples] = {}
 """Per-process cache of :func:`eval_samples`."""
@@ -144,19 +154,18 @@ def clean_sample(suite: Any, modality: str, split: str, key: SampleKey,
 
 def _regenerate_rows(suite: Any, modality: str, split: str, rows: Sequence[dict[str, Any]],
                      local: bool = False) -> list[PerturbOutput]:
-    """Regenerate rows; ``local``: in the parent, from its full per-process sample cache."""
-    from medrobust_lib.perturb.engine import regenerate
-
+    """Regenerate rows; ``local``: in the parent, from its full per-process sample cache and
+    through its cache of regenerated outputs (:mod:`medrobust_lib.perturb.regen_cache`)."""
     samples = clean_samples(suite, modality, split) if local else None
     sig = None if local else _index_signature(suite, modality)  # once per task, not per row
     out = []
     for row in rows:
-        key = (str(row["dataset"]), str(row["sample_id"]))
+        key = _key(row)
         if samples is not None and key not in samples:
             raise KeyError(f"manifest row {key} has no clean sample in split {split!r} of modality {modality!r}")
         sample = samples[key] if samples is not None else clean_sample(suite, modality, split, key, sig)
         try:
-            out.append(regenerate(row, sample))
+            out.append(regen_cache.regenerate_cached(row, sample) if local else regenerate(row, sample))
         except Exception as exc:
             raise RuntimeError(f"regenerating {row.get('perturbation')} level {row.get('level')} of {key} failed: "
                                f"{type(exc).__name__}: {exc}") from exc
@@ -186,7 +195,7 @@ def _tasks(rows: Sequence[dict[str, Any]], chunk: int) -> list[list[dict[str, An
     tasks: list[list[dict[str, Any]]] = []
     last: SampleKey | None = None
     for row in rows:
-        key = (str(row["dataset"]), str(row["sample_id"]))
+        key = _key(row)
         if not tasks or key != last or len(tasks[-1]) >= chunk:
             tasks.append([])
         tasks[-1].append(row)
@@ -220,14 +229,27 @@ def regenerate_stream(suite: Any, modality: str, split: str, rows: Sequence[dict
             yield from _regenerate_rows(suite, modality, split, part, local=True)
         return
     pool = _pool(n_workers)
-    inflight: deque[Future[list[PerturbOutput]]] = deque()
+    samples = clean_samples(suite, modality, split)
+    inflight: deque[tuple[list[dict[str, Any]], list[PerturbOutput] | Future[list[PerturbOutput]]]] = deque()
     nxt = 0
     try:
         while nxt < len(parts) or inflight:
             while nxt < len(parts) and len(inflight) < prefetch:
-                inflight.append(pool.submit(_regenerate_rows, suite, modality, split, parts[nxt]))
+                part = parts[nxt]
+                known = [regen_cache.lookup(row, samples[_key(row)]) if _key(row) in samples else None
+                         for row in part]
+                done = [o for o in known if o is not None]
+                # a task already regenerated in this process (another model, same partition) is not sent again
+                inflight.append((part, done if len(done) == len(part)
+                                 else pool.submit(_regenerate_rows, suite, modality, split, part)))
                 nxt += 1
-            yield from inflight.popleft().result()
+            part, pending = inflight.popleft()
+            if isinstance(pending, list):
+                yield from pending
+                continue
+            for row, out in zip(part, pending.result(), strict=True):
+                yield regen_cache.remember(row, samples[_key(row)], out) if _key(row) in samples else out
     finally:
-        for f in inflight:
-            f.cancel()
+        for _, f in inflight:
+            if not isinstance(f, list):
+                f.cancel()

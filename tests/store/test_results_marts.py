@@ -28,6 +28,30 @@ def test_chunks_are_atomic_fingerprinted_and_finalized(tmp_path: Path) -> None:
         results.partition_dir(tmp_path, "t", {"modality": "../etc"})
 
 
+def test_read_partition_decodes_unchanged_chunks_once_and_returns_fresh_frames(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    part = {"modality": "ct", "level": 4}
+    p1 = results.chunk_path(tmp_path, "t", part, "a")
+    results.write_chunk(p1, [{"x": 1, "s": "u"}, {"x": 2, "s": "v"}], "fp1")
+    first = results.read_partition(tmp_path, "t", part)
+    decoded: list[Path] = []
+    real = results.pq.read_table
+    monkeypatch.setattr(results.pq, "read_table", lambda path, *a, **k: decoded.append(path) or real(path, *a, **k))
+    first.loc[0, "x"] = 99  # a caller changing its frame does not change the next read
+    first.loc[1, "s"] = "changed"
+    again = results.read_partition(tmp_path, "t", part)
+    assert decoded == []  # served from the cache
+    assert list(again["x"]) == [1, 2] and list(again["s"]) == ["u", "v"] and set(again["level"]) == {4}
+    results.write_chunk(p1, [{"x": 7, "s": "w"}], "fp2")  # replaced: read again
+    assert list(results.read_partition(tmp_path, "t", part)["x"]) == [7]
+    assert decoded == [p1]
+    monkeypatch.setattr(results, "CHUNK_CACHE_BYTES", 0)  # nothing fits: every read decodes
+    results._CHUNKS.clear()
+    results.read_partition(tmp_path, "t", part)
+    results.read_partition(tmp_path, "t", part)
+    assert decoded == [p1, p1, p1] and not results._CHUNKS
+
+
 def test_mart_has_every_table_and_view_even_without_data(tmp_path: Path) -> None:
     mart = tmp_path / "m.duckdb"
     counts = build_mart(tmp_path / "results", mart)

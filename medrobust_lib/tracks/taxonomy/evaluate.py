@@ -367,7 +367,7 @@ def evaluate(suite: Suite, config_id: str, modality: str, level: int,
     ``error`` rows with its own reason (``missing: <image path>``, ``quarantined:<reason>: ...``)."""
     import pandas as pd
 
-    from medrobust_lib.perturb.engine import regenerate
+    from medrobust_lib.perturb.regen_cache import regenerate_cached
     from medrobust_lib.tracks.datasets import load_eval_samples, placeholder_sample
     from medrobust_lib.tracks.perturbed import manifest_keys, read_manifest
 
@@ -437,7 +437,7 @@ def evaluate(suite: Suite, config_id: str, modality: str, level: int,
                 rows.extend(_unasked_rows(suite, scorer, items, cond, str(mr.get("error")),
                                           outcome="excluded:perturbation_error"))
                 continue
-            cond = dataclasses.replace(cond, image=regenerate(mr, s).image)
+            cond = dataclasses.replace(cond, image=regenerate_cached(mr, s).image)
             rows.extend(_classify_rows(suite, entry, scorer, by[key], cond, base, variants))
             n_images += 1
     rows = rerun.merge_rows(kept, rows, ROW_KEY)

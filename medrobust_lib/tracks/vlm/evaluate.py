@@ -372,7 +372,7 @@ def evaluate_perturbed(suite: Suite, model_id: str, modality: str, level: int, r
     """Rows for every record of every perturbed image of one (modality, level) manifest partition;
     a manifest row of the evaluation split whose sample cannot be used now gives ``error`` rows, and
     so does every record of its image that the reader quarantined (with the reader's reason)."""
-    from medrobust_lib.perturb.engine import regenerate
+    from medrobust_lib.perturb.regen_cache import regenerate_cached
     from medrobust_lib.tracks.datasets import load_eval_samples, placeholder_sample
     from medrobust_lib.tracks.perturbed import manifest_keys, read_manifest
 
@@ -413,7 +413,7 @@ def evaluate_perturbed(suite: Suite, model_id: str, modality: str, level: int, r
             continue
         try:
             gt = _grounding_boxes(by[key], s)
-            out = regenerate(mr, s)
+            out = regenerate_cached(mr, s)  # shared with the other models of this process
             moved = {rid: _move_box(mr, s, box) for rid, box in gt.items() if box is not None}
         except Exception as exc:  # e.g. out of memory: an infrastructure failure, retried by the next run
             for it in by[key]:

@@ -13,9 +13,11 @@ from safetensors.torch import save_file
 
 from medrobust_lib.config import Suite, load_suite
 from medrobust_lib.models.sam import arch_for, build_sam
+from medrobust_lib.perturb import regen_cache
 from medrobust_lib.perturb.engine import regenerate
 from medrobust_lib.prompts import PromptConfig, prompt_boxes
 from medrobust_lib.store import results
+from medrobust_lib.tracks import feed
 from medrobust_lib.tracks.datasets import build_clean_index
 from medrobust_lib.tracks.feed import (
     _tasks,
@@ -93,6 +95,7 @@ def test_rows_equal_the_per_image_reference_path(suite: Suite) -> None:
 def test_feed_is_bit_exact_and_ordered_with_workers(suite: Suite) -> None:
     rows = read_manifest(suite, "ct", 3).to_dict("records")
     local = list(regenerate_stream(suite, "ct", "all", rows, workers=0))
+    regen_cache.clear()  # the workers regenerate every row themselves
     pooled = list(regenerate_stream(suite, "ct", "all", rows, workers=1, prefetch=2, chunk=3))
     assert len(local) == len(pooled) == len(rows)
     samples = clean_samples(suite, "ct", "all")
@@ -100,6 +103,21 @@ def test_feed_is_bit_exact_and_ordered_with_workers(suite: Suite) -> None:
         assert np.array_equal(a.image, b.image) and np.array_equal(a.mask, b.mask)
         want = regenerate(r, samples[(r["dataset"], r["sample_id"])])
         assert np.array_equal(a.image, want.image)
+
+
+def test_feed_serves_a_later_model_from_the_regeneration_cache(suite: Suite, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second stream over a partition in the same process (another model) sends no task to the
+    workers: every output comes from the parent's cache, the same objects, bit-exact."""
+    rows = read_manifest(suite, "ct", 3).to_dict("records")
+    regen_cache.clear()
+    first = list(regenerate_stream(suite, "ct", "all", rows, workers=1, chunk=3))
+    assert regen_cache.stats()["entries"] == len(rows)
+    pool = feed._pool(1)
+    monkeypatch.setattr(pool, "submit", lambda *a, **k: pytest.fail("a cached task was sent to a worker"))
+    second = list(regenerate_stream(suite, "ct", "all", rows, workers=1, chunk=3))
+    assert all(a is b for a, b in zip(first, second, strict=True)) and len(second) == len(rows)
+    in_process = list(regenerate_stream(suite, "ct", "all", rows, workers=0))
+    assert all(a is b for a, b in zip(first, in_process, strict=True))
 
 
 def test_feed_tasks_group_one_sample() -> None:
