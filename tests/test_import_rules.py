@@ -25,7 +25,7 @@ HEAVY = ("torch", "torchvision", "transformers", "peft", "segment_anything", "ml
          "tokenizers", "dagster_dask", "dask", "distributed", "httpx", "scipy", "skimage", "pydicom", "nibabel",
          "cv2", "pandas", "duckdb", "pyarrow", "PIL")
 CORE = ("medrobust_lib.types", "medrobust_lib.seeding", "medrobust_lib.registry", "medrobust_lib.paths",
-        "medrobust_lib.config")
+        "medrobust_lib.config", "medrobust_lib.lru")
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,6 @@ the whole volume (one window per case, so slices of a case stay comparable). 4-D
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +44,7 @@ from medrobust_lib.data.readers import (
     require_dir,
 )
 from medrobust_lib.data.sample import DatasetSpec, QuarantineRecord, Sample, SampleError, SampleRef
+from medrobust_lib.lru import LRU, file_stamp
 
 AXIS_LETTERS: tuple[str, str, str] = ("x", "y", "z")
 MSD_CITATION = (
@@ -115,35 +115,13 @@ def _image_shape(path: Path) -> tuple[int, ...]:
         raise SampleError("unreadable_nifti", f"{path}: {type(e).__name__}: {e}") from None
 
 
-class _LastVolumes:
-    """Keeps the most recently used volumes (image and label) so that consecutive slices of one
-    case decode the file once. Keyed on path, size and mtime; thread-safe; bounded."""
-
-    def __init__(self, max_items: int = 2) -> None:
-        self._lock = threading.Lock()
-        self._items: list[tuple[tuple[Any, ...], Any]] = []
-        self._max = max_items
-
-    def get(self, key: tuple[Any, ...]) -> Any | None:
-        with self._lock:
-            for k, v in self._items:
-                if k == key:
-                    return v
-        return None
-
-    def put(self, key: tuple[Any, ...], value: Any) -> None:
-        with self._lock:
-            items = [(k, v) for k, v in self._items if k != key]
-            items.append((key, value))
-            self._items = items[-self._max :]
-
-
-_CACHE = _LastVolumes()
+_CACHE: LRU[tuple[Any, ...], Any] = LRU(max_items=2)
+"""The most recently used volumes (image and label), so that consecutive slices of one case decode
+the file once; keyed on the file's stamp."""
 
 
 def _file_key(path: Path, *parts: Any) -> tuple[Any, ...]:
-    st = path.stat()
-    return (str(path), st.st_size, st.st_mtime_ns, *parts)
+    return (*file_stamp(path), *parts)
 
 
 def _image_volume(path: Path, opts: NiftiOptions) -> tuple[np.ndarray, float, float]:

@@ -20,32 +20,27 @@ hands the same :class:`~medrobust_lib.perturb.spec.PerturbOutput` to every later
   shared output in place would raise instead of corrupting another model's input.
 
 Outputs are bit-identical to :func:`~medrobust_lib.perturb.engine.regenerate` (they are its
-outputs). Thread-safe.
+outputs). Thread-safe (:class:`medrobust_lib.lru.LRU`).
 """
 
 from __future__ import annotations
 
 import os
-import threading
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from medrobust_lib.data.sample import Sample, array_hash
+from medrobust_lib.lru import LRU
 from medrobust_lib.perturb.engine import regenerate
 from medrobust_lib.perturb.spec import PerturbOutput
 
 BUDGET_ENV = "MEDROBUST_REGEN_CACHE_MB"
 DEFAULT_BUDGET_MB = 1024
 
-_LOCK = threading.Lock()
-_ENTRIES: OrderedDict[tuple[Any, ...], tuple[PerturbOutput, int]] = OrderedDict()
-_BYTES = 0
 _FINGERPRINTS: dict[int, tuple[weakref.ref[np.ndarray], str]] = {}
-_STATS = {"hits": 0, "misses": 0}
 
 
 def budget_bytes() -> int:
@@ -58,6 +53,9 @@ def budget_bytes() -> int:
     if not raw.isdigit():
         raise ValueError(f"{BUDGET_ENV} must be a whole number of MiB (0 disables the cache), got {raw!r}")
     return int(raw) << 20
+
+
+_CACHE: LRU[tuple[Any, ...], PerturbOutput] = LRU(max_bytes=budget_bytes)
 
 
 def _forget(k: int) -> Callable[[weakref.ref[np.ndarray]], None]:
@@ -103,33 +101,16 @@ def lookup(row: dict[str, Any], sample: Sample) -> PerturbOutput | None:
     """The cached output of ``row`` on ``sample``'s inputs, or None (counted as a miss)."""
     if budget_bytes() == 0:
         return None
-    key = _key(row, sample)
-    with _LOCK:
-        hit = _ENTRIES.get(key)
-        if hit is None:
-            _STATS["misses"] += 1
-            return None
-        _ENTRIES.move_to_end(key)
-        _STATS["hits"] += 1
-        return hit[0]
+    return _CACHE.get(_key(row, sample))
 
 
 def remember(row: dict[str, Any], sample: Sample, out: PerturbOutput) -> PerturbOutput:
     """Keep ``out``, the regeneration of ``row`` on ``sample``, within the budget (least recently
     used entries dropped first); returns it with its arrays made read-only."""
-    global _BYTES
-    budget = budget_bytes()
-    if budget == 0:
+    if budget_bytes() == 0:
         return out
-    key = _key(row, sample)
     out = _freeze(out)
-    size = _nbytes(out)
-    with _LOCK:
-        if size <= budget and key not in _ENTRIES:
-            while _ENTRIES and _BYTES + size > budget:
-                _BYTES -= _ENTRIES.popitem(last=False)[1][1]
-            _ENTRIES[key] = (out, size)
-            _BYTES += size
+    _CACHE.put(_key(row, sample), out, _nbytes(out))
     return out
 
 
@@ -144,14 +125,9 @@ def regenerate_cached(row: dict[str, Any], sample: Sample) -> PerturbOutput:
 
 def stats() -> dict[str, int]:
     """Hits, misses, entries and bytes held since the process started (or :func:`clear`)."""
-    with _LOCK:
-        return {**_STATS, "entries": len(_ENTRIES), "bytes": _BYTES}
+    return {"hits": _CACHE.hits, "misses": _CACHE.misses, "entries": len(_CACHE), "bytes": _CACHE.nbytes}
 
 
 def clear() -> None:
     """Drop every entry and reset the counters."""
-    global _BYTES
-    with _LOCK:
-        _ENTRIES.clear()
-        _BYTES = 0
-        _STATS.update(hits=0, misses=0)
+    _CACHE.clear()

@@ -15,7 +15,6 @@ import json
 import os
 import re
 import uuid
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from medrobust_lib.lru import LRU, FileStamp, file_stamp
 from medrobust_lib.store.schema import conform, table_columns
 
 FINGERPRINT_KEY = b"medrobust.fingerprint"
@@ -129,27 +129,19 @@ CHUNK_CACHE_BYTES = 256 << 20
 """Bytes of decoded chunks :func:`read_partition` keeps per process (least recently used dropped
 first): a process that reads a partition again (every model of a manifest partition, the clean
 index of each evaluation) decodes its unchanged chunks once."""
-_CHUNKS: OrderedDict[str, tuple[tuple[int, int, int], pd.DataFrame, int]] = OrderedDict()
+_CHUNKS: LRU[str, tuple[FileStamp, pd.DataFrame]] = LRU(max_bytes=lambda: CHUNK_CACHE_BYTES)
 
 
 def _read_chunk(path: Path) -> pd.DataFrame:
-    """One chunk file as a frame, decoded once while the file stays the same (inode, size and
-    modification time: chunks are replaced by rename, never rewritten in place). The returned
-    frame is the cached one: callers must not change it."""
-    st = path.stat()
-    stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
-    key = str(path.resolve())
-    hit = _CHUNKS.get(key)
+    """One chunk file as a frame, decoded once while the file stays the same
+    (:func:`medrobust_lib.lru.file_stamp`). The returned frame is the cached one: callers must
+    not change it."""
+    stamp = file_stamp(path)
+    hit = _CHUNKS.get(stamp[0])
     if hit is not None and hit[0] == stamp:
-        _CHUNKS.move_to_end(key)
         return hit[1]
     df = pq.read_table(path).to_pandas()
-    size = int(df.memory_usage(index=True, deep=False).sum())
-    _CHUNKS.pop(key, None)
-    if size <= CHUNK_CACHE_BYTES:
-        while _CHUNKS and sum(v[2] for v in _CHUNKS.values()) + size > CHUNK_CACHE_BYTES:
-            _CHUNKS.popitem(last=False)
-        _CHUNKS[key] = (stamp, df, size)
+    _CHUNKS.put(stamp[0], (stamp, df), int(df.memory_usage(index=True, deep=False).sum()))
     return df
 
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from medrobust_lib.data.sample import Sample, SampleError
+from medrobust_lib.lru import LRU
 from medrobust_lib.perturb import regen_cache
 from medrobust_lib.perturb.engine import regenerate
 from medrobust_lib.perturb.spec import PerturbOutput
@@ -48,9 +49,8 @@ SampleKey = tuple[str, str]
 def _key(row: dict[str, Any]) -> SampleKey:
     return (str(row["dataset"]), str(row["sample_id"]))
 
-_CLEAN: dict[tuple[Any, ...], EvalSamples] = {}
+_CLEAN: LRU[tuple[Any, ...], EvalSamples] = LRU(max_items=8)
 """Per-process cache of :func:`eval_samples`."""
-_MAX_CLEAN_ENTRIES = 8
 
 
 CPU_INPROCESS_MAX_CORES = 2
@@ -97,11 +97,11 @@ def eval_samples(suite: Any, modality: str, split: str) -> EvalSamples:
     from medrobust_lib.tracks.datasets import load_eval_samples
 
     key = (modality, split, _index_signature(suite, modality))
-    if key not in _CLEAN:
-        if len(_CLEAN) >= _MAX_CLEAN_ENTRIES:
-            _CLEAN.pop(next(iter(_CLEAN)))
-        _CLEAN[key] = load_eval_samples(suite, modality, split)
-    return _CLEAN[key]
+    ev = _CLEAN.get(key)
+    if ev is None:
+        ev = load_eval_samples(suite, modality, split)
+        _CLEAN.put(key, ev)
+    return ev
 
 
 def clean_samples(suite: Any, modality: str, split: str) -> dict[SampleKey, Sample]:
@@ -112,7 +112,7 @@ def clean_samples(suite: Any, modality: str, split: str) -> dict[SampleKey, Samp
 
 WORKER_SAMPLE_CACHE = 64
 """Clean samples a feed worker keeps (least recently used dropped first)."""
-_ONE: dict[tuple[Any, ...], Sample] = {}
+_ONE: LRU[tuple[Any, ...], Sample] = LRU(max_items=WORKER_SAMPLE_CACHE)
 _REFS: dict[tuple[Any, ...], tuple[dict[SampleKey, Any], dict[SampleKey, str], dict[str, Any]]] = {}
 
 
@@ -127,9 +127,9 @@ def clean_sample(suite: Any, modality: str, split: str, key: SampleKey,
 
     sig = (modality, split, signature if signature is not None else _index_signature(suite, modality))
     ck = (*sig, key)
-    if ck in _ONE:
-        _ONE[ck] = _ONE.pop(ck)  # most recently used last
-        return _ONE[ck]
+    hit = _ONE.get(ck)
+    if hit is not None:
+        return hit
     if sig not in _REFS:
         index = results.read_partition(suite.results_dir, CLEAN_TABLE, {"modality": modality})
         ok = index[index["status"] == "ok"] if not index.empty else index
@@ -146,9 +146,7 @@ def clean_sample(suite: Any, modality: str, split: str, key: SampleKey,
     s = load_sample(cfgs[key[0]], refs[key])
     if s.content_hash() != wanted[key]:
         raise SampleError("changed_on_disk", "content differs from the clean index; re-materialize clean_samples")
-    while len(_ONE) >= WORKER_SAMPLE_CACHE:
-        _ONE.pop(next(iter(_ONE)))
-    _ONE[ck] = s
+    _ONE.put(ck, s)
     return s
 
 

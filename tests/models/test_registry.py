@@ -190,7 +190,7 @@ def test_runners_share_a_local_model_until_its_weights_or_config_change(tiny_lla
     from medrobust_lib.tracks.vlm import runner as runner_mod
     from medrobust_lib.tracks.vlm.runner import Runner
 
-    monkeypatch.setattr(runner_mod, "_LOCAL", {})  # what earlier tests loaded is not this test's
+    runner_mod._LOCAL.clear()  # what earlier tests loaded is not this test's
     folder = tmp_path / "weights"
     shutil.copytree(tiny_llava, folder)
     suite = Suite.model_validate({"name": "t", "results_dir": str(tmp_path / "results"), "vlm": {
@@ -213,5 +213,5 @@ def test_runners_share_a_local_model_until_its_weights_or_config_change(tiny_lla
     # a budget below two models keeps only the newest: the older one is released before a load
     monkeypatch.setattr(runner_mod, "LOCAL_MODEL_BUDGET", int(2.5 * weights.stat().st_size))
     again = Runner(suite, vlm_model(suite, "a"))
-    assert again.hf is not first.hf and list(runner_mod._LOCAL.values())[-1][0] is again.hf
+    assert again.hf is not first.hf and runner_mod._LOCAL.values()[-1] is again.hf
     assert len(runner_mod._LOCAL) == 1

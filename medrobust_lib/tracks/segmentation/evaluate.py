@@ -15,6 +15,7 @@ import pandas as pd
 from medrobust_lib.config import Suite
 from medrobust_lib.config.segmentation import SegmentationConfig, SegModelConfig
 from medrobust_lib.data.sample import Sample
+from medrobust_lib.lru import LRU, file_stamp
 from medrobust_lib.metrics.segmentation import EMPTY_GT_POLICY, dice, iou
 from medrobust_lib.models.registry import build_segmenter
 from medrobust_lib.paths import suite_paths
@@ -81,7 +82,7 @@ def resolve_checkpoint(suite: Suite, m: SegModelConfig) -> Path:
     return Path(m.checkpoint)
 
 
-_MODELS: dict[tuple[Any, ...], Any] = {}
+_MODELS: LRU[tuple[Any, ...], Any] = LRU(max_items=2)
 
 
 def load_model(suite: Suite, m: SegModelConfig, *, fresh: bool = False) -> Any:
@@ -92,16 +93,14 @@ def load_model(suite: Suite, m: SegModelConfig, *, fresh: bool = False) -> Any:
     one, which is never cached. The adapter class is the one registered for ``m.family``
     (:mod:`medrobust_lib.models.registry`)."""
     path = resolve_checkpoint(suite, m)
-    st = Path(path).stat() if Path(path).is_file() else None
-    key = (str(Path(path).resolve()), st.st_size if st else None, st.st_mtime_ns if st else None,
-           m.model_dump_json())
     if fresh:
         return build_segmenter(m, path)
-    if key not in _MODELS:
-        if len(_MODELS) >= 2:
-            _MODELS.pop(next(iter(_MODELS)))
-        _MODELS[key] = build_segmenter(m, path)
-    return _MODELS[key]
+    key = (file_stamp(path) if Path(path).is_file() else str(path), m.model_dump_json())
+    model = _MODELS.get(key)
+    if model is None:
+        model = build_segmenter(m, path)
+        _MODELS.put(key, model)
+    return model
 
 
 @dataclass

@@ -21,6 +21,7 @@ import numpy as np
 
 from medrobust_lib.config import Suite
 from medrobust_lib.config.vlm import VLMModelConfig, vlm_model
+from medrobust_lib.lru import LRU
 from medrobust_lib.models.base import VisionLanguageEndpoint
 from medrobust_lib.models.registry import VLMInputs, adapter_entry, build_vlm
 from medrobust_lib.paths import suite_paths
@@ -166,13 +167,20 @@ class Runner:
         return res
 
 
-_LOCAL: dict[tuple[Any, ...], tuple[Any, int]] = {}
-"""Local models of recent :class:`Runner` s (oldest first), by (configuration, base folder and its
-file stamps, adapter folder and its file stamps), with the bytes each is counted for."""
 LOCAL_MODEL_BUDGET = 2 << 30
 """Bytes of weights the kept local models may hold together (estimated from their weight files,
 twice their size: a float16 file may load as float32). The newest model is always kept, so one
 real VLM (gigabytes) stays alone, while the demo's tiny models (megabytes) all stay."""
+
+
+def _released(_model: Any) -> None:
+    """A model left the cache: collect now, so its memory is free before the next one loads."""
+    gc.collect()
+
+
+_LOCAL: LRU[tuple[Any, ...], Any] = LRU(max_bytes=lambda: LOCAL_MODEL_BUDGET, keep_newest=True, on_evict=_released)
+"""Local models of recent :class:`Runner` s, by (configuration, base folder and its file stamps,
+adapter folder and its file stamps), each counted at its estimated bytes."""
 
 
 def _stamp(path: str | None) -> tuple[tuple[str, int, int], ...]:
@@ -200,16 +208,13 @@ def _local_model(m: VLMModelConfig, inputs: VLMInputs) -> Any:
     loads. Inference only: nothing may change the returned model (fine-tuning loads its own)."""
     base, adapter = _stamp(inputs.source), _stamp(inputs.adapter)
     key = (m.model_dump_json(), inputs.source, base, inputs.adapter, adapter)
-    hit = _LOCAL.pop(key, None)
+    hit = _LOCAL.get(key)
     if hit is not None:
-        _LOCAL[key] = hit  # now the newest
-        return hit[0]
+        return hit
     need = _weight_bytes(base, adapter)
-    while _LOCAL and sum(b for _, b in _LOCAL.values()) + need > LOCAL_MODEL_BUDGET:
-        _LOCAL.pop(next(iter(_LOCAL)))
-        gc.collect()
+    _LOCAL.make_room(need)  # release older models before this one loads
     model = build_vlm(m, inputs)
-    _LOCAL[key] = (model, need)
+    _LOCAL.put(key, model, need)
     return model
 
 
