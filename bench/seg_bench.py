@@ -41,7 +41,7 @@ from medrobust_lib.tracks.segmentation.evaluate import (
     seg_config,
 )
 
-REPEATS = 3
+REPEATS = 5
 
 
 def scratch_suite(suite: Suite, scratch: Path) -> Suite:
