@@ -4,7 +4,8 @@ the file stamp that tells a cached decode from a stale one.
 :class:`LRU` bounds by entry count, by bytes, or both; the byte budget may be a callable read at
 every insert (an environment setting). An entry larger than the whole byte budget is not kept,
 unless ``keep_newest`` (a real model of several GiB must still be shared while it is the one in
-use: it is then kept alone). Thread-safe.
+use: it is then kept alone). :meth:`make_room` drops entries before a new value is built, so a
+cache of models never holds the old ones while the next loads. Thread-safe.
 """
 
 from __future__ import annotations
@@ -33,17 +34,15 @@ def file_stamp(path: str | Path) -> FileStamp:
 class LRU(Generic[K, V]):
     """A map that keeps at most ``max_items`` entries and at most ``max_bytes`` bytes (each entry
     counted at the size given to :meth:`put`), dropping the least recently used first.
-    ``on_evict(value)`` runs for every dropped entry (outside the lock). ``keep_newest``: an
-    entry larger than the byte budget is kept alone instead of not at all."""
+    ``keep_newest``: an entry larger than the byte budget is kept alone instead of not at all."""
 
     def __init__(self, max_items: int | None = None, max_bytes: int | Callable[[], int] | None = None,
-                 *, keep_newest: bool = False, on_evict: Callable[[V], None] | None = None) -> None:
+                 *, keep_newest: bool = False) -> None:
         if max_items is not None and max_items < 1:
             raise ValueError(f"max_items must be >= 1, got {max_items}")
         self._max_items = max_items
         self._max_bytes = max_bytes
         self._keep_newest = keep_newest
-        self._on_evict = on_evict
         self._lock = threading.Lock()
         self._entries: OrderedDict[K, tuple[V, int]] = OrderedDict()
         self._bytes = 0
@@ -66,28 +65,23 @@ class LRU(Generic[K, V]):
             self.hits += 1
             return hit[0]
 
-    def _evict_for(self, nbytes: int, budget: int | None) -> list[V]:
+    def _evict_for(self, nbytes: int, budget: int | None) -> int:
         """Drop least recently used entries until one more of ``nbytes`` fits (lock held)."""
-        dropped: list[V] = []
+        n_dropped = 0
         while self._entries and (
                 (self._max_items is not None and len(self._entries) >= self._max_items)
                 or (budget is not None and self._bytes + nbytes > budget)):
-            v, n = self._entries.popitem(last=False)[1]
-            self._bytes -= n
-            dropped.append(v)
-        return dropped
+            self._bytes -= self._entries.popitem(last=False)[1][1]
+            n_dropped += 1
+        return n_dropped
 
-    def _evicted(self, dropped: list[V]) -> None:
-        if self._on_evict is not None:
-            for v in dropped:
-                self._on_evict(v)
-
-    def make_room(self, nbytes: int) -> None:
-        """Drop least recently used entries until an entry of ``nbytes`` would fit, before it
-        is built (a model's memory is released before the next one loads)."""
+    def make_room(self, nbytes: int = 0) -> int:
+        """Drop least recently used entries until one more entry of ``nbytes`` would fit (with
+        ``max_items``: until there is a free slot), before that entry is built. Returns how many
+        were dropped; the cache keeps no reference to them, so a ``gc.collect()`` by the caller
+        frees them."""
         with self._lock:
-            dropped = self._evict_for(nbytes, self.budget())
-        self._evicted(dropped)
+            return self._evict_for(nbytes, self.budget())
 
     def put(self, key: K, value: V, nbytes: int = 0) -> bool:
         """Keep ``value`` under ``key`` (replacing an entry of the key), dropping the least recently
@@ -95,18 +89,14 @@ class LRU(Generic[K, V]):
         budget = self.budget()
         with self._lock:
             old = self._entries.pop(key, None)
-            dropped = [] if old is None or old[0] is value else [old[0]]
             if old is not None:
                 self._bytes -= old[1]
             if budget is not None and nbytes > budget and not self._keep_newest:
-                kept = False
-            else:
-                dropped += self._evict_for(nbytes, budget)
-                self._entries[key] = (value, nbytes)
-                self._bytes += nbytes
-                kept = True
-        self._evicted(dropped)
-        return kept
+                return False
+            self._evict_for(nbytes, budget)
+            self._entries[key] = (value, nbytes)
+            self._bytes += nbytes
+            return True
 
     def values(self) -> list[V]:
         """The values, least recently used first."""
@@ -114,7 +104,7 @@ class LRU(Generic[K, V]):
             return [v for v, _ in self._entries.values()]
 
     def clear(self) -> None:
-        """Drop every entry (without ``on_evict``) and reset the counters."""
+        """Drop every entry and reset the counters."""
         with self._lock:
             self._entries.clear()
             self._bytes = 0

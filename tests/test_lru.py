@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import os
+import weakref
 from pathlib import Path
 
 import pytest
@@ -22,32 +24,41 @@ def test_count_bound_drops_the_least_recently_used() -> None:
     assert c.values() == [3, 10] and len(c) == 2
 
 
-def test_byte_bound_with_callable_budget_and_evict_callback() -> None:
+def test_byte_bound_with_callable_budget() -> None:
     budget = [100]
-    evicted: list[str] = []
-    c: LRU[str, str] = LRU(max_bytes=lambda: budget[0], on_evict=evicted.append)
+    c: LRU[str, str] = LRU(max_bytes=lambda: budget[0])
     assert c.put("a", "A", 40) and c.put("b", "B", 40)
     assert c.put("c", "C", 40)  # 120 > 100: a goes
-    assert evicted == ["A"] and c.nbytes == 80 and c.values() == ["B", "C"]
+    assert c.nbytes == 80 and c.values() == ["B", "C"]
     assert not c.put("huge", "H", 101)  # larger than the whole budget: not kept, nothing dropped
     assert "huge" not in c and c.values() == ["B", "C"]
     budget[0] = 50  # the budget is read at every insert
     c.put("d", "D", 10)
-    assert c.values() == ["C", "D"] and evicted == ["A", "B"] and c.nbytes == 50
+    assert c.values() == ["C", "D"] and c.nbytes == 50
+    c.put("c", "C2", 5)  # replacing a key counts its new size only
+    assert c.values() == ["D", "C2"] and c.nbytes == 15
     c.clear()
     assert len(c) == 0 and c.nbytes == 0 and (c.hits, c.misses) == (0, 0)
 
 
-def test_keep_newest_keeps_an_oversized_entry_alone_and_make_room_frees_first() -> None:
-    evicted: list[str] = []
-    c: LRU[str, str] = LRU(max_bytes=100, keep_newest=True, on_evict=evicted.append)
-    c.put("a", "A", 30)
-    c.put("b", "B", 30)
-    c.make_room(50)  # before building a 50-byte value: a goes now, not after the build
-    assert evicted == ["A"] and c.values() == ["B"]
-    c.make_room(500)
-    assert evicted == ["A", "B"] and len(c) == 0
-    assert c.put("big", "G", 500) and c.values() == ["G"]  # kept alone
+def test_make_room_frees_before_a_build_and_keep_newest_keeps_an_oversized_entry_alone() -> None:
+    class Model:
+        pass
+
+    c: LRU[str, Model] = LRU(max_bytes=100, keep_newest=True)
+    c.put("a", Model(), 30)
+    c.put("b", Model(), 30)
+    gone = weakref.ref(c.values()[0])
+    assert c.make_room(50) == 1  # before building a 50-byte value: a goes now, not after the build
+    gc.collect()
+    assert gone() is None and len(c) == 1  # nothing of the cache holds the dropped model
+    assert c.make_room(500) == 1 and len(c) == 0
+    big = Model()
+    assert c.put("big", big, 500) and c.values() == [big]  # kept alone
+    slots: LRU[str, int] = LRU(max_items=2)
+    slots.put("x", 1)
+    slots.put("y", 2)
+    assert slots.make_room() == 1 and slots.values() == [2]  # a free slot before the next load
     with pytest.raises(ValueError, match="max_items"):
         LRU(max_items=0)
 

@@ -11,7 +11,8 @@ hands the same :class:`~medrobust_lib.perturb.spec.PerturbOutput` to every later
   the inputs) plus a SHA-256 fingerprint of the input image, mask and boxes. A fingerprint is
   computed once per array object (remembered through a weak reference, forgotten when the array
   is freed), so a caller with a different sample (another mask, another reader) never gets an
-  output that was not made from its own inputs.
+  output that was not made from its own inputs. The memo relies on the library's contract that a
+  sample's arrays are never changed in place (``Sample`` is frozen, every perturbation is pure).
 * **Bounded.** Entries are counted by the bytes of their arrays and kept within
   :func:`budget_bytes` (default :data:`DEFAULT_BUDGET_MB` MiB; ``MEDROBUST_REGEN_CACHE_MB``
   overrides, 0 disables), least recently used dropped first. The demo's highest severity (898
@@ -76,7 +77,7 @@ def _fingerprint(a: np.ndarray | None) -> str:
     fp = array_hash(a)
     try:
         _FINGERPRINTS[k] = (weakref.ref(a, _forget(k)), fp)
-    except TypeError:  # an array view of a non-weakref-able buffer: hashed again next time
+    except TypeError:  # not an ndarray (e.g. a list of boxes): hashed again next time
         pass
     return fp
 

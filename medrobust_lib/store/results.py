@@ -140,8 +140,9 @@ def _read_chunk(path: Path) -> pd.DataFrame:
     hit = _CHUNKS.get(stamp[0])
     if hit is not None and hit[0] == stamp:
         return hit[1]
-    df = pq.read_table(path).to_pandas()
-    _CHUNKS.put(stamp[0], (stamp, df), int(df.memory_usage(index=True, deep=False).sum()))
+    table = pq.read_table(path)
+    df = table.to_pandas()
+    _CHUNKS.put(stamp[0], (stamp, df), int(table.nbytes))  # Arrow's size: counts the strings
     return df
 
 
@@ -156,7 +157,9 @@ def read_partition(results_dir: str | Path, table: str, partition: Mapping[str, 
     # concat of one frame shares its memory (pandas 2): copy, so the cached chunk stays unchanged
     df = frames[0].copy() if len(frames) == 1 else pd.concat(frames, ignore_index=True)
     columns: dict[str, Any] = {str(k): v for k, v in partition.items()}
-    return df.assign(**columns)
+    for k, v in columns.items():
+        df[k] = v
+    return df
 
 
 def read_table(results_dir: str | Path, table: str) -> pd.DataFrame:

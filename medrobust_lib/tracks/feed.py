@@ -99,6 +99,7 @@ def eval_samples(suite: Any, modality: str, split: str) -> EvalSamples:
     key = (modality, split, _index_signature(suite, modality))
     ev = _CLEAN.get(key)
     if ev is None:
+        _CLEAN.make_room()  # the oldest set goes before this one loads
         ev = load_eval_samples(suite, modality, split)
         _CLEAN.put(key, ev)
     return ev

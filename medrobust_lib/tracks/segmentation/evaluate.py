@@ -95,9 +95,10 @@ def load_model(suite: Suite, m: SegModelConfig, *, fresh: bool = False) -> Any:
     path = resolve_checkpoint(suite, m)
     if fresh:
         return build_segmenter(m, path)
-    key = (file_stamp(path) if Path(path).is_file() else str(path), m.model_dump_json())
+    key = (file_stamp(path) if Path(path).is_file() else str(Path(path).resolve()), m.model_dump_json())
     model = _MODELS.get(key)
     if model is None:
+        _MODELS.make_room()  # the oldest model goes before this one loads
         model = build_segmenter(m, path)
         _MODELS.put(key, model)
     return model

@@ -171,14 +171,7 @@ LOCAL_MODEL_BUDGET = 2 << 30
 """Bytes of weights the kept local models may hold together (estimated from their weight files,
 twice their size: a float16 file may load as float32). The newest model is always kept, so one
 real VLM (gigabytes) stays alone, while the demo's tiny models (megabytes) all stay."""
-
-
-def _released(_model: Any) -> None:
-    """A model left the cache: collect now, so its memory is free before the next one loads."""
-    gc.collect()
-
-
-_LOCAL: LRU[tuple[Any, ...], Any] = LRU(max_bytes=lambda: LOCAL_MODEL_BUDGET, keep_newest=True, on_evict=_released)
+_LOCAL: LRU[tuple[Any, ...], Any] = LRU(max_bytes=lambda: LOCAL_MODEL_BUDGET, keep_newest=True)
 """Local models of recent :class:`Runner` s, by (configuration, base folder and its file stamps,
 adapter folder and its file stamps), each counted at its estimated bytes."""
 
@@ -212,7 +205,8 @@ def _local_model(m: VLMModelConfig, inputs: VLMInputs) -> Any:
     if hit is not None:
         return hit
     need = _weight_bytes(base, adapter)
-    _LOCAL.make_room(need)  # release older models before this one loads
+    if _LOCAL.make_room(need):  # release older models before this one loads
+        gc.collect()
     model = build_vlm(m, inputs)
     _LOCAL.put(key, model, need)
     return model
