@@ -49,6 +49,7 @@ SampleKey = tuple[str, str]
 def _key(row: dict[str, Any]) -> SampleKey:
     return (str(row["dataset"]), str(row["sample_id"]))
 
+
 _CLEAN: LRU[tuple[Any, ...], EvalSamples] = LRU(max_items=8)
 """Per-process cache of :func:`eval_samples`."""
 
