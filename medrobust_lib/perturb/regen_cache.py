@@ -120,8 +120,15 @@ def regenerate_cached(row: dict[str, Any], sample: Sample) -> PerturbOutput:
     ``perturbation``, ``strength``, ``seed_key``) on ``sample``, from the cache when the same row
     was regenerated from the same inputs before. With the cache on, the returned arrays are
     read-only (copy before changing them)."""
-    hit = lookup(row, sample)
-    return hit if hit is not None else remember(row, sample, regenerate(row, sample))
+    if budget_bytes() == 0:
+        return regenerate(row, sample)
+    key = _key(row, sample)  # fingerprints once, for the lookup and the insert
+    hit = _CACHE.get(key)
+    if hit is not None:
+        return hit
+    out = _freeze(regenerate(row, sample))
+    _CACHE.put(key, out, _nbytes(out))
+    return out
 
 
 def stats() -> dict[str, int]:

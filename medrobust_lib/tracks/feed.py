@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from medrobust_lib.data.sample import Sample, SampleError
-from medrobust_lib.lru import LRU
+from medrobust_lib.lru import LRU, file_stamp
 from medrobust_lib.perturb import regen_cache
 from medrobust_lib.perturb.engine import regenerate
 from medrobust_lib.perturb.spec import PerturbOutput
@@ -78,15 +78,15 @@ def resolve_workers(configured: int | None, device_type: str) -> int:
 
 
 def _index_signature(suite: Any, modality: str) -> tuple[Any, ...]:
-    """What the loaded clean samples depend on: the clean index partition's files (path, size,
-    mtime) and the suite's dataset configuration. A re-materialised index reloads."""
+    """What the loaded clean samples depend on: the clean index partition's files (their
+    :func:`~medrobust_lib.lru.file_stamp`) and the suite's dataset configuration. A re-materialised
+    index reloads."""
     from medrobust_lib.store.results import partition_dir
     from medrobust_lib.tracks.datasets import CLEAN_TABLE
 
     folder = Path(partition_dir(suite.results_dir, CLEAN_TABLE, {"modality": modality}))
     files = sorted(folder.glob("*.parquet")) if folder.is_dir() else []
-    stats = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files)
-    return (str(Path(suite.results_dir).resolve()), stats, suite.model_dump_json())
+    return (tuple(file_stamp(f) for f in files), suite.model_dump_json())
 
 
 def eval_samples(suite: Any, modality: str, split: str) -> EvalSamples:

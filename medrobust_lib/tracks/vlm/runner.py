@@ -21,7 +21,7 @@ import numpy as np
 
 from medrobust_lib.config import Suite
 from medrobust_lib.config.vlm import VLMModelConfig, vlm_model
-from medrobust_lib.lru import LRU
+from medrobust_lib.lru import LRU, FileStamp, file_stamp
 from medrobust_lib.models.base import VisionLanguageEndpoint
 from medrobust_lib.models.registry import VLMInputs, adapter_entry, build_vlm
 from medrobust_lib.paths import suite_paths
@@ -176,26 +176,27 @@ _LOCAL: LRU[tuple[Any, ...], Any] = LRU(max_bytes=lambda: LOCAL_MODEL_BUDGET, ke
 adapter folder and its file stamps), each counted at its estimated bytes."""
 
 
-def _stamp(path: str | None) -> tuple[tuple[str, int, int], ...]:
-    """(name, size, mtime) of a weights folder's files (a file: itself); () for a hub id or None."""
+def _stamp(path: str | None) -> tuple[FileStamp, ...]:
+    """The :func:`~medrobust_lib.lru.file_stamp` of each file of a weights folder (a file: itself);
+    () for a hub id or None."""
     if path is None:
         return ()
     p = Path(path)
     files = sorted(f for f in p.iterdir() if f.is_file()) if p.is_dir() else [p] if p.is_file() else []
-    return tuple((f.name, (st := f.stat()).st_size, st.st_mtime_ns) for f in files)
+    return tuple(file_stamp(f) for f in files)
 
 
-def _weight_bytes(*stamps: tuple[tuple[str, int, int], ...]) -> int:
+def _weight_bytes(*stamps: tuple[FileStamp, ...]) -> int:
     """Twice the size of the weight files among :func:`_stamp` s (base and adapter folders); a hub
     id (no local files) counts as the whole budget, so it is kept alone."""
-    sizes = [size for stamp in stamps for name, size, _ in stamp
-             if name.endswith((".safetensors", ".bin", ".pt", ".pth"))]
+    sizes = [size for stamp in stamps for path, _, size, _ in stamp
+             if path.endswith((".safetensors", ".bin", ".pt", ".pth"))]
     return 2 * sum(sizes) if sizes else LOCAL_MODEL_BUDGET
 
 
 def _local_model(m: VLMModelConfig, inputs: VLMInputs) -> Any:
     """The local VLM of ``m``, loaded once per process while its configuration and weight files
-    (names, sizes, modification times of the base and adapter folders) stay the same: the
+    (the file stamps of the base and adapter folders) stay the same: the
     partitions one process evaluates share it instead of loading the weights per partition.
     Models are kept within :data:`LOCAL_MODEL_BUDGET`, oldest released first, before another
     loads. Inference only: nothing may change the returned model (fine-tuning loads its own)."""
