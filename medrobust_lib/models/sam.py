@@ -55,7 +55,7 @@ from medrobust_lib.types import Boxes, FloatImage
 if TYPE_CHECKING:
     from medrobust_lib.config.segmentation import SegModelConfig
 
-Family = Literal["sam", "medsam", "sam_med2d"]
+Family = Literal["sam", "medsam", "sam_med2d", "litemedsam"]
 PIXEL_MEAN = (123.675, 116.28, 103.53)
 PIXEL_STD = (58.395, 57.12, 57.375)
 
@@ -240,6 +240,8 @@ def to_tensor_batch(images: Sequence[FloatImage]) -> torch.Tensor:
     return torch.from_numpy(np.stack(arrs).astype(np.float32)).permute(0, 3, 1, 2).contiguous()
 
 
+EXACT_FAMILIES: tuple[str, ...] = ("medsam", "litemedsam")
+"""Families with a host-side ``preprocess: exact`` mode (their official inference script's uint8 steps)."""
 MaskSelection = Literal["single", "best_iou"]
 Preprocess = Literal["default", "exact"]
 MASK_SELECTIONS: tuple[str, ...] = ("single", "best_iou")
@@ -322,9 +324,10 @@ class SamSegmenter:
         self.mask_selection: MaskSelection = selection  # type: ignore[assignment]
         if preprocess not in PREPROCESS_MODES:
             raise ValueError(f"unknown preprocess {preprocess!r}; valid: {', '.join(PREPROCESS_MODES)}")
-        if preprocess == "exact" and family != "medsam":
-            raise ValueError("preprocess 'exact' is MedSAM's published inference pipeline; "
-                             f"family {family!r} has no exact mode (its default is already its published one)")
+        if preprocess == "exact" and family not in EXACT_FAMILIES:
+            raise ValueError("preprocess 'exact' is the published host pipeline of "
+                             f"{' and '.join(EXACT_FAMILIES)}; family {family!r} has no exact mode (its default is "
+                             "already its published one)")
         self.preprocess_mode: Preprocess = preprocess  # type: ignore[assignment]
         # Host-to-device copies: float32 keeps CPU results identical to the reference; on CUDA the
         # images travel as float16 from pinned memory (half the bytes; far below bf16 rounding).
@@ -338,7 +341,7 @@ class SamSegmenter:
         mask selection, preprocessing) loaded from ``checkpoint`` (:func:`load_segmenter`); the
         constructor that :func:`medrobust_lib.models.registry.build_segmenter` calls."""
         return load_segmenter(m.family, m.arch, checkpoint, model_id=m.id, device=m.device, engine=m.engine,
-                              compile_mode=m.compile, mask_selection=m.mask_selection, preprocess=m.preprocess)
+                              compile_mode=m.compile, mask_selection=m.mask_selection, preprocess=m.preprocess or "default")
 
     def register_buffers(self) -> None:
         self.mean = torch.tensor(PIXEL_MEAN, device=self.device).view(1, 3, 1, 1)
@@ -388,6 +391,11 @@ class SamSegmenter:
             out.append(torch.tensor(r).float().permute(2, 0, 1))
         return torch.stack(out).to(self.device)
 
+    def exact_model_boxes(self, boxes: np.ndarray, h: int, w: int) -> np.ndarray:
+        """Pixel XYXY boxes (K, 4) of an H x W input -> model-grid boxes as the family's official
+        script computes them (``preprocess: exact``). MedSAM: ``box / [W, H, W, H] * S`` in float64."""
+        return boxes.astype(np.float64) / np.array([w, h, w, h]) * self.image_size
+
     def transform_boxes(self, boxes: torch.Tensor, h: int, w: int) -> torch.Tensor:
         nh, nw = self._geometry(h, w)
         scale = self._to_device(torch.tensor([nw / w, nh / h, nw / w, nh / h], dtype=boxes.dtype), boxes.device)
@@ -411,7 +419,7 @@ class SamSegmenter:
     def probabilities(self, low_res: torch.Tensor, h: int, w: int) -> torch.Tensor:
         """Low-resolution logits (M, 1, 256, 256) -> foreground probabilities (M, H, W) float32:
         sigmoid after :meth:`postprocess`, or (MedSAM exact) sigmoid at 256 px, then resized."""
-        if self.preprocess_mode == "exact":
+        if self.preprocess_mode == "exact" and self.family == "medsam":
             p = torch.sigmoid(low_res.float())
             return F.interpolate(p, size=(h, w), mode="bilinear", align_corners=False)[:, 0]
         return torch.sigmoid(self.postprocess(low_res.float(), h, w))[:, 0]
@@ -535,7 +543,7 @@ class SamSegmenter:
         x = self._to_device(host).float()
         return x[:, None].expand(-1, 3, -1, -1) if x.ndim == 3 else x.permute(0, 3, 1, 2)
 
-    def _bucket_probs(self, images: Sequence[FloatImage], boxes: Sequence[Boxes]
+    def _bucket_probs(self, images: Sequence[FloatImage], boxes: Sequence[Boxes], *, logits: bool = False
                       ) -> list[tuple[list[int], torch.Tensor, torch.Tensor]]:
         """One encoder batch over images of any sizes (each size group preprocessed on its own,
         all fed to the encoder together) and one decoder batch over all their boxes.
@@ -564,9 +572,7 @@ class SamSegmenter:
             if sum(counts):
                 bx = np.concatenate([np.asarray(boxes[i], np.float32).reshape(-1, 4) for i in idx])
                 if self.preprocess_mode == "exact":
-                    s = self.image_size
-                    scaled = bx.astype(np.float64) / np.array([w, h, w, h]) * s
-                    tb = self._to_device(torch.as_tensor(scaled, dtype=torch.float))
+                    tb = self._to_device(torch.as_tensor(self.exact_model_boxes(bx, h, w), dtype=torch.float))
                 else:
                     tb = self.transform_boxes(self._to_device(torch.from_numpy(bx)), h, w)
                 embs.append(emb[start : start + len(idx)].index_select(0, owner))
@@ -578,7 +584,10 @@ class SamSegmenter:
         pos = 0
         for (idx, h, w, m), owner in zip(spans, owners, strict=True):
             if m and low is not None:
-                probs = self.probabilities(low[pos : pos + m], h, w)
+                if logits:
+                    probs = self.postprocess(low[pos : pos + m].float(), h, w)[:, 0]
+                else:
+                    probs = self.probabilities(low[pos : pos + m], h, w)
             else:
                 probs = torch.zeros((0, h, w), dtype=torch.float32, device=self.device)
             out.append((idx, probs, owner))
@@ -589,13 +598,26 @@ class SamSegmenter:
     def predict(self, images: Sequence[FloatImage], boxes: Sequence[Boxes], batch_size: int = 8) -> list[np.ndarray]:
         """Probabilities float32 (N_i, H, W) per image (SegmentationModel.predict). Images of any
         sizes share encoder batches of ``batch_size``; all boxes of a batch decode at once."""
+        return self._predict(images, boxes, batch_size, logits=False)
+
+    @torch.no_grad()
+    def predict_logits(self, images: Sequence[FloatImage], boxes: Sequence[Boxes], batch_size: int = 8
+                       ) -> list[np.ndarray]:
+        """Logits float32 (N_i, H, W) per image at the input resolution, before the sigmoid that
+        :meth:`predict` applies (MedSAM's exact mode takes its sigmoid at 256 px, so it has none)."""
+        if self.preprocess_mode == "exact" and self.family == "medsam":
+            raise ValueError("MedSAM's exact mode applies the sigmoid before resizing: it has no full-size logits")
+        return self._predict(images, boxes, batch_size, logits=True)
+
+    def _predict(self, images: Sequence[FloatImage], boxes: Sequence[Boxes], batch_size: int, *, logits: bool
+                 ) -> list[np.ndarray]:
         self.sam.eval()
         out: list[np.ndarray] = []
         for start in range(0, len(images), batch_size):
             chunk = list(images[start : start + batch_size])
             chunk_boxes = list(boxes[start : start + batch_size])
             probs: dict[int, np.ndarray] = {}
-            for idx, p, owner in self._bucket_probs(chunk, chunk_boxes):
+            for idx, p, owner in self._bucket_probs(chunk, chunk_boxes, logits=logits):
                 host = p.cpu().numpy()
                 own = owner.cpu().numpy()
                 for j, i in enumerate(idx):
@@ -659,9 +681,17 @@ class SamSegmenter:
         """The model's own autocast (``autocast_dtype`` on CUDA). Without one this is a no-op
         context, NOT ``autocast(enabled=False)``: that would switch off an autocast the caller
         opened (the training loop's bf16 AMP)."""
-        if self.autocast_dtype is None or self.device.type != "cuda":
+        if self.autocast_dtype is None or self.device.type not in ("cuda", "cpu"):
             return nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+    @property
+    def precision(self) -> str:
+        """The arithmetic the model runs in, as recorded in every result row (``precision``
+        column): ``fp32`` or ``<dtype>-autocast`` (e.g. ``bf16-autocast``)."""
+        if self.autocast_dtype is None:
+            return "fp32"
+        return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(self.autocast_dtype, str(self.autocast_dtype)) + "-autocast"
 
 
 def _adapter_strategy_checkpoint(checkpoint: Path) -> bool:

