@@ -41,7 +41,7 @@ def _model_assets() -> list[dg.AssetsDefinition]:
     assets: list[dg.AssetsDefinition] = []
     if suite is not None:
         for m in seg_config(suite).models:
-            assets.extend(segmentation_family(m.id, trained=m.checkpoint == "trained"))
+            assets.extend(segmentation_family(m.id, trained=m.checkpoint == "trained", attacks=m.attacks))
     return assets
 
 

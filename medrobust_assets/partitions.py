@@ -16,8 +16,8 @@ modality_severity_partitions = dg.MultiPartitionsDefinition(
 
 LEVELS_TAG = "medrobust/levels"
 """Asset tag naming whose levels a modality x severity asset covers: ``taxonomy`` (the suite's
-``taxonomy_levels()``); untagged assets cover ``perturbations.levels``. The runner plans only those
-partitions."""
+``taxonomy_levels()``) or ``segmentation.<model id>`` (that model's ``levels``); untagged assets
+cover ``perturbations.levels`` (``Suite.levels_for``). The runner plans only those partitions."""
 
 # A modality-partitioned asset feeding a modality x severity one, and back.
 with warnings.catch_warnings():

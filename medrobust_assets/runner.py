@@ -117,13 +117,13 @@ class Step:
 def _partitions(pdef: dg.PartitionsDefinition | None, suite: Suite, instance: dg.DagsterInstance,
                 tags: Mapping[str, str] | None = None) -> list[str | dg.MultiPartitionKey | None]:
     """The partitions of one asset that the suite asks for: modality and severity dimensions are
-    filtered by ``suite.modalities`` and the suite's levels (``suite.perturbations.levels``, or
-    ``suite.taxonomy_levels()`` for an asset tagged :data:`LEVELS_TAG` = ``taxonomy``); dynamic
+    filtered by ``suite.modalities`` and the suite's levels for the asset's :data:`LEVELS_TAG`
+    (``Suite.levels_for``: every perturbed level, the taxonomy's, or one segmentation model's); dynamic
     partitions are the ones the instance holds (the registry sensor adds them)."""
     if pdef is None:
         return [None]
     if isinstance(pdef, dg.MultiPartitionsDefinition):
-        levels = suite.taxonomy_levels() if (tags or {}).get(LEVELS_TAG) == "taxonomy" else suite.perturbations.levels
+        levels = suite.levels_for((tags or {}).get(LEVELS_TAG))
         out: list[str | dg.MultiPartitionKey | None] = []
         for k in pdef.get_partition_keys(dynamic_partitions_store=instance):
             dims = k.keys_by_dimension if isinstance(k, dg.MultiPartitionKey) else {}

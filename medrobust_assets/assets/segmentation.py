@@ -8,6 +8,7 @@ from medrobust_assets.assets.datasets import clean_samples
 from medrobust_assets.assets.perturbed import perturbed_samples
 from medrobust_assets.metadata import image_md, markdown_table
 from medrobust_assets.partitions import (
+    LEVELS_TAG,
     by_modality,
     modality_and_level,
     modality_partitions,
@@ -38,9 +39,11 @@ def _run_partition(context: dg.AssetExecutionContext, suite: SuiteResource, trac
     return dg.MaterializeResult(metadata=meta)
 
 
-def segmentation_family(model_id: str, trained: bool) -> list[dg.AssetsDefinition]:
+def segmentation_family(model_id: str, trained: bool, attacks: bool = True) -> list[dg.AssetsDefinition]:
     """Assets for one model: [base_checkpoint], clean_predictions (by modality),
-    perturbed_predictions and attack_predictions (by modality x severity)."""
+    perturbed_predictions and [attack_predictions] (by modality x severity; the severities the
+    model's ``levels`` name, through the :data:`LEVELS_TAG` ``segmentation.<model id>``)."""
+    levels_tags = {LEVELS_TAG: f"segmentation.{model_id}"}
     out: list[dg.AssetsDefinition] = []
     deps_clean: list[Any] = [clean_samples]
     if trained:
@@ -98,7 +101,7 @@ def segmentation_family(model_id: str, trained: bool) -> list[dg.AssetsDefinitio
 
     @dg.asset(
         key=[model_id, "perturbed_predictions"], group_name="segmentation", kinds={"pytorch", "parquet"},
-        partitions_def=modality_severity_partitions, pool="gpu", op_tags=GPU_OP_TAGS,
+        partitions_def=modality_severity_partitions, pool="gpu", op_tags=GPU_OP_TAGS, tags=levels_tags,
         deps=[perturbed_samples, dg.AssetDep(clean_predictions, partition_mapping=by_modality)],
         description=f"{model_id}: predictions on every perturbed test image of the partition, regenerated from "
                     "the manifest (spatial types with moved masks and boxes); IoU/Dice and drops vs clean.",
@@ -111,7 +114,7 @@ def segmentation_family(model_id: str, trained: bool) -> list[dg.AssetsDefinitio
 
     @dg.asset(
         key=[model_id, "attack_predictions"], group_name="segmentation", kinds={"pytorch", "parquet"},
-        partitions_def=modality_severity_partitions, pool="gpu", op_tags=GPU_OP_TAGS,
+        partitions_def=modality_severity_partitions, pool="gpu", op_tags=GPU_OP_TAGS, tags=levels_tags,
         deps=[dg.AssetDep(clean_predictions, partition_mapping=by_modality)],
         description=f"{model_id}: L-inf FGSM and PGD in pixel space (eps = 2, 4, 6, 8, 10 /255 by severity; PGD "
                     "steps 3, 5, 7, 10, 15), model in eval mode, fixed box prompt, seeded random start.",
@@ -122,7 +125,7 @@ def segmentation_family(model_id: str, trained: bool) -> list[dg.AssetsDefinitio
 
         return _run_partition(context, suite, tracking, model_id, "attack", evaluate_attacks)
 
-    out.extend([clean_predictions, perturbed_predictions, attack_predictions])
+    out.extend([clean_predictions, perturbed_predictions] + ([attack_predictions] if attacks else []))
     return out
 
 
@@ -130,11 +133,14 @@ def segmentation_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinit
     @dg.asset(
         group_name="segmentation", kinds={"python", "png", "parquet"}, deps=upstream,
         description="Bootstrap CIs, paired Wilcoxon + Benjamini-Hochberg per (model, type, level) "
-                    "(table segmentation_stats) and robustness curves (IoU drop vs level per type), logged to MLflow.",
+                    "(table segmentation_stats), robustness curves (IoU drop vs level per type), and for every "
+                    "real-architecture model (LiteMedSAM, SAM, ...) its worst corruption types drawn on the image "
+                    "where they hurt most (table segmentation_examples), logged to MLflow.",
     )
     def segmentation_report(context: dg.AssetExecutionContext, suite: SuiteResource,
                             tracking: TrackingResource) -> dg.MaterializeResult:
         from medrobust_lib.report.figures.segmentation import robustness_curves
+        from medrobust_lib.tracks.segmentation.examples import write_examples
         from medrobust_lib.tracks.segmentation.stats import write_segmentation_stats
 
         s = suite.load()
@@ -142,7 +148,10 @@ def segmentation_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinit
             stats = write_segmentation_stats(s.results_dir, s.seed)
             paths = robustness_curves(stats, suite_paths(s).reports / "segmentation")
             tracking.log_files(run, paths, "curves")
-        meta: dict[str, Any] = {"n_stats_rows": len(stats)}
+            examples = write_examples(s)
+        meta: dict[str, Any] = {"n_stats_rows": len(stats), "n_worst_type_examples": len(examples)}
+        if len(examples):
+            meta["worst_types"] = markdown_table(examples.drop(columns=["png"]))
         if len(stats):
             top = (stats[stats["condition"] == "perturbation"].groupby(["model", "perturbation"])
                    [["iou_drop", "dice_drop"]].mean().sort_values("iou_drop", ascending=False).head(10).reset_index())

@@ -120,6 +120,31 @@ class Suite(BaseModel):
                              f"{self.perturbations.levels}")
         return self
 
+    def levels_for(self, tag: str | None) -> list[int]:
+        """The perturbed levels an asset covers, by its levels tag: None -> every perturbed level;
+        ``taxonomy`` -> :meth:`taxonomy_levels`; ``segmentation.<model id>`` -> that model's
+        ``levels`` (every perturbed level when it sets none)."""
+        if tag is None:
+            return list(self.perturbations.levels)
+        if tag == "taxonomy":
+            return self.taxonomy_levels()
+        if tag.startswith("segmentation."):
+            model_id = tag.partition(".")[2]
+            for m in self.segmentation.models:
+                if m.id == model_id:
+                    return [lv for lv in self.perturbations.levels if m.levels is None or lv in m.levels]
+            return list(self.perturbations.levels)
+        raise ValueError(f"unknown levels tag {tag!r}")
+
+    @model_validator(mode="after")
+    def _segmentation_levels_perturbed(self) -> Suite:
+        for m in self.segmentation.models:
+            extra = sorted(set(m.levels or ()) - set(self.perturbations.levels))
+            if extra:
+                raise ValueError(f"segmentation model {m.id!r}: levels {extra} are not perturbed: "
+                                 f"perturbations.levels is {self.perturbations.levels}")
+        return self
+
     def taxonomy_levels(self) -> list[int]:
         """The perturbed levels the taxonomy evaluates (``taxonomy.levels``, else every perturbed level)."""
         wanted = self.taxonomy.levels

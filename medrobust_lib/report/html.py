@@ -29,10 +29,23 @@ dl.meta dd { margin-left: 10em; } tr.floor td { color: #999; }
 
 @dataclass(frozen=True)
 class Figure:
-    """A PNG shown on the page: ``src`` relative to the page, ``caption`` under it."""
+    """A PNG shown on the page: ``src`` relative to the page, ``caption`` under it. ``section``: the
+    name of the table it belongs under (None: the Figures section at the end); ``vector``: PDF and
+    SVG twins exist beside the PNG."""
 
     src: str
     caption: str
+    section: str | None = None
+    vector: bool = True
+
+
+def _figure_html(f: Figure) -> str:
+    esc = html.escape
+    stem = f.src.rsplit(".", 1)[0]
+    vector = (f' <span class="links">(<a href="{esc(stem)}.pdf">PDF</a>, <a href="{esc(stem)}.svg">SVG</a>)</span>'
+              if f.vector else "")
+    return (f'<figure><img src="{esc(f.src)}" alt="{esc(f.caption)}">'
+            f"<figcaption>{esc(f.caption)}{vector}</figcaption></figure>")
 
 
 def table_html(table: ReportTable) -> str:
@@ -62,7 +75,7 @@ def render_page(title: str, meta: Mapping[str, str], tables: Sequence[ReportTabl
     if tables:
         parts.append("<h2>Contents</h2><ul>")
         parts += [f'<li><a href="#{esc(t.name)}">{esc(t.title)}</a></li>' for t in tables]
-        if figures:
+        if any(f.section not in {t.name for t in tables} for f in figures):
             parts.append('<li><a href="#figures">Figures</a></li>')
         parts.append("</ul>")
     for t in tables:
@@ -72,13 +85,12 @@ def render_page(title: str, meta: Mapping[str, str], tables: Sequence[ReportTabl
                   f'<div class="scroll">{table_html(t)}</div>']
         if t.note:
             parts.append(f'<p class="note">{esc(t.note)}</p>')
-    if figures:
+        parts += [_figure_html(f) for f in figures if f.section == t.name]
+    placed = {t.name for t in tables}
+    rest = [f for f in figures if f.section not in placed]
+    if rest:
         parts.append('<h2 id="figures">Figures</h2>')
-        for f in figures:
-            stem = f.src.rsplit(".", 1)[0]
-            vector = f' <span class="links">(<a href="{esc(stem)}.pdf">PDF</a>, <a href="{esc(stem)}.svg">SVG</a>)</span>'
-            parts.append(f'<figure><img src="{esc(f.src)}" alt="{esc(f.caption)}">'
-                         f"<figcaption>{esc(f.caption)}{vector}</figcaption></figure>")
+        parts += [_figure_html(f) for f in rest]
     if skipped:
         parts.append('<h2 id="skipped">Not produced</h2><ul>')
         parts += [f"<li><b>{esc(k)}</b>: {esc(v)}</li>" for k, v in skipped.items()]

@@ -40,6 +40,8 @@ from medrobust_lib.store.tracking import log_artifact, log_metrics, tracked_run
 EXPERIMENT = "reports"
 """MLflow experiment of the report runs (a suite's own is ``paths.experiment_name(suite, EXPERIMENT)``)."""
 MANIFEST = ".medrobust_report.json"
+EXAMPLE_PREFIX = "worst_"
+"""File-name prefix of the worst-type example panels (shown under the real-model table, PNG only)."""
 TABLE_FORMATS: tuple[str, ...] = ("csv", "md", "tex")
 TRACKS: dict[str, tuple[str, str]] = {
     "segmentation": ("segmentation_results", "model"),
@@ -49,7 +51,7 @@ TRACKS: dict[str, tuple[str, str]] = {
 }
 """Track -> (relation, id column) that lists the track's model (or configuration) ids."""
 TABLE_TRACK: dict[str, str] = {
-    "segmentation_summary": "segmentation", "segmentation_by_level": "segmentation",
+    "real_model_worst_types": "segmentation", "segmentation_summary": "segmentation", "segmentation_by_level": "segmentation",
     "strategy_ranking": "strategies", "vlm_task_drops": "vlm", "taxonomy_quadrants": "taxonomy",
     "taxonomy_correlation": "taxonomy",
 }
@@ -129,6 +131,7 @@ def _clear_previous(out: Path) -> None:
 def _tables(con: duckdb.DuckDBPyConnection, sel: dict[str, list[str] | None], available: dict[str, list[str]],
             seed: int, include_floor: bool = False) -> tuple[list[ReportTable], dict[str, str]]:
     builders: dict[str, Callable[[list[str] | None], pt.TableResult]] = {
+        "real_model_worst_types": lambda ids: pt.real_model_worst_types(con, ids, include_floor),
         "segmentation_summary": lambda ids: pt.segmentation_summary(con, ids, include_floor),
         "segmentation_by_level": lambda ids: pt.segmentation_by_level(con, ids, include_floor),
         "strategy_ranking": lambda ids: pt.strategy_ranking(con, ids, include_floor),
@@ -162,6 +165,11 @@ def _figures(con: duckdb.DuckDBPyConnection, tables: dict[str, ReportTable], sel
 
     out: list[tuple[Path, str]] = []
     skipped: dict[str, str] = {}
+    examples = _example_figures(con, sel["segmentation"], fig_dir)
+    if examples:
+        out += examples
+    else:
+        skipped["worst-type examples"] = "no segmentation_examples rows (no real-architecture model evaluated)"
     seg = tables.get("segmentation_by_level")
     if seg is not None:
         # the figures' means leave floor datasets out (as the summary table does) unless asked.
@@ -206,6 +214,29 @@ def _figures(con: duckdb.DuckDBPyConnection, tables: dict[str, ReportTable], sel
     else:
         skipped["quadrant bars and flip-rate scatter"] = "no taxonomy_quadrants table"
     return out, skipped
+
+
+def _example_figures(con: duckdb.DuckDBPyConnection, models: list[str] | None, fig_dir: Path
+                     ) -> list[tuple[Path, str]]:
+    """The ``segmentation_examples`` panels (PNG bytes stored by the segmentation report) of the
+    selected models, written as ``worst_<model>_<type>_L<level>.png``, worst first, with captions."""
+    if not pt.relation_exists(con, "segmentation_examples"):
+        return []
+    where, params = pt.where_in("model", models)
+    rows = con.execute(f"""select model, perturbation, level, modality, dataset, sample_id, mean_iou_drop, clean_iou,
+                                  iou, ssim, png
+                           from segmentation_examples where {where} and png is not null
+                           order by model, mean_iou_drop desc, perturbation, level""", params).fetchall()
+    out: list[tuple[Path, str]] = []
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    for model, pert, level, modality, ds, sid, mean_drop, ciou, piou, ssim, png in rows:
+        p = fig_dir / f"{EXAMPLE_PREFIX}{re.sub(r'[^A-Za-z0-9_.-]', '_', f'{model}_{pert}_L{level}')}.png"
+        p.write_bytes(bytes(png))
+        out.append((p, f"{model}, {pert} at level {level} (mean IoU drop {mean_drop:.3f} over its images): the image "
+                       f"where it hurt most, {ds}/{sid} ({modality}, SSIM {ssim:.3f}). Left to right: clean image "
+                       f"with its box prompt, ground truth, clean prediction (IoU {ciou:.3f}), perturbed image, "
+                       f"perturbed prediction (IoU {piou:.3f})."))
+    return out
 
 
 def _incomplete(con: duckdb.DuckDBPyConnection) -> str:
@@ -280,8 +311,13 @@ def build_report(mart_path: str | Path = "var/marts.duckdb", out_dir: str | Path
     }
     meta["Left out (error share above max_error_share; re-run them)"] = incomplete
     all_skipped = {**skipped, **fig_skipped}
-    page = render_page("medrobust robustness report", meta, tables, links,
-                       [Figure(p.relative_to(out).as_posix(), cap) for p, cap in figures], all_skipped)
+    shown_figures = []
+    for p, cap in figures:
+        lead = p.name.startswith(EXAMPLE_PREFIX) and "real_model_worst_types" in links
+        shown_figures.append(Figure(p.relative_to(out).as_posix(), cap,
+                                    section="real_model_worst_types" if lead else None,
+                                    vector=not p.name.startswith(EXAMPLE_PREFIX)))
+    page = render_page("medrobust robustness report", meta, tables, links, shown_figures, all_skipped)
     html_path = out / "index.html"
     html_path.write_text(page, encoding="utf-8")
     written.append(html_path)

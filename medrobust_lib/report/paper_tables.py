@@ -573,3 +573,59 @@ def _recomputed_correlation(con: duckdb.DuckDBPyConnection, configs: list[str], 
     out = corr[corr["scope"] == HEADLINE][list(_CORR_COLUMNS)].copy()
     out["source"] = f"recomputed ({', '.join(configs)})"
     return out.reset_index(drop=True)
+
+
+BY_MODALITY_VIEW = "segmentation_by_modality"
+
+
+def real_models(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None) -> list[str]:
+    """Segmentation models (of the selection) with a real architecture: ``arch`` is not the demo's
+    from-scratch ``tiny`` (LiteMedSAM, SAM ViT-B/L/H, MedSAM, SAM-Med2D and their fine-tunes)."""
+    if not relation_exists(con, "segmentation_results") or "arch" not in relation_columns(con, "segmentation_results"):
+        return []
+    where, params = where_in("model", models)
+    rows = con.execute(f"select distinct model from segmentation_results where {where} and arch is not null "
+                       "and arch <> 'tiny' order by model", params).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def real_model_worst_types(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None,
+                           include_floor: bool = False) -> TableResult:
+    """What hurts the real models most: per real model (:func:`real_models`) and level, every
+    corruption type ranked by mean paired IoU drop (1 = worst) with its bootstrap 95 % CI (from
+    ``segmentation_by_level``), the clean IoU of the same images, and the mean IoU drop per
+    modality (``segmentation_by_modality``) as one column per modality, ``n`` images in brackets."""
+    real = real_models(con, models)
+    if not real:
+        return "no segmentation rows of a real architecture (every evaluated model is the demo's tiny SAM)"
+    where, params = where_in("model", real)
+    suffix = ALL_SUFFIX if include_floor else ""
+    df = con.execute(f"""
+        select model, level, perturbation, n, iou_drop, iou_drop_ci_low, iou_drop_ci_high, clean_iou, iou,
+               rank() over (partition by model, level order by iou_drop desc nulls last) as rank
+        from {BY_LEVEL_VIEW}{suffix} where condition = 'perturbation' and {where}
+        order by model, level, rank, perturbation""", params).df()
+    if df.empty:
+        return "no perturbed rows for the real models"
+    mod = con.execute(f"""
+        select model, level, perturbation, modality, iou_drop, n_ok
+        from {BY_MODALITY_VIEW}{suffix} where condition = 'perturbation' and {where}""", params).df()
+    modalities = sorted(mod["modality"].unique()) if len(mod) else []
+    for m in modalities:
+        sub = mod[mod["modality"] == m].set_index(["model", "level", "perturbation"])
+        key = df.set_index(["model", "level", "perturbation"]).index
+        df[f"drop_{m}"] = sub["iou_drop"].reindex(key).to_numpy()
+        df[f"n_{m}"] = sub["n_ok"].reindex(key).to_numpy()
+        df[f"cell_{m}"] = [
+            "–" if pd.isna(d) else f"{d:.3f} ({int(n)})" for d, n in zip(df[f"drop_{m}"], df[f"n_{m}"], strict=True)]
+    cols = [Column("Model", "model"), Column("Level", "level", "int"), Column("Rank", "rank", "int"),
+            Column("Corruption", "perturbation"), Column("n", "n", "int"), Column("Clean IoU", "clean_iou", "float"),
+            Column("IoU drop [95% CI]", "iou_drop", "ci", "iou_drop_ci_low", "iou_drop_ci_high"),
+            *[Column(m, f"cell_{m}") for m in modalities]]
+    return ReportTable(
+        "real_model_worst_types", "What hurts the real model most: corruption types ranked by IoU drop", df,
+        tuple(cols),
+        "Real architectures only (not the demo's from-scratch tiny SAM). Drop = clean minus perturbed IoU, paired "
+        "per image; 95% CI: percentile bootstrap over images (pooled over modalities). Modality columns: mean "
+        "IoU drop on that modality's images (number of images in brackets; no CI: too few images per cell).",
+        group_by=("model", "level"))

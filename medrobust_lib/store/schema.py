@@ -192,8 +192,16 @@ MART_TABLES: list[MartTable] = [
         ("level", "INTEGER"), ("strength", "DOUBLE"), ("ssim", "DOUBLE"), ("epsilon", "DOUBLE"), ("iou", "DOUBLE"),
         ("dice", "DOUBLE"), ("clean_iou", "DOUBLE"), ("clean_dice", "DOUBLE"), ("iou_drop", "DOUBLE"),
         ("dice_drop", "DOUBLE"), ("prompt", "VARCHAR"), ("status", "VARCHAR"), ("error", "VARCHAR"),
-        ("empty_gt_policy", "VARCHAR"),
-    ), "one row per (model, image, condition): IoU/Dice and signed drops vs clean"),
+        ("empty_gt_policy", "VARCHAR"), ("precision", "VARCHAR"), ("family", "VARCHAR"), ("arch", "VARCHAR"),
+    ), "one row per (model, image, condition): IoU/Dice and signed drops vs clean; precision: the model's "
+       "arithmetic (fp32, bf16-autocast); family / arch: the adapter family and architecture (arch 'tiny': "
+       "the demo's from-scratch SAM; every other arch is a real architecture)"),
+    MartTable("segmentation_examples", (
+        ("model", "VARCHAR"), ("perturbation", "VARCHAR"), ("level", "INTEGER"), ("modality", "VARCHAR"),
+        ("dataset", "VARCHAR"), ("sample_id", "VARCHAR"), ("mean_iou_drop", "DOUBLE"), ("clean_iou", "DOUBLE"),
+        ("iou", "DOUBLE"), ("ssim", "DOUBLE"), ("png", "BLOB"),
+    ), "per real-architecture model, its worst (type, level) cells by mean IoU drop and in each the image "
+       "where it hurt most: clean image, ground truth, clean and perturbed predictions side by side (PNG)"),
     MartTable("segmentation_stats", (
         ("model", "VARCHAR"), ("checkpoint", "VARCHAR"), ("strategy", "VARCHAR"), ("condition", "VARCHAR"),
         ("perturbation", "VARCHAR"), ("level", "INTEGER"), ("n", "INTEGER"), ("iou", "DOUBLE"), ("dice", "DOUBLE"),
@@ -272,7 +280,7 @@ MART_TABLES.append(MartTable(
 _ARROW_TYPES: dict[str, pa.DataType] = {
     "VARCHAR": pa.string(), "DOUBLE": pa.float64(), "FLOAT": pa.float32(), "BIGINT": pa.int64(),
     "INTEGER": pa.int32(), "SMALLINT": pa.int16(), "BOOLEAN": pa.bool_(), "TIMESTAMP": pa.timestamp("us"),
-    "DATE": pa.date32(),
+    "DATE": pa.date32(), "BLOB": pa.binary(),
 }
 
 

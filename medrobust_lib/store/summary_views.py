@@ -181,8 +181,31 @@ def strategy_ranking(include_floor: bool) -> str:
         order by model, kind, rank, strategy"""
 
 
+def segmentation_by_modality(include_floor: bool) -> str:
+    """Per (model, checkpoint, strategy, condition, perturbation, level, modality) of the non-clean
+    rows: ``n`` (rows), ``n_ok``, mean IoU / Dice drops and clean scores of the ok rows, the model's
+    ``family`` and ``arch`` (``real_architecture``: arch is not the demo's ``tiny``), coverage
+    columns. The per-modality breakdown of ``segmentation_by_level`` (no CIs: a modality's cell is
+    often a handful of images)."""
+    return f"""
+        with {seg_rows_ctes(include_floor)}
+        select model, checkpoint, strategy, condition, perturbation, level, modality,
+               count(*) as n, count(*) filter (where status = 'ok') as n_ok,
+               avg(iou_drop) filter (where status = 'ok') as iou_drop,
+               avg(dice_drop) filter (where status = 'ok') as dice_drop,
+               avg(clean_iou) filter (where status = 'ok') as clean_iou,
+               avg(clean_dice) filter (where status = 'ok') as clean_dice,
+               any_value(family) as family, any_value(arch) as arch,
+               coalesce(any_value(arch), 'tiny') <> 'tiny' as real_architecture,
+               cast(count(distinct dataset) as bigint) as n_datasets
+        from seg_rows where condition <> 'clean'
+        group by model, checkpoint, strategy, condition, perturbation, level, modality
+        order by model, strategy, condition, perturbation, level, modality"""
+
+
 _BUILDERS = {
     "segmentation_by_level": segmentation_by_level,
+    "segmentation_by_modality": segmentation_by_modality,
     "segmentation_summary": segmentation_summary,
     "segmentation_top_corruptions": segmentation_top_corruptions,
     RANKING_VIEW: strategy_ranking,
@@ -195,4 +218,4 @@ SUMMARY_VIEWS: dict[str, str] = {
 
 
 __all__ = ["ALL_SUFFIX", "FLOOR_NOTE", "LEVELS_NOTE", "LEVELS_NOTE_TAIL", "SUMMARY_VIEWS", "segmentation_by_level",
-           "segmentation_summary", "segmentation_top_corruptions", "strategy_ranking"]
+           "segmentation_by_modality", "segmentation_summary", "segmentation_top_corruptions", "strategy_ranking"]

@@ -33,7 +33,7 @@ SEG_MODELS = ("sam_a", "sam_b")
 VLM_MODELS = ("vlm_a", "vlm_b")
 CONFIGS = ("cfg_a", "cfg_b", "cfg_c")
 TYPES = ("gaussian_noise", "motion_blur")
-ALL_TABLES = ("segmentation_summary", "segmentation_by_level", "strategy_ranking", "vlm_task_drops",
+ALL_TABLES = ("real_model_worst_types", "segmentation_summary", "segmentation_by_level", "strategy_ranking", "vlm_task_drops",
               "taxonomy_quadrants", "taxonomy_correlation")
 
 
@@ -47,7 +47,8 @@ def _seg_rows() -> pd.DataFrame:
             ciou = 0.6 + 0.05 * s - 0.1 * mi
             base = {"model": model, "checkpoint": f"ck{mi}", "strategy": "pretrained", "dataset": "d1",
                     "modality": "ct", "sample_id": f"s{s}", "prompt": "box", "error": None,
-                    "empty_gt_policy": "both_empty_1_else_0", "clean_iou": ciou, "clean_dice": 2 * ciou / (1 + ciou)}
+                    "empty_gt_policy": "both_empty_1_else_0", "clean_iou": ciou, "clean_dice": 2 * ciou / (1 + ciou),
+                    "family": "sam", "arch": "vit_b" if model == "sam_a" else "tiny", "precision": "fp32"}
             rows.append({**base, "condition": "clean", "perturbation": "clean", "level": 0, "iou": ciou,
                          "dice": base["clean_dice"], "iou_drop": 0.0, "dice_drop": 0.0, "status": "ok"})
             for cond, ptype in [("perturbation", TYPES[0]), ("perturbation", TYPES[1]), ("fgsm", "fgsm")]:
@@ -115,6 +116,16 @@ def _strategy_rows() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _example_rows() -> pd.DataFrame:
+    """One worst-type panel of the real-architecture model ``sam_a`` (a 4 x 4 PNG)."""
+    import cv2
+
+    png = cv2.imencode(".png", np.zeros((4, 4, 3), np.uint8))[1].tobytes()
+    return pd.DataFrame([{"model": "sam_a", "perturbation": TYPES[1], "level": 2, "modality": "ct", "dataset": "d1",
+                          "sample_id": "s3", "mean_iou_drop": 0.09, "clean_iou": 0.75, "iou": 0.6, "ssim": 0.85,
+                          "png": png}])
+
+
 def _declared(name: str) -> list[tuple[str, str]]:
     return list(next(t.columns for t in MART_TABLES if t.name == name))
 
@@ -134,8 +145,9 @@ def make_mart(path: Path, with_strategy: bool = True) -> Path:
         _create(con, "segmentation_stats", _declared("segmentation_stats"), segmentation_stats(seg, seed=0))
         manifest = pd.DataFrame({"perturbation": list(TYPES), "family": ["noise", "blur"]})
         _create(con, "perturbation_manifest", _declared("perturbation_manifest"), manifest)
-        for view in ("segmentation_by_level", "segmentation_summary"):
+        for view in ("segmentation_by_level", "segmentation_summary", "segmentation_by_modality"):
             con.execute(f"create view {view} as {MART_VIEWS[view]}")
+        _create(con, "segmentation_examples", _declared("segmentation_examples"), _example_rows())
         vlm = _vlm_rows()  # noqa: F841 - read by DuckDB's replacement scan
         con.execute("create table vlm_task_drops as select * from vlm")
         _create(con, "taxonomy_results", _declared("taxonomy_results"), tax)
@@ -197,7 +209,20 @@ def test_writes_every_table_in_three_formats_and_the_figures(report: ReportSumma
         assert {f"{m}_iou_curves.png", f"{m}_iou_drop_by_family.png", f"{m}_iou_drop_heatmap.png",
                 f"{m}_dice_drop_heatmap.png"} <= names
     assert {"strategy_iou_drop.png", "taxonomy_flip_vs_dangerous.png", "taxonomy_quadrants_clean_none.png",
-            "taxonomy_quadrants_by_level_none.png"} <= names
+            "taxonomy_quadrants_by_level_none.png", f"worst_sam_a_{TYPES[1]}_L2.png"} <= names
+
+
+def test_the_first_section_is_the_real_models(report: ReportSummary) -> None:
+    worst = _csv(report, "real_model_worst_types")
+    assert set(worst["model"]) == {"sam_a"}  # sam_b is the demo's tiny architecture
+    for _, g in worst.groupby("level"):
+        assert list(g["rank"]) == list(range(1, len(g) + 1))
+        assert g["iou_drop"].is_monotonic_decreasing
+    assert {"cell_ct"} <= set(worst.columns)
+    page = report.html.read_text()
+    first, panel = page.index('id="real_model_worst_types"'), page.index(f"figures/worst_sam_a_{TYPES[1]}_L2.png")
+    assert first < panel < page.index('id="segmentation_summary"')
+    assert (report.out_dir / "figures" / f"worst_sam_a_{TYPES[1]}_L2.png").read_bytes()[:4] == b"\x89PNG"
     for p in report.figures:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.parent == report.out_dir / "figures"
     assert report.mlflow_run_id is None and report.seconds > 0
@@ -409,6 +434,8 @@ def test_html_shows_every_table_and_figure(report: ReportSummary, mart: Path) ->
     assert report.html == report.out_dir / "index.html"
     for p in (report.out_dir / "figures").glob("*.png"):
         assert f'<img src="figures/{p.name}"' in page
+        if p.name.startswith("worst_"):  # the worst-type panels are PNG only (stored in the mart)
+            continue
         assert f'href="figures/{p.stem}.pdf"' in page and f'href="figures/{p.stem}.svg"' in page
         assert p.with_suffix(".pdf").is_file() and p.with_suffix(".svg").is_file()
     assert page.count("<img ") == len(report.figures)

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from medrobust_lib.config import Suite
-from medrobust_lib.config.segmentation import SegmentationConfig, SegModelConfig
+from medrobust_lib.config.segmentation import PACKAGE_CHECKPOINT, SegmentationConfig, SegModelConfig
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.lru import LRU, file_stamp
 from medrobust_lib.metrics.segmentation import EMPTY_GT_POLICY, dice, iou
@@ -28,7 +28,7 @@ EVAL_VERSION = 1
 RESULT_COLUMNS: tuple[str, ...] = (
     "model", "checkpoint", "strategy", "dataset", "modality", "sample_id", "condition", "perturbation", "level",
     "strength", "ssim", "epsilon", "iou", "dice", "clean_iou", "clean_dice", "iou_drop", "dice_drop", "prompt",
-    "status", "error", "empty_gt_policy",
+    "status", "error", "empty_gt_policy", "precision", "family", "arch",
 )
 
 
@@ -77,6 +77,10 @@ def resolve_checkpoint(suite: Suite, m: SegModelConfig) -> Path:
         return p
     if m.checkpoint is None:
         raise ValueError(f"segmentation model {m.id!r} names no checkpoint")
+    if m.checkpoint == PACKAGE_CHECKPOINT:
+        from medrobust_lib.models.litemedsam import packaged_checkpoint, verify_packaged_checkpoint
+
+        return verify_packaged_checkpoint(packaged_checkpoint())
     if m.checkpoint.startswith("models:/"):
         return registry.resolve_model_uri(m.checkpoint, registry.mlruns_dir())
     return Path(m.checkpoint)
@@ -176,25 +180,43 @@ def _score(prob: np.ndarray, gt: np.ndarray) -> tuple[float, float]:
     return iou(pred, gt), dice(pred, gt)
 
 
-def _base_row(m: SegModelConfig, ckpt: str, s: Sample, condition: str, prompt: str) -> dict[str, Any]:
-
+def _base_row(m: SegModelConfig, ckpt: str, s: Sample, condition: str, prompt: str,
+              precision: str = "fp32") -> dict[str, Any]:
+    """A result row without scores yet. ``precision``: the model's arithmetic (``fp32``,
+    ``bf16-autocast``: :attr:`~medrobust_lib.models.sam.SamSegmenter.precision`)."""
     return {"model": m.id, "checkpoint": ckpt, "strategy": m.strategy, "dataset": s.dataset, "modality": s.modality,
             "sample_id": s.sample_id, "condition": condition, "perturbation": condition, "level": 0,
             "strength": None, "ssim": None, "epsilon": None, "iou": float("nan"), "dice": float("nan"),
             "clean_iou": float("nan"), "clean_dice": float("nan"), "iou_drop": float("nan"),
             "dice_drop": float("nan"), "prompt": prompt, "status": "ok", "error": None,
-            "empty_gt_policy": EMPTY_GT_POLICY}
+            "empty_gt_policy": EMPTY_GT_POLICY, "precision": precision, "family": m.family, "arch": m.arch}
 
 
 def _error_row(m: SegModelConfig, ckpt: str, key: tuple[str, str], modality: str, condition: str, prompt: str,
-               reason: str) -> dict[str, Any]:
+               reason: str, precision: str = "fp32") -> dict[str, Any]:
     """The ``error`` row of a sample that cannot be used now (missing, quarantined since the clean
     index or manifest was built): no scores, counted in ``n_failed``, ``error`` says why."""
     from medrobust_lib.tracks.datasets import placeholder_sample
 
-    r = _base_row(m, ckpt, placeholder_sample(key, modality), condition, prompt)
+    r = _base_row(m, ckpt, placeholder_sample(key, modality), condition, prompt, precision)
     r.update(status=ERROR_OUTCOME, error=reason)
     return r
+
+
+def _precision(model: Any) -> str:
+    """The model's ``precision`` (``fp32`` for a model that does not say)."""
+    return str(getattr(model, "precision", "fp32"))
+
+
+def perturbed_keys(suite: Suite, m: SegModelConfig, modality: str, keys: Iterable[tuple[str, str]]
+                   ) -> set[tuple[str, str]] | None:
+    """The (dataset, sample id) keys of ``keys`` that the perturbed and attack evaluations of ``m``
+    cover: the first ``m.max_perturbed_per_modality`` in sorted order, or None (all) when the model
+    sets no cap."""
+    cap = m.max_perturbed_per_modality
+    if cap is None:
+        return None
+    return set(sorted(set(keys))[:cap])
 
 
 def _predict_timed(model: Any, images: Sequence[np.ndarray], boxes: Sequence[np.ndarray], summary: EvalSummary,
@@ -271,7 +293,7 @@ def evaluate_clean(suite: Suite, model_id: str | SegModelConfig, modality: str, 
                       _score_items(model, (_item(s, sc.prompt) for s in with_mask),
                                    summary, m.batch_size), strict=True))
     for s in samples:
-        r = _base_row(m, model.checkpoint_hash, s, "clean", sc.prompt.protocol)
+        r = _base_row(m, model.checkpoint_hash, s, "clean", sc.prompt.protocol, _precision(model))
         r["sample_sha256"] = s.content_hash()
         if s.mask is None:
             r.update(status="no_mask", error="sample has no ground-truth mask")
@@ -280,10 +302,10 @@ def evaluate_clean(suite: Suite, model_id: str | SegModelConfig, modality: str, 
             r["clean_iou"], r["clean_dice"] = r["iou"], r["dice"]
             r["iou_drop"] = r["dice_drop"] = 0.0
         rows.append(r)
-    rows += [_error_row(m, model.checkpoint_hash, key, modality, "clean", sc.prompt.protocol, reason)
+    rows += [_error_row(m, model.checkpoint_hash, key, modality, "clean", sc.prompt.protocol, reason, _precision(model))
              for key, reason in sorted(ev.unusable.items())]
     fp = results.fingerprint([EVAL_VERSION, model.checkpoint_hash, sc.prompt.protocol,
-                              sorted((s.sample_id, s.content_hash()) for s in samples)])
+                              sorted((s.sample_id, s.content_hash()) for s in samples), _precision(model)])
     # the sample hash is the clean-prediction cache key; keep it in the chunk
     _write(suite, _partition(m, "clean", modality, 0), rows, fp, RESULT_COLUMNS + ("sample_sha256",))
     summary.clean_cache_misses = len(samples)
@@ -371,22 +393,25 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
         manifest = manifest[keep]
     ev = eval_samples(suite, modality, sc.split)
     samples = ev.samples
+    covered = perturbed_keys(suite, m, modality, set(samples) | set(ev.unusable))
     cache = CleanCache(suite, m, modality, model, sc.prompt, summary)
     rows: list[dict[str, Any]] = []
     todo: list[tuple[dict[str, Any], dict[str, Any], Sample]] = []
     for rec in manifest.to_dict("records"):
         mr = {str(k): v for k, v in rec.items()}
         key = (str(mr["dataset"]), str(mr["sample_id"]))
+        if covered is not None and key not in covered:
+            continue  # beyond the model's max_perturbed_per_modality
         s = samples.get(key)
         if s is None:
             reason = ev.reason(key)
             if reason is None:
                 continue  # the manifest covers another split than this evaluation
-            r = _error_row(m, model.checkpoint_hash, key, modality, "perturbation", sc.prompt.protocol, reason)
+            r = _error_row(m, model.checkpoint_hash, key, modality, "perturbation", sc.prompt.protocol, reason, _precision(model))
             r.update(perturbation=mr["perturbation"], level=level, strength=mr["strength"], ssim=mr["ssim"])
             rows.append(r)
             continue
-        r = _base_row(m, model.checkpoint_hash, s, "perturbation", sc.prompt.protocol)
+        r = _base_row(m, model.checkpoint_hash, s, "perturbation", sc.prompt.protocol, _precision(model))
         r.update(perturbation=mr["perturbation"], level=level, strength=mr["strength"], ssim=mr["ssim"])
         rows.append(r)
         if mr["status"] != "ok":
@@ -418,7 +443,8 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
         _with_clean(r, cache.get(samples[(r["dataset"], r["sample_id"])]))
     fp = results.fingerprint([EVAL_VERSION, model.checkpoint_hash, sc.prompt.protocol, level,
                               sorted(manifest["sha256"].dropna()) if len(manifest) else [],
-                              sorted(perturbations) if perturbations is not None else None])
+                              sorted(perturbations) if perturbations is not None else None,
+                              sorted(covered) if covered is not None else None, _precision(model)])
     _write(suite, _partition(m, "perturbation", modality, level), rows, fp)
     summary.total_seconds = time.perf_counter() - t0
     return _summarize(rows, summary)
@@ -443,7 +469,11 @@ def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str
     samples = [s for s in clean_samples(suite, modality, sc.split).values() if s.mask is not None and s.mask.any()]
     if sc.attacks.max_samples is not None:
         samples = samples[: sc.attacks.max_samples]
-    unusable = eval_samples(suite, modality, sc.split).unusable if sc.attacks.max_samples is None else {}
+    keep = perturbed_keys(suite, m, modality, [(s.dataset, s.sample_id) for s in samples])
+    if keep is not None:
+        samples = [s for s in samples if (s.dataset, s.sample_id) in keep]
+    capped = sc.attacks.max_samples is not None or keep is not None
+    unusable = eval_samples(suite, modality, sc.split).unusable if not capped else {}
     cache = CleanCache(suite, m, modality, model, sc.prompt, summary)
     cache.fill(samples)
     rows: list[dict[str, Any]] = []
@@ -476,17 +506,17 @@ def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str
                                                  [np.asarray(s.mask) for s in batch], strict=True),
                                       summary, m.batch_size)
                 for s, (iou_v, dice_v) in zip(batch, scores, strict=True):
-                    r = _base_row(m, model.checkpoint_hash, s, kind, sc.prompt.protocol)
+                    r = _base_row(m, model.checkpoint_hash, s, kind, sc.prompt.protocol, _precision(model))
                     r.update(perturbation=kind, level=level, epsilon=acfg.epsilon)
                     r["iou"], r["dice"] = iou_v, dice_v
                     _with_clean(r, cache.get(s))
                     rows.append(r)
         for key, reason in sorted(unusable.items()):
-            r = _error_row(m, model.checkpoint_hash, key, modality, kind, sc.prompt.protocol, reason)
+            r = _error_row(m, model.checkpoint_hash, key, modality, kind, sc.prompt.protocol, reason, _precision(model))
             r.update(level=level, epsilon=acfg.epsilon)
             rows.append(r)
     fp = results.fingerprint([EVAL_VERSION, model.checkpoint_hash, sc.prompt.protocol, level, sc.attacks.model_dump(),
-                              sorted((s.sample_id, s.content_hash()) for s in samples)])
+                              sorted((s.sample_id, s.content_hash()) for s in samples), _precision(model)])
     _write(suite, _partition(m, "attack", modality, level), rows, fp)
     summary.total_seconds = time.perf_counter() - t0
     return _summarize(rows, summary)
