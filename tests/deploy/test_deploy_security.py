@@ -152,8 +152,9 @@ def test_network_policies_limit_the_webserver_and_the_code_location() -> None:
     doc = _yaml(DEPLOY / "helm" / "networkpolicy.yaml")
     policies = {p["metadata"]["name"]: p["spec"] for p in doc["items"] if p["kind"] == "NetworkPolicy"}
     web, code = policies["medrobust-dagster-webserver"], policies["medrobust-code-location"]
-    assert web["podSelector"]["matchLabels"]["component"] == "dagster-webserver"
-    assert code["podSelector"]["matchLabels"]["component"] == "user-deployments"
+    # which pods these select: tests/deploy/test_networkpolicy_selects.py
+    assert web["podSelector"]["matchLabels"]["medrobust.io/component"] == "dagster-webserver"
+    assert code["podSelector"]["matchLabels"]["medrobust.io/code-location"] == "medrobust"
     for spec in (web, code):
         assert spec["policyTypes"] == ["Ingress"]
         for rule in spec["ingress"]:
