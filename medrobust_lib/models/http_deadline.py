@@ -23,7 +23,6 @@ pass ``trust_env=False`` too): a request goes straight to its URL's host.
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import ssl
 import threading
@@ -56,11 +55,11 @@ class Watch:
         """Seconds left (negative once passed)."""
         return self.deadline - time.monotonic()
 
-    def cut(self, timeout: float | None) -> float:
-        """``timeout`` cut to the time left; raises ``httpcore.ReadTimeout`` when none is left."""
+    def cut(self, timeout: float | None, error: type[httpcore.TimeoutException] = httpcore.ReadTimeout) -> float:
+        """``timeout`` cut to the time left; raises ``error`` when none is left."""
         left = self.remaining()
         if left <= 0 or self.expired:
-            raise httpcore.ReadTimeout("request deadline passed")
+            raise error("request deadline passed")
         return left if timeout is None else min(timeout, left)
 
     def attach(self, stream: _WatchedStream) -> None:
@@ -105,21 +104,19 @@ class _WatchedStream(httpcore.NetworkStream):
     def __init__(self, inner: httpcore.NetworkStream) -> None:
         self._inner = inner
 
-    def _watch(self, timeout: float | None) -> float | None:
+    def _watch(self, timeout: float | None,
+               error: type[httpcore.TimeoutException] = httpcore.ReadTimeout) -> float | None:
         watch = _current()
         if watch is None:
             return timeout
         watch.attach(self)
-        return watch.cut(timeout)
+        return watch.cut(timeout, error)
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         return self._inner.read(max_bytes, self._watch(timeout))
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        watch = _current()
-        if watch is not None and (watch.expired or watch.remaining() <= 0):
-            raise httpcore.WriteTimeout("request deadline passed")
-        self._inner.write(buffer, self._watch(timeout))
+        self._inner.write(buffer, self._watch(timeout, httpcore.WriteTimeout))
 
     def close(self) -> None:
         self._inner.close()
@@ -133,23 +130,12 @@ class _WatchedStream(httpcore.NetworkStream):
 
     def shutdown(self) -> None:
         """Shut the connection down in both directions (wakes a read blocked in the kernel).
-        Works on a duplicate of the descriptor, so a concurrent close cannot hit a reused fd."""
+        Calls the plain socket's ``shutdown`` (on a TLS socket too, leaving its TLS state alone);
+        a socket already closed has no descriptor any more and is skipped."""
         sock = self._inner.get_extra_info("socket")
-        if sock is None:
-            return
-        try:
-            dup = socket.socket(fileno=_dup(sock.fileno()))
-        except OSError:
-            return  # already closed
-        with dup:
+        if isinstance(sock, socket.socket):
             with contextlib.suppress(OSError):
-                dup.shutdown(socket.SHUT_RDWR)
-
-
-def _dup(fd: int) -> int:
-    if fd < 0:
-        raise OSError("socket closed")
-    return os.dup(fd)
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
 
 class _WatchedBackend(httpcore.NetworkBackend):
@@ -160,7 +146,7 @@ class _WatchedBackend(httpcore.NetworkBackend):
                     socket_options: Iterable[SOCKET_OPTION] | None = None) -> httpcore.NetworkStream:
         watch = _current()
         if watch is not None:
-            timeout = watch.cut(timeout)
+            timeout = watch.cut(timeout, httpcore.ConnectTimeout)
         stream = _WatchedStream(self._inner.connect_tcp(host, port, timeout, local_address, socket_options))
         if watch is not None:
             watch.attach(stream)
