@@ -17,6 +17,7 @@ import json
 import logging
 import socket
 import sqlite3
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -185,6 +186,62 @@ def test_a_deadline_is_per_request_and_a_fast_answer_after_a_slow_one_still_work
     assert res is not None
     assert [r.outcome for r in res] == ["ok", "timeout", "ok"]
     assert [r.text for r in res] == ["re:a", None, "re:b"]
+
+
+def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 (and its key), made here with ``cryptography``."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+@pytest.mark.parametrize("drip", ["headers", "body"])
+def test_the_deadline_holds_over_tls(
+    raw_server: Callable[[Callable[[socket.socket, RawServer], None]], RawServer],
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, drip: str,
+) -> None:
+    """The same drips over https:// (the certificate is trusted through SSL_CERT_FILE): the
+    watched stream wraps the TLS socket too."""
+    cert, key = _self_signed(tmp_path)
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(cert, key)
+    inner = _drip_headers if drip == "headers" else _drip_body
+
+    def serve(conn: socket.socket, server: RawServer) -> None:
+        with server_ctx.wrap_socket(conn, server_side=True) as tls:
+            inner(tls, server)
+
+    server = raw_server(serve)
+    cfg = ApiVLMConfig(model="guard-vlm", base_url=f"https://127.0.0.1:{server.port}/v1", api_key_env=ENV,
+                       timeout_s=30.0, max_retries=0, deadline_s=1.0)
+    with ApiVLM(cfg) as vlm:
+        res, took = _bounded_generate(vlm, ["drip"], cfg.deadline_s + 1.0)
+        assert res is not None, f"the request was still running {took:.1f} s after start"
+        [r] = res
+        assert r.outcome == "timeout" and "deadline" in (r.error or ""), r
+        assert server.closed_by_client.wait(timeout=5)
+        assert KEY.encode() in bytes(server.received)  # the request did arrive, over TLS
 
 
 def _answer_ok(conn: socket.socket, server: RawServer) -> None:
