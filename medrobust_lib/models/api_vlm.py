@@ -26,8 +26,9 @@ the host is loopback (a local vLLM/TGI server), and proxy variables (``HTTP_PROX
 
 Limits: ``deadline_s`` bounds one request's whole life (every attempt and backoff wait; within an
 attempt connect, TLS, headers and the body to its last byte, enforced by a watchdog that closes
-the connection: :mod:`medrobust_lib.models.http_deadline`); past it the outcome is ``timeout``. ``max_response_bytes`` caps a response body
-(read streamed; a larger body is ``bad_response`` without being kept in memory).
+the connection: :mod:`medrobust_lib.models.http_deadline`); past it the outcome is ``timeout``.
+``max_response_bytes`` caps a response body (read streamed; a larger body is ``bad_response``
+without being kept in memory).
 
 Cache faults never lose an answer (:mod:`medrobust_lib.models.cache`): a failed read is a miss, a
 failed write after an HTTP 200 is a logged warning and the answer is returned as ``ok``.

@@ -7,14 +7,15 @@ a request's whole life instead:
 * :func:`deadline` opens a *watch* for the calling thread: every socket operation the transport
   makes for that thread (connect, TLS handshake, each read and write) gets its timeout cut to the
   time left, and an operation starting after the deadline raises a timeout at once;
-* a watchdog timer fires just after the deadline (:data:`WATCHDOG_GRACE_S`) and shuts down (``shutdown(SHUT_RDWR)``) every socket
-  the watched thread is using, so even an operation blocked in the kernel returns.
+* a watchdog timer fires just after the deadline (:data:`WATCHDOG_GRACE_S`) and shuts down
+  (``shutdown(SHUT_RDWR)``) every socket the watched thread is using, so even an operation
+  blocked in the kernel returns.
 
 Either way the request raises an ``httpx.TimeoutException``, or, when the watchdog's shutdown is
 seen first, ``httpx.TransportError`` or even a clean end of a close-delimited body: a caller
-checks :attr:`Watch.expired` after the last byte. The socket
-is closed: httpcore drops a connection whose response failed, so nothing of it returns to the pool.
-Not bounded: the DNS lookup inside ``connect`` (``getaddrinfo`` ignores socket timeouts).
+checks :attr:`Watch.expired` after the last byte. The socket is closed: httpcore drops a
+connection whose response failed, so nothing of it returns to the pool. Not bounded: the DNS
+lookup inside ``connect`` (``getaddrinfo`` ignores socket timeouts).
 
 The transport never reads proxy settings from the environment (the client that mounts it must
 pass ``trust_env=False`` too): a request goes straight to its URL's host.
