@@ -19,12 +19,16 @@ at ``retry_after_max_s``). Other 4xx are final. A 200 whose body is not a chat c
 
 The API key is read from the environment variable named by ``api_key_env`` when the adapter is
 built; it is never a config field and never appears in a repr, result, error string or log record
-(error strings are additionally scrubbed of it). A key is never sent in clear text: an ``http://``
-base URL with ``api_key_env`` set is refused unless the host is loopback (a local vLLM/TGI server).
+(every response body is scrubbed of it whole, before it is parsed, cut, cached or logged). A key
+is never sent in clear text: an ``http://`` base URL with ``api_key_env`` set is refused unless
+the host is loopback (a local vLLM/TGI server), and proxy variables (``HTTP_PROXY``, ``ALL_PROXY``,
+...) are ignored: requests go straight to the base URL's host.
 
-Limits: ``deadline_s`` bounds one request's whole life (every attempt, every backoff wait and the
-body download); past it the outcome is ``timeout``. ``max_response_bytes`` caps a response body
-(read streamed; a larger body is ``bad_response`` without being kept in memory).
+Limits: ``deadline_s`` bounds one request's whole life (every attempt and backoff wait; within an
+attempt connect, TLS, headers and the body to its last byte, enforced by a watchdog that closes
+the connection: :mod:`medrobust_lib.models.http_deadline`); past it the outcome is ``timeout``.
+``max_response_bytes`` caps a response body (read streamed; a larger body is ``bad_response``
+without being kept in memory).
 
 Cache faults never lose an answer (:mod:`medrobust_lib.models.cache`): a failed read is a miss, a
 failed write after an HTTP 200 is a logged warning and the answer is returned as ``ok``.
@@ -57,6 +61,7 @@ from PIL import Image
 
 from medrobust_lib.models.base import VisionLanguageEndpoint
 from medrobust_lib.models.cache import ResponseCache, cache_key
+from medrobust_lib.models.http_deadline import DeadlineTransport, deadline
 from medrobust_lib.seeding import rng_for
 
 if TYPE_CHECKING:
@@ -360,10 +365,11 @@ class ApiVLM:
                 raise ValueError(f"environment variable {config.api_key_env!r} (API key) is not set or empty")
             self._key = key
         self._url = config.base_url.rstrip("/") + "/chat/completions"
-        self._client = httpx.Client(
-            timeout=httpx.Timeout(config.timeout_s),
-            limits=httpx.Limits(max_connections=config.concurrency, max_keepalive_connections=config.concurrency),
-        )
+        limits = httpx.Limits(max_connections=config.concurrency, max_keepalive_connections=config.concurrency)
+        # trust_env=False: proxy variables (HTTP_PROXY, ALL_PROXY, ...) are ignored, so a keyed
+        # request goes only to its own host; DeadlineTransport bounds each request's whole life.
+        self._client = httpx.Client(timeout=httpx.Timeout(config.timeout_s), trust_env=False,
+                                    transport=DeadlineTransport(limits))
         self._cache = ResponseCache(config.cache_path) if config.cache_path else None
         self._lock = threading.Lock()
         self.http_calls = 0
@@ -536,26 +542,35 @@ class ApiVLM:
 
     def _post(self, payload: dict[str, Any], headers: dict[str, str],
               remaining: float) -> tuple[int, bytes, httpx.Headers]:
-        """One POST, streamed: (status, body bytes, headers). The per-phase timeout is cut to the
-        time left before the deadline; a body over ``max_response_bytes`` (declared or read) raises
-        :class:`_BodyTooLarge`, a body still arriving at the deadline ``httpx.ReadTimeout``."""
+        """One POST, streamed: (status, body bytes with the key scrubbed, headers). Connect,
+        headers and body together must finish within ``remaining`` seconds (a watchdog closes the
+        connection then: :mod:`medrobust_lib.models.http_deadline`), else ``httpx.ReadTimeout``;
+        each phase also obeys ``timeout_s``. A body over ``max_response_bytes`` (declared or read)
+        raises :class:`_BodyTooLarge`."""
         cap = self.config.max_response_bytes
-        t_end = self._clock() + remaining
         timeout = httpx.Timeout(max(0.001, min(self.config.timeout_s, remaining)))
-        with self._client.stream("POST", self._url, json=payload, headers=headers, timeout=timeout) as resp:
-            declared = resp.headers.get("Content-Length")
-            if declared is not None and declared.isdigit() and int(declared) > cap:
-                raise _BodyTooLarge(f"response declares {int(declared):,} bytes, over max_response_bytes {cap:,}")
-            chunks: list[bytes] = []
-            size = 0
-            for chunk in resp.iter_bytes():
-                size += len(chunk)
-                if size > cap:
-                    raise _BodyTooLarge(f"response body over max_response_bytes {cap:,}")
-                if self._clock() > t_end:
-                    raise httpx.ReadTimeout("deadline passed while reading the response body")
-                chunks.append(chunk)
-            return resp.status_code, b"".join(chunks), resp.headers
+        with deadline(remaining) as watch:
+            try:
+                with self._client.stream("POST", self._url, json=payload, headers=headers, timeout=timeout) as resp:
+                    declared = resp.headers.get("Content-Length")
+                    if declared is not None and declared.isdigit() and int(declared) > cap:
+                        raise _BodyTooLarge(f"response declares {int(declared):,} bytes, "
+                                            f"over max_response_bytes {cap:,}")
+                    chunks: list[bytes] = []
+                    size = 0
+                    for chunk in resp.iter_bytes():
+                        size += len(chunk)
+                        if size > cap:
+                            raise _BodyTooLarge(f"response body over max_response_bytes {cap:,}")
+                        chunks.append(chunk)
+                    if watch.expired:  # the watchdog's shutdown can look like a close-delimited body's end
+                        raise httpx.ReadTimeout("watchdog closed the connection")
+                    return resp.status_code, self._scrub_bytes(b"".join(chunks)), resp.headers
+            except httpx.TransportError as exc:
+                if watch.expired or watch.remaining() <= 0:
+                    raise httpx.ReadTimeout(f"deadline of {remaining:.3g}s passed during the request "
+                                            f"({type(exc).__name__})") from exc
+                raise
 
     def _fail(self, outcome: str, status: int | None, attempts: int, start: float, error: str,
               waits: list[float]) -> ApiResult:
@@ -568,6 +583,14 @@ class ApiVLM:
         if self._key:
             text = text.replace(self._key, "***")
         return text
+
+    def _scrub_bytes(self, raw: bytes) -> bytes:
+        """Remove the API key from a whole response body, before it is parsed, cut, stored or
+        logged (also its JSON-escaped form, should the key hold characters JSON escapes)."""
+        if self._key:
+            for form in {self._key, json.dumps(self._key)[1:-1]}:
+                raw = raw.replace(form.encode("utf-8"), b"***")
+        return raw
 
 
 _PROTOCOL: type[VisionLanguageEndpoint] = ApiVLM

@@ -1,7 +1,9 @@
 """Score predictions made elsewhere (``medrobust score``): two JSONL files in, one summary dict out.
 
 Each file holds one JSON object per line; blank lines are skipped. A line that is not valid JSON
-(or not UTF-8), is not an object, or lacks / mistypes a required field is counted in
+(or not UTF-8, or nested too deeply, or holds an integer past Python's 4,300-digit limit), is not
+an object, or lacks / mistypes a required field (numbers out of range included: a grounding
+box coordinate or image side beyond :data:`MAX_PIXELS_PER_SIDE`) is counted in
 ``n_invalid_lines`` and listed in ``invalid_lines`` (the first :data:`MAX_LISTED_INVALID`, as
 ``{"file": "references"|"predictions", "line": <1-based physical line>, "reason": ...}``); it never
 stops the run. A second record with an id already seen in the same file is an invalid line too
@@ -52,6 +54,11 @@ from medrobust_lib.tasks.vqa import LETTERS, _check_options
 Task = Literal["vqa", "caption", "grounding"]
 TASKS: tuple[str, ...] = ("vqa", "caption", "grounding")
 MAX_LISTED_INVALID = 20
+MAX_ABS_NUMBER = 1e300
+"""Largest magnitude a numeric field (a log-probability) may have."""
+MAX_PIXELS_PER_SIDE = 2**31
+"""Largest box coordinate magnitude and image side (pixels) a grounding reference may give;
+keeps every area and IoU finite in float64."""
 
 
 class InvalidRecord(ValueError):
@@ -73,8 +80,16 @@ def _id(obj: Record) -> str:
     return str(v)
 
 
-def _finite(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+def _finite(v: Any, bound: float = MAX_ABS_NUMBER) -> bool:
+    """A JSON number (not a bool) with ``|v| <= bound``; False for NaN, infinities and integers
+    too large for a float (no OverflowError)."""
+    if not isinstance(v, int | float) or isinstance(v, bool):
+        return False
+    try:
+        f = float(v)
+    except OverflowError:
+        return False
+    return math.isfinite(f) and abs(f) <= bound
 
 
 def _text_or_none(obj: Record, key: str) -> str | None:
@@ -97,7 +112,7 @@ def _vqa_reference(obj: Record) -> Record:
             _check_options(opts)
         except ValueError:
             raise InvalidRecord(f"'options' must be 2..{len(LETTERS)} non-empty, distinct strings") from None
-        if not isinstance(answer, str) or answer.strip().upper() not in LETTERS[: len(opts)]:
+        if not isinstance(answer, str) or len(answer.strip()) != 1 or answer.strip().upper() not in LETTERS[: len(opts)]:
             raise InvalidRecord(f"'answer' must be one of the letters {LETTERS[: len(opts)]}")
         return {"question_type": "mc", "options": opts, "answer": answer.strip().upper()}
     if qt == "yesno":
@@ -131,11 +146,12 @@ def _caption_prediction(obj: Record) -> Record:
 def _grounding_reference(obj: Record) -> Record:
     box = obj.get("box")
     hw = obj.get("image_hw")
-    if not isinstance(box, list) or len(box) != 4 or not all(_finite(v) for v in box):
-        raise InvalidRecord("'box' must be [x0, y0, x1, y1] (4 finite numbers, pixels)")
+    if not isinstance(box, list) or len(box) != 4 or not all(_finite(v, MAX_PIXELS_PER_SIDE) for v in box):
+        raise InvalidRecord(f"'box' must be [x0, y0, x1, y1] (4 finite numbers, pixels, within "
+                            f"+-{MAX_PIXELS_PER_SIDE})")
     if (not isinstance(hw, list) or len(hw) != 2
-            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in hw)):
-        raise InvalidRecord("'image_hw' must be [height, width] (2 positive integers)")
+            or not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_PIXELS_PER_SIDE for v in hw)):
+        raise InvalidRecord(f"'image_hw' must be [height, width] (2 integers in 1..{MAX_PIXELS_PER_SIDE})")
     x0, y0, x1, y1 = (float(v) for v in box)
     if not (x1 > x0 and y1 > y0):
         raise InvalidRecord(f"'box' {box} is inverted or empty: need x0 < x1 and y0 < y1 (XYXY, end exclusive)")
@@ -144,7 +160,7 @@ def _grounding_reference(obj: Record) -> Record:
 
 def _grounding_prediction(obj: Record) -> Record:
     scale = obj.get("scale")
-    if scale is not None and scale not in SCALES:
+    if scale is not None and (not isinstance(scale, str) or scale not in SCALES):
         raise InvalidRecord(f"'scale' must be one of {', '.join(SCALES)}")
     return {"prediction": _text_or_none(obj, "prediction"), "scale": scale}
 
@@ -157,6 +173,12 @@ _PARSERS: dict[str, tuple[Callable[[Record], Record], Callable[[Record], Record]
 
 
 # ---- reading ----------------------------------------------------------------------------------
+
+
+def _short(exc: BaseException, limit: int = 160) -> str:
+    """An exception's message cut to ``limit`` characters (a reason, never the hostile line)."""
+    msg = str(exc)
+    return msg if len(msg) <= limit else msg[: limit - 3] + "..."
 
 
 def read_jsonl(path: Path, parse: Callable[[Record], Record], file_label: str,
@@ -183,6 +205,12 @@ def read_jsonl(path: Path, parse: Callable[[Record], Record], file_label: str,
         except json.JSONDecodeError as exc:
             bad(f"not valid JSON ({exc.msg})")
             continue
+        except RecursionError:
+            bad("JSON nested too deeply")
+            continue
+        except ValueError as exc:  # an integer past Python's digit limit (int_max_str_digits)
+            bad(f"not usable JSON ({_short(exc)})")
+            continue
         if not isinstance(obj, dict):
             bad("not a JSON object")
             continue
@@ -191,6 +219,9 @@ def read_jsonl(path: Path, parse: Callable[[Record], Record], file_label: str,
             rec = parse(obj)
         except InvalidRecord as exc:
             bad(str(exc))
+            continue
+        except (TypeError, ValueError, OverflowError, RecursionError) as exc:  # a check that missed a case
+            bad(f"unusable record ({type(exc).__name__}: {_short(exc)})")
             continue
         if rid in out:
             bad(f"duplicate id {rid!r} (the first record is kept)")
@@ -314,4 +345,4 @@ def score_file(task: Task, predictions: Path, references: Path, *, declared_scal
     return out
 
 
-__all__ = ["MAX_LISTED_INVALID", "TASKS", "InvalidRecord", "Task", "read_jsonl", "score_file"]
+__all__ = ["MAX_ABS_NUMBER", "MAX_LISTED_INVALID", "MAX_PIXELS_PER_SIDE", "TASKS", "InvalidRecord", "Task", "read_jsonl", "score_file"]

@@ -96,20 +96,52 @@ def test_every_service_waits_for_the_secret_check(services: dict[str, Any]) -> N
     assert services["postgres"]["depends_on"]["check-secrets"]["condition"] == "service_completed_successfully"
 
 
+def _run_secret_check(services: dict[str, Any], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    svc = services["check-secrets"]
+    return subprocess.run(["sh", "-c", _compose_sh(svc["command"][0])], env={"PATH": "/usr/bin:/bin", **env},
+                          capture_output=True, text=True)
+
+
+def _distinct_secrets(services: dict[str, Any]) -> dict[str, str]:
+    """A strong, distinct value for every secret the check reads."""
+    return {k: f"4f1c0a9d3e7b62c8a5d0e1f2-{i}" for i, k in enumerate(services["check-secrets"]["environment"])}
+
+
 @pytest.mark.parametrize(("secret", "accepted"), [
     ("change-me", False), ("change-me-too-but-long", False), ("short-9ab", False),
+    ("CHANGE-ME-abcdef", False), ("Change-Me-0123456789abcdef", False), ("CHANGEME0123456789abcd", False),
+    ("PASSWORD-0123456789abcd", False), ("Secret-0123456789abcdef", False),
+    ("4f1c0a9d3e7b62c", False),  # 15 characters
+    ("4f1c0a9d3e7b62c8", True),  # 16
     ("4f1c0a9d3e7b62c8a5d0e1f2", True),
 ])
 def test_the_secret_check_refuses_placeholders(services: dict[str, Any], secret: str, accepted: bool) -> None:
-    svc = services["check-secrets"]
-    names = [k for k in svc["environment"]]
-    env = {k: "4f1c0a9d3e7b62c8a5d0e1f2" for k in names}
-    env[names[0]] = secret
-    res = subprocess.run(["sh", "-c", _compose_sh(svc["command"][0])], env={"PATH": "/usr/bin:/bin", **env},
-                         capture_output=True, text=True)
+    env = _distinct_secrets(services)
+    name = next(iter(env))
+    env[name] = secret
+    res = _run_secret_check(services, env)
     assert (res.returncode == 0) == accepted, res.stderr
     if not accepted:
-        assert "refusing to start" in res.stderr and names[0] in res.stderr
+        assert "refusing to start" in res.stderr and name in res.stderr
+
+
+def test_the_secret_check_accepts_distinct_strong_values(services: dict[str, Any]) -> None:
+    res = _run_secret_check(services, _distinct_secrets(services))
+    assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.parametrize("shared", ["all", "two"])
+def test_the_secret_check_refuses_a_value_reused_across_secrets(services: dict[str, Any], shared: str) -> None:
+    env = _distinct_secrets(services)
+    names = list(env)
+    reused = names if shared == "all" else names[-2:]
+    for k in reused:
+        env[k] = "7d2e9a41c0b36f58e1a4"  # strong on its own
+    res = _run_secret_check(services, env)
+    assert res.returncode == 1, res.stderr
+    assert "refusing to start" in res.stderr and "same value" in res.stderr
+    assert all(k in res.stderr for k in reused), res.stderr
+    assert not any(f"{k}(same value" in res.stderr for k in names if k not in reused), res.stderr
 
 
 def test_mlflow_requires_authentication_and_uses_the_bucket_user(services: dict[str, Any]) -> None:
@@ -152,8 +184,9 @@ def test_network_policies_limit_the_webserver_and_the_code_location() -> None:
     doc = _yaml(DEPLOY / "helm" / "networkpolicy.yaml")
     policies = {p["metadata"]["name"]: p["spec"] for p in doc["items"] if p["kind"] == "NetworkPolicy"}
     web, code = policies["medrobust-dagster-webserver"], policies["medrobust-code-location"]
-    assert web["podSelector"]["matchLabels"]["component"] == "dagster-webserver"
-    assert code["podSelector"]["matchLabels"]["component"] == "user-deployments"
+    # which pods these select: tests/deploy/test_networkpolicy_selects.py
+    assert web["podSelector"]["matchLabels"]["medrobust.io/component"] == "dagster-webserver"
+    assert code["podSelector"]["matchLabels"]["medrobust.io/code-location"] == "medrobust"
     for spec in (web, code):
         assert spec["policyTypes"] == ["Ingress"]
         for rule in spec["ingress"]:
