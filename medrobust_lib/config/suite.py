@@ -6,7 +6,7 @@ Paths in a suite are relative to the working directory (the project root) unless
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -44,6 +44,15 @@ class PerturbationConfig(BaseModel):
     levels: list[int] = Field(default_factory=lambda: list(SEVERITY_LEVELS))
     bands: dict[int, tuple[float, float]] = Field(default_factory=lambda: dict(SSIM_BANDS))
     calibration_subset: int = Field(default=4, ge=1, description="images per dataset used for the warm start")
+    calibration_mode: Literal["per_image", "reference", "fixed"] = Field(
+        default="per_image", description="per_image: every image searched into its band (the corrected protocol); "
+        "reference: the published code's first-image bisection on min-max-normalised SSIM, reused for every image; "
+        "fixed: each type's default strength for the level, uncalibrated (the reference's VLM images)")
+    calibration_by_dataset: dict[str, Literal["per_image", "reference", "fixed"]] = Field(
+        default_factory=dict, description="a dataset name -> its own calibration_mode (e.g. 'fixed' for VLM datasets)")
+    types_by_modality: dict[str, list[str]] | None = Field(
+        default=None, description="modality -> the only types (fnmatch globs) generated for it, after include/exclude; "
+        "a modality not listed keeps every selected type (the reference's per-dataset subsets)")
     split: str = Field(default="test", description="which split to perturb: train, val, test or all")
     max_samples: int | None = Field(default=None, ge=1, description="cap per dataset, after the split filter")
 
@@ -51,6 +60,18 @@ class PerturbationConfig(BaseModel):
     @classmethod
     def _bands(cls, v: dict[int, tuple[float, float]]) -> dict[int, tuple[float, float]]:
         return validate_bands(v)
+
+    def mode_for(self, dataset: str) -> Literal["per_image", "reference", "fixed"]:
+        """The calibration mode of ``dataset``."""
+        return self.calibration_by_dataset.get(dataset, self.calibration_mode)
+
+    @field_validator("types_by_modality")
+    @classmethod
+    def _types_by_modality(cls, v: dict[str, list[str]] | None) -> dict[str, list[str]] | None:
+        bad = sorted(set(v or ()) - set(ALL_MODALITIES))
+        if bad:
+            raise ValueError(f"unknown modalities {bad}; valid: {', '.join(ALL_MODALITIES)}")
+        return v
 
     @field_validator("levels")
     @classmethod
