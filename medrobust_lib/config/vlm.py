@@ -129,8 +129,32 @@ class VLMFinetuneSettings(TrainBudget, LoraSettings):
     time_budget_s: float | None = 60.0
 
 
+REFERENCE_CAPTION_PROMPT = "Describe this medical image in detail."
+"""The caption prompt of the reference benchmark (``eval_vlm_perturbation.py``)."""
+
+
+class VLMProtocol(BaseModel):
+    """Where the VLM track may ask and score as the reference benchmark does (all off by default;
+    ``configs/reference_protocol.yaml`` turns them on; docs/differences-from-reference.md).
+
+    - ``caption_prompt``: the caption instruction (None: the house one-sentence prompt);
+    - ``caption_raw_scores``: also score captions on raw, untokenised strings as pycocoevalcap is
+      called there (columns ``bleu_4_raw``, ``rouge_l_raw``, ``cider_raw``, besides the PTB scores);
+    - ``grounding_parse``: ``house`` (box forms, scale detection, pixels) or ``reference`` (the first
+      four numbers read as 0-1 coordinates, no scale reconciliation)."""
+
+    model_config = ConfigDict(extra="forbid")
+    caption_prompt: str | None = None
+    caption_raw_scores: bool = False
+    grounding_parse: Literal["house", "reference"] = "house"
+
+    def is_default(self) -> bool:
+        return self == VLMProtocol()
+
+
 class VLMConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    protocol: VLMProtocol = Field(default_factory=lambda: VLMProtocol())
     models: list[VLMModelConfig] = Field(default_factory=list)
     records: VLMRecordsConfig = Field(default_factory=lambda: VLMRecordsConfig())
     split: str = "test"

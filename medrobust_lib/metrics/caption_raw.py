@@ -13,10 +13,10 @@ decimals for its tables; the scores here are unrounded.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from medrobust_lib.metrics.caption import bleu, cider_d, rouge_l
+from medrobust_lib.metrics.caption import DocumentFrequency, bleu, cider_d, rouge_l
 
 RAW_METRICS: tuple[str, ...] = ("bleu_1", "bleu_4", "rouge_l", "cider")
 """Corpus scores of :func:`raw_caption_scores`; the reference calls them BLEU-1, BLEU-4, ROUGE-L, CIDEr."""
@@ -56,3 +56,26 @@ def raw_caption_scores(predictions: Sequence[str | None], references: Sequence[s
         per_sample={"bleu_1": b["bleu_1"].per_sample, "bleu_4": b["bleu_4"].per_sample,
                     "rouge_l": r.per_sample, "cider": c.per_sample},
     )
+
+
+RAW_COLUMNS: tuple[str, ...] = ("bleu_4_raw", "rouge_l_raw", "cider_raw")
+"""``vlm_results`` columns of the raw scores (``vlm.protocol.caption_raw_scores``)."""
+
+
+def raw_caption_rows(predictions: Mapping[Hashable, str | None], references: Mapping[Hashable, Sequence[str]],
+                     df_references: Iterable[Sequence[str]]) -> dict[Hashable, dict[str, float]]:
+    """Per-caption raw scores (:data:`RAW_COLUMNS`) with CIDEr's document frequencies taken from
+    ``df_references`` (untokenised): the references of every evaluation record of the dataset,
+    which is what the reference's one call per (dataset, condition) uses when every record of the
+    condition is scored, so the mean of ``cider_raw`` (and of ``rouge_l_raw``) over a condition is
+    the reference's corpus score; ``bleu_4_raw`` is per-sample BLEU (the reference's corpus BLEU
+    is not a mean of these)."""
+    if not predictions:
+        return {}
+    hyps = {k: (str(p) if p else "") for k, p in predictions.items()}
+    refs = {k: [str(x) for x in references[k]] for k in hyps}
+    df = DocumentFrequency.from_references(list(df_references), tokenize=False)
+    b = bleu(refs, hyps, tokenize=False)["bleu_4"].per_sample
+    r = rouge_l(refs, hyps, tokenize=False).per_sample
+    c = cider_d(refs, hyps, df, tokenize=False).per_sample
+    return {k: {"bleu_4_raw": b[k], "rouge_l_raw": r[k], "cider_raw": c[k]} for k in hyps}

@@ -37,7 +37,9 @@ Columns (SQL types in :data:`VLM_COLUMNS`):
   (``logprobs`` or ``generate``).
 - Captions: per-sample ``bleu_4``, ``rouge_l``, ``cider_d`` (document frequencies of the clean
   reference set) and BLEU sufficient statistics ``bleu_c1..4``, ``bleu_g1..4``, ``hyp_len``,
-  ``ref_len`` (sum them over any group for that group's corpus BLEU).
+  ``ref_len`` (sum them over any group for that group's corpus BLEU); with
+  ``vlm.protocol.caption_raw_scores`` also ``bleu_4_raw``, ``rouge_l_raw``, ``cider_raw`` (raw,
+  untokenised strings as the reference benchmark scores them; NULL otherwise).
 - ``latency_s`` (per answer, batch time divided by batch size), ``cache_hit`` (API cache).
 - Optional LLM judge (``vlm.judge``, off by default): for multiple-choice answers the rules could
   not parse, ``judge_model``, ``judge_outcome``, ``judge_parsed`` (letter) and ``judge_correct``;
@@ -110,6 +112,7 @@ VLM_COLUMNS: tuple[tuple[str, str], ...] = (
     ("hyp_len", "DOUBLE"), ("ref_len", "DOUBLE"), ("latency_s", "DOUBLE"), ("cache_hit", "BOOLEAN"),
     ("error", "VARCHAR"), ("judge_model", "VARCHAR"), ("judge_outcome", "VARCHAR"), ("judge_parsed", "VARCHAR"),
     ("judge_correct", "DOUBLE"), ("n_options", "INTEGER"),
+    ("bleu_4_raw", "DOUBLE"), ("rouge_l_raw", "DOUBLE"), ("cider_raw", "DOUBLE"),
 )
 VLM_COLUMN_NAMES: tuple[str, ...] = tuple(c for c, _ in VLM_COLUMNS)
 PRIMARY_METRIC: dict[str, str] = {"vqa_mc": "accuracy", "vqa_yesno": "accuracy", "caption": "cider_d",

@@ -30,12 +30,14 @@ from typing import Any
 import numpy as np
 
 from medrobust_lib.config import Suite
-from medrobust_lib.config.vlm import vlm_config, vlm_model
+from medrobust_lib.config.vlm import VLMProtocol, vlm_config, vlm_model
 from medrobust_lib.data.sample import Sample
+from medrobust_lib.metrics.caption_raw import RAW_COLUMNS, raw_caption_rows
 from medrobust_lib.store import rerun, results
 from medrobust_lib.store.completeness import ERROR_OUTCOME
 from medrobust_lib.store.schema import VLM_COLUMN_NAMES as COLUMN_NAMES
 from medrobust_lib.store.schema import VLM_TABLE
+from medrobust_lib.tasks.grounding_reference import score_grounding_reference
 from medrobust_lib.tasks.judge import judge_mc
 from medrobust_lib.tasks.scoring import score_captions, score_grounding, score_mc, score_yes_no
 from medrobust_lib.tracks.vlm.items import DroppedRecord, VLMItem, box_in_sample, load_items, prompt_for
@@ -47,6 +49,7 @@ ROW_KEY: tuple[str, ...] = ("task", "dataset", "sample_id", "record_id", "prompt
 _ERROR_CLEARED: tuple[str, ...] = (
     "parsed", "correct", "iou", "acc_75", "box_scale", "margin", "p_yes", "entropy", "bleu_4", "rouge_l", "cider_d",
     "bleu_c1", "bleu_c2", "bleu_c3", "bleu_c4", "bleu_g1", "bleu_g2", "bleu_g3", "bleu_g4", "hyp_len", "ref_len",
+    *RAW_COLUMNS,
 )
 """Score columns an ``error`` row leaves NULL: it was never answered, so nothing may count it."""
 
@@ -163,10 +166,13 @@ def _judge(judge: Runner, pairs: list[tuple[VLMItem, dict[str, Any]]]) -> None:
 
 def ask(items_by_sample: dict[tuple[str, str], list[VLMItem]], conditions: Sequence[Condition], runner: Runner,
         caption_df_refs: Mapping[str, Sequence[str]], summary: VLMEvalSummary,
-        judge: Runner | None = None, done: Collection[tuple[str, ...]] = frozenset()) -> list[dict[str, Any]]:
+        judge: Runner | None = None, done: Collection[tuple[str, ...]] = frozenset(),
+        protocol: VLMProtocol | None = None) -> list[dict[str, Any]]:
     """Every item of every condition's sample, batched per task across conditions, except those
     whose row key (:func:`_item_key`) is in ``done`` (kept from a previous run). ``judge``: the
-    optional LLM judge for unparseable multiple-choice answers (recorded separately)."""
+    optional LLM judge for unparseable multiple-choice answers (recorded separately). ``protocol``:
+    the reference-protocol options (caption prompt, raw caption scores, grounding parse)."""
+    proto = protocol or VLMProtocol()
 
     m = runner.m
     jobs: dict[str, list[tuple[VLMItem, Condition]]] = {"vqa_mc": [], "vqa_yesno": [], "caption": [], "grounding": []}
@@ -198,19 +204,40 @@ def ask(items_by_sample: dict[tuple[str, str], list[VLMItem]], conditions: Seque
     for (it, c), a in zip(gr, answers, strict=True):
         box = c.boxes[it.record_id]
         assert box is not None
-        s = score_grounding(a.text, box[0].tolist(), c.image.shape[:2], m.box_scale)
+        s = (score_grounding_reference(a.text, box[0].tolist(), c.image.shape[:2])
+             if proto.grounding_parse == "reference" else
+             score_grounding(a.text, box[0].tolist(), c.image.shape[:2], m.box_scale))
         rows.append(_with_answer(_row(it, c, runner), a, s))
     cap = jobs["caption"]
-    answers = runner.generate([c.image for _, c in cap], [prompt_for(it) for it, _ in cap], m.caption_max_new_tokens)
+    answers = runner.generate([c.image for _, c in cap], [proto.caption_prompt or prompt_for(it) for it, _ in cap],
+                              m.caption_max_new_tokens)
     if cap:
         keys = [f"{k}" for k in range(len(cap))]
         per = score_captions({k: a.text for k, a in zip(keys, answers, strict=True)},
                              {k: it.references for k, (it, _) in zip(keys, cap, strict=True)}, caption_df_refs or None)
+        if proto.caption_raw_scores:
+            _add_raw_scores(per, keys, cap, answers, items_by_sample)
         for k, (it, c), a in zip(keys, cap, answers, strict=True):
             rows.append(_with_answer(_row(it, c, runner), a, per[k]))
     summary.model_seconds += time.perf_counter() - t0
     summary.n_images += len(conditions)
     return rows
+
+
+def _add_raw_scores(per: dict[str, dict[str, Any]], keys: list[str], cap: list[tuple[VLMItem, Condition]],
+                    answers: Sequence[Answer], items_by_sample: Mapping[tuple[str, str], list[VLMItem]]) -> None:
+    """Add the raw (untokenised) caption scores to ``per``, dataset by dataset, CIDEr's document
+    frequencies from the references of every caption record of that dataset's evaluation samples."""
+    by_ds: dict[str, list[int]] = {}
+    for i, (it, _) in enumerate(cap):
+        by_ds.setdefault(it.dataset, []).append(i)
+    for ds, idx in by_ds.items():
+        df_refs = [list(it.references) for (d, _), its in items_by_sample.items() if d == ds
+                   for it in its if it.task == "caption"]
+        raw = raw_caption_rows({keys[i]: answers[i].text for i in idx},
+                               {keys[i]: cap[i][0].references for i in idx}, df_refs)
+        for k, cols in raw.items():
+            per[str(k)].update(cols)
 
 
 @dataclass
@@ -327,7 +354,8 @@ def _fingerprint(runner: Runner, suite: Suite, extra: list[Any]) -> str:
 
     vc = vlm_config(suite)
     return results.fingerprint([EVAL_VERSION, runner.checkpoint, runner.adapter, runner.m.model_dump(),
-                                records_config(suite).model_dump(), vc.max_records_per_task, vc.judge, *extra])
+                                records_config(suite).model_dump(), vc.max_records_per_task, vc.judge, *extra,
+                                *([] if vc.protocol.is_default() else [vc.protocol.model_dump()])])
 
 
 def evaluate_clean(suite: Suite, model_id: str, modality: str, runner: Runner | None = None,
@@ -352,7 +380,7 @@ def evaluate_clean(suite: Suite, model_id: str, modality: str, runner: Runner | 
              if any(_item_key(it, "clean") not in kept for it in by.get(k, []))]
     summary = VLMEvalSummary(n_reused=len(kept))
     judge = _judge_runner(suite)
-    rows = ask(by, conds, runner, df_refs, summary, judge, done=kept.keys())
+    rows = ask(by, conds, runner, df_refs, summary, judge, done=kept.keys(), protocol=vc.protocol)
     for key, reason in sorted(ev.unusable.items()):
         stand_in = placeholder_sample(key, modality)
         rows += _unusable_rows(by.get(key, []), Condition(stand_in, stand_in.image), runner, reason)
@@ -425,9 +453,9 @@ def evaluate_perturbed(suite: Suite, model_id: str, modality: str, level: int, r
             continue
         conds.append(dataclasses.replace(base, image=out.image, boxes=moved))
         if len(conds) >= chunk:
-            rows.extend(ask(by, conds, runner, df_refs, summary, judge, done=kept.keys()))
+            rows.extend(ask(by, conds, runner, df_refs, summary, judge, done=kept.keys(), protocol=vc.protocol))
             conds = []
-    rows.extend(ask(by, conds, runner, df_refs, summary, judge, done=kept.keys()))
+    rows.extend(ask(by, conds, runner, df_refs, summary, judge, done=kept.keys(), protocol=vc.protocol))
     rows = _merge(kept, rows)
     _write(suite, model_id, "perturbation", modality, level, rows, fp)
     return _summarize(rows, summary, t0, runner)
