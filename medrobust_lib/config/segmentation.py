@@ -37,11 +37,23 @@ class LoraOptions(LoraSettings):
 
 
 class FinetuneTrain(TrainBudget):
+    """The strategies' training budget. The demo-sized defaults train ``max_steps``; the reference
+    protocol sets ``epochs`` (then ``max_steps`` is epochs x batches per epoch), its batch sizes,
+    weight decay, a warmup of ``warmup_epochs`` and ``encoder_lr_factor`` (applied to
+    ``encoder_partial`` and ``full``, as the reference's ``build_optimizer`` does)."""
+
     max_steps: int = 200
     lr: float = 5e-4
     eval_every: int = 25
     patience: int = 3
     time_budget_s: float | None = 30.0
+    epochs: int | None = Field(default=None, ge=1, description="train this many epochs instead of max_steps")
+    batch_size_full: int | None = Field(default=None, ge=1, description="batch size of the full strategy (None: batch_size)")
+    weight_decay: float = Field(default=1e-4, ge=0)
+    warmup_steps: int = Field(default=10, ge=0)
+    warmup_epochs: float | None = Field(default=None, ge=0, description="warmup length in epochs (overrides warmup_steps)")
+    encoder_lr_factor: float = Field(default=1.0, gt=0, description="lr factor of encoder parameters for "
+                                     "encoder_partial and full")
 
 
 class FinetuneEval(BaseModel):

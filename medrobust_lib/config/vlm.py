@@ -127,6 +127,13 @@ class VLMFinetuneSettings(TrainBudget, LoraSettings):
     eval_every: int = 50
     patience: int = 3
     time_budget_s: float | None = 60.0
+    epochs: int | None = Field(default=None, ge=1, description="train this many epochs (optimizer steps of "
+                               "batch_size x grad_accumulation examples) instead of max_steps")
+    grad_accumulation: int = Field(default=1, ge=1, description="micro-batches of batch_size per optimizer step")
+    weight_decay: float = Field(default=0.01, ge=0)
+    warmup_steps: int = Field(default=30, ge=0)
+    warmup_ratio: float | None = Field(default=None, ge=0, lt=1, description="warmup as a share of the optimizer "
+                                       "steps (overrides warmup_steps)")
 
 
 REFERENCE_CAPTION_PROMPT = "Describe this medical image in detail."
