@@ -17,9 +17,10 @@ It imports, from the given checkout of ``github.com/vfdv52/MedFM-Robust-``:
   strings; once with ``round`` bound to the identity, for the unrounded scores, once as published),
   ``parse_bbox_from_text``, ``extract_bbox_from_mask`` (on PNG masks written to a temporary folder)
   and ``calculate_iou``;
-- ``transformers.SamProcessor`` (the preprocessing the reference's MedSAM wrapper calls) on demo
-  images, with the processor settings of ``flaviagiammarino/medsam-vit-base`` (written out below:
-  no download).
+- ``Segmentation/model_zoo.py`` and runs ``MedSAMModel.forward`` (Hugging Face ``SamProcessor``,
+  PIL backend, the settings of ``flaviagiammarino/medsam-vit-base``: no download) and
+  ``SAMMed2DModel.forward`` on demo images, each with a stand-in for its weights that records the
+  model input and stops.
 
 Writes ``tests/reference_protocol/fixtures/*.json`` / ``*.npz``.
 """
@@ -211,7 +212,101 @@ def grounding(repo: Path) -> None:
     print(f"grounding: {len(parsed)} texts, {len(mask_rows)} masks")
 
 
-SECTIONS = {"calibration": calibration, "captions": captions, "grounding": grounding}
+MZ_FILE = "Segmentation/model_zoo.py"
+
+
+class _Captured(Exception):
+    """Raised by the stand-in model to stop the reference's forward once its input is known."""
+
+    def __init__(self, **tensors: Any) -> None:
+        super().__init__("captured")
+        self.tensors = tensors
+
+
+class _StubSamModel:
+    """Stands in for the weights the reference's wrappers load: records the preprocessed input."""
+
+    def __call__(self, **inputs: Any) -> Any:  # HF SamModel(**processor outputs)
+        raise _Captured(**{k: v for k, v in inputs.items() if hasattr(v, "shape")})
+
+    class image_encoder:  # noqa: N801  (segment-anything's attribute name)
+        def __new__(cls, x: Any) -> Any:
+            raise _Captured(pixel_values=x)
+
+
+def _seg_images() -> dict[str, np.ndarray]:
+    """Demo images (float32 in [0, 1], through uint8), square and not, grayscale and RGB."""
+    rng = np.random.default_rng([SEED, 11])
+    derm = gens.gen_dermoscopy(rng, Placement(right=True, lower=False, large=True)).image
+    us = gens.gen_ultrasound(rng, Placement(right=False, lower=True, large=False), True).image
+    out = {}
+    for name, img, hw in (("rgb_square", derm, (96, 96)), ("rgb_wide", derm, (60, 100)),
+                          ("gray_tall", us, (90, 50)), ("gray_square", us, (64, 64))):
+        small = cv2.resize(img, (hw[1], hw[0]), interpolation=cv2.INTER_AREA)
+        f = small.astype(np.float32)
+        u8 = np.round((f - f.min()) / max(float(f.max() - f.min()), 1e-6) * 255).astype(np.uint8)
+        out[name] = u8
+    return out
+
+
+def preprocessing(repo: Path) -> None:
+    import torch
+    from transformers import SamProcessor
+    from transformers.models.sam.image_processing_pil_sam import SamImageProcessorPil
+
+    mz = _load(repo / MZ_FILE, "reference_model_zoo")
+    arrays: dict[str, np.ndarray] = {}
+    for name, u8 in _seg_images().items():
+        arrays[f"image__{name}"] = u8
+        img = u8.astype(np.float32) / np.float32(255)
+        chw = np.repeat(img[None], 3, axis=0) if img.ndim == 2 else img.transpose(2, 0, 1)
+        x = torch.from_numpy(np.ascontiguousarray(chw))[None]
+        h, w = img.shape[:2]
+        box = [w * 0.2, h * 0.3, w * 0.7, h * 0.8]
+        arrays[f"box__{name}"] = np.asarray(box, np.float64)
+        # MedSAM: the reference's MedSAMModel.forward with the HF processor of medsam-vit-base
+        # (SamImageProcessor defaults: longest edge 1024, ImageNet mean/std, pad 1024; as that
+        # checkpoint's preprocessor_config.json), do_rescale=False as the reference sets it. The
+        # PIL backend: the processor transformers 4.x loaded (the reference predates 5.x, whose
+        # default torchvision backend resizes float tensors without the uint8 round trip).
+        med = mz.MedSAMModel.__new__(mz.MedSAMModel)
+        torch.nn.Module.__init__(med)
+        med.device = "cpu"
+        med.model = _StubSamModel()
+        med.processor = SamProcessor(image_processor=SamImageProcessorPil())
+        med.processor.image_processor.do_rescale = False
+        try:
+            med.forward(x, input_boxes=box)
+            raise RuntimeError("the reference MedSAM forward did not reach the model")
+        except _Captured as c:
+            arrays[f"medsam_pixel_values__{name}"] = c.tensors["pixel_values"].numpy()
+            arrays[f"medsam_input_boxes__{name}"] = c.tensors["input_boxes"].numpy()
+        # SAM-Med2D: the reference's SAMMed2DModel.forward (phase 1) at image_size 256
+        from segment_anything.utils.transforms import ResizeLongestSide
+
+        sm = mz.SAMMed2DModel.__new__(mz.SAMMed2DModel)
+        torch.nn.Module.__init__(sm)
+        sm.device = "cpu"
+        sm.image_size = 256
+        sm.transform = ResizeLongestSide(256)
+        sm.model = _StubSamModel()
+        sm.register_buffer("pixel_mean", torch.tensor([123.675, 116.28, 103.53]).view(-1, 1, 1))
+        sm.register_buffer("pixel_std", torch.tensor([58.395, 57.12, 57.375]).view(-1, 1, 1))
+        try:
+            sm.forward(x, input_boxes=box)
+            raise RuntimeError("the reference SAM-Med2D forward did not reach the encoder")
+        except _Captured as c:
+            arrays[f"sammed2d_pixel_values__{name}"] = c.tensors["pixel_values"].numpy()
+    np.savez_compressed(OUT / "preprocessing_reference.npz", **arrays)
+    import transformers
+
+    (OUT / "preprocessing_reference.json").write_text(json.dumps({
+        "generator": "tools/reference_protocol_fixtures.py", "reference": f"{MZ_FILE} @ {_git(repo)}",
+        "transformers": transformers.__version__, "images": sorted(_seg_images())}, indent=1))
+    print(f"preprocessing: {len(arrays)} arrays")
+
+
+SECTIONS = {"calibration": calibration, "captions": captions, "grounding": grounding, "preprocessing": preprocessing}
 
 
 def main() -> None:

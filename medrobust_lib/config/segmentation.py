@@ -109,8 +109,14 @@ class SegModelConfig(BaseModel):
         default=None, description="torch.compile mode for the image encoder (e.g. 'default'); None: eager")
     mask_selection: Literal["single", "best_iou"] | None = Field(
         default=None, description="None: the family's published choice (sam_med2d: best_iou, else single)")
-    preprocess: Literal["default", "exact"] = Field(
-        default="default", description="'exact': MedSAM_Inference.py's skimage/uint8 pipeline (medsam only)")
+    preprocess: Literal["default", "exact", "hf_processor"] = Field(
+        default="default", description="'exact': MedSAM_Inference.py's skimage/uint8 pipeline; 'hf_processor': the "
+        "Hugging Face SamProcessor pipeline of the reference benchmark (medsam only)")
+    color: Literal["bgr", "rgb"] | None = Field(
+        default=None, description="sam_med2d channel order (None: its published bgr; rgb: the reference benchmark)")
+    resize: Literal["nearest", "bilinear"] | None = Field(
+        default=None, description="sam_med2d resizing (None: its published nearest to 256 x 256; bilinear: the "
+        "reference benchmark's longest side + padding)")
 
 
 class SegTrainConfig(TrainBudget):
