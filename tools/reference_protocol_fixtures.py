@@ -306,7 +306,43 @@ def preprocessing(repo: Path) -> None:
     print(f"preprocessing: {len(arrays)} arrays")
 
 
-SECTIONS = {"calibration": calibration, "captions": captions, "grounding": grounding, "preprocessing": preprocessing}
+FU_FILE = "Segmentation/finetune_utils.py"
+STEPS_PER_EPOCH = 13
+
+
+def finetune(repo: Path) -> None:
+    """The reference's ``build_optimizer`` (learning rate per parameter) on medrobust's tiny SAM
+    after medrobust's ``encoder_partial`` (N = 2) / ``full`` strategies, and its ``build_scheduler``
+    (20 epochs, 0.1 warmup epoch) multipliers per step."""
+    import torch
+
+    from medrobust_lib.finetune.strategies import StrategyConfig, apply_strategy
+    from medrobust_lib.models.sam import SamSegmenter, arch_for, build_sam
+
+    fu = _load(repo / FU_FILE, "reference_finetune_utils")
+    groups: dict[str, dict[str, float]] = {}
+    for strategy in ("encoder_partial", "full"):
+        seg = SamSegmenter(build_sam(arch_for("tiny", "sam"), seed=0), "sam", "tiny", "0")
+        report = apply_strategy(seg, StrategyConfig(name=strategy, encoder_blocks=2))
+        for n, p in seg.sam.named_parameters():
+            p.requires_grad_(report.is_trainable(n))
+        cfg = fu.FinetuneConfig(strategy=strategy, learning_rate=1e-5, weight_decay=0.01, encoder_lr_scale=0.1)
+        opt = fu.build_optimizer(seg.sam, cfg)
+        ids = {id(p): n for n, p in seg.sam.named_parameters()}
+        groups[strategy] = {ids[id(p)]: float(g["lr"]) for g in opt.param_groups for p in g["params"]}
+    cfg = fu.FinetuneConfig(num_epochs=20, warmup_epochs=0.1, learning_rate=1.0)
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = fu.build_scheduler(opt, cfg, STEPS_PER_EPOCH)
+    factors = [float(sched.lr_lambdas[0](step)) for step in range(20 * STEPS_PER_EPOCH)]
+    (OUT / "finetune_reference.json").write_text(json.dumps({
+        "generator": "tools/reference_protocol_fixtures.py", "reference": f"{FU_FILE} @ {_git(repo)}",
+        "lr": 1e-5, "encoder_lr_scale": 0.1, "encoder_blocks": 2, "param_lr": groups,
+        "schedule": {"epochs": 20, "warmup_epochs": 0.1, "steps_per_epoch": STEPS_PER_EPOCH, "factors": factors}},
+        indent=1))
+    print(f"finetune: {sum(len(g) for g in groups.values())} parameters, {len(factors)} steps")
+
+
+SECTIONS = {"finetune": finetune, "calibration": calibration, "captions": captions, "grounding": grounding, "preprocessing": preprocessing}
 
 
 def main() -> None:
