@@ -342,7 +342,56 @@ def finetune(repo: Path) -> None:
     print(f"finetune: {sum(len(g) for g in groups.values())} parameters, {len(factors)} steps")
 
 
-SECTIONS = {"finetune": finetune, "calibration": calibration, "captions": captions, "grounding": grounding, "preprocessing": preprocessing}
+JUDGE_CASES: tuple[tuple[str, str, str], ...] = (
+    ("Which organ is shown?", "The liver.", "Liver"),
+    ("Is there a fracture in {the} left femur?", "Possibly; a line at the neck", "Yes, femoral neck fracture"),
+    ("", "", ""),
+)
+JUDGE_REPLIES: tuple[str, ...] = ("1", "0.5", "0", " Score: 0.5 (partially)", "1.0\n", "I'd say 2", "-1", "none",
+                                  "0.75", ".5", "10.25.3")
+
+
+class _FakeResponse:
+    status_code = 200
+
+    def __init__(self, content: str) -> None:
+        self._content = content
+
+    def json(self) -> dict[str, Any]:
+        return {"choices": [{"message": {"content": self._content}}]}
+
+
+def judge(repo: Path) -> None:
+    """The reference judge's prompt (``evaluate_vqa`` with ``_call_api`` returning its argument) and
+    its reading of a reply (``_call_api`` with ``requests.post`` answering from a list)."""
+    ev = _load(repo / EV_FILE, "reference_eval")
+    judge_obj = ev.DeepSeekEvaluator({"api_key": "not-a-key"})
+    prompts = []
+    for q, pred, gt in JUDGE_CASES:
+        judge_obj._call_api = lambda prompt: prompt
+        prompts.append({"question": q, "prediction": pred, "ground_truth": gt,
+                        "prompt": judge_obj.evaluate_vqa(q, pred, gt)})
+    fake_requests = types.ModuleType("requests")
+    scores = []
+    real = sys.modules.get("requests")
+    try:
+        sys.modules["requests"] = fake_requests
+        caller = ev.DeepSeekEvaluator({"api_key": "not-a-key"})
+        for reply in JUDGE_REPLIES:
+            fake_requests.post = lambda *a, reply=reply, **k: _FakeResponse(reply)  # type: ignore[attr-defined]
+            scores.append({"reply": reply, "score": caller._call_api("prompt")})
+    finally:
+        if real is not None:
+            sys.modules["requests"] = real
+        else:
+            sys.modules.pop("requests", None)
+    (OUT / "judge_reference.json").write_text(json.dumps({
+        "generator": "tools/reference_protocol_fixtures.py", "reference": f"{EV_FILE} @ {_git(repo)}",
+        "prompts": prompts, "scores": scores}, indent=1))
+    print(f"judge: {len(prompts)} prompts, {len(scores)} replies")
+
+
+SECTIONS = {"judge": judge, "finetune": finetune, "calibration": calibration, "captions": captions, "grounding": grounding, "preprocessing": preprocessing}
 
 
 def main() -> None:

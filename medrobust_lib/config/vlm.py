@@ -148,12 +148,18 @@ class VLMProtocol(BaseModel):
     - ``caption_raw_scores``: also score captions on raw, untokenised strings as pycocoevalcap is
       called there (columns ``bleu_4_raw``, ``rouge_l_raw``, ``cider_raw``, besides the PTB scores);
     - ``grounding_parse``: ``house`` (box forms, scale detection, pixels) or ``reference`` (the first
-      four numbers read as 0-1 coordinates, no scale reconciliation)."""
+      four numbers read as 0-1 coordinates, no scale reconciliation);
+    - ``open_vqa_judge``: a ``kind: api`` model id (any OpenAI-compatible endpoint): every
+      multiple-choice question is also asked alone (``open_vqa_max_new_tokens``) and the answer
+      scored by that judge with the reference's rubric (0 / 0.5 / 1, correct at >= 0.5), in rows of
+      task ``vqa_open`` beside the lettered ``vqa_mc`` rows."""
 
     model_config = ConfigDict(extra="forbid")
     caption_prompt: str | None = None
     caption_raw_scores: bool = False
     grounding_parse: Literal["house", "reference"] = "house"
+    open_vqa_judge: str | None = None
+    open_vqa_max_new_tokens: int = Field(default=512, ge=1)
 
     def is_default(self) -> bool:
         return self == VLMProtocol()

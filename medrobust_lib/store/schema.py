@@ -16,7 +16,9 @@ folders: ``vlm_results/model=<id>/run=<clean|perturbation>/modality=<m>/level=<0
 
 Columns (SQL types in :data:`VLM_COLUMNS`):
 
-- ``task``: ``vqa_mc``, ``vqa_yesno``, ``caption``, ``grounding``.
+- ``task``: ``vqa_mc``, ``vqa_yesno``, ``caption``, ``grounding``; ``vqa_open`` (the multiple-choice
+  question asked alone and scored by ``vlm.protocol.open_vqa_judge``: ``correct`` = judge score
+  >= 0.5, the score in ``parsed`` and ``judge_parsed``).
 - ``perturbation``: ``clean`` or a registered type; ``level`` 0 for clean, else 1..5;
   ``strength`` and ``ssim`` from the perturbation manifest.
 - ``prompt_id``: 0 for the original question, k for the k-th paraphrase; ``image_mode``
@@ -97,7 +99,7 @@ from medrobust_lib.config.taxonomy import DEFAULT_ABSTENTION_TAU  # noqa: F401  
 
 # --- vlm ---
 VLM_TABLE = "vlm_results"
-TASKS: tuple[str, ...] = ("vqa_mc", "vqa_yesno", "caption", "grounding")
+TASKS: tuple[str, ...] = ("vqa_mc", "vqa_yesno", "caption", "grounding", "vqa_open")
 
 VLM_COLUMNS: tuple[tuple[str, str], ...] = (
     ("model", "VARCHAR"), ("checkpoint", "VARCHAR"), ("adapter", "VARCHAR"), ("task", "VARCHAR"),
@@ -115,8 +117,8 @@ VLM_COLUMNS: tuple[tuple[str, str], ...] = (
     ("bleu_4_raw", "DOUBLE"), ("rouge_l_raw", "DOUBLE"), ("cider_raw", "DOUBLE"),
 )
 VLM_COLUMN_NAMES: tuple[str, ...] = tuple(c for c, _ in VLM_COLUMNS)
-PRIMARY_METRIC: dict[str, str] = {"vqa_mc": "accuracy", "vqa_yesno": "accuracy", "caption": "cider_d",
-                                  "grounding": "acc@0.5"}
+PRIMARY_METRIC: dict[str, str] = {"vqa_mc": "accuracy", "vqa_yesno": "accuracy", "vqa_open": "accuracy",
+                                  "caption": "cider_d", "grounding": "acc@0.5"}
 
 
 # --- taxonomy ---

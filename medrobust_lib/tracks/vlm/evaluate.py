@@ -39,7 +39,9 @@ from medrobust_lib.store.schema import VLM_COLUMN_NAMES as COLUMN_NAMES
 from medrobust_lib.store.schema import VLM_TABLE
 from medrobust_lib.tasks.grounding_reference import score_grounding_reference
 from medrobust_lib.tasks.judge import judge_mc
+from medrobust_lib.tasks.judge_open import judge_open
 from medrobust_lib.tasks.scoring import score_captions, score_grounding, score_mc, score_yes_no
+from medrobust_lib.tasks.vqa import LETTERS
 from medrobust_lib.tracks.vlm.items import DroppedRecord, VLMItem, box_in_sample, load_items, prompt_for
 from medrobust_lib.tracks.vlm.runner import Answer, Runner
 
@@ -167,18 +169,24 @@ def _judge(judge: Runner, pairs: list[tuple[VLMItem, dict[str, Any]]]) -> None:
 def ask(items_by_sample: dict[tuple[str, str], list[VLMItem]], conditions: Sequence[Condition], runner: Runner,
         caption_df_refs: Mapping[str, Sequence[str]], summary: VLMEvalSummary,
         judge: Runner | None = None, done: Collection[tuple[str, ...]] = frozenset(),
-        protocol: VLMProtocol | None = None) -> list[dict[str, Any]]:
+        protocol: VLMProtocol | None = None, open_judge: Runner | None = None) -> list[dict[str, Any]]:
     """Every item of every condition's sample, batched per task across conditions, except those
     whose row key (:func:`_item_key`) is in ``done`` (kept from a previous run). ``judge``: the
     optional LLM judge for unparseable multiple-choice answers (recorded separately). ``protocol``:
-    the reference-protocol options (caption prompt, raw caption scores, grounding parse)."""
+    the reference-protocol options (caption prompt, raw caption scores, grounding parse);
+    ``open_judge``: the judge of ``protocol.open_vqa_judge`` (multiple-choice questions also asked
+    alone, rows of task ``vqa_open``)."""
     proto = protocol or VLMProtocol()
 
     m = runner.m
     jobs: dict[str, list[tuple[VLMItem, Condition]]] = {"vqa_mc": [], "vqa_yesno": [], "caption": [], "grounding": []}
     rows: list[dict[str, Any]] = []
+    open_jobs: list[tuple[VLMItem, Condition]] = []
     for c in conditions:
         for it in items_by_sample.get((c.sample.dataset, c.sample.sample_id), []):
+            if (open_judge is not None and it.task == "vqa_mc"
+                    and _item_key(dataclasses.replace(it, task=OPEN_TASK), c.perturbation) not in done):
+                open_jobs.append((it, c))
             if done and _item_key(it, c.perturbation) in done:
                 continue
             if it.task == "grounding" and c.boxes.get(it.record_id) is None:
@@ -195,6 +203,8 @@ def ask(items_by_sample: dict[tuple[str, str], list[VLMItem]], conditions: Seque
     if judge is not None:
         _judge(judge, [(it, r) for (it, _), r in zip(mc, mc_rows, strict=True) if r["outcome"] == "unparseable"])
     rows.extend(mc_rows)
+    if open_judge is not None and open_jobs:
+        rows.extend(_open_rows(open_jobs, runner, open_judge, proto.open_vqa_max_new_tokens))
     yn = jobs["vqa_yesno"]
     scored = runner.yes_no([c.image for _, c in yn], [prompt_for(it, 0) for it, _ in yn])
     for (it, c), (lp, a) in zip(yn, scored, strict=True):
@@ -222,6 +232,36 @@ def ask(items_by_sample: dict[tuple[str, str], list[VLMItem]], conditions: Seque
     summary.model_seconds += time.perf_counter() - t0
     summary.n_images += len(conditions)
     return rows
+
+
+OPEN_TASK = "vqa_open"
+"""Task of the judge-scored open-answer rows (``vlm.protocol.open_vqa_judge``)."""
+
+
+def _open_rows(jobs: list[tuple[VLMItem, Condition]], runner: Runner, judge: Runner,
+               max_new_tokens: int) -> list[dict[str, Any]]:
+    """The multiple-choice questions asked alone and judged (:mod:`medrobust_lib.tasks.judge_open`):
+    ``correct`` = judge score >= 0.5, ``parsed`` and ``judge_parsed`` the score. A judge failure or
+    a reply without a score is an ``error`` row (not scored, retried by the next run)."""
+    answers = runner.generate([c.image for _, c in jobs], [it.question for it, _ in jobs], max_new_tokens)
+    texts = [a.text or "" for a in answers]
+    truths = [it.options[LETTERS.index(it.answer.upper())] if it.answer else "" for it, _ in jobs]
+    verdicts = judge_open(judge.api, [it.question for it, _ in jobs], texts, truths) if judge.api else []
+    out = []
+    for (it, c), a, v in zip(jobs, answers, verdicts, strict=True):
+        r = _row(dataclasses.replace(it, task=OPEN_TASK), c, runner)
+        r["n_options"] = None
+        scored: dict[str, Any] = {"prediction": a.text, "judge_model": judge.m.id, "judge_outcome": v.outcome}
+        if v.score is None:
+            scored.update(outcome=ERROR_OUTCOME, correct=None, error=f"open-VQA judge: {v.outcome}")
+        else:
+            scored.update(outcome="ok", correct=v.correct, parsed=f"{v.score:g}", judge_parsed=f"{v.score:g}",
+                          judge_correct=v.correct)
+        row = _with_answer(r, a, scored)
+        if v.score is None and a.outcome != ERROR_OUTCOME:
+            row["error"] = scored["error"]
+        out.append(row)
+    return out
 
 
 def _add_raw_scores(per: dict[str, dict[str, Any]], keys: list[str], cap: list[tuple[VLMItem, Condition]],
@@ -349,6 +389,16 @@ def _judge_runner(suite: Suite) -> Runner | None:
     return Runner(suite, m)
 
 
+def _open_judge_runner(suite: Suite) -> Runner | None:
+    vc = vlm_config(suite)
+    if vc.protocol.open_vqa_judge is None:
+        return None
+    m = vlm_model(suite, vc.protocol.open_vqa_judge)
+    if m.kind != "api":
+        raise ValueError(f"vlm.protocol.open_vqa_judge {m.id!r} must be a kind: api model")
+    return Runner(suite, m)
+
+
 def _fingerprint(runner: Runner, suite: Suite, extra: list[Any]) -> str:
     from medrobust_lib.tracks.vlm.items import records_config
 
@@ -380,7 +430,9 @@ def evaluate_clean(suite: Suite, model_id: str, modality: str, runner: Runner | 
              if any(_item_key(it, "clean") not in kept for it in by.get(k, []))]
     summary = VLMEvalSummary(n_reused=len(kept))
     judge = _judge_runner(suite)
-    rows = ask(by, conds, runner, df_refs, summary, judge, done=kept.keys(), protocol=vc.protocol)
+    open_judge = _open_judge_runner(suite)
+    rows = ask(by, conds, runner, df_refs, summary, judge, done=kept.keys(), protocol=vc.protocol,
+                       open_judge=open_judge)
     for key, reason in sorted(ev.unusable.items()):
         stand_in = placeholder_sample(key, modality)
         rows += _unusable_rows(by.get(key, []), Condition(stand_in, stand_in.image), runner, reason)
@@ -417,6 +469,7 @@ def evaluate_perturbed(suite: Suite, model_id: str, modality: str, level: int, r
     kept = _reusable(suite, _partition(model_id, modality, level), fp)
     summary = VLMEvalSummary(n_reused=len(kept))
     judge = _judge_runner(suite)
+    open_judge = _open_judge_runner(suite)
     rows: list[dict[str, Any]] = []
     conds: list[Condition] = []
     chunk = 64
@@ -453,9 +506,11 @@ def evaluate_perturbed(suite: Suite, model_id: str, modality: str, level: int, r
             continue
         conds.append(dataclasses.replace(base, image=out.image, boxes=moved))
         if len(conds) >= chunk:
-            rows.extend(ask(by, conds, runner, df_refs, summary, judge, done=kept.keys(), protocol=vc.protocol))
+            rows.extend(ask(by, conds, runner, df_refs, summary, judge, done=kept.keys(), protocol=vc.protocol,
+                       open_judge=open_judge))
             conds = []
-    rows.extend(ask(by, conds, runner, df_refs, summary, judge, done=kept.keys(), protocol=vc.protocol))
+    rows.extend(ask(by, conds, runner, df_refs, summary, judge, done=kept.keys(), protocol=vc.protocol,
+                       open_judge=open_judge))
     rows = _merge(kept, rows)
     _write(suite, model_id, "perturbation", modality, level, rows, fp)
     return _summarize(rows, summary, t0, runner)
