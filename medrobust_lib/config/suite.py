@@ -209,6 +209,13 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _without_conditional_keys(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` without its ``key?`` entries (at any depth): read as a suite of its own, an
+    overlay's conditional sections have nothing to apply to."""
+    return {k: _without_conditional_keys(v) if isinstance(v, dict) else v
+            for k, v in data.items() if not k.endswith("?")}
+
+
 def _read_yaml(p: Path) -> dict[str, Any]:
     with p.open() as fh:
         try:
@@ -245,7 +252,7 @@ def load_suite(path: str | Path) -> Suite:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"suite config not found: {p}")
-    data = with_overlays(_read_yaml(p), p.parent)
+    data = with_overlays(_without_conditional_keys(_read_yaml(p)), p.parent)
     try:
         return Suite.model_validate(data)
     except ValidationError as exc:

@@ -69,3 +69,18 @@ def test_bad_overlays_are_refused(tmp_path: Path) -> None:
     (tmp_path / "o.yaml").write_text("perturbations: {calibration_mode: sometimes}\n")
     with pytest.raises(ValueError, match="calibration_mode"):
         load_suite(p)
+
+
+def test_every_type_of_the_overlay_subsets_applies_to_its_modality() -> None:
+    from medrobust_lib.perturb.spec import get_perturbation
+
+    over = yaml.safe_load((ROOT / "configs" / "reference_protocol.yaml").read_text())
+    for modality, names in over["perturbations"]["types_by_modality"].items():
+        for name in names:
+            spec = get_perturbation(name)
+            assert modality in spec.modalities, (modality, name)
+
+
+def test_the_overlay_file_loads_as_a_suite_of_its_own() -> None:
+    s = load_suite(ROOT / "configs" / "reference_protocol.yaml")
+    assert s.protocol == "reference" and s.segmentation.finetune is None and not s.segmentation.models
