@@ -168,7 +168,7 @@ class Suite(BaseModel):
             return self
         for models in (self.segmentation.models, self.vlm.models):
             for m in models:
-                family = getattr(m, "family", getattr(m, "kind", None))
+                family = str(getattr(m, "family", None) or getattr(m, "kind", ""))
                 for key, value in REFERENCE_MODEL_DEFAULTS.get(family, {}).items():
                     if key in type(m).model_fields and key not in m.model_fields_set:
                         setattr(m, key, value)
