@@ -88,3 +88,13 @@ def test_hf_processor_and_bilinear_models_predict_at_the_input_size() -> None:
         assert probs.shape == (1, *img.shape[:2]) and np.isfinite(probs).all()
         logits = seg.forward_logits(_upload(img), torch.tensor([[10.0, 10.0, 60.0, 40.0]]))
         assert logits.shape == (1, 1, *img.shape[:2])
+
+
+def test_pipeline_options_enter_the_result_fingerprint() -> None:
+    from medrobust_lib.config.segmentation import SegModelConfig
+    from medrobust_lib.tracks.segmentation.evaluate import _pipeline
+
+    assert _pipeline(SegModelConfig(id="a", family="medsam")) == []  # defaults: earlier results stay current
+    assert _pipeline(SegModelConfig(id="a", family="medsam", preprocess="hf_processor")) != []
+    assert _pipeline(SegModelConfig(id="b", family="sam_med2d", color="rgb")) != _pipeline(
+        SegModelConfig(id="b", family="sam_med2d", resize="bilinear"))
