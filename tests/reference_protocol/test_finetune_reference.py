@@ -60,3 +60,16 @@ def test_vlm_adapter_budget_in_epochs() -> None:
     assert (cfg.lr, cfg.weight_decay) == (2e-4, 0.0)
     default = adapter_train_config(VLMFinetuneSettings(), n_train=1000, seed=0)
     assert (default.max_steps, default.warmup_steps, default.grad_accumulation) == (400, 30, 1)
+
+
+def test_reference_lora_targets_adapt_only_the_mask_decoder() -> None:
+    import yaml
+
+    over = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" / "reference_protocol.yaml").read_text())
+    lora = over["segmentation"]["finetune?"]["lora"]
+    seg = SamSegmenter(build_sam(arch_for("tiny", "sam"), seed=0), "sam", "tiny", "0")
+    report = apply_strategy(seg, StrategyConfig(name="lora", lora_r=lora["r"], lora_alpha=lora["alpha"],
+                                                lora_dropout=lora["dropout"], lora_targets=lora["targets"]))
+    trained = [n for n, _ in seg.sam.named_parameters() if report.is_trainable(n)]
+    assert trained and all(n.startswith("mask_decoder.") and "lora_" in n for n in trained)
+    assert {n.split(".lora_")[0].rsplit(".", 1)[1] for n in trained} == {"q_proj", "v_proj"}
