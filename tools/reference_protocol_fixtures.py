@@ -269,18 +269,21 @@ def preprocessing(repo: Path) -> None:
         # checkpoint's preprocessor_config.json), do_rescale=False as the reference sets it. The
         # PIL backend: the processor transformers 4.x loaded (the reference predates 5.x, whose
         # default torchvision backend resizes float tensors without the uint8 round trip).
-        med = mz.MedSAMModel.__new__(mz.MedSAMModel)
-        torch.nn.Module.__init__(med)
-        med.device = "cpu"
-        med.model = _StubSamModel()
-        med.processor = SamProcessor(image_processor=SamImageProcessorPil())
-        med.processor.image_processor.do_rescale = False
-        try:
-            med.forward(x, input_boxes=box)
-            raise RuntimeError("the reference MedSAM forward did not reach the model")
-        except _Captured as c:
-            arrays[f"medsam_pixel_values__{name}"] = c.tensors["pixel_values"].numpy()
-            arrays[f"medsam_input_boxes__{name}"] = c.tensors["input_boxes"].numpy()
+        # Every image at longest edge 256 (the same steps, small fixtures), one also at 1024.
+        for size in (256, 1024) if name == "gray_tall" else (256,):
+            med = mz.MedSAMModel.__new__(mz.MedSAMModel)
+            torch.nn.Module.__init__(med)
+            med.device = "cpu"
+            med.model = _StubSamModel()
+            proc = SamImageProcessorPil(size={"longest_edge": size}, pad_size={"height": size, "width": size})
+            med.processor = SamProcessor(image_processor=proc)
+            med.processor.image_processor.do_rescale = False
+            try:
+                med.forward(x, input_boxes=box)
+                raise RuntimeError("the reference MedSAM forward did not reach the model")
+            except _Captured as c:
+                arrays[f"medsam_pixel_values__{name}__{size}"] = c.tensors["pixel_values"].numpy()
+                arrays[f"medsam_input_boxes__{name}__{size}"] = c.tensors["input_boxes"].numpy()
         # SAM-Med2D: the reference's SAMMed2DModel.forward (phase 1) at image_size 256
         from segment_anything.utils.transforms import ResizeLongestSide
 

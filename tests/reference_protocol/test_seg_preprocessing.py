@@ -27,9 +27,12 @@ def _upload(img: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(chw))[None]
 
 
-@pytest.fixture(scope="module")
-def medsam() -> SamSegmenter:
-    sam = build_sam(replace(arch_for("tiny", "medsam"), image_size=1024), seed=0)
+MEDSAM_CASES = sorted((k.split("__")[1], int(k.split("__")[2])) for k in FIX.files
+                      if k.startswith("medsam_pixel_values__"))
+
+
+def _medsam(size: int) -> SamSegmenter:
+    sam = build_sam(replace(arch_for("tiny", "medsam"), image_size=size), seed=0)
     return SamSegmenter(sam, "medsam", "medsam-hf", "0", preprocess="hf_processor")
 
 
@@ -40,17 +43,22 @@ def sammed2d() -> SamSegmenter:
                         mask_selection="single")
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_medsam_hf_processor_equals_samprocessor(medsam: SamSegmenter, name: str) -> None:
+def test_fixtures_cover_the_published_size() -> None:
+    assert ("gray_tall", 1024) in MEDSAM_CASES and len(MEDSAM_CASES) == len(NAMES) + 1
+
+
+@pytest.mark.parametrize(("name", "size"), MEDSAM_CASES)
+def test_medsam_hf_processor_equals_samprocessor(name: str, size: int) -> None:
+    medsam = _medsam(size)
     img = _image(name)
     got = medsam.preprocess_hf([img]).numpy()
-    want = FIX[f"medsam_pixel_values__{name}"]
+    want = FIX[f"medsam_pixel_values__{name}__{size}"]
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
     h, w = img.shape[:2]
     box = torch.as_tensor(FIX[f"box__{name}"], dtype=torch.float32)[None]
     np.testing.assert_allclose(medsam.transform_boxes(box, h, w).numpy().reshape(-1),
-                               FIX[f"medsam_input_boxes__{name}"].reshape(-1), atol=1e-4, rtol=0)
+                               FIX[f"medsam_input_boxes__{name}__{size}"].reshape(-1), atol=1e-4, rtol=0)
     # the differentiable path (attacks, fine-tuning) differs only by the uint8 round trip
     diff = medsam.preprocess(_upload(img)).detach().numpy() - want
     assert np.abs(diff).max() < 0.1 and np.abs(diff).mean() < 0.01
