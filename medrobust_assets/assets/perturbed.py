@@ -38,7 +38,8 @@ def perturbed_samples(context: dg.AssetExecutionContext, suite: SuiteResource,
     s = suite.load()
     modality, level = modality_and_level(context)
     params = {"seed": s.seed, "level": level, "band": s.perturbations.bands[level],
-              "split": s.perturbations.split, "calibration_subset": s.perturbations.calibration_subset}
+              "split": s.perturbations.split, "calibration_subset": s.perturbations.calibration_subset,
+              "calibration_mode": s.perturbations.calibration_mode}
     with tracking.run(context, s, "perturbed_samples", params) as run:
         summary = build_perturbed(s, modality, level, progress=context.log.info)
         metrics = {"n_rows": summary.n_rows, "n_error": summary.n_error,

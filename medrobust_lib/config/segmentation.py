@@ -37,11 +37,23 @@ class LoraOptions(LoraSettings):
 
 
 class FinetuneTrain(TrainBudget):
+    """The strategies' training budget. The demo-sized defaults train ``max_steps``; the reference
+    protocol sets ``epochs`` (then ``max_steps`` is epochs x batches per epoch), its batch sizes,
+    weight decay, a warmup of ``warmup_epochs`` and ``encoder_lr_factor`` (applied to
+    ``encoder_partial`` and ``full``, as the reference's ``build_optimizer`` does)."""
+
     max_steps: int = 200
     lr: float = 5e-4
     eval_every: int = 25
     patience: int = 3
     time_budget_s: float | None = 30.0
+    epochs: int | None = Field(default=None, ge=1, description="train this many epochs instead of max_steps")
+    batch_size_full: int | None = Field(default=None, ge=1, description="batch size of the full strategy (None: batch_size)")
+    weight_decay: float = Field(default=1e-4, ge=0)
+    warmup_steps: int = Field(default=10, ge=0)
+    warmup_epochs: float | None = Field(default=None, ge=0, description="warmup length in epochs (overrides warmup_steps)")
+    encoder_lr_factor: float = Field(default=1.0, gt=0, description="lr factor of encoder parameters for "
+                                     "encoder_partial and full")
 
 
 class FinetuneEval(BaseModel):
@@ -104,10 +116,17 @@ class SegModelConfig(BaseModel):
         default=None, description="torch.compile mode for the image encoder (e.g. 'default'); None: eager")
     mask_selection: Literal["single", "best_iou"] | None = Field(
         default=None, description="None: the family's published choice (sam_med2d: best_iou, else single)")
-    preprocess: Literal["default", "exact"] | None = Field(
+    preprocess: Literal["default", "exact", "hf_processor"] | None = Field(
         default=None, description="None: the family's published choice (litemedsam: 'exact', the official "
                                   "CVPR24_LiteMedSAM_infer.py uint8/cv2 pipeline; others: 'default'); 'exact' for "
-                                  "medsam: MedSAM_Inference.py's skimage/uint8 pipeline; 'default': differentiable")
+                                  "medsam: MedSAM_Inference.py's skimage/uint8 pipeline; 'hf_processor': the Hugging "
+                                  "Face SamProcessor pipeline of the reference benchmark (medsam only); 'default': "
+                                  "differentiable")
+    color: Literal["bgr", "rgb"] | None = Field(
+        default=None, description="sam_med2d channel order (None: its published bgr; rgb: the reference benchmark)")
+    resize: Literal["nearest", "bilinear"] | None = Field(
+        default=None, description="sam_med2d resizing (None: its published nearest to 256 x 256; bilinear: the "
+        "reference benchmark's longest side + padding)")
     precision: Literal["fp32", "bf16"] = Field(
         default="fp32", description="arithmetic of the model: 'bf16' runs it under bf16 autocast (CPU or CUDA); "
                                     "recorded in every result row")

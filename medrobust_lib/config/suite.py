@@ -6,7 +6,7 @@ Paths in a suite are relative to the working directory (the project root) unless
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -35,6 +35,16 @@ class DemoConfig(BaseModel):
                           "copying the committed weights (medrobust_lib/demo/weights; medrobust demo --retrain)")
 
 
+REFERENCE_MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
+    "medsam": {"preprocess": "hf_processor"},
+    "sam_med2d": {"mask_selection": "single", "color": "rgb", "resize": "bilinear"},
+    "hf": {"caption_max_new_tokens": 512},
+    "api": {"caption_max_new_tokens": 512},
+}
+"""``protocol: reference``: per model family (segmentation) or kind (VLM), the reference
+benchmark's settings, applied to every model that does not set the field itself."""
+
+
 class PerturbationConfig(BaseModel):
     """Which perturbations to generate and how to calibrate them."""
 
@@ -44,6 +54,15 @@ class PerturbationConfig(BaseModel):
     levels: list[int] = Field(default_factory=lambda: list(SEVERITY_LEVELS))
     bands: dict[int, tuple[float, float]] = Field(default_factory=lambda: dict(SSIM_BANDS))
     calibration_subset: int = Field(default=4, ge=1, description="images per dataset used for the warm start")
+    calibration_mode: Literal["per_image", "reference", "fixed"] = Field(
+        default="per_image", description="per_image: every image searched into its band (the corrected protocol); "
+        "reference: the published code's first-image bisection on min-max-normalised SSIM, reused for every image; "
+        "fixed: each type's default strength for the level, uncalibrated (the reference's VLM images)")
+    calibration_by_dataset: dict[str, Literal["per_image", "reference", "fixed"]] = Field(
+        default_factory=dict, description="a dataset name -> its own calibration_mode (e.g. 'fixed' for VLM datasets)")
+    types_by_modality: dict[str, list[str]] | None = Field(
+        default=None, description="modality -> the only types (fnmatch globs) generated for it, after include/exclude; "
+        "a modality not listed keeps every selected type (the reference's per-dataset subsets)")
     split: str = Field(default="test", description="which split to perturb: train, val, test or all")
     max_samples: int | None = Field(default=None, ge=1, description="cap per dataset, after the split filter")
 
@@ -51,6 +70,18 @@ class PerturbationConfig(BaseModel):
     @classmethod
     def _bands(cls, v: dict[int, tuple[float, float]]) -> dict[int, tuple[float, float]]:
         return validate_bands(v)
+
+    def mode_for(self, dataset: str) -> Literal["per_image", "reference", "fixed"]:
+        """The calibration mode of ``dataset``."""
+        return self.calibration_by_dataset.get(dataset, self.calibration_mode)
+
+    @field_validator("types_by_modality")
+    @classmethod
+    def _types_by_modality(cls, v: dict[str, list[str]] | None) -> dict[str, list[str]] | None:
+        bad = sorted(set(v or ()) - set(ALL_MODALITIES))
+        if bad:
+            raise ValueError(f"unknown modalities {bad}; valid: {', '.join(ALL_MODALITIES)}")
+        return v
 
     @field_validator("levels")
     @classmethod
@@ -77,6 +108,12 @@ class Suite(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = "demo"
     seed: int = 0
+    overlays: list[str] = Field(default_factory=list, description=(
+        "YAML files merged over this suite when it is loaded (paths relative to the suite file), e.g. "
+        "reference_protocol.yaml; see load_suite"))
+    protocol: Literal["corrected", "reference"] = Field(default="corrected", description=(
+        "corrected: medrobust's protocol; reference: also give every model the reference benchmark's "
+        "per-model settings it does not set itself (REFERENCE_MODEL_DEFAULTS; docs/differences-from-reference.md)"))
     results_dir: str = ""
     """Where result tables go; default ``var/<name>/results`` (every other output sits beside it)."""
     mart_path: str = ""
@@ -151,6 +188,18 @@ class Suite(BaseModel):
         return [lv for lv in self.perturbations.levels if wanted is None or lv in wanted]
 
     @model_validator(mode="after")
+    def _reference_model_defaults(self) -> Suite:
+        if self.protocol != "reference":
+            return self
+        for models in (self.segmentation.models, self.vlm.models):
+            for m in models:
+                family = str(getattr(m, "family", None) or getattr(m, "kind", ""))
+                for key, value in REFERENCE_MODEL_DEFAULTS.get(family, {}).items():
+                    if key in type(m).model_fields and key not in m.model_fields_set:
+                        setattr(m, key, value)
+        return self
+
+    @model_validator(mode="after")
     def _weights_named_outside_the_demo(self) -> Suite:
         if self.demo.enabled:  # the demo trains what it does not name
             for m in self.segmentation.models:
@@ -172,12 +221,27 @@ class Suite(BaseModel):
         return self
 
 
-def load_suite(path: str | Path) -> Suite:
-    """Read a suite YAML. Raises FileNotFoundError, or ValueError naming the file and each offending
-    key (unknown keys included) with its location, e.g. ``segmentation.models.0.chekpoint``."""
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"suite config not found: {p}")
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` merged onto ``base``: mappings merge key by key, anything else (lists included)
+    replaces. A key ending in ``?`` (``finetune?``) applies only when ``base`` has that key."""
+    out = dict(base)
+    for k, v in over.items():
+        if k.endswith("?"):
+            k = k[:-1]
+            if k not in out or out[k] is None:
+                continue
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _without_conditional_keys(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` without its ``key?`` entries (at any depth): read as a suite of its own, an
+    overlay's conditional sections have nothing to apply to."""
+    return {k: _without_conditional_keys(v) if isinstance(v, dict) else v
+            for k, v in data.items() if not k.endswith("?")}
+
+
+def _read_yaml(p: Path) -> dict[str, Any]:
     with p.open() as fh:
         try:
             data = yaml.safe_load(fh) or {}
@@ -185,6 +249,35 @@ def load_suite(path: str | Path) -> Suite:
             raise ValueError(f"{p}: not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
         raise ValueError(f"{p}: a suite is a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def with_overlays(data: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """``data`` with each file of its ``overlays`` list (relative to ``folder``, the suite file's
+    folder, unless absolute) merged over it in order (:func:`_deep_merge`: the overlay wins). An
+    overlay may not name overlays itself. Raises FileNotFoundError / ValueError naming the file."""
+    names = data.get("overlays") or []
+    if not isinstance(names, list):
+        raise ValueError(f"overlays must be a list of YAML files, got {names!r}")
+    for name in names:
+        op = Path(name) if Path(name).is_absolute() else folder / name
+        if not op.is_file():
+            raise FileNotFoundError(f"suite overlay not found: {op}")
+        over = _read_yaml(op)
+        if over.get("overlays"):
+            raise ValueError(f"{op}: an overlay cannot name overlays itself")
+        data = _deep_merge(data, over)
+    return data
+
+
+def load_suite(path: str | Path) -> Suite:
+    """Read a suite YAML, merged with its ``overlays`` (:func:`with_overlays`). Raises
+    FileNotFoundError, or ValueError naming the file and each offending key (unknown keys included)
+    with its location, e.g. ``segmentation.models.0.chekpoint``."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"suite config not found: {p}")
+    data = with_overlays(_without_conditional_keys(_read_yaml(p)), p.parent)
     try:
         return Suite.model_validate(data)
     except ValidationError as exc:

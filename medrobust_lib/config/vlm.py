@@ -127,10 +127,47 @@ class VLMFinetuneSettings(TrainBudget, LoraSettings):
     eval_every: int = 50
     patience: int = 3
     time_budget_s: float | None = 60.0
+    epochs: int | None = Field(default=None, ge=1, description="train this many epochs (optimizer steps of "
+                               "batch_size x grad_accumulation examples) instead of max_steps")
+    grad_accumulation: int = Field(default=1, ge=1, description="micro-batches of batch_size per optimizer step")
+    weight_decay: float = Field(default=0.01, ge=0)
+    warmup_steps: int = Field(default=30, ge=0)
+    warmup_ratio: float | None = Field(default=None, ge=0, lt=1, description="warmup as a share of the optimizer "
+                                       "steps (overrides warmup_steps)")
+
+
+REFERENCE_CAPTION_PROMPT = "Describe this medical image in detail."
+"""The caption prompt of the reference benchmark (``eval_vlm_perturbation.py``)."""
+
+
+class VLMProtocol(BaseModel):
+    """Where the VLM track may ask and score as the reference benchmark does (all off by default;
+    ``configs/reference_protocol.yaml`` turns them on; docs/differences-from-reference.md).
+
+    - ``caption_prompt``: the caption instruction (None: the house one-sentence prompt);
+    - ``caption_raw_scores``: also score captions on raw, untokenised strings as pycocoevalcap is
+      called there (columns ``bleu_4_raw``, ``rouge_l_raw``, ``cider_raw``, besides the PTB scores);
+    - ``grounding_parse``: ``house`` (box forms, scale detection, pixels) or ``reference`` (the first
+      four numbers read as 0-1 coordinates, no scale reconciliation);
+    - ``open_vqa_judge``: a ``kind: api`` model id (any OpenAI-compatible endpoint): every
+      multiple-choice question is also asked alone (``open_vqa_max_new_tokens``) and the answer
+      scored by that judge with the reference's rubric (0 / 0.5 / 1, correct at >= 0.5), in rows of
+      task ``vqa_open`` beside the lettered ``vqa_mc`` rows."""
+
+    model_config = ConfigDict(extra="forbid")
+    caption_prompt: str | None = None
+    caption_raw_scores: bool = False
+    grounding_parse: Literal["house", "reference"] = "house"
+    open_vqa_judge: str | None = None
+    open_vqa_max_new_tokens: int = Field(default=512, ge=1)
+
+    def is_default(self) -> bool:
+        return self == VLMProtocol()
 
 
 class VLMConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    protocol: VLMProtocol = Field(default_factory=lambda: VLMProtocol())
     models: list[VLMModelConfig] = Field(default_factory=list)
     records: VLMRecordsConfig = Field(default_factory=lambda: VLMRecordsConfig())
     split: str = "test"

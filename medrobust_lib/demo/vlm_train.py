@@ -19,7 +19,7 @@ from medrobust_lib.demo.alignment import alignment_sets, demo_truth, mixed_in, r
 from medrobust_lib.demo.corpus import TOWER_CORPUS_FOLDER, Corpus, load_corpus
 from medrobust_lib.demo.manifest import DemoSample
 from medrobust_lib.demo.vision_pretrain import pretrain_tower
-from medrobust_lib.finetune.vlm_train import VLMExample, VLMTrainConfig
+from medrobust_lib.finetune.vlm_train import VLMExample, VLMTrainConfig, adapter_train_config
 from medrobust_lib.tasks.scoring import score_mc
 from medrobust_lib.tracks.vlm.items import VLMItem, box_in_sample, load_items, prompt_for
 from medrobust_lib.tracks.vlm.runner import checkpoint_dir
@@ -290,8 +290,7 @@ def finetune_adapter(suite: Suite, model_id: str, log: Callable[[str], None] | N
     train = examples_for(items, by_split["train"], (ft.task,), box_step=ts.box_step, flips=ts.grounding_flips)
     val = examples_for(items, by_split["val"], (ft.task,), box_step=ts.box_step)
     settings = LoraSettings(r=ft.r, alpha=ft.alpha, dropout=ft.dropout, target_regex=ft.target_regex or LM_PROJ_REGEX)
-    cfg = VLMTrainConfig(max_steps=ft.max_steps, batch_size=ft.batch_size, lr=ft.lr, eval_every=ft.eval_every,
-                         patience=ft.patience, time_budget_s=ft.time_budget_s, seed=suite.seed)
+    cfg = adapter_train_config(ft, len(train), suite.seed)
     res = finetune_lora(model, proc, train, val, settings, cfg, adapter_folder(suite, model_id),
                         base_model_hash=_folder_hash(source), log=log)
     return AdapterSummary(str(res.adapter_dir), res.adapter_hash, ft.task, res.initial_val_loss,

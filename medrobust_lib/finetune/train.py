@@ -43,6 +43,14 @@ class TrainConfig:
     box_jitter: float = 0.05
     augment: bool = True
     seed: int = 0
+    epochs: int | None = None
+    """When set, ``max_steps`` becomes ``epochs`` x batches per epoch (the reference's budget)."""
+    warmup_epochs: float | None = None
+    """When set, ``warmup_steps`` becomes ``int(warmup_epochs x batches per epoch)`` (the reference: 0.1)."""
+    encoder_lr_factor: float = 1.0
+    """Learning-rate factor of the trainable parameters whose name contains ``encoder`` (the
+    reference's ``build_optimizer`` for ``encoder_partial`` and ``full``: 0.1; its substring test
+    also catches the prompt encoder)."""
 
 
 @dataclass
@@ -56,7 +64,9 @@ class TrainResult:
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warmup to cfg.lr, then cosine decay to 0 at max_steps."""
+    """Linear warmup to cfg.lr (from ``lr / warmup_steps`` at step 0), then cosine decay to 0 at
+    max_steps; no warmup when ``warmup_steps`` is 0. The reference's ``build_scheduler`` has the
+    same shape (it uses 3.14159 for pi)."""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     t = (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps)
@@ -107,6 +117,37 @@ def _save_state(path: Path, state: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
+def batches_per_epoch(samples: Sequence[Sample], batch_size: int) -> int:
+    """Batches in one epoch of :func:`train_segmenter` (one shape per batch): the usable samples
+    (non-empty mask) grouped by image shape, each group split into ``ceil(n / batch_size)``."""
+    shapes: dict[tuple[int, ...], int] = {}
+    for s in samples:
+        if s.mask is not None and s.mask.any():
+            shapes[s.image.shape] = shapes.get(s.image.shape, 0) + 1
+    return sum(-(-n // batch_size) for n in shapes.values())
+
+
+def resolve_budget(cfg: TrainConfig, train: Sequence[Sample]) -> TrainConfig:
+    """``cfg`` with ``epochs`` / ``warmup_epochs`` turned into ``max_steps`` / ``warmup_steps``."""
+    spe = batches_per_epoch(train, cfg.batch_size)
+    if cfg.epochs is not None:
+        cfg = replace(cfg, max_steps=max(1, cfg.epochs * spe))
+    if cfg.warmup_epochs is not None:
+        cfg = replace(cfg, warmup_steps=int(cfg.warmup_epochs * spe))
+    return cfg
+
+
+def param_groups(named: Sequence[tuple[str, torch.nn.Parameter]], cfg: TrainConfig) -> list[dict[str, Any]]:
+    """AdamW parameter groups: with ``encoder_lr_factor != 1`` the parameters whose name contains
+    ``encoder`` (any case) train at ``lr x factor``, the others at ``lr``; otherwise one group."""
+    if cfg.encoder_lr_factor == 1.0:
+        return [{"params": [p for _, p in named], "lr": cfg.lr}]
+    enc = [p for n, p in named if "encoder" in n.lower()]
+    other = [p for n, p in named if "encoder" not in n.lower()]
+    groups = [{"params": enc, "lr": cfg.lr * cfg.encoder_lr_factor}] if enc else []
+    return groups + ([{"params": other, "lr": cfg.lr}] if other else [])
+
+
 def train_segmenter(
     model: SamSegmenter, train: Sequence[Sample], val: Sequence[Sample], cfg: TrainConfig,
     *, trainable: Callable[[str], bool] | None = None, log: Callable[[str], None] | None = None,
@@ -124,10 +165,11 @@ def train_segmenter(
     augmentation are functions of (seed, epoch, step)). The caller removes it after a finished run.
     The CPU generator state is saved too, so global-RNG dropout (LoRA) continues its stream; callers
     scope that generator (``seeding.scoped_torch_seed``) to make the run itself reproducible."""
-    params = [p for n, p in model.sam.named_parameters() if trainable is None or trainable(n)]
+    cfg = resolve_budget(cfg, train)
+    named = [(n, p) for n, p in model.sam.named_parameters() if trainable is None or trainable(n)]
     for n, p in model.sam.named_parameters():
         p.requires_grad_(trainable is None or trainable(n))
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt = torch.optim.AdamW(param_groups(named, cfg), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_at(s, cfg) / cfg.lr)
     use_amp = model.device.type == "cuda"
     eval_prompt = PromptConfig()
@@ -186,7 +228,7 @@ def train_segmenter(
             loss = dice_bce_loss(logits.float(), y, cfg.w_dice, cfg.w_bce)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            torch.nn.utils.clip_grad_norm_([p for _, p in named], cfg.grad_clip)
             opt.step()
             sched.step()
             step += 1

@@ -60,6 +60,20 @@ class VLMTrainConfig:
     lr_scales: tuple[tuple[str, float], ...] = ()
     """(parameter-name prefix, factor) pairs: a trainable parameter whose name starts with the first
     matching prefix learns at factor x the scheduled learning rate (1 for the rest)."""
+    grad_accumulation: int = 1
+    """Micro-batches of ``batch_size`` whose mean gradient makes one optimizer step."""
+
+
+def adapter_train_config(ft: Any, n_train: int, seed: int) -> VLMTrainConfig:
+    """The :class:`VLMTrainConfig` of a VLM adapter from the suite's ``vlm.finetune`` settings
+    (:class:`medrobust_lib.config.vlm.VLMFinetuneSettings`): ``epochs`` become optimizer steps
+    (``ceil(n_train / (batch_size x grad_accumulation))`` per epoch) and ``warmup_ratio`` a share of them."""
+    per_step = ft.batch_size * ft.grad_accumulation
+    steps = ft.max_steps if ft.epochs is None else max(1, ft.epochs * -(-n_train // per_step))
+    warmup = ft.warmup_steps if ft.warmup_ratio is None else int(ft.warmup_ratio * steps)
+    return VLMTrainConfig(max_steps=steps, batch_size=ft.batch_size, lr=ft.lr, weight_decay=ft.weight_decay,
+                          warmup_steps=warmup, eval_every=ft.eval_every, patience=ft.patience,
+                          time_budget_s=ft.time_budget_s, seed=seed, grad_accumulation=ft.grad_accumulation)
 
 
 SEQ_KEYS = ("token_type_ids", "mm_token_type_ids", "cross_attention_mask")
@@ -301,14 +315,15 @@ def train_vlm(model: Any, processor: Any, train: EncodedSet, val: EncodedSet, cf
     stopped = False
     model.train()
     while step < cfg.max_steps:
-        if len(order) < cfg.batch_size:
-            order.extend(rng.permutation(len(train)).tolist())
-        idx, order = order[: cfg.batch_size], order[cfg.batch_size:]
         for g in opt.param_groups:
             g["lr"] = _lr_at(step, cfg) * g["scale"]
-        loss = example_losses(model, collate(train, idx, pad_id)).mean()
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        for _ in range(cfg.grad_accumulation):
+            if len(order) < cfg.batch_size:
+                order.extend(rng.permutation(len(train)).tolist())
+            idx, order = order[: cfg.batch_size], order[cfg.batch_size:]
+            loss = example_losses(model, collate(train, idx, pad_id)).mean()
+            (loss / cfg.grad_accumulation).backward()
         torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
         opt.step()
         step += 1

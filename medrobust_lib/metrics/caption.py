@@ -18,8 +18,9 @@ of ``bleu_scorer.py``, ``rouge.py`` and ``cider_scorer.py``:
   when exactly one caption is empty.
 
 The one intended difference: document frequencies. pycocoevalcap recomputes them from whatever
-references are scored in one call, so a subgroup or a perturbed condition is scored against a
-different idf table. :class:`DocumentFrequency` is built once (``from_references`` on the clean
+references are scored in one call, so a subgroup, or a condition that lost rows to errors or
+exclusions, is scored against a different idf table (a perturbation alone does not change it: it
+changes the predictions, not the references). :class:`DocumentFrequency` is built once (``from_references`` on the clean
 reference set) and passed to :func:`cider_d` for every condition and subgroup. With ``df=None``
 the table is built from the references being scored, which is exactly pycocoevalcap's ``Cider``.
 

@@ -243,9 +243,14 @@ def to_tensor_batch(images: Sequence[FloatImage]) -> torch.Tensor:
 EXACT_FAMILIES: tuple[str, ...] = ("medsam", "litemedsam")
 """Families with a host-side ``preprocess: exact`` mode (their official inference script's uint8 steps)."""
 MaskSelection = Literal["single", "best_iou"]
-Preprocess = Literal["default", "exact"]
+Preprocess = Literal["default", "exact", "hf_processor"]
 MASK_SELECTIONS: tuple[str, ...] = ("single", "best_iou")
-PREPROCESS_MODES: tuple[str, ...] = ("default", "exact")
+PREPROCESS_MODES: tuple[str, ...] = ("default", "exact", "hf_processor")
+Color = Literal["bgr", "rgb"]
+Resize = Literal["nearest", "bilinear"]
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+"""The Hugging Face ``SamImageProcessor`` normalisation (of [0, 1] values)."""
 
 
 def default_mask_selection(family: Family) -> MaskSelection:
@@ -294,12 +299,24 @@ class SamSegmenter:
     the low-resolution logits go through the sigmoid at 256 px and the *probabilities* are resized
     bilinearly to the input size. It is not differentiable, so it applies to ``predict`` and
     ``score``; ``forward_logits`` (attacks, fine-tuning) keeps the differentiable default path.
+    Or, for MedSAM only, ``hf_processor``: the Hugging Face ``SamProcessor`` pipeline the reference
+    benchmark ran MedSAM through (``flaviagiammarino/medsam-vit-base``, ``do_rescale=False`` on
+    [0, 1] input): :meth:`preprocess_hf` on the host for ``predict`` / ``score`` (uint8 truncation,
+    PIL bilinear resize of the longest side, ImageNet mean/std, zero padding), and the same steps
+    without the uint8 round trip (bilinear antialiased resize) in the differentiable path; boxes
+    and masks use the longest-side geometry (as ``sam``).
+
+    ``color`` / ``resize`` (SAM-Med2D only; None: its published ``bgr`` / ``nearest``): ``rgb``
+    keeps the channel order; ``bilinear`` is the reference benchmark's wrapper: longest side to
+    ``image_size`` (``int(h * scale)``), bilinear without antialiasing, zero padding *before* the
+    ``x 255`` mean/std normalisation, as its ``SAMMed2DModel.forward`` does.
     """
 
     def __init__(self, sam: torch.nn.Module, family: Family, model_id: str, checkpoint_hash: str,
                  device: str = "cpu", autocast_dtype: torch.dtype | None = None, *, engine: str | None = None,
                  compile_mode: str | None = None, mask_selection: str | None = None,
-                 preprocess: str = "default", bf16_weights: bool = False) -> None:
+                 preprocess: str = "default", bf16_weights: bool = False, color: str | None = None,
+                 resize: str | None = None) -> None:
         from medrobust_lib.models.sam_fast import default_engine, use_engine
 
         self.sam: Any = sam.to(device).eval()
@@ -328,7 +345,16 @@ class SamSegmenter:
             raise ValueError("preprocess 'exact' is the published host pipeline of "
                              f"{' and '.join(EXACT_FAMILIES)}; family {family!r} has no exact mode (its default is "
                              "already its published one)")
+        if preprocess == "hf_processor" and family != "medsam":
+            raise ValueError(f"preprocess {preprocess!r} is one of MedSAM's pipelines; family {family!r} has no "
+                             "such mode (its default is already its published one)")
         self.preprocess_mode: Preprocess = preprocess  # type: ignore[assignment]
+        if (color is not None or resize is not None) and family != "sam_med2d":
+            raise ValueError(f"color / resize are SAM-Med2D options; family {family!r} has its own fixed pipeline")
+        if color not in (None, "bgr", "rgb") or resize not in (None, "nearest", "bilinear"):
+            raise ValueError(f"unknown color {color!r} or resize {resize!r}; valid: bgr, rgb / nearest, bilinear")
+        self.color: Color = color or "bgr"  # type: ignore[assignment]
+        self.resize_mode: Resize = resize or "nearest"  # type: ignore[assignment]
         # Host-to-device copies: float32 keeps CPU results identical to the reference; on CUDA the
         # images travel as float16 from pinned memory (half the bytes; far below bf16 rounding).
         self.host_dtype = torch.float16 if self.device.type == "cuda" else torch.float32
@@ -341,19 +367,25 @@ class SamSegmenter:
         mask selection, preprocessing) loaded from ``checkpoint`` (:func:`load_segmenter`); the
         constructor that :func:`medrobust_lib.models.registry.build_segmenter` calls."""
         return load_segmenter(m.family, m.arch, checkpoint, model_id=m.id, device=m.device, engine=m.engine,
-                              compile_mode=m.compile, mask_selection=m.mask_selection, preprocess=m.preprocess or "default")
+                              compile_mode=m.compile, mask_selection=m.mask_selection,
+                              preprocess=m.preprocess or "default", color=m.color, resize=m.resize)
 
     def register_buffers(self) -> None:
         self.mean = torch.tensor(PIXEL_MEAN, device=self.device).view(1, 3, 1, 1)
         self.std = torch.tensor(PIXEL_STD, device=self.device).view(1, 3, 1, 1)
+        self.imagenet_mean = torch.tensor(IMAGENET_MEAN, device=self.device).view(1, 3, 1, 1)
+        self.imagenet_std = torch.tensor(IMAGENET_STD, device=self.device).view(1, 3, 1, 1)
 
     # ---- preprocessing -------------------------------------------------------------------
     def _geometry(self, h: int, w: int) -> tuple[int, int]:
         """Size (h', w') of the resized image inside the model grid."""
         s = self.image_size
-        if self.family == "sam":
+        if self.family == "sam" or self.preprocess_mode == "hf_processor":
             scale = s / max(h, w)
             return int(h * scale + 0.5), int(w * scale + 0.5)
+        if self.family == "sam_med2d" and self.resize_mode == "bilinear":
+            scale = s / max(h, w)
+            return int(h * scale), int(w * scale)
         return s, s
 
     def preprocess(self, images: torch.Tensor) -> torch.Tensor:
@@ -361,20 +393,52 @@ class SamSegmenter:
         _, _, h, w = images.shape
         nh, nw = self._geometry(h, w)
         x = images
+        s = self.image_size
         if self.family == "sam_med2d":
             # SAM-Med2D was trained and evaluated on cv2.imread (BGR) input resized with INTER_NEAREST.
-            x = x.flip(1)
+            if self.color == "bgr":
+                x = x.flip(1)
+            if self.resize_mode == "bilinear":  # the reference benchmark's wrapper (class docstring)
+                if (nh, nw) != (h, w):
+                    x = F.interpolate(x, size=(nh, nw), mode="bilinear", align_corners=False)
+                return (F.pad(x, (0, s - nw, 0, s - nh)) * 255.0 - self.mean) / self.std
             if (nh, nw) != (h, w):
                 x = F.interpolate(x, size=(nh, nw), mode="nearest")
         elif (nh, nw) != (h, w):
             x = F.interpolate(x, size=(nh, nw), mode="bilinear", align_corners=False, antialias=True)
+        if self.family == "medsam" and self.preprocess_mode == "hf_processor":
+            return F.pad((x - self.imagenet_mean) / self.imagenet_std, (0, s - nw, 0, s - nh))
         if self.family == "medsam":
             lo = x.amin(dim=(1, 2, 3), keepdim=True)
             hi = x.amax(dim=(1, 2, 3), keepdim=True)
             return (x - lo) / (hi - lo).clamp_min(1e-8)
         x = (x * 255.0 - self.mean) / self.std
-        s = self.image_size
         return F.pad(x, (0, s - nw, 0, s - nh))
+
+    def preprocess_hf(self, images: Sequence[FloatImage]) -> torch.Tensor:
+        """MedSAM through Hugging Face ``SamProcessor`` as the reference benchmark calls it
+        (``do_rescale=False`` on a [0, 1] float image): per channel ``uint8(x * 255)`` (truncated,
+        float32), PIL bilinear resize of the longest side to ``image_size``, back to [0, 1]
+        (``/ 255``), ImageNet mean/std, zero padding bottom/right. Same-size images -> (B, 3, S, S)
+        float32 on the device; not differentiable."""
+        from PIL import Image
+
+        s = self.image_size
+        mean = np.asarray(IMAGENET_MEAN, np.float32)
+        std = np.asarray(IMAGENET_STD, np.float32)
+        out = []
+        for im in images:
+            a = np.asarray(im, np.float32)
+            a = np.repeat(a[:, :, None], 3, axis=-1) if a.ndim == 2 else a
+            h, w = a.shape[:2]
+            nh, nw = self._geometry(h, w)
+            u8 = (a * np.float32(255)).astype(np.uint8)
+            r = np.asarray(Image.fromarray(u8).resize((nw, nh), resample=Image.Resampling.BILINEAR), np.float32)
+            x = ((r * np.float32(1 / 255) - mean) / std).astype(np.float32)
+            padded = np.zeros((s, s, 3), np.float32)
+            padded[:nh, :nw] = x
+            out.append(torch.from_numpy(padded).permute(2, 0, 1))
+        return torch.stack(out).to(self.device)
 
     def preprocess_exact(self, images: Sequence[FloatImage]) -> torch.Tensor:
         """MedSAM_Inference.py's host preprocessing (class docstring) of same-size images ->
@@ -559,6 +623,8 @@ class SamSegmenter:
             sel = [images[i] for i in idx]
             if self.preprocess_mode == "exact":
                 inputs.append(self.preprocess_exact(sel))
+            elif self.preprocess_mode == "hf_processor":
+                inputs.append(self.preprocess_hf(sel))
             else:
                 inputs.append(self.preprocess(self._upload(sel)))
         emb = self.encode(torch.cat(inputs)) if len(inputs) > 1 else self.encode(inputs[0])
@@ -711,7 +777,7 @@ def _adapter_strategy_checkpoint(checkpoint: Path) -> bool:
 def load_segmenter(family: Family, arch: str, checkpoint: str | Path, *, model_id: str | None = None,
                    device: str = "cpu", autocast_dtype: torch.dtype | None = None, engine: str | None = None,
                    compile_mode: str | None = None, mask_selection: str | None = None,
-                   preprocess: str = "default") -> SamSegmenter:
+                   preprocess: str = "default", color: str | None = None, resize: str | None = None) -> SamSegmenter:
     """Build the architecture and load a local checkpoint in its published layout. ``engine``,
     ``compile_mode``, ``mask_selection`` and ``preprocess``: see :class:`SamSegmenter`."""
     if family not in ("sam", "medsam", "sam_med2d"):
@@ -724,7 +790,7 @@ def load_segmenter(family: Family, arch: str, checkpoint: str | Path, *, model_i
     load_into(model, sd, str(checkpoint))
     return SamSegmenter(model, family, model_id or f"{family}-{arch}", file_sha256(checkpoint)[:CHECKPOINT_HASH_LEN], device,
                         autocast_dtype, engine=engine, compile_mode=compile_mode, mask_selection=mask_selection,
-                        preprocess=preprocess)
+                        preprocess=preprocess, color=color, resize=resize)
 
 
 _PROTOCOL: type[SegmentationModel] = SamSegmenter

@@ -17,10 +17,11 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from medrobust_lib.data.sample import Sample, array_hash
-from medrobust_lib.perturb.calibrate import Band, calibrate, dataset_strength
+from medrobust_lib.perturb.calibrate import Band, Calibrated, calibrate, dataset_strength
+from medrobust_lib.perturb.calibrate_reference import find_strength
 from medrobust_lib.perturb.spec import PerturbationSpec, PerturbOutput, get_perturbation
 from medrobust_lib.perturb.ssim import ssim
 from medrobust_lib.seeding import rng_for, seed_key, stable_fraction
@@ -30,6 +31,10 @@ MANIFEST_COLUMNS: tuple[str, ...] = (
     "band_low", "band_high", "strength", "dataset_strength", "ssim", "band_reached", "miss_reason",
     "n_ssim_evals", "seed_key", "sha256", "status", "error",
 )
+
+
+CalibrationMode = Literal["per_image", "reference", "fixed"]
+CALIBRATION_MODES: tuple[str, ...] = ("per_image", "reference", "fixed")
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,10 @@ class ChunkSpec:
     band: Band
     seed: int
     calibration_subset: int
+    mode: CalibrationMode = "per_image"
+    """``per_image`` (the corrected protocol), ``reference`` (the published code's first-image
+    bisection, :mod:`medrobust_lib.perturb.calibrate_reference`) or ``fixed`` (each type's default
+    strength for the level, no search: the reference's uncalibrated VLM images)."""
 
 
 def perturbation_key(seed: int, dataset: str, sample_id: str, perturbation: str) -> str:
@@ -67,16 +76,31 @@ def run_chunk(chunk: ChunkSpec, samples: Sequence[Sample]) -> tuple[list[dict[st
     spec = get_perturbation(chunk.perturbation)
     ordered = sorted(samples, key=lambda s: s.sample_id)
     applicable = [s for s in ordered if spec.applies_to(s.modality, s.n_channels)]
-    subset = calibration_subset(applicable, chunk.seed, chunk.calibration_subset)
-    if subset:
-        warm, calib_evals = dataset_strength(
-            spec,
-            [(s.image, (perturbation_key(chunk.seed, s.dataset, s.sample_id, spec.name),)) for s in subset],
-            chunk.band,
-            start=spec.levels[chunk.level - 1],
-        )
+    precomputed: dict[str, Calibrated | Exception] = {}
+    calib_evals = 0
+    warm = float("nan")
+    if chunk.mode == "reference" and applicable:  # first image (by sample id) calibrates, the rest reuse
+        first = applicable[0]
+        try:
+            warm, _, out, calib_evals = find_strength(
+                spec, first.image, chunk.band, (perturbation_key(chunk.seed, first.dataset, first.sample_id, spec.name),),
+                mask=first.mask, boxes=first.boxes)
+            value = ssim(first.image, out.image)
+            precomputed[first.sample_id] = Calibrated(warm, value, chunk.band[0] <= value <= chunk.band[1],
+                                                      calib_evals, out)
+        except Exception as exc:  # every image depends on the first: each row records the failure
+            precomputed[first.sample_id] = exc
+    elif chunk.mode == "fixed":
+        warm = spec.clamp(spec.levels[chunk.level - 1])
     else:
-        warm, calib_evals = float("nan"), 0
+        subset = calibration_subset(applicable, chunk.seed, chunk.calibration_subset)
+        if subset:
+            warm, calib_evals = dataset_strength(
+                spec,
+                [(s.image, (perturbation_key(chunk.seed, s.dataset, s.sample_id, spec.name),)) for s in subset],
+                chunk.band,
+                start=spec.levels[chunk.level - 1],
+            )
     rows = []
     for s in ordered:
         key = perturbation_key(chunk.seed, s.dataset, s.sample_id, spec.name)
@@ -92,7 +116,7 @@ def run_chunk(chunk: ChunkSpec, samples: Sequence[Sample]) -> tuple[list[dict[st
                          "status": NOT_APPLICABLE, "error": not_applicable_reason(spec, s)})
             continue
         try:
-            c = calibrate(spec, s.image, chunk.band, (key,), start=warm, mask=s.mask, boxes=s.boxes)
+            c = _calibrated(chunk, spec, s, key, warm, precomputed)
             miss = None
             if not c.band_reached:
                 miss = "unreachable" if c.strength == spec.strongest and c.ssim > chunk.band[1] else "bracket"
@@ -105,6 +129,23 @@ def run_chunk(chunk: ChunkSpec, samples: Sequence[Sample]) -> tuple[list[dict[st
                          "error": f"{type(exc).__name__}: {exc}"[:500]})
     stats = {"calibration_evals": calib_evals, "dataset_strength": warm}
     return rows, stats
+
+
+def _calibrated(chunk: ChunkSpec, spec: PerturbationSpec, s: Sample, key: str, warm: float,
+                precomputed: dict[str, Calibrated | Exception]) -> Calibrated:
+    """One sample's outcome under the chunk's calibration mode (``reference``: the first image's
+    own result, or ``warm`` applied; raises when the first image's calibration failed)."""
+    if chunk.mode == "reference":
+        first = next(iter(precomputed.values()))
+        if isinstance(first, Exception):
+            raise RuntimeError(f"reference calibration failed on the first image: {type(first).__name__}: {first}")
+        if s.sample_id in precomputed:
+            return first
+    if chunk.mode in ("fixed", "reference"):
+        out = spec.apply(s.image, warm, rng_for(key), mask=s.mask, boxes=s.boxes)
+        value = ssim(s.image, out.image)
+        return Calibrated(warm, value, chunk.band[0] <= value <= chunk.band[1], 1, out)
+    return calibrate(spec, s.image, chunk.band, (key,), start=warm, mask=s.mask, boxes=s.boxes)
 
 
 NOT_APPLICABLE = "not_applicable"

@@ -16,7 +16,9 @@ folders: ``vlm_results/model=<id>/run=<clean|perturbation>/modality=<m>/level=<0
 
 Columns (SQL types in :data:`VLM_COLUMNS`):
 
-- ``task``: ``vqa_mc``, ``vqa_yesno``, ``caption``, ``grounding``.
+- ``task``: ``vqa_mc``, ``vqa_yesno``, ``caption``, ``grounding``; ``vqa_open`` (the multiple-choice
+  question asked alone and scored by ``vlm.protocol.open_vqa_judge``: ``correct`` = judge score
+  >= 0.5, the score in ``parsed`` and ``judge_parsed``).
 - ``perturbation``: ``clean`` or a registered type; ``level`` 0 for clean, else 1..5;
   ``strength`` and ``ssim`` from the perturbation manifest.
 - ``prompt_id``: 0 for the original question, k for the k-th paraphrase; ``image_mode``
@@ -37,7 +39,9 @@ Columns (SQL types in :data:`VLM_COLUMNS`):
   (``logprobs`` or ``generate``).
 - Captions: per-sample ``bleu_4``, ``rouge_l``, ``cider_d`` (document frequencies of the clean
   reference set) and BLEU sufficient statistics ``bleu_c1..4``, ``bleu_g1..4``, ``hyp_len``,
-  ``ref_len`` (sum them over any group for that group's corpus BLEU).
+  ``ref_len`` (sum them over any group for that group's corpus BLEU); with
+  ``vlm.protocol.caption_raw_scores`` also ``bleu_4_raw``, ``rouge_l_raw``, ``cider_raw`` (raw,
+  untokenised strings as the reference benchmark scores them; NULL otherwise).
 - ``latency_s`` (per answer, batch time divided by batch size), ``cache_hit`` (API cache).
 - Optional LLM judge (``vlm.judge``, off by default): for multiple-choice answers the rules could
   not parse, ``judge_model``, ``judge_outcome``, ``judge_parsed`` (letter) and ``judge_correct``;
@@ -95,7 +99,7 @@ from medrobust_lib.config.taxonomy import DEFAULT_ABSTENTION_TAU  # noqa: F401  
 
 # --- vlm ---
 VLM_TABLE = "vlm_results"
-TASKS: tuple[str, ...] = ("vqa_mc", "vqa_yesno", "caption", "grounding")
+TASKS: tuple[str, ...] = ("vqa_mc", "vqa_yesno", "caption", "grounding", "vqa_open")
 
 VLM_COLUMNS: tuple[tuple[str, str], ...] = (
     ("model", "VARCHAR"), ("checkpoint", "VARCHAR"), ("adapter", "VARCHAR"), ("task", "VARCHAR"),
@@ -110,10 +114,11 @@ VLM_COLUMNS: tuple[tuple[str, str], ...] = (
     ("hyp_len", "DOUBLE"), ("ref_len", "DOUBLE"), ("latency_s", "DOUBLE"), ("cache_hit", "BOOLEAN"),
     ("error", "VARCHAR"), ("judge_model", "VARCHAR"), ("judge_outcome", "VARCHAR"), ("judge_parsed", "VARCHAR"),
     ("judge_correct", "DOUBLE"), ("n_options", "INTEGER"),
+    ("bleu_4_raw", "DOUBLE"), ("rouge_l_raw", "DOUBLE"), ("cider_raw", "DOUBLE"),
 )
 VLM_COLUMN_NAMES: tuple[str, ...] = tuple(c for c, _ in VLM_COLUMNS)
-PRIMARY_METRIC: dict[str, str] = {"vqa_mc": "accuracy", "vqa_yesno": "accuracy", "caption": "cider_d",
-                                  "grounding": "acc@0.5"}
+PRIMARY_METRIC: dict[str, str] = {"vqa_mc": "accuracy", "vqa_yesno": "accuracy", "vqa_open": "accuracy",
+                                  "caption": "cider_d", "grounding": "acc@0.5"}
 
 
 # --- taxonomy ---

@@ -22,11 +22,13 @@ CALIBRATION_VERSION = 1
 
 def selected_types(suite: Suite, modality: str, n_channels: int) -> list[str]:
     """Registered types for this modality and channel count, filtered by the suite's
-    include/exclude globs."""
+    include/exclude globs and, when the modality is listed there, ``types_by_modality``."""
     cfg = suite.perturbations
     names = list_perturbations(modality=modality, n_channels=n_channels)
     keep = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in cfg.include)]
-    return [n for n in keep if not any(fnmatch.fnmatchcase(n, p) for p in cfg.exclude)]
+    keep = [n for n in keep if not any(fnmatch.fnmatchcase(n, p) for p in cfg.exclude)]
+    only = (cfg.types_by_modality or {}).get(modality)
+    return keep if only is None else [n for n in keep if any(fnmatch.fnmatchcase(n, p) for p in only)]
 
 
 @dataclass
@@ -54,10 +56,19 @@ class PerturbSummary:
 def chunk_fingerprint(ch: ChunkSpec, samples: list[Sample]) -> str:
     spec = get_perturbation(ch.perturbation)
     return results.fingerprint({
-        "version": CALIBRATION_VERSION, "chunk": ch.__dict__,
+        "version": CALIBRATION_VERSION, "chunk": _chunk_fields(ch),
         "spec": [spec.strength_range, spec.levels, spec.inverse, spec.integer, spec.geometry],
         "samples": sorted((s.sample_id, s.content_hash()) for s in samples),
     })
+
+
+def _chunk_fields(ch: ChunkSpec) -> dict[str, Any]:
+    """The chunk's fields for its fingerprint; the default mode is left out, so chunks written
+    before modes existed stay current."""
+    d = dict(ch.__dict__)
+    if d.get("mode") == "per_image":
+        d.pop("mode")
+    return d
 
 
 def build_perturbed(
@@ -97,7 +108,7 @@ def build_perturbed(
         types = dataset_types(suite, modality, {s.n_channels for s in samples})
         types_seen.update(types)
         for t in types:
-            ch = ChunkSpec(ds, modality, t, level, band, suite.seed, cfg.calibration_subset)
+            ch = ChunkSpec(ds, modality, t, level, band, suite.seed, cfg.calibration_subset, cfg.mode_for(ds))
             name = f"{ds}__{t}"
             expected.append(name)
             path = results.chunk_path(suite.results_dir, MANIFEST_TABLE, part, name)
@@ -122,9 +133,9 @@ def build_perturbed(
     for ds, types in failed_only.items():  # every sample failed: the error rows still reach the mart
         errs = [(ref, exc) for d, ref, exc in load_errors if d == ds]
         for t in types:
-            ch = ChunkSpec(ds, modality, t, level, band, suite.seed, cfg.calibration_subset)
+            ch = ChunkSpec(ds, modality, t, level, band, suite.seed, cfg.calibration_subset, cfg.mode_for(ds))
             rows = [_error_row(ch, ref, exc) for ref, exc in errs]
-            fp = results.fingerprint({"version": CALIBRATION_VERSION, "chunk": ch.__dict__, "errors": rows})
+            fp = results.fingerprint({"version": CALIBRATION_VERSION, "chunk": _chunk_fields(ch), "errors": rows})
             path = results.chunk_path(suite.results_dir, MANIFEST_TABLE, part, f"{ds}__{t}")
             results.write_chunk(path, rows, fp, columns=MANIFEST_COLUMNS)
             summary.chunks_computed += 1

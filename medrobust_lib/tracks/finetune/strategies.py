@@ -244,8 +244,11 @@ def finetune_strategy(suite: Suite, strategy: str, log: Callable[[str], None] | 
     seed = suite.seed if seed is None else seed
     report = apply_strategy(model, scfg, seed=seed)
     tc = ft.train
-    cfg = TrainConfig(max_steps=tc.max_steps, batch_size=tc.batch_size, lr=tc.lr, eval_every=tc.eval_every,
-                      patience=tc.patience, time_budget_s=tc.time_budget_s, seed=seed, warmup_steps=10)
+    cfg = TrainConfig(max_steps=tc.max_steps, lr=tc.lr, eval_every=tc.eval_every,
+                      batch_size=tc.batch_size_full if strategy == "full" and tc.batch_size_full else tc.batch_size,
+                      patience=tc.patience, time_budget_s=tc.time_budget_s, seed=seed, warmup_steps=tc.warmup_steps,
+                      weight_decay=tc.weight_decay, epochs=tc.epochs, warmup_epochs=tc.warmup_epochs,
+                      encoder_lr_factor=tc.encoder_lr_factor if strategy in ("encoder_partial", "full") else 1.0)
     out_dir = Path(out_dir) if out_dir is not None else strategy_dir(suite, ft.base, strategy)
     out_dir.mkdir(parents=True, exist_ok=True)
     state = out_dir / "train_state.pt"  # resume point; removed once the checkpoint is saved

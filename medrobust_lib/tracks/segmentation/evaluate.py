@@ -251,6 +251,14 @@ def _score_items(model: Any, items: Iterable[tuple[np.ndarray, np.ndarray, np.nd
     return [_score(p, x[2]) for p, x in zip(probs, listed, strict=True)]
 
 
+def _pipeline(m: SegModelConfig) -> list[dict[str, Any]]:
+    """The model's preprocessing and mask-selection settings for a result fingerprint; empty when
+    they are all defaults (so results written before these options existed stay current)."""
+    keys = {"preprocess": m.preprocess or "default", "mask_selection": m.mask_selection, "color": m.color,
+            "resize": m.resize}
+    return [] if keys == {"preprocess": "default", "mask_selection": None, "color": None, "resize": None} else [keys]
+
+
 def _partition(m: SegModelConfig, run: str, modality: str, level: int) -> dict[str, object]:
     """Partition folders: model / run (clean, perturbation, attack) / modality / level. ``run``
     is not a result column: an attack partition holds both the 'fgsm' and 'pgd' conditions."""
@@ -304,7 +312,7 @@ def evaluate_clean(suite: Suite, model_id: str | SegModelConfig, modality: str, 
         rows.append(r)
     rows += [_error_row(m, model.checkpoint_hash, key, modality, "clean", sc.prompt.protocol, reason, _precision(model))
              for key, reason in sorted(ev.unusable.items())]
-    fp = results.fingerprint([EVAL_VERSION, model.checkpoint_hash, sc.prompt.protocol,
+    fp = results.fingerprint([EVAL_VERSION, model.checkpoint_hash, sc.prompt.protocol, *_pipeline(m),
                               sorted((s.sample_id, s.content_hash()) for s in samples), _precision(model)])
     # the sample hash is the clean-prediction cache key; keep it in the chunk
     _write(suite, _partition(m, "clean", modality, 0), rows, fp, RESULT_COLUMNS + ("sample_sha256",))
@@ -441,7 +449,7 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
     for r, (iou_v, dice_v) in zip(scored, _score_items(model, items(), summary, m.batch_size), strict=True):
         r["iou"], r["dice"] = iou_v, dice_v
         _with_clean(r, cache.get(samples[(r["dataset"], r["sample_id"])]))
-    fp = results.fingerprint([EVAL_VERSION, model.checkpoint_hash, sc.prompt.protocol, level,
+    fp = results.fingerprint([EVAL_VERSION, model.checkpoint_hash, sc.prompt.protocol, *_pipeline(m), level,
                               sorted(manifest["sha256"].dropna()) if len(manifest) else [],
                               sorted(perturbations) if perturbations is not None else None,
                               sorted(covered) if covered is not None else None, _precision(model)])
@@ -515,8 +523,9 @@ def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str
             r = _error_row(m, model.checkpoint_hash, key, modality, kind, sc.prompt.protocol, reason, _precision(model))
             r.update(level=level, epsilon=acfg.epsilon)
             rows.append(r)
-    fp = results.fingerprint([EVAL_VERSION, model.checkpoint_hash, sc.prompt.protocol, level, sc.attacks.model_dump(),
-                              sorted((s.sample_id, s.content_hash()) for s in samples), _precision(model)])
+    fp = results.fingerprint([EVAL_VERSION, model.checkpoint_hash, sc.prompt.protocol, *_pipeline(m), level,
+                              sc.attacks.model_dump(), sorted((s.sample_id, s.content_hash()) for s in samples),
+                              _precision(model)])
     _write(suite, _partition(m, "attack", modality, level), rows, fp)
     summary.total_seconds = time.perf_counter() - t0
     return _summarize(rows, summary)

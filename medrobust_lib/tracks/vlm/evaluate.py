@@ -30,14 +30,18 @@ from typing import Any
 import numpy as np
 
 from medrobust_lib.config import Suite
-from medrobust_lib.config.vlm import vlm_config, vlm_model
+from medrobust_lib.config.vlm import VLMProtocol, vlm_config, vlm_model
 from medrobust_lib.data.sample import Sample
+from medrobust_lib.metrics.caption_raw import RAW_COLUMNS, raw_caption_rows
 from medrobust_lib.store import rerun, results
 from medrobust_lib.store.completeness import ERROR_OUTCOME
 from medrobust_lib.store.schema import VLM_COLUMN_NAMES as COLUMN_NAMES
 from medrobust_lib.store.schema import VLM_TABLE
+from medrobust_lib.tasks.grounding_reference import score_grounding_reference
 from medrobust_lib.tasks.judge import judge_mc
+from medrobust_lib.tasks.judge_open import judge_open
 from medrobust_lib.tasks.scoring import score_captions, score_grounding, score_mc, score_yes_no
+from medrobust_lib.tasks.vqa import LETTERS
 from medrobust_lib.tracks.vlm.items import DroppedRecord, VLMItem, box_in_sample, load_items, prompt_for
 from medrobust_lib.tracks.vlm.runner import Answer, Runner
 
@@ -47,6 +51,7 @@ ROW_KEY: tuple[str, ...] = ("task", "dataset", "sample_id", "record_id", "prompt
 _ERROR_CLEARED: tuple[str, ...] = (
     "parsed", "correct", "iou", "acc_75", "box_scale", "margin", "p_yes", "entropy", "bleu_4", "rouge_l", "cider_d",
     "bleu_c1", "bleu_c2", "bleu_c3", "bleu_c4", "bleu_g1", "bleu_g2", "bleu_g3", "bleu_g4", "hyp_len", "ref_len",
+    *RAW_COLUMNS,
 )
 """Score columns an ``error`` row leaves NULL: it was never answered, so nothing may count it."""
 
@@ -163,16 +168,25 @@ def _judge(judge: Runner, pairs: list[tuple[VLMItem, dict[str, Any]]]) -> None:
 
 def ask(items_by_sample: dict[tuple[str, str], list[VLMItem]], conditions: Sequence[Condition], runner: Runner,
         caption_df_refs: Mapping[str, Sequence[str]], summary: VLMEvalSummary,
-        judge: Runner | None = None, done: Collection[tuple[str, ...]] = frozenset()) -> list[dict[str, Any]]:
+        judge: Runner | None = None, done: Collection[tuple[str, ...]] = frozenset(),
+        protocol: VLMProtocol | None = None, open_judge: Runner | None = None) -> list[dict[str, Any]]:
     """Every item of every condition's sample, batched per task across conditions, except those
     whose row key (:func:`_item_key`) is in ``done`` (kept from a previous run). ``judge``: the
-    optional LLM judge for unparseable multiple-choice answers (recorded separately)."""
+    optional LLM judge for unparseable multiple-choice answers (recorded separately). ``protocol``:
+    the reference-protocol options (caption prompt, raw caption scores, grounding parse);
+    ``open_judge``: the judge of ``protocol.open_vqa_judge`` (multiple-choice questions also asked
+    alone, rows of task ``vqa_open``)."""
+    proto = protocol or VLMProtocol()
 
     m = runner.m
     jobs: dict[str, list[tuple[VLMItem, Condition]]] = {"vqa_mc": [], "vqa_yesno": [], "caption": [], "grounding": []}
     rows: list[dict[str, Any]] = []
+    open_jobs: list[tuple[VLMItem, Condition]] = []
     for c in conditions:
         for it in items_by_sample.get((c.sample.dataset, c.sample.sample_id), []):
+            if (open_judge is not None and it.task == "vqa_mc"
+                    and _item_key(dataclasses.replace(it, task=OPEN_TASK), c.perturbation) not in done):
+                open_jobs.append((it, c))
             if done and _item_key(it, c.perturbation) in done:
                 continue
             if it.task == "grounding" and c.boxes.get(it.record_id) is None:
@@ -189,6 +203,8 @@ def ask(items_by_sample: dict[tuple[str, str], list[VLMItem]], conditions: Seque
     if judge is not None:
         _judge(judge, [(it, r) for (it, _), r in zip(mc, mc_rows, strict=True) if r["outcome"] == "unparseable"])
     rows.extend(mc_rows)
+    if open_judge is not None and open_jobs:
+        rows.extend(_open_rows(open_jobs, runner, open_judge, proto.open_vqa_max_new_tokens))
     yn = jobs["vqa_yesno"]
     scored = runner.yes_no([c.image for _, c in yn], [prompt_for(it, 0) for it, _ in yn])
     for (it, c), (lp, a) in zip(yn, scored, strict=True):
@@ -198,19 +214,70 @@ def ask(items_by_sample: dict[tuple[str, str], list[VLMItem]], conditions: Seque
     for (it, c), a in zip(gr, answers, strict=True):
         box = c.boxes[it.record_id]
         assert box is not None
-        s = score_grounding(a.text, box[0].tolist(), c.image.shape[:2], m.box_scale)
+        s = (score_grounding_reference(a.text, box[0].tolist(), c.image.shape[:2])
+             if proto.grounding_parse == "reference" else
+             score_grounding(a.text, box[0].tolist(), c.image.shape[:2], m.box_scale))
         rows.append(_with_answer(_row(it, c, runner), a, s))
     cap = jobs["caption"]
-    answers = runner.generate([c.image for _, c in cap], [prompt_for(it) for it, _ in cap], m.caption_max_new_tokens)
+    answers = runner.generate([c.image for _, c in cap], [proto.caption_prompt or prompt_for(it) for it, _ in cap],
+                              m.caption_max_new_tokens)
     if cap:
         keys = [f"{k}" for k in range(len(cap))]
         per = score_captions({k: a.text for k, a in zip(keys, answers, strict=True)},
                              {k: it.references for k, (it, _) in zip(keys, cap, strict=True)}, caption_df_refs or None)
+        if proto.caption_raw_scores:
+            _add_raw_scores(per, keys, cap, answers, items_by_sample)
         for k, (it, c), a in zip(keys, cap, answers, strict=True):
             rows.append(_with_answer(_row(it, c, runner), a, per[k]))
     summary.model_seconds += time.perf_counter() - t0
     summary.n_images += len(conditions)
     return rows
+
+
+OPEN_TASK = "vqa_open"
+"""Task of the judge-scored open-answer rows (``vlm.protocol.open_vqa_judge``)."""
+
+
+def _open_rows(jobs: list[tuple[VLMItem, Condition]], runner: Runner, judge: Runner,
+               max_new_tokens: int) -> list[dict[str, Any]]:
+    """The multiple-choice questions asked alone and judged (:mod:`medrobust_lib.tasks.judge_open`):
+    ``correct`` = judge score >= 0.5, ``parsed`` and ``judge_parsed`` the score. A judge failure or
+    a reply without a score is an ``error`` row (not scored, retried by the next run)."""
+    answers = runner.generate([c.image for _, c in jobs], [it.question for it, _ in jobs], max_new_tokens)
+    texts = [a.text or "" for a in answers]
+    truths = [it.options[LETTERS.index(it.answer.upper())] if it.answer else "" for it, _ in jobs]
+    verdicts = judge_open(judge.api, [it.question for it, _ in jobs], texts, truths) if judge.api else []
+    out = []
+    for (it, c), a, v in zip(jobs, answers, verdicts, strict=True):
+        r = _row(dataclasses.replace(it, task=OPEN_TASK), c, runner)
+        r["n_options"] = None
+        scored: dict[str, Any] = {"prediction": a.text, "judge_model": judge.m.id, "judge_outcome": v.outcome}
+        if v.score is None:
+            scored.update(outcome=ERROR_OUTCOME, correct=None, error=f"open-VQA judge: {v.outcome}")
+        else:
+            scored.update(outcome="ok", correct=v.correct, parsed=f"{v.score:g}", judge_parsed=f"{v.score:g}",
+                          judge_correct=v.correct)
+        row = _with_answer(r, a, scored)
+        if v.score is None and a.outcome != ERROR_OUTCOME:
+            row["error"] = scored["error"]
+        out.append(row)
+    return out
+
+
+def _add_raw_scores(per: dict[str, dict[str, Any]], keys: list[str], cap: list[tuple[VLMItem, Condition]],
+                    answers: Sequence[Answer], items_by_sample: Mapping[tuple[str, str], list[VLMItem]]) -> None:
+    """Add the raw (untokenised) caption scores to ``per``, dataset by dataset, CIDEr's document
+    frequencies from the references of every caption record of that dataset's evaluation samples."""
+    by_ds: dict[str, list[int]] = {}
+    for i, (it, _) in enumerate(cap):
+        by_ds.setdefault(it.dataset, []).append(i)
+    for ds, idx in by_ds.items():
+        df_refs = [list(it.references) for (d, _), its in items_by_sample.items() if d == ds
+                   for it in its if it.task == "caption"]
+        raw = raw_caption_rows({keys[i]: answers[i].text for i in idx},
+                               {keys[i]: cap[i][0].references for i in idx}, df_refs)
+        for k, cols in raw.items():
+            per[str(k)].update(cols)
 
 
 @dataclass
@@ -322,12 +389,23 @@ def _judge_runner(suite: Suite) -> Runner | None:
     return Runner(suite, m)
 
 
+def _open_judge_runner(suite: Suite) -> Runner | None:
+    vc = vlm_config(suite)
+    if vc.protocol.open_vqa_judge is None:
+        return None
+    m = vlm_model(suite, vc.protocol.open_vqa_judge)
+    if m.kind != "api":
+        raise ValueError(f"vlm.protocol.open_vqa_judge {m.id!r} must be a kind: api model")
+    return Runner(suite, m)
+
+
 def _fingerprint(runner: Runner, suite: Suite, extra: list[Any]) -> str:
     from medrobust_lib.tracks.vlm.items import records_config
 
     vc = vlm_config(suite)
     return results.fingerprint([EVAL_VERSION, runner.checkpoint, runner.adapter, runner.m.model_dump(),
-                                records_config(suite).model_dump(), vc.max_records_per_task, vc.judge, *extra])
+                                records_config(suite).model_dump(), vc.max_records_per_task, vc.judge, *extra,
+                                *([] if vc.protocol.is_default() else [vc.protocol.model_dump()])])
 
 
 def evaluate_clean(suite: Suite, model_id: str, modality: str, runner: Runner | None = None,
@@ -352,7 +430,9 @@ def evaluate_clean(suite: Suite, model_id: str, modality: str, runner: Runner | 
              if any(_item_key(it, "clean") not in kept for it in by.get(k, []))]
     summary = VLMEvalSummary(n_reused=len(kept))
     judge = _judge_runner(suite)
-    rows = ask(by, conds, runner, df_refs, summary, judge, done=kept.keys())
+    open_judge = _open_judge_runner(suite)
+    rows = ask(by, conds, runner, df_refs, summary, judge, done=kept.keys(), protocol=vc.protocol,
+                       open_judge=open_judge)
     for key, reason in sorted(ev.unusable.items()):
         stand_in = placeholder_sample(key, modality)
         rows += _unusable_rows(by.get(key, []), Condition(stand_in, stand_in.image), runner, reason)
@@ -389,6 +469,7 @@ def evaluate_perturbed(suite: Suite, model_id: str, modality: str, level: int, r
     kept = _reusable(suite, _partition(model_id, modality, level), fp)
     summary = VLMEvalSummary(n_reused=len(kept))
     judge = _judge_runner(suite)
+    open_judge = _open_judge_runner(suite)
     rows: list[dict[str, Any]] = []
     conds: list[Condition] = []
     chunk = 64
@@ -425,9 +506,11 @@ def evaluate_perturbed(suite: Suite, model_id: str, modality: str, level: int, r
             continue
         conds.append(dataclasses.replace(base, image=out.image, boxes=moved))
         if len(conds) >= chunk:
-            rows.extend(ask(by, conds, runner, df_refs, summary, judge, done=kept.keys()))
+            rows.extend(ask(by, conds, runner, df_refs, summary, judge, done=kept.keys(), protocol=vc.protocol,
+                       open_judge=open_judge))
             conds = []
-    rows.extend(ask(by, conds, runner, df_refs, summary, judge, done=kept.keys()))
+    rows.extend(ask(by, conds, runner, df_refs, summary, judge, done=kept.keys(), protocol=vc.protocol,
+                       open_judge=open_judge))
     rows = _merge(kept, rows)
     _write(suite, model_id, "perturbation", modality, level, rows, fp)
     return _summarize(rows, summary, t0, runner)

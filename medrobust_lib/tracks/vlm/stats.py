@@ -45,7 +45,7 @@ GRID_KEYS: tuple[str, ...] = ("model", "checkpoint", "adapter", "task")
 PAIR_KEYS: tuple[str, ...] = ("model", "checkpoint", "adapter", "task", "dataset", "sample_id", "record_id",
                               "prompt_id")
 """A perturbed row and its clean row agree on these columns (both with ``image_mode='image'``)."""
-BINARY_TASKS: frozenset[str] = frozenset({"vqa_mc", "vqa_yesno", "grounding"})
+BINARY_TASKS: frozenset[str] = frozenset({"vqa_mc", "vqa_yesno", "grounding", "vqa_open"})
 STATS_COLUMNS: tuple[str, ...] = (
     "model", "checkpoint", "adapter", "task", "perturbation", "level", "metric", "n_pairs", "n_excluded",
     "n_unmatched", "n_error", "clean_value", "clean_ci_low", "clean_ci_high", "perturbed_value", "perturbed_ci_low",
