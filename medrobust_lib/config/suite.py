@@ -226,7 +226,7 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     replaces. A key ending in ``?`` (``finetune?``) applies only when ``base`` has that key."""
     out = dict(base)
     for k, v in over.items():
-        if k.endswith("?"):
+        if isinstance(k, str) and k.endswith("?"):
             k = k[:-1]
             if k not in out or out[k] is None:
                 continue
@@ -238,7 +238,7 @@ def _without_conditional_keys(data: dict[str, Any]) -> dict[str, Any]:
     """``data`` without its ``key?`` entries (at any depth): read as a suite of its own, an
     overlay's conditional sections have nothing to apply to."""
     return {k: _without_conditional_keys(v) if isinstance(v, dict) else v
-            for k, v in data.items() if not k.endswith("?")}
+            for k, v in data.items() if not (isinstance(k, str) and k.endswith("?"))}
 
 
 def _read_yaml(p: Path) -> dict[str, Any]:
