@@ -10,6 +10,7 @@ import numpy as np
 
 from medrobust_lib.data.boxes import mask_to_boxes
 from medrobust_lib.data.sample import SampleError
+from medrobust_lib.paths import refuse_input
 from medrobust_lib.perturb.calibrate import DEFAULT_BANDS, calibrate
 from medrobust_lib.perturb.spec import get_perturbation, list_perturbations
 from medrobust_lib.types import ALL_MODALITIES, SEVERITY_LEVELS, parse_modality
@@ -100,6 +101,10 @@ def perturb_file(
                          "were selected: use --output-dir")
     if output is not None and output.suffix.lower() not in (".png", ".npy"):
         raise ValueError(f"--output must end in .png or .npy, got {output.name}")
+    inputs = [input_path] + ([mask_path] if mask_path is not None else [])
+    if output is not None:
+        refuse_input(output, inputs)
+        refuse_input(output.with_name(output.stem + "_mask.png"), inputs)
     stem = input_path.name.split(".")[0]  # the random key (unchanged: outputs stay byte-identical)
     name = output_stem(input_path)
     for t in types:
@@ -111,6 +116,8 @@ def perturb_file(
             else:
                 assert output_dir is not None
                 path = output_dir / f"{name}__{t}__L{lv}.{fmt}"
+                refuse_input(path, inputs)
+                refuse_input(path.with_name(path.stem + "_mask.png"), inputs)
             path.parent.mkdir(parents=True, exist_ok=True)
             if path.suffix == ".npy":
                 np.save(path, c.output.image.astype(np.float32))
