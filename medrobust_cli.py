@@ -350,9 +350,11 @@ def validate(
     (samples found, quarantined, first problems, missing masks with the expected path, empty folders,
     unreadable images), each checkpoint's architecture against its `arch`, weights and record files;
     relative paths are checked from the project root. Exit 0 when usable, 2 when not."""
+    from medrobust_lib.config import load_suite
     from medrobust_lib.tracks.validate import validate_suite
 
     suite_path = _suite_file(suite)
+    load_suite(suite_path)  # a file that is no suite at all: one line, exit 2
     root = _enter_project()
     report = validate_suite(suite_path, n_load=load, root=root)
     for line in report.lines():

@@ -76,6 +76,10 @@ def perturb_file(
         raise FileNotFoundError(f"input image not found: {input_path}")
     if (output is None) == (output_dir is None):
         raise ValueError("give exactly one of --output FILE or --output-dir DIR")
+    inputs = [input_path] + ([mask_path] if mask_path is not None else [])
+    if output is not None:
+        refuse_input(output, inputs)
+        refuse_input(output.with_name(output.stem + "_mask.png"), inputs)
     windowed = file_extension(input_path) in (*DICOM_EXTENSIONS, *NIFTI_EXTENSIONS)
     if (window_center is not None or window_width is not None) and not windowed:
         raise ValueError(f"--window-center/--window-width apply to DICOM and NIfTI input only, not {input_path.name}")
@@ -101,10 +105,6 @@ def perturb_file(
                          "were selected: use --output-dir")
     if output is not None and output.suffix.lower() not in (".png", ".npy"):
         raise ValueError(f"--output must end in .png or .npy, got {output.name}")
-    inputs = [input_path] + ([mask_path] if mask_path is not None else [])
-    if output is not None:
-        refuse_input(output, inputs)
-        refuse_input(output.with_name(output.stem + "_mask.png"), inputs)
     stem = input_path.name.split(".")[0]  # the random key (unchanged: outputs stay byte-identical)
     name = output_stem(input_path)
     for t in types:
