@@ -157,8 +157,8 @@ def test_validate_resolves_relative_paths_from_the_project_root(tmp_path: Path,
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
-    ok = _suite(elsewhere / "ok.yaml", datasets=[{"name": "scans", "modality": "ct", "format": "folder",
-                                                  "root": "data/scans"}])
+    _suite(elsewhere / "ok.yaml", datasets=[{"name": "scans", "modality": "ct", "format": "folder",
+                                             "root": "data/scans"}])
     code, lines = _validate(home, Path("ok.yaml"))  # typed relative to the current folder
     assert code == 0 and "scans (ct, folder): 3 samples, 0 quarantined" in "\n".join(lines), lines
     bad = _suite(elsewhere / "bad.yaml", datasets=[{"name": "scans", "modality": "ct", "format": "folder",
