@@ -175,7 +175,8 @@ def _suite_locations(suite: str | None) -> SuitePaths | None:
         return None
     from medrobust_lib.config import load_suite
 
-    return suite_paths(load_suite(_suite_file(suite)), base=project_root())
+    path = _suite_file(suite)
+    return suite_paths(load_suite(path), base=project_root(path))
 
 
 def _report_experiment(suite: str | None) -> str:
@@ -191,10 +192,11 @@ def _report_experiment(suite: str | None) -> str:
     return experiment_name(load_suite(_suite_file(suite)), EXPERIMENT)
 
 
-def _enter_project() -> Path:
-    """Change into the project root (a suite's relative paths are relative to it); returns it."""
+def _enter_project(suite: Path | None = None) -> Path:
+    """Change into the project root (of ``suite``, the suite file a command was given, if any): a
+    suite's relative paths are relative to it. Returns the root."""
 
-    root = project_root()
+    root = project_root(suite)
     os.chdir(root)
     return root
 
@@ -208,6 +210,14 @@ def _claim_outputs(suite_path: Path, root: Path) -> None:
     s = load_suite(suite_path)
     check_isolation(s, suite_path, root)
     record_claim(s, suite_path, root)
+
+
+def _home_prefix(suite_path: Path, root: Path) -> str:
+    """``MEDROBUST_HOME=<root> `` when the project root came from that variable and the suite file
+    does not lie inside the root (a hint without it would find another root), else ``""``."""
+    if os.environ.get("MEDROBUST_HOME") and root not in suite_path.parents:
+        return f"MEDROBUST_HOME={_shell_quote(str(root))} "
+    return ""
 
 
 def _shell_quote(text: str) -> str:
@@ -225,13 +235,14 @@ def _step_failed(exc: Any, suite_path: Path) -> typer.Exit:
         _echo(f"error: interrupted while materializing {exc.label}")
         return typer.Exit(130)
     suite = _shell_quote(str(suite_path))
-    rerun = f"medrobust run --suite {suite} --select {_shell_quote(exc.asset)}"
+    home = _home_prefix(suite_path, project_root(suite_path))
+    rerun = f"{home}medrobust run --suite {suite} --select {_shell_quote(exc.asset)}"
     if exc.user_error:
-        _echo(f"error: {exc.label} failed: {exc.cause}; fix it, check with `medrobust validate --suite {suite}`, "
-              f"then `{rerun}`")
+        _echo(f"error: {exc.label} failed: {exc.cause}; fix it, check with `{home}medrobust validate --suite "
+              f"{suite}`, then `{rerun}`")
         return typer.Exit(2)
-    _echo(f"error: {exc.label} failed: {exc.cause}; for the traceback: `medrobust --debug {rerun[len('medrobust '):]}`"
-          f" (log: Dagster run {exc.run_id})")
+    debug = rerun.replace("medrobust run", "medrobust --debug run", 1)
+    _echo(f"error: {exc.label} failed: {exc.cause}; for the traceback: `{debug}` (log: Dagster run {exc.run_id})")
     return typer.Exit(1)
 
 
@@ -271,7 +282,7 @@ def demo(
         raise ValueError(f"{suite_path} is not a demo suite (demo.enabled is false): run your own suite with "
                          f"`medrobust run --suite {_shell_quote(str(suite_path))}`")
     os.environ["MEDROBUST_SUITE"] = str(suite_path)  # the Definitions are built from this suite's models
-    root = _enter_project()
+    root = _enter_project(suite_path)
     _claim_outputs(suite_path, root)
     from medrobust_assets.runner import StepFailed, run_demo
 
@@ -291,15 +302,16 @@ def demo(
     _echo(f"== report  {time.perf_counter() - t1:6.1f} s  ({len(rep.tables)} tables, {len(rep.figures)} figures)")
     default = suite is None or suite_path == in_project("configs/demo.yaml", root)
     with_suite = "" if default else f" --suite {_shell_quote(str(suite_path))}"
+    home = f"MEDROBUST_HOME={_shell_quote(str(root))} " if os.environ.get("MEDROBUST_HOME") else ""
     typer.echo(f"\nDone in {time.perf_counter() - t0:.0f} s.")
-    typer.echo(f"  mart:     {root / mart}   (medrobust query{with_suite} \"SQL\")")
-    typer.echo(f"  report:   {rep.html}   (medrobust report{with_suite} [--models ...] rebuilds it)")
+    typer.echo(f"  mart:     {root / mart}   ({home}medrobust query{with_suite} \"SQL\")")
+    typer.echo(f"  report:   {rep.html}   ({home}medrobust report{with_suite} [--models ...] rebuilds it)")
     typer.echo(f"  results:  {loc.results}/<table>/  (Parquet, hive-partitioned)")
     typer.echo(f"  MLflow:   {root / 'mlruns'}  (make mlflow-ui)      Dagster runs: {os.environ['DAGSTER_HOME']}  "
                "(make ui)")
     typer.echo("\nTry:")
     for q in EXAMPLE_QUERIES:
-        typer.echo(f'  medrobust query{with_suite} "{q}"')
+        typer.echo(f'  {home}medrobust query{with_suite} "{q}"')
 
 
 @app.command()
@@ -321,7 +333,7 @@ def run(
     suite_path = _suite_file(suite)
     # the suite's model lists shape the asset graph: the Definitions must be built from this suite
     os.environ["MEDROBUST_SUITE"] = str(suite_path)
-    root = _enter_project()
+    root = _enter_project(suite_path)
     _claim_outputs(suite_path, root)
     from medrobust_assets.runner import StepFailed, run_suite
     from medrobust_lib.config import load_suite
@@ -335,7 +347,8 @@ def run(
         raise _step_failed(exc, suite_path) from None
     built = mart.is_file() and mart.stat().st_mtime_ns != before
     typer.echo(f"Done in {time.perf_counter() - t0:.0f} s. " + (
-        f"Mart: {mart}  (medrobust query --suite {_shell_quote(str(suite_path))} \"SQL\")" if built else
+        f"Mart: {mart}  ({_home_prefix(suite_path, root)}medrobust query --suite {_shell_quote(str(suite_path))} "
+        "\"SQL\")" if built else
         f"No mart built (add --select marts, or run without --select); results in {suite_paths(load_suite(suite_path), base=root).results}"))
 
 
@@ -355,7 +368,7 @@ def validate(
 
     suite_path = _suite_file(suite)
     load_suite(suite_path)  # a file that is no suite at all: one line, exit 2
-    root = _enter_project()
+    root = _enter_project(suite_path)
     report = validate_suite(suite_path, n_load=load, root=root)
     for line in report.lines():
         typer.echo(line)
@@ -629,7 +642,8 @@ def check(
     if mlruns is not None:
         mlruns = mlruns.expanduser().resolve()
         os.environ["MEDROBUST_MLRUNS"] = str(mlruns)
-    root = _enter_project()  # the suite's relative paths (results, data, mlruns) are inside the project
+    # the suite's relative paths (results, data, mlruns) are inside the project
+    root = _enter_project(suite_path if suite is not None else None)
     try:
         thresholds = GateThresholds(max_iou_drop_increase, max_dice_drop_increase, alpha, min_pairs)
         if suite is not None and not suite_path.is_file():
@@ -683,7 +697,8 @@ def report(
         loc = _suite_locations(suite)
         summary = build_report(_project_path(mart, str(loc.mart) if loc else "var/marts.duckdb"),
                                _project_path(out, str(loc.reports) if loc else "var/reports"),
-                               parse_models(models), mlruns_dir=_project_path(mlruns, "mlruns"),
+                               parse_models(models), mlruns_dir=_project_path(mlruns, str(in_project(
+                                   "mlruns", project_root(_suite_file(suite) if suite is not None else None)))),
                                log_mlflow=not no_mlflow, include_floor=include_floor,
                                experiment=_report_experiment(suite), workers=workers)
     except (FileNotFoundError, ValueError) as exc:

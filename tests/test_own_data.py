@@ -28,6 +28,12 @@ ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
 
 
+@pytest.fixture(autouse=True)
+def _restore_cwd(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The commands change into the project root; put the working directory back after each test."""
+    monkeypatch.chdir(Path.cwd())
+
+
 def _lines(res: object) -> list[str]:
     out = res.stdout + res.stderr  # type: ignore[attr-defined]
     return [ln for ln in out.splitlines() if ln.strip()]
