@@ -102,10 +102,9 @@ def _class_mentions(cls: type, name: str) -> str:
     """The sentence of the class docstring (or a base's) that names ``name`` in double back-quotes."""
     for klass in cls.__mro__:
         doc = " ".join((klass.__doc__ or "").split())
-        if f"``{name}``" not in doc:
-            continue
-        for sentence in re.split(r"(?<=[.;])\s+", doc):
-            if f"``{name}``" in sentence:
+        named = re.compile(rf"``[^`]*(?<![\w.]){re.escape(name)}(?![\w(])[^`]*``")
+        for sentence in re.split(r"(?<=[.;])\s+(?=``|[A-Z])", doc):
+            if named.search(sentence):
                 return sentence.replace("``", "`")
     return ""
 

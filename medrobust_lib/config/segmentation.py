@@ -57,7 +57,12 @@ class FinetuneEval(BaseModel):
 
 class GateOptions(BaseModel):
     """Thresholds of the regression gate (``pipeline.gate.GateThresholds``) used by the
-    ``robustness_gate`` asset check."""
+    ``robustness_gate`` asset check.
+
+    ``max_iou_drop_increase``: tolerated mean IoU-drop increase of a candidate.
+    ``max_dice_drop_increase``: tolerated mean Dice-drop increase. ``alpha``: Benjamini-Hochberg q
+    threshold (the bootstrap CI is 1 - alpha). ``min_pairs``: condition groups with fewer paired
+    samples never fail."""
 
     model_config = ConfigDict(extra="forbid")
     max_iou_drop_increase: float = 0.01
@@ -67,6 +72,14 @@ class GateOptions(BaseModel):
 
 
 class FinetuneConfig(BaseModel):
+    """The fine-tuning strategy comparison. ``base``: the segmentation model id whose weights are
+    fine-tuned. ``strategies``: the strategies compared (full, decoder_only, decoder_prompt,
+    encoder_partial, lora, adapter). ``encoder_blocks``: image-encoder blocks trained by
+    encoder_partial (the last ones). ``adapter_ratio``: adapter hidden width / embedding width for
+    the adapter strategy. ``lora``: the LoRA shape and targets. ``train``: the training budget.
+    ``eval``: what each fine-tuned checkpoint is evaluated on. ``gate``: the regression gate's
+    thresholds."""
+
     model_config = ConfigDict(extra="forbid")
     base: str
     strategies: list[str] = Field(default_factory=lambda: ["full", "decoder_only", "decoder_prompt",
@@ -81,7 +94,14 @@ class FinetuneConfig(BaseModel):
 
 class SegModelConfig(BaseModel):
     """One segmentation model of the suite. ``checkpoint``: a local file (.pth / .safetensors in
-    the published layout) or ``trained`` (the demo base-checkpoint asset trains it)."""
+    the published layout) or ``trained`` (the demo base-checkpoint asset trains it).
+
+    ``id``: the model's name in results and asset keys (lower-case letters, digits, '_', '-').
+    ``family``: sam, medsam or sam_med2d (pre-processing and mask choice of the release). ``arch``:
+    the architecture of the checkpoint (vit_b, vit_l, vit_h, tiny); ``medrobust validate`` checks it
+    against the checkpoint. ``strategy``: the fine-tuning strategy that produced the weights
+    (pretrained for released weights). ``device``: torch device (cpu, cuda, cuda:1). ``batch_size``:
+    images per forward pass."""
 
     model_config = ConfigDict(extra="forbid")
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9_\-]*$")
@@ -102,7 +122,10 @@ class SegModelConfig(BaseModel):
 
 
 class SegTrainConfig(TrainBudget):
-    """Training of the demo base model (``checkpoint: trained``)."""
+    """Training of the demo base model (``checkpoint: trained``).
+
+    ``warmup_steps``: linear learning-rate warm-up steps. ``box_jitter``: random box-prompt jitter
+    while training (fraction of the box size)."""
 
     lr: float = 2e-3
     warmup_steps: int = 20
@@ -110,6 +133,9 @@ class SegTrainConfig(TrainBudget):
 
 
 class AttackSuiteConfig(BaseModel):
+    """``kinds``: adversarial attacks run per level (fgsm, pgd). ``step_size_factor``: PGD step size as
+    a multiple of eps / steps. ``max_samples``: samples attacked per dataset (null: all)."""
+
     model_config = ConfigDict(extra="forbid")
     kinds: list[Literal["fgsm", "pgd"]] = Field(default_factory=lambda: list(ATTACK_KINDS))
     step_size_factor: float = 2.5
@@ -117,6 +143,12 @@ class AttackSuiteConfig(BaseModel):
 
 
 class SegmentationConfig(BaseModel):
+    """``models``: the segmentation models evaluated (see ``segmentation.models[]``). ``train``:
+    training of the demo base model. ``prompt_margin``: pixels added on each side of the tight box
+    prompt. ``prompt_jitter``: each box edge moves by a seeded uniform draw in +- this fraction of
+    the box size. ``split``: which split is evaluated: train, val, test or all. ``attacks``: the
+    adversarial attacks. ``finetune``: the fine-tuning strategy comparison (null: none)."""
+
     model_config = ConfigDict(extra="forbid")
     models: list[SegModelConfig] = Field(default_factory=list)
     train: SegTrainConfig = Field(default_factory=lambda: SegTrainConfig())

@@ -40,7 +40,11 @@ _ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
 class DemoConfig(BaseModel):
-    """The embedded offline demo dataset (built by ``medrobust_lib.demo.build_demo``)."""
+    """The embedded offline demo dataset (built by ``medrobust_lib.demo.build_demo``).
+
+    ``enabled``: build the embedded demo data and use its datasets (with the demo's trained models).
+    ``root``: where the demo data is built. ``n_per_modality``: images per modality group. ``seed``:
+    seed of the generated images."""
 
     model_config = ConfigDict(extra="forbid")
     enabled: bool = False
@@ -52,7 +56,11 @@ class DemoConfig(BaseModel):
 
 
 class PerturbationConfig(BaseModel):
-    """Which perturbations to generate and how to calibrate them."""
+    """Which perturbations to generate and how to calibrate them.
+
+    ``include``: perturbation names or glob patterns to generate (``medrobust list-perturbations``).
+    ``exclude``: names or patterns left out. ``levels``: severity levels (1-5) to generate.
+    ``bands``: the SSIM band [low, high] each level is calibrated into."""
 
     model_config = ConfigDict(extra="forbid")
     include: list[str] = Field(default_factory=lambda: ["*"])
