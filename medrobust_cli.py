@@ -281,9 +281,9 @@ def demo(
     if not load_suite(suite_path).demo.enabled:
         raise ValueError(f"{suite_path} is not a demo suite (demo.enabled is false): run your own suite with "
                          f"`medrobust run --suite {_shell_quote(str(suite_path))}`")
-    os.environ["MEDROBUST_SUITE"] = str(suite_path)  # the Definitions are built from this suite's models
     root = _enter_project(suite_path)
     _claim_outputs(suite_path, root)
+    os.environ["MEDROBUST_SUITE"] = str(suite_path)  # the Definitions are built from this suite's models
     from medrobust_assets.runner import StepFailed, run_demo
 
     t0 = time.perf_counter()
@@ -331,10 +331,10 @@ def run(
     write into another suite's folders is refused. A failure prints one line: asset, partition,
     cause, what to run next (--debug: the traceback)."""
     suite_path = _suite_file(suite)
-    # the suite's model lists shape the asset graph: the Definitions must be built from this suite
-    os.environ["MEDROBUST_SUITE"] = str(suite_path)
     root = _enter_project(suite_path)
     _claim_outputs(suite_path, root)
+    # the suite's model lists shape the asset graph: the Definitions must be built from this suite
+    os.environ["MEDROBUST_SUITE"] = str(suite_path)
     from medrobust_assets.runner import StepFailed, run_suite
     from medrobust_lib.config import load_suite
 
