@@ -358,8 +358,8 @@ def validate(
                                              "are relative to the project root)")],
     load: Annotated[int, typer.Option(help="samples decoded per dataset (0: index only)")] = 3,
 ) -> None:
-    """Check a suite without running it: configuration (unknown keys, models without weights, a
-    suite name other suites use), that no other suite writes its folders, every dataset's layout
+    """Check a suite without running it: configuration (unknown keys, models without weights, the
+    name's pattern), that no other suite writes its folders, every dataset's layout
     (samples found, quarantined, first problems, missing masks with the expected path, empty folders,
     unreadable images), each checkpoint's architecture against its `arch`, weights and record files;
     relative paths are checked from the project root. Exit 0 when usable, 2 when not."""
