@@ -49,8 +49,9 @@ def _is_usage_error(exc: BaseException) -> bool:
 
 
 def guard_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Run a command so that a user error prints one line ``error: ...`` and exits 2 and any other
-    failure prints one line and exits 1; the traceback only with ``medrobust --debug``."""
+    """Run a command so that a user error prints one line ``error: ...`` and exits 2, any other
+    failure prints one line and exits 1, and Ctrl-C prints ``error: interrupted`` and exits 130;
+    the traceback only with ``medrobust --debug``."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -58,6 +59,16 @@ def guard_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         except (typer.Exit, typer.Abort, click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
             raise
+        except KeyboardInterrupt:
+            if _DEBUG["on"]:
+                raise
+            typer.echo("error: interrupted", err=True)
+            raise typer.Exit(130) from None
+        except RecursionError:  # a hostile input nested too deep for a parser
+            if _DEBUG["on"]:
+                raise
+            typer.echo("error: input nested too deeply to read", err=True)
+            raise typer.Exit(2) from None
         except Exception as exc:
             if _DEBUG["on"] or _is_usage_error(exc):  # typer formats a bad option itself (exit 2)
                 raise
@@ -141,6 +152,15 @@ def _project_path(given: Path | str | None, default: str) -> Path:
     return Path(given).expanduser().resolve() if given is not None else in_project(default)
 
 
+def _suite_file(suite: Path | str) -> Path:
+    """``--suite FILE`` as typed (relative to the current folder, as every path typed on the
+    command line), absolute; FileNotFoundError when there is no such file."""
+    p = Path(suite).expanduser().resolve()
+    if not p.is_file():
+        raise FileNotFoundError(f"suite not found: {p}")
+    return p
+
+
 def _suite_workers(suite: Path) -> int:
     """The suite's ``workers`` (processes the machine can give one job)."""
     from medrobust_lib.config import load_suite
@@ -155,7 +175,8 @@ def _suite_locations(suite: str | None) -> SuitePaths | None:
         return None
     from medrobust_lib.config import load_suite
 
-    return suite_paths(load_suite(_project_path(suite, suite)), base=project_root())
+    path = _suite_file(suite)
+    return suite_paths(load_suite(path), base=project_root(path))
 
 
 def _report_experiment(suite: str | None) -> str:
@@ -168,15 +189,61 @@ def _report_experiment(suite: str | None) -> str:
     from medrobust_lib.config import load_suite
     from medrobust_lib.paths import experiment_name
 
-    return experiment_name(load_suite(_project_path(suite, suite)), EXPERIMENT)
+    return experiment_name(load_suite(_suite_file(suite)), EXPERIMENT)
 
 
-def _enter_project() -> Path:
-    """Change into the project root (suites name their paths relative to it); returns it."""
+def _enter_project(suite: Path | None = None) -> Path:
+    """Change into the project root (of ``suite``, the suite file a command was given, if any): a
+    suite's relative paths are relative to it. Returns the root."""
 
-    root = project_root()
+    root = project_root(suite)
     os.chdir(root)
     return root
+
+
+def _claim_outputs(suite_path: Path, root: Path) -> None:
+    """Refuse a suite that would write into another suite's outputs (one line naming both), else
+    record that these outputs are this suite's."""
+    from medrobust_lib.config import load_suite
+    from medrobust_lib.config.isolation import check_isolation, record_claim
+
+    s = load_suite(suite_path)
+    check_isolation(s, suite_path, root)
+    record_claim(s, suite_path, root)
+
+
+def _home_prefix(suite_path: Path, root: Path) -> str:
+    """``MEDROBUST_HOME=<root> `` when the project root came from that variable and the suite file
+    does not lie inside the root (a hint without it would find another root), else ``""``."""
+    if os.environ.get("MEDROBUST_HOME") and root not in suite_path.parents:
+        return f"MEDROBUST_HOME={_shell_quote(str(root))} "
+    return ""
+
+
+def _shell_quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
+
+
+def _step_failed(exc: Any, suite_path: Path) -> typer.Exit:
+    """Print a failed step in one line (asset, partition, cause, what to run next) and return the
+    exit: 130 when interrupted, 2 for bad input, 1 otherwise. ``--debug`` prints the traceback."""
+    if _DEBUG["on"] and exc.traceback:
+        typer.echo(exc.traceback.rstrip(), err=True)
+    if exc.interrupted:
+        _echo(f"error: interrupted while materializing {exc.label}")
+        return typer.Exit(130)
+    suite = _shell_quote(str(suite_path))
+    home = _home_prefix(suite_path, project_root(suite_path))
+    rerun = f"{home}medrobust run --suite {suite} --select {_shell_quote(exc.asset)}"
+    if exc.user_error:
+        _echo(f"error: {exc.label} failed: {exc.cause}; fix it, check with `{home}medrobust validate --suite "
+              f"{suite}`, then `{rerun}`")
+        return typer.Exit(2)
+    debug = rerun.replace("medrobust run", "medrobust --debug run", 1)
+    _echo(f"error: {exc.label} failed: {exc.cause}; for the traceback: `{debug}` (log: Dagster run {exc.run_id})")
+    return typer.Exit(1)
 
 
 def _modality_option(value: str | None) -> str | None:
@@ -192,8 +259,10 @@ def _modality_option(value: str | None) -> str | None:
 
 @app.command()
 def demo(
-    suite: Annotated[Path | None, typer.Option(help="suite YAML [default: configs/demo.yaml in the project, or "
-                                                    "configs/demo_full.yaml with --full]", show_default=False)] = None,
+    suite: Annotated[Path | None, typer.Option(help="a demo suite YAML (demo.enabled: true) [default: "
+                                                    "configs/demo.yaml in the project, or configs/demo_full.yaml "
+                                                    "with --full]; your own suite runs with `medrobust run --suite`",
+                                               show_default=False)] = None,
     workers: Annotated[int, typer.Option(min=0, help="processes inside a partition (0: the suite's value)")] = 0,
     full: Annotated[bool, typer.Option("--full", help="the complete grid (configs/demo_full.yaml): every "
                                        "perturbation level and fine-tuning evaluation level")] = False,
@@ -202,16 +271,26 @@ def demo(
 ) -> None:
     """Materialize the whole asset graph on the embedded offline demo, with progress. Runs in the
     project root ($MEDROBUST_HOME, else the folder holding configs/demo.yaml), wherever it is
-    started from; --full runs the complete grid."""
+    started from; --full runs the complete grid. A failure prints one line."""
     if suite is not None and full:
         raise typer.BadParameter("give --suite or --full, not both")
-    suite_path = _project_path(suite, "configs/demo_full.yaml" if full else "configs/demo.yaml")
-    os.environ["MEDROBUST_SUITE"] = str(suite_path)  # the Definitions are built from this suite's models
-    from medrobust_assets.runner import run_demo
+    suite_path = _suite_file(suite) if suite is not None else \
+        _project_path(None, "configs/demo_full.yaml" if full else "configs/demo.yaml")
+    from medrobust_lib.config import load_suite
 
-    _enter_project()
+    if not load_suite(suite_path).demo.enabled:
+        raise ValueError(f"{suite_path} is not a demo suite (demo.enabled is false): run your own suite with "
+                         f"`medrobust run --suite {_shell_quote(str(suite_path))}`")
+    root = _enter_project(suite_path)
+    _claim_outputs(suite_path, root)
+    os.environ["MEDROBUST_SUITE"] = str(suite_path)  # the Definitions are built from this suite's models
+    from medrobust_assets.runner import StepFailed, run_demo
+
     t0 = time.perf_counter()
-    mart = run_demo(str(suite_path), workers=workers, log=_echo, retrain=retrain)
+    try:
+        mart = run_demo(str(suite_path), workers=workers, log=_echo, retrain=retrain)
+    except StepFailed as exc:
+        raise _step_failed(exc, suite_path) from None
     from medrobust_lib.report.paper import build_report
 
     t1 = time.perf_counter()
@@ -221,55 +300,76 @@ def demo(
                        experiment=_report_experiment(str(suite_path)),
                        workers=workers or _suite_workers(suite_path))
     _echo(f"== report  {time.perf_counter() - t1:6.1f} s  ({len(rep.tables)} tables, {len(rep.figures)} figures)")
+    default = suite is None or suite_path == in_project("configs/demo.yaml", root)
+    with_suite = "" if default else f" --suite {_shell_quote(str(suite_path))}"
+    home = f"MEDROBUST_HOME={_shell_quote(str(root))} " if os.environ.get("MEDROBUST_HOME") else ""
     typer.echo(f"\nDone in {time.perf_counter() - t0:.0f} s.")
-    typer.echo(f"  mart:     {mart}   (medrobust query \"SQL\")")
-    typer.echo(f"  report:   {rep.html}   (medrobust report [--models ...] rebuilds it)")
-    typer.echo("  results:  <results_dir>/<table>/  (Parquet, hive-partitioned; see the suite YAML)")
-    typer.echo("  MLflow:   mlruns/  (make mlflow-ui)      Dagster runs: var/dagster  (make ui)")
+    typer.echo(f"  mart:     {root / mart}   ({home}medrobust query{with_suite} \"SQL\")")
+    typer.echo(f"  report:   {rep.html}   ({home}medrobust report{with_suite} [--models ...] rebuilds it)")
+    typer.echo(f"  results:  {loc.results}/<table>/  (Parquet, hive-partitioned)")
+    typer.echo(f"  MLflow:   {root / 'mlruns'}  (make mlflow-ui)      Dagster runs: {os.environ['DAGSTER_HOME']}  "
+               "(make ui)")
     typer.echo("\nTry:")
     for q in EXAMPLE_QUERIES:
-        typer.echo(f'  medrobust query "{q}"')
+        typer.echo(f'  {home}medrobust query{with_suite} "{q}"')
 
 
 @app.command()
 def run(
-    suite: Annotated[str, typer.Option(help="suite YAML")],
+    suite: Annotated[Path, typer.Option(help="suite YAML (relative to the current folder; the paths inside it "
+                                             "are relative to the project root)")],
     select: Annotated[list[str] | None, typer.Option(
         help="an asset group (datasets, perturbations, segmentation, finetune, vlm, taxonomy, marts) or an asset "
              "key such as tiny-sam/clean_predictions; a leading + adds what it depends on; repeatable "
              "(default: everything)")] = None,
     workers: Annotated[int, typer.Option(help="processes inside a partition (0: the suite's value)")] = 0,
 ) -> None:
-    """Materialize a suite's assets in dependency order, with progress (one Dagster run per partition,
-    shared by the assets of that partition that do not depend on each other, visible in the UI). A
-    failure prints one line: asset, partition, cause (full log in the run)."""
+    """Materialize a suite's assets in dependency order, with progress: the way to run your own
+    suite. One Dagster run per partition, recorded in the project's Dagster instance (the UI shows
+    it). Relative paths inside the suite are relative to the project root ($MEDROBUST_HOME, else
+    the folder holding configs/demo.yaml), from whichever folder this starts. A suite that would
+    write into another suite's folders is refused. A failure prints one line: asset, partition,
+    cause, what to run next (--debug: the traceback)."""
+    suite_path = _suite_file(suite)
+    root = _enter_project(suite_path)
+    _claim_outputs(suite_path, root)
     # the suite's model lists shape the asset graph: the Definitions must be built from this suite
-    os.environ["MEDROBUST_SUITE"] = str(Path(suite).resolve())
+    os.environ["MEDROBUST_SUITE"] = str(suite_path)
     from medrobust_assets.runner import StepFailed, run_suite
+    from medrobust_lib.config import load_suite
 
+    mart = in_project(load_suite(suite_path).mart_path, root)
+    before = mart.stat().st_mtime_ns if mart.is_file() else None
     t0 = time.perf_counter()
     try:
-        mart = run_suite(suite, select, workers=workers, log=_echo)
+        run_suite(str(suite_path), select, workers=workers, log=_echo)
     except StepFailed as exc:
-        _echo(f"error: {exc}")
-        raise typer.Exit(1) from None
-    except (FileNotFoundError, ValueError) as exc:
-        _echo(f"error: {exc}")
-        raise typer.Exit(2) from None
-    typer.echo(f"Done in {time.perf_counter() - t0:.0f} s. Mart: {mart}  (medrobust query --suite {suite} \"SQL\")")
+        raise _step_failed(exc, suite_path) from None
+    built = mart.is_file() and mart.stat().st_mtime_ns != before
+    typer.echo(f"Done in {time.perf_counter() - t0:.0f} s. " + (
+        f"Mart: {mart}  ({_home_prefix(suite_path, root)}medrobust query --suite {_shell_quote(str(suite_path))} "
+        "\"SQL\")" if built else
+        f"No mart built (add --select marts, or run without --select); results in {suite_paths(load_suite(suite_path), base=root).results}"))
 
 
 @app.command()
 def validate(
-    suite: Annotated[str, typer.Option(help="suite YAML")],
+    suite: Annotated[Path, typer.Option(help="suite YAML (relative to the current folder; the paths inside it "
+                                             "are relative to the project root)")],
     load: Annotated[int, typer.Option(help="samples decoded per dataset (0: index only)")] = 3,
 ) -> None:
-    """Check a suite without running it: configuration (unknown keys, models without weights), every
-    dataset's layout (samples found, quarantined, first problems), weights and record files.
-    Exit 0 when usable, 2 when not."""
+    """Check a suite without running it: configuration (unknown keys, models without weights, the
+    name's pattern), that no other suite writes its folders, every dataset's layout
+    (samples found, quarantined, first problems, missing masks with the expected path, empty folders,
+    unreadable images), each checkpoint's architecture against its `arch`, weights and record files;
+    relative paths are checked from the project root. Exit 0 when usable, 2 when not."""
+    from medrobust_lib.config import load_suite
     from medrobust_lib.tracks.validate import validate_suite
 
-    report = validate_suite(suite, n_load=load)
+    suite_path = _suite_file(suite)
+    load_suite(suite_path)  # a file that is no suite at all: one line, exit 2
+    root = _enter_project(suite_path)
+    report = validate_suite(suite_path, n_load=load, root=root)
     for line in report.lines():
         typer.echo(line)
     if not report.ok:
@@ -292,7 +392,8 @@ def query(
 
     Statements that write or change state (INSERT, COPY ... TO, ATTACH, SET, PRAGMA, CALL, ...) and
     several statements at once are refused with exit code 2 before anything runs; a failing query
-    exits 1. See medrobust_lib/store/query.py for exactly what is allowed.
+    (bad SQL, unknown column, no mart) exits 2 too. --out never replaces the mart or the suite file.
+    See medrobust_lib/store/query.py for exactly what is allowed.
     """
     import duckdb
 
@@ -321,9 +422,15 @@ def query(
             raise typer.BadParameter(str(exc), param_hint="'--out' / '--format'") from None
     if fmt is OutFormat.parquet and output is None:
         raise typer.BadParameter("--format parquet needs --out FILE.parquet", param_hint="'--format'")
+    loc = _suite_locations(suite)
+    mart_file = _project_path(mart, str(loc.mart) if loc else "var/marts.duckdb")
+    if output is not None:
+        from medrobust_lib.paths import refuse_input
+
+        refuse_input(output, [mart_file, mart_file.with_name(mart_file.name + ".wal")]
+                     + ([_suite_file(suite)] if suite is not None else []))
     try:
-        loc = _suite_locations(suite)
-        df = run_query(_project_path(mart, str(loc.mart) if loc else "var/marts.duckdb"), sql)
+        df = run_query(mart_file, sql)
     except (FileNotFoundError, ValueError) as exc:  # no mart; QueryRefused by the sandbox
         _echo(f"error: {exc}")
         raise typer.Exit(2) from None
@@ -360,7 +467,8 @@ def list_perturbations_cmd(
         callback=_modality_option, help="only types for this modality (case-insensitive)")] = None,
     format: Annotated[ListFormat, typer.Option("--format", "-f", help="output format")] = ListFormat.table,
 ) -> None:
-    """Every registered perturbation: name, family, modalities, geometry, strength, reference."""
+    """Every registered perturbation: name, family, modalities, geometry, channels, strength,
+    reference. The table wraps to the terminal's width ($COLUMNS)."""
     from medrobust_lib.perturb.spec import get_perturbation, list_perturbations
 
     rows = []
@@ -378,8 +486,33 @@ def list_perturbations_cmd(
     df = pd.DataFrame(rows)
     if format is ListFormat.markdown:
         typer.echo(perturbation_table_markdown(df))
+    elif format is ListFormat.csv:
+        typer.echo(df.to_csv(index=False))
     else:
-        typer.echo(df.to_csv(index=False) if format is ListFormat.csv else df.to_string(index=False))
+        import shutil
+
+        typer.echo(wrapped_table(rows, ["name", "family", "geometry", "channels"], ["modalities", "strength", "reference"],
+                                 max(40, shutil.get_terminal_size((100, 24)).columns)))
+
+
+def wrapped_table(rows: list[dict[str, Any]], columns: list[str], notes: list[str], width: int) -> str:
+    """``columns`` as an aligned table, each row followed by its ``notes`` fields as indented
+    ``name: value`` lines wrapped to ``width`` characters (no line is longer, except a single word
+    longer than the width)."""
+    import textwrap
+
+    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
+
+    def line(values: dict[str, Any]) -> str:
+        return "  ".join(str(values[c]).ljust(widths[c]) for c in columns).rstrip()[:width]
+
+    out = [line({c: c for c in columns})]
+    for r in rows:
+        out.append(line(r))
+        for n in notes:
+            out.extend(textwrap.wrap(str(r[n]), width=width, initial_indent=f"    {n}: ",
+                                     subsequent_indent="      ", break_on_hyphens=False))
+    return "\n".join(out)
 
 
 def perturbation_table_markdown(df: Any) -> str:
@@ -509,7 +642,8 @@ def check(
     if mlruns is not None:
         mlruns = mlruns.expanduser().resolve()
         os.environ["MEDROBUST_MLRUNS"] = str(mlruns)
-    root = _enter_project()  # the suite's relative paths (results, data, mlruns) are inside the project
+    # the suite's relative paths (results, data, mlruns) are inside the project
+    root = _enter_project(suite_path if suite is not None else None)
     try:
         thresholds = GateThresholds(max_iou_drop_increase, max_dice_drop_increase, alpha, min_pairs)
         if suite is not None and not suite_path.is_file():
@@ -563,7 +697,8 @@ def report(
         loc = _suite_locations(suite)
         summary = build_report(_project_path(mart, str(loc.mart) if loc else "var/marts.duckdb"),
                                _project_path(out, str(loc.reports) if loc else "var/reports"),
-                               parse_models(models), mlruns_dir=_project_path(mlruns, "mlruns"),
+                               parse_models(models), mlruns_dir=_project_path(mlruns, str(in_project(
+                                   "mlruns", project_root(_suite_file(suite) if suite is not None else None)))),
                                log_mlflow=not no_mlflow, include_floor=include_floor,
                                experiment=_report_experiment(suite), workers=workers)
     except (FileNotFoundError, ValueError) as exc:
@@ -606,6 +741,8 @@ def convert_llava_cmd(
 
 def main() -> Any:  # pragma: no cover
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    if "--debug" not in sys.argv[1:2] and os.environ.get("MEDROBUST_DEBUG", "") in ("", "0"):
+        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # no "creating tables" lines around an error
     return app()
 
 

@@ -8,6 +8,7 @@ asset selection and its topological levels), never from a hand-written list."""
 
 from __future__ import annotations
 
+import builtins
 import os
 import socket
 import time
@@ -26,17 +27,23 @@ from medrobust_lib.paths import experiment_name, suite_paths
 from medrobust_lib.store import registry
 from medrobust_lib.tracks.finetune.strategies import finetune_config
 
-# Progress is printed by run_demo; Dagster's own event stream stays in the instance (and the UI).
-QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+# Progress is printed by run_demo; Dagster's own event stream (a failed step's traceback included)
+# stays in the instance and the UI: the console logger prints nothing below CRITICAL.
+QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 
 
 def get_instance() -> dg.DagsterInstance:
-    """The instance of $DAGSTER_HOME, defaulting to this project folder when it has a dagster.yaml."""
-    if not os.environ.get("DAGSTER_HOME") and Path("dagster.yaml").is_file():
-        os.environ["DAGSTER_HOME"] = str(Path.cwd().resolve())
-    if os.environ.get("DAGSTER_HOME"):
-        return dg.DagsterInstance.get()
-    return dg.DagsterInstance.ephemeral()
+    """The persistent instance the UI shows: ``$DAGSTER_HOME`` when set, else the current folder
+    (the project root: the CLI changes into it) when it has a dagster.yaml, else ``var/dagster``
+    under it (Dagster's default SQLite storage). Never an ephemeral instance."""
+    if not os.environ.get("DAGSTER_HOME"):
+        here = Path.cwd().resolve()
+        home = here if (here / "dagster.yaml").is_file() else here / "var" / "dagster"
+        home.mkdir(parents=True, exist_ok=True)
+        if not (home / "dagster.yaml").is_file():  # Dagster's defaults (SQLite under home), quietly
+            (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+        os.environ["DAGSTER_HOME"] = str(home)
+    return dg.DagsterInstance.get()
 
 
 SOURCE_TAG = "medrobust/source"
@@ -195,21 +202,57 @@ def parse_selection(tokens: list[str] | None, definitions: dg.Definitions | None
     return sel
 
 
-def _error_line(data: Any) -> str:
+def _innermost(data: Any) -> Any:
     cause = data.error
     while cause.cause is not None:
         cause = cause.cause
+    return cause
+
+
+def _error_line(data: Any) -> str:
+    cause = _innermost(data)
     return cause.message.strip().splitlines()[-1] if cause.message.strip() else cause.cls_name or "error"
+
+
+USER_ERRORS = frozenset({"CheckpointMismatch", "SampleError", "GateInputError", "RegistryError", "ValidationError",
+                         "QueryRefused", "NotConvertible"})
+"""Project (and pydantic) exceptions that mean bad input, by class name (as Dagster records it)."""
+INTERRUPTED = frozenset({"DagsterExecutionInterruptedError", "KeyboardInterrupt"})
+
+
+def _is_user_error(cls_name: str | None) -> bool:
+    """Bad input (a missing file, a bad value, a checkpoint that does not fit) rather than a bug."""
+    if not cls_name:
+        return False
+    if cls_name in USER_ERRORS:
+        return True
+    cls = getattr(builtins, cls_name, None)
+    return isinstance(cls, type) and issubclass(cls, (ValueError, LookupError, OSError))
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed step: the one-line ``cause``, the innermost error's class, the whole traceback."""
+
+    cause: str
+    cls_name: str
+    traceback: str
+
+
+def _failures(res: dg.ExecuteInProcessResult) -> dict[str, Failure]:
+    out: dict[str, Failure] = {}
+    for ev in res.get_step_failure_events():
+        data = ev.step_failure_data
+        if ev.step_key is not None and data is not None and data.error is not None:
+            inner = _innermost(data)
+            out.setdefault(ev.step_key, Failure(_error_line(data), inner.cls_name or "",
+                                                data.error.to_string()))
+    return out
 
 
 def _step_failures(res: dg.ExecuteInProcessResult) -> dict[str, str]:
     """Failed step key -> one-line cause (the innermost error's last line)."""
-    out: dict[str, str] = {}
-    for ev in res.get_step_failure_events():
-        data = ev.step_failure_data
-        if ev.step_key is not None and data is not None and data.error is not None:
-            out.setdefault(ev.step_key, _error_line(data))
-    return out
+    return {k: f.cause for k, f in _failures(res).items()}
 
 
 def _step_seconds(res: dg.ExecuteInProcessResult) -> dict[str, float]:
@@ -232,11 +275,18 @@ def _log_failed_checks(res: dg.ExecuteInProcessResult, log: Callable[[str], None
 
 
 class StepFailed(RuntimeError):
-    """A run of the plan failed: ``label`` (asset[partition]), ``cause`` (one line), ``run_id``."""
+    """A run of the plan failed: ``label`` (asset[partition]), ``cause`` (one line), ``run_id``;
+    ``asset`` (the key alone), ``user_error`` (bad input, not a bug), ``interrupted`` (Ctrl-C) and
+    the Dagster ``traceback`` (shown with ``medrobust --debug``)."""
 
-    def __init__(self, label: str, cause: str, run_id: str) -> None:
+    def __init__(self, label: str, cause: str, run_id: str, *, asset: str = "", cls_name: str = "",
+                 traceback: str = "") -> None:
         super().__init__(f"materializing {label} failed: {cause} (full log: Dagster run {run_id})")
         self.label, self.cause, self.run_id = label, cause, run_id
+        self.asset = asset or label.split("[", 1)[0]
+        self.cls_name, self.traceback = cls_name, traceback
+        self.user_error = _is_user_error(cls_name)
+        self.interrupted = cls_name in INTERRUPTED
 
 
 _JOB_NAME = "__ephemeral_asset_job__"
@@ -300,10 +350,11 @@ def run_plan(steps: list[Step], *, suite_path: str, instance: dg.DagsterInstance
             seconds[st.group] = seconds.get(st.group, 0.0) + wall * dt / total
             log(f"  {st.label:<48} {dt:6.1f} s")
         _log_failed_checks(res, log)
-        for step_key, cause in _step_failures(res).items():
+        for step_key, f in _failures(res).items():
             asset = jobs.asset_of_step(step_key)
             name = asset.to_user_string() if asset is not None else step_key
-            raise StepFailed(f"{name}[{partition}]" if partition is not None else name, cause, res.run_id)
+            raise StepFailed(f"{name}[{partition}]" if partition is not None else name, f.cause, res.run_id,
+                             asset=name, cls_name=f.cls_name, traceback=f.traceback)
         if not res.success:
             raise StepFailed(run[0].label, "the run failed before its steps ran", res.run_id)
     return seconds
@@ -365,8 +416,8 @@ def run_demo(suite_path: str, *, workers: int = 0, log: Callable[[str], None] = 
         st = Step(dg.AssetKey.from_user_string(asset), partition, "registry")
         res = jobs.materialize([st.key], partition, inst, _own_tags("medrobust demo", suite_path))
         if not res.success:
-            causes = _step_failures(res)
-            raise StepFailed(st.label, next(iter(causes.values()), "the run failed before its steps ran"), res.run_id)
+            f = next(iter(_failures(res).values()), Failure("the run failed before its steps ran", "", ""))
+            raise StepFailed(st.label, f.cause, res.run_id, asset=asset, cls_name=f.cls_name, traceback=f.traceback)
         log(f"  {st.label:<48} {time.perf_counter() - t0:6.1f} s")
         _log_failed_checks(res, log)
         return res

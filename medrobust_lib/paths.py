@@ -11,6 +11,7 @@ root (read by the VLM configuration when the demo is enabled, written by the dem
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -60,6 +61,7 @@ def default_locations(name: str) -> tuple[str, str]:
     ``var/<name>/marts.duckdb``."""
     return f"var/{name}/results", f"var/{name}/marts.duckdb"
 
+
 def experiment_name(suite: _Named, experiment: str) -> str:
     """The MLflow experiment of ``suite`` (a :class:`medrobust_lib.config.Suite`) for the kind of
     run ``experiment`` (``segmentation_eval``, ``reports``, ...): ``<suite name>/<experiment>``,
@@ -68,6 +70,24 @@ def experiment_name(suite: _Named, experiment: str) -> str:
     if not experiment or "/" in experiment:
         raise ValueError(f"experiment must be a non-empty name without '/', got {experiment!r}")
     return f"{suite.name}/{experiment}"
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` name one file (the same resolved path, or one file reached through
+    a hard link or a symlink)."""
+    if a.expanduser().resolve() == b.expanduser().resolve():
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def refuse_input(out: Path, inputs: list[Path]) -> None:
+    """Raise ValueError when writing ``out`` would overwrite one of ``inputs``."""
+    for src in inputs:
+        if same_file(out, src):
+            raise ValueError(f"refusing to write {out}: it is the input {src} (choose another output)")
 
 
 RECORD_FILES: dict[str, str] = {

@@ -9,7 +9,11 @@ from pydantic import BaseModel, ConfigDict, Field
 class TrainBudget(BaseModel):
     """How long a training loop may run: steps, batch, learning rate, validation cadence, early
     stopping patience (evaluations without improvement) and a wall-clock safety net in seconds
-    (None: none). Each section sets its own defaults."""
+    (None: none). Each section sets its own defaults.
+
+    ``max_steps``: optimiser steps at most. ``batch_size``: samples per step. ``lr``: learning rate.
+    ``eval_every``: steps between validations. ``patience``: validations without improvement before
+    early stopping. ``time_budget_s``: wall-clock limit in seconds (null: none)."""
 
     model_config = ConfigDict(extra="forbid")
     max_steps: int = Field(default=400, ge=1)
@@ -21,7 +25,9 @@ class TrainBudget(BaseModel):
 
 
 class LoraSettings(BaseModel):
-    """A LoRA adapter's shape: rank ``r``, scaling ``alpha`` (update scaled by alpha / r), dropout."""
+    """A LoRA adapter's shape: rank ``r``, scaling ``alpha`` (update scaled by alpha / r), dropout.
+
+    ``dropout``: dropout on the LoRA branch."""
 
     model_config = ConfigDict(extra="forbid")
     r: int = Field(default=8, ge=1)

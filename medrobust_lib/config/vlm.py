@@ -41,7 +41,14 @@ class VLMModelConfig(BaseModel):
     """One VLM of the suite. ``source``: a local folder or cached hub id, or ``trained`` (the demo
     ``base_checkpoint`` asset trains a tiny LLaVA). ``base``: take the weights of another configured
     model. ``adapter``: a LoRA adapter folder, or ``finetuned`` (this model's own
-    ``finetuned_adapter`` asset). ``box_scale``: the declared grounding output scale, when known."""
+    ``finetuned_adapter`` asset). ``box_scale``: the declared grounding output scale, when known.
+
+    ``id``: the model's name in results and asset keys. ``kind``: hf (local transformers weights) or
+    api (an OpenAI-compatible endpoint). ``device``: torch device. ``batch_size``: prompts per
+    generation batch. ``max_new_tokens``: generated tokens per answer. ``caption_max_new_tokens``:
+    generated tokens per caption. ``api``: endpoint settings of a kind: api model (model, base_url,
+    api_key_env naming the variable that holds the key, concurrency, timeout_s, max_retries,
+    request_logprobs)."""
 
     model_config = ConfigDict(extra="forbid")
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9_\-]*$")
@@ -58,6 +65,12 @@ class VLMModelConfig(BaseModel):
 
 
 class VLMRecordsConfig(BaseModel):
+    """Record files in their published formats; any may be omitted. ``image_root``: the folder the
+    records' image paths are relative to. ``omnimedvqa``: an OmniMedVQA QA_information JSON file.
+    ``yesno``: a JSONL of yes/no questions with paraphrases. ``roco_captions``: a ROCOv2 captions
+    CSV. ``roco_images``: the ROCOv2 image list CSV. ``mecovqa_grounding``: a MeCoVQA-G grounding
+    JSON file."""
+
     model_config = ConfigDict(extra="forbid")
     image_root: str | None = None
     omnimedvqa: str | None = None
@@ -69,7 +82,10 @@ class VLMRecordsConfig(BaseModel):
 
 class VLMTrainSettings(TrainBudget, AlignmentStage, WeightStorage):
     """Training of the demo base model (``source: trained``), after its alignment stage
-    (:class:`AlignmentStage`, none by default)."""
+    (:class:`AlignmentStage`, none by default).
+
+    ``image_size``: image side of the demo's tiny VLM (pixels). ``patch_size``: its patch side
+    (pixels). ``hidden``: its model width. ``layers``: its transformer blocks."""
 
     max_steps: int = 3000
     batch_size: int = 32
@@ -117,7 +133,10 @@ class VLMTrainSettings(TrainBudget, AlignmentStage, WeightStorage):
 
 
 class VLMFinetuneSettings(TrainBudget, LoraSettings):
-    """LoRA fine-tuning (``adapter: finetuned``): task, LoRA shape, training budget."""
+    """LoRA fine-tuning (``adapter: finetuned``): task, LoRA shape, training budget.
+
+    ``task``: the task the adapter is trained on (grounding, vqa_mc, vqa_yesno, caption).
+    ``target_regex``: full-match regex over module names that get LoRA (null: the default targets)."""
 
     task: Literal["grounding", "vqa_mc", "vqa_yesno", "caption"] = "grounding"
     target_regex: str | None = None
@@ -130,8 +149,8 @@ class VLMFinetuneSettings(TrainBudget, LoraSettings):
     epochs: int | None = Field(default=None, ge=1, description="train this many epochs (optimizer steps of "
                                "batch_size x grad_accumulation examples) instead of max_steps")
     grad_accumulation: int = Field(default=1, ge=1, description="micro-batches of batch_size per optimizer step")
-    weight_decay: float = Field(default=0.01, ge=0)
-    warmup_steps: int = Field(default=30, ge=0)
+    weight_decay: float = Field(default=0.01, ge=0, description="AdamW weight decay")
+    warmup_steps: int = Field(default=30, ge=0, description="linear learning-rate warm-up steps")
     warmup_ratio: float | None = Field(default=None, ge=0, lt=1, description="warmup as a share of the optimizer "
                                        "steps (overrides warmup_steps)")
 
@@ -166,8 +185,15 @@ class VLMProtocol(BaseModel):
 
 
 class VLMConfig(BaseModel):
+    """``models``: the VLMs evaluated (see ``vlm.models[]``). ``records``: the record files of the VLM
+    tasks. ``split``: which split is evaluated. ``train``: training of the demo's tiny VLM.
+    ``finetune``: LoRA fine-tuning of a model with ``adapter: finetuned``. ``max_records_per_task``:
+    cap on records per task (null: all)."""
+
     model_config = ConfigDict(extra="forbid")
-    protocol: VLMProtocol = Field(default_factory=lambda: VLMProtocol())
+    protocol: VLMProtocol = Field(default_factory=lambda: VLMProtocol(), description=(
+        "prompts, caps and scorers of the VLM tasks: the corrected protocol by default, the reference "
+        "benchmark's with protocol: reference (docs/differences-from-reference.md)"))
     models: list[VLMModelConfig] = Field(default_factory=list)
     records: VLMRecordsConfig = Field(default_factory=lambda: VLMRecordsConfig())
     split: str = "test"

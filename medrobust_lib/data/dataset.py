@@ -100,7 +100,9 @@ class DatasetConfig(BaseModel):
     ``size``: resize every sample to ``size x size`` (None keeps the original size).
     ``max_samples``: keep the first N sample ids (loadable and quarantined together) in sorted
     order. ``options``: reader-specific, validated by the reader (unknown keys are an error).
-    """
+
+    ``root``: the dataset's folder (relative: to the project root). ``per_component_boxes``: one box
+    prompt per connected mask component instead of one box around all foreground."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -71,7 +71,11 @@ class MaskOptions(ReaderOptions):
 
 class WindowOptions(ReaderOptions):
     """Intensity window in native units (HU for CT); both or neither. Without them the file's
-    window (DICOM) or the ``percentiles`` of the values are used."""
+    window (DICOM) or the ``percentiles`` of the values are used.
+
+    ``window_center``: window centre in native units (HU for CT). ``window_width``: window width in
+    native units (> 0). ``percentiles``: the low and high percentiles mapped to 0 and 1 when no
+    window is known."""
 
     window_center: float | None = None
     window_width: float | None = Field(default=None, gt=0)
@@ -164,7 +168,7 @@ def child_dir(parent: Path, *names: str) -> Path | None:
 def require_dir(path: Path, what: str) -> Path:
     """Raise FileNotFoundError (a configuration error, not a bad sample) if ``path`` is missing."""
     if not path.is_dir():
-        raise FileNotFoundError(f"{what} not found: {path}")
+        raise FileNotFoundError(f"{what} not found: {path.absolute()}")
     return path
 
 

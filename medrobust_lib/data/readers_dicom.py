@@ -38,7 +38,11 @@ from medrobust_lib.types import BoolMask
 
 class DicomOptions(MaskOptions, WindowOptions):
     """Options of the ``dicom`` reader. ``image_dir`` and ``mask_dir`` are relative to the root;
-    ``extensions`` are matched case-insensitively; ``frame`` selects one frame of multi-frame files."""
+    ``extensions`` are matched case-insensitively; ``frame`` selects one frame of multi-frame files.
+
+    ``recursive``: look for DICOM files in sub-folders too. ``mask_suffix``: added to a file's stem
+    to name its mask. ``mask_ext``: the mask files' extension. ``keep_rgb``: keep RGB DICOMs in
+    colour instead of luminance."""
 
     image_dir: str = "."
     recursive: bool = True

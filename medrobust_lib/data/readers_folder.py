@@ -112,7 +112,12 @@ def _resolve_root(cfg: DatasetSpec, wrapper: str, marker: Sequence[str]) -> Path
 
 
 class FolderOptions(MaskOptions):
-    """Options of the generic ``folder`` reader (paths relative to ``cfg.root``)."""
+    """Options of the generic ``folder`` reader (paths relative to ``cfg.root``).
+
+    ``image_dir``: the image folder under root. ``mask_dir``: the mask folder under root (null:
+    images without masks). ``image_glob``: which files of image_dir are images. ``mask_suffix``:
+    added to an image's stem to name its mask. ``mask_ext``: the mask files' extension.
+    ``grayscale``: true reads images as gray, false as RGB, null keeps what the file holds."""
 
     image_dir: str = "images"
     mask_dir: str | None = "masks"
@@ -194,6 +199,9 @@ _ISIC_RE = re.compile(r"^(ISIC_\d+)\.jpg$", re.IGNORECASE)
 
 
 class Isic2016Options(MaskOptions):
+    """Options of the ``isic2016`` reader. ``splits``: which of the published splits are read (train,
+    test)."""
+
     splits: list[Literal["train", "test"]] = Field(default_factory=lambda: ["train", "test"])  # type: ignore[arg-type]
 
 
@@ -325,6 +333,9 @@ _BUSI_RE = re.compile(r"^(benign|malignant|normal) \((\d+)\)\.png$")
 
 
 class BusiOptions(MaskOptions):
+    """Options of the ``busi`` reader. ``classes``: which class folders are read (benign, malignant,
+    normal)."""
+
     classes: list[Literal["benign", "malignant", "normal"]] = Field(
         default_factory=lambda: ["benign", "malignant", "normal"]  # type: ignore[arg-type]
     )
@@ -493,6 +504,9 @@ REFUGE_CUP_BELOW = 64
 
 
 class RefugeOptions(MaskOptions):
+    """Options of the ``refuge`` reader. ``target``: the structure segmented, the optic disc or cup.
+    ``image_ext``: the image files' extension. ``mask_ext``: the mask files' extension."""
+
     target: Literal["disc", "cup"] = "disc"
     image_ext: str = ".jpg"
     mask_ext: str = ".bmp"

@@ -54,7 +54,11 @@ MSD_CITATION = (
 
 
 class NiftiOptions(WindowOptions):
-    """Options of the ``nifti`` reader (folders relative to the root)."""
+    """Options of the ``nifti`` reader (folders relative to the root).
+
+    ``images_dir``: the image folder. ``labels_dir``: the label folder. ``axis``: the slicing axis
+    (0, 1 or 2). ``channel``: the channel of a 4-D image. ``all_slices``: keep slices without
+    foreground too. ``label_values``: label values that are foreground (null: every value > 0)."""
 
     images_dir: str = "imagesTr"
     labels_dir: str = "labelsTr"

@@ -105,6 +105,9 @@ PANNUKE_CLASSES: tuple[str, ...] = ("neoplastic", "inflammatory", "connective", 
 
 
 class PanNukeOptions(ReaderOptions):
+    """``float_scale``: float image arrays are divided by it to reach [0, 1]. ``allow_empty_mask``:
+    keep patches without foreground."""
+
     boxes: Literal["per_channel", "merged"] = "per_channel"
     """``per_channel``: one box per nucleus class present in the patch (the tight box over that
     channel's nuclei); ``merged``: the dataset-wide rule (one tight box, or one per component with
@@ -252,6 +255,10 @@ READERS.register(
 
 
 class NpySingleOptions(ReaderOptions):
+    """Options of the single-array ``.npy`` reader. ``image_dir``: the image folder under root.
+    ``mask_dir``: the mask folder under root (null: no masks). ``float_scale``: float arrays are
+    divided by it to reach [0, 1]. ``allow_empty_mask``: keep samples whose mask has no foreground."""
+
     image_dir: str = "imgs"
     mask_dir: str | None = "gts"
     label_values: list[int] | None = None

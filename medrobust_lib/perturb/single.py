@@ -10,6 +10,7 @@ import numpy as np
 
 from medrobust_lib.data.boxes import mask_to_boxes
 from medrobust_lib.data.sample import SampleError
+from medrobust_lib.paths import refuse_input
 from medrobust_lib.perturb.calibrate import DEFAULT_BANDS, calibrate
 from medrobust_lib.perturb.spec import get_perturbation, list_perturbations
 from medrobust_lib.types import ALL_MODALITIES, SEVERITY_LEVELS, parse_modality
@@ -75,6 +76,10 @@ def perturb_file(
         raise FileNotFoundError(f"input image not found: {input_path}")
     if (output is None) == (output_dir is None):
         raise ValueError("give exactly one of --output FILE or --output-dir DIR")
+    inputs = [input_path] + ([mask_path] if mask_path is not None else [])
+    if output is not None:
+        refuse_input(output, inputs)
+        refuse_input(output.with_name(output.stem + "_mask.png"), inputs)
     windowed = file_extension(input_path) in (*DICOM_EXTENSIONS, *NIFTI_EXTENSIONS)
     if (window_center is not None or window_width is not None) and not windowed:
         raise ValueError(f"--window-center/--window-width apply to DICOM and NIfTI input only, not {input_path.name}")
@@ -111,6 +116,8 @@ def perturb_file(
             else:
                 assert output_dir is not None
                 path = output_dir / f"{name}__{t}__L{lv}.{fmt}"
+                refuse_input(path, inputs)
+                refuse_input(path.with_name(path.stem + "_mask.png"), inputs)
             path.parent.mkdir(parents=True, exist_ok=True)
             if path.suffix == ".npy":
                 np.save(path, c.output.image.astype(np.float32))

@@ -331,7 +331,8 @@ def connect_readonly(mart_path: str | Path) -> duckdb.DuckDBPyConnection:
     """A read-only connection; raises FileNotFoundError naming the command that builds the mart."""
     p = Path(mart_path)
     if not p.is_file():
-        raise FileNotFoundError(f"no mart at {p}: run `medrobust demo` (or materialize the 'marts' asset) first")
+        raise FileNotFoundError(f"no mart at {p}: build it with `medrobust run --suite SUITE.yaml` (your suite; "
+                                "then pass --suite) or `medrobust demo` (the demo's)")
     return duckdb.connect(str(p), read_only=True)
 
 

@@ -23,7 +23,9 @@ beyond the database file: ``read_text``, ``read_csv``, ``read_blob``, ``glob``, 
 ``COPY ... TO``, ``ATTACH`` and ``INSTALL`` fail with a permission error, whatever the statement's
 shape, e.g. a ``COPY`` inside a CTE that DuckDB labels SELECT), extension autoload and autoinstall
 off, community extensions off, and ``lock_configuration = true`` so no statement can turn any of it
-back on. The mart needs nothing outside its own file: every table is copied in at build time and the
+back on. DuckDB's spill folder (``temp_directory``, by default ``<mart>.tmp/`` beside the mart, which
+a query could fill or which may already hold someone's files) is a fresh private folder (mode 0700)
+under the system's temporary folder, created for the query and removed after it. The mart needs nothing outside its own file: every table is copied in at build time and the
 views read only those tables. A statement stopped by the sandbox raises :class:`QueryRefused` with
 DuckDB's one-line reason.
 """
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Final
@@ -130,29 +133,41 @@ def run_query(mart_path: str | Path, sql: str) -> pd.DataFrame:
     integer and boolean columns come back as pandas' nullable dtypes, NULL doubles as NaN.
     """
     check_read_only(sql)
-    con = connect_sandboxed(mart_path)
-    try:
-        res = con.execute(sql)
-        types = [str(d[1]) for d in (res.description or [])]
-        return _keep_integers(res.df(), types)
-    except duckdb.PermissionException as exc:
-        raise QueryRefused(f"refused by the sandbox: {_first_line(exc)} (the query connection reads only "
-                           "the mart; no files, extensions or settings)") from None
-    finally:
-        con.close()
+    with tempfile.TemporaryDirectory(prefix="medrobust-query-") as spill:
+        con = connect_sandboxed(mart_path, spill_dir=spill)
+        try:
+            res = con.execute(sql)
+            types = [str(d[1]) for d in (res.description or [])]
+            return _keep_integers(res.df(), types)
+        except duckdb.PermissionException as exc:
+            raise QueryRefused(f"refused by the sandbox: {_first_line(exc)} (the query connection reads only "
+                               "the mart; no files, extensions or settings)") from None
+        finally:
+            con.close()
 
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def connect_sandboxed(mart_path: str | Path) -> duckdb.DuckDBPyConnection:
+def connect_sandboxed(mart_path: str | Path, spill_dir: str | Path | None = None) -> duckdb.DuckDBPyConnection:
     """A read-only connection to the mart that can touch no other file, load no extension and
-    change no setting (:data:`SANDBOX_CONFIG`); ``FileNotFoundError`` when there is no mart."""
+    change no setting (:data:`SANDBOX_CONFIG`); ``FileNotFoundError`` when there is no mart.
+    ``spill_dir``: DuckDB's spill folder (the caller's private temporary folder; None: nothing
+    may spill, ``max_temp_directory_size`` 0, so ``<mart>.tmp/`` is never written)."""
     p = Path(mart_path)
     if not p.is_file():
-        raise FileNotFoundError(f"no mart at {p}: run `medrobust demo` (or materialize the 'marts' asset) first")
-    return duckdb.connect(str(p), read_only=True, config=dict(SANDBOX_CONFIG))
+        raise FileNotFoundError(f"no mart at {p}: {MART_HINT}")
+    # DuckDB applies the settings in order: temp_directory only after external access is off
+    spill: dict[str, str | bool] = {"temp_directory": str(spill_dir)} if spill_dir is not None else \
+        {"max_temp_directory_size": "0B"}
+    return duckdb.connect(str(p), read_only=True,
+                          config={"enable_external_access": False, **spill, **SANDBOX_CONFIG})
+
+
+MART_HINT: Final[str] = ("build it with `medrobust run --suite SUITE.yaml` (your suite; query it with --suite) or "
+                         "`medrobust demo` (the demo's)")
+"""What to run when a mart is missing."""
 
 
 _WIDE_INTEGERS = ("HUGEINT", "UHUGEINT")

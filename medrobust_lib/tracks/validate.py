@@ -1,21 +1,32 @@
-"""``medrobust validate``: check a suite before running it, in seconds and without torch.
+"""``medrobust validate``: check a suite before running it, in seconds (torch only to read the
+shapes of a checkpoint that has no ``config.json`` beside it).
 
 :func:`validate_suite` loads the suite (unknown keys and models without weights are errors, see
-:class:`medrobust_lib.config.Suite`), lists every dataset with its reader (counts of usable and
-quarantined samples, the first problems; the first few samples are decoded), and checks that every named weights file or folder and
-every VLM record file exists.
+:class:`medrobust_lib.config.Suite`), refuses a suite that would write into another suite's folders
+(:mod:`medrobust_lib.config.isolation`), lists every dataset with its reader (counts of usable and
+quarantined samples, the first problems; the first few samples are decoded), and says what a run
+would hit: a dataset folder that is empty or matches no file of its layout, masks missing for every
+sample (with the expected path and the options that change it), images that do not decode, a
+checkpoint whose architecture is not the model's ``arch`` (from the ``config.json`` beside it, else
+from its state dict's shapes), weights and record files that do not exist. Relative paths are
+checked from the project ``root`` (the path rule of :mod:`medrobust_lib.config.suite`).
 """
 
 from __future__ import annotations
 
+import json
+import struct
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from medrobust_lib.config import Suite, load_suite
+from medrobust_lib.config.isolation import check_isolation
 from medrobust_lib.config.suite import DEMO_TRAINED
 from medrobust_lib.data.dataset import DatasetConfig, index_dataset, load_sample
 from medrobust_lib.data.sample import QuarantineRecord, SampleError, SampleRef
+from medrobust_lib.project import in_project, project_root
 from medrobust_lib.tracks.datasets import resolve_datasets
 
 MAX_PROBLEMS = 5
@@ -55,6 +66,7 @@ class SuiteCheck:
         for d in self.datasets:
             if d.error is not None:
                 out.append(f"  {d.name} ({d.modality}, {d.format}): error: {d.error}")
+                out.extend(f"    {p}" for p in d.problems)
                 continue
             reasons = ", ".join(f"{k} {v}" for k, v in sorted(d.reasons.items()))
             out.append(f"  {d.name} ({d.modality}, {d.format}): {d.n_ok} samples, {d.n_quarantined} quarantined"
@@ -64,12 +76,47 @@ class SuiteCheck:
         return out
 
 
-def _check_dataset(cfg: DatasetConfig, n_load: int) -> DatasetCheck:
+_NOT_MASK_OPTIONS = ("mask_threshold", "mask_values")
+
+
+def _mask_options(cfg: DatasetConfig) -> list[str]:
+    """The reader options that say where masks are (``mask_dir``, ``mask_suffix``, ...)."""
+    fields = getattr(cfg.reader().options_model, "model_fields", {})
+    return [f for f in fields if f.startswith("mask_") and f not in _NOT_MASK_OPTIONS]
+
+
+def _no_samples(cfg: DatasetConfig, bad: list[QuarantineRecord]) -> str:
+    """Why a dataset has no usable sample, and what to change."""
+    reasons = Counter(q.reason for q in bad)
+    if not bad:
+        layout = cfg.reader().layout
+        return (f"no samples found under {cfg.root}: the folder is empty or no file matches the "
+                f"'{cfg.format}' layout" + (f" ({layout})" if layout else "") + "; check 'root' and 'options'")
+    if set(reasons) == {"missing_mask"}:
+        detail = bad[0].detail
+        opts = _mask_options(cfg)
+        change = (f"options {', '.join(opts)} say where masks are" if opts else "the layout fixes where masks are")
+        nomask = ", or mask_dir: null for images without masks" if "mask_dir" in opts else ""
+        return f"every sample lacks its mask ({detail or 'no mask found'}): {change}{nomask}"
+    if set(reasons) <= {"unreadable_image", "unreadable_dicom", "unreadable_mask", "load_error", "truncated",
+                        "empty_file", "too_small"}:
+        return f"no image decodes ({', '.join(f'{k} {v}' for k, v in sorted(reasons.items()))}): see the problems"
+    return "no usable samples found: see the problems"
+
+
+def _check_dataset(cfg: DatasetConfig, n_load: int, root: Path) -> DatasetCheck:
     base = DatasetCheck(cfg.name, cfg.modality, cfg.format, cfg.root)
+    where = in_project(cfg.root, root)
+    if not where.is_dir():
+        rel = "" if Path(cfg.root).expanduser().is_absolute() else f" (relative paths are relative to the " \
+                                                                      f"project root {root})"
+        what = "is not a folder" if where.exists() else "does not exist"
+        return DatasetCheck(cfg.name, cfg.modality, cfg.format, cfg.root, error=f"root {where} {what}{rel}")
+    cfg = cfg.model_copy(update={"root": str(where)})
     try:
         refs, bad = index_dataset(cfg)
     except (FileNotFoundError, ValueError, OSError) as exc:
-        return DatasetCheck(cfg.name, cfg.modality, cfg.format, cfg.root, error=str(exc))
+        return DatasetCheck(base.name, base.modality, base.format, base.root, error=str(exc))
     loaded: list[SampleRef] = []
     for ref in refs[:n_load]:  # decode a few, so a codec or mask problem shows before a run
         try:
@@ -86,32 +133,134 @@ def _check_dataset(cfg: DatasetConfig, n_load: int) -> DatasetCheck:
     problems = [f"{q.sample_id}: {q.reason}" + (f" ({q.detail})" if q.detail else "") for q in bad[:MAX_PROBLEMS]]
     if not refs:
         return DatasetCheck(base.name, base.modality, base.format, base.root, 0, len(bad), dict(reasons), problems,
-                            error="no usable samples found")
+                            error=_no_samples(cfg, bad))
     return DatasetCheck(base.name, base.modality, base.format, base.root, len(refs), len(bad), dict(reasons), problems)
 
 
-def _weights_errors(suite: Suite) -> list[str]:
+def _missing(path: str, root: Path) -> str | None:
+    """The absolute path when ``path`` does not exist, with the rule for a relative one."""
+    p = in_project(path, root)
+    if p.exists():
+        return None
+    return str(p) + ("" if Path(path).expanduser().is_absolute() else " (relative to the project root)")
+
+
+def _weights_errors(suite: Suite, root: Path) -> list[str]:
     errors = []
     for m in suite.segmentation.models:
         if m.checkpoint not in (None, DEMO_TRAINED) and not m.checkpoint.startswith("models:/") \
-                and not Path(m.checkpoint).exists():
-            errors.append(f"segmentation model {m.id!r}: checkpoint not found: {m.checkpoint}")
+                and (gone := _missing(m.checkpoint, root)) is not None:
+            errors.append(f"segmentation model {m.id!r}: checkpoint not found: {gone}")
     for v in suite.vlm.models:
         src = v.source
         # "org/name" may be a cached hub id; only an explicit path (absolute, ./ or ../) must exist
-        if v.kind == "hf" and src is not None and src.startswith(("/", "./", "../")) and not Path(src).exists():
-            errors.append(f"VLM {v.id!r}: source folder not found: {src}")
-        if v.adapter not in (None, "finetuned") and not Path(v.adapter).exists():
-            errors.append(f"VLM {v.id!r}: adapter folder not found: {v.adapter}")
+        if v.kind == "hf" and src is not None and src.startswith(("/", "./", "../", "~")) \
+                and (gone := _missing(src, root)) is not None:
+            errors.append(f"VLM {v.id!r}: source folder not found: {gone}")
+        if v.adapter not in (None, "finetuned") and (gone := _missing(v.adapter, root)) is not None:
+            errors.append(f"VLM {v.id!r}: adapter folder not found: {gone}")
     for key, path in suite.vlm.records.model_dump().items():
-        if path is not None and not Path(path).exists():
-            errors.append(f"vlm.records.{key}: not found: {path}")
+        if path is not None and (gone := _missing(path, root)) is not None:
+            errors.append(f"vlm.records.{key}: not found: {gone}")
     return errors
 
 
-def validate_suite(path: str | Path, n_load: int = 3) -> SuiteCheck:
+# --- checkpoint architecture ----------------------------------------------------------------------
+
+_PATCH = "image_encoder.patch_embed.proj.weight"
+_BLOCKS = "image_encoder.blocks."
+
+
+def _safetensors_shapes(path: Path) -> dict[str, list[int]]:
+    """Tensor name -> shape from a .safetensors header (8-byte length, then JSON), no tensor read."""
+    with path.open("rb") as fh:
+        head = fh.read(8)
+        if len(head) != 8:
+            raise ValueError(f"{path}: not a safetensors file (too short)")
+        (n,) = struct.unpack("<Q", head)
+        if n > 100_000_000:
+            raise ValueError(f"{path}: not a safetensors file (header of {n} bytes)")
+        meta = json.loads(fh.read(n))
+    return {k: list(v["shape"]) for k, v in meta.items() if isinstance(v, dict) and "shape" in v}
+
+
+def _torch_shapes(path: Path) -> dict[str, list[int]]:
+    """Tensor name -> shape of a torch checkpoint, memory-mapped (``weights_only=True``)."""
+    import torch
+
+    obj: Any = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    if isinstance(obj, dict) and isinstance(obj.get("model"), dict):
+        obj = obj["model"]
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}: expected a state dict, got {type(obj).__name__}")
+    return {str(k): list(v.shape) for k, v in obj.items() if hasattr(v, "shape")}
+
+
+def encoder_shape(shapes: dict[str, list[int]]) -> tuple[int, int] | None:
+    """``(embed_dim, depth)`` of a SAM image encoder from its state dict's shapes (a ``module.``
+    prefix ignored), or None when the state dict has no SAM image encoder."""
+    shapes = {k.removeprefix("module."): v for k, v in shapes.items()}
+    patch = shapes.get(_PATCH)
+    blocks = {int(k[len(_BLOCKS):].split(".", 1)[0]) for k in shapes
+              if k.startswith(_BLOCKS) and k[len(_BLOCKS):].split(".", 1)[0].isdigit()}
+    if not patch or not blocks:
+        return None
+    return int(patch[0]), max(blocks) + 1
+
+
+def checkpoint_arch_error(model_id: str, arch: str, path: Path) -> str | None:
+    """Why the checkpoint at ``path`` (a file, or a folder holding ``model.safetensors``) is not a
+    ``arch`` model: the ``arch`` of the ``config.json`` beside it when there is one, else the image
+    encoder's width and depth read from the state dict; None when it fits or cannot be told."""
+    f = path / "model.safetensors" if path.is_dir() else path
+    cfg = f.parent / "config.json"
+    if cfg.is_file():
+        try:
+            stated = json.loads(cfg.read_text()).get("arch")
+        except (OSError, ValueError, AttributeError):
+            stated = None
+        if isinstance(stated, str):
+            if stated != arch:
+                return (f"segmentation model {model_id!r}: arch {arch!r}, but {cfg} says {stated!r}: "
+                        f"set arch: {stated}")
+            return None
+    from medrobust_lib.models.sam import ARCHS
+
+    try:
+        shapes = _safetensors_shapes(f) if f.suffix == ".safetensors" else _torch_shapes(f)
+    except Exception as exc:  # any reader failure: the run would fail the same way
+        return f"segmentation model {model_id!r}: cannot read checkpoint {f}: {type(exc).__name__}: {exc}"
+    got = encoder_shape(shapes)
+    want = ARCHS.get(arch)
+    if got is None or want is None:
+        return None if want is not None else (f"segmentation model {model_id!r}: unknown arch {arch!r}; "
+                                              f"valid: {', '.join(sorted(ARCHS))}")
+    if got == (want.encoder_embed_dim, want.encoder_depth):
+        return None
+    match = [n for n, a in ARCHS.items() if (a.encoder_embed_dim, a.encoder_depth) == got]
+    return (f"segmentation model {model_id!r}: arch {arch!r} has a {want.encoder_embed_dim}-wide, "
+            f"{want.encoder_depth}-block image encoder, but {f} holds a {got[0]}-wide, {got[1]}-block one"
+            + (f": set arch: {match[0]}" if match else ""))
+
+
+def _arch_errors(suite: Suite, root: Path) -> list[str]:
+    errors = []
+    for m in suite.segmentation.models:
+        if m.checkpoint in (None, DEMO_TRAINED) or m.checkpoint.startswith("models:/"):
+            continue
+        p = in_project(m.checkpoint, root)
+        if p.exists():
+            err = checkpoint_arch_error(m.id, m.arch, p)
+            if err is not None:
+                errors.append(err)
+    return errors
+
+
+def validate_suite(path: str | Path, n_load: int = 3, root: Path | None = None) -> SuiteCheck:
     """Check the suite at ``path``, decoding the first ``n_load`` samples of each dataset (sorted by
-    id); never raises for a problem of the suite or its data (they are listed), only for bugs."""
+    id); relative paths inside it are taken from ``root`` (default: the project root). Never raises
+    for a problem of the suite or its data (they are listed), only for bugs."""
+    root = root or project_root()
     report = SuiteCheck(str(path))
     try:
         suite = load_suite(path)
@@ -119,12 +268,19 @@ def validate_suite(path: str | Path, n_load: int = 3) -> SuiteCheck:
         report.errors.append(str(exc))
         return report
     try:
-        configs = resolve_datasets(suite)
+        check_isolation(suite, path, root)
+    except ValueError as exc:
+        report.errors.append(str(exc))
+    demo_root = in_project(suite.demo.root, root)
+    try:
+        configs = resolve_datasets(suite.model_copy(update={"demo": suite.demo.model_copy(
+            update={"root": str(demo_root)})}))
     except (FileNotFoundError, ValueError) as exc:
         report.errors.append(str(exc))
         configs = []
     if not configs and not report.errors:
         report.errors.append("no datasets: list some under 'datasets' (or enable the demo)")
-    report.datasets = [_check_dataset(c, n_load) for c in configs]
-    report.errors.extend(_weights_errors(suite))
+    report.datasets = [_check_dataset(c, n_load, root) for c in configs]
+    report.errors.extend(_weights_errors(suite, root))
+    report.errors.extend(_arch_errors(suite, root))
     return report
