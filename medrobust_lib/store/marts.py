@@ -23,6 +23,7 @@ from medrobust_lib.store.completeness import (
     error_share_sql,
 )
 from medrobust_lib.store.coverage import COVERAGE_VIEWS, vlm_chance_sql, vlm_floor_sql
+from medrobust_lib.store.results import CorruptChunkError, verify_chunk
 from medrobust_lib.store.schema import (
     MART_TABLES,
     PRIMARY_METRIC,
@@ -221,6 +222,7 @@ def build_mart(results_dir: str | Path, mart_path: str | Path,
                 con.execute(f"create table {t.name} ({cols})")
                 folder = Path(results_dir, t.name)
                 if folder.is_dir() and any(folder.rglob("*.parquet")):
+                    _verify_chunks(t.name, folder)
                     names = ", ".join(c for c, _ in t.columns)
                     src = (f"read_parquet('{folder.as_posix()}/**/*.parquet', hive_partitioning = true, "
                            "union_by_name = true)")
@@ -249,6 +251,18 @@ def build_mart(results_dir: str | Path, mart_path: str | Path,
             if side.is_file():
                 side.unlink(missing_ok=True)
     return counts
+
+
+def _verify_chunks(table: str, folder: Path) -> None:
+    """Page checksums and content hash of every chunk of ``table`` (one chunk in memory at a time)
+    before DuckDB reads them; :class:`MartBuildError` naming table, file and partition."""
+    for f in sorted(folder.rglob("*.parquet")):
+        try:
+            verify_chunk(f)
+        except CorruptChunkError as exc:
+            raise MartBuildError(f"mart not rebuilt (the previous one is kept): {exc}; re-materialise that "
+                                 f"partition of the asset that writes {table!r} (or delete the file), then "
+                                 "rebuild the mart") from None
 
 
 def _chunk_error(table: str, folder: Path, exc: duckdb.Error) -> MartBuildError:
