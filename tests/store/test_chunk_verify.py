@@ -110,3 +110,19 @@ def test_a_chunk_without_a_content_hash_is_not_current(chunk: tuple[Path, Path])
     pq.write_table(t.replace_schema_metadata(meta), p)  # as written by an older version
     assert results.read_chunk_fingerprint(p) == "fp"
     assert not results.chunk_is_current(p, "fp")  # so a resumed run rewrites it with a hash
+
+
+def test_a_damaged_chunks_rows_are_recomputed_not_reused(tmp_path: Path) -> None:
+    from medrobust_lib.store.rerun import reusable_rows
+
+    part = {"model": "m"}
+    p = results.chunk_path(tmp_path, "scratch_table", part, "ds")
+    rows = [{"sample_id": f"s{i}", "outcome": "ok", "score": i / 7} for i in range(50)]
+    results.write_chunk(p, rows, "fp")
+    cols, key = ["sample_id", "outcome", "score", "model"], ["sample_id"]
+    assert len(reusable_rows(str(tmp_path), "scratch_table", part, "fp", cols, key)) == 50
+    col = pq.read_metadata(p).row_group(0).column(2)  # score
+    raw = bytearray(p.read_bytes())
+    raw[(col.dictionary_page_offset or col.data_page_offset) + col.total_compressed_size - 4] ^= 0x10
+    p.write_bytes(bytes(raw))
+    assert reusable_rows(str(tmp_path), "scratch_table", part, "fp", cols, key) == {}
