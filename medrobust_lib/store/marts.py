@@ -33,6 +33,7 @@ from medrobust_lib.store.schema import (
     MartTable,
 )
 from medrobust_lib.store.summary_views import SUMMARY_VIEWS
+from medrobust_lib.store.writer_lock import suite_writer_lock
 
 VLM_SCORED_OUTCOMES: tuple[str, ...] = ("ok", "unparseable", "refused")
 """Outcomes inside the denominators (the last two scored as wrong). ``error`` (infrastructure) and
@@ -206,9 +207,17 @@ def build_mart(results_dir: str | Path, mart_path: str | Path,
     mart or the new one, never a mixture, and a power cut after the return keeps the new one. On any
     failure (disk full, a corrupt chunk, an interrupt) the temporary file is removed and the old
     mart stays; a temporary file left by a killed build (its process gone) is removed by the next
-    build. A chunk that cannot be read raises :class:`MartBuildError` naming the table, the file and
-    its partition.
+    build. A chunk that cannot be read, or fails its page checksums or content hash
+    (:func:`medrobust_lib.store.results.verify_chunk`), raises :class:`MartBuildError` naming the
+    table, the file and its partition. The build holds the suite's writer lock
+    (:func:`medrobust_lib.store.writer_lock.suite_writer_lock`; :class:`SuiteBusyError` when another
+    process writes the results).
     """
+    with suite_writer_lock(results_dir):  # one writer per suite (re-entrant inside medrobust run)
+        return _build_mart(results_dir, mart_path, max_error_share)
+
+
+def _build_mart(results_dir: str | Path, mart_path: str | Path, max_error_share: float) -> dict[str, int]:
     mart = Path(mart_path)
     mart.parent.mkdir(parents=True, exist_ok=True)
     _remove_orphaned_temps(mart)
