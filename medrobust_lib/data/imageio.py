@@ -46,12 +46,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 import cv2
 import numpy as np
 import numpy.typing as npt
 
+from medrobust_lib.data import image_headers
 from medrobust_lib.data.sample import SampleError
 from medrobust_lib.types import BoolMask, FloatImage
 
@@ -132,18 +133,6 @@ def _check_nonempty(path: Path) -> None:
         raise SampleError("empty_file", str(path))
 
 
-def _read_bytes(path: Path) -> bytes:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise SampleError("missing_file", str(path)) from None
-    except OSError as e:
-        raise SampleError("unreadable_image", f"{path}: {e}") from None
-    if len(data) == 0:
-        raise SampleError("empty_file", str(path))
-    return data
-
-
 def _check_complete(data: bytes, ext: str, path: Path) -> None:
     """Reject truncated PNG/JPEG files that a lenient decoder might still partially decode."""
     if ext == ".png":
@@ -160,22 +149,34 @@ def _check_complete(data: bytes, ext: str, path: Path) -> None:
             raise SampleError("truncated", f"{path}: truncated JPEG (no EOI marker)")
 
 
-def _declared_raster_size(data: bytes, path: Path) -> tuple[int, int]:
-    """(height, width) from the header (PIL's lazy open reads no pixel data); SampleError
-    ``unreadable_image`` when no header parses."""
+def _raster_header(f: BinaryIO, ext: str, path: Path) -> tuple[int, int, int, int, Any]:
+    """``(height, width, bands, bytes_per_sample, tiff_tags)`` from the header of an open raster
+    file, reading at most :data:`~medrobust_lib.data.image_headers.HEADER_BUDGET` bytes (PNG: the
+    fixed-place IHDR; others: PIL's lazy open, which reads no pixel data). ``tiff_tags`` is PIL's
+    ``tag_v2`` for a TIFF (else None). SampleError ``unreadable_image`` when no header parses."""
     from PIL import Image
 
+    if ext == ".png":
+        ihdr = image_headers.png_ihdr(f.read(33))
+        f.seek(0)
+        if ihdr is None:
+            raise SampleError("unreadable_image", f"{path}: not a PNG file (no IHDR chunk first)")
+        return (*ihdr, None)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # PIL's DecompressionBombWarning: the limit here is ours
-            with Image.open(io.BytesIO(data)) as im:
+            with Image.open(image_headers.BoundedReader(f)) as im:  # type: ignore[arg-type]
                 width, height = im.size
+                bands = len(im.getbands())
+                bps = 1 if im.mode in ("1", "L", "P", "RGB", "RGBA", "LA", "PA", "CMYK", "YCbCr") else 4
+                tags = dict(im.tag_v2) if hasattr(im, "tag_v2") else None
     except Image.DecompressionBombError as e:  # over PIL's own hard limit: certainly over ours
         raise SampleError("too_large", f"{path}: over PIL's hard limit, so over max_pixels "
                                        f"{current_max_pixels():,} too: {e}") from None
     except Exception as e:  # PIL raises many types for broken headers
         raise SampleError("unreadable_image", f"{path}: {type(e).__name__}: {e}") from None
-    return int(height), int(width)
+    f.seek(0)
+    return int(height), int(width), bands, bps, tags
 
 
 def rgb_to_gray(image: FloatImage) -> FloatImage:
@@ -322,17 +323,40 @@ def read_raw(path: str | os.PathLike[str]) -> np.ndarray:
     ext = file_extension(p)
     if ext not in RASTER_EXTENSIONS:
         raise ValueError(f"read_raw handles {', '.join(RASTER_EXTENSIONS)}; got {p.name!r}")
-    data = _read_bytes(p)
-    _check_complete(data, ext, p)
-    height, width = _declared_raster_size(data, p)
-    limit = current_max_pixels()
-    if height * width > limit:
-        raise SampleError("too_large", f"{p}: declares {width} x {height} = {height * width:,} pixels, "
-                                       f"over max_pixels {limit:,}; not decoded")
     try:
-        arr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+        with p.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                raise SampleError("empty_file", str(p))
+            # The header first, from a bounded read; the file is read only when its size fits what
+            # the header declares (a 64 x 64 PNG followed by 10 GB is refused, not read).
+            height, width, bands, bps, tiff_tags = _raster_header(f, ext, p)
+            check_declared_size(height, width, p)
+            image_headers.check_file_bound(size, height, width, p, bands=bands, bytes_per_sample=bps)
+            data = f.read(size)
+    except FileNotFoundError:
+        raise SampleError("missing_file", str(p)) from None
+    except IsADirectoryError as e:
+        raise SampleError("unreadable_image", f"{p}: {e}") from None
+    except PermissionError as e:
+        raise SampleError("unreadable_image", f"{p}: {e}") from None
+    _check_complete(data, ext, p)
+    if ext in (".jpg", ".jpeg"):
+        image_headers.check_jpeg_scans(data, p)
+    if tiff_tags is not None:
+        image_headers.check_tiff_strips(tiff_tags, len(data), p)
+    jpeg_warnings: list[str] = []
+    try:
+        if ext in (".jpg", ".jpeg"):
+            with image_headers.capture_libjpeg_warnings() as jpeg_warnings:
+                arr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+        else:
+            arr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
     except cv2.error as e:
         raise SampleError("unreadable_image", f"{p}: {e}") from None
+    if jpeg_warnings:  # libjpeg filled what it could not decode with grey: an error, not data
+        raise SampleError("truncated", f"{p}: {width} x {height} JPEG whose image data is cut or corrupt "
+                                       f"(libjpeg: {jpeg_warnings[0].strip()})")
     if arr is None:
         if ext in (".png", ".jpg", ".jpeg"):
             # The header parsed (above) but the image data did not decode: cut short or corrupt.
