@@ -251,7 +251,7 @@ def capture_libjpeg_warnings() -> Iterator[list[str]]:
                 os.close(saved)
                 tmp.seek(0)
                 text = tmp.read().decode("utf-8", errors="replace")
-        other = []
+        other: list[str] = []
         for line in text.splitlines():
             (found if line.strip().startswith(LIBJPEG_WARNINGS) else other).append(line)
         if other:
