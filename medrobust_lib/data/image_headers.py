@@ -241,7 +241,11 @@ def capture_libjpeg_warnings() -> Iterator[list[str]]:
             sys.stderr.flush()
         except (AttributeError, ValueError, OSError):
             pass
-        saved = os.dup(2)
+        try:
+            saved = os.dup(2)
+        except OSError:  # no stderr at all (a detached daemon): nothing to capture from
+            yield found
+            return
         with tempfile.TemporaryFile() as tmp:
             os.dup2(tmp.fileno(), 2)
             try:

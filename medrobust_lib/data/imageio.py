@@ -336,9 +336,7 @@ def read_raw(path: str | os.PathLike[str]) -> np.ndarray:
             data = f.read(size)
     except FileNotFoundError:
         raise SampleError("missing_file", str(p)) from None
-    except IsADirectoryError as e:
-        raise SampleError("unreadable_image", f"{p}: {e}") from None
-    except PermissionError as e:
+    except OSError as e:  # a folder, no permission, an I/O error
         raise SampleError("unreadable_image", f"{p}: {e}") from None
     _check_complete(data, ext, p)
     if ext in (".jpg", ".jpeg"):

@@ -188,3 +188,21 @@ def test_only_a_failed_integrity_check_moves_the_file_aside(mode: str, tmp_path:
     junk.write_bytes(b"not a database at all" * 100)
     c3 = ResponseCache(junk, journal_mode=mode)
     assert c3.moved_aside is not None and c3.put("k", {"v": 1})
+
+
+def test_an_uncached_cache_is_reopened_once_the_lock_is_gone(tmp_path: Path) -> None:
+    db = tmp_path / "c.sqlite"
+    _seed(db, "DELETE")
+    go = tmp_path / "go"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(db), str(go)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        c = ResponseCache(db, journal_mode="DELETE", busy_timeout_s=0.1, reopen_after_s=0.0)
+        assert c.unavailable is not None and "SQLITE_BUSY" in c.unavailable  # the open itself was blocked
+        go.touch()
+        assert holder.stdout.readline().strip() == "committed"
+    finally:
+        go.touch()
+        holder.wait(timeout=30)
+    assert c.put("later", {"v": 5}) and c.unavailable is None  # reopened on the next use
+    assert _keys(db) == {"mine", "theirs", "later"}
