@@ -90,16 +90,49 @@ class CorruptChunkError(OSError):
 
 
 def content_hash(table: pa.Table) -> str:
-    """SHA-256 hex of a table's content: column names, types and values, as the Arrow IPC stream of
-    its non-empty record batches after combining chunks, without schema metadata (so the same data
-    hashes the same before writing and after reading back, whatever the row-group layout)."""
-    t = table.replace_schema_metadata(None).combine_chunks()
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, t.schema) as writer:
-        for batch in t.to_batches():
-            if batch.num_rows:
-                writer.write_batch(batch)
-    return hashlib.sha256(sink.getvalue().to_pybytes()).hexdigest()
+    """SHA-256 hex of a table's content: column names, types, which values are null and the
+    values themselves (what lies under a null slot is undefined in Arrow and is not hashed), so the
+    same data hashes the same before writing and after reading back, whatever the chunk layout."""
+    h = hashlib.sha256()
+    arrays: list[pa.Array] = []
+    for field, col in zip(table.schema, table.columns, strict=True):
+        h.update(json.dumps([field.name, str(field.type)]).encode())
+        arrays.extend(_canonical(col))
+    if arrays:
+        canon = pa.Table.from_arrays(arrays, names=[str(i) for i in range(len(arrays))])
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, canon.schema) as writer:
+            if canon.num_rows:
+                writer.write_table(canon)
+        h.update(sink.getvalue().to_pybytes())
+    h.update(str(table.num_rows).encode())
+    return h.hexdigest()
+
+
+def _canonical(col: pa.ChunkedArray) -> list[pa.Array]:
+    """``[null flags as int8, values with nulls filled]`` for a column (both fully defined), or the
+    values as JSON text for a type without a fill value (nested types)."""
+    import pyarrow.compute as pc
+
+    arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    nulls = pc.cast(pc.is_null(arr), pa.int8())
+    t = arr.type
+    fill: Any
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        fill = ""
+    elif pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        fill = b""
+    elif pa.types.is_boolean(t):
+        fill = False
+    elif pa.types.is_floating(t):
+        fill = 0.0
+    elif pa.types.is_integer(t) or pa.types.is_temporal(t):
+        fill = 0
+    else:
+        text = [json.dumps(v, sort_keys=True, default=str) for v in arr.to_pylist()]
+        return [nulls, pa.array(text, pa.string())]
+    values = pc.fill_null(arr, pa.scalar(fill, type=t)) if arr.null_count else arr
+    return [nulls, values]
 
 
 def _where(path: Path) -> str:

@@ -126,3 +126,21 @@ def test_a_damaged_chunks_rows_are_recomputed_not_reused(tmp_path: Path) -> None
     raw[(col.dictionary_page_offset or col.data_page_offset) + col.total_compressed_size - 4] ^= 0x10
     p.write_bytes(bytes(raw))
     assert reusable_rows(str(tmp_path), "scratch_table", part, "fp", cols, key) == {}
+
+
+def test_the_content_hash_ignores_what_lies_under_nulls_and_the_chunk_layout(tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    # all-null and partly null columns: Arrow leaves the bytes under a null slot undefined, and
+    # the Parquet reader fills them differently from pandas; the hash must not see them
+    rows = [{**ROW, "sample_id": f"s{i}", "iou": None if i % 3 else i / 10, "dice": None,
+             "status": None if i == 2 else "ok"} for i in range(30)]
+    p = results.chunk_path(tmp_path, "segmentation_results", PART, "nulls")
+    results.write_chunk(p, rows, "fp")
+    results.verify_chunk(p)  # written and read back: the same hash
+    t = pq.read_table(p)
+    rechunked = pa.concat_tables([t.slice(0, 7), t.slice(7, 11), t.slice(18)])
+    assert results.content_hash(rechunked) == results.content_hash(t)
+    changed = t.set_column(t.schema.get_field_index("iou"), "iou",
+                           pa.array([None if i % 3 else i / 10 + (i == 3) for i in range(30)], pa.float64()))
+    assert results.content_hash(changed) != results.content_hash(t)
