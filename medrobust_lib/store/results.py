@@ -28,6 +28,7 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from medrobust_lib.lru import LRU, FileStamp, file_stamp
@@ -112,8 +113,6 @@ def content_hash(table: pa.Table) -> str:
 def _canonical(col: pa.ChunkedArray) -> list[pa.Array]:
     """``[null flags as int8, values with nulls filled]`` for a column (both fully defined), or the
     values as JSON text for a type without a fill value (nested types)."""
-    import pyarrow.compute as pc
-
     arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
     nulls = pc.cast(pc.is_null(arr), pa.int8())
     t = arr.type
