@@ -25,6 +25,7 @@ from medrobust_assets.partitions import LEVELS_TAG
 from medrobust_lib.config import Suite, load_suite
 from medrobust_lib.paths import experiment_name, suite_paths
 from medrobust_lib.store import registry
+from medrobust_lib.store.writer_lock import suite_writer_lock
 from medrobust_lib.tracks.finetune.strategies import finetune_config
 
 # Progress is printed by run_demo; Dagster's own event stream (a failed step's traceback included)
@@ -387,6 +388,13 @@ def run_suite(suite_path: str, select: list[str] | None = None, *, workers: int 
     mart path. Raises :class:`StepFailed` (one line: asset, partition, cause) or ValueError."""
     suite = load_suite(suite_path)
     _check_definitions_suite(suite)
+    with suite_writer_lock(suite.results_dir, log=log):  # one writer per suite: SuiteBusyError otherwise
+        return _run_suite(suite, suite_path, select, workers=workers, log=log, instance=instance,
+                          mlruns_dir=mlruns_dir)
+
+
+def _run_suite(suite: Suite, suite_path: str, select: list[str] | None, *, workers: int,
+               log: Callable[[str], None], instance: dg.DagsterInstance | None, mlruns_dir: str) -> str:
     inst = instance or get_instance()
     resources = build_resources(suite_path=suite_path, mlruns_dir=mlruns_dir, workers=workers)
     own = _suite_model_ids(suite)  # a model asset of another suite's graph is not this suite's to run
@@ -401,8 +409,16 @@ def run_demo(suite_path: str, *, workers: int = 0, log: Callable[[str], None] = 
              instance: dg.DagsterInstance | None = None, mlruns_dir: str = "mlruns", retrain: bool = False) -> str:
     """The offline demo: every asset of the graph in dependency order (as :func:`run_suite`), then
     the registry loop as the daemon would run it, then the mart again. ``retrain``: train the demo
-    models instead of copying the committed weights (``demo.retrain``). Returns the mart path."""
+    models instead of copying the committed weights (``demo.retrain``). Returns the mart path. Holds
+    the suite's writer lock throughout (:class:`SuiteBusyError` when another process writes)."""
     suite = load_suite(suite_path)
+    with suite_writer_lock(suite.results_dir, log=log):
+        return _run_demo(suite, suite_path, workers=workers, log=log, instance=instance, mlruns_dir=mlruns_dir,
+                         retrain=retrain)
+
+
+def _run_demo(suite: Suite, suite_path: str, *, workers: int, log: Callable[[str], None],
+              instance: dg.DagsterInstance | None, mlruns_dir: str, retrain: bool) -> str:
     inst = instance or get_instance()
     resources = build_resources(suite_path=suite_path, mlruns_dir=mlruns_dir, workers=workers, retrain=retrain)
     steps = plan(dg.AssetSelection.all(), suite, inst)

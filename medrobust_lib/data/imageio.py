@@ -46,12 +46,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 import cv2
 import numpy as np
 import numpy.typing as npt
 
+from medrobust_lib.data import image_headers
 from medrobust_lib.data.sample import SampleError
 from medrobust_lib.types import BoolMask, FloatImage
 
@@ -132,18 +133,6 @@ def _check_nonempty(path: Path) -> None:
         raise SampleError("empty_file", str(path))
 
 
-def _read_bytes(path: Path) -> bytes:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise SampleError("missing_file", str(path)) from None
-    except OSError as e:
-        raise SampleError("unreadable_image", f"{path}: {e}") from None
-    if len(data) == 0:
-        raise SampleError("empty_file", str(path))
-    return data
-
-
 def _check_complete(data: bytes, ext: str, path: Path) -> None:
     """Reject truncated PNG/JPEG files that a lenient decoder might still partially decode."""
     if ext == ".png":
@@ -160,22 +149,34 @@ def _check_complete(data: bytes, ext: str, path: Path) -> None:
             raise SampleError("truncated", f"{path}: truncated JPEG (no EOI marker)")
 
 
-def _declared_raster_size(data: bytes, path: Path) -> tuple[int, int]:
-    """(height, width) from the header (PIL's lazy open reads no pixel data); SampleError
-    ``unreadable_image`` when no header parses."""
+def _raster_header(f: BinaryIO, ext: str, path: Path) -> tuple[int, int, int, int, Any]:
+    """``(height, width, bands, bytes_per_sample, tiff_tags)`` from the header of an open raster
+    file, reading at most :data:`~medrobust_lib.data.image_headers.HEADER_BUDGET` bytes (PNG: the
+    fixed-place IHDR; others: PIL's lazy open, which reads no pixel data). ``tiff_tags`` is PIL's
+    ``tag_v2`` for a TIFF (else None). SampleError ``unreadable_image`` when no header parses."""
     from PIL import Image
 
+    if ext == ".png":
+        ihdr = image_headers.png_ihdr(f.read(33))
+        f.seek(0)
+        if ihdr is None:
+            raise SampleError("unreadable_image", f"{path}: not a PNG file (no IHDR chunk first)")
+        return (*ihdr, None)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # PIL's DecompressionBombWarning: the limit here is ours
-            with Image.open(io.BytesIO(data)) as im:
+            with Image.open(image_headers.BoundedReader(f)) as im:  # type: ignore[arg-type]
                 width, height = im.size
+                bands = len(im.getbands())
+                bps = 1 if im.mode in ("1", "L", "P", "RGB", "RGBA", "LA", "PA", "CMYK", "YCbCr") else 4
+                tags = dict(im.tag_v2) if hasattr(im, "tag_v2") else None
     except Image.DecompressionBombError as e:  # over PIL's own hard limit: certainly over ours
         raise SampleError("too_large", f"{path}: over PIL's hard limit, so over max_pixels "
                                        f"{current_max_pixels():,} too: {e}") from None
     except Exception as e:  # PIL raises many types for broken headers
         raise SampleError("unreadable_image", f"{path}: {type(e).__name__}: {e}") from None
-    return int(height), int(width)
+    f.seek(0)
+    return int(height), int(width), bands, bps, tags
 
 
 def rgb_to_gray(image: FloatImage) -> FloatImage:
@@ -322,17 +323,38 @@ def read_raw(path: str | os.PathLike[str]) -> np.ndarray:
     ext = file_extension(p)
     if ext not in RASTER_EXTENSIONS:
         raise ValueError(f"read_raw handles {', '.join(RASTER_EXTENSIONS)}; got {p.name!r}")
-    data = _read_bytes(p)
-    _check_complete(data, ext, p)
-    height, width = _declared_raster_size(data, p)
-    limit = current_max_pixels()
-    if height * width > limit:
-        raise SampleError("too_large", f"{p}: declares {width} x {height} = {height * width:,} pixels, "
-                                       f"over max_pixels {limit:,}; not decoded")
     try:
-        arr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+        with p.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                raise SampleError("empty_file", str(p))
+            # The header first, from a bounded read; the file is read only when its size fits what
+            # the header declares (a 64 x 64 PNG followed by 10 GB is refused, not read).
+            height, width, bands, bps, tiff_tags = _raster_header(f, ext, p)
+            check_declared_size(height, width, p)
+            image_headers.check_file_bound(size, height, width, p, bands=bands, bytes_per_sample=bps)
+            data = f.read(size)
+    except FileNotFoundError:
+        raise SampleError("missing_file", str(p)) from None
+    except OSError as e:  # a folder, no permission, an I/O error
+        raise SampleError("unreadable_image", f"{p}: {e}") from None
+    _check_complete(data, ext, p)
+    if ext in (".jpg", ".jpeg"):
+        image_headers.check_jpeg_scans(data, p)
+    if tiff_tags is not None:
+        image_headers.check_tiff_strips(tiff_tags, len(data), p)
+    jpeg_warnings: list[str] = []
+    try:
+        if ext in (".jpg", ".jpeg"):
+            with image_headers.capture_libjpeg_warnings() as jpeg_warnings:
+                arr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+        else:
+            arr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
     except cv2.error as e:
         raise SampleError("unreadable_image", f"{p}: {e}") from None
+    if jpeg_warnings:  # libjpeg filled what it could not decode with grey: an error, not data
+        raise SampleError("truncated", f"{p}: {width} x {height} JPEG whose image data is cut or corrupt "
+                                       f"(libjpeg: {jpeg_warnings[0].strip()})")
     if arr is None:
         if ext in (".png", ".jpg", ".jpeg"):
             # The header parsed (above) but the image data did not decode: cut short or corrupt.
@@ -393,16 +415,58 @@ def raw_to_float(raw: np.ndarray) -> tuple[FloatImage, dict[str, Any]]:
     raise SampleError("unreadable_image", f"unsupported sample type {raw.dtype}")
 
 
-def _read_npy(path: Path) -> FloatImage:
-    _check_nonempty(path)
+def npy_header(path: Path) -> tuple[tuple[int, ...], bool, np.dtype[Any], int, int]:
+    """``(shape, fortran_order, dtype, data_offset, file_size)`` of a ``.npy`` file from its header
+    alone (at most NumPy's 10,000-byte header limit is read). SampleError ``empty_file``,
+    ``missing_file``, ``unreadable_image`` (not a .npy file, or an object array: pickles are refused)."""
     try:
-        arr = np.load(path, allow_pickle=False, mmap_mode="r")  # header only until the checks pass
-        if isinstance(arr, np.ndarray) and arr.ndim in (2, 3) and arr.shape[0] * arr.shape[1] > current_max_pixels():
-            raise SampleError("too_large", f"{path}: shape {arr.shape} is over max_pixels "
-                                           f"{current_max_pixels():,}; not loaded")
-        arr = np.array(arr)
+        with path.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                raise SampleError("empty_file", str(path))
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+            elif version in ((2, 0), (3, 0)):
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+            else:
+                raise ValueError(f"unsupported .npy format version {version}")
+            offset = f.tell()
+    except FileNotFoundError:
+        raise SampleError("missing_file", str(path)) from None
     except SampleError:
         raise
+    except Exception as e:  # not a .npy file, a header over NumPy's limit, a UTF-8 error...
+        raise SampleError("unreadable_image", f"{path}: {type(e).__name__}: {e}") from None
+    if dtype.hasobject:
+        raise SampleError("unreadable_image", f"{path}: object array (a pickle); refused")
+    return tuple(int(d) for d in shape), bool(fortran), dtype, int(offset), int(size)
+
+
+def check_npy_bound(path: Path, shape: tuple[int, ...], dtype: np.dtype[Any], offset: int, size: int) -> None:
+    """SampleError ``truncated`` when the file holds fewer bytes than its header's array,
+    ``too_large`` when it holds more (nothing after the array is ever read)."""
+    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if size < offset + expected:
+        raise SampleError("truncated", f"{path}: {size:,} bytes, its header's {shape} {dtype} array needs "
+                                       f"{offset + expected:,}")
+    if size > offset + expected:
+        raise SampleError("too_large", f"{path}: {size:,} bytes, more than the {offset + expected:,} its "
+                                       f"header's {shape} {dtype} array takes; not read")
+
+
+def _read_npy(path: Path) -> FloatImage:
+    """A float32 (H, W) or (H, W, 3) ``.npy`` in [0, 1]: the header's shape is checked against
+    ``max_pixels`` and the file's size against the header before exactly the declared bytes are read."""
+    shape, fortran, dtype, offset, size = npy_header(path)
+    if len(shape) in (2, 3):
+        check_declared_size(shape[0], shape[1], path)
+    check_npy_bound(path, shape, dtype, offset, size)
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            flat = np.fromfile(f, dtype=dtype, count=int(np.prod(shape, dtype=np.int64)))
+        arr = flat.reshape(shape, order="F" if fortran else "C")
     except Exception as e:
         raise SampleError("unreadable_image", f"{path}: {type(e).__name__}: {e}") from None
     if not isinstance(arr, np.ndarray) or arr.dtype != np.float32:
@@ -436,6 +500,36 @@ def _first_number(value: Any) -> float | None:
         return None
 
 
+DICOM_DEFER_BYTES: int = 1 << 20
+"""Elements larger than this are not read with the DICOM header (they are read, if at all, after
+the size checks)."""
+
+
+def _check_embedded_frame(ds: Any, p: Path, rows: int, cols: int, n_frames: int, index: int) -> None:
+    """For an encapsulated (compressed) transfer syntax: the requested frame's own JPEG / JPEG-LS /
+    JPEG 2000 header must not declare more pixels than the DICOM header's ``rows x cols``
+    (SampleError ``too_large``, nothing decoded) and must match it (``unreadable_dicom``)."""
+    tsyntax = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
+    if tsyntax is None or not getattr(tsyntax, "is_encapsulated", False):
+        return
+    from pydicom.encaps import get_frame
+
+    try:
+        data = get_frame(ds.PixelData, index, number_of_frames=n_frames)
+    except Exception as e:
+        raise SampleError("unreadable_dicom", f"{p}: frame {index}: {type(e).__name__}: {e}") from None
+    size = image_headers.embedded_frame_size(bytes(data[:1 << 16]) if len(data) > 1 << 16 else bytes(data))
+    if size is None:
+        return  # RLE or an unknown codestream: its decoder allocates the DICOM header's size
+    h, w = size
+    if h * w > rows * cols:
+        raise SampleError("too_large", f"{p}: frame {index}'s compressed data declares {w} x {h} pixels, more than "
+                                       f"the {cols} x {rows} of the DICOM header; not decoded")
+    if (h, w) != (rows, cols):
+        raise SampleError("unreadable_dicom", f"{p}: frame {index}'s compressed data declares {w} x {h} pixels, "
+                                              f"the DICOM header {cols} x {rows}")
+
+
 def read_dicom(
     path: str | os.PathLike[str],
     *,
@@ -466,21 +560,20 @@ def read_dicom(
 
     p = Path(path)
     _check_nonempty(p)
+    # The header first, without the pixel data (and with any large element left unread), then
+    # the declared size against max_pixels and the file's size against what the header allows.
     try:
-        ds = pydicom.dcmread(p, force=True)
+        head = pydicom.dcmread(p, force=True, stop_before_pixels=True, defer_size=DICOM_DEFER_BYTES)
+        photometric = str(head.get("PhotometricInterpretation", "MONOCHROME2")).strip().upper()
+        n_frames = int(head.get("NumberOfFrames", 1) or 1)
+        rows, cols = int(head.get("Rows", 0) or 0), int(head.get("Columns", 0) or 0)
+        spp = int(head.get("SamplesPerPixel", 1) or 1)
+        bits_alloc = int(head.get("BitsAllocated", 16) or 16)
     except Exception as e:
         raise SampleError("unreadable_dicom", f"{p}: {type(e).__name__}: {e}") from None
-    if not any(k in ds for k in ("PixelData", "FloatPixelData", "DoubleFloatPixelData")):
-        raise SampleError("unreadable_dicom", f"{p}: no pixel data")
-    try:
-        photometric = str(ds.get("PhotometricInterpretation", "MONOCHROME2")).strip().upper()
-        n_frames = int(ds.get("NumberOfFrames", 1) or 1)
-        rows, cols = int(ds.get("Rows", 0) or 0), int(ds.get("Columns", 0) or 0)
-    except Exception as e:
-        raise SampleError("unreadable_dicom", f"{p}: {type(e).__name__}: {e}") from None
-    # Declared size first (Rows x Columns per frame; one frame is decoded): nothing is allocated
-    # for a file that declares more than the pixel limit.
     check_declared_size(rows, cols, p, frames=n_frames)
+    image_headers.check_file_bound(p.stat().st_size, rows, cols, p, bands=spp,
+                                   bytes_per_sample=max(1, (bits_alloc + 7) // 8), frames=max(1, n_frames))
     if n_frames > 1:
         if frame is None:
             raise SampleError("unsupported_dicom", f"{p}: {n_frames} frames; set the frame option")
@@ -488,6 +581,13 @@ def read_dicom(
             raise SampleError("unsupported_dicom", f"{p}: frame {frame} out of range 0..{n_frames - 1}")
     elif frame not in (None, 0):
         raise SampleError("unsupported_dicom", f"{p}: single-frame file, frame {frame} requested")
+    try:
+        ds = pydicom.dcmread(p, force=True)  # bounded: the file fits what the header declares
+    except Exception as e:
+        raise SampleError("unreadable_dicom", f"{p}: {type(e).__name__}: {e}") from None
+    if not any(k in ds for k in ("PixelData", "FloatPixelData", "DoubleFloatPixelData")):
+        raise SampleError("unreadable_dicom", f"{p}: no pixel data")
+    _check_embedded_frame(ds, p, rows, cols, n_frames, frame or 0)
     try:
         if n_frames > 1:
             from pydicom.pixels import pixel_array
@@ -579,6 +679,24 @@ def read_dicom(
 # NIfTI
 
 
+def check_nifti_bound(path: Path, img: Any) -> None:
+    """SampleError ``too_large`` when a NIfTI file is larger than its header allows: for ``.nii``
+    the voxel offset plus the declared voxels, for ``.nii.gz`` :func:`image_headers.max_file_bytes`
+    of them (nothing after the declared voxels is ever read)."""
+    shape = tuple(int(d) for d in img.shape)
+    itemsize = int(np.dtype(img.get_data_dtype()).itemsize)
+    voxels = int(np.prod(shape, dtype=np.int64))
+    size = path.stat().st_size
+    if file_extension(path) == ".nii":
+        offset = int(img.header.get("vox_offset", 352) or 352)
+        bound = offset + voxels * itemsize + image_headers.FILE_SLACK
+    else:
+        bound = image_headers.max_file_bytes(1, voxels, 1, itemsize)
+    if size > bound:
+        raise SampleError("too_large", f"{path}: {size:,} bytes, more than the {bound:,} its header's {shape} "
+                                       "array can take; not read")
+
+
 def nifti_slice_to_image(slice_2d: np.ndarray) -> np.ndarray:
     """The display convention for a 2-D slice of a NIfTI array: the two remaining voxel axes
     ``(a, b)`` in stored order are transposed to ``(b, a)``, so image rows follow the later
@@ -614,6 +732,7 @@ def read_nifti_2d(
     if len(plane) != 2:
         raise SampleError("unsupported_nifti", f"{p}: shape {shape} is not a single 2-D slice")
     check_declared_size(plane[1], plane[0], p)  # from the header, before any voxel is read
+    check_nifti_bound(p, img)
     try:
         data = np.asarray(img.dataobj, dtype=np.float32)  # type: ignore[attr-defined]
     except Exception as e:

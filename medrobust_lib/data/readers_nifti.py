@@ -29,7 +29,14 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from medrobust_lib.data.imageio import nifti_slice_to_image, percentile_window, window_record, window_to_unit
+from medrobust_lib.data.imageio import (
+    check_declared_size,
+    check_nifti_bound,
+    nifti_slice_to_image,
+    percentile_window,
+    window_record,
+    window_to_unit,
+)
 from medrobust_lib.data.readers import (
     READERS,
     IndexResult,
@@ -99,6 +106,13 @@ def _load_array(path: Path, what: str) -> np.ndarray:
         if path.stat().st_size == 0:
             raise SampleError("empty_file", str(path))
         img = nib.load(str(path))
+        shape = tuple(int(d) for d in img.shape)  # type: ignore[attr-defined]
+        spatial = shape[:3]
+        if len(spatial) >= 2:  # every plane a slice may take, checked before any voxel is read
+            a, b = max(((spatial[i], spatial[j]) for i in range(len(spatial)) for j in range(i + 1, len(spatial))),
+                       key=lambda ab: ab[0] * ab[1])
+            check_declared_size(a, b, path)
+        check_nifti_bound(path, img)
         return np.asarray(img.dataobj)  # type: ignore[attr-defined]
     except SampleError:
         raise

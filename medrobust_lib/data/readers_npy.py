@@ -22,6 +22,7 @@ import numpy as np
 from pydantic import Field
 
 from medrobust_lib.data.boxes import mask_to_box
+from medrobust_lib.data.imageio import check_declared_size, check_npy_bound, npy_header
 from medrobust_lib.data.readers import (
     READERS,
     IndexResult,
@@ -40,10 +41,24 @@ from medrobust_lib.data.sample import DatasetSpec, QuarantineRecord, Sample, Sam
 from medrobust_lib.types import FloatImage
 
 
-def open_npy(path: Path) -> np.ndarray:
-    """Memory-map a ``.npy`` file read-only (no pickles). FileNotFoundError names a missing file."""
+def open_npy(path: Path, *, image_axes: tuple[int, int] | None = None) -> np.ndarray:
+    """Memory-map a ``.npy`` file read-only (no pickles). FileNotFoundError names a missing file.
+
+    The header is read first (:func:`medrobust_lib.data.imageio.npy_header`): the file must hold
+    exactly the bytes its header declares (SampleError ``too_large`` / ``truncated`` otherwise),
+    and with ``image_axes`` the two axes of one image must fit ``max_pixels`` (``too_large``). Not
+    a .npy file, or a pickled object array: ValueError."""
     if not path.is_file():
         raise FileNotFoundError(f"array file not found: {path}")
+    try:
+        shape, _, dtype, offset, size = npy_header(path)
+    except SampleError as e:
+        if e.reason == "unreadable_image":  # not a .npy file or a pickle: ValueError, as np.load says
+            raise ValueError(f"{path}: not a plain .npy array ({e.detail}); pickles are refused") from None
+        raise SampleError(e.reason, e.detail) from None
+    if image_axes is not None and len(shape) > max(image_axes):
+        check_declared_size(shape[image_axes[0]], shape[image_axes[1]], path)
+    check_npy_bound(path, shape, dtype, offset, size)
     try:
         return np.load(path, mmap_mode="r", allow_pickle=False)
     except ValueError as e:  # pickled object arrays, not a .npy file, ...
@@ -200,8 +215,8 @@ def load_pannuke(cfg: DatasetSpec, ref: SampleRef) -> Sample:
     i = int(ref.extra["index"])
     where = f"{ref.image_path}[{i}]"
     try:
-        raw = open_npy(Path(ref.image_path))[i]
-        masks = np.asarray(open_npy(Path(ref.mask_paths[0]))[i])
+        raw = open_npy(Path(ref.image_path), image_axes=(1, 2))[i]
+        masks = np.asarray(open_npy(Path(ref.mask_paths[0]), image_axes=(1, 2))[i])
     except (OSError, ValueError) as e:
         raise SampleError("unreadable_image", f"{where}: {type(e).__name__}: {e}") from None
     image, intensity = _image_from_array(raw, opts.float_scale, where)
@@ -292,7 +307,7 @@ def load_npy_single(cfg: DatasetSpec, ref: SampleRef) -> Sample:
     opts = options_for(cfg, NpySingleOptions)
     path = Path(ref.image_path)
     try:
-        raw = open_npy(path)
+        raw = open_npy(path, image_axes=(0, 1))
     except (OSError, ValueError) as e:
         raise SampleError("unreadable_image", f"{path}: {type(e).__name__}: {e}") from None
     image, intensity = _image_from_array(raw, opts.float_scale, str(path))
@@ -301,7 +316,7 @@ def load_npy_single(cfg: DatasetSpec, ref: SampleRef) -> Sample:
     if ref.mask_paths:
         mp = Path(ref.mask_paths[0])
         try:
-            labels = np.asarray(open_npy(mp))
+            labels = np.asarray(open_npy(mp, image_axes=(0, 1)))
         except FileNotFoundError:
             raise SampleError("missing_mask", str(mp)) from None
         except (OSError, ValueError) as e:

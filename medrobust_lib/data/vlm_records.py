@@ -47,6 +47,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 import numpy as np
 
 from medrobust_lib.data.boxes import mask_to_box
+from medrobust_lib.data.image_headers import BoundedReader
 from medrobust_lib.data.imageio import read_raw
 from medrobust_lib.data.sample import SampleError
 
@@ -579,10 +580,10 @@ def _raster_hw(path: Path) -> tuple[int, int] | None:
         return None
     from PIL import Image
 
-    try:
-        with Image.open(path) as im:
+    try:  # the header only, through a bounded read (a hostile chunk before the pixels is not read)
+        with path.open("rb") as f, Image.open(BoundedReader(f)) as im:  # type: ignore[arg-type]
             w, h = im.size
-    except OSError:
+    except (OSError, Image.DecompressionBombError, ValueError):
         return None
     return int(h), int(w)
 

@@ -13,10 +13,20 @@ Journal mode: WAL on local disk (other processes read while one writes); WAL nee
 that network file systems (NFS, the SLURM and Kubernetes volumes) do not provide safely, so the
 deploy targets set ``MEDROBUST_CACHE_JOURNAL_MODE=DELETE`` (or pass ``journal_mode``).
 
-Faults never cost an answer: a cache file that fails SQLite's ``quick_check`` (or is not a
-database at all) is moved aside to ``<name>.corrupt-<time>`` with a warning and a fresh cache is
-started; a failed read is a miss (logged); a failed write is a logged warning and the caller keeps
-the answer it already has.
+Faults never cost an answer, and they are told apart (by SQLite's result code):
+
+* corruption (``quick_check`` fails, ``SQLITE_CORRUPT``, ``SQLITE_NOTADB``: not a database at
+  all) is the only fault that moves the file aside, to ``<name>.corrupt-<time>`` (kept for
+  inspection), with a warning; a fresh cache is started;
+* a busy or locked file (another process holds the lock) is waited for ``busy_timeout_s``
+  (default 30 s), then the cache runs uncached with a warning: the file, every committed row and
+  the other process's transaction are left alone;
+* a full disk, an I/O error, a read-only or unopenable file: a warning, the file and its rows are
+  kept, and the run goes on uncached (``unavailable`` says why); opening is retried after
+  ``reopen_after_s``.
+
+At run time a failed read is a miss (logged); a failed write (disk full, locked) is a logged
+warning and the caller keeps the answer it already has.
 """
 
 from __future__ import annotations
@@ -48,6 +58,19 @@ def default_journal_mode() -> str:
     return mode
 
 
+class IntegrityCheckFailed(sqlite3.DatabaseError):
+    """``PRAGMA quick_check`` reported damage: the one fault that moves a cache aside."""
+
+
+def is_corruption(exc: BaseException) -> bool:
+    """True for a failed integrity check, ``SQLITE_CORRUPT*`` and ``SQLITE_NOTADB``; False for
+    busy/locked, full disk, I/O, permission and every other fault (those keep the file)."""
+    if isinstance(exc, IntegrityCheckFailed):
+        return True
+    name = str(getattr(exc, "sqlite_errorname", "") or "")
+    return name.startswith("SQLITE_CORRUPT") or name.startswith("SQLITE_NOTADB")
+
+
 def cache_key(image_hash: str | None, prompt: str, model: str, settings: Mapping[str, Any]) -> str:
     """SHA-256 hex of ``(image_hash, prompt, model, settings)`` in canonical JSON (sorted keys).
 
@@ -62,33 +85,71 @@ class ResponseCache:
     """Key -> response JSON store on a SQLite file (created with its parent folder if missing).
 
     ``journal_mode``: one of :data:`JOURNAL_MODES` (None: :func:`default_journal_mode`).
+    ``busy_timeout_s``: how long a statement waits for another process's lock.
     ``moved_aside`` is the path a corrupt file was moved to at open (None when it was sound);
+    ``unavailable`` is why the cache runs uncached (None when it is open): a busy file, a full disk;
     ``n_read_errors`` / ``n_write_errors`` count faults that were turned into misses / warnings.
     """
 
-    def __init__(self, path: str | Path, *, journal_mode: str | None = None) -> None:
+    def __init__(self, path: str | Path, *, journal_mode: str | None = None, busy_timeout_s: float = 30.0,
+                 reopen_after_s: float = 60.0) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.journal_mode = (journal_mode or default_journal_mode()).upper()
         if self.journal_mode not in JOURNAL_MODES:
             raise ValueError(f"journal_mode {journal_mode!r}; valid: {', '.join(JOURNAL_MODES)}")
+        self.busy_timeout_s = float(busy_timeout_s)
+        self.reopen_after_s = float(reopen_after_s)
         self._lock = threading.Lock()
         self.moved_aside: Path | None = None
+        self.unavailable: str | None = None
         self.n_read_errors = 0
         self.n_write_errors = 0
+        self._conn: sqlite3.Connection | None = None
+        self._last_try = 0.0
+        self._connect(first=True)
+
+    def _connect(self, *, first: bool = False) -> None:
+        """Open the file; on corruption move it aside and start fresh; on any other fault run
+        uncached (``unavailable``) and keep the file untouched."""
+        self._last_try = time.monotonic()
         try:
             self._conn = self._open()
-        except sqlite3.DatabaseError as exc:  # not a database, or quick_check failed
+        except sqlite3.DatabaseError as exc:
+            if not is_corruption(exc):
+                self._uncached(exc, first)
+                return
             self.moved_aside = self._move_aside(exc)
-            self._conn = self._open()
+            try:
+                self._conn = self._open()
+            except sqlite3.DatabaseError as again:
+                self._uncached(again, first)
+                return
+        if self.unavailable is not None:
+            logger.warning("response cache %s is available again", self.path)
+        self.unavailable = None
+
+    def _uncached(self, exc: BaseException, first: bool) -> None:
+        self._conn = None
+        reason = f"{getattr(exc, 'sqlite_errorname', None) or type(exc).__name__}: {exc}"
+        if first or self.unavailable != reason:
+            logger.warning("response cache %s cannot be used (%s); running uncached, the file and every row "
+                           "in it are kept (retried in %.0f s)", self.path, reason, self.reopen_after_s)
+        self.unavailable = reason
+
+    def _usable(self) -> sqlite3.Connection | None:
+        """The connection, reopening an unavailable cache once ``reopen_after_s`` has passed."""
+        if self._conn is None and time.monotonic() - self._last_try >= self.reopen_after_s:
+            self._connect()
+        return self._conn
 
     def _open(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(str(self.path), check_same_thread=False, timeout=30.0)
+        conn = sqlite3.connect(str(self.path), check_same_thread=False, timeout=self.busy_timeout_s)
         try:
             with self._lock:
                 verdict = conn.execute("PRAGMA quick_check").fetchone()
                 if verdict is None or verdict[0] != "ok":
-                    raise sqlite3.DatabaseError(f"quick_check: {verdict[0] if verdict else 'no answer'}")
+                    raise IntegrityCheckFailed(f"quick_check: {verdict[0] if verdict else 'no answer'}")
                 conn.execute(f"PRAGMA journal_mode={self.journal_mode}")
                 conn.execute("PRAGMA synchronous=NORMAL" if self.journal_mode == "WAL" else "PRAGMA synchronous=FULL")
                 conn.execute(
@@ -120,9 +181,12 @@ class ResponseCache:
     def get(self, key: str) -> dict[str, Any] | None:
         """The stored response for ``key``, or ``None`` when absent, unreadable or the read fails
         (a failed read is a miss: the caller asks the API instead)."""
+        conn = self._usable()
+        if conn is None:
+            return None
         try:
             with self._lock:
-                row = self._conn.execute("SELECT response FROM responses WHERE key = ?", (key,)).fetchone()
+                row = conn.execute("SELECT response FROM responses WHERE key = ?", (key,)).fetchone()
         except sqlite3.Error as exc:
             self.n_read_errors += 1
             logger.warning("response cache %s: read failed (%s); treated as a miss", self.path, exc)
@@ -139,16 +203,19 @@ class ResponseCache:
         """Store (or overwrite) the response JSON for ``key``; False (and a logged warning) when
         the write fails (disk full, locked or read-only file): the caller keeps its answer."""
         blob = json.dumps(dict(response), ensure_ascii=False)
+        conn = self._usable()
+        if conn is None:
+            return False
         try:
             with self._lock:
                 try:
-                    self._conn.execute(
+                    conn.execute(
                         "INSERT OR REPLACE INTO responses (key, response, created) VALUES (?, ?, ?)",
                         (key, blob, time.time()),
                     )
-                    self._conn.commit()
+                    conn.commit()
                 except sqlite3.Error:
-                    self._conn.rollback()
+                    conn.rollback()
                     raise
         except sqlite3.Error as exc:
             self.n_write_errors += 1
@@ -158,21 +225,29 @@ class ResponseCache:
         return True
 
     def __len__(self) -> int:
+        """Rows in the cache (0 while it runs uncached)."""
+        conn = self._usable()
+        if conn is None:
+            return 0
         with self._lock:
-            row = self._conn.execute("SELECT COUNT(*) FROM responses").fetchone()
+            row = conn.execute("SELECT COUNT(*) FROM responses").fetchone()
         return int(row[0])
 
     def __contains__(self, key: object) -> bool:
-        if not isinstance(key, str):
+        conn = self._usable()
+        if not isinstance(key, str) or conn is None:
             return False
         with self._lock:
-            row = self._conn.execute("SELECT 1 FROM responses WHERE key = ?", (key,)).fetchone()
+            row = conn.execute("SELECT 1 FROM responses WHERE key = ?", (key,)).fetchone()
         return row is not None
 
     def close(self) -> None:
-        """Close the connection; further use raises ``sqlite3.ProgrammingError``."""
+        """Close the connection; further use raises ``sqlite3.ProgrammingError`` (an uncached
+        cache stays uncached)."""
         with self._lock:
-            self._conn.close()
+            if self._conn is not None:
+                self._conn.close()
+            self._last_try = float("inf")  # never reopened after close
 
     def __repr__(self) -> str:
         return f"ResponseCache(path={str(self.path)!r})"

@@ -23,6 +23,7 @@ from medrobust_lib.store.completeness import (
     error_share_sql,
 )
 from medrobust_lib.store.coverage import COVERAGE_VIEWS, vlm_chance_sql, vlm_floor_sql
+from medrobust_lib.store.results import CorruptChunkError, verify_chunk
 from medrobust_lib.store.schema import (
     MART_TABLES,
     PRIMARY_METRIC,
@@ -32,6 +33,7 @@ from medrobust_lib.store.schema import (
     MartTable,
 )
 from medrobust_lib.store.summary_views import SUMMARY_VIEWS
+from medrobust_lib.store.writer_lock import suite_writer_lock
 
 VLM_SCORED_OUTCOMES: tuple[str, ...] = ("ok", "unparseable", "refused")
 """Outcomes inside the denominators (the last two scored as wrong). ``error`` (infrastructure) and
@@ -205,9 +207,17 @@ def build_mart(results_dir: str | Path, mart_path: str | Path,
     mart or the new one, never a mixture, and a power cut after the return keeps the new one. On any
     failure (disk full, a corrupt chunk, an interrupt) the temporary file is removed and the old
     mart stays; a temporary file left by a killed build (its process gone) is removed by the next
-    build. A chunk that cannot be read raises :class:`MartBuildError` naming the table, the file and
-    its partition.
+    build. A chunk that cannot be read, or fails its page checksums or content hash
+    (:func:`medrobust_lib.store.results.verify_chunk`), raises :class:`MartBuildError` naming the
+    table, the file and its partition. The build holds the suite's writer lock
+    (:func:`medrobust_lib.store.writer_lock.suite_writer_lock`; :class:`SuiteBusyError` when another
+    process writes the results).
     """
+    with suite_writer_lock(results_dir):  # one writer per suite (re-entrant inside medrobust run)
+        return _build_mart(results_dir, mart_path, max_error_share)
+
+
+def _build_mart(results_dir: str | Path, mart_path: str | Path, max_error_share: float) -> dict[str, int]:
     mart = Path(mart_path)
     mart.parent.mkdir(parents=True, exist_ok=True)
     _remove_orphaned_temps(mart)
@@ -221,6 +231,7 @@ def build_mart(results_dir: str | Path, mart_path: str | Path,
                 con.execute(f"create table {t.name} ({cols})")
                 folder = Path(results_dir, t.name)
                 if folder.is_dir() and any(folder.rglob("*.parquet")):
+                    _verify_chunks(t.name, folder)
                     names = ", ".join(c for c, _ in t.columns)
                     src = (f"read_parquet('{folder.as_posix()}/**/*.parquet', hive_partitioning = true, "
                            "union_by_name = true)")
@@ -249,6 +260,18 @@ def build_mart(results_dir: str | Path, mart_path: str | Path,
             if side.is_file():
                 side.unlink(missing_ok=True)
     return counts
+
+
+def _verify_chunks(table: str, folder: Path) -> None:
+    """Page checksums and content hash of every chunk of ``table`` (one chunk in memory at a time)
+    before DuckDB reads them; :class:`MartBuildError` naming table, file and partition."""
+    for f in sorted(folder.rglob("*.parquet")):
+        try:
+            verify_chunk(f)
+        except CorruptChunkError as exc:
+            raise MartBuildError(f"mart not rebuilt (the previous one is kept): {exc}; re-materialise that "
+                                 f"partition of the asset that writes {table!r} (or delete the file), then "
+                                 "rebuild the mart") from None
 
 
 def _chunk_error(table: str, folder: Path, exc: duckdb.Error) -> MartBuildError:

@@ -10,11 +10,14 @@ chunks resumes from the chunks it wrote (they carry the current fingerprint).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from medrobust_lib.store import results
 from medrobust_lib.store.completeness import ERROR_OUTCOME
+
+logger = logging.getLogger(__name__)
 
 
 def row_key(row: Mapping[str, Any], key: Sequence[str]) -> tuple[str, ...]:
@@ -25,17 +28,20 @@ def row_key(row: Mapping[str, Any], key: Sequence[str]) -> tuple[str, ...]:
 def reusable_rows(results_dir: str, table: str, partition: Mapping[str, object], fp: str, columns: Sequence[str],
                   key: Sequence[str]) -> dict[tuple[str, ...], dict[str, Any]]:
     """Rows of the partition's chunks stored with fingerprint ``fp`` whose ``outcome`` is not
-    ``error``, by :func:`row_key`, as dicts over ``columns`` (partition columns restored except the
+    ``error`` and that verify (:func:`results.verify_chunk`; a damaged chunk's rows are recomputed), by :func:`row_key`, as dicts over ``columns`` (partition columns restored except the
     folder-only ones not in ``columns``; missing values None)."""
     import pandas as pd
-    import pyarrow.parquet as pq
 
     folder = results.partition_dir(results_dir, table, partition)
     out: dict[tuple[str, ...], dict[str, Any]] = {}
     for f in sorted(folder.glob("*.parquet")) if folder.is_dir() else []:
         if results.read_chunk_fingerprint(f) != fp:
             continue
-        df = pq.read_table(f).to_pandas()
+        try:
+            df = results.verify_chunk(f).to_pandas()
+        except results.CorruptChunkError as exc:  # recompute its rows rather than copy damaged values
+            logger.warning("%s; its rows are recomputed", exc)
+            continue
         if df.empty:
             continue
         df = df[df["outcome"] != ERROR_OUTCOME].astype(object).where(pd.notna, None)

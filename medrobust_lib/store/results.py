@@ -6,6 +6,13 @@ killed run) only ever sees whole chunks. Each chunk records a fingerprint of its
 Parquet metadata: a resumed run skips chunks whose fingerprint matches and recomputes the rest,
 and :func:`finalize_partition` removes chunks that are no longer expected. Re-running a partition
 therefore never duplicates or loses rows.
+
+Integrity: chunks are written with Parquet page checksums (CRC-32 of every data and dictionary
+page) and carry a SHA-256 of their decoded content (:func:`content_hash`) in the file metadata.
+:func:`verify_chunk` reads a chunk with page-checksum verification and compares the hash; the mart
+build and :func:`read_partition` verify every chunk before using it, so a flipped byte is a
+:class:`CorruptChunkError` naming the table, the file and the partition, never a changed value. A
+chunk without the hash (written by an older version) is not current, so a resumed run rewrites it.
 """
 
 from __future__ import annotations
@@ -21,12 +28,15 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from medrobust_lib.lru import LRU, FileStamp, file_stamp
 from medrobust_lib.store.schema import conform, table_columns
 
 FINGERPRINT_KEY = b"medrobust.fingerprint"
+CONTENT_HASH_KEY = b"medrobust.content_sha256"
+"""File-metadata key of the SHA-256 of a chunk's decoded content (see :func:`content_hash`)."""
 _SAFE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
@@ -63,7 +73,99 @@ def read_chunk_fingerprint(path: Path) -> str | None:
 
 
 def chunk_is_current(path: Path, fp: str) -> bool:
-    return path.is_file() and read_chunk_fingerprint(path) == fp
+    """The chunk exists, carries fingerprint ``fp`` and a content hash (a chunk of an older version,
+    without the hash, is rewritten)."""
+    if not path.is_file():
+        return False
+    try:
+        meta = pq.read_schema(path).metadata or {}
+    except (OSError, pa.ArrowInvalid):
+        return False
+    stored = meta.get(FINGERPRINT_KEY)
+    return stored is not None and stored.decode(errors="replace") == fp and CONTENT_HASH_KEY in meta
+
+
+class CorruptChunkError(OSError):
+    """A result chunk failed its page checksums or its content hash, or does not parse. The message
+    names the table, the file and the partition."""
+
+
+def content_hash(table: pa.Table) -> str:
+    """SHA-256 hex of a table's content: column names, types, which values are null and the
+    values themselves (what lies under a null slot is undefined in Arrow and is not hashed), so the
+    same data hashes the same before writing and after reading back, whatever the chunk layout."""
+    h = hashlib.sha256()
+    arrays: list[pa.Array] = []
+    for field, col in zip(table.schema, table.columns, strict=True):
+        h.update(json.dumps([field.name, str(field.type)]).encode())
+        arrays.extend(_canonical(col))
+    if arrays:
+        canon = pa.Table.from_arrays(arrays, names=[str(i) for i in range(len(arrays))])
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, canon.schema) as writer:
+            if canon.num_rows:
+                writer.write_table(canon)
+        h.update(sink.getvalue().to_pybytes())
+    h.update(str(table.num_rows).encode())
+    return h.hexdigest()
+
+
+def _canonical(col: pa.ChunkedArray) -> list[pa.Array]:
+    """``[null flags as int8, values with nulls filled]`` for a column (both fully defined), or the
+    values as JSON text for a type without a fill value (nested types)."""
+    arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    nulls = pc.cast(pc.is_null(arr), pa.int8())
+    t = arr.type
+    fill: Any
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        fill = ""
+    elif pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        fill = b""
+    elif pa.types.is_boolean(t):
+        fill = False
+    elif pa.types.is_floating(t):
+        fill = 0.0
+    elif pa.types.is_integer(t) or pa.types.is_temporal(t):
+        fill = 0
+    else:
+        text = [json.dumps(v, sort_keys=True, default=str) for v in arr.to_pylist()]
+        return [nulls, pa.array(text, pa.string())]
+    values = pc.fill_null(arr, pa.scalar(fill, type=t)) if arr.null_count else arr
+    return [nulls, values]
+
+
+def _where(path: Path) -> str:
+    """``table 'x', partition k=v, ...: chunk <path>`` for messages."""
+    parts: list[str] = []
+    for comp in reversed(path.parent.parts):  # the trailing key=value folders
+        if "=" not in comp:
+            break
+        parts.insert(0, comp)
+    anchor = path.parents[len(parts)] if len(parts) < len(path.parents) else path.parent
+    part = ", ".join(parts) or "(unpartitioned)"
+    return f"table {anchor.name!r}, partition {part}: chunk {path}"
+
+
+def verify_chunk(path: Path) -> pa.Table:
+    """Read a chunk with Parquet page-checksum verification and check its content hash; returns
+    the table. Raises :class:`CorruptChunkError` (naming table, file and partition) on a checksum
+    or hash mismatch, an unparsable file or a missing hash."""
+    try:
+        table = pq.read_table(path, page_checksum_verification=True)
+        stored = (table.schema.metadata or {}).get(CONTENT_HASH_KEY)
+        actual = content_hash(table)
+    except FileNotFoundError:
+        raise
+    except Exception as exc:  # pyarrow raises many types (OSError, ArrowInvalid, UnicodeDecodeError) on damage
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise CorruptChunkError(f"{_where(path)} is unreadable ({type(exc).__name__}: {reason})") from None
+    if stored is None:
+        raise CorruptChunkError(f"{_where(path)} carries no content hash (damaged, or written by an "
+                                "older version); re-materialise the partition")
+    if stored.decode(errors="replace") != actual:
+        raise CorruptChunkError(f"{_where(path)} fails its content hash (stored "
+                                f"{stored.decode(errors='replace')[:16]}..., actual {actual[:16]}...)")
+    return table
 
 
 def write_chunk(path: Path, rows: Sequence[Mapping[str, Any]] | pd.DataFrame, fp: str,
@@ -81,11 +183,12 @@ def write_chunk(path: Path, rows: Sequence[Mapping[str, Any]] | pd.DataFrame, fp
         if table_name is not None:
             df, schema = conform(df, table_name)
     table = pa.Table.from_pandas(df, schema=schema, preserve_index=False)
-    table = table.replace_schema_metadata({**(table.schema.metadata or {}), FINGERPRINT_KEY: fp.encode()})
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), FINGERPRINT_KEY: fp.encode(),
+                                           CONTENT_HASH_KEY: content_hash(table).encode()})
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
-        pq.write_table(table, tmp)
+        pq.write_table(table, tmp, write_page_checksum=True)
         _fsync(tmp)
         os.replace(tmp, path)
         _fsync(path.parent)
@@ -133,14 +236,14 @@ _CHUNKS: LRU[str, tuple[FileStamp, pd.DataFrame]] = LRU(max_bytes=lambda: CHUNK_
 
 
 def _read_chunk(path: Path) -> pd.DataFrame:
-    """One chunk file as a frame, decoded once while the file stays the same
+    """One chunk file as a frame, verified (:func:`verify_chunk`) and decoded once while the file stays the same
     (:func:`medrobust_lib.lru.file_stamp`). The returned frame is the cached one: callers must
     not change it."""
     stamp = file_stamp(path)
     hit = _CHUNKS.get(stamp[0])
     if hit is not None and hit[0] == stamp:
         return hit[1]
-    table = pq.read_table(path)
+    table = verify_chunk(path)
     df = table.to_pandas()
     _CHUNKS.put(stamp[0], (stamp, df), int(table.nbytes))  # Arrow's size: counts the strings
     return df
