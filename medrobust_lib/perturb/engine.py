@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from medrobust_lib.data.sample import Sample, array_hash
-from medrobust_lib.perturb.calibrate import Band, calibrate, dataset_strength
+from medrobust_lib.perturb.calibrate import Band, WarmStart, calibrate, warm_start
 from medrobust_lib.perturb.spec import PerturbationSpec, PerturbOutput, get_perturbation
 from medrobust_lib.perturb.ssim import ssim
 from medrobust_lib.seeding import rng_for, seed_key, stable_fraction
@@ -63,20 +63,21 @@ def run_chunk(chunk: ChunkSpec, samples: Sequence[Sample]) -> tuple[list[dict[st
     type does not apply to (an RGB-only type on a grayscale image of a mixed-channel dataset, a
     modality outside the type's) becomes a row with status ``not_applicable`` (reason in
     ``error``), never an exception. The dataset-level warm start is calibrated on applicable
-    samples only (NaN when there are none)."""
+    samples only (NaN when there are none): the strength and the strength-to-SSIM slope fitted on
+    the calibration subset (:func:`medrobust_lib.perturb.calibrate.warm_start`)."""
     spec = get_perturbation(chunk.perturbation)
     ordered = sorted(samples, key=lambda s: s.sample_id)
     applicable = [s for s in ordered if spec.applies_to(s.modality, s.n_channels)]
     subset = calibration_subset(applicable, chunk.seed, chunk.calibration_subset)
+    ws: WarmStart | None = None
     if subset:
-        warm, calib_evals = dataset_strength(
+        ws = warm_start(
             spec,
             [(s.image, (perturbation_key(chunk.seed, s.dataset, s.sample_id, spec.name),)) for s in subset],
             chunk.band,
             start=spec.levels[chunk.level - 1],
         )
-    else:
-        warm, calib_evals = float("nan"), 0
+    warm = ws.strength if ws is not None else float("nan")
     rows = []
     for s in ordered:
         key = perturbation_key(chunk.seed, s.dataset, s.sample_id, spec.name)
@@ -92,7 +93,7 @@ def run_chunk(chunk: ChunkSpec, samples: Sequence[Sample]) -> tuple[list[dict[st
                          "status": NOT_APPLICABLE, "error": not_applicable_reason(spec, s)})
             continue
         try:
-            c = calibrate(spec, s.image, chunk.band, (key,), start=warm, mask=s.mask, boxes=s.boxes)
+            c = calibrate(spec, s.image, chunk.band, (key,), warm=ws, mask=s.mask, boxes=s.boxes)
             miss = None
             if not c.band_reached:
                 miss = "unreachable" if c.strength == spec.strongest and c.ssim > chunk.band[1] else "bracket"
@@ -103,7 +104,8 @@ def run_chunk(chunk: ChunkSpec, samples: Sequence[Sample]) -> tuple[list[dict[st
             rows.append({**base, "strength": float("nan"), "ssim": float("nan"), "band_reached": False,
                          "miss_reason": "error", "n_ssim_evals": 0, "sha256": None, "status": "error",
                          "error": f"{type(exc).__name__}: {exc}"[:500]})
-    stats = {"calibration_evals": calib_evals, "dataset_strength": warm}
+    stats = {"calibration_evals": ws.n_evals if ws is not None else 0, "dataset_strength": warm,
+             "slope": ws.slope if ws is not None else float("nan")}
     return rows, stats
 
 
