@@ -161,8 +161,8 @@ def vs_imagecorruptions(images: list[np.ndarray], reps: int) -> pd.DataFrame:
             t_ours.append(_time(lambda img=img, i=i, spec=spec, ours=ours: spec.apply(
                 img, spec.levels[2], rng_for("bench", i, ours)), reps))
             evals.append(_calibrate_with(spec, img, 3, keys[i], warm).n_ssim_evals)
-            t_cal.append(_time(lambda img=img, i=i, spec=spec: _calibrate_with(
-                spec, img, 3, keys[i], warm), max(1, reps // 4)))
+            t_cal.append(_time(lambda img=img, key=keys[i], spec=spec, warm=warm: _calibrate_with(
+                spec, img, 3, key, warm), max(1, reps // 4)))
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
