@@ -168,9 +168,10 @@ def calibrate(
             t = _inside(weak, strong, target, slope, bisect)
         s = strength_at(spec, t)
         if spec.integer:
-            s = _integer_inside(spec, s, weak[0], None if strong is None else strong[0])
-            if s is None:
+            inside = _integer_inside(spec, s, weak[0], None if strong is None else strong[0])
+            if inside is None:
                 break
+            s = inside
         elif strong is not None and abs(strong[0] - weak[0]) <= 1e-9:
             break
         if s in evals:  # nothing new to learn (a rounding or clamping fixed point)

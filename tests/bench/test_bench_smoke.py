@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
@@ -41,6 +42,16 @@ def run_script(name: str, *args: str, cwd: Path | None = None, timeout: float = 
     if check:
         assert proc.returncode == 0, f"{name} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
+
+
+def _load(name: str) -> ModuleType:
+    """Import ``bench/<name>`` as a module (registered, so its dataclasses resolve)."""
+    spec = importlib.util.spec_from_file_location(f"_bench_{Path(name).stem}", BENCH / name)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def test_every_bench_script_has_a_smoke_test() -> None:
@@ -132,12 +143,9 @@ def test_gpu_mask_agreement_models_run_on_cpu() -> None:
     # no arguments and no CPU path: import it and run its model on the CPU as main() does on CUDA
     from medrobust_lib.models.sam import SamSegmenter
 
-    spec = importlib.util.spec_from_file_location("gpu_mask_agreement", BENCH / "gpu_mask_agreement.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _load("gpu_mask_agreement.py")
     m = mod.model(mod.SMALL)
-    assert any("rel_pos" in n and float(p.abs().sum()) > 0 for n, p in m.named_parameters())
+    assert any("rel_pos" in n and float(p.detach().abs().sum()) > 0 for n, p in m.named_parameters())
     ref = SamSegmenter(m, "sam", "r", "0", device="cpu", engine="reference")
     g = torch.Generator().manual_seed(0)
     x = torch.rand((1, 3, 128, 128), generator=g)
@@ -159,10 +167,7 @@ def test_gpu_session_script_is_valid_bash_naming_existing_benches() -> None:
 
 
 def test_synthetic_grid_images_are_deterministic() -> None:
-    spec = importlib.util.spec_from_file_location("full_grid_bench", BENCH / "full_grid_bench.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _load("full_grid_bench.py")
     a, ma = mod.synthetic_image(3, 64, False)
     b, mb = mod.synthetic_image(3, 64, False)
     assert a.dtype == np.float32 and a.shape == (64, 64) and np.array_equal(a, b) and np.array_equal(ma, mb)
