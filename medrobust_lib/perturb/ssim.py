@@ -6,10 +6,10 @@ definition of ``skimage.metrics.structural_similarity(a, b, data_range=1.0, chan
 None)``.
 
 Cheaper exact formulation: the interior of skimage's reflect-padded filter is exactly the valid
-7x7 box mean, so only valid windows are used; the window means are OpenCV box filters in float32
-(whose running sums accumulate in float64), every channel in one call; and the clean image's half
+7x7 box mean, so only valid windows are used; the window means are OpenCV box filters in float32,
+every channel in one call; and the clean image's half
 (its window means and variances) is computed once per image by :class:`SSIMReference`, so an
-evaluation filters three planes instead of five. Agrees with skimage to about 1e-7 (the tests
+evaluation filters three planes instead of five. Agrees with skimage to within about 3e-7 (the tests
 require 1e-4). :func:`ssim` is ``SSIMReference(a)(b)``, bit for bit, so a recorded SSIM can be
 recomputed from the two images alone.
 
