@@ -1,45 +1,96 @@
 """Per-image SSIM calibration of perturbation strength (DESIGN.md section 3).
 
 For one (image, type, level) the strength is searched so that SSIM(clean, perturbed) lands in the
-level's band. The search starts from a warm start (the dataset-level strength: the median of the
-strengths calibrated on a calibration subset), and searches only when that start misses the band.
-The search brackets the band between the weakest strength (SSIM >= the top of every band, checked
-by the contract tests) and the start or the strongest strength, then narrows the bracket by
-regula falsi with the Illinois modification (a bracketing method that never leaves the bracket,
-falling back to bisection when interpolation stalls). A band that the strongest strength cannot
-reach is flagged with ``band_reached = False`` and the strongest output is kept, never silently
-accepted. Integer strengths bracket the band and report the closer side.
+level's band; every returned output has been evaluated and checked against the band.
+
+Model. In severity coordinates ``t = (s - weakest) / (strongest - weakest)`` (0 = weakest,
+1 = strongest, whatever the type's unit or direction) the distortion ``d = log(1 - SSIM)`` of one
+image is modelled as ``d = a_image + slope * log(t)``: one shape parameter per (dataset, type,
+level), one offset per image. :func:`warm_start` fits the slope on the calibration subset (pooled
+within-image regression over the strengths their searches evaluated) and picks the strength that
+puts the subset's median image at the band's centre.
+
+Search (:func:`calibrate`). The first strength is the warm start. On a miss, the model predicts the
+strength for the band's centre from the image's own SSIM (its offset) and the fitted slope; that
+second guess lands in the band for most images. If it misses on the too-weak side again, the
+strongest strength is tried (a band it cannot reach is flagged ``band_reached = False`` and the
+strongest output kept, never silently accepted). Once the band is bracketed (by evaluated
+strengths, or by the weakest strength, whose SSIM is >= the top of every band by the contract
+tests) the bracket is narrowed by regula falsi in the model's coordinates ``(log t, d)``, kept
+strictly inside the bracket, with a bisection step whenever the same end moved twice in a row
+(so the bracket at least halves every two steps). Integer strengths bracket the band and report
+the closer side, flagged.
 
 The perturbation's random field comes from a Generator recreated from the same key at every
 evaluation (common random numbers), so SSIM is a deterministic, monotone function of strength.
+The clean image's half of SSIM is computed once per search (:class:`SSIMReference`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from medrobust_lib.perturb.spec import PerturbationSpec, PerturbOutput
-from medrobust_lib.perturb.ssim import ssim
+from medrobust_lib.perturb.ssim import SSIMReference
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.types import SSIM_BANDS, BoolMask, Boxes, FloatImage, validate_bands  # noqa: F401
 
 Band = tuple[float, float]
 DEFAULT_BANDS: dict[int, Band] = dict(SSIM_BANDS)
 MAX_EVALS = 24
+DEFAULT_SLOPE = 1.0
+"""The model's slope when the calibration subset gave none (no image with two usable points)."""
+SLOPE_RANGE = (0.25, 4.0)
+"""A fitted slope is clipped into this range (a guess outside it would only cost evaluations)."""
+_MIN_DISTORTION = 1e-6
 
 
 @dataclass(frozen=True)
 class Calibrated:
-    """Outcome of calibrating one (image, type, level)."""
+    """Outcome of calibrating one (image, type, level). ``points``: every evaluated
+    (strength, SSIM), in evaluation order."""
 
     strength: float
     ssim: float
     band_reached: bool
     n_ssim_evals: int
     output: PerturbOutput
+    points: tuple[tuple[float, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """The fitted start of one (dataset, type, level): the first strength tried on every image,
+    the model's slope (``d log(1 - SSIM) / d log t``) and the SSIM evaluations the fit cost."""
+
+    strength: float
+    slope: float
+    n_evals: int
+
+
+def severity(spec: PerturbationSpec, s: float) -> float:
+    """Strength -> severity ``t`` in [0, 1] (0 = weakest, 1 = strongest)."""
+    return (s - spec.weakest) / (spec.strongest - spec.weakest)
+
+
+def strength_at(spec: PerturbationSpec, t: float) -> float:
+    """Severity -> strength (clamped, rounded for integer types)."""
+    return spec.clamp(spec.weakest + t * (spec.strongest - spec.weakest))
+
+
+def distortion(value: float) -> float:
+    """The model's response ``log(1 - SSIM)`` (SSIM >= 1 - 1e-6 counts as 1 - 1e-6)."""
+    return math.log(max(1.0 - value, _MIN_DISTORTION))
+
+
+def predict_severity(t: float, value: float, target: float, slope: float) -> float:
+    """Severity at which an image whose SSIM is ``value`` at severity ``t`` > 0 reaches
+    ``target``, under the model (may exceed 1)."""
+    return t * math.exp((distortion(target) - distortion(value)) / slope)
 
 
 def calibrate(
@@ -49,6 +100,7 @@ def calibrate(
     key: Sequence[object],
     *,
     start: float | None = None,
+    warm: WarmStart | None = None,
     mask: BoolMask | None = None,
     boxes: Boxes | None = None,
     max_evals: int = MAX_EVALS,
@@ -60,83 +112,118 @@ def calibrate(
         image: float32 (H, W) or (H, W, 3) in [0, 1].
         band: (low, high) SSIM, inclusive.
         key: the random key, e.g. (seed, dataset, sample_id, type); the level is not part of it.
-        start: warm-start strength (defaults to the type's default for the band's level, or the
-            mid-range when unknown).
+        start: first strength when ``warm`` is None (defaults to the type's default for the
+            band's level, or the mid-range when unknown).
+        warm: the fitted warm start (:func:`warm_start`): its strength is tried first and its
+            slope guides the search.
         mask, boxes: ground truth moved along with spatial types.
     """
     lo, hi = band
+    target = 0.5 * (lo + hi)
+    slope = warm.slope if warm is not None else DEFAULT_SLOPE
+    reference = SSIMReference(image)
     evals: dict[float, tuple[float, PerturbOutput]] = {}
 
     def run(s: float) -> float:
         s = spec.clamp(s)
         if s not in evals:
             out = spec.apply(image, s, rng_for(*key), mask=mask, boxes=boxes)
-            evals[s] = (ssim(image, out.image), out)
+            evals[s] = (reference(out.image), out)
         return evals[s][0]
 
     def done(s: float, reached: bool) -> Calibrated:
         s = spec.clamp(s)
         value, out = evals[s]
-        return Calibrated(s, value, reached, len(evals), out)
+        return Calibrated(s, value, reached, len(evals), out, tuple((k, v[0]) for k, v in evals.items()))
 
-    # Work in "severity" coordinates t where larger is always stronger.
-    sign = -1.0 if spec.inverse else 1.0
-    s0 = spec.clamp(start if start is not None else _default_start(spec, band))
+    if warm is not None:
+        s0 = spec.clamp(warm.strength)
+    else:
+        s0 = spec.clamp(start if start is not None else _default_start(spec, band))
     f0 = run(s0)
     if lo <= f0 <= hi:
         return done(s0, True)
-    weak, strong = spec.weakest, spec.strongest
-    if f0 > hi:  # too weak: bracket [s0, strongest]
-        f_strong = run(strong)
-        if f_strong > hi:
-            return done(strong, False)
-        if f_strong >= lo:
-            return done(strong, True)
-        a, fa, b, fb = s0, f0, strong, f_strong
-    else:  # too strong: bracket [weakest, s0]; SSIM(weakest) >= every band's top (contract)
-        a, fa, b, fb = weak, 1.0, s0, f0
-    target = 0.5 * (lo + hi)
-    side = 0
+    # The bracket in severity: the weak end (SSIM above the band; the weakest strength, not
+    # evaluated, is the initial one) and the strong end (SSIM below the band), as (t, SSIM).
+    weak: tuple[float, float] = (0.0, 1.0)
+    strong: tuple[float, float] | None = None
+    t0 = severity(spec, s0)
+    if f0 > hi:
+        weak = (t0, f0)
+    else:
+        strong = (t0, f0)
+    extrapolated = False
+    moved = 0  # +1 when the weak end moved last, -1 the strong end
+    bisect = False
     while len(evals) < max_evals:
-        if spec.integer:
-            ta, tb = sign * a, sign * b
-            if abs(tb - ta) <= 1:
-                break
-            # interpolate, then keep strictly inside the integer bracket
-            t = ta + (tb - ta) * _frac(fa, fb, target)
-            t = min(max(round(t), min(ta, tb) + 1), max(ta, tb) - 1)
-            s = sign * t
+        if strong is None:  # too weak so far: extrapolate once by the model, then the strongest
+            tw, fw = weak
+            if tw >= 1.0:
+                return done(spec.strongest, False)  # the strongest strength cannot reach the band
+            t = 1.0
+            if not extrapolated and tw > 0.0:
+                t = min(predict_severity(tw, fw, target, slope), 1.0)
+                extrapolated = True
         else:
-            frac = _frac(fa, fb, target)
-            s = a + (b - a) * frac
-            if abs(b - a) <= 1e-9 * max(1.0, abs(b)):
+            t = _inside(weak, strong, target, slope, bisect)
+        s = strength_at(spec, t)
+        if spec.integer:
+            inside = _integer_inside(spec, s, weak[0], None if strong is None else strong[0])
+            if inside is None:
                 break
+            s = inside
+        elif strong is not None and abs(strong[0] - weak[0]) <= 1e-9:
+            break
+        if s in evals:  # nothing new to learn (a rounding or clamping fixed point)
+            break
         f = run(s)
         if lo <= f <= hi:
             return done(s, True)
-        if f > hi:  # still too weak: move the weak end
-            a, fa = s, f
-            if side == -1:
-                fb = target + (fb - target) * 0.5  # Illinois step
-            side = -1
+        t = severity(spec, s)
+        bisect = False
+        if f > hi:
+            weak = (t, f)
+            bisect = moved == 1
+            moved = 1
         else:
-            b, fb = s, f
-            if side == 1:
-                fa = target + (fa - target) * 0.5
-            side = 1
+            strong = (t, f)
+            bisect = moved == -1
+            moved = -1
     # No evaluated strength lies in the band: report the closer side, flagged.
     best = min(evals, key=lambda s: _distance(evals[s][0], band))
-    if best not in evals:
-        run(best)
     return done(best, False)
 
 
-def _frac(fa: float, fb: float, target: float) -> float:
-    """Where ``target`` sits between fa (at 0) and fb (at 1), kept inside [0.05, 0.95] so the
-    bracket always shrinks."""
-    if fa == fb:
-        return 0.5
-    return float(min(max((fa - target) / (fa - fb), 0.05), 0.95))
+def _inside(weak: tuple[float, float], strong: tuple[float, float], target: float, slope: float,
+            bisect: bool) -> float:
+    """Next severity strictly inside the bracket ``(weak, strong)``: regula falsi in the model's
+    coordinates (from the strong end with the fitted slope while the weak end is the unevaluated
+    weakest), kept within the middle 90 % of the bracket; the midpoint when ``bisect``."""
+    (tw, fw), (ts, fs) = weak, strong
+    if bisect:
+        return 0.5 * (tw + ts)
+    if tw <= 0.0 or fw >= 1.0:
+        t = predict_severity(ts, fs, target, slope)
+    else:
+        dw, ds, dt = distortion(fw), distortion(fs), distortion(target)
+        frac = 0.5 if ds == dw else (dt - dw) / (ds - dw)
+        t = math.exp(math.log(tw) + frac * (math.log(ts) - math.log(tw)))
+    lo_t, hi_t = tw + 0.05 * (ts - tw), tw + 0.95 * (ts - tw)
+    return min(max(t, lo_t), hi_t)
+
+
+def _integer_inside(spec: PerturbationSpec, s: float, tw: float, ts: float | None) -> float | None:
+    """For integer types: ``s`` moved strictly inside the integer bracket between the weak end
+    and the strong end (the strongest when there is none yet); None when no integer is left."""
+    sign = -1.0 if spec.inverse else 1.0
+    a = sign * strength_at(spec, tw)
+    b = sign * (strength_at(spec, ts) if ts is not None else spec.strongest)
+    if ts is None:
+        # only the weak end is known: anything stronger than it, up to the strongest, is allowed
+        return None if b <= a else sign * min(max(sign * s, a + 1), b)
+    if b - a <= 1:
+        return None
+    return sign * min(max(sign * s, a + 1), b - 1)
 
 
 def _distance(value: float, band: Band) -> float:
@@ -168,3 +255,51 @@ def dataset_strength(
     if not strengths:
         return (spec.clamp(start) if start is not None else spec.levels[0]), 0
     return spec.clamp(float(np.median(strengths))), n_evals
+
+
+def warm_start(
+    spec: PerturbationSpec,
+    images: Sequence[tuple[FloatImage, Sequence[object]]],
+    band: Band,
+    start: float | None = None,
+) -> WarmStart:
+    """Fit the model on a calibration subset ``[(image, key), ...]``: each image is calibrated
+    from ``start`` (the default search); the slope is the pooled within-image regression slope of
+    ``log(1 - SSIM)`` on ``log t`` over the evaluated points (:data:`DEFAULT_SLOPE` when no image
+    has two usable points), clipped to :data:`SLOPE_RANGE`; the strength is the median over the
+    images of the severity predicted for the band's centre from each image's point nearest to it
+    (rounded for integer types). Without images: ``start`` (or level 1's default), no evaluations.
+    """
+    if not images:
+        return WarmStart(spec.clamp(start) if start is not None else spec.levels[0], DEFAULT_SLOPE, 0)
+    target = 0.5 * (band[0] + band[1])
+    runs = [calibrate(spec, image, band, key, start=start) for image, key in images]
+    slope = fit_slope([c.points for c in runs], spec)
+    predicted = []
+    for c in runs:
+        usable = [(severity(spec, s), v) for s, v in c.points if severity(spec, s) > 0.0]
+        if not usable:
+            predicted.append(severity(spec, c.strength))
+            continue
+        t, v = min(usable, key=lambda p: abs(distortion(p[1]) - distortion(target)))
+        predicted.append(min(predict_severity(t, v, target, slope), 1.0))
+    return WarmStart(strength_at(spec, float(np.median(predicted))), slope, sum(c.n_ssim_evals for c in runs))
+
+
+def fit_slope(points: Sequence[Sequence[tuple[float, float]]], spec: PerturbationSpec) -> float:
+    """Pooled within-image least-squares slope of ``log(1 - SSIM)`` on ``log t`` over each image's
+    evaluated ``(strength, SSIM)`` points (points at t = 0 or SSIM >= 1 - 1e-6 are unusable),
+    clipped to :data:`SLOPE_RANGE`; :data:`DEFAULT_SLOPE` without two usable points in one image."""
+    sxy = sxx = 0.0
+    for image_points in points:
+        xy = [(math.log(severity(spec, s)), distortion(v)) for s, v in image_points
+              if severity(spec, s) > 0.0 and v < 1.0 - _MIN_DISTORTION]
+        if len(xy) < 2:
+            continue
+        mx = sum(x for x, _ in xy) / len(xy)
+        my = sum(y for _, y in xy) / len(xy)
+        sxy += sum((x - mx) * (y - my) for x, y in xy)
+        sxx += sum((x - mx) ** 2 for x, _ in xy)
+    if sxx <= 1e-12 or sxy <= 0.0:
+        return DEFAULT_SLOPE
+    return float(min(max(sxy / sxx, SLOPE_RANGE[0]), SLOPE_RANGE[1]))

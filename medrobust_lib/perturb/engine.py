@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from medrobust_lib.data.sample import Sample, array_hash
-from medrobust_lib.perturb.calibrate import Band, Calibrated, calibrate, dataset_strength
+from medrobust_lib.perturb.calibrate import Band, Calibrated, WarmStart, calibrate, warm_start
 from medrobust_lib.perturb.calibrate_reference import find_strength
 from medrobust_lib.perturb.spec import PerturbationSpec, PerturbOutput, get_perturbation
 from medrobust_lib.perturb.ssim import ssim
@@ -72,13 +72,15 @@ def run_chunk(chunk: ChunkSpec, samples: Sequence[Sample]) -> tuple[list[dict[st
     type does not apply to (an RGB-only type on a grayscale image of a mixed-channel dataset, a
     modality outside the type's) becomes a row with status ``not_applicable`` (reason in
     ``error``), never an exception. The dataset-level warm start is calibrated on applicable
-    samples only (NaN when there are none)."""
+    samples only (NaN when there are none): the strength and the strength-to-SSIM slope fitted on
+    the calibration subset (:func:`medrobust_lib.perturb.calibrate.warm_start`)."""
     spec = get_perturbation(chunk.perturbation)
     ordered = sorted(samples, key=lambda s: s.sample_id)
     applicable = [s for s in ordered if spec.applies_to(s.modality, s.n_channels)]
     precomputed: dict[str, Calibrated | Exception] = {}
     calib_evals = 0
     warm = float("nan")
+    ws: WarmStart | None = None
     if chunk.mode == "reference" and applicable:  # first image (by sample id) calibrates, the rest reuse
         first = applicable[0]
         try:
@@ -92,15 +94,16 @@ def run_chunk(chunk: ChunkSpec, samples: Sequence[Sample]) -> tuple[list[dict[st
             precomputed[first.sample_id] = exc
     elif chunk.mode == "fixed":
         warm = spec.clamp(spec.levels[chunk.level - 1])
-    else:
+    else:  # calibrated: a warm start fitted on the calibration subset, then every image checked in its band
         subset = calibration_subset(applicable, chunk.seed, chunk.calibration_subset)
         if subset:
-            warm, calib_evals = dataset_strength(
+            ws = warm_start(
                 spec,
                 [(s.image, (perturbation_key(chunk.seed, s.dataset, s.sample_id, spec.name),)) for s in subset],
                 chunk.band,
                 start=spec.levels[chunk.level - 1],
             )
+            warm, calib_evals = ws.strength, ws.n_evals
     rows = []
     for s in ordered:
         key = perturbation_key(chunk.seed, s.dataset, s.sample_id, spec.name)
@@ -116,7 +119,7 @@ def run_chunk(chunk: ChunkSpec, samples: Sequence[Sample]) -> tuple[list[dict[st
                          "status": NOT_APPLICABLE, "error": not_applicable_reason(spec, s)})
             continue
         try:
-            c = _calibrated(chunk, spec, s, key, warm, precomputed)
+            c = _calibrated(chunk, spec, s, key, warm, precomputed, ws)
             miss = None
             if not c.band_reached:
                 miss = "unreachable" if c.strength == spec.strongest and c.ssim > chunk.band[1] else "bracket"
@@ -127,12 +130,13 @@ def run_chunk(chunk: ChunkSpec, samples: Sequence[Sample]) -> tuple[list[dict[st
             rows.append({**base, "strength": float("nan"), "ssim": float("nan"), "band_reached": False,
                          "miss_reason": "error", "n_ssim_evals": 0, "sha256": None, "status": "error",
                          "error": f"{type(exc).__name__}: {exc}"[:500]})
-    stats = {"calibration_evals": calib_evals, "dataset_strength": warm}
+    stats = {"calibration_evals": calib_evals, "dataset_strength": warm,
+             "slope": ws.slope if ws is not None else float("nan")}
     return rows, stats
 
 
 def _calibrated(chunk: ChunkSpec, spec: PerturbationSpec, s: Sample, key: str, warm: float,
-                precomputed: dict[str, Calibrated | Exception]) -> Calibrated:
+                precomputed: dict[str, Calibrated | Exception], ws: WarmStart | None = None) -> Calibrated:
     """One sample's outcome under the chunk's calibration mode (``reference``: the first image's
     own result, or ``warm`` applied; raises when the first image's calibration failed)."""
     if chunk.mode == "reference":
@@ -145,7 +149,7 @@ def _calibrated(chunk: ChunkSpec, spec: PerturbationSpec, s: Sample, key: str, w
         out = spec.apply(s.image, warm, rng_for(key), mask=s.mask, boxes=s.boxes)
         value = ssim(s.image, out.image)
         return Calibrated(warm, value, chunk.band[0] <= value <= chunk.band[1], 1, out)
-    return calibrate(spec, s.image, chunk.band, (key,), start=warm, mask=s.mask, boxes=s.boxes)
+    return calibrate(spec, s.image, chunk.band, (key,), warm=ws, mask=s.mask, boxes=s.boxes)
 
 
 NOT_APPLICABLE = "not_applicable"

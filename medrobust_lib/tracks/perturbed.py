@@ -17,7 +17,7 @@ from medrobust_lib.store import results
 from medrobust_lib.tracks.datasets import load_clean_samples
 
 MANIFEST_TABLE = "perturbation_manifest"
-CALIBRATION_VERSION = 1
+CALIBRATION_VERSION = 2
 
 
 def selected_types(suite: Suite, modality: str, n_channels: int) -> list[str]:

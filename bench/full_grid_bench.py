@@ -1,0 +1,298 @@
+"""Full-grid benchmark (issue 34): what one host needs for a real dataset's whole grid.
+
+A synthetic dataset of ``--n-images`` images at ``--size`` px (smooth textured background, one
+bright lesion with its mask) goes through the grid the assets run, on the same code path:
+
+1. calibration: every registered type (or ``--types``) at every level in ``--levels``, one chunk
+   per (type, level) through :func:`medrobust_lib.perturb.engine.run_chunks` (``--workers``
+   processes), warm start included;
+2. evaluation: the clean images and every calibrated output regenerated from its manifest row
+   (:func:`medrobust_lib.perturb.engine.regenerate`) and scored by the model's ``score`` (the
+   batched forward, thresholding and IoU/Dice that ``evaluate_clean`` / ``evaluate_perturbed`` use);
+3. attacks: FGSM and PGD (:mod:`medrobust_lib.attacks.linf`, the level's epsilon and steps) at
+   every level, each adversarial batch scored as ``evaluate_attacks`` does.
+
+Each stage's time is printed (wall and, for calibration, CPU time), with the extrapolation to
+``--extrapolate`` images (default 1,000): calibration splits into the warm start (a fixed cost per
+chunk) and the per-output part (proportional to the images), the model stages scale with the
+images; calibration is spread over ``--host-cores`` cores (chunks are independent) and the model
+stages run on the one device, so the host's time is the larger of the two when the CPUs feed the
+GPU while it works, and their sum when they do not (both are printed).
+
+Models (``--model``): ``sam-vit-b`` (ViT-B SAM, random weights, 1024 px input), ``sam-tiny`` (the
+demo architecture), ``litemedsam`` when the model registry has that family (an adapter class with
+a ``random(device=..., seed=...)`` constructor), or ``module:function`` returning a model with
+the SamSegmenter interface (``score``, ``forward_logits``, ``loss``, ``device``). Random weights:
+the timing of a forward pass does not depend on the weights.
+
+Runs on CPU at small N anywhere; on a CUDA host the model stages run on the GPU. Run:
+    .venv/bin/python bench/full_grid_bench.py --n-images 4 --size 256 --model sam-tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import cv2
+import numpy as np
+
+from medrobust_lib.data.sample import Sample
+from medrobust_lib.perturb.calibrate import DEFAULT_BANDS
+from medrobust_lib.perturb.engine import ChunkSpec, regenerate, run_chunks
+from medrobust_lib.perturb.spec import get_perturbation, list_perturbations
+from medrobust_lib.prompts import PromptConfig, prompt_boxes
+from medrobust_lib.seeding import rng_for
+
+DATASET = "grid_synthetic"
+RGB_MODALITIES = ("dermoscopy", "pathology", "endoscopy", "fundus")
+"""Modalities whose synthetic images are RGB (the others are grayscale, as their readers give)."""
+
+
+def synthetic_image(i: int, size: int, rgb: bool, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(image float32 (H, W[, 3]) in [0, 1], bool mask (H, W)): a smooth random background and a
+    brighter ellipse (the lesion), deterministic in (seed, i, size, rgb)."""
+    g = rng_for(seed, "full_grid", i, size, rgb)
+    shape = (size, size, 3) if rgb else (size, size)
+    bg = cv2.GaussianBlur(g.random(shape, dtype=np.float32), (0, 0), max(1.0, size / 64))
+    bg = (bg - bg.min()) / max(float(bg.max() - bg.min()), 1e-6)
+    img = 0.15 + 0.5 * bg + 0.05 * g.random(shape, dtype=np.float32)
+    mask = np.zeros((size, size), np.uint8)
+    cx, cy = (g.uniform(0.3, 0.7, 2) * size).astype(int)
+    ax = (g.uniform(0.08, 0.2, 2) * size).astype(int)
+    cv2.ellipse(mask, (int(cx), int(cy)), (int(ax[0]), int(ax[1])), float(g.uniform(0, 180)), 0, 360, 1, -1)
+    m = mask.astype(bool)
+    img[m] += 0.25
+    return np.clip(img, 0, 1).astype(np.float32), m
+
+
+def synthetic_samples(n: int, size: int, modality: str, seed: int = 0) -> list[Sample]:
+    rgb = modality in RGB_MODALITIES
+    out = []
+    for i in range(n):
+        img, mask = synthetic_image(i, size, rgb, seed)
+        out.append(Sample(f"img{i:05d}", f"{DATASET}_{modality}", modality, img, mask))
+    return out
+
+
+def type_modality(name: str) -> str:
+    """The modality a type is benchmarked on: an RGB one for RGB-only types, else its first."""
+    spec = get_perturbation(name)
+    if spec.channels == "rgb":
+        return next((m for m in spec.modalities if m in RGB_MODALITIES), spec.modalities[0])
+    return spec.modalities[0]
+
+
+# ---- models --------------------------------------------------------------------------------
+
+def _sam(arch_name: str, device: str) -> Any:
+    from medrobust_lib.models.sam import SamSegmenter, arch_for, build_sam
+
+    return SamSegmenter(build_sam(arch_for(arch_name, "sam"), seed=0), "sam", f"{arch_name}-random", "random",
+                        device=device)
+
+
+def _litemedsam(device: str) -> Any:
+    from medrobust_lib.models.registry import list_adapters, load_adapter_class
+
+    if "litemedsam" not in list_adapters("segmentation"):
+        raise SystemExit("no 'litemedsam' family in medrobust_lib.models.registry on this checkout: "
+                         "pass --model sam-vit-b, sam-tiny or module:function")
+    cls = load_adapter_class("litemedsam", "segmentation")
+    if not hasattr(cls, "random"):
+        raise SystemExit(f"{cls.__name__} has no random(device=..., seed=...) constructor: pass "
+                         "--model module:function building it with random weights")
+    return cls.random(device=device, seed=0)
+
+
+MODELS: dict[str, Callable[[str], Any]] = {
+    "sam-vit-b": lambda device: _sam("vit_b", device),
+    "sam-tiny": lambda device: _sam("tiny", device),
+    "litemedsam": _litemedsam,
+}
+
+
+def build_model(name: str, device: str) -> Any:
+    """A model by ``--model`` name (:data:`MODELS`) or ``module:function(device)``."""
+    if name in MODELS:
+        return MODELS[name](device)
+    module, sep, attr = name.partition(":")
+    if not sep:
+        raise SystemExit(f"unknown --model {name!r}; known: {', '.join(MODELS)} or module:function")
+    return getattr(importlib.import_module(module), attr)(device)
+
+
+# ---- stages --------------------------------------------------------------------------------
+
+@dataclass
+class Stage:
+    name: str
+    seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    items: int = 0
+    fixed_seconds: float = 0.0  # the part that does not grow with the images (warm starts)
+
+
+def calibrate_grid(samples_by_ds: dict[str, list[Sample]], types: Sequence[str], levels: Sequence[int],
+                   workers: int, subset: int, seed: int = 0) -> tuple[Stage, list[tuple[dict[str, Any], Sample]]]:
+    """Stage 1: every (type, level) chunk through the engine. Returns the stage and the
+    (manifest row, clean sample) pairs of the ok outputs."""
+    chunks = []
+    for name in types:
+        ds = f"{DATASET}_{type_modality(name)}"
+        for lv in levels:
+            chunks.append(ChunkSpec(ds, type_modality(name), name, lv, DEFAULT_BANDS[lv], seed, subset))
+    st = Stage("calibration (CPU)")
+    by_id = {ds: {s.sample_id: s for s in v} for ds, v in samples_by_ds.items()}
+    pairs: list[tuple[dict[str, Any], Sample]] = []
+    n_evals = n_warm = 0
+    t0, c0 = time.perf_counter(), time.process_time()
+    for ch, rows, stats in run_chunks(chunks, samples_by_ds, workers=workers):
+        n_warm += int(stats["calibration_evals"])
+        for r in rows:
+            if r["status"] == "ok":
+                pairs.append((r, by_id[ch.dataset][r["sample_id"]]))
+                n_evals += int(r["n_ssim_evals"])
+    st.seconds, st.cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
+    st.items = len(pairs)
+    # evaluations cost about the same whatever they serve: the warm starts' share is fixed per chunk
+    st.fixed_seconds = st.seconds * n_warm / max(1, n_warm + n_evals)
+    hit = float(np.mean([r["band_reached"] for r, _ in pairs])) if pairs else float("nan")
+    print(f"calibration: {len(chunks)} chunks, {st.items} outputs, {n_evals / max(1, st.items):.3f} SSIM evals "
+          f"per output (+{n_warm} for the warm starts), in band {hit:.3f}")
+    return st, pairs
+
+
+def evaluate_outputs(model: Any, samples: list[Sample], pairs: list[tuple[dict[str, Any], Sample]],
+                     batch_size: int) -> tuple[Stage, Stage]:
+    """Stage 2: clean images, then every calibrated output regenerated from its row, scored."""
+    prompt = PromptConfig()
+    clean = Stage("clean forward + score")
+    t0, c0 = time.perf_counter(), time.process_time()
+    res = model.score(((s.image, prompt_boxes(s, prompt), s.mask) for s in samples), batch_size=batch_size)
+    clean.seconds, clean.cpu_seconds, clean.items = time.perf_counter() - t0, time.process_time() - c0, len(res.iou)
+
+    def items():  # type: ignore[no-untyped-def]
+        for row, s in pairs:
+            out = regenerate(row, s)
+            mask = out.mask if out.mask is not None else s.mask
+            yield out.image, prompt_boxes(s, prompt, mask=mask), mask
+
+    pert = Stage("perturbed: regenerate + forward + score")
+    t0, c0 = time.perf_counter(), time.process_time()
+    res = model.score(items(), batch_size=batch_size)
+    pert.seconds, pert.cpu_seconds, pert.items = time.perf_counter() - t0, time.process_time() - c0, len(res.iou)
+    return clean, pert
+
+
+def attack_grid(model: Any, samples: list[Sample], levels: Sequence[int], batch_size: int,
+                seed: int = 0) -> list[Stage]:
+    """Stage 3: FGSM and PGD at every level, as ``evaluate_attacks`` runs them (grayscale images
+    attacked through the one stored channel), each adversarial batch scored."""
+    import torch
+
+    from medrobust_lib.attacks.linf import AttackConfig, fgsm, pgd, torch_generator_for
+    from medrobust_lib.models.sam import to_tensor_batch
+    from medrobust_lib.tracks.segmentation.evaluate import _GrayView
+
+    prompt = PromptConfig()
+    device = getattr(model, "device", "cpu")
+    stages = []
+    for kind in ("fgsm", "pgd"):
+        st = Stage(f"{kind} (levels {list(levels)})")
+        t0, c0 = time.perf_counter(), time.process_time()
+        for lv in levels:
+            acfg = AttackConfig.for_level(kind, lv)
+            for start in range(0, len(samples), batch_size):
+                batch = samples[start : start + batch_size]
+                x = to_tensor_batch([s.image for s in batch]).to(device)
+                gray = batch[0].image.ndim == 2
+                target = _GrayView(model) if gray else model
+                if gray:
+                    x = x[:, :1].contiguous()
+                boxes = torch.as_tensor(np.concatenate([prompt_boxes(s, prompt) for s in batch])).to(device)
+                y = torch.from_numpy(np.stack([s.mask for s in batch]).astype(np.float32))[:, None].to(device)
+                if kind == "fgsm":
+                    adv = fgsm(target, x, boxes, y, acfg.epsilon)
+                else:
+                    gen = torch_generator_for(seed, batch[0].modality, batch[0].dataset, batch[0].sample_id, "pgd", lv)
+                    adv = pgd(target, x, boxes, y, acfg.epsilon, acfg.steps, acfg.step_size, generator=gen)
+                adv_h = adv.detach().cpu()
+                imgs = [a[0].numpy().copy() if gray else a.permute(1, 2, 0).numpy().copy() for a in adv_h]
+                model.score(zip(imgs, [b[None] for b in boxes.cpu().numpy()], [s.mask for s in batch], strict=True),
+                            batch_size=batch_size)
+                st.items += len(batch)
+        st.seconds, st.cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
+        stages.append(st)
+    return stages
+
+
+def extrapolate(stage: Stage, n_images: int, target: int, clock: str = "wall") -> float:
+    """Seconds for ``target`` images: the fixed part as measured, the rest scaled linearly.
+    ``clock``: ``wall`` or ``cpu`` (this process's CPU time, all threads: the figure to use on a
+    machine shared with other work, and for CPU-only model stages)."""
+    total = stage.seconds if clock == "wall" else stage.cpu_seconds
+    fixed = stage.fixed_seconds * (total / stage.seconds if stage.seconds > 0 else 0.0)
+    return fixed + (total - fixed) * target / n_images
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n-images", type=int, default=100)
+    ap.add_argument("--size", type=int, default=1024)
+    ap.add_argument("--model", default="sam-vit-b", help=f"{', '.join(MODELS)} or module:function")
+    ap.add_argument("--levels", type=int, nargs="*", default=[1, 2, 3, 4, 5])
+    ap.add_argument("--types", nargs="*", default=None, help="default: every registered type")
+    ap.add_argument("--workers", type=int, default=1, help="calibration processes")
+    ap.add_argument("--host-cores", type=int, default=os.cpu_count() or 1,
+                    help="cores the extrapolation spreads calibration over")
+    ap.add_argument("--calibration-subset", type=int, default=4)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    ap.add_argument("--extrapolate", type=int, default=1000)
+    ap.add_argument("--skip-model", action="store_true", help="calibration only")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="time the extrapolation uses: wall (a dedicated host) or cpu (a shared machine; with "
+                         "--workers 1 the CPU time of every stage)")
+    args = ap.parse_args(argv)
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    types = args.types or list_perturbations()
+    modalities = sorted({type_modality(t) for t in types})
+    samples_by_ds = {f"{DATASET}_{m}": synthetic_samples(args.n_images, args.size, m) for m in modalities}
+    print(f"full grid: {args.n_images} images at {args.size} px, {len(types)} types x levels {args.levels}, "
+          f"FGSM + PGD, model {args.model} on {device}")
+    cal, pairs = calibrate_grid(samples_by_ds, types, args.levels, args.workers, args.calibration_subset)
+    stages = [cal]
+    if not args.skip_model:
+        model = build_model(args.model, device)
+        # the model stages see one modality's images (a real dataset has one); gray unless RGB-only
+        eval_samples = samples_by_ds[f"{DATASET}_{modalities[0]}"]
+        clean, pert = evaluate_outputs(model, eval_samples, pairs, args.batch_size)
+        stages += [clean, pert, *attack_grid(model, eval_samples, args.levels, args.batch_size)]
+    n, target = args.n_images, args.extrapolate
+    clock = args.clock
+    print(f"\n| stage | items | wall s | CPU s | ms per item ({clock}) | extrapolated to {target} images, {clock} (s) |")
+    print("|---|---|---|---|---|---|")
+    for st in stages:
+        t = st.seconds if clock == "wall" else st.cpu_seconds
+        print(f"| {st.name} | {st.items} | {st.seconds:.2f} | {st.cpu_seconds:.2f} | {1000 * t / max(1, st.items):.1f} "
+              f"| {extrapolate(st, n, target, clock):.0f} |")
+    cal_x = extrapolate(cal, n, target, clock) * max(1, args.workers) / max(1, args.host_cores)
+    model_x = sum(extrapolate(st, n, target, clock) for st in stages[1:])
+    print(f"\ncalibration CPU time {cal.cpu_seconds:.1f} s ({1000 * cal.cpu_seconds / max(1, cal.items):.1f} ms "
+          f"per output per core); spread over {args.host_cores} cores for {target} images: {cal_x / 60:.1f} min")
+    if stages[1:]:
+        print(f"model stages on one {device} for {target} images: {model_x / 60:.1f} min")
+        print(f"host total for {target} images: {max(cal_x, model_x) / 60:.1f} min with the CPUs feeding the "
+              f"device while it works, {(cal_x + model_x) / 60:.1f} min one after the other")
+
+
+if __name__ == "__main__":
+    main()
