@@ -59,12 +59,14 @@ class FinetuneTrain(TrainBudget):
 class FinetuneEval(BaseModel):
     """What every fine-tuned checkpoint (and every registry version) is evaluated on: the clean
     test split, the perturbation types matching ``perturbations`` (fnmatch globs) at ``levels``,
-    and FGSM/PGD at ``attack_levels``. None: everything the suite has."""
+    and the attacks ``attack_kinds`` at ``attack_levels``. None: everything the suite has."""
 
     model_config = ConfigDict(extra="forbid")
     levels: list[int] | None = None
     perturbations: list[str] | None = None
     attack_levels: list[int] | None = None
+    attack_kinds: list[Literal["fgsm", "pgd"]] | None = Field(
+        default=None, description="the attacks run on every fine-tuned checkpoint (None: segmentation.attacks.kinds)")
 
 
 class GateOptions(BaseModel):

@@ -134,7 +134,7 @@ def evaluate_model(suite: Suite, m: SegModelConfig, ev: FinetuneEval | None = No
         for lv in levels:
             add("perturbed", evaluate_perturbed(suite, m, modality, lv, model=model, perturbations=ev.perturbations))
         for lv in attack_levels:
-            add("attack", evaluate_attacks(suite, m, modality, lv, model=model))
+            add("attack", evaluate_attacks(suite, m, modality, lv, model=model, kinds=ev.attack_kinds))
         if log:
             log(f"{m.id}: {modality} evaluated ({out.n_rows} rows so far)")
     _prune_partitions(suite, m.id, {("clean", mo, 0) for mo in suite.modalities}

@@ -458,8 +458,10 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
     return _summarize(rows, summary)
 
 
-def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str, level: int, model: Any | None = None) -> EvalSummary:
-    """FGSM and PGD at the level's epsilon on every evaluation sample (conditions 'fgsm', 'pgd').
+def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str, level: int, model: Any | None = None,
+                     kinds: Sequence[str] | None = None) -> EvalSummary:
+    """FGSM and PGD at the level's epsilon on every evaluation sample (conditions 'fgsm', 'pgd';
+    ``kinds``: a subset of the suite's ``attacks.kinds``, None: all of them).
     Without ``attacks.max_samples``, a sample of the split that cannot be used now (the clean index
     lists it as ok) is an ``error`` row per attack."""
     import torch
@@ -485,7 +487,8 @@ def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str
     cache = CleanCache(suite, m, modality, model, sc.prompt, summary)
     cache.fill(samples)
     rows: list[dict[str, Any]] = []
-    for kind in sc.attacks.kinds:
+    run_kinds = [k for k in sc.attacks.kinds if kinds is None or k in kinds]
+    for kind in run_kinds:
         acfg = AttackConfig.for_level(kind, level, step_size_factor=sc.attacks.step_size_factor)
         by_shape: dict[tuple[int, ...], list[Sample]] = {}
         for s in samples:
@@ -525,7 +528,7 @@ def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str
             rows.append(r)
     fp = results.fingerprint([EVAL_VERSION, model.checkpoint_hash, sc.prompt.protocol, *_pipeline(m), level,
                               sc.attacks.model_dump(), sorted((s.sample_id, s.content_hash()) for s in samples),
-                              _precision(model)])
+                              _precision(model)] + ([run_kinds] if kinds is not None else []))
     _write(suite, _partition(m, "attack", modality, level), rows, fp)
     summary.total_seconds = time.perf_counter() - t0
     return _summarize(rows, summary)
