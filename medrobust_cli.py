@@ -383,7 +383,7 @@ def list_perturbations_cmd(
 
 
 def perturbation_table_markdown(df: Any) -> str:
-    """The README table (kept in sync by a test)."""
+    """The perturbation table of docs/perturbations.md (kept in sync by a test)."""
     cols = ["name", "family", "modalities", "geometry", "strength", "reference"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in df[cols].to_dict("records"):
