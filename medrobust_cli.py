@@ -516,7 +516,7 @@ def wrapped_table(rows: list[dict[str, Any]], columns: list[str], notes: list[st
 
 
 def perturbation_table_markdown(df: Any) -> str:
-    """The README table (kept in sync by a test)."""
+    """The perturbation table of docs/perturbations.md (kept in sync by a test)."""
     cols = ["name", "family", "modalities", "geometry", "strength", "reference"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in df[cols].to_dict("records"):

@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Libraries that must stay out of the definitions import path (DESIGN.md section 7).
+# Libraries that must stay out of the definitions import path (docs/design.md, section 7).
 HEAVY = ("torch", "torchvision", "peft", "segment_anything", "transformers", "torchmetrics", "mlflow",
          "duckdb", "pandas", "pyarrow", "cv2", "scipy", "skimage", "matplotlib")
 

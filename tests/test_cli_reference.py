@@ -1,4 +1,4 @@
-"""The README's CLI reference is the CLI's own --help text (tools/gen_cli_reference.py)."""
+"""docs/cli.md's CLI reference is the CLI's own --help text (tools/gen_cli_reference.py)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ def _generator() -> ModuleType:
     return mod
 
 
-def test_readme_cli_reference_matches_the_cli() -> None:
+def test_docs_cli_reference_matches_the_cli() -> None:
     gen = _generator()
-    section = gen.readme_section((ROOT / "README.md").read_text(encoding="utf-8"))
-    assert section == gen.cli_reference(), "README drifted from the CLI: run python tools/gen_cli_reference.py"
+    section = gen.page_section((ROOT / "docs" / "cli.md").read_text(encoding="utf-8"))
+    assert section == gen.cli_reference(), "docs/cli.md drifted from the CLI: run python tools/gen_cli_reference.py"
 
 
 def test_reference_covers_every_command_and_option() -> None:

@@ -1,4 +1,4 @@
-"""The house's import rules (README "Layout"), checked from the source with ``ast``.
+"""The house's import rules (docs/design.md, section 2 "Layout"), checked from the source with ``ast``.
 
 - no import cycle between modules, nor between packages of ``medrobust_lib`` (module-level,
   function-level and ``TYPE_CHECKING`` imports all count);

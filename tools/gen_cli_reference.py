@@ -1,9 +1,9 @@
-"""Generate the README's CLI reference from the CLI itself.
+"""Generate the CLI reference (docs/cli.md) from the CLI itself.
 
-``python tools/gen_cli_reference.py`` rewrites the part of README.md between the markers
+``python tools/gen_cli_reference.py`` rewrites the part of docs/cli.md between the markers
 ``<!-- cli-reference:start -->`` and ``<!-- cli-reference:end -->`` with the ``--help`` text of
 every ``medrobust`` command (plain click formatting, 100 columns); ``--check`` only compares and
-exits 1 when they differ. ``tests/test_cli_reference.py`` fails when README and CLI drift.
+exits 1 when they differ. ``tests/test_cli_reference.py`` fails when docs/cli.md and the CLI drift.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import typer.main
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
+PAGE = ROOT / "docs" / "cli.md"
 START = "<!-- cli-reference:start -->"
 END = "<!-- cli-reference:end -->"
 WIDTH = 100
@@ -49,10 +49,10 @@ def cli_reference() -> str:
     return "\n".join(parts)
 
 
-def readme_section(text: str) -> str:
+def page_section(text: str) -> str:
     """The text between the markers (without them); ValueError when they are missing."""
     if text.count(START) != 1 or text.count(END) != 1:
-        raise ValueError(f"README needs exactly one {START} and one {END}")
+        raise ValueError(f"{PAGE.name} needs exactly one {START} and one {END}")
     return text.split(START, 1)[1].split(END, 1)[0].strip("\n")
 
 
@@ -60,18 +60,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="compare only; exit 1 on drift")
     a = ap.parse_args()
-    text = README.read_text(encoding="utf-8")
+    text = PAGE.read_text(encoding="utf-8")
     new = cli_reference()
-    if readme_section(text) == new:
-        print("README CLI reference is up to date")
+    if page_section(text) == new:
+        print("docs/cli.md is up to date")
         return 0
     if a.check:
-        print("README CLI reference differs from the CLI: run python tools/gen_cli_reference.py")
+        print("docs/cli.md differs from the CLI: run python tools/gen_cli_reference.py")
         return 1
     head, rest = text.split(START, 1)
     tail = rest.split(END, 1)[1]
-    README.write_text(f"{head}{START}\n{new}\n{END}{tail}", encoding="utf-8")
-    print(f"rewrote the CLI reference in {README}")
+    PAGE.write_text(f"{head}{START}\n{new}\n{END}{tail}", encoding="utf-8")
+    print(f"rewrote the CLI reference in {PAGE}")
     return 0
 
 

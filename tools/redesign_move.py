@@ -1,4 +1,4 @@
-"""One-off: move modules to the house plan (DESIGN.md section 2) and rewrite every reference.
+"""One-off: move modules to the house plan (docs/design.md, section 2) and rewrite every reference.
 
 Idempotent: a move whose source is gone and target exists is skipped; references are rewritten in
 every tracked text file (Python imports in all their forms, dotted paths in strings such as

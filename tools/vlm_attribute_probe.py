@@ -11,7 +11,7 @@ configs/demo.yaml --select datasets``)::
 to the training images; ``--position-std`` and ``--tower-steps`` apply the demo recipe's position
 init and supervised tower stage (:mod:`medrobust_lib.demo.vision_pretrain`). Side and height
 questions are counted separately. A constant answer scores about 0.5 on side, height and size:
-that is what the tiny LLaVA does without the tower stage (see the README's VLM section).
+that is what the tiny LLaVA does without the tower stage (see docs/vlm.md).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ def build_marts(extra_deps: list[Any]) -> dg.AssetsDefinition:
         description="DuckDB mart var/marts.duckdb, rebuilt whole from the Parquet results by this single writer "
                     "(temporary file + atomic replace): tables clean_samples, perturbation_manifest, "
                     "segmentation_results/_stats, vlm_results/_stats, taxonomy_results and its stats, "
-                    "strategy_ranking_stats, plus a view per summary (README: Mart schema).",
+                    "strategy_ranking_stats, plus a view per summary (docs/mart-schema.md).",
     )
     def marts(context: dg.AssetExecutionContext, suite: SuiteResource) -> dg.MaterializeResult:
         s = suite.load()

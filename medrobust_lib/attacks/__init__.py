@@ -1,4 +1,4 @@
-"""Adversarial attacks in pixel space (DESIGN.md section 5)."""
+"""Adversarial attacks in pixel space (docs/design.md, section 5)."""
 
 from __future__ import annotations
 

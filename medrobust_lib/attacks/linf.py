@@ -1,4 +1,4 @@
-"""L-infinity FGSM and PGD against prompt-conditioned segmentation (DESIGN.md section 5).
+"""L-infinity FGSM and PGD against prompt-conditioned segmentation (docs/design.md, section 5).
 
 Threat model and conventions:
 

@@ -1,7 +1,7 @@
 """Presets for the 2-D image + mask layouts of the MedFM-Robust reference datasets.
 
 ``hyper_kvasir``, ``brain_tumor_kaggle`` and ``glaucoma`` read the folders as their publishers
-ship them (the layouts are listed in each reader's ``layout`` and in the README's dataset table)
+ship them (the layouts are listed in each reader's ``layout`` and in the dataset table of docs/own-data.md)
 and load through :func:`~medrobust_lib.data.readers_folder.load_pair`, so every rule of
 :mod:`medrobust_lib.data.readers` (mask size check, empty masks, resizing, boxes from the resized
 mask) applies unchanged. A missing layout file or folder is a ``FileNotFoundError`` that names it.

@@ -1,4 +1,4 @@
-"""Caption metrics without Java (DESIGN.md section 5): PTB-style tokenizer, BLEU-1..4, ROUGE-L, CIDEr-D.
+"""Caption metrics without Java (docs/design.md, section 5): PTB-style tokenizer, BLEU-1..4, ROUGE-L, CIDEr-D.
 
 The scores reproduce pycocoevalcap 1.2 (``Bleu(4)``, ``Rouge()``, ``Cider()``) on the same token
 strings, to floating-point round-off; the implementation is our own, written against the formulas

@@ -1,4 +1,4 @@
-"""Overlap metrics on binarised masks (DESIGN.md section 5).
+"""Overlap metrics on binarised masks (docs/design.md, section 5).
 
 A pixel is foreground when its probability is strictly greater than :data:`THRESHOLD` (0.5), the
 same rule as :mod:`medrobust_lib.models.base`. IoU = |P & G| / |P | G| and Dice = 2 |P & G| /

@@ -1,4 +1,4 @@
-"""Statistics for robustness comparisons (DESIGN.md section 5), plain numpy/scipy.
+"""Statistics for robustness comparisons (docs/design.md, section 5), plain numpy/scipy.
 
 * Bootstrap CIs over samples: percentile bootstrap, ``n_boot`` resamples drawn at once as an index
   matrix (n_boot, n) from the caller's ``np.random.Generator`` (no global RNG).

@@ -12,7 +12,7 @@ challenge release, ``bowang-lab/MedSAM`` branch ``LiteMedSAM``):
   input 256 x 256) and ``MaskDecoder`` (two-way transformer, depth 2, 256 wide), single-mask output,
   low-resolution logits (B, 1, 256, 256).
 
-How the model is built (README, "LiteMedSAM"): the TinyViT comes from the package's public
+How the model is built (docs/litemedsam.md): the TinyViT comes from the package's public
 ``build_lite_medsam()`` (the module the checkpoint was trained with; no re-implementation to prove
 equal), and the prompt encoder and mask decoder are segment-anything's own classes, so the family
 shares the SAM family's decoder, attacks, fine-tuning strategies and metrics

@@ -86,7 +86,7 @@ ARCHS: dict[str, SamArch] = {
     "vit_b": SamArch(768, 12, 12, (2, 5, 8, 11)),
     "vit_l": SamArch(1024, 24, 16, (5, 11, 17, 23)),
     "vit_h": SamArch(1280, 32, 16, (7, 15, 23, 31)),
-    # Demo architecture (DESIGN.md section 4): a 64-wide, 2-block encoder at 256 px.
+    # Demo architecture (docs/design.md, section 4): a 64-wide, 2-block encoder at 256 px.
     "tiny": SamArch(64, 2, 2, (1,), image_size=256, prompt_embed_dim=64, window_size=0, use_rel_pos=False,
                     decoder_depth=2, decoder_mlp_dim=256, decoder_num_heads=2, iou_head_hidden_dim=64,
                     mask_in_chans=8),
@@ -283,9 +283,9 @@ class SamSegmenter:
     eval mode): run a bf16 copy of the encoder instead (bf16 weights, activations and residual
     stream), rebuilt whenever a parameter of the fp32 encoder changes in place (an optimiser step,
     ``load_state_dict``). Off by default: on an H200 (ViT-B 1024 px) it was no faster than autocast
-    (154-158 vs 159-163 img/s eager, 286 vs 288 compiled) and no closer to the fp32 masks (README,
-    performance). ``compile_mode``: ``torch.compile`` the image
-    encoder (no-grad evaluation only; one compiled module per process, reused across partitions).
+    (154-158 vs 159-163 img/s eager, 286 vs 288 compiled) and no closer to the fp32 masks.
+    ``compile_mode``: ``torch.compile`` the image encoder (no-grad evaluation only; one compiled
+    module per process, reused across partitions).
 
     ``mask_selection``: ``single`` (the single-mask output, mask token 0) or ``best_iou`` (the
     three multimask outputs, keeping the one with the highest predicted IoU, per box, as

@@ -1,4 +1,4 @@
-"""Per-image SSIM calibration of perturbation strength (DESIGN.md section 3).
+"""Per-image SSIM calibration of perturbation strength (docs/design.md, section 3).
 
 For one (image, type, level) the strength is searched so that SSIM(clean, perturbed) lands in the
 level's band; every returned output has been evaluated and checked against the band.

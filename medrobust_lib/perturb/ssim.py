@@ -1,4 +1,4 @@
-"""Structural similarity with the house settings (DESIGN.md section 3).
+"""Structural similarity with the house settings (docs/design.md, section 3).
 
 Uniform 7x7 window, K1 = 0.01, K2 = 0.03, data_range = 1.0, sample covariance (N / (N - 1)), the
 mean taken over the valid interior (a 3-pixel border is cropped) and then over channels: the

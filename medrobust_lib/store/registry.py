@@ -1,4 +1,4 @@
-"""The MLflow model registry for segmentation checkpoints (DESIGN.md section 6).
+"""The MLflow model registry for segmentation checkpoints (docs/design.md, section 6).
 
 A fine-tuned checkpoint folder (``model.safetensors`` + ``config.json``, as written by
 ``finetune.train.save_checkpoint``) is logged as the ``checkpoint`` artifact folder of a run and

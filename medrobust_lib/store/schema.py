@@ -1,8 +1,7 @@
 """The one definition of every results table and mart table: columns, SQL types, meaning.
 
 Every table is a :class:`MartTable` in :data:`MART_TABLES` (name, (column, DuckDB type) pairs, a
-description); the mart's DDL is generated from it (:mod:`medrobust_lib.store.marts`), the README's
-mart-schema section is checked against it (``tests/store/test_mart_docs.py``), and every Parquet
+description); the mart's DDL is generated from it (:mod:`medrobust_lib.store.marts`), docs/mart-schema.md is checked against it (``tests/store/test_mart_docs.py``), and every Parquet
 chunk a table writes carries the Arrow schema derived from it (:func:`arrow_schema`, used by
 :func:`medrobust_lib.store.results.write_chunk`), so a reader can read a table's folder as one table
 (no all-null chunk typed ``null``).
@@ -170,7 +169,7 @@ COMPLETENESS_COLUMNS: tuple[tuple[str, str], ...] = (
 @dataclass(frozen=True)
 class MartTable:
     """A table loaded from ``<results_dir>/<name>/**/*.parquet``; ``columns`` (name, SQL type)
-    fix its schema and order, which are stable and documented in the README."""
+    fix its schema and order, which are stable and documented in docs/mart-schema.md."""
 
     name: str
     columns: tuple[tuple[str, str], ...]

@@ -1,4 +1,4 @@
-"""Grounding: parse a box from model text, detect its coordinate scale, score IoU (DESIGN.md section 5).
+"""Grounding: parse a box from model text, detect its coordinate scale, score IoU (docs/design.md, section 5).
 
 Boxes are XYXY ``(x0, y0, x1, y1)`` floats, x along the width. Pixel boxes use continuous
 coordinates with an exclusive end: a box covering columns 0..9 is ``x0=0, x1=10``; area is

@@ -1,4 +1,4 @@
-"""VQA prompts and answer extraction (DESIGN.md section 5).
+"""VQA prompts and answer extraction (docs/design.md, section 5).
 
 Multiple choice always *shows* the options, one per line as ``A. text``, and asks for the letter.
 Answers are parsed by the written rules of :func:`extract_choice`; refused and unparseable answers

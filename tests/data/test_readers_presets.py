@@ -195,13 +195,13 @@ def test_npy_single_medsam_slices(tmp_path: Path) -> None:
         index_dataset(cfg("flare", "npy_single", root, "ct", options={"mask_dir": "masks"}))
 
 
-def test_readme_dataset_examples_validate() -> None:
-    """The README's example suite entries for these presets are valid DatasetConfigs."""
+def test_docs_dataset_examples_validate() -> None:
+    """docs/own-data.md's example suite entries for these presets are valid DatasetConfigs."""
     import yaml
 
     from medrobust_lib.data.dataset import DatasetConfig
 
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "own-data.md").read_text()
     start = text.index("- {name: hyper_kvasir")
     block = text[start:text.index("```", start)]
     entries = yaml.safe_load(block)

@@ -277,23 +277,23 @@ def test_adapter_state_dict_for_save() -> None:
                                    seg.forward_logits(x, boxes).numpy(), atol=1e-5)
 
 
-def _readme_tiny_counts() -> dict[str, int]:
-    """The tiny-SAM column of the README's strategy table (``| `name` | trains | tiny / ViT-B |``)."""
+def _docs_tiny_counts() -> dict[str, int]:
+    """The tiny-SAM column of docs/finetuning.md's strategy table (``| `name` | trains | tiny / ViT-B |``)."""
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    page = (Path(__file__).resolve().parents[2] / "docs" / "finetuning.md").read_text()
     out: dict[str, int] = {}
     for name in STRATEGIES:
-        row = re.search(rf"^\| `{name}` \|.*\| ([\d,]+)(?: \(N = \d+\))? / [^|]+\|$", readme, re.M)
-        assert row, f"README strategy table has no row for {name}"
+        row = re.search(rf"^\| `{name}` \|.*\| ([\d,]+)(?: \(N = \d+\))? / [^|]+\|$", page, re.M)
+        assert row, f"docs/finetuning.md strategy table has no row for {name}"
         out[name] = int(row.group(1).replace(",", ""))
     return out
 
 
-def test_readme_trainable_counts_agree() -> None:
-    """The README's tiny-SAM trainable counts are what apply_strategy reports (encoder_partial N=1,
+def test_docs_trainable_counts_agree() -> None:
+    """docs/finetuning.md's tiny-SAM trainable counts are what apply_strategy reports (encoder_partial N=1,
     as the demo configures the 2-block encoder)."""
-    readme = _readme_tiny_counts()
+    documented = _docs_tiny_counts()
     for name in STRATEGIES:
         _, rep = _applied(name)
-        assert rep.n_trainable == readme[name], name
+        assert rep.n_trainable == documented[name], name

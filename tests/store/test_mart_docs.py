@@ -1,4 +1,4 @@
-"""The README's ``## Mart schema`` section stays true to the mart.
+"""The ``## Mart schema`` section of docs/mart-schema.md stays true to the mart.
 
 Every table of ``MART_TABLES`` is documented with exactly its declared column names and SQL types in
 declared order, every view of ``MART_VIEWS`` is documented, nothing unknown is documented, a freshly
@@ -17,7 +17,7 @@ import pytest
 from medrobust_lib.store.marts import MART_TABLES, MART_VIEWS, build_mart, connect_readonly
 from medrobust_lib.store.query import check_read_only
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "mart-schema.md"
 SECTION_HEADING = "## Mart schema"
 TABLE_HEADING = re.compile(r"^### `([a-z_][a-z0-9_]*)`\s*$", re.MULTILINE)
 SUBSECTION = re.compile(r"^### ", re.MULTILINE)
@@ -32,7 +32,7 @@ def mart_schema_section(text: str) -> str:
     lines = text.splitlines()
     starts = [i for i, line in enumerate(lines) if line.rstrip() == SECTION_HEADING]
     if len(starts) != 1:
-        raise ValueError(f"README needs exactly one line '{SECTION_HEADING}', found {len(starts)}")
+        raise ValueError(f"docs/mart-schema.md needs exactly one line '{SECTION_HEADING}', found {len(starts)}")
     body = lines[starts[0] + 1:]
     end = next((i for i, line in enumerate(body) if line.startswith("## ")), len(body))
     return "\n".join(body[:end])
@@ -103,7 +103,7 @@ def _only_comments(sql: str) -> bool:
 
 @pytest.fixture(scope="module")
 def section() -> str:
-    return mart_schema_section(README.read_text(encoding="utf-8"))
+    return mart_schema_section(PAGE.read_text(encoding="utf-8"))
 
 
 @pytest.fixture(scope="module")
@@ -117,11 +117,11 @@ def empty_mart(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_every_table_is_documented_with_its_declared_columns_in_order(section: str) -> None:
     docs = documented_tables(section)
-    assert sorted(set(DECLARED) - set(docs)) == [], "tables of MART_TABLES missing from the README"
-    assert sorted(set(docs) - set(DECLARED)) == [], "README documents tables the mart does not have"
+    assert sorted(set(DECLARED) - set(docs)) == [], "tables of MART_TABLES missing from docs/mart-schema.md"
+    assert sorted(set(docs) - set(DECLARED)) == [], "docs/mart-schema.md documents tables the mart does not have"
     for name, cols in DECLARED.items():
         assert docs[name] == cols, (
-            f"README columns of {name} differ from MART_TABLES (names, SQL types and order must match):\n"
+            f"docs/mart-schema.md columns of {name} differ from MART_TABLES (names, SQL types and order must match):\n"
             f"documented {docs[name]}\ndeclared   {cols}")
 
 
@@ -132,8 +132,8 @@ def test_tables_are_documented_in_declaration_order(section: str) -> None:
 def test_every_view_is_documented_once_and_none_unknown(section: str) -> None:
     views = documented_views(section)
     assert len(views) == len(set(views)), f"views documented twice: {sorted({v for v in views if views.count(v) > 1})}"
-    assert sorted(set(MART_VIEWS) - set(views)) == [], "views of MART_VIEWS missing from the README"
-    assert sorted(set(views) - set(MART_VIEWS)) == [], "README documents views the mart does not have"
+    assert sorted(set(MART_VIEWS) - set(views)) == [], "views of MART_VIEWS missing from docs/mart-schema.md"
+    assert sorted(set(views) - set(MART_VIEWS)) == [], "docs/mart-schema.md documents views the mart does not have"
 
 
 def test_section_states_the_contract(section: str) -> None:
@@ -174,7 +174,7 @@ def test_example_queries_are_read_only_and_run_on_the_empty_mart(section: str, e
             try:
                 con.execute(sql).fetchall()
             except duckdb.Error as exc:
-                pytest.fail(f"README example query fails on the mart: {exc}\n{sql}")
+                pytest.fail(f"docs/mart-schema.md example query fails on the mart: {exc}\n{sql}")
     finally:
         con.close()
 
