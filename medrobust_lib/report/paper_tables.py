@@ -18,7 +18,13 @@ from medrobust_lib.report.table import FLOOR_MARK, Column, ReportTable
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store.completeness import COMPLETENESS_TABLE, complete_filter_sql
 from medrobust_lib.store.coverage import CHANCE_TOL, SEG_FLOOR, VLM_CHANCE, seg_rows_ctes
-from medrobust_lib.store.schema import QUADRANTS, RANKING_VIEW
+from medrobust_lib.store.schema import (
+    QUADRANTS,
+    RANKING_VIEW,
+    SEG_NO_MASK,
+    SEG_NOT_APPLICABLE,
+    seg_failed_sql,
+)
 from medrobust_lib.store.summary_views import ALL_SUFFIX
 
 STRATEGY_VIEW = RANKING_VIEW
@@ -95,7 +101,8 @@ def segmentation_summary(con: duckdb.DuckDBPyConnection, models: Sequence[str] |
     each type's mean paired drop (clean - perturbed; positive = worse; the mart's ``Delta`` row);
     ``attack_*_drop``: the same mean over the attack types (FGSM, PGD; all eps levels);
     ``n_corruption_types``, ``n_attack_types``; ``n_images`` (clean rows), ``n`` (all result rows,
-    every condition) and ``n_failed`` (rows whose status is not ``ok``).
+    every condition), ``n_failed`` (rows that failed), ``n_not_applicable`` and ``n_no_mask`` (rows
+    that are neither scored nor failures; :data:`~medrobust_lib.store.schema.SEG_NOT_SCORED`).
 
     Coverage: ``levels`` (the evaluated severity levels, e.g. ``2,4``) and ``n_conditions``
     (distinct non-clean (condition, perturbation, level)) from ``segmentation_coverage``; rows with
@@ -135,7 +142,9 @@ def segmentation_summary(con: duckdb.DuckDBPyConnection, models: Sequence[str] |
         nfl as (select model, checkpoint, strategy, n_floor as n_floor_datasets from floor_model),
         counts as (
             select model, checkpoint, strategy, count(*) filter (where condition = 'clean') as n_images,
-                   count(*) as n, count(*) filter (where status <> 'ok') as n_failed
+                   count(*) as n, count(*) filter (where {seg_failed_sql()}) as n_failed,
+                   count(*) filter (where status = '{SEG_NOT_APPLICABLE}') as n_not_applicable,
+                   count(*) filter (where status = '{SEG_NO_MASK}') as n_no_mask
             from segmentation_results where {where} group by model, checkpoint, strategy)
         select c.model, c.checkpoint, c.strategy, cl.clean_iou, p.corruption_iou_drop,
                p.corruption_iou_drop / nullif(cl.clean_iou, 0) as corruption_iou_rel_drop,
@@ -145,6 +154,7 @@ def segmentation_summary(con: duckdb.DuckDBPyConnection, models: Sequence[str] |
                p.attack_dice_drop, p.attack_dice_drop / nullif(cl.clean_dice, 0) as attack_dice_rel_drop,
                coalesce(p.n_corruption_types, 0) as n_corruption_types,
                coalesce(p.n_attack_types, 0) as n_attack_types, c.n_images, c.n, c.n_failed,
+               c.n_not_applicable, c.n_no_mask,
                coalesce(cv.levels, '') as levels, coalesce(cv.n_conditions, 0) as n_conditions,
                coalesce(nfl.n_floor_datasets, 0) as n_floor_datasets,
                coalesce(cl.floor_effect, false) as floor_effect
@@ -155,7 +165,8 @@ def segmentation_summary(con: duckdb.DuckDBPyConnection, models: Sequence[str] |
         order by c.model, c.strategy, c.checkpoint""", {"include_floor": include_floor, **_named(params)}).df()
     if df.empty:
         return "no segmentation_results rows for the selected models"
-    for c in ("n_corruption_types", "n_attack_types", "n_images", "n", "n_failed", "n_conditions",
+    for c in ("n_corruption_types", "n_attack_types", "n_images", "n", "n_failed", "n_not_applicable", "n_no_mask",
+              "n_conditions",
               "n_floor_datasets"):
         df[c] = df[c].astype("int64")
     cols = [Column("Model", "model"), *_identity_columns(df, "model", [("strategy", "Strategy"),
@@ -169,7 +180,8 @@ def segmentation_summary(con: duckdb.DuckDBPyConnection, models: Sequence[str] |
             Column("Dice", "clean_dice", "float"),
             Column("ΔDice corr.", "corruption_dice_drop", "float"),
             Column("ΔDice att.", "attack_dice_drop", "float"),
-            Column("Images", "n_images", "int"), Column("n", "n", "int"), Column("Failed", "n_failed", "int")]
+            Column("Images", "n_images", "int"), Column("n", "n", "int"), Column("Failed", "n_failed", "int"),
+            Column("Not applicable", "n_not_applicable", "int"), Column("No mask", "n_no_mask", "int")]
     if int(df["n_floor_datasets"].sum()):
         cols.append(Column("Floor", "n_floor_datasets", "int"))
     notes = ["IoU (the primary metric) first, Dice alongside. IoU, Dice: clean scores. Δ: drops, clean minus "
@@ -179,7 +191,10 @@ def segmentation_summary(con: duckdb.DuckDBPyConnection, models: Sequence[str] |
              "over corruption types of each type's mean drop, attack drops (att.) the mean over FGSM and PGD at all "
              "eps. "
              "Levels: the evaluated severity levels; Cond.: perturbed conditions (type x level). n counts every "
-             "result row (images x conditions); failed rows are outside the means."]
+             "result row (images x conditions); Failed: rows that failed (error, perturbation error, mask moved out "
+             "of view); Not applicable: a type that does not apply to the image (e.g. an RGB-only type on a "
+             "grayscale image); No mask: images without a ground-truth mask. None of the three enters a mean; "
+             "only Failed counts as a failure."]
     levels = df["levels"].unique()
     if len(levels) > 1:
         cov = "; ".join(f"{m}: {lv or 'none'}" for m, lv in zip(df["model"], df["levels"], strict=True))

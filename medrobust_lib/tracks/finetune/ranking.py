@@ -21,7 +21,9 @@ strategy models ``<base>-<strategy>``, all evaluated on the same conditions (the
   reference row itself. Overlapping marginal CIs say little here: the images are shared, so the
   paired test is the one that separates strategies.
 
-Rows that are not ``ok`` are counted in ``n_failed`` and never enter a mean.
+Rows that are not ``ok`` never enter a mean: failures are counted in ``n_failed``, rows of a type
+that does not apply to the sample in ``n_not_applicable`` and rows of samples without a mask in
+``n_no_mask`` (the last two are not failures).
 
 Floors and coverage (the rule of :func:`medrobust_lib.store.coverage.seg_rows_ctes`): by default
 (``with_floor`` false) the rows of a dataset whose clean IoU or Dice is below ``SEG_FLOOR`` for that
@@ -46,7 +48,13 @@ from medrobust_lib.metrics.stats import benjamini_hochberg, bootstrap_ci, paired
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store import results
 from medrobust_lib.store.coverage import SEG_FLOOR
-from medrobust_lib.store.schema import RANKING_COLUMNS, RANKING_TABLE
+from medrobust_lib.store.schema import (
+    RANKING_COLUMNS,
+    RANKING_TABLE,
+    SEG_NO_MASK,
+    SEG_NOT_APPLICABLE,
+    seg_failed,
+)
 from medrobust_lib.store.summary_views import FLOOR_NOTE, LEVELS_NOTE, LEVELS_NOTE_TAIL
 
 KINDS: dict[str, tuple[str, ...]] = {"corruption": ("perturbation",), "attack": ("fgsm", "pgd")}
@@ -100,7 +108,9 @@ def _record(model_id: str, g: pd.DataFrame, kind: str, base: str, strategy: str,
         "model": base, "strategy": strategy, "evaluated_as": model_id,
         "checkpoint": ",".join(sorted(g["checkpoint"].astype(str).unique())), "kind": kind,
         "n_samples": len(per), "n_conditions": int(ok.groupby(["condition", "perturbation", "level"]).ngroups),
-        "n_rows": len(k), "n_failed": int((k["status"] != "ok").sum()),
+        "n_rows": len(k), "n_failed": int(k["status"].map(seg_failed).sum()),
+        "n_not_applicable": int((k["status"] == SEG_NOT_APPLICABLE).sum()),
+        "n_no_mask": int((k["status"] == SEG_NO_MASK).sum()),
         "clean_iou": float(cl["iou"].mean()) if len(per) else float("nan"),
         "clean_dice": float(cl["dice"].mean()) if len(per) else float("nan"),
         "n_trainable": (n_trainable or {}).get(model_id),

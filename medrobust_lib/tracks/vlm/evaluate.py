@@ -35,7 +35,7 @@ from medrobust_lib.data.sample import Sample
 from medrobust_lib.store import rerun, results
 from medrobust_lib.store.completeness import ERROR_OUTCOME
 from medrobust_lib.store.schema import VLM_COLUMN_NAMES as COLUMN_NAMES
-from medrobust_lib.store.schema import VLM_TABLE
+from medrobust_lib.store.schema import VLM_TABLE, excluded_outcome
 from medrobust_lib.tasks.judge import judge_mc
 from medrobust_lib.tasks.scoring import score_captions, score_grounding, score_mc, score_yes_no
 from medrobust_lib.tracks.vlm.items import DroppedRecord, VLMItem, box_in_sample, load_items, prompt_for
@@ -408,7 +408,7 @@ def evaluate_perturbed(suite: Suite, model_id: str, modality: str, level: int, r
         if mr["status"] != "ok":
             for it in by[key]:
                 r = _row(it, base, runner)
-                r.update(outcome="excluded:perturbation_error", error=str(mr.get("error")))
+                r.update(outcome=excluded_outcome(str(mr["status"])), error=str(mr.get("error")))
                 rows.append(r)
             continue
         try:
