@@ -176,7 +176,7 @@ RANKING_COLUMNS: tuple[tuple[str, str], ...] = (
     ("n_failed", "INTEGER"), ("n_not_applicable", "INTEGER"), ("n_no_mask", "INTEGER"), ("mean_iou_drop", "DOUBLE"), ("iou_drop_ci_low", "DOUBLE"),
     ("iou_drop_ci_high", "DOUBLE"), ("mean_dice_drop", "DOUBLE"), ("dice_drop_ci_low", "DOUBLE"),
     ("dice_drop_ci_high", "DOUBLE"), ("clean_iou", "DOUBLE"), ("clean_dice", "DOUBLE"),
-    ("n_trainable", "BIGINT"), ("rank", "INTEGER"), ("ref_strategy", "VARCHAR"), ("n_pairs", "INTEGER"),
+    ("n_trainable", "BIGINT"), ("rank", "INTEGER"), ("tied", "BOOLEAN"), ("ref_strategy", "VARCHAR"), ("n_pairs", "INTEGER"),
     ("iou_drop_diff", "DOUBLE"), ("iou_drop_diff_ci_low", "DOUBLE"), ("iou_drop_diff_ci_high", "DOUBLE"),
     ("wilcoxon_p", "DOUBLE"), ("wilcoxon_q", "DOUBLE"), ("levels", "VARCHAR"), ("n_datasets", "INTEGER"),
     ("n_floor_excluded", "INTEGER"), ("floor_effect", "BOOLEAN"), ("with_floor", "BOOLEAN"), ("note", "VARCHAR"),
