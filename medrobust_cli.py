@@ -384,7 +384,7 @@ def list_perturbations_cmd(
 
 def perturbation_table_markdown(df: Any) -> str:
     """The README table (kept in sync by a test)."""
-    cols = ["name", "family", "modalities", "geometry", "strength", "reference"]
+    cols = ["name", "family", "modalities", "geometry", "channels", "strength", "reference"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in df[cols].to_dict("records"):
         lines.append("| " + " | ".join(str(r[c]).replace("|", "/") for c in cols) + " |")
