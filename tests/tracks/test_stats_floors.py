@@ -168,3 +168,12 @@ def test_strategies_with_overlapping_cis_are_ties() -> None:
     # the paired comparison with the reference also stops below the floor (4 pairs)
     assert c.loc["small", "n_pairs"] == 4 and pd.isna(c.loc["small", "wilcoxon_p"])
     assert math.isfinite(c.loc["decoder", "wilcoxon_p"])
+
+
+def test_the_strategy_figure_says_tie_and_small_n() -> None:
+    from medrobust_lib.report.figures.paper import _strategy_label
+
+    rows = pd.DataFrame({"strategy": ["full", "lora", "small", "decoder"], "tied": [True, True, None, False],
+                         "mean_iou_drop": [0.16, 0.165, 0.1, 0.4], "iou_drop_ci_low": [0.15, 0.155, np.nan, 0.39]})
+    assert [_strategy_label(rows, s) for s in ("full", "lora", "small", "decoder", "other")] == [
+        "full (tie)", "lora (tie)", "small (no CI: small n)", "decoder", "other"]
