@@ -41,7 +41,7 @@ the same (model, kind, levels) together, and ``note`` says when a group mixes le
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -181,18 +181,21 @@ def tie_groups(est: pd.Series, low: pd.Series, high: pd.Series) -> pd.Series:
     overlap, directly or through a chain of overlapping intervals, share one rank: that of the
     best row of their group (the number of rows in better groups + 1). Every row needs finite
     bounds. Returns the ranks (int64) on ``est``'s index."""
-    order = sorted(est.index, key=lambda i: (float(low[i]), float(est[i])))
-    groups: list[list[object]] = []
+    e = {i: float(v) for i, v in est.items()}
+    lo = {i: float(v) for i, v in low.items()}
+    hi = {i: float(v) for i, v in high.items()}
+    order = sorted(e, key=lambda i: (lo[i], e[i]))
+    groups: list[list[Hashable]] = []
     reach = float("-inf")
     for i in order:
-        if groups and float(low[i]) <= reach:
+        if groups and lo[i] <= reach:
             groups[-1].append(i)
-            reach = max(reach, float(high[i]))
+            reach = max(reach, hi[i])
         else:
             groups.append([i])
-            reach = float(high[i])
-    groups.sort(key=lambda g: min(float(est[i]) for i in g))
-    ranks: dict[object, int] = {}
+            reach = hi[i]
+    groups.sort(key=lambda g: min(e[i] for i in g))
+    ranks: dict[Hashable, int] = {}
     before = 0
     for g in groups:
         for i in g:
