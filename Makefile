@@ -35,10 +35,11 @@ typecheck: $(STAMP)
 test: $(STAMP) lint typecheck
 	$(VENV)/bin/pytest -q
 
-# Dagster UI on 127.0.0.1:3000 (set -m so the process group answers Ctrl-C).
+# Dagster UI + daemon on 127.0.0.1:3000, under a supervisor (medrobust_assets/ui.py) that stops the
+# whole dagster dev process group within 5 s of the first Ctrl-C or SIGTERM.
 ui: $(STAMP)
 	@mkdir -p var
-	set -m; $(VENV)/bin/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
+	$(PY) -m medrobust_assets.ui -h 127.0.0.1 -p 3000 -w workspace.yaml
 
 mlflow-ui: $(STAMP)
 	$(VENV)/bin/mlflow ui --host 127.0.0.1 --port 5000 \

@@ -517,7 +517,7 @@ def wrapped_table(rows: list[dict[str, Any]], columns: list[str], notes: list[st
 
 def perturbation_table_markdown(df: Any) -> str:
     """The perturbation table of docs/perturbations.md (kept in sync by a test)."""
-    cols = ["name", "family", "modalities", "geometry", "strength", "reference"]
+    cols = ["name", "family", "modalities", "geometry", "channels", "strength", "reference"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in df[cols].to_dict("records"):
         lines.append("| " + " | ".join(str(r[c]).replace("|", "/") for c in cols) + " |")

@@ -2,6 +2,7 @@
 alias) launches its evaluation; a finished evaluation rebuilds the mart."""
 
 import json
+from collections.abc import Collection
 from typing import Any
 
 import dagster as dg
@@ -19,24 +20,32 @@ marts_job = dg.define_asset_job("marts_job", selection=dg.AssetSelection.assets(
                                 description="Rebuild the DuckDB mart from the Parquet results.")
 
 
-def registry_requests(snapshot: dict[str, dict[str, Any]], cursor: str | None) -> tuple[list[dg.RunRequest], list[str], str]:
+def registry_requests(snapshot: dict[str, dict[str, Any]], cursor: str | None,
+                      evaluated: Collection[str] = ()) -> tuple[list[dg.RunRequest], list[str], str]:
     """Pure core of the registry sensor: ``(run requests, new partition keys, new cursor)``.
 
     ``snapshot``: ``medrobust_lib.store.registry.snapshot()``. The cursor (JSON) holds, per
     registered model, the versions already launched and where ``candidate`` pointed. A version not
-    in the cursor is launched with run key ``<name>:<version>``; a ``candidate`` alias moved onto a
-    version launched before re-launches it once with run key ``<name>:<version>:candidate``
-    (the gate then compares it with the champion of that moment)."""
+    in the cursor is launched with run key ``<name>:<version>``, unless its partition key is in
+    ``evaluated`` (the partitions of ``registry_evaluation`` the instance already holds a
+    materialization of, e.g. from ``medrobust demo``'s own registry loop): it is then only added to
+    the cursor, so a daemon that starts after the demo (``make ui``) redoes nothing. A ``candidate``
+    alias moved onto a version launched before re-launches it once with run key
+    ``<name>:<version>:candidate`` (the gate then compares it with the champion of that moment); a
+    model the cursor has never seen has no previous alias, so nothing moved."""
     state: dict[str, dict[str, Any]] = json.loads(cursor) if cursor else {}
+    done = set(evaluated)
     requests: list[dg.RunRequest] = []
     new_keys: list[str] = []
     for name, info in snapshot.items():
-        seen = set(state.get(name, {}).get("versions", []))
-        old_candidate = state.get(name, {}).get("candidate")
         candidate = info["aliases"].get("candidate")
+        seen = set(state.get(name, {}).get("versions", []))
+        old_candidate = state[name].get("candidate") if name in state else candidate
         for v in info["versions"]:
             if v not in seen:
                 key = version_key(name, v)
+                if key in done:
+                    continue  # evaluated before this cursor existed: recorded below, not launched
                 new_keys.append(key)
                 requests.append(dg.RunRequest(run_key=key, partition_key=key,
                                               tags={"medrobust/registered_model": name,
@@ -51,13 +60,24 @@ def registry_requests(snapshot: dict[str, dict[str, Any]], cursor: str | None) -
     return requests, new_keys, json.dumps(state, sort_keys=True)
 
 
+REGISTRY_EVALUATION_KEY = dg.AssetKey("registry_evaluation")
+
+
+def evaluated_versions(instance: dg.DagsterInstance) -> set[str]:
+    """Partition keys (``<name>:<version>``) of ``registry_evaluation`` with a materialization in
+    ``instance``: the versions some run (the daemon's, ``medrobust demo``'s, the UI's) evaluated."""
+    return set(instance.get_materialized_partitions(REGISTRY_EVALUATION_KEY))
+
+
 @dg.sensor(job=registry_evaluation_job, minimum_interval_seconds=30,
            default_status=dg.DefaultSensorStatus.RUNNING,
-           description="Polls the MLflow model registry (models named medrobust-seg-*): every new version, and "
-                       "every move of the 'candidate' alias, launches registry_evaluation for that version.")
+           description="Polls the MLflow model registry (models named medrobust-seg-*): every new version not "
+                       "evaluated yet, and every move of the 'candidate' alias, launches registry_evaluation for "
+                       "that version (versions the instance already holds an evaluation of are not re-run).")
 def registry_sensor(context: dg.SensorEvaluationContext, tracking: TrackingResource) -> dg.SensorResult:
 
-    requests, new_keys, cursor = registry_requests(snapshot(REGISTRY_PREFIX, tracking.mlruns_dir), context.cursor)
+    requests, new_keys, cursor = registry_requests(snapshot(REGISTRY_PREFIX, tracking.mlruns_dir), context.cursor,
+                                                   evaluated_versions(context.instance))
     return dg.SensorResult(
         run_requests=requests, cursor=cursor,
         dynamic_partitions_requests=[REGISTERED_VERSIONS.build_add_request(new_keys)] if new_keys else [])

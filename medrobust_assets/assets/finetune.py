@@ -112,7 +112,8 @@ def finetune_family(base_id: str, strategies: list[str], base_checkpoint: Any) -
         ft = require_finetune(s)
         models = {f"{base_id}-{st}": (base_id, st) for st in ft.strategies}
         with tracking.run(context, s, "finetune_report") as run:
-            table = write_strategy_ranking(s.results_dir, models, strategy_params(s), s.seed)
+            table = write_strategy_ranking(s.results_dir, models, strategy_params(s), s.seed,
+                                           min_n=s.stats.min_n)
             bars = strategy_bars(table, suite_paths(s).reports / "finetune")
             tracking.log_files(run, bars, "ranking")
             tracking.log_text(run, table.to_csv(index=False), "ranking/strategy_ranking.csv")
@@ -151,7 +152,7 @@ def registry_evaluation(context: dg.AssetExecutionContext, suite: SuiteResource,
         meta = evaluate_version(s, name, version, tracking.mlruns_dir, reuse=not fresh, log=context.log.info)
         from medrobust_lib.tracks.segmentation.stats import write_model_stats
 
-        meta["n_stats_rows"] = len(write_model_stats(s.results_dir, meta["model_id"], s.seed))  # CIs in the views
+        meta["n_stats_rows"] = len(write_model_stats(s.results_dir, meta["model_id"], s.seed, s.stats.min_n))  # CIs in the views
         tracking.log_metrics(run, meta)
     yield dg.MaterializeResult(metadata=meta)
 

@@ -64,8 +64,9 @@ def perturbed_samples(context: dg.AssetExecutionContext, suite: SuiteResource,
 @dg.asset(
     group_name="perturbations", kinds={"python", "png"}, partitions_def=modality_partitions,
     deps=[dg.AssetDep(perturbed_samples, partition_mapping=by_modality)],
-    description="Gallery PNG per modality: every type (rows) at every level (columns) on one test image, "
-                "captioned with SSIM; logged to MLflow.",
+    description="Gallery PNG per modality: every type (rows) at each level the suite perturbs (columns: "
+                "perturbations.levels; the fast demo 2 and 4, demo_full 1-5) on one test image, captioned with "
+                "SSIM; logged to MLflow.",
 )
 def perturbation_gallery(context: dg.AssetExecutionContext, suite: SuiteResource,
                          tracking: TrackingResource) -> dg.MaterializeResult:

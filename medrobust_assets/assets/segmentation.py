@@ -145,7 +145,7 @@ def segmentation_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinit
 
         s = suite.load()
         with tracking.run(context, s, "segmentation_report") as run:
-            stats = write_segmentation_stats(s.results_dir, s.seed)
+            stats = write_segmentation_stats(s.results_dir, s.seed, s.stats.min_n)
             paths = robustness_curves(stats, suite_paths(s).reports / "segmentation")
             tracking.log_files(run, paths, "curves")
             examples = write_examples(s)

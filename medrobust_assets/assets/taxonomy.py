@@ -149,7 +149,7 @@ def taxonomy_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinition:
         out_dir = suite_paths(s).reports / "taxonomy"
         with tracking.run(context, s, "taxonomy_report") as run:
             stats, corr = tr.write_taxonomy_stats(s.results_dir, s.seed, s.taxonomy.abstention_tau,
-                                                  max_error_share=s.max_error_share)
+                                                  max_error_share=s.max_error_share, min_n=s.stats.min_n)
             from medrobust_lib.store.completeness import complete_rows
 
             rows = complete_rows(res.read_table(s.results_dir, TAXONOMY_TABLE), TAXONOMY_TABLE, s.max_error_share)

@@ -52,3 +52,19 @@ class WeightStorage(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     store_float16: bool = False
+
+
+DEFAULT_MIN_N = 5
+"""Smallest n a cell needs for a confidence interval or a p-value (``stats.min_n`` of a suite)."""
+MIN_X_POSITIONS = 3
+"""Fewest distinct x values a correlation needs: through two positions any line fits perfectly
+(|r| = 1 whatever the data), so below this no r, CI or p is reported."""
+
+
+class StatsConfig(BaseModel):
+    """How much data a statistic needs before it is shown (docs/statistics.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+    min_n: int = Field(default=DEFAULT_MIN_N, ge=2, description=(
+        "smallest n (images, pairs, samples or points) a cell needs for a bootstrap CI, a p / q value or a rank "
+        "among the fine-tuning strategies; below it the mean is shown without them and the table says why"))

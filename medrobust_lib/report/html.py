@@ -22,9 +22,12 @@ th { border-bottom: 2px solid #444; text-align: left; } td.num, th.num { text-al
 .scroll { overflow-x: auto; max-height: 36em; overflow-y: auto; }
 .note { font-size: 0.85em; color: #555; max-width: 60em; } .links { font-size: 0.85em; }
 figure { margin: 1.5em 0; } img { max-width: 100%; border: 1px solid #eee; }
-figcaption { font-size: 0.85em; color: #444; } dl.meta dt { font-weight: bold; float: left; width: 9em; }
-dl.meta dd { margin-left: 10em; } tr.floor td { color: #999; }
+figcaption { font-size: 0.85em; color: #444; } tr.floor td { color: #999; }
+dl.meta { display: grid; grid-template-columns: minmax(9em, 18em) minmax(0, 1fr); column-gap: 1em; row-gap: 0.2em; }
+dl.meta dt { font-weight: bold; } dl.meta dd { margin: 0; overflow-wrap: anywhere; }
 """
+"""``dl.meta`` is a two-column grid: a long label (e.g. "Left out ...") wraps inside its cell and its
+row grows, so nothing below it (the "Contents" heading) is overlapped, as a floated label did."""
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,20 @@ from medrobust_lib.report.table import FLOOR_MARK, Column, ReportTable
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store.completeness import COMPLETENESS_TABLE, complete_filter_sql
 from medrobust_lib.store.coverage import CHANCE_TOL, SEG_FLOOR, VLM_CHANCE, seg_rows_ctes
-from medrobust_lib.store.schema import QUADRANTS, RANKING_VIEW
+from medrobust_lib.store.schema import (
+    QUADRANTS,
+    RANKING_VIEW,
+    SEG_NO_MASK,
+    SEG_NOT_APPLICABLE,
+    seg_failed_sql,
+)
 from medrobust_lib.store.summary_views import ALL_SUFFIX
 
 STRATEGY_VIEW = RANKING_VIEW
+SMALL_N_TEXT = ("A drop without a CI or q: the cell has fewer images (pairs, samples) than the suite's stats.min_n "
+                "(default 5), too few for an interval or a test (docs/statistics.md).")
+"""The sentence under a table whose CIs and tests stop below the ``stats.min_n`` floor."""
+
 STRATEGY_COLUMNS: tuple[str, ...] = (
     "model", "strategy", "kind", "n_samples", "n_conditions", "mean_iou_drop", "iou_drop_ci_low",
     "iou_drop_ci_high", "mean_dice_drop", "dice_drop_ci_low", "dice_drop_ci_high", "clean_iou", "clean_dice",
@@ -95,7 +105,8 @@ def segmentation_summary(con: duckdb.DuckDBPyConnection, models: Sequence[str] |
     each type's mean paired drop (clean - perturbed; positive = worse; the mart's ``Delta`` row);
     ``attack_*_drop``: the same mean over the attack types (FGSM, PGD; all eps levels);
     ``n_corruption_types``, ``n_attack_types``; ``n_images`` (clean rows), ``n`` (all result rows,
-    every condition) and ``n_failed`` (rows whose status is not ``ok``).
+    every condition), ``n_failed`` (rows that failed), ``n_not_applicable`` and ``n_no_mask`` (rows
+    that are neither scored nor failures; :data:`~medrobust_lib.store.schema.SEG_NOT_SCORED`).
 
     Coverage: ``levels`` (the evaluated severity levels, e.g. ``2,4``) and ``n_conditions``
     (distinct non-clean (condition, perturbation, level)) from ``segmentation_coverage``; rows with
@@ -135,7 +146,9 @@ def segmentation_summary(con: duckdb.DuckDBPyConnection, models: Sequence[str] |
         nfl as (select model, checkpoint, strategy, n_floor as n_floor_datasets from floor_model),
         counts as (
             select model, checkpoint, strategy, count(*) filter (where condition = 'clean') as n_images,
-                   count(*) as n, count(*) filter (where status <> 'ok') as n_failed
+                   count(*) as n, count(*) filter (where {seg_failed_sql()}) as n_failed,
+                   count(*) filter (where status = '{SEG_NOT_APPLICABLE}') as n_not_applicable,
+                   count(*) filter (where status = '{SEG_NO_MASK}') as n_no_mask
             from segmentation_results where {where} group by model, checkpoint, strategy)
         select c.model, c.checkpoint, c.strategy, cl.clean_iou, p.corruption_iou_drop,
                p.corruption_iou_drop / nullif(cl.clean_iou, 0) as corruption_iou_rel_drop,
@@ -145,6 +158,7 @@ def segmentation_summary(con: duckdb.DuckDBPyConnection, models: Sequence[str] |
                p.attack_dice_drop, p.attack_dice_drop / nullif(cl.clean_dice, 0) as attack_dice_rel_drop,
                coalesce(p.n_corruption_types, 0) as n_corruption_types,
                coalesce(p.n_attack_types, 0) as n_attack_types, c.n_images, c.n, c.n_failed,
+               c.n_not_applicable, c.n_no_mask,
                coalesce(cv.levels, '') as levels, coalesce(cv.n_conditions, 0) as n_conditions,
                coalesce(nfl.n_floor_datasets, 0) as n_floor_datasets,
                coalesce(cl.floor_effect, false) as floor_effect
@@ -155,7 +169,8 @@ def segmentation_summary(con: duckdb.DuckDBPyConnection, models: Sequence[str] |
         order by c.model, c.strategy, c.checkpoint""", {"include_floor": include_floor, **_named(params)}).df()
     if df.empty:
         return "no segmentation_results rows for the selected models"
-    for c in ("n_corruption_types", "n_attack_types", "n_images", "n", "n_failed", "n_conditions",
+    for c in ("n_corruption_types", "n_attack_types", "n_images", "n", "n_failed", "n_not_applicable", "n_no_mask",
+              "n_conditions",
               "n_floor_datasets"):
         df[c] = df[c].astype("int64")
     cols = [Column("Model", "model"), *_identity_columns(df, "model", [("strategy", "Strategy"),
@@ -170,6 +185,9 @@ def segmentation_summary(con: duckdb.DuckDBPyConnection, models: Sequence[str] |
             Column("ΔDice corr.", "corruption_dice_drop", "float"),
             Column("ΔDice att.", "attack_dice_drop", "float"),
             Column("Images", "n_images", "int"), Column("n", "n", "int"), Column("Failed", "n_failed", "int")]
+    # not failures, counted apart (shown when any row has some, so the table keeps its width otherwise)
+    cols += [Column(h, k, "int") for h, k in (("Not applicable", "n_not_applicable"), ("No mask", "n_no_mask"))
+             if int(df[k].sum())]
     if int(df["n_floor_datasets"].sum()):
         cols.append(Column("Floor", "n_floor_datasets", "int"))
     notes = ["IoU (the primary metric) first, Dice alongside. IoU, Dice: clean scores. Δ: drops, clean minus "
@@ -179,7 +197,10 @@ def segmentation_summary(con: duckdb.DuckDBPyConnection, models: Sequence[str] |
              "over corruption types of each type's mean drop, attack drops (att.) the mean over FGSM and PGD at all "
              "eps. "
              "Levels: the evaluated severity levels; Cond.: perturbed conditions (type x level). n counts every "
-             "result row (images x conditions); failed rows are outside the means."]
+             "result row (images x conditions); Failed: rows that failed (error, perturbation error, mask moved out "
+             "of view); Not applicable (shown when there are any): a type that does not apply to the image (e.g. "
+             "an RGB-only type on a grayscale image); No mask (likewise): images without a ground-truth mask. None "
+             "of the three enters a mean; only Failed counts as a failure."]
     levels = df["levels"].unique()
     if len(levels) > 1:
         cov = "; ".join(f"{m}: {lv or 'none'}" for m, lv in zip(df["model"], df["levels"], strict=True))
@@ -261,7 +282,8 @@ def segmentation_by_level(con: duckdb.DuckDBPyConnection, models: Sequence[str] 
         "Drop = clean minus perturbed, paired per image, percentile bootstrap 95% CI over images; relative drop = "
         "drop / clean score of the same images; q: paired Wilcoxon (clean vs perturbed IoU) with "
         "Benjamini-Hochberg over the model's type x level grid. "
-        "Attack levels 1-5 are eps = 2, 4, 6, 8, 10 /255. Grey rows: clean IoU or Dice below the floor.",
+        "Attack levels 1-5 are eps = 2, 4, 6, 8, 10 /255. Grey rows: clean IoU or Dice below the floor. "
+        f"{SMALL_N_TEXT}",
         grey_key="floor_effect", group_by=grouped)
 
 
@@ -281,12 +303,15 @@ def strategy_ranking(con: duckdb.DuckDBPyConnection, models: Sequence[str] | Non
     if missing:
         return f"the {view} view lacks columns {missing}"
     where, params = where_in("model", models)
+    tied = "tied" if "tied" in relation_columns(con, view) else "cast(null as boolean) as tied"
     df = con.execute(f"""
-        select {", ".join(STRATEGY_COLUMNS)} from {view} where {where}
+        select {", ".join(STRATEGY_COLUMNS)}, {tied} from {view} where {where}
         order by model, kind, rank, strategy""", params).df()
     if df.empty:
         return f"the {view} view has no rows" + ("" if models is None else " for the selected models")
-    cols = (Column("Model", "model"), Column("Kind", "kind"), Column("Rank", "rank", "int"),
+    df["rank_label"] = ["" if pd.isna(r) else f"{int(r)}=" if not pd.isna(t) and bool(t) else str(int(r))
+                        for r, t in zip(df["rank"], df["tied"].astype(object), strict=True)]
+    cols = (Column("Model", "model"), Column("Kind", "kind"), Column("Rank", "rank_label"),
             Column("Strategy", "strategy"), Column("Params", "n_trainable", "int"),
             Column("IoU", "clean_iou", "float"), Column("Dice", "clean_dice", "float"),
             Column("IoU drop [95% CI]", "mean_iou_drop", "ci", "iou_drop_ci_low", "iou_drop_ci_high"),
@@ -295,10 +320,13 @@ def strategy_ranking(con: duckdb.DuckDBPyConnection, models: Sequence[str] | Non
             Column("Samples", "n_samples", "int"), Column("Cond.", "n_conditions", "int"))
     return ReportTable(
         "strategy_ranking", "Fine-tuning strategies ranked by robustness", df, cols,
-        "Rank 1 = smallest mean IoU drop within (model, kind); drops are clean minus perturbed with percentile "
+        "Rank 1 = smallest mean IoU drop within (model, kind); '=' marks a tie: strategies whose 95% CIs of the "
+        "IoU drop overlap (directly or through a chain of overlaps) share the rank of the best of them, since the "
+        "data cannot order them; an empty rank: too few samples for a CI. "
+        "Drops are clean minus perturbed with percentile "
         "bootstrap 95% CIs over test samples; rel. = IoU drop / clean IoU of the same samples (the Dice "
         "relative drop is in the CSV). Params: "
-        "trainable parameters; IoU, Dice: clean scores; Cond.: perturbed conditions averaged."
+        "trainable parameters; IoU, Dice: clean scores; Cond.: perturbed conditions averaged. " + SMALL_N_TEXT
         + _ranking_notes(con, view, where, params))
 
 

@@ -30,7 +30,8 @@ Columns (SQL types in :data:`VLM_COLUMNS`):
   image that its record reader quarantined (``missing: <image path>`` when the image file is gone,
   else ``quarantined:<reason>: <detail>``): no prediction, every score column NULL, outside every
   denominator, counted in ``n_error`` and retried by the next run of the partition); or ``excluded:<reason>`` (the condition cannot be scored, e.g.
-  ``excluded:perturbation_error``, ``excluded:box_out_of_view``, ``excluded:image_not_indexed``;
+  ``excluded:perturbation_error``, ``excluded:not_applicable`` (the type does not apply to the
+  image), ``excluded:box_out_of_view``, ``excluded:image_not_indexed``;
   ``correct`` is NULL and the row is outside denominators but counted in ``n_excluded``).
 - ``correct``: 1.0 / 0.0 for VQA (and grounding: IoU >= 0.5); NULL for captions.
 - Grounding: ``iou`` (0 when unparseable), ``acc_75``, ``box_scale``.
@@ -139,15 +140,47 @@ TAXONOMY_COLUMNS: tuple[tuple[str, str], ...] = (
 TAXONOMY_COLUMN_NAMES: tuple[str, ...] = tuple(c for c, _ in TAXONOMY_COLUMNS)
 
 
+# --- segmentation outcomes ---
+SEG_OK = "ok"
+SEG_NOT_APPLICABLE = "not_applicable"
+"""``segmentation_results`` status of a perturbed row whose type does not apply to the sample (the
+manifest row is ``not_applicable``, e.g. an RGB-only type on a grayscale image): not a failure."""
+SEG_NO_MASK = "no_mask"
+"""``segmentation_results`` status of a sample without a ground-truth mask (nothing to score): not a
+failure."""
+SEG_NOT_SCORED: tuple[str, ...] = (SEG_NOT_APPLICABLE, SEG_NO_MASK)
+"""Statuses that are neither scored nor failures: counted on their own (``n_not_applicable``,
+``n_no_mask``), outside every mean and every failure count."""
+
+
+def seg_failed_sql(col: str = "status") -> str:
+    """SQL boolean: a ``segmentation_results`` row failed (any status but ``ok`` and
+    :data:`SEG_NOT_SCORED`: ``error``, ``perturbation_error``, ``mask_out_of_view``)."""
+    kept = ", ".join(f"'{s}'" for s in (SEG_OK, *SEG_NOT_SCORED))
+    return f"coalesce({col} not in ({kept}), true)"
+
+
+def excluded_outcome(manifest_status: str) -> str:
+    """The VLM / taxonomy ``outcome`` of a record whose perturbation manifest row is not ``ok``:
+    ``excluded:not_applicable`` when the type does not apply to the image, else
+    ``excluded:perturbation_error``. Both are outside every denominator and never failures."""
+    return f"excluded:{SEG_NOT_APPLICABLE if manifest_status == SEG_NOT_APPLICABLE else 'perturbation_error'}"
+
+
+def seg_failed(status: str) -> bool:
+    """Python twin of :func:`seg_failed_sql`."""
+    return status not in (SEG_OK, *SEG_NOT_SCORED)
+
+
 # --- strategy ---
 RANKING_TABLE = "strategy_ranking_stats"
 RANKING_COLUMNS: tuple[tuple[str, str], ...] = (
     ("model", "VARCHAR"), ("strategy", "VARCHAR"), ("evaluated_as", "VARCHAR"), ("checkpoint", "VARCHAR"),
     ("kind", "VARCHAR"), ("n_samples", "INTEGER"), ("n_conditions", "INTEGER"), ("n_rows", "INTEGER"),
-    ("n_failed", "INTEGER"), ("mean_iou_drop", "DOUBLE"), ("iou_drop_ci_low", "DOUBLE"),
+    ("n_failed", "INTEGER"), ("n_not_applicable", "INTEGER"), ("n_no_mask", "INTEGER"), ("mean_iou_drop", "DOUBLE"), ("iou_drop_ci_low", "DOUBLE"),
     ("iou_drop_ci_high", "DOUBLE"), ("mean_dice_drop", "DOUBLE"), ("dice_drop_ci_low", "DOUBLE"),
     ("dice_drop_ci_high", "DOUBLE"), ("clean_iou", "DOUBLE"), ("clean_dice", "DOUBLE"),
-    ("n_trainable", "BIGINT"), ("rank", "INTEGER"), ("ref_strategy", "VARCHAR"), ("n_pairs", "INTEGER"),
+    ("n_trainable", "BIGINT"), ("rank", "INTEGER"), ("tied", "BOOLEAN"), ("ref_strategy", "VARCHAR"), ("n_pairs", "INTEGER"),
     ("iou_drop_diff", "DOUBLE"), ("iou_drop_diff_ci_low", "DOUBLE"), ("iou_drop_diff_ci_high", "DOUBLE"),
     ("wilcoxon_p", "DOUBLE"), ("wilcoxon_q", "DOUBLE"), ("levels", "VARCHAR"), ("n_datasets", "INTEGER"),
     ("n_floor_excluded", "INTEGER"), ("floor_effect", "BOOLEAN"), ("with_floor", "BOOLEAN"), ("note", "VARCHAR"),

@@ -15,7 +15,13 @@ The SQL reads only tables (``segmentation_results``, ``segmentation_stats``,
 from __future__ import annotations
 
 from medrobust_lib.store.coverage import LEVELS_SQL, seg_rows_ctes
-from medrobust_lib.store.schema import RANKING_TABLE, RANKING_VIEW
+from medrobust_lib.store.schema import (
+    RANKING_TABLE,
+    RANKING_VIEW,
+    SEG_NO_MASK,
+    SEG_NOT_APPLICABLE,
+    seg_failed_sql,
+)
 
 ALL_SUFFIX = "_all"
 """Name suffix of the variant of a view that keeps the floor datasets."""
@@ -43,7 +49,8 @@ def _rank_note(partition: str, ranked: str) -> str:
 
 def segmentation_by_level(include_floor: bool) -> str:
     """Per (model, checkpoint, strategy, condition, perturbation, level) of the non-clean rows:
-    counts, mean scores and drops, relative drops, ``segmentation_stats`` CIs and tests of the same
+    counts (``n`` every row; ``n_failed`` the failures; ``n_not_applicable`` and ``n_no_mask``, which
+    are not failures), mean scores and drops, relative drops, ``segmentation_stats`` CIs and tests of the same
     rows (scope ``all``, or ``floor_excluded`` when floor datasets were left out), coverage columns."""
     stats_cols = ", ".join(f"case when coalesce(x.n_floor_excluded, 0) = 0 then s.{c} else e.{c} end as {c}"
                            for c in _STATS_COLUMNS)
@@ -51,7 +58,9 @@ def segmentation_by_level(include_floor: bool) -> str:
         with {seg_rows_ctes(include_floor)},
         agg as (
             select model, checkpoint, strategy, condition, perturbation, level,
-                   count(*) as n, count(*) filter (where status <> 'ok') as n_failed,
+                   count(*) as n, count(*) filter (where {seg_failed_sql()}) as n_failed,
+                   count(*) filter (where status = '{SEG_NOT_APPLICABLE}') as n_not_applicable,
+                   count(*) filter (where status = '{SEG_NO_MASK}') as n_no_mask,
                    avg(iou) filter (where status = 'ok') as iou, avg(dice) filter (where status = 'ok') as dice,
                    avg(iou_drop) filter (where status = 'ok') as iou_drop,
                    avg(dice_drop) filter (where status = 'ok') as dice_drop,
@@ -72,6 +81,7 @@ def segmentation_by_level(include_floor: bool) -> str:
             from segmentation_stats where scope = 'floor_excluded'
             group by model, checkpoint, strategy, condition, perturbation, level)
         select a.model, a.checkpoint, a.strategy, a.condition, a.perturbation, a.level, a.n, a.n_failed,
+               a.n_not_applicable, a.n_no_mask,
                a.iou, a.dice, a.iou_drop, a.dice_drop, a.iou_drop / nullif(a.clean_iou, 0) as iou_rel_drop,
                a.dice_drop / nullif(a.clean_dice, 0) as dice_rel_drop, a.clean_iou, a.clean_dice, a.mean_ssim,
                a.epsilon, {stats_cols}, a.n_datasets, coalesce(x.n_floor_excluded, 0) as n_floor_excluded,

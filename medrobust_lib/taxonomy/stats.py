@@ -32,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from medrobust_lib.config.common import DEFAULT_MIN_N, MIN_X_POSITIONS
 from medrobust_lib.metrics.stats import bootstrap_ci, pearson_with_ci
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store.schema import DEFAULT_ABSTENTION_TAU, QUADRANTS
@@ -223,11 +224,16 @@ def _share_cis(cols: _GroupColumns, key: Key, seed: int, n_boot: int) -> dict[st
 
 
 def _quadrant_row(key: Key, quadrant: str, cols: _GroupColumns, share: tuple[float, float, float],
-                  summary: dict[str, Any], n_error: int, seed: int, n_boot: int) -> dict[str, Any]:
+                  summary: dict[str, Any], n_error: int, seed: int, n_boot: int,
+                  min_n: int = DEFAULT_MIN_N) -> dict[str, Any]:
     n_total = cols.quadrant.size
     mask = cols.quadrant == quadrant
     acc = bootstrap_ci(_finite(cols.correct[mask]), n_boot=n_boot,
                        rng=rng_for(seed, "taxonomy", *key, quadrant, "accuracy"))
+    if int(mask.sum()) < min_n:  # the floor: no CI on fewer than min_n samples
+        acc = (acc[0], _NAN, _NAN)
+    if n_total < min_n:
+        share = (share[0], _NAN, _NAN)
     entropy, disagreement = _finite(cols.entropy[mask]), _finite(cols.disagreement[mask])
     abst = summary["_abstention"]
     return {
@@ -243,7 +249,7 @@ def _quadrant_row(key: Key, quadrant: str, cols: _GroupColumns, share: tuple[flo
 
 
 def quadrant_stats(df: pd.DataFrame, seed: int = 0, n_boot: int = 1000,
-                   abstention_tau: float = DEFAULT_ABSTENTION_TAU) -> pd.DataFrame:
+                   abstention_tau: float = DEFAULT_ABSTENTION_TAU, min_n: int = DEFAULT_MIN_N) -> pd.DataFrame:
     """Per-group, per-quadrant statistics of ``taxonomy_results`` rows.
 
     ``df`` needs the :data:`GROUP_COLUMNS`, ``quadrant``, ``consistent``, ``answer``,
@@ -266,6 +272,9 @@ def quadrant_stats(df: pd.DataFrame, seed: int = 0, n_boot: int = 1000,
     * ``share_abstention``: the quadrant's share under :func:`abstention_quadrants` (sensitivity
       analysis; NaN without margins).
 
+    Floors (``min_n``, the suite's ``stats.min_n``): a share has no CI when the group has fewer
+    than ``min_n`` ok samples, an accuracy none when its quadrant has fewer.
+
     Deterministic for a given ``seed`` and ``n_boot``.
     """
     _require(df, (*GROUP_COLUMNS, "quadrant", "consistent", "answer", "pred_removed", "correct_original",
@@ -282,7 +291,7 @@ def quadrant_stats(df: pd.DataFrame, seed: int = 0, n_boot: int = 1000,
         cols = _GroupColumns.of(group)
         summary = _group_summary(group, abstention_tau)
         shares = _share_cis(cols, key, seed, n_boot)
-        rows += [_quadrant_row(key, q, cols, shares[q], summary, errors.get(key, 0), seed, n_boot)
+        rows += [_quadrant_row(key, q, cols, shares[q], summary, errors.get(key, 0), seed, n_boot, min_n)
                  for q in QUADRANTS]
     return pd.DataFrame(rows, columns=list(QUADRANT_STATS_COLUMNS))
 
@@ -340,7 +349,7 @@ def cluster_bootstrap_r(points: pd.DataFrame, rng: np.random.Generator, n_boot: 
 
 
 def _correlation_row(scope: str, scope_key: Key, points: pd.DataFrame, rng_key: Key, seed: int,
-                     n_boot: int) -> dict[str, Any]:
+                     n_boot: int, min_n: int = DEFAULT_MIN_N) -> dict[str, Any]:
     x = points["flip_rate"].to_numpy(dtype=np.float64)
     y = points["dangerous_share"].to_numpy(dtype=np.float64)
     pooled = scope == POOLED
@@ -350,10 +359,14 @@ def _correlation_row(scope: str, scope_key: Key, points: pd.DataFrame, rng_key: 
                            "ci_high": _NAN, "ci_method": CI_CLUSTER if pooled else CI_POINTS,
                            "fisher_low": _NAN, "fisher_high": _NAN, "note": None}
     rng = rng_for(seed, "taxonomy", "correlation", scope, *rng_key)
+    n_x = int(np.unique(x).size)
     if x.size < 3:
         row["note"] = "n_points < 3"
     elif np.ptp(x) == 0 or np.ptp(y) == 0:
         row["note"] = "zero variance"
+    elif n_x < MIN_X_POSITIONS:
+        row["note"] = (f"flip rate takes only {n_x} distinct values (< {MIN_X_POSITIONS}): a line through "
+                       "2 positions fits any data, so no r")
     elif pooled:
         row["r"] = float(_pearson_rows(x[None, :], y[None, :])[0])
         row["ci_low"], row["ci_high"] = cluster_bootstrap_r(points, rng, n_boot)
@@ -361,10 +374,14 @@ def _correlation_row(scope: str, scope_key: Key, points: pd.DataFrame, rng_key: 
         res = pearson_with_ci(x, y, rng=rng, n_boot=n_boot)
         row.update(r=res["r"], p_value=res["p"], ci_low=res["ci_low"], ci_high=res["ci_high"],
                    fisher_low=res["fisher_low"], fisher_high=res["fisher_high"])
+    if np.isfinite(row["r"]) and x.size < min_n:  # r shown, but no CI or p on so few points
+        row.update(p_value=_NAN, ci_low=_NAN, ci_high=_NAN, fisher_low=_NAN, fisher_high=_NAN,
+                   note=f"n_points < {min_n}: no CI or p")
     return row
 
 
-def flip_dangerous_correlation(df: pd.DataFrame, seed: int = 0, n_boot: int = 2000) -> pd.DataFrame:
+def flip_dangerous_correlation(df: pd.DataFrame, seed: int = 0, n_boot: int = 2000,
+                               min_n: int = DEFAULT_MIN_N) -> pd.DataFrame:
     """Pearson r of the flip rate (x) with the Dangerous share (y) across (config, dataset) points.
 
     Points come from :func:`condition_points`. Rows (:data:`CORRELATION_COLUMNS`):
@@ -382,16 +399,19 @@ def flip_dangerous_correlation(df: pd.DataFrame, seed: int = 0, n_boot: int = 20
       independent points). Secondary analysis only, never the headline.
 
     ``n_configs``: configurations among the points; ``n_error``: error rows behind them (outside
-    every point). With fewer than 3 points or a constant x or y, r and its bounds are NaN and
-    ``note`` says why (else None).
+    every point). With fewer than 3 points, a constant x or y, or x on fewer than
+    :data:`~medrobust_lib.config.common.MIN_X_POSITIONS` distinct values, r and its bounds are NaN
+    and ``note`` says why; with fewer than ``min_n`` points (the suite's ``stats.min_n``) r is
+    kept but p and the CIs are NaN and ``note`` says so (else None).
     """
     points = condition_points(df)
     clean = points[points["perturbation"] == CLEAN]
     pert = points[points["perturbation"] != CLEAN]
-    rows = [_correlation_row(HEADLINE, key, g, key, seed, n_boot)
+    rows = [_correlation_row(HEADLINE, key, g, key, seed, n_boot, min_n)
             for key, g in _groups(clean, SCOPE_COLUMNS).items()]
-    rows += [_correlation_row(CONDITION, key, g, key, seed, n_boot) for key, g in _groups(pert, SCOPE_COLUMNS).items()]
-    rows += [_correlation_row(POOLED, ("all", None, key[0]), g, key, seed, n_boot)
+    rows += [_correlation_row(CONDITION, key, g, key, seed, n_boot, min_n)
+             for key, g in _groups(pert, SCOPE_COLUMNS).items()]
+    rows += [_correlation_row(POOLED, ("all", None, key[0]), g, key, seed, n_boot, min_n)
              for key, g in _groups(pert, ("image_mode",)).items()]
     out = pd.DataFrame(rows, columns=list(CORRELATION_COLUMNS))
     out["level"] = out["level"].astype("Int64")

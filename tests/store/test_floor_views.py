@@ -184,7 +184,8 @@ def test_strategy_ranking_views_split_the_stored_variants(tmp_path: Path) -> Non
     res = tmp_path / "results"
     results.write_chunk(results.chunk_path(res, "segmentation_results", {"part": "x"}, "d"),
                         pd.concat([full, zero], ignore_index=True), "fp")
-    write_strategy_ranking(res, {"b-full": ("b", "full"), "b-zero": ("b", "zero")}, seed=0)
+    # one to three samples per model: no n floor here (min_n=1), so the tiny fixture still gets CIs and ranks
+    write_strategy_ranking(res, {"b-full": ("b", "full"), "b-zero": ("b", "zero")}, seed=0, min_n=1)
     build_mart(res, tmp_path / "m.duckdb")
     con = connect_readonly(tmp_path / "m.duckdb")
     try:
@@ -214,7 +215,7 @@ def test_default_by_level_carries_cis_of_its_own_rows(tmp_path: Path) -> None:
     floor = floor_datasets(seg).set_index(["model", "dataset"])["floor_effect"]
     assert floor.to_dict() == {("lv", "good"): False, ("m", "good"): False, ("m", "low"): True,
                                ("z", "low"): True}
-    stats = segmentation_stats(seg, seed=0)
+    stats = segmentation_stats(seg, seed=0, min_n=2)  # cells of 2-3 images: floor 2 so they carry CIs
     excl = stats[stats["scope"] == "floor_excluded"]
     assert set(excl["model"]) == {"m"} and set(stats.loc[stats["scope"] == "all", "model"]) == {"m", "z", "lv"}
     blur = excl[excl["perturbation"] == "blur"].iloc[0]

@@ -80,7 +80,7 @@ def write_results(res: Path, rows: list[dict[str, Any]]) -> None:
         results.write_chunk(results.chunk_path(res, TAXONOMY_TABLE, part, str(ds)), g, "fp")
 
 
-def fake_quadrant_stats(df: pd.DataFrame, seed: int = 0, abstention_tau: float = 0.7) -> pd.DataFrame:
+def fake_quadrant_stats(df: pd.DataFrame, seed: int = 0, abstention_tau: float = 0.7, min_n: int = 5) -> pd.DataFrame:
     """A stand-in with the real output's columns: plain shares, CIs = share +- 0.1."""
     keys = ["config", "dataset", "perturbation", "level", "image_mode"]
     out = []
@@ -99,7 +99,7 @@ def fake_quadrant_stats(df: pd.DataFrame, seed: int = 0, abstention_tau: float =
     return pd.DataFrame(out, columns=list(QUADRANT_STATS_COLUMNS))
 
 
-def fake_correlation(df: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
+def fake_correlation(df: pd.DataFrame, seed: int = 0, min_n: int = 5) -> pd.DataFrame:
     return pd.DataFrame([
         {"scope": "condition", "perturbation": "blur", "level": 1, "image_mode": "none", "n_points": 3,
          "n_configs": 2, "n_error": 1, "r": np.nan, "p_value": np.nan, "ci_low": np.nan, "ci_high": np.nan,

@@ -107,7 +107,7 @@ MAX_ERROR_SHARE = 0.1
 def mart(tmp_path: Path) -> Iterator[tuple[Path, duckdb.DuckDBPyConnection]]:
     res = tmp_path / "results"
     write_results(res, all_rows())
-    write_vlm_stats(res, seed=7, max_error_share=MAX_ERROR_SHARE)
+    write_vlm_stats(res, seed=7, max_error_share=MAX_ERROR_SHARE, min_n=2)  # CIs on these few pairs
     counts = build_mart(res, tmp_path / "m.duckdb", max_error_share=MAX_ERROR_SHARE)
     assert counts["vlm_results"] == len(all_rows())
     con = connect_readonly(tmp_path / "m.duckdb")
@@ -249,13 +249,13 @@ def test_stats_deterministic_and_stale_models_removed(tmp_path: Path) -> None:
     write_results(res, all_rows())
     stale = results.chunk_path(res, "vlm_stats", {"model": "gone"}, "stats")
     results.write_chunk(stale, [{"task": "vqa_mc"}], "old")
-    a = write_vlm_stats(res, seed=3, max_error_share=MAX_ERROR_SHARE)
+    a = write_vlm_stats(res, seed=3, max_error_share=MAX_ERROR_SHARE, min_n=2)
     assert not stale.parent.exists() and (res / "vlm_stats" / f"model={MODEL}" / "stats.parquet").is_file()
     df = results.read_table(res, VLM_TABLE)
     df["level"] = df["level"].astype(int)
-    b = vlm_stats(df, seed=3)
+    b = vlm_stats(df, seed=3, min_n=2)
     pd.testing.assert_frame_equal(a.reset_index(drop=True), b.reset_index(drop=True))
-    c = vlm_stats(df, seed=4)
+    c = vlm_stats(df, seed=4, min_n=2)
     ci = ["drop_ci_low", "drop_ci_high", "clean_ci_low", "clean_ci_high"]
     assert not np.allclose(a[ci].to_numpy(dtype=float), c[ci].to_numpy(dtype=float), equal_nan=True)
     pd.testing.assert_frame_equal(a.drop(columns=[*ci, "perturbed_ci_low", "perturbed_ci_high"]),
@@ -268,7 +268,7 @@ def test_stats_degenerate_cases() -> None:
     only_excluded = [_row("vqa_yesno", "z", "clean", 0, outcome="ok", correct=1.0),
                      _row("vqa_yesno", "z", "noise", 1, outcome="excluded:perturbation_error")]
     unmatched = [_row("vqa_yesno", "w", "blur", 1, outcome="error", correct=None)]
-    out = vlm_stats(pd.DataFrame(same + only_excluded + unmatched), seed=0)
+    out = vlm_stats(pd.DataFrame(same + only_excluded + unmatched), seed=0, min_n=2)
     assert list(out["perturbation"]) == ["blur"]  # noise has no pairs: skipped
     r = out.iloc[0]
     assert (r["n_pairs"], r["n_unmatched"], r["p_value"], r["q_value"], r["drop"]) == (3, 1, 1.0, 1.0, 0.0)

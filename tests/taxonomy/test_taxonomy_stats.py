@@ -58,7 +58,7 @@ def _rows(seed: int = 0) -> pd.DataFrame:
 # ---- quadrant_stats --------------------------------------------------------------------------
 def test_quadrant_stats_shares_sum_to_one_and_cis_bracket() -> None:
     df = _rows()
-    out = quadrant_stats(df, seed=3, n_boot=200)
+    out = quadrant_stats(df, seed=3, n_boot=200, min_n=1)  # no floor: CIs even on 1-sample quadrants
     assert list(out.columns) == list(QUADRANT_STATS_COLUMNS)
     n_groups = len(CONFIGS) * len(CONDITIONS) * 2
     assert len(out) == 4 * n_groups
@@ -93,7 +93,7 @@ def test_quadrant_stats_known_values_and_empty_quadrant() -> None:
         _known("Fragile", 1.0, 0.9, 0.5, "excluded:no_answer"),
         _known(None, None, None, None, "error"),
     ])
-    out = quadrant_stats(df, n_boot=100).set_index("quadrant")
+    out = quadrant_stats(df, n_boot=100, min_n=2).set_index("quadrant")
     assert out.loc["Ideal", "n"] == 2 and out.loc["Ideal", "n_total"] == 3
     assert out.loc["Ideal", "share"] == pytest.approx(2 / 3)
     assert out.loc["Ideal", "accuracy"] == pytest.approx(0.5)
@@ -186,7 +186,7 @@ def test_quadrant_stats_group_with_only_errors() -> None:
 # ---- correlation -----------------------------------------------------------------------------
 def test_correlation_matches_scipy_on_the_same_points() -> None:
     df = _rows()
-    out = flip_dangerous_correlation(df, seed=0, n_boot=200)
+    out = flip_dangerous_correlation(df, seed=0, n_boot=200, min_n=2)  # 4 configurations
     points = condition_points(df)
     for _, row in out.iterrows():
         if row["scope"] == "pooled_perturbed":

@@ -218,11 +218,26 @@ def _nan_last(v: object) -> float:
     return float("-inf") if np.isnan(x) else x
 
 
+def _strategy_label(rows: pd.DataFrame, strategy: str) -> str:
+    """A strategy's tick label: ``lora (tie)`` when its corruption rank is shared (overlapping CIs),
+    ``lora (no CI: small n)`` when it has no CI (fewer samples than ``stats.min_n``)."""
+    r = rows[rows["strategy"] == strategy]
+    if r.empty:
+        return strategy
+    row = r.iloc[0]
+    if "tied" in r.columns and not pd.isna(row["tied"]) and bool(row["tied"]):
+        return f"{strategy} (tie)"
+    if pd.isna(row.get("iou_drop_ci_low")) and not pd.isna(row.get("mean_iou_drop")):
+        return f"{strategy} (no CI: small n)"
+    return strategy
+
+
 def strategy_bars(ranking: pd.DataFrame, out_dir: Path) -> list[Path]:
     """``strategy_iou_drop.png`` (one column per model, 3.5 in each up to two columns' width): one
     panel per model, strategies on y (ordered by their corruption rank, rank 1 on top), horizontal
     bars of the mean IoU drop under corruptions and under attacks with the bootstrap 95 % CI as
-    asymmetric error bars."""
+    asymmetric error bars; a strategy tied with another (overlapping CIs) is labelled ``(tie)``, one
+    without a CI (fewer samples than ``stats.min_n``) ``(no CI: small n)``."""
     if ranking.empty:
         return []
     models = sorted(ranking["model"].unique())
@@ -246,7 +261,7 @@ def strategy_bars(ranking: pd.DataFrame, out_dir: Path) -> list[Path]:
                         error_kw={"elinewidth": 0.6}, label=kind)
             ax.axvline(0, color="k", lw=0.4)
             ax.set_yticks(y)
-            ax.set_yticklabels(strategies)
+            ax.set_yticklabels([_strategy_label(first, st) for st in strategies])
             ax.invert_yaxis()  # rank 1 on top
             ax.set_xlabel("mean IoU drop (95% CI)")
             ax.set_title(str(model))

@@ -234,7 +234,9 @@ def _corr_label(row: pd.Series | dict[str, Any], n_unit: str = "") -> str:
     lo, hi, p = row.get("ci_low"), row.get("ci_high"), row.get("p_value")
     ci = "" if lo is None or hi is None or pd.isna(lo) or pd.isna(hi) else f" [{lo:.2f}, {hi:.2f}]"
     p_txt = "" if p is None or pd.isna(p) else f", {fmt_p(float(p))}"
-    return f"r = {r:.2f}{ci}{p_txt}{n_txt}"
+    note = row.get("note")
+    why = "" if ci or note is None or pd.isna(note) else f" ({note})"  # e.g. too few points for a CI
+    return f"r = {r:.2f}{ci}{p_txt}{n_txt}{why}"
 
 
 def headline_rows(corr_df: pd.DataFrame) -> pd.DataFrame:

@@ -12,7 +12,10 @@ strategy models ``<base>-<strategy>``, all evaluated on the same conditions (the
   over conditions weighted equally per sample; percentile bootstrap 95 % CI over samples
   (generator ``rng_for(seed, "strategy-ranking", model, kind, metric)``);
 * ``clean_iou`` / ``clean_dice``: the mean clean score of the same samples;
-* ``rank``: 1 = smallest mean IoU drop within (base model, kind, levels);
+* ``rank``: 1 = smallest mean IoU drop within (base model, kind, levels); strategies whose IoU drop
+  CIs overlap (directly or through a chain of overlaps) share the rank of the best of them and are
+  marked ``tied`` (``note`` names the others): the data cannot order them. A strategy with fewer
+  than ``min_n`` samples (the suite's ``stats.min_n``) has no CI and no rank (``note`` says why);
 * paired comparison with the reference strategy ``ref_strategy`` (``full`` when present, else
   the rank-1 strategy) on the images both have: ``iou_drop_diff`` = mean of (this strategy's
   per-image drop - the reference's), its paired bootstrap 95 % CI
@@ -21,7 +24,9 @@ strategy models ``<base>-<strategy>``, all evaluated on the same conditions (the
   reference row itself. Overlapping marginal CIs say little here: the images are shared, so the
   paired test is the one that separates strategies.
 
-Rows that are not ``ok`` are counted in ``n_failed`` and never enter a mean.
+Rows that are not ``ok`` never enter a mean: failures are counted in ``n_failed``, rows of a type
+that does not apply to the sample in ``n_not_applicable`` and rows of samples without a mask in
+``n_no_mask`` (the last two are not failures).
 
 Floors and coverage (the rule of :func:`medrobust_lib.store.coverage.seg_rows_ctes`): by default
 (``with_floor`` false) the rows of a dataset whose clean IoU or Dice is below ``SEG_FLOOR`` for that
@@ -36,17 +41,24 @@ the same (model, kind, levels) together, and ``note`` says when a group mixes le
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from medrobust_lib.config.common import DEFAULT_MIN_N
 from medrobust_lib.metrics.stats import benjamini_hochberg, bootstrap_ci, paired_bootstrap_ci, wilcoxon_paired
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store import results
 from medrobust_lib.store.coverage import SEG_FLOOR
-from medrobust_lib.store.schema import RANKING_COLUMNS, RANKING_TABLE
+from medrobust_lib.store.schema import (
+    RANKING_COLUMNS,
+    RANKING_TABLE,
+    SEG_NO_MASK,
+    SEG_NOT_APPLICABLE,
+    seg_failed,
+)
 from medrobust_lib.store.summary_views import FLOOR_NOTE, LEVELS_NOTE, LEVELS_NOTE_TAIL
 
 KINDS: dict[str, tuple[str, ...]] = {"corruption": ("perturbation",), "attack": ("fgsm", "pgd")}
@@ -89,7 +101,8 @@ def _levels(ok: pd.DataFrame) -> str:
 
 
 def _record(model_id: str, g: pd.DataFrame, kind: str, base: str, strategy: str,
-            n_trainable: Mapping[str, int] | None, seed: int, n_boot: int) -> dict[str, object]:
+            n_trainable: Mapping[str, int] | None, seed: int, n_boot: int,
+            min_n: int = DEFAULT_MIN_N) -> dict[str, object]:
     """One ranking row of an evaluated model and kind (before ranks and paired comparisons)."""
     clean = g[(g["condition"] == "clean") & (g["status"] == "ok")]
     k = g[g["condition"].isin(KINDS[kind])]
@@ -100,7 +113,9 @@ def _record(model_id: str, g: pd.DataFrame, kind: str, base: str, strategy: str,
         "model": base, "strategy": strategy, "evaluated_as": model_id,
         "checkpoint": ",".join(sorted(g["checkpoint"].astype(str).unique())), "kind": kind,
         "n_samples": len(per), "n_conditions": int(ok.groupby(["condition", "perturbation", "level"]).ngroups),
-        "n_rows": len(k), "n_failed": int((k["status"] != "ok").sum()),
+        "n_rows": len(k), "n_failed": int(k["status"].map(seg_failed).sum()),
+        "n_not_applicable": int((k["status"] == SEG_NOT_APPLICABLE).sum()),
+        "n_no_mask": int((k["status"] == SEG_NO_MASK).sum()),
         "clean_iou": float(cl["iou"].mean()) if len(per) else float("nan"),
         "clean_dice": float(cl["dice"].mean()) if len(per) else float("nan"),
         "n_trainable": (n_trainable or {}).get(model_id),
@@ -110,13 +125,15 @@ def _record(model_id: str, g: pd.DataFrame, kind: str, base: str, strategy: str,
         vals = per[f"{metric}_drop"].to_numpy(dtype=float)
         vals = vals[np.isfinite(vals)]
         est, lo, hi = bootstrap_ci(vals, n_boot=n_boot, rng=rng_for(seed, "strategy-ranking", model_id, kind, metric))
+        if len(per) < min_n:  # below the floor: the mean only
+            lo = hi = float("nan")
         rec.update({f"mean_{metric}_drop": est, f"{metric}_drop_ci_low": lo, f"{metric}_drop_ci_high": hi})
     return rec
 
 
 def strategy_ranking(rows: pd.DataFrame, models: Mapping[str, tuple[str, str]],
                      n_trainable: Mapping[str, int] | None = None, seed: int = 0,
-                     n_boot: int = 2000, with_floor: bool = False) -> pd.DataFrame:
+                     n_boot: int = 2000, with_floor: bool = False, min_n: int = DEFAULT_MIN_N) -> pd.DataFrame:
     """The ranking table (columns :data:`RANKING_COLUMNS`) of one variant: floor datasets left out
     (``with_floor`` false, the default) or kept.
 
@@ -135,17 +152,18 @@ def strategy_ranking(rows: pd.DataFrame, models: Mapping[str, tuple[str, str]],
         base, strategy = models[str(model_id)]
         n_excluded, floor_effect = floors.get(str(model_id), (0, False))
         for kind in KINDS:
-            rec = _record(str(model_id), g, kind, base, strategy, n_trainable, seed, n_boot)
+            rec = _record(str(model_id), g, kind, base, strategy, n_trainable, seed, n_boot, min_n)
             rec.update(n_floor_excluded=0 if with_floor else n_excluded, floor_effect=floor_effect,
                        with_floor=with_floor)
             out.append(rec)
     df = pd.DataFrame(out, columns=[c for c in names if c not in PAIRED_COLUMNS and c != "note"])
-    df = _rank(df, with_floor)
-    df = _versus_reference(df, kept, models, seed, n_boot)
+    df = _rank(df, with_floor, min_n)
+    df = _versus_reference(df, kept, models, seed, n_boot, min_n)
     return df.sort_values(["model", "kind", "rank", "strategy"]).reset_index(drop=True)[names]
 
 
-PAIRED_COLUMNS = ("rank", "ref_strategy", "n_pairs", "iou_drop_diff", "iou_drop_diff_ci_low", "iou_drop_diff_ci_high",
+PAIRED_COLUMNS = ("rank", "tied", "ref_strategy", "n_pairs", "iou_drop_diff", "iou_drop_diff_ci_low",
+                  "iou_drop_diff_ci_high",
                   "wilcoxon_p", "wilcoxon_q")
 
 
@@ -158,28 +176,78 @@ RANK_GROUP: tuple[str, ...] = ("model", "kind", "levels")
 """Rows ranked and compared together: the same base model, kind and evaluated levels."""
 
 
-def _rank(df: pd.DataFrame, with_floor: bool) -> pd.DataFrame:
-    """``rank`` within :data:`RANK_GROUP` (floor-effect rows unranked unless ``with_floor``) and ``note``."""
-    ranked = df if with_floor else df[~df["floor_effect"].astype(bool)]
-    df["rank"] = (ranked.groupby(list(RANK_GROUP))["mean_iou_drop"].rank(method="min", na_option="bottom")
-                  .reindex(df.index).astype("Int64"))
+def tie_groups(est: pd.Series, low: pd.Series, high: pd.Series) -> pd.Series:
+    """Competition ranks (1 = smallest ``est``) in which rows whose [``low``, ``high``] intervals
+    overlap, directly or through a chain of overlapping intervals, share one rank: that of the
+    best row of their group (the number of rows in better groups + 1). Every row needs finite
+    bounds. Returns the ranks (int64) on ``est``'s index."""
+    e = {i: float(v) for i, v in est.items()}
+    lo = {i: float(v) for i, v in low.items()}
+    hi = {i: float(v) for i, v in high.items()}
+    order = sorted(e, key=lambda i: (lo[i], e[i]))
+    groups: list[list[Hashable]] = []
+    reach = float("-inf")
+    for i in order:
+        if groups and lo[i] <= reach:
+            groups[-1].append(i)
+            reach = max(reach, hi[i])
+        else:
+            groups.append([i])
+            reach = hi[i]
+    groups.sort(key=lambda g: min(e[i] for i in g))
+    ranks: dict[Hashable, int] = {}
+    before = 0
+    for g in groups:
+        for i in g:
+            ranks[i] = before + 1
+        before += len(g)
+    return pd.Series(ranks, dtype="int64").reindex(est.index)
+
+
+TIE_NOTE = "tied (95 % CIs of the IoU drop overlap) with "
+"""``note`` prefix of a tied row; the names of the strategies it is tied with follow."""
+SMALL_N_NOTE = "fewer than {min_n} samples: no CI, not ranked"
+"""``note`` of a row below the ``min_n`` floor (formatted with it)."""
+
+
+def _rank(df: pd.DataFrame, with_floor: bool, min_n: int = DEFAULT_MIN_N) -> pd.DataFrame:
+    """``rank`` and ``tied`` within :data:`RANK_GROUP` (floor-effect rows unranked unless
+    ``with_floor``; rows without a CI, below ``min_n``, unranked), and ``note``."""
+    floor = df["floor_effect"].astype(bool) & (not with_floor)
+    has_ci = np.isfinite(df["iou_drop_ci_low"].astype(float)) & np.isfinite(df["iou_drop_ci_high"].astype(float))
+    rankable = ~floor & has_ci & np.isfinite(df["mean_iou_drop"].astype(float))
+    df["rank"] = pd.Series(pd.NA, index=df.index, dtype="Int64")
+    df["tied"] = pd.Series(pd.NA, index=df.index, dtype="boolean")
+    notes: dict[object, list[str]] = {i: [] for i in df.index}
+    for _, g in df[rankable].groupby(list(RANK_GROUP)):
+        ranks = tie_groups(g["mean_iou_drop"], g["iou_drop_ci_low"], g["iou_drop_ci_high"])
+        df.loc[g.index, "rank"] = ranks.astype("Int64")
+        for i in g.index:
+            peers = [str(g.loc[j, "strategy"]) for j in g.index if j != i and ranks[j] == ranks[i]]
+            df.loc[i, "tied"] = bool(peers)
+            if peers:
+                notes[i].append(TIE_NOTE + ", ".join(sorted(peers)))
     mixed = df.groupby(["model", "kind"])["levels"].transform("nunique") > 1
-    note = pd.Series(None, index=df.index, dtype=object)
-    note[mixed] = LEVELS_NOTE + df.loc[mixed, "levels"] + LEVELS_NOTE_TAIL
+    for i in df.index[mixed]:
+        notes[i].insert(0, LEVELS_NOTE + str(df.loc[i, "levels"]) + LEVELS_NOTE_TAIL)
+    for i in df.index[~floor & ~has_ci]:
+        notes[i].append(SMALL_N_NOTE.format(min_n=min_n))
     if not with_floor:
-        note[df["floor_effect"].astype(bool)] = FLOOR_NOTE
-    df["note"] = note
+        for i in df.index[df["floor_effect"].astype(bool)]:
+            notes[i] = [FLOOR_NOTE]
+    df["note"] = pd.Series({i: "; ".join(v) if v else None for i, v in notes.items()}, dtype=object)
     return df
 
 
 def _versus_reference(df: pd.DataFrame, rows: pd.DataFrame, models: Mapping[str, tuple[str, str]], seed: int,
-                      n_boot: int) -> pd.DataFrame:
-    for c in PAIRED_COLUMNS[1:]:
+                      n_boot: int, min_n: int = DEFAULT_MIN_N) -> pd.DataFrame:
+    for c in PAIRED_COLUMNS[2:]:
         df[c] = None if c == "ref_strategy" else np.nan
     for (_, kind, _), g in df.groupby(list(RANK_GROUP)):
         strategies = dict(zip(g["strategy"], g["evaluated_as"], strict=True))
         ranked = g[g["rank"].notna()] if g["rank"].notna().any() else g
-        ref = "full" if "full" in set(ranked["strategy"]) else str(ranked.sort_values("rank")["strategy"].iloc[0])
+        ref = "full" if "full" in set(ranked["strategy"]) else \
+            str(ranked.sort_values(["rank", "mean_iou_drop"])["strategy"].iloc[0])
         ref_drop = _per_image_drop(rows, strategies[ref], str(kind))
         ps: dict[object, float] = {}
         for idx, r in g.iterrows():
@@ -192,9 +260,12 @@ def _versus_reference(df: pd.DataFrame, rows: pd.DataFrame, models: Mapping[str,
             est, lo, hi = paired_bootstrap_ci(a, b, n_boot=n_boot, rng=rng_for(
                 seed, "strategy-vs-ref", str(r["model"]), str(kind), str(r["strategy"])))
             _, p = wilcoxon_paired(a, b)
+            if len(both) < min_n:  # below the floor: the mean difference only
+                lo = hi = p = float("nan")
             df.loc[idx, ["n_pairs", "iou_drop_diff", "iou_drop_diff_ci_low", "iou_drop_diff_ci_high", "wilcoxon_p"]] = [
                 len(both), est, lo, hi, p]
-            ps[idx] = p
+            if np.isfinite(p):
+                ps[idx] = p
         if ps:
             df.loc[list(ps), "wilcoxon_q"] = benjamini_hochberg(np.array(list(ps.values()), dtype=np.float64))
     df["n_pairs"] = df["n_pairs"].astype("Int64")
@@ -202,25 +273,27 @@ def _versus_reference(df: pd.DataFrame, rows: pd.DataFrame, models: Mapping[str,
 
 
 def write_strategy_ranking(results_dir: str | Path, models: Mapping[str, tuple[str, str]],
-                           n_trainable: Mapping[str, int] | None = None, seed: int = 0) -> pd.DataFrame:
+                           n_trainable: Mapping[str, int] | None = None, seed: int = 0,
+                           min_n: int = DEFAULT_MIN_N) -> pd.DataFrame:
     """Recompute the ranking from every ``segmentation_results`` row and store both variants (one
     chunk per base model; the mart exposes them as the views ``strategy_ranking``, floor datasets
     left out, and ``strategy_ranking_all``); returns the default variant."""
     df = results.read_table(results_dir, "segmentation_results")
-    table = strategy_ranking(df, models, n_trainable, seed)
-    both = pd.concat([table, _with_floor_variant(df, models, n_trainable, seed, table)], ignore_index=True)
+    table = strategy_ranking(df, models, n_trainable, seed, min_n=min_n)
+    both = pd.concat([table, _with_floor_variant(df, models, n_trainable, seed, table, min_n)], ignore_index=True)
     results.write_per_key(results_dir, RANKING_TABLE, both, "model", results.fingerprint(["ranking", len(both)]))
     return table
 
 
 def _with_floor_variant(rows: pd.DataFrame, models: Mapping[str, tuple[str, str]],
-                        n_trainable: Mapping[str, int] | None, seed: int, default: pd.DataFrame) -> pd.DataFrame:
+                        n_trainable: Mapping[str, int] | None, seed: int, default: pd.DataFrame,
+                        min_n: int = DEFAULT_MIN_N) -> pd.DataFrame:
     """The ``with_floor`` variant: the default one relabelled when no row touched a floor (the same
     numbers), else recomputed with the floor datasets."""
     if default.empty or not (default["n_floor_excluded"].fillna(0).astype(int).any()
                              or default["floor_effect"].fillna(False).astype(bool).any()):
         return default.assign(with_floor=True)
-    return strategy_ranking(rows, models, n_trainable, seed, with_floor=True)
+    return strategy_ranking(rows, models, n_trainable, seed, with_floor=True, min_n=min_n)
 
 
 def compare_published(table: pd.DataFrame, kind: str = "corruption") -> pd.DataFrame:

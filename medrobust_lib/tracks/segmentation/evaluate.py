@@ -19,9 +19,11 @@ from medrobust_lib.lru import LRU, file_stamp
 from medrobust_lib.metrics.segmentation import EMPTY_GT_POLICY, dice, iou
 from medrobust_lib.models.registry import build_segmenter
 from medrobust_lib.paths import suite_paths
+from medrobust_lib.perturb.engine import NOT_APPLICABLE
 from medrobust_lib.prompts import PromptConfig, prompt_boxes
 from medrobust_lib.store import registry, results
 from medrobust_lib.store.completeness import ERROR_OUTCOME
+from medrobust_lib.store.schema import SEG_NO_MASK, SEG_NOT_APPLICABLE, SEG_OK, seg_failed
 
 RESULTS_TABLE = "segmentation_results"
 EVAL_VERSION = 1
@@ -165,6 +167,11 @@ def committed_test_dice(suite: Suite, model_id: str) -> float:
 class EvalSummary:
     n_rows: int = 0
     n_failed: int = 0
+    """Rows that failed (``error``, ``perturbation_error``, ``mask_out_of_view``); not the two below."""
+    n_not_applicable: int = 0
+    """Perturbed rows whose type does not apply to the sample (status ``not_applicable``)."""
+    n_no_mask: int = 0
+    """Rows of samples without a ground-truth mask (status ``no_mask``)."""
     mean_iou: float = float("nan")
     mean_dice: float = float("nan")
     clean_cache_hits: int = 0
@@ -276,8 +283,10 @@ def _summarize(rows: list[dict[str, Any]], s: EvalSummary) -> EvalSummary:
     df = pd.DataFrame(rows)
     s.n_rows = len(df)
     if len(df):
-        ok = df[df["status"] == "ok"]
-        s.n_failed = int((df["status"] != "ok").sum())
+        ok = df[df["status"] == SEG_OK]
+        s.n_failed = int(df["status"].map(seg_failed).sum())
+        s.n_not_applicable = int((df["status"] == SEG_NOT_APPLICABLE).sum())
+        s.n_no_mask = int((df["status"] == SEG_NO_MASK).sum())
         s.mean_iou = float(ok["iou"].mean()) if len(ok) else float("nan")
         s.mean_dice = float(ok["dice"].mean()) if len(ok) else float("nan")
     return s
@@ -304,7 +313,7 @@ def evaluate_clean(suite: Suite, model_id: str | SegModelConfig, modality: str, 
         r = _base_row(m, model.checkpoint_hash, s, "clean", sc.prompt.protocol, _precision(model))
         r["sample_sha256"] = s.content_hash()
         if s.mask is None:
-            r.update(status="no_mask", error="sample has no ground-truth mask")
+            r.update(status=SEG_NO_MASK, error="sample has no ground-truth mask")
         else:
             r["iou"], r["dice"] = scores[id(s)]
             r["clean_iou"], r["clean_dice"] = r["iou"], r["dice"]
@@ -422,10 +431,12 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
         r = _base_row(m, model.checkpoint_hash, s, "perturbation", sc.prompt.protocol, _precision(model))
         r.update(perturbation=mr["perturbation"], level=level, strength=mr["strength"], ssim=mr["ssim"])
         rows.append(r)
-        if mr["status"] != "ok":
+        if mr["status"] == NOT_APPLICABLE:  # the type does not apply to this sample: not a failure
+            r.update(status=SEG_NOT_APPLICABLE, error=mr["error"])
+        elif mr["status"] != "ok":
             r.update(status="perturbation_error", error=mr["error"])
         elif s.mask is None:
-            r.update(status="no_mask", error="sample has no ground-truth mask")
+            r.update(status=SEG_NO_MASK, error="sample has no ground-truth mask")
         else:
             todo.append((r, mr, s))
     # one sample's rows together: a feed worker reads each clean sample once (rows are sorted on write)

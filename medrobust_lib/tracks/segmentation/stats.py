@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from medrobust_lib.config.common import DEFAULT_MIN_N
 from medrobust_lib.metrics.stats import benjamini_hochberg, bootstrap_ci, wilcoxon_paired
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store import results
@@ -51,16 +52,19 @@ def _floor_excluded_rows(df: pd.DataFrame) -> pd.DataFrame:
     return df[keep]
 
 
-def _stats_rows(ok: pd.DataFrame, seed: int, scope: str) -> pd.DataFrame:
+def _stats_rows(ok: pd.DataFrame, seed: int, scope: str, min_n: int = DEFAULT_MIN_N) -> pd.DataFrame:
     keys = ["model", "checkpoint", "strategy", "condition", "perturbation", "level"]
     rows = []
+    nan = float("nan")
     for key, g in ok.groupby(keys, sort=True):
         rec = dict(zip(keys, key, strict=True))
-        rng = rng_for(seed, "segstats", *map(str, key)) if scope == SCOPE_ALL else \
-            rng_for(seed, "segstats", scope, *map(str, key))
-        _, ilo, ihi = bootstrap_ci(g["iou_drop"].to_numpy(), n_boot=N_BOOT, rng=rng)
-        _, dlo, dhi = bootstrap_ci(g["dice_drop"].to_numpy(), n_boot=N_BOOT, rng=rng)
-        _, p = wilcoxon_paired(g["clean_iou"].to_numpy(), g["iou"].to_numpy())
+        ilo = ihi = dlo = dhi = p = nan
+        if len(g) >= min_n:  # below the floor: the means only, no CI, no p (so no q)
+            rng = rng_for(seed, "segstats", *map(str, key)) if scope == SCOPE_ALL else \
+                rng_for(seed, "segstats", scope, *map(str, key))
+            _, ilo, ihi = bootstrap_ci(g["iou_drop"].to_numpy(), n_boot=N_BOOT, rng=rng)
+            _, dlo, dhi = bootstrap_ci(g["dice_drop"].to_numpy(), n_boot=N_BOOT, rng=rng)
+            _, p = wilcoxon_paired(g["clean_iou"].to_numpy(), g["iou"].to_numpy())
         rec.update(n=len(g), iou=g["iou"].mean(), dice=g["dice"].mean(), iou_drop=g["iou_drop"].mean(),
                    iou_drop_ci_low=ilo, iou_drop_ci_high=ihi, dice_drop=g["dice_drop"].mean(),
                    dice_drop_ci_low=dlo, dice_drop_ci_high=dhi, wilcoxon_p=p)
@@ -75,37 +79,38 @@ def _stats_rows(ok: pd.DataFrame, seed: int, scope: str) -> pd.DataFrame:
     return out
 
 
-def segmentation_stats(df: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
+def segmentation_stats(df: pd.DataFrame, seed: int = 0, min_n: int = DEFAULT_MIN_N) -> pd.DataFrame:
     """One row per (model, checkpoint, strategy, condition, perturbation, level) and ``scope``: n,
     mean IoU and Dice, mean drops with bootstrap 95% CIs over images, paired Wilcoxon p (clean vs
     condition IoU, the primary metric) and the Benjamini-Hochberg q over the model's type x level
     grid. Scope ``all`` pools every dataset; ``floor_excluded`` repeats the statistics without the
     datasets at the floor (:func:`floor_datasets`), for the models that have some (the rows the
-    mart's default views average), so those views carry CIs too."""
+    mart's default views average), so those views carry CIs too. A cell with fewer than ``min_n``
+    images (the suite's ``stats.min_n``) keeps its n and means but gets no CI, no p and no q."""
     if df.empty:
         return pd.DataFrame()
     perturbed = (df["status"] == "ok") & (df["condition"] != "clean")
-    out = _stats_rows(df[perturbed], seed, SCOPE_ALL)
+    out = _stats_rows(df[perturbed], seed, SCOPE_ALL, min_n)
     excluded = _floor_excluded_rows(df)
     if len(excluded):
         kept = excluded[(excluded["status"] == "ok") & (excluded["condition"] != "clean")]
-        out = pd.concat([out, _stats_rows(kept, seed, SCOPE_FLOOR_EXCLUDED)], ignore_index=True)
+        out = pd.concat([out, _stats_rows(kept, seed, SCOPE_FLOOR_EXCLUDED, min_n)], ignore_index=True)
     return out
 
 
-def write_segmentation_stats(results_dir: str | Path, seed: int = 0) -> pd.DataFrame:
+def write_segmentation_stats(results_dir: str | Path, seed: int = 0, min_n: int = DEFAULT_MIN_N) -> pd.DataFrame:
     """Recompute the stats table from every result row (one chunk per model)."""
     df = results.read_table(results_dir, "segmentation_results")
-    stats = segmentation_stats(df, seed)
+    stats = segmentation_stats(df, seed, min_n)
     results.write_per_key(results_dir, STATS_TABLE, stats, "model", results.fingerprint(["stats", len(stats)]))
     return stats
 
 
-def write_model_stats(results_dir: str | Path, model: str, seed: int = 0) -> pd.DataFrame:
+def write_model_stats(results_dir: str | Path, model: str, seed: int = 0, min_n: int = DEFAULT_MIN_N) -> pd.DataFrame:
     """Recompute and write the stats chunk of one ``model`` only (the other models' chunks are left
     alone, so evaluations of different models may write concurrently)."""
     df = results.read_table(results_dir, "segmentation_results")
-    stats = segmentation_stats(df[df["model"] == model] if len(df) else df, seed)
+    stats = segmentation_stats(df[df["model"] == model] if len(df) else df, seed, min_n)
     if len(stats):
         results.write_chunk(results.chunk_path(results_dir, STATS_TABLE, {"model": model}, "stats"), stats,
                             results.fingerprint(["stats", len(stats)]))

@@ -44,7 +44,7 @@ from medrobust_lib.seeding import rng_for
 from medrobust_lib.store import rerun, results
 from medrobust_lib.store.completeness import ERROR_OUTCOME
 from medrobust_lib.store.schema import TAXONOMY_COLUMN_NAMES as COLUMN_NAMES
-from medrobust_lib.store.schema import TAXONOMY_TABLE
+from medrobust_lib.store.schema import TAXONOMY_TABLE, excluded_outcome
 from medrobust_lib.tasks.vqa import extract_yes_no
 from medrobust_lib.taxonomy.paraphrase import api_paraphrases, template_paraphrases
 from medrobust_lib.taxonomy.quadrants import classify, classify_labels
@@ -435,7 +435,7 @@ def evaluate(suite: Suite, config_id: str, modality: str, level: int,
                 continue
             if mr["status"] != "ok":
                 rows.extend(_unasked_rows(suite, scorer, items, cond, str(mr.get("error")),
-                                          outcome="excluded:perturbation_error"))
+                                          outcome=excluded_outcome(str(mr["status"]))))
                 continue
             cond = dataclasses.replace(cond, image=regenerate_cached(mr, s).image)
             rows.extend(_classify_rows(suite, entry, scorer, by[key], cond, base, variants))

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from medrobust_lib.config.common import DEFAULT_MIN_N
 from medrobust_lib.store import results
 from medrobust_lib.store.completeness import DEFAULT_MAX_ERROR_SHARE, complete_rows
 from medrobust_lib.store.schema import (
@@ -49,7 +50,8 @@ def read_taxonomy_results(results_dir: str | Path) -> pd.DataFrame:
 
 
 def write_taxonomy_stats(results_dir: str | Path, seed: int = 0, abstention_tau: float | None = None, *,
-                         max_error_share: float = DEFAULT_MAX_ERROR_SHARE) -> tuple[pd.DataFrame, pd.DataFrame]:
+                         max_error_share: float = DEFAULT_MAX_ERROR_SHARE,
+                         min_n: int = DEFAULT_MIN_N) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Recompute both taxonomy stats tables from every ``taxonomy_results`` row and return them
     as (quadrant stats, correlation stats). ``abstention_tau`` (nats; None: the default ln 2) is
     the band of the sensitivity column ``share_abstention``. Quadrant stats: one chunk per configuration under
@@ -64,8 +66,8 @@ def write_taxonomy_stats(results_dir: str | Path, seed: int = 0, abstention_tau:
         quad = pd.DataFrame(columns=list(QUADRANT_STATS_COLUMNS))
         corr = pd.DataFrame(columns=list(CORRELATION_STATS_COLUMNS))
     else:
-        quad = quadrant_stats(df, seed, abstention_tau=tau)
-        corr = flip_dangerous_correlation(df, seed)
+        quad = quadrant_stats(df, seed, abstention_tau=tau, min_n=min_n)
+        corr = flip_dangerous_correlation(df, seed, min_n=min_n)
     if len(quad):
         quad["config"] = quad["config"].astype(str)
         quad["level"] = pd.to_numeric(quad["level"]).astype(int)

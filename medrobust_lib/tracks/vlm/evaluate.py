@@ -36,7 +36,7 @@ from medrobust_lib.metrics.caption_raw import RAW_COLUMNS, raw_caption_rows
 from medrobust_lib.store import rerun, results
 from medrobust_lib.store.completeness import ERROR_OUTCOME
 from medrobust_lib.store.schema import VLM_COLUMN_NAMES as COLUMN_NAMES
-from medrobust_lib.store.schema import VLM_TABLE
+from medrobust_lib.store.schema import VLM_TABLE, excluded_outcome
 from medrobust_lib.tasks.grounding_reference import score_grounding_reference
 from medrobust_lib.tasks.judge import judge_mc
 from medrobust_lib.tasks.judge_open import judge_open
@@ -489,7 +489,7 @@ def evaluate_perturbed(suite: Suite, model_id: str, modality: str, level: int, r
         if mr["status"] != "ok":
             for it in by[key]:
                 r = _row(it, base, runner)
-                r.update(outcome="excluded:perturbation_error", error=str(mr.get("error")))
+                r.update(outcome=excluded_outcome(str(mr["status"])), error=str(mr.get("error")))
                 rows.append(r)
             continue
         try:

@@ -23,6 +23,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 
+from medrobust_lib.config.common import DEFAULT_MIN_N
 from medrobust_lib.metrics.stats import (
     benjamini_hochberg,
     bootstrap_ci,
@@ -109,8 +110,10 @@ def _paired_test(task: str, clean: np.ndarray, pert: np.ndarray) -> tuple[str, f
     return "wilcoxon", wilcoxon_paired(clean, pert)[1]
 
 
-def _cell_row(key: tuple[Hashable, ...], g: pd.DataFrame, seed: int) -> dict[str, Any] | None:
-    """One ``vlm_stats`` row for a (model, ..., perturbation, level) cell, or None without pairs."""
+def _cell_row(key: tuple[Hashable, ...], g: pd.DataFrame, seed: int,
+              min_n: int = DEFAULT_MIN_N) -> dict[str, Any] | None:
+    """One ``vlm_stats`` row for a (model, ..., perturbation, level) cell, or None without pairs;
+    fewer than ``min_n`` pairs: the means only (no CI, no p)."""
     rec: dict[str, Any] = dict(zip(CELL_KEYS, key, strict=True))
     paired = g[g["status"] == "paired"]
     if paired.empty:
@@ -123,6 +126,8 @@ def _cell_row(key: tuple[Hashable, ...], g: pd.DataFrame, seed: int) -> dict[str
     pert_v, plo, phi = bootstrap_ci(p, n_boot=N_BOOT, rng=rng)
     drop, dlo, dhi = paired_bootstrap_ci(c, p, n_boot=N_BOOT, rng=rng)
     test, pval = _paired_test(task, c, p)
+    if len(paired) < min_n:  # below the floor: the means only, no CI, no p (so no q)
+        clo = chi = plo = phi = dlo = dhi = pval = float("nan")
     rec.update(metric=VLM_PRIMARY_COLUMN.get(task, _metric_source(task)), n_pairs=len(paired),
                n_excluded=int((g["status"] == "excluded").sum()), n_unmatched=int((g["status"] == "unmatched").sum()),
                n_error=int((g["status"] == "error").sum()),
@@ -140,7 +145,7 @@ def _add_q_values(out: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def vlm_stats(df: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
+def vlm_stats(df: pd.DataFrame, seed: int = 0, min_n: int = DEFAULT_MIN_N) -> pd.DataFrame:
     """Paired clean vs perturbed statistics from ``vlm_results`` rows.
 
     One row per (model, checkpoint, adapter, task, perturbation, level) with at least one pair,
@@ -160,12 +165,14 @@ def vlm_stats(df: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
 
     Bootstrap generators are ``rng_for(seed, "vlmstats", *cell key)``, so a seed gives identical
     CIs. Unparseable and refused rows count as wrong (0) and are paired; error rows never are.
+    A cell with fewer than ``min_n`` pairs (the suite's ``stats.min_n``) keeps its values but gets
+    no CI, no p and no q.
     """
     if df.empty:
         return pd.DataFrame(columns=list(STATS_COLUMNS))
     pairs = _pair_rows(df)
     rows = [r for key, g in pairs.groupby(list(CELL_KEYS), dropna=False, sort=True)
-            if (r := _cell_row(tuple(key), g, seed)) is not None]
+            if (r := _cell_row(tuple(key), g, seed, min_n)) is not None]
     if not rows:
         return pd.DataFrame(columns=list(STATS_COLUMNS))
     out = _add_q_values(pd.DataFrame(rows))
@@ -184,11 +191,11 @@ def _read_results(results_dir: str | Path) -> pd.DataFrame:
 
 
 def write_vlm_stats(results_dir: str | Path, seed: int = 0,
-                    max_error_share: float = DEFAULT_MAX_ERROR_SHARE) -> pd.DataFrame:
+                    max_error_share: float = DEFAULT_MAX_ERROR_SHARE, min_n: int = DEFAULT_MIN_N) -> pd.DataFrame:
     """Recompute ``vlm_stats`` from the ``vlm_results`` rows of every complete partition (error
     share <= ``max_error_share``): one chunk per model under ``vlm_stats/model=<id>/stats.parquet``;
     folders of models without stats are removed."""
-    stats = vlm_stats(complete_rows(_read_results(results_dir), VLM_TABLE, max_error_share), seed)
+    stats = vlm_stats(complete_rows(_read_results(results_dir), VLM_TABLE, max_error_share), seed, min_n)
     results.write_per_key(results_dir, STATS_TABLE, stats, "model", results.fingerprint(["vlm_stats", seed, len(stats)]))
     return stats
 

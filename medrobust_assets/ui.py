@@ -1,0 +1,144 @@
+"""``make ui``: ``dagster dev`` under a supervisor that stops it on the first Ctrl-C or SIGTERM.
+
+``dagster dev`` answers SIGINT / SIGTERM by asking its webserver and daemon to shut down and then
+waits up to 60 s for each (``dagster._cli.dev``), so one Ctrl-C could take two minutes, longer
+while the daemon is busy. This supervisor starts ``dagster dev`` (arguments passed through) in a
+process group of its own (webserver, daemon, code server and every run worker they start belong
+to it) and, on the first SIGINT or SIGTERM:
+
+1. forwards SIGTERM to the whole group (Dagster's graceful shutdown starts);
+2. waits up to :data:`GRACE_S` seconds for the group to be gone;
+3. SIGKILLs whatever is left of the group, reaps ``dagster dev`` and exits.
+
+So the UI stops within ``GRACE_S`` + ``KILL_WAIT_S`` (8 s) at most, whatever Dagster is doing. A run killed this
+way is marked failed by Dagster's run monitoring at the next start (``run_monitoring`` in
+dagster.yaml); its results are idempotent, so re-materialising it loses nothing. When ``dagster
+dev`` exits by itself, the supervisor exits with its return code (after stopping any process it
+left in the group).
+
+Usage (the Makefile's ``ui`` target)::
+
+    python -m medrobust_assets.ui -h 127.0.0.1 -p 3000 -w workspace.yaml
+
+Plain standard library: importing this module starts nothing and imports no Dagster.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+GRACE_S = 5.0
+"""Seconds the ``dagster dev`` group gets after the forwarded SIGTERM before it is killed."""
+POLL_S = 0.1
+KILL_WAIT_S = 3.0
+"""Seconds to wait after SIGKILL for the killed processes to be gone."""
+
+
+def dagster_command(args: Sequence[str]) -> list[str]:
+    """``dagster dev <args>`` with the ``dagster`` executable of this interpreter's environment."""
+    exe = Path(sys.executable).with_name("dagster")
+    return [str(exe) if exe.is_file() else "dagster", "dev", *args]
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a live (not zombie) process of group ``pgid`` exists: read from /proc on Linux (a
+    zombie waiting for its reaper answers signals but runs nothing), else ``killpg(pgid, 0)``."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop(proc: subprocess.Popen[bytes], grace_s: float = GRACE_S) -> None:
+    """SIGTERM the process group led by ``proc``; after ``grace_s`` seconds SIGKILL what is left of
+    it; reap ``proc``. Returns when no live process of the group is left (at most
+    :data:`KILL_WAIT_S` after the SIGKILL)."""
+    pgid = proc.pid
+    _signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        proc.poll()
+        if proc.returncode is not None and not _group_alive(pgid):
+            break
+        time.sleep(POLL_S)
+    else:
+        _signal_group(pgid, signal.SIGKILL)
+    _signal_group(pgid, signal.SIGKILL)  # stragglers of a leader that exited first
+    proc.wait()
+    deadline = time.monotonic() + KILL_WAIT_S  # a killed process needs a moment to be gone
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+
+
+class _Stop(Exception):
+    """Raised in the main thread by the first SIGINT / SIGTERM."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def run(cmd: Sequence[str], grace_s: float = GRACE_S) -> int:
+    """Run ``cmd`` in a new session (its own process group) until it exits or this process gets
+    SIGINT / SIGTERM; then stop the group (:func:`stop`). Returns the exit status: the command's
+    own, or 128 + the signal number when a signal stopped it."""
+
+    def _handler(signum: int, _frame: FrameType | None) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the first signal decides; repeats change nothing
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise _Stop(signum)
+
+    old = {s: signal.signal(s, _handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        proc = subprocess.Popen(list(cmd), start_new_session=True)
+        code = proc.wait()
+        stop(proc, grace_s=0.0)  # whatever it left behind in its group
+        return code
+    except _Stop as sig:
+        if proc is not None:
+            print(f"medrobust ui: stopping dagster dev (signal {sig.signum}; at most {grace_s:.0f} s)",
+                  file=sys.stderr, flush=True)
+            stop(proc, grace_s=grace_s)
+        return 128 + sig.signum
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m medrobust_assets.ui [dagster dev options]``."""
+    return run(dagster_command(list(sys.argv[1:] if argv is None else argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
