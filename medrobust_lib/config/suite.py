@@ -165,7 +165,8 @@ class Suite(BaseModel):
     max_error_share: float = Field(default=0.02, ge=0.0, le=1.0, description=(
         "largest share of infrastructure errors (outcome 'error') a VLM or taxonomy partition may have and "
         "still count as complete; above it the partition fails its check and is left out of the mart views"))
-    stats: StatsConfig = Field(default_factory=lambda: StatsConfig())
+    stats: StatsConfig = Field(default_factory=lambda: StatsConfig(), description=(
+        "the floors of the statistics: no CI or p-value below stats.min_n (docs/statistics.md)"))
     max_pixels: int = Field(default=64_000_000, ge=49,
                             description="largest 2-D image a reader decodes (height x width, read from the "
                                         "header first); larger files are quarantined as too_large. A dataset "
