@@ -67,25 +67,27 @@ def calibrate(
     lo, hi = band
     evals: dict[float, tuple[float, PerturbOutput]] = {}
 
+    shape = image.shape  # the range of a type in pixels grows with the image (spec.scales_with_size)
+
     def run(s: float) -> float:
-        s = spec.clamp(s)
+        s = spec.clamp(s, shape)
         if s not in evals:
             out = spec.apply(image, s, rng_for(*key), mask=mask, boxes=boxes)
             evals[s] = (ssim(image, out.image), out)
         return evals[s][0]
 
     def done(s: float, reached: bool) -> Calibrated:
-        s = spec.clamp(s)
+        s = spec.clamp(s, shape)
         value, out = evals[s]
         return Calibrated(s, value, reached, len(evals), out)
 
     # Work in "severity" coordinates t where larger is always stronger.
     sign = -1.0 if spec.inverse else 1.0
-    s0 = spec.clamp(start if start is not None else _default_start(spec, band))
+    s0 = spec.clamp(start if start is not None else _default_start(spec, band, shape), shape)
     f0 = run(s0)
     if lo <= f0 <= hi:
         return done(s0, True)
-    weak, strong = spec.weakest, spec.strongest
+    weak, strong = spec.weakest, spec.strongest_for(shape)
     if f0 > hi:  # too weak: bracket [s0, strongest]
         f_strong = run(strong)
         if f_strong > hi:
@@ -144,11 +146,12 @@ def _distance(value: float, band: Band) -> float:
     return 0.0 if lo <= value <= hi else min(abs(value - lo), abs(value - hi))
 
 
-def _default_start(spec: PerturbationSpec, band: Band) -> float:
+def _default_start(spec: PerturbationSpec, band: Band, shape: tuple[int, ...] | None = None) -> float:
     for level, b in DEFAULT_BANDS.items():
         if b == band:
-            return spec.levels[level - 1]
-    return 0.5 * (spec.strength_range[0] + spec.strength_range[1])
+            return spec.level_start(level, shape)
+    lo, hi = spec.strength_range_for(shape)
+    return 0.5 * (lo + hi)
 
 
 def dataset_strength(
@@ -167,4 +170,5 @@ def dataset_strength(
         n_evals += c.n_ssim_evals
     if not strengths:
         return (spec.clamp(start) if start is not None else spec.levels[0]), 0
-    return spec.clamp(float(np.median(strengths))), n_evals
+    largest = max((image.shape for image, _ in images), key=lambda sh: max(sh[:2]))
+    return spec.clamp(float(np.median(strengths)), largest), n_evals
