@@ -17,7 +17,14 @@ import pandas as pd
 from medrobust_lib.report.table import FLOOR_MARK, Column, ReportTable
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store.completeness import COMPLETENESS_TABLE, complete_filter_sql
-from medrobust_lib.store.coverage import CHANCE_TOL, SEG_FLOOR, VLM_CHANCE, seg_rows_ctes
+from medrobust_lib.store.coverage import (
+    BAND_ROWS_SQL,
+    CHANCE_TOL,
+    NO_BAND_ROWS_SQL,
+    SEG_FLOOR,
+    VLM_CHANCE,
+    seg_rows_ctes,
+)
 from medrobust_lib.store.schema import QUADRANTS, RANKING_VIEW
 from medrobust_lib.store.summary_views import ALL_SUFFIX
 from medrobust_lib.store.summary_views import segmentation_by_level as by_level_sql
@@ -79,14 +86,21 @@ def _identity_columns(df: pd.DataFrame, key: str, extra: Sequence[tuple[str, str
     return cols
 
 
-def _kept_ctes(where: str) -> str:
+def _band_rows(con: duckdb.DuckDBPyConnection) -> str:
+    """The manifest's band flags, or no rows for a database without ``perturbation_manifest``."""
+    has = relation_exists(con, "perturbation_manifest") and "band_reached" in relation_columns(
+        con, "perturbation_manifest")
+    return BAND_ROWS_SQL if has else NO_BAND_ROWS_SQL
+
+
+def _kept_ctes(con: duckdb.DuckDBPyConnection, where: str) -> str:
     """The CTEs of :func:`medrobust_lib.store.coverage.seg_rows_ctes` (the rule the mart's default
     views use, inlined so marts built before those views existed work too) plus ``kept``: the ok
     rows (alias ``r`` in ``where``) that enter the report's averages, floor datasets left out unless
     the named parameter ``$include_floor`` is true or every dataset of the model is at the floor
     (then kept, ``floor_effect`` true), rows whose perturbed output missed its SSIM band left out
     unless ``$include_off_band`` is true (counted in the CTE ``band_miss``)."""
-    return f"""{seg_rows_ctes("$include_floor", where, "$include_off_band")},
+    return f"""{seg_rows_ctes("$include_floor", where, "$include_off_band", _band_rows(con))},
         kept as (select * from seg_rows where status = 'ok')"""
 
 
@@ -108,7 +122,7 @@ def segmentation_summary(con: duckdb.DuckDBPyConnection, models: Sequence[str] |
     where, params = where_in("model", models)
     where, where_r = where.replace("?", "$ids"), where.replace("?", "$ids").replace(", model)", ", r.model)")
     df = con.execute(f"""
-        with {_kept_ctes(where_r)},
+        with {_kept_ctes(con, where_r)},
         per_type as (
             select model, checkpoint, strategy,
                    case when condition = 'perturbation' then 'corruption' else 'attack' end as kind,
@@ -211,7 +225,7 @@ def segmentation_level_means(con: duckdb.DuckDBPyConnection, models: Sequence[st
     cell's rows whose perturbed output missed its SSIM band."""
     where, params = where_in("r.model", models)
     df = con.execute(f"""
-        with {_kept_ctes(where.replace("?", "$ids"))},
+        with {_kept_ctes(con, where.replace("?", "$ids"))},
         means as (
             select model, checkpoint, strategy, condition, perturbation, level, count(*) as n,
                    avg(iou) as iou, avg(dice) as dice, avg(iou_drop) as iou_drop, avg(dice_drop) as dice_drop,

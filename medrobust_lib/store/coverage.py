@@ -62,6 +62,10 @@ BAND_ROWS_SQL = """
         group by dataset, sample_id, perturbation, level"""
 """Per perturbed output of the manifest (dataset, sample, type, level): ``band_reached``, whether its
 SSIM lies in its level's band."""
+NO_BAND_ROWS_SQL = """
+        select null::varchar as dataset, null::varchar as sample_id, null::varchar as perturbation,
+               null::integer as level, null::boolean as band_reached where false"""
+""":data:`BAND_ROWS_SQL` for a database without ``perturbation_manifest`` (no row is off-band)."""
 
 
 def off_band_sql(condition: str, band_reached: str) -> str:
@@ -70,7 +74,8 @@ def off_band_sql(condition: str, band_reached: str) -> str:
     return f"coalesce({condition} and not {band_reached}, false)"
 
 
-def seg_rows_ctes(include_floor: bool | str = False, where: str = "true", include_off_band: bool | str = False) -> str:
+def seg_rows_ctes(include_floor: bool | str = False, where: str = "true", include_off_band: bool | str = False,
+                  band_rows: str = BAND_ROWS_SQL) -> str:
     """CTEs (without the leading ``with``) of the segmentation rows that enter a mean.
 
     - ``floor_ds``: :data:`SEGMENTATION_FLOOR_SQL` (per (model, checkpoint, strategy, dataset)).
@@ -89,7 +94,8 @@ def seg_rows_ctes(include_floor: bool | str = False, where: str = "true", includ
       out of ``seg_rows``: 0 when ``include_floor`` or ``all_floor``) and ``floor_effect``.
 
     ``include_floor``, ``include_off_band``: a bool, or a SQL boolean expression such as the named
-    parameter ``$include_floor``.
+    parameter ``$include_floor``. ``band_rows``: the query of the manifest's band flags
+    (:data:`NO_BAND_ROWS_SQL` where the database has no manifest).
     """
     inc = _sql_bool(include_floor)
     inc_ob = _sql_bool(include_off_band)
@@ -98,7 +104,7 @@ def seg_rows_ctes(include_floor: bool | str = False, where: str = "true", includ
             select model, checkpoint, strategy, bool_and(floor_effect) as all_floor,
                    cast(count(*) filter (where floor_effect) as bigint) as n_floor
             from floor_ds group by model, checkpoint, strategy),
-        band_rows as ({BAND_ROWS_SQL}),
+        band_rows as ({band_rows}),
         seg_any as (
             select r.*, coalesce(f.floor_effect, false) as dataset_floor,
                    coalesce(m.all_floor, false) as floor_effect,
@@ -167,5 +173,5 @@ COVERAGE_VIEWS: dict[str, str] = {
 }
 
 
-__all__ = ["BAND_ROWS_SQL", "CHANCE_TOL", "COVERAGE_VIEWS", "LEVELS_SQL", "SEGMENTATION_FLOOR_SQL", "SEG_FLOOR", "VLM_CHANCE", "seg_rows_ctes",
+__all__ = ["BAND_ROWS_SQL", "NO_BAND_ROWS_SQL", "CHANCE_TOL", "COVERAGE_VIEWS", "LEVELS_SQL", "SEGMENTATION_FLOOR_SQL", "SEG_FLOOR", "VLM_CHANCE", "seg_rows_ctes",
            "off_band_sql", "vlm_chance_sql", "vlm_floor_sql"]
