@@ -686,6 +686,9 @@ def report(
                                                                         "below 0.1 in the segmentation averages and "
                                                                         "figures (default: left out, counted)")]
     = False,
+    include_off_band: Annotated[bool, typer.Option("--include-off-band", help="keep perturbed outputs whose SSIM "
+                                                   "missed their level's band in the segmentation averages and "
+                                                   "figures (default: left out, counted as band_miss)")] = False,
     workers: Annotated[int, typer.Option(min=1, help="processes drawing the figure files (same bytes as 1)")] = 1,
 ) -> None:
     """Paper-ready tables (CSV, Markdown, LaTeX), figures (PNG 300 dpi, PDF, SVG) and one index.html
@@ -700,7 +703,8 @@ def report(
                                parse_models(models), mlruns_dir=_project_path(mlruns, str(in_project(
                                    "mlruns", project_root(_suite_file(suite) if suite is not None else None)))),
                                log_mlflow=not no_mlflow, include_floor=include_floor,
-                               experiment=_report_experiment(suite), workers=workers)
+                               experiment=_report_experiment(suite), workers=workers,
+                               include_off_band=include_off_band)
     except (FileNotFoundError, ValueError) as exc:
         _echo(f"error: {exc}")
         raise typer.Exit(2) from None

@@ -25,7 +25,8 @@ def build_marts(extra_deps: list[Any]) -> dg.AssetsDefinition:
     )
     def marts(context: dg.AssetExecutionContext, suite: SuiteResource) -> dg.MaterializeResult:
         s = suite.load()
-        counts = build_mart(s.results_dir, s.mart_path, s.max_error_share)
+        counts = build_mart(s.results_dir, s.mart_path, s.max_error_share,
+                            include_off_band=s.perturbations.include_off_band)
         con = connect_readonly(s.mart_path)
         try:
             summary = con.execute(

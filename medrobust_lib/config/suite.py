@@ -90,6 +90,9 @@ class PerturbationConfig(BaseModel):
         "a modality not listed keeps every selected type (the reference's per-dataset subsets)")
     split: str = Field(default="test", description="which split to perturb: train, val, test or all")
     max_samples: int | None = Field(default=None, ge=1, description="cap per dataset, after the split filter")
+    include_off_band: bool = Field(default=False, description=(
+        "keep outputs whose SSIM missed their level's band in the mart's by-level and summary means (default: "
+        "left out; always counted in the views' band_miss column)"))
 
     @field_validator("bands")
     @classmethod

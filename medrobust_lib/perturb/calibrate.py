@@ -118,21 +118,24 @@ def calibrate(
             slope guides the search.
         mask, boxes: ground truth moved along with spatial types.
     """
+    spec = spec.for_shape(image.shape)  # a type in pixels searches the image's own (stretched) range
     lo, hi = band
     target = 0.5 * (lo + hi)
     slope = warm.slope if warm is not None else DEFAULT_SLOPE
     reference = SSIMReference(image)
     evals: dict[float, tuple[float, PerturbOutput]] = {}
 
+    shape = image.shape  # the range of a type in pixels grows with the image (spec.scales_with_size)
+
     def run(s: float) -> float:
-        s = spec.clamp(s)
+        s = spec.clamp(s, shape)
         if s not in evals:
             out = spec.apply(image, s, rng_for(*key), mask=mask, boxes=boxes)
             evals[s] = (reference(out.image), out)
         return evals[s][0]
 
     def done(s: float, reached: bool) -> Calibrated:
-        s = spec.clamp(s)
+        s = spec.clamp(s, shape)
         value, out = evals[s]
         return Calibrated(s, value, reached, len(evals), out, tuple((k, v[0]) for k, v in evals.items()))
 
@@ -231,11 +234,12 @@ def _distance(value: float, band: Band) -> float:
     return 0.0 if lo <= value <= hi else min(abs(value - lo), abs(value - hi))
 
 
-def _default_start(spec: PerturbationSpec, band: Band) -> float:
+def _default_start(spec: PerturbationSpec, band: Band, shape: tuple[int, ...] | None = None) -> float:
     for level, b in DEFAULT_BANDS.items():
         if b == band:
-            return spec.levels[level - 1]
-    return 0.5 * (spec.strength_range[0] + spec.strength_range[1])
+            return spec.level_start(level, shape)
+    lo, hi = spec.strength_range_for(shape)
+    return 0.5 * (lo + hi)
 
 
 def dataset_strength(
@@ -272,6 +276,7 @@ def warm_start(
     """
     if not images:
         return WarmStart(spec.clamp(start) if start is not None else spec.levels[0], DEFAULT_SLOPE, 0)
+    spec = spec.for_shape(max((image.shape for image, _ in images), key=lambda sh: max(sh[:2])))
     target = 0.5 * (band[0] + band[1])
     runs = [calibrate(spec, image, band, key, start=start) for image, key in images]
     slope = fit_slope([c.points for c in runs], spec)

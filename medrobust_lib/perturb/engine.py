@@ -101,7 +101,7 @@ def run_chunk(chunk: ChunkSpec, samples: Sequence[Sample]) -> tuple[list[dict[st
                 spec,
                 [(s.image, (perturbation_key(chunk.seed, s.dataset, s.sample_id, spec.name),)) for s in subset],
                 chunk.band,
-                start=spec.levels[chunk.level - 1],
+                start=spec.level_start(chunk.level, subset[0].image.shape),
             )
             warm, calib_evals = ws.strength, ws.n_evals
     rows = []
@@ -122,7 +122,8 @@ def run_chunk(chunk: ChunkSpec, samples: Sequence[Sample]) -> tuple[list[dict[st
             c = _calibrated(chunk, spec, s, key, warm, precomputed, ws)
             miss = None
             if not c.band_reached:
-                miss = "unreachable" if c.strength == spec.strongest and c.ssim > chunk.band[1] else "bracket"
+                cap = spec.strongest_for(s.image.shape)
+                miss = "unreachable" if c.strength == cap and c.ssim > chunk.band[1] else "bracket"
             rows.append({**base, "strength": c.strength, "ssim": c.ssim, "band_reached": c.band_reached,
                          "miss_reason": miss, "n_ssim_evals": c.n_ssim_evals,
                          "sha256": output_hash(c.output), "status": "ok", "error": None})

@@ -13,12 +13,19 @@ Two kinds of functions are registered:
   map_x[y, x])``), as for ``cv2.remap``. The image is resampled bilinearly with a zero border,
   the mask with nearest neighbour, and each box by warping its rasterised rectangle and taking the
   tight box of the result, so image, mask and boxes always move with the same draw.
+
+Levels at any resolution: a type whose strength is a length in pixels (blur widths, cell sizes,
+displacements) declares ``scales_with_size``; its ``strength_range`` and default ``levels`` are
+stated for images whose longer side is :data:`REFERENCE_SIZE` pixels, and on a larger image the
+distance of the cap (and of each default level) from the weakest strength grows by
+:func:`size_factor` (the longer side over :data:`REFERENCE_SIZE`, at least 1). The strength stays in
+pixels of the image it is applied to, so outputs at up to 256 px are unchanged.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace, field
 from typing import Literal
 
 import cv2
@@ -30,6 +37,15 @@ from medrobust_lib.types import ALL_MODALITIES, BoolMask, Boxes, FloatImage, par
 
 Geometry = Literal["intensity", "spatial"]
 Channels = Literal["any", "rgb"]
+
+REFERENCE_SIZE = 256
+"""Longer image side (pixels) at which the ranges of ``scales_with_size`` types are stated."""
+
+
+def size_factor(shape: tuple[int, ...]) -> float:
+    """How many times :data:`REFERENCE_SIZE` the longer side of an image of ``shape`` ((H, W) or
+    (H, W, C)) is, at least 1.0 (smaller images keep the stated ranges)."""
+    return max(1.0, max(int(shape[0]), int(shape[1])) / REFERENCE_SIZE)
 
 
 @dataclass(frozen=True)
@@ -51,6 +67,10 @@ class PerturbationSpec:
     is stronger, e.g. JPEG quality). ``levels`` are default strengths for severity 1..5, used as
     the calibration start. At the weakest strength the output must be (near) identical to the
     input (SSIM >= 0.98), which the contract tests check.
+
+    ``scales_with_size``: the strength is a length in pixels; ``strength_range`` and ``levels`` hold
+    for images up to :data:`REFERENCE_SIZE` pixels and stretch away from the weakest strength by
+    :func:`size_factor` on larger ones (:meth:`strength_range_for`, :meth:`level_start`).
     """
 
     name: str
@@ -65,6 +85,7 @@ class PerturbationSpec:
     integer: bool = False
     channels: Channels = "any"
     unit: str = ""
+    scales_with_size: bool = False
 
     @property
     def weakest(self) -> float:
@@ -72,7 +93,42 @@ class PerturbationSpec:
 
     @property
     def strongest(self) -> float:
+        """The cap at :data:`REFERENCE_SIZE` (see :meth:`strongest_for` for a given image)."""
         return self.strength_range[0] if self.inverse else self.strength_range[1]
+
+    def _stretch(self, value: float, shape: tuple[int, ...] | None) -> float:
+        """``value`` moved away from the weakest strength by the image's size factor."""
+        if not self.scales_with_size or shape is None:
+            return value
+        f = size_factor(shape)
+        return value if f == 1.0 else self.weakest + (value - self.weakest) * f
+
+    def strength_range_for(self, shape: tuple[int, ...] | None) -> tuple[float, float]:
+        """``strength_range`` for an image of ``shape`` (ascending; the stated range when ``shape`` is
+        None, the type does not scale or the image is at most :data:`REFERENCE_SIZE` pixels)."""
+        lo, hi = self.strength_range
+        if self.inverse:
+            return self._stretch(lo, shape), hi
+        return lo, self._stretch(hi, shape)
+
+    def strongest_for(self, shape: tuple[int, ...] | None) -> float:
+        """The strongest strength on an image of ``shape``."""
+        return self._stretch(self.strongest, shape)
+
+    def level_start(self, level: int, shape: tuple[int, ...] | None = None) -> float:
+        """The default strength of severity ``level`` (1..5) on an image of ``shape``, clamped."""
+        return self.clamp(self._stretch(self.levels[level - 1], shape), shape)
+
+    def for_shape(self, shape: tuple[int, ...] | None) -> PerturbationSpec:
+        """This type as seen on an image of ``shape``: for a ``scales_with_size`` type, a copy whose
+        ``strength_range`` and ``levels`` are the stretched ones (so a search in the type's own
+        coordinates covers the image's whole range); otherwise ``self``. The copy applies exactly
+        as ``self`` does (``apply`` clamps to the image's range either way)."""
+        if not self.scales_with_size or shape is None or size_factor(shape) == 1.0:
+            return self
+        levels = tuple(self.level_start(lv, shape) for lv in range(1, len(self.levels) + 1))
+        return replace(self, strength_range=self.strength_range_for(shape), levels=levels,  # type: ignore[arg-type]
+                       scales_with_size=False)
 
     def applies_to(self, modality: str, n_channels: int) -> bool:
         """Whether the type is defined for this modality and channel count (1 or 3)."""
@@ -80,8 +136,10 @@ class PerturbationSpec:
             return False
         return self.channels == "any" or n_channels == 3
 
-    def clamp(self, strength: float) -> float:
-        lo, hi = self.strength_range
+    def clamp(self, strength: float, shape: tuple[int, ...] | None = None) -> float:
+        """``strength`` limited to the range for an image of ``shape`` (None: the stated range),
+        rounded for integer types."""
+        lo, hi = self.strength_range_for(shape)
         s = float(min(max(strength, lo), hi))
         return float(round(s)) if self.integer else s
 
@@ -94,13 +152,14 @@ class PerturbationSpec:
         mask: BoolMask | None = None,
         boxes: Boxes | None = None,
     ) -> PerturbOutput:
-        """Apply at ``strength`` (clamped to the range). Pure: the inputs are not modified."""
+        """Apply at ``strength`` (clamped to the range for this image's size). Pure: the inputs are
+        not modified."""
         _check_image(image)
         if mask is not None and mask.shape != image.shape[:2]:
             raise ValueError(f"mask shape {mask.shape} does not match image shape {image.shape[:2]}")
         if self.channels == "rgb" and image.ndim != 3:
             raise ValueError(f"perturbation {self.name!r} needs an RGB image, got shape {image.shape}")
-        s = self.clamp(strength)
+        s = self.clamp(strength, image.shape)
         if self.geometry == "intensity":
             out = np.asarray(self.fn(image, s, rng), dtype=np.float32)
             return PerturbOutput(
@@ -192,8 +251,10 @@ def perturbation(
     integer: bool = False,
     channels: Channels = "any",
     unit: str = "",
+    scales_with_size: bool = False,
 ) -> Callable[[Callable[..., object]], Callable[..., object]]:
-    """Register ``fn`` as perturbation ``name`` (decorator). Raises on a duplicate name."""
+    """Register ``fn`` as perturbation ``name`` (decorator). Raises on a duplicate name.
+    ``scales_with_size``: the strength is a length in pixels (see :class:`PerturbationSpec`)."""
 
     def wrap(fn: Callable[..., object]) -> Callable[..., object]:
         lo, hi = strength_range
@@ -208,6 +269,7 @@ def perturbation(
                 name=name, family=family, modalities=tuple(modalities), geometry=geometry,
                 strength_range=(float(lo), float(hi)), levels=tuple(float(v) for v in levels),  # type: ignore[arg-type]
                 reference=reference, fn=fn, inverse=inverse, integer=integer, channels=channels, unit=unit,
+                scales_with_size=scales_with_size,
             ),
         )
         return fn

@@ -129,11 +129,12 @@ def _clear_previous(out: Path) -> None:
 
 
 def _tables(con: duckdb.DuckDBPyConnection, sel: dict[str, list[str] | None], available: dict[str, list[str]],
-            seed: int, include_floor: bool = False) -> tuple[list[ReportTable], dict[str, str]]:
+            seed: int, include_floor: bool = False,
+            include_off_band: bool = False) -> tuple[list[ReportTable], dict[str, str]]:
     builders: dict[str, Callable[[list[str] | None], pt.TableResult]] = {
         "real_model_worst_types": lambda ids: pt.real_model_worst_types(con, ids, include_floor),
-        "segmentation_summary": lambda ids: pt.segmentation_summary(con, ids, include_floor),
-        "segmentation_by_level": lambda ids: pt.segmentation_by_level(con, ids, include_floor),
+        "segmentation_summary": lambda ids: pt.segmentation_summary(con, ids, include_floor, include_off_band),
+        "segmentation_by_level": lambda ids: pt.segmentation_by_level(con, ids, include_floor, include_off_band),
         "strategy_ranking": lambda ids: pt.strategy_ranking(con, ids, include_floor),
         "vlm_task_drops": lambda ids: pt.vlm_task_drops(con, ids),
         "taxonomy_quadrants": lambda ids: pt.taxonomy_quadrants(con, ids, seed),
@@ -158,7 +159,8 @@ def _tables(con: duckdb.DuckDBPyConnection, sel: dict[str, list[str] | None], av
 
 
 def _figures(con: duckdb.DuckDBPyConnection, tables: dict[str, ReportTable], sel: dict[str, list[str] | None],
-             fig_dir: Path, include_floor: bool = False) -> tuple[list[tuple[Path, str]], dict[str, str]]:
+             fig_dir: Path, include_floor: bool = False,
+             include_off_band: bool = False) -> tuple[list[tuple[Path, str]], dict[str, str]]:
     """(path, caption) of every figure written, and figure name -> reason for those not drawn."""
     from medrobust_lib.report.figures.segmentation import robustness_curves
     from medrobust_lib.report.figures.taxonomy import flip_vs_dangerous_scatter, quadrant_bars
@@ -175,7 +177,10 @@ def _figures(con: duckdb.DuckDBPyConnection, tables: dict[str, ReportTable], sel
         # the figures' means leave floor datasets out (as the summary table does) unless asked.
         # IoU is the primary metric (MedFM-Robust): its figures come first; the Dice heatmap stays
         # alongside with its rows in the same IoU-drop order.
-        by_level = pt.segmentation_level_means(con, sel["segmentation"], include_floor)
+        by_level = pt.segmentation_level_means(con, sel["segmentation"], include_floor, include_off_band)
+        band_note = (" Outputs whose SSIM missed the level's band are "
+                     + ("kept (--include-off-band)" if include_off_band else "left out of the means")
+                     + f"; {figs.BAND_MISS_MARK} marks a cell that had some (band_miss).")
         for p in robustness_curves(by_level, fig_dir, "iou"):
             out.append((p, f"{p.name.removesuffix('_iou_curves.png')}: paired IoU drop at the evaluated levels "
                            "(SSIM band and attack epsilon under each); thin grey lines: corruption types, thick: "
@@ -188,7 +193,7 @@ def _figures(con: duckdb.DuckDBPyConnection, tables: dict[str, ReportTable], sel
             name = "IoU" if metric == "iou" else "Dice"
             for p in figs.drop_heatmap(by_level, fig_dir, metric, rank_by="iou"):
                 out.append((p, f"{p.stem}: mean {name} drop per perturbation type (rows, ranked by mean IoU drop) "
-                               "and evaluated level (columns); orange = worse than clean."))
+                               "and evaluated level (columns); orange = worse than clean." + band_note))
     else:
         skipped["robustness curves and heatmaps"] = "no segmentation_by_level table"
     strat = tables.get("strategy_ranking")
@@ -259,13 +264,15 @@ def _families(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
 def build_report(mart_path: str | Path = "var/marts.duckdb", out_dir: str | Path = "var/reports",
                  models: Sequence[str] | None = None, *, mlruns_dir: str | Path = "mlruns",
                  log_mlflow: bool = True, seed: int = 0, include_floor: bool = False,
-                 experiment: str = EXPERIMENT, workers: int = 1) -> ReportSummary:
+                 experiment: str = EXPERIMENT, workers: int = 1, include_off_band: bool = False) -> ReportSummary:
     """Write the report for ``models`` (model / configuration ids; None = all) into ``out_dir``.
 
     Raises FileNotFoundError without a mart and ValueError for unknown ids (listing the available
     ones). ``seed`` keys the bootstrap of the pooled taxonomy shares (and a recomputed correlation).
     ``include_floor``: keep datasets whose clean score is at the floor (``store.coverage``) in the
     segmentation averages and figures (default: left out, counted in the summary table).
+    ``include_off_band``: keep perturbed outputs whose SSIM missed their level's band in the
+    segmentation averages and figures (default: left out, counted per cell as ``band_miss``).
     ``experiment``: the MLflow experiment of the run (the CLI passes the suite's ``<suite>/reports``).
     ``workers``: processes that draw the figure files (:func:`~medrobust_lib.report.figures.style.
     parallel_saves`; 1 = in this process); the files are the same bytes either way.
@@ -277,12 +284,13 @@ def build_report(mart_path: str | Path = "var/marts.duckdb", out_dir: str | Path
     try:
         available = available_models(con)
         sel = select_models(available, list(models) if models is not None else None)
-        tables, skipped = _tables(con, sel, available, seed, include_floor)
+        tables, skipped = _tables(con, sel, available, seed, include_floor, include_off_band)
         out.mkdir(parents=True, exist_ok=True)
         _clear_previous(out)
         fig_dir = out / "figures"
         with parallel_saves(workers):
-            figures, fig_skipped = _figures(con, {t.name: t for t in tables}, sel, fig_dir, include_floor)
+            figures, fig_skipped = _figures(con, {t.name: t for t in tables}, sel, fig_dir, include_floor,
+                                            include_off_band)
         incomplete = _incomplete(con)
     finally:
         con.close()

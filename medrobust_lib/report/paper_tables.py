@@ -17,7 +17,14 @@ import pandas as pd
 from medrobust_lib.report.table import FLOOR_MARK, Column, ReportTable
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store.completeness import COMPLETENESS_TABLE, complete_filter_sql
-from medrobust_lib.store.coverage import CHANCE_TOL, SEG_FLOOR, VLM_CHANCE, seg_rows_ctes
+from medrobust_lib.store.coverage import (
+    BAND_ROWS_SQL,
+    CHANCE_TOL,
+    NO_BAND_ROWS_SQL,
+    SEG_FLOOR,
+    VLM_CHANCE,
+    seg_rows_ctes,
+)
 from medrobust_lib.store.schema import (
     QUADRANTS,
     RANKING_VIEW,
@@ -26,6 +33,7 @@ from medrobust_lib.store.schema import (
     seg_failed_sql,
 )
 from medrobust_lib.store.summary_views import ALL_SUFFIX
+from medrobust_lib.store.summary_views import segmentation_by_level as by_level_sql
 
 STRATEGY_VIEW = RANKING_VIEW
 SMALL_N_TEXT = ("A drop without a CI or q: the cell has fewer images (pairs, samples) than the suite's stats.min_n "
@@ -88,18 +96,26 @@ def _identity_columns(df: pd.DataFrame, key: str, extra: Sequence[tuple[str, str
     return cols
 
 
-def _kept_ctes(where: str) -> str:
+def _band_rows(con: duckdb.DuckDBPyConnection) -> str:
+    """The manifest's band flags, or no rows for a database without ``perturbation_manifest``."""
+    has = relation_exists(con, "perturbation_manifest") and "band_reached" in relation_columns(
+        con, "perturbation_manifest")
+    return BAND_ROWS_SQL if has else NO_BAND_ROWS_SQL
+
+
+def _kept_ctes(con: duckdb.DuckDBPyConnection, where: str) -> str:
     """The CTEs of :func:`medrobust_lib.store.coverage.seg_rows_ctes` (the rule the mart's default
     views use, inlined so marts built before those views existed work too) plus ``kept``: the ok
     rows (alias ``r`` in ``where``) that enter the report's averages, floor datasets left out unless
     the named parameter ``$include_floor`` is true or every dataset of the model is at the floor
-    (then kept, ``floor_effect`` true)."""
-    return f"""{seg_rows_ctes("$include_floor", where)},
+    (then kept, ``floor_effect`` true), rows whose perturbed output missed its SSIM band left out
+    unless ``$include_off_band`` is true (counted in the CTE ``band_miss``)."""
+    return f"""{seg_rows_ctes("$include_floor", where, "$include_off_band", _band_rows(con))},
         kept as (select * from seg_rows where status = 'ok')"""
 
 
 def segmentation_summary(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None,
-                         include_floor: bool = False) -> TableResult:
+                         include_floor: bool = False, include_off_band: bool = False) -> TableResult:
     """Per (model, checkpoint, strategy): ``clean_iou`` / ``clean_dice`` (mean over clean images, in
     [0, 1]); ``corruption_iou_drop`` / ``corruption_dice_drop``: the mean over corruption types of
     each type's mean paired drop (clean - perturbed; positive = worse; the mart's ``Delta`` row);
@@ -117,7 +133,7 @@ def segmentation_summary(con: duckdb.DuckDBPyConnection, models: Sequence[str] |
     where, params = where_in("model", models)
     where, where_r = where.replace("?", "$ids"), where.replace("?", "$ids").replace(", model)", ", r.model)")
     df = con.execute(f"""
-        with {_kept_ctes(where_r)},
+        with {_kept_ctes(con, where_r)},
         per_type as (
             select model, checkpoint, strategy,
                    case when condition = 'perturbation' then 'corruption' else 'attack' end as kind,
@@ -166,7 +182,8 @@ def segmentation_summary(con: duckdb.DuckDBPyConnection, models: Sequence[str] |
         left join clean cl using (model, checkpoint, strategy)
         left join cov cv using (model, checkpoint, strategy)
         left join nfl using (model, checkpoint, strategy)
-        order by c.model, c.strategy, c.checkpoint""", {"include_floor": include_floor, **_named(params)}).df()
+        order by c.model, c.strategy, c.checkpoint""",
+                     {"include_floor": include_floor, "include_off_band": include_off_band, **_named(params)}).df()
     if df.empty:
         return "no segmentation_results rows for the selected models"
     for c in ("n_corruption_types", "n_attack_types", "n_images", "n", "n_failed", "n_not_applicable", "n_no_mask",
@@ -221,21 +238,28 @@ def _named(params: list[object]) -> dict[str, object]:
 
 
 def segmentation_level_means(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None,
-                             include_floor: bool = False) -> pd.DataFrame:
+                             include_floor: bool = False, include_off_band: bool = False) -> pd.DataFrame:
     """The figures' by-level data: per (model, checkpoint, strategy, condition, perturbation,
     level) the mean ``iou`` / ``dice`` / ``iou_drop`` / ``dice_drop`` over ok rows, floor datasets
     left out as in :func:`segmentation_summary` (a model with only floor datasets keeps them, with
-    ``floor_effect`` true)."""
+    ``floor_effect`` true), off-band rows left out unless ``include_off_band``; ``band_miss``: the
+    cell's rows whose perturbed output missed its SSIM band."""
     where, params = where_in("r.model", models)
     df = con.execute(f"""
-        with {_kept_ctes(where.replace("?", "$ids"))}
-        select model, checkpoint, strategy, condition, perturbation, level, count(*) as n,
-               avg(iou) as iou, avg(dice) as dice, avg(iou_drop) as iou_drop, avg(dice_drop) as dice_drop,
-               bool_or(floor_effect) as floor_effect
-        from kept where condition <> 'clean'
-        group by model, checkpoint, strategy, condition, perturbation, level
-        order by model, strategy, checkpoint, condition, perturbation, level""",
-                     {"include_floor": include_floor, **_named(params)}).df()
+        with {_kept_ctes(con, where.replace("?", "$ids"))},
+        means as (
+            select model, checkpoint, strategy, condition, perturbation, level, count(*) as n,
+                   avg(iou) as iou, avg(dice) as dice, avg(iou_drop) as iou_drop, avg(dice_drop) as dice_drop,
+                   bool_or(floor_effect) as floor_effect
+            from kept where condition <> 'clean'
+            group by model, checkpoint, strategy, condition, perturbation, level)
+        select m.*, coalesce(b.band_miss, 0) as band_miss
+        from means m
+        left join band_miss b on b.model = m.model and b.checkpoint is not distinct from m.checkpoint
+             and b.strategy is not distinct from m.strategy and b.condition = m.condition
+             and b.perturbation = m.perturbation and b.level = m.level
+        order by m.model, m.strategy, m.checkpoint, m.condition, m.perturbation, m.level""",
+                     {"include_floor": include_floor, "include_off_band": include_off_band, **_named(params)}).df()
     return df
 
 
@@ -245,26 +269,35 @@ before the companions existed has only this name, holding every dataset)."""
 
 
 def segmentation_by_level(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None,
-                          include_floor: bool = False) -> TableResult:
+                          include_floor: bool = False, include_off_band: bool = False) -> TableResult:
     """The by-level view (:data:`BY_LEVEL_VIEW`, or its ``_all`` companion with ``include_floor``), the
     datasets at the floor left out of its means and CIs as in :func:`segmentation_summary` (a model
     with only floor datasets keeps them, greyed): per (model, checkpoint, strategy, condition, perturbation,
     level) ``n``, ``n_failed``, mean ``iou`` / ``dice`` in [0, 1], mean paired ``iou_drop`` /
     ``dice_drop`` with bootstrap 95 % CIs, relative drops ``iou_rel_drop`` / ``dice_rel_drop`` (drop /
     clean score, NULL when that is 0), ``wilcoxon_q`` (Benjamini-Hochberg). IoU columns first.
-    ``kind`` is ``corruption`` or ``attack``. Corruptions first, then attacks, each by type and level."""
+    ``kind`` is ``corruption`` or ``attack``. Corruptions first, then attacks, each by type and level.
+    ``band_miss``: the cell's outputs that missed their level's SSIM band, left out of ``n``, the means
+    and the CIs (which are then blank) unless ``include_off_band``. The view's SQL is run with the
+    report's own settings (the mart's views follow the suite's); a mart too old for it falls back to
+    the view, without ``band_miss``."""
     where, params = where_in("model", models)
-    view = BY_LEVEL_VIEW + ALL_SUFFIX if include_floor and relation_exists(con, BY_LEVEL_VIEW + ALL_SUFFIX) \
-        else BY_LEVEL_VIEW
-    floor = "floor_effect" if "floor_effect" in relation_columns(con, view) else "false as floor_effect"
-    df = con.execute(f"""
-        select model, checkpoint, strategy, condition,
+    cols_sql = """model, checkpoint, strategy, condition,
                case when condition = 'perturbation' then 'corruption' else 'attack' end as kind,
                perturbation, level, n, n_failed, iou, dice, iou_drop, iou_drop_ci_low, iou_drop_ci_high,
-               iou_rel_drop, dice_drop, dice_drop_ci_low, dice_drop_ci_high, dice_rel_drop, wilcoxon_q, {floor}
-        from {view} where {where}
-        order by model, strategy, checkpoint, case when condition = 'perturbation' then 0 else 1 end,
-                 perturbation, level""", params).df()
+               iou_rel_drop, dice_drop, dice_drop_ci_low, dice_drop_ci_high, dice_rel_drop, wilcoxon_q"""
+    order = """order by model, strategy, checkpoint, case when condition = 'perturbation' then 0 else 1 end,
+                 perturbation, level"""
+    try:
+        df = con.execute(f"""
+            select {cols_sql}, floor_effect, band_miss
+            from ({by_level_sql(include_floor, "$include_off_band")}) where {where.replace("?", "$ids")}
+            {order}""", {"include_off_band": include_off_band, **_named(params)}).df()
+    except duckdb.Error:  # a mart built before the tables had the columns the view's SQL reads
+        view = BY_LEVEL_VIEW + ALL_SUFFIX if include_floor and relation_exists(con, BY_LEVEL_VIEW + ALL_SUFFIX) \
+            else BY_LEVEL_VIEW
+        floor = "floor_effect" if "floor_effect" in relation_columns(con, view) else "false as floor_effect"
+        df = con.execute(f"select {cols_sql}, {floor} from {view} where {where} {order}", params).df()
     if df.empty:
         return "no segmentation_by_level rows for the selected models"
     cols = [Column("Model", "model"), *_identity_columns(df, "model", [("strategy", "Strategy"),
@@ -276,6 +309,16 @@ def segmentation_by_level(con: duckdb.DuckDBPyConnection, models: Sequence[str] 
             Column("Dice drop [95% CI]", "dice_drop", "ci", "dice_drop_ci_low", "dice_drop_ci_high"),
             Column("Dice rel. drop", "dice_rel_drop", "float"),
             Column("q", "wilcoxon_q", "pvalue")]
+    notes = ""
+    if "band_miss" in df.columns:
+        df["band_miss"] = df["band_miss"].astype("int64")
+        if int(df["band_miss"].sum()):
+            cols.insert(cols.index(Column("n", "n", "int")) + 1, Column("Band miss", "band_miss", "int"))
+        notes = (" Band miss: perturbed outputs whose SSIM missed the level's band ("
+                 + ("kept in n and the means, --include-off-band)." if include_off_band else
+                    "left out of n, the means and the CIs, which are blank for such a cell; --include-off-band "
+                    "keeps them).")
+                 + f" {int(df['band_miss'].sum())} in this table.")
     grouped = tuple(c.key for c in cols if c.key in ("model", "strategy", "checkpoint", "kind"))
     return ReportTable(
         "segmentation_by_level", "Segmentation by perturbation type and severity level", df, tuple(cols),
@@ -283,7 +326,7 @@ def segmentation_by_level(con: duckdb.DuckDBPyConnection, models: Sequence[str] 
         "drop / clean score of the same images; q: paired Wilcoxon (clean vs perturbed IoU) with "
         "Benjamini-Hochberg over the model's type x level grid. "
         "Attack levels 1-5 are eps = 2, 4, 6, 8, 10 /255. Grey rows: clean IoU or Dice below the floor. "
-        f"{SMALL_N_TEXT}",
+        f"{SMALL_N_TEXT}" + notes,
         grey_key="floor_effect", group_by=grouped)
 
 

@@ -56,36 +56,71 @@ def _sql_bool(value: bool | str) -> str:
     return value if isinstance(value, str) else ("true" if value else "false")
 
 
-def seg_rows_ctes(include_floor: bool | str = False, where: str = "true") -> str:
+BAND_ROWS_SQL = """
+        select dataset, sample_id, perturbation, level, bool_and(band_reached) as band_reached
+        from perturbation_manifest where status = 'ok'
+        group by dataset, sample_id, perturbation, level"""
+"""Per perturbed output of the manifest (dataset, sample, type, level): ``band_reached``, whether its
+SSIM lies in its level's band."""
+NO_BAND_ROWS_SQL = """
+        select null::varchar as dataset, null::varchar as sample_id, null::varchar as perturbation,
+               null::integer as level, null::boolean as band_reached where false"""
+""":data:`BAND_ROWS_SQL` for a database without ``perturbation_manifest`` (no row is off-band)."""
+
+
+def off_band_sql(condition: str, band_reached: str) -> str:
+    """SQL boolean: a perturbed row whose output missed its level's SSIM band (``band_reached`` false
+    in the manifest; a row the manifest does not describe is not off-band)."""
+    return f"coalesce({condition} and not {band_reached}, false)"
+
+
+def seg_rows_ctes(include_floor: bool | str = False, where: str = "true", include_off_band: bool | str = False,
+                  band_rows: str = BAND_ROWS_SQL) -> str:
     """CTEs (without the leading ``with``) of the segmentation rows that enter a mean.
 
     - ``floor_ds``: :data:`SEGMENTATION_FLOOR_SQL` (per (model, checkpoint, strategy, dataset)).
     - ``floor_model``: per (model, checkpoint, strategy) ``all_floor`` (every dataset with clean
       rows at the floor) and ``n_floor`` (datasets at the floor).
-    - ``seg_rows``: every ``segmentation_results`` row (any status; alias ``r`` in ``where``) plus
-      ``dataset_floor`` (its dataset is at the floor) and ``floor_effect`` (``all_floor`` of its
-      model), except the rows of a floor dataset, which are left out unless ``include_floor`` or
-      ``all_floor``.
+    - ``seg_any``: every ``segmentation_results`` row (any status; alias ``r`` in ``where``) plus
+      ``dataset_floor`` (its dataset is at the floor), ``floor_effect`` (``all_floor`` of its
+      model) and ``off_band`` (a corruption row whose output missed its SSIM band, from
+      ``perturbation_manifest``: :data:`BAND_ROWS_SQL`), except the rows of a floor dataset, which
+      are left out unless ``include_floor`` or ``all_floor``.
+    - ``seg_rows``: the rows of ``seg_any`` that enter the means: off-band rows left out unless
+      ``include_off_band``.
+    - ``band_miss``: per (model, checkpoint, strategy, condition, perturbation, level) of
+      ``seg_any`` the count ``band_miss`` of its off-band rows (whether or not they are in the means).
     - ``floor_excl``: per (model, checkpoint, strategy) ``n_floor_excluded`` (floor datasets left
       out of ``seg_rows``: 0 when ``include_floor`` or ``all_floor``) and ``floor_effect``.
 
-    ``include_floor``: a bool, or a SQL boolean expression such as the named parameter
-    ``$include_floor``.
+    ``include_floor``, ``include_off_band``: a bool, or a SQL boolean expression such as the named
+    parameter ``$include_floor``. ``band_rows``: the query of the manifest's band flags
+    (:data:`NO_BAND_ROWS_SQL` where the database has no manifest).
     """
     inc = _sql_bool(include_floor)
+    inc_ob = _sql_bool(include_off_band)
     return f"""floor_ds as ({SEGMENTATION_FLOOR_SQL}),
         floor_model as (
             select model, checkpoint, strategy, bool_and(floor_effect) as all_floor,
                    cast(count(*) filter (where floor_effect) as bigint) as n_floor
             from floor_ds group by model, checkpoint, strategy),
-        seg_rows as (
+        band_rows as ({band_rows}),
+        seg_any as (
             select r.*, coalesce(f.floor_effect, false) as dataset_floor,
-                   coalesce(m.all_floor, false) as floor_effect
+                   coalesce(m.all_floor, false) as floor_effect,
+                   {off_band_sql("r.condition = 'perturbation'", "b.band_reached")} as off_band
             from segmentation_results r
             left join floor_ds f using (model, checkpoint, strategy, dataset)
             left join floor_model m using (model, checkpoint, strategy)
+            left join band_rows b on b.dataset = r.dataset and b.sample_id = r.sample_id
+                 and b.perturbation = r.perturbation and b.level = r.level
             where ({inc} or not coalesce(f.floor_effect, false) or coalesce(m.all_floor, false))
               and ({where})),
+        seg_rows as (select * from seg_any where {inc_ob} or not off_band),
+        band_miss as (
+            select model, checkpoint, strategy, condition, perturbation, level,
+                   cast(count(*) filter (where off_band) as bigint) as band_miss
+            from seg_any group by model, checkpoint, strategy, condition, perturbation, level),
         floor_excl as (
             select model, checkpoint, strategy,
                    cast(case when {inc} or all_floor then 0 else n_floor end as bigint) as n_floor_excluded,
@@ -138,5 +173,5 @@ COVERAGE_VIEWS: dict[str, str] = {
 }
 
 
-__all__ = ["CHANCE_TOL", "COVERAGE_VIEWS", "LEVELS_SQL", "SEGMENTATION_FLOOR_SQL", "SEG_FLOOR", "VLM_CHANCE", "seg_rows_ctes",
-           "vlm_chance_sql", "vlm_floor_sql"]
+__all__ = ["BAND_ROWS_SQL", "NO_BAND_ROWS_SQL", "CHANCE_TOL", "COVERAGE_VIEWS", "LEVELS_SQL", "SEGMENTATION_FLOOR_SQL", "SEG_FLOOR", "VLM_CHANCE", "seg_rows_ctes",
+           "off_band_sql", "vlm_chance_sql", "vlm_floor_sql"]

@@ -22,7 +22,13 @@ from medrobust_lib.store.completeness import (
     complete_filter_sql,
     error_share_sql,
 )
-from medrobust_lib.store.coverage import COVERAGE_VIEWS, vlm_chance_sql, vlm_floor_sql
+from medrobust_lib.store.coverage import (
+    BAND_ROWS_SQL,
+    COVERAGE_VIEWS,
+    off_band_sql,
+    vlm_chance_sql,
+    vlm_floor_sql,
+)
 from medrobust_lib.store.results import CorruptChunkError, verify_chunk
 from medrobust_lib.store.schema import (
     MART_TABLES,
@@ -32,7 +38,7 @@ from medrobust_lib.store.schema import (
     VLM_TABLE,
     MartTable,
 )
-from medrobust_lib.store.summary_views import SUMMARY_VIEWS
+from medrobust_lib.store.summary_views import SUMMARY_VIEWS, off_band_summary_views
 from medrobust_lib.store.writer_lock import suite_writer_lock
 
 VLM_SCORED_OUTCOMES: tuple[str, ...] = ("ok", "unparseable", "refused")
@@ -58,11 +64,27 @@ _BLEU_RATIO_SQL = f"((hyp_len + {_BLEU_TINY_SQL}) / (ref_len + {_BLEU_SMALL_SQL}
 # acc_50 (= accuracy), acc_75; captions cider_d (mean, >= 0), rouge_l (mean, [0, 1]) and bleu_4, the
 # corpus BLEU-4 from the summed sufficient statistics (medrobust_lib.metrics.caption.bleu_from_stats,
 # same constants and brevity penalty); mean_ssim over all rows; chance: the chance level of the primary
-# metric (multiple choice: the mean of 1/n_options over the scored rows, medrobust_lib.store.coverage).
-_VLM_BY_LEVEL = f"""
-        with base as (
-            select *, {_SCORED_SQL} as scored from {VLM_TABLE} v
-            where image_mode = 'image' and {complete_filter_sql(VLM_TABLE, "v")}),
+# metric (multiple choice: the mean of 1/n_options over the scored rows, medrobust_lib.store.coverage);
+# band_miss: rows whose perturbed image missed its level's SSIM band (perturbation_manifest), left out of
+# n and every metric unless include_off_band.
+def vlm_by_level(include_off_band: bool | str = False) -> str:
+    """The ``vlm_by_level`` view; off-band rows enter the counts and metrics only with
+    ``include_off_band`` (a bool or a SQL boolean such as ``$include_off_band``)."""
+    inc_ob = include_off_band if isinstance(include_off_band, str) else ("true" if include_off_band else "false")
+    return f"""
+        with band_rows as ({BAND_ROWS_SQL}),
+        base_any as (
+            select v.*, {_SCORED_SQL} as scored,
+                   {off_band_sql("v.perturbation <> 'clean'", "b.band_reached")} as off_band
+            from {VLM_TABLE} v
+            left join band_rows b on b.dataset = v.dataset and b.sample_id = v.sample_id
+                 and b.perturbation = v.perturbation and b.level = v.level
+            where v.image_mode = 'image' and {complete_filter_sql(VLM_TABLE, "v")}),
+        miss as (
+            select model, checkpoint, adapter, task, perturbation, level,
+                   cast(count(*) filter (where off_band) as bigint) as band_miss
+            from base_any group by model, checkpoint, adapter, task, perturbation, level),
+        base as (select * from base_any where {inc_ob} or not off_band),
         agg as (
             select model, checkpoint, adapter, task, perturbation, level,
                    count(*) as n,
@@ -83,9 +105,18 @@ _VLM_BY_LEVEL = f"""
                    sum(hyp_len) filter (where scored) as hyp_len, sum(ref_len) filter (where scored) as ref_len,
                    avg(ssim) as mean_ssim,
                    avg(1.0 / nullif(n_options, 0)) filter (where scored) as inv_options
-            from base group by model, checkpoint, adapter, task, perturbation, level)
-        select model, checkpoint, adapter, task, perturbation, level, n, n_scored, n_unparseable, n_refused,
-               n_error, n_excluded,
+            from base group by model, checkpoint, adapter, task, perturbation, level),
+        cells as (
+            select m.model, m.checkpoint, m.adapter, m.task, m.perturbation, m.level, m.band_miss,
+                   a.* exclude (model, checkpoint, adapter, task, perturbation, level)
+            from miss m
+            left join agg a on a.model = m.model and a.checkpoint is not distinct from m.checkpoint
+                 and a.adapter is not distinct from m.adapter and a.task = m.task
+                 and a.perturbation = m.perturbation and a.level = m.level)
+        select model, checkpoint, adapter, task, perturbation, level, coalesce(n, 0) as n,
+               coalesce(n_scored, 0) as n_scored, coalesce(n_unparseable, 0) as n_unparseable,
+               coalesce(n_refused, 0) as n_refused, coalesce(n_error, 0) as n_error,
+               coalesce(n_excluded, 0) as n_excluded,
                case when task <> 'caption' then mean_correct end as accuracy,
                case when task = 'grounding' then mean_iou_all end as mean_iou,
                case when task = 'grounding' then mean_correct end as acc_50,
@@ -96,9 +127,12 @@ _VLM_BY_LEVEL = f"""
                    {_BLEU4_SQL}
                    * case when {_BLEU_RATIO_SQL} < 1 then exp(1 - 1 / {_BLEU_RATIO_SQL}) else 1.0 end
                end as bleu_4,
-               mean_ssim, {vlm_chance_sql("inv_options")} as chance
-        from agg
+               mean_ssim, {vlm_chance_sql("inv_options")} as chance, band_miss
+        from cells
         order by model, checkpoint, adapter, task, perturbation, level"""
+
+
+_VLM_BY_LEVEL = vlm_by_level()
 
 # vlm_task_drops: the published wide table in long form. Per (model, checkpoint, adapter, task):
 # column_name 'Clean' (level 0), one row per perturbation type (the primary metric averaged over the
@@ -197,10 +231,21 @@ class MartBuildError(RuntimeError):
     the table and, for an unreadable chunk, the file and the partition to re-materialise."""
 
 
+def mart_views(include_off_band: bool = False) -> dict[str, str]:
+    """Every view of the mart, in creation order: :data:`MART_VIEWS`, where ``include_off_band`` (the
+    suite's ``perturbations.include_off_band``) puts the rows whose perturbed output missed its SSIM
+    band back into the by-level and summary means (they are always counted in ``band_miss``)."""
+    if not include_off_band:
+        return dict(MART_VIEWS)
+    return {**MART_VIEWS, **off_band_summary_views(True), "vlm_by_level": vlm_by_level(True)}
+
+
 def build_mart(results_dir: str | Path, mart_path: str | Path,
-               max_error_share: float = DEFAULT_MAX_ERROR_SHARE) -> dict[str, int]:
+               max_error_share: float = DEFAULT_MAX_ERROR_SHARE, include_off_band: bool = False) -> dict[str, int]:
     """Rebuild the mart from Parquet; returns row counts per table. ``max_error_share`` (the
-    suite setting) decides which partitions ``partition_completeness`` marks complete.
+    suite setting) decides which partitions ``partition_completeness`` marks complete;
+    ``include_off_band`` (the suite's ``perturbations.include_off_band``) keeps rows whose perturbed
+    output missed its SSIM band in the level means (:func:`mart_views`).
 
     Crash safety: the new mart is built in ``.<name>.<pid>.<uuid>.tmp`` next to the old one,
     fsynced, renamed over it (atomic on POSIX) and the folder fsynced, so a reader sees the old
@@ -244,7 +289,7 @@ def _build_mart(results_dir: str | Path, mart_path: str | Path, max_error_share:
                 counts[t.name] = int(con.execute(f"select count(*) from {t.name}").fetchall()[0][0])
                 desc = t.description.replace("'", "''")
                 con.execute(f"comment on table {t.name} is '{desc}'")
-            for name, sql in MART_VIEWS.items():
+            for name, sql in mart_views(include_off_band).items():
                 con.execute(f"create view {name} as {sql}")
             con.execute("checkpoint")
         finally:

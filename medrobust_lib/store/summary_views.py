@@ -47,15 +47,21 @@ def _rank_note(partition: str, ranked: str) -> str:
             f"then '{LEVELS_NOTE}' || levels || '{LEVELS_NOTE_TAIL}' end")
 
 
-def segmentation_by_level(include_floor: bool) -> str:
+def segmentation_by_level(include_floor: bool, include_off_band: bool | str = False) -> str:
     """Per (model, checkpoint, strategy, condition, perturbation, level) of the non-clean rows:
     counts (``n`` every row; ``n_failed`` the failures; ``n_not_applicable`` and ``n_no_mask``, which
-    are not failures), mean scores and drops, relative drops, ``segmentation_stats`` CIs and tests of the same
-    rows (scope ``all``, or ``floor_excluded`` when floor datasets were left out), coverage columns."""
-    stats_cols = ", ".join(f"case when coalesce(x.n_floor_excluded, 0) = 0 then s.{c} else e.{c} end as {c}"
+    are not failures), mean scores and drops, relative drops, ``segmentation_stats`` CIs and tests of
+    the same rows (scope ``all``, or ``floor_excluded`` when floor datasets were left out), coverage
+    columns, and ``band_miss``: the cell's rows whose perturbed output missed its SSIM band, left out
+    of ``n`` and every mean unless ``include_off_band`` (a bool or a SQL boolean such as
+    ``$include_off_band``). ``segmentation_stats`` pools every ok row, so where off-band rows were
+    left out of a cell its CI, p and q columns are NULL (they would describe other rows)."""
+    inc_ob = include_off_band if isinstance(include_off_band, str) else ("true" if include_off_band else "false")
+    stats_cols = ", ".join(f"case when coalesce(bm.band_miss, 0) > 0 and not ({inc_ob}) then null "
+                           f"when coalesce(x.n_floor_excluded, 0) = 0 then s.{c} else e.{c} end as {c}"
                            for c in _STATS_COLUMNS)
     return f"""
-        with {seg_rows_ctes(include_floor)},
+        with {seg_rows_ctes(include_floor, include_off_band=include_off_band)},
         agg as (
             select model, checkpoint, strategy, condition, perturbation, level,
                    count(*) as n, count(*) filter (where {seg_failed_sql()}) as n_failed,
@@ -80,25 +86,36 @@ def segmentation_by_level(include_floor: bool) -> str:
                    {", ".join(f"any_value({c}) as {c}" for c in _STATS_COLUMNS)}
             from segmentation_stats where scope = 'floor_excluded'
             group by model, checkpoint, strategy, condition, perturbation, level)
-        select a.model, a.checkpoint, a.strategy, a.condition, a.perturbation, a.level, a.n, a.n_failed,
-               a.n_not_applicable, a.n_no_mask,
+        select bm.model, bm.checkpoint, bm.strategy, bm.condition, bm.perturbation, bm.level,
+               coalesce(a.n, 0) as n, coalesce(a.n_failed, 0) as n_failed,
+               coalesce(a.n_not_applicable, 0) as n_not_applicable, coalesce(a.n_no_mask, 0) as n_no_mask,
                a.iou, a.dice, a.iou_drop, a.dice_drop, a.iou_drop / nullif(a.clean_iou, 0) as iou_rel_drop,
                a.dice_drop / nullif(a.clean_dice, 0) as dice_rel_drop, a.clean_iou, a.clean_dice, a.mean_ssim,
-               a.epsilon, {stats_cols}, a.n_datasets, coalesce(x.n_floor_excluded, 0) as n_floor_excluded,
-               coalesce(x.floor_effect, false) as floor_effect
-        from agg a
-        left join floor_excl x using (model, checkpoint, strategy)
-        left join stats s using (model, checkpoint, strategy, condition, perturbation, level)
-        left join stats_excl e using (model, checkpoint, strategy, condition, perturbation, level)
-        order by a.model, a.checkpoint, a.strategy, a.condition, a.perturbation, a.level"""
+               a.epsilon, {stats_cols}, coalesce(a.n_datasets, 0) as n_datasets,
+               coalesce(x.n_floor_excluded, 0) as n_floor_excluded,
+               coalesce(x.floor_effect, false) as floor_effect, bm.band_miss
+        from band_miss bm
+        left join agg a on a.model = bm.model and a.checkpoint is not distinct from bm.checkpoint
+             and a.strategy is not distinct from bm.strategy and a.condition = bm.condition
+             and a.perturbation is not distinct from bm.perturbation and a.level is not distinct from bm.level
+        left join floor_excl x on x.model = bm.model and x.checkpoint is not distinct from bm.checkpoint
+             and x.strategy is not distinct from bm.strategy
+        left join stats s on s.model = bm.model and s.checkpoint is not distinct from bm.checkpoint
+             and s.strategy is not distinct from bm.strategy and s.condition = bm.condition
+             and s.perturbation is not distinct from bm.perturbation and s.level is not distinct from bm.level
+        left join stats_excl e on e.model = bm.model and e.checkpoint is not distinct from bm.checkpoint
+             and e.strategy is not distinct from bm.strategy and e.condition = bm.condition
+             and e.perturbation is not distinct from bm.perturbation and e.level is not distinct from bm.level
+        where bm.condition <> 'clean'
+        order by bm.model, bm.checkpoint, bm.strategy, bm.condition, bm.perturbation, bm.level"""
 
 
-def segmentation_summary(include_floor: bool) -> str:
+def segmentation_summary(include_floor: bool, include_off_band: bool = False) -> str:
     """The published table in long form (Clean, one row per corruption / attack type, Avg, Delta)
     per (model, checkpoint, strategy), with ``levels``, ``n_datasets``, ``n_floor_excluded`` and
-    ``floor_effect``."""
+    ``floor_effect``; off-band rows left out unless ``include_off_band``."""
     return f"""
-        with {seg_rows_ctes(include_floor)},
+        with {seg_rows_ctes(include_floor, include_off_band=include_off_band)},
         ok as (select * from seg_rows where status = 'ok'),
         clean as (
             select model, checkpoint, strategy, avg(iou) as iou, avg(dice) as dice, count(*) as n,
@@ -147,13 +164,14 @@ def segmentation_summary(include_floor: bool) -> str:
         order by r.model, r.strategy, r.sort_key, r.perturbation"""
 
 
-def segmentation_top_corruptions(include_floor: bool) -> str:
+def segmentation_top_corruptions(include_floor: bool, include_off_band: bool = False) -> str:
     """Per (model, strategy, corruption type) the mean drops over every level, ranked by the mean
     IoU drop (MedFM-Robust's primary metric) among the types of the same ``levels``; a model whose
-    every dataset is at the floor is not ranked unless ``include_floor``."""
+    every dataset is at the floor is not ranked unless ``include_floor``; off-band rows left out
+    unless ``include_off_band``."""
     ranked = "true" if include_floor else "not floor_effect"
     return f"""
-        with {seg_rows_ctes(include_floor)},
+        with {seg_rows_ctes(include_floor, include_off_band=include_off_band)},
         fx as (
             select model, strategy, cast(sum(n_floor_excluded) as bigint) as n_floor_excluded,
                    bool_or(floor_effect) as floor_effect
@@ -221,11 +239,26 @@ _BUILDERS = {
     RANKING_VIEW: strategy_ranking,
 }
 
+_OFF_BAND_BUILDERS = {
+    "segmentation_by_level": segmentation_by_level,
+    "segmentation_summary": segmentation_summary,
+    "segmentation_top_corruptions": segmentation_top_corruptions,
+}
+"""The views whose means follow the off-band rule (rows whose output missed its SSIM band)."""
+
 SUMMARY_VIEWS: dict[str, str] = {
     name + suffix: build(suffix == ALL_SUFFIX) for name, build in _BUILDERS.items() for suffix in ("", ALL_SUFFIX)
 }
-"""``<view>`` (floor datasets left out) and ``<view>_all`` (kept) of every averaging / ranking view."""
+"""``<view>`` (floor datasets left out) and ``<view>_all`` (kept) of every averaging / ranking view; off-band
+rows left out."""
 
 
-__all__ = ["ALL_SUFFIX", "FLOOR_NOTE", "LEVELS_NOTE", "LEVELS_NOTE_TAIL", "SUMMARY_VIEWS", "segmentation_by_level",
-           "segmentation_by_modality", "segmentation_summary", "segmentation_top_corruptions", "strategy_ranking"]
+def off_band_summary_views(include_off_band: bool) -> dict[str, str]:
+    """The averaging views (both floor variants) built with ``include_off_band``: the mart's
+    ``include_off_band`` setting replaces the default :data:`SUMMARY_VIEWS` entries with these."""
+    return {name + suffix: build(suffix == ALL_SUFFIX, include_off_band)
+            for name, build in _OFF_BAND_BUILDERS.items() for suffix in ("", ALL_SUFFIX)}
+
+
+__all__ = ["ALL_SUFFIX", "FLOOR_NOTE", "LEVELS_NOTE", "LEVELS_NOTE_TAIL", "SUMMARY_VIEWS", "off_band_summary_views",
+           "segmentation_by_level", "segmentation_by_modality", "segmentation_summary", "segmentation_top_corruptions", "strategy_ranking"]

@@ -13,7 +13,7 @@ import pandas as pd
 from medrobust_lib.config import Suite
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.perturb.engine import regenerate
-from medrobust_lib.report.figures.gallery import GalleryCell, write_gallery
+from medrobust_lib.report.figures.gallery import GalleryCell, gallery_title, write_gallery
 from medrobust_lib.store import results
 from medrobust_lib.tracks.datasets import CLEAN_TABLE, load_clean_samples
 from medrobust_lib.tracks.perturbed import PerturbSummary, read_manifest, selected_types
@@ -78,7 +78,8 @@ def partition_checks(suite: Suite, modality: str, level: int, summary: PerturbSu
 
 
 def modality_gallery(suite: Suite, modality: str, out_dir: Path) -> list[Path]:
-    """One gallery PNG per dataset of the modality, on its first selected sample."""
+    """One gallery PNG per dataset of the modality, on its first selected sample, titled with what it
+    shows (dataset, sample, the suite's levels) and how to read a caption (:func:`gallery_title`)."""
     manifest = read_manifest(suite, modality)
     if manifest.empty:
         return []
@@ -90,8 +91,9 @@ def modality_gallery(suite: Suite, modality: str, out_dir: Path) -> list[Path]:
             continue
         sample = items[0]
         rows = manifest[(manifest["dataset"] == ds) & (manifest["sample_id"] == sample.sample_id)]
-        paths.append(write_gallery(out_dir / f"{ds}.png", sample.image, gallery_cells(sample, rows),
-                                   suite.perturbations.levels))
+        levels = suite.perturbations.levels
+        paths.append(write_gallery(out_dir / f"{ds}.png", sample.image, gallery_cells(sample, rows), levels,
+                                   gallery_title(ds, sample.sample_id, levels)))
     return paths
 
 

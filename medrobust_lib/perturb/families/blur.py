@@ -24,8 +24,10 @@ from medrobust_lib.types import FloatImage
 FAMILY = "blur"
 
 # Samples along the motion path; fixed (not strength-dependent) so the kernel is continuous in the
-# length. 1025 samples keep the spacing under 0.1 pixel up to the maximum length of 96 pixels.
+# length. 1025 samples keep the spacing under 0.1 pixel up to the cap of 96 pixels at 256 px; longer
+# paths (the cap grows with the image) take 10 samples per pixel of length.
 _MOTION_SAMPLES = 1025
+_MOTION_SAMPLES_PER_PIXEL = 10
 
 
 # Kernels up to this size use OpenCV's direct filter2D; larger ones an FFT, which is 2-5x faster
@@ -61,9 +63,11 @@ def _filter(image: FloatImage, kernel: np.ndarray) -> FloatImage:
     reference="Gaussian point-spread function (lens aberration, scatter), G_sigma * x; "
     "Hendrycks & Dietterich 2019 (ImageNet-C)",
     unit="sigma (pixels)",
+    scales_with_size=True,
 )
 def gaussian_blur(image: FloatImage, strength: float, rng: np.random.Generator) -> FloatImage:
-    """Isotropic Gaussian blur; ``strength`` is the PSF standard deviation in pixels, 0 to 24.
+    """Isotropic Gaussian blur; ``strength`` is the PSF standard deviation in pixels, 0 to 24 on a
+    256 px image (the cap grows with the image: ``spec.strength_range_for``).
 
     The kernel size follows from sigma (OpenCV truncates at 4 sigma for float images), so the
     output is continuous in sigma; sigma 0 is the identity. ``rng`` is not used.
@@ -78,14 +82,16 @@ def gaussian_blur(image: FloatImage, strength: float, rng: np.random.Generator) 
 def motion_kernel(length: float, angle: float) -> np.ndarray:
     """Linear motion PSF: a segment of ``length`` pixels at ``angle`` radians, centred.
 
-    The segment is sampled at a fixed number of points and each point is splatted bilinearly onto
+    The segment is sampled at a fixed number of points (1025, or 10 per pixel of length beyond 102.4
+    pixels) and each point is splatted bilinearly onto
     the pixel grid, i.e. the kernel is the line integral of the bilinear (tent) interpolant. It is
     therefore continuous in ``length`` and ``angle`` and equals the delta kernel at length 0.
     Returns float64 ``(2R+1, 2R+1)`` summing to 1, point-symmetric about the centre.
     """
     radius = int(math.ceil(length / 2.0)) + 1
     size = 2 * radius + 1
-    t = (np.arange(_MOTION_SAMPLES, dtype=np.float64) + 0.5) / _MOTION_SAMPLES - 0.5
+    n = max(_MOTION_SAMPLES, int(math.ceil(length * _MOTION_SAMPLES_PER_PIXEL)) + 1)
+    t = (np.arange(n, dtype=np.float64) + 0.5) / n - 0.5
     px = radius + length * t * math.cos(angle)
     py = radius + length * t * math.sin(angle)
     x0 = np.floor(px)
@@ -108,11 +114,13 @@ def motion_kernel(length: float, angle: float) -> np.ndarray:
     reference="Uniform linear motion PSF (camera or patient motion during exposure); "
     "Gonzalez & Woods, Digital Image Processing, 4th ed., sec. 5.6",
     unit="blur length (pixels)",
+    scales_with_size=True,
 )
 def motion_blur(image: FloatImage, strength: float, rng: np.random.Generator) -> FloatImage:
     """Linear motion blur along a random direction.
 
-    ``strength`` is the length of the motion path in pixels (float, 0 to 96); the path is centred
+    ``strength`` is the length of the motion path in pixels (float, 0 to 96 on a 256 px image, the cap
+    growing with the image); the path is centred
     on each pixel so objects do not shift. The direction is drawn once from ``rng`` (uniform over
     [0, 180) degrees) whatever the strength.
     """
@@ -139,10 +147,12 @@ def disk_kernel(radius: float) -> np.ndarray:
     reference="Geometric-optics defocus: uniform disk (pillbox) PSF of the circle of confusion; "
     "Hendrycks & Dietterich 2019 (ImageNet-C)",
     unit="disk radius (pixels)",
+    scales_with_size=True,
 )
 def defocus_blur(image: FloatImage, strength: float, rng: np.random.Generator) -> FloatImage:
     """Defocus blur by a uniform disk PSF; ``strength`` is the radius of the circle of confusion in
-    pixels (float, 0 to 32), rendered as an anti-aliased disk. ``rng`` is not used."""
+    pixels (float, 0 to 32 on a 256 px image, the cap growing with the image), rendered as an
+    anti-aliased disk. ``rng`` is not used."""
     if strength <= 0.0:
         return image.copy()
     return _filter(image, disk_kernel(float(strength)))

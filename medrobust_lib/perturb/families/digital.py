@@ -120,9 +120,11 @@ def _cell_average(image: FloatImage, factor: float) -> FloatImage:
     reference="Resolution loss: detector cells f pixels wide (area average) shown on the original "
     "grid (nearest neighbour), i.e. block pixelation; Hendrycks & Dietterich 2019 (ImageNet-C)",
     unit="cell size (pixels)",
+    scales_with_size=True,
 )
 def pixelate(image: FloatImage, strength: float, rng: np.random.Generator) -> FloatImage:
-    """Pixelation with cells of ``strength`` x ``strength`` pixels (float, 1 = identity, up to 16).
+    """Pixelation with cells of ``strength`` x ``strength`` pixels (float, 1 = identity, up to 16 on a
+    256 px image; the cap grows with the image, 1 + 15 x size factor).
 
     Equivalent to area down-sampling by the factor ``f`` and nearest-neighbour up-sampling back to
     the original size, but with a fractional cell size on a grid anchored at the image centre, so

@@ -124,6 +124,7 @@ _MOTION_KNOTS = 10
     levels=(1.3, 2.6, 4.25, 6.7, 10.9),
     reference="Axial eye motion between A-scans displaces each A-scan along depth (motion artifact); Kraus et al., Biomed Opt Express 2012 (motion correction in OCT)",
     unit="peak axial displacement in pixels",
+    scales_with_size=True,
 )
 def oct_motion(image: FloatImage, strength: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Each A-scan (column) moves along depth by ``strength * d(x)`` pixels, ``d`` a smooth drawn
@@ -131,7 +132,7 @@ def oct_motion(image: FloatImage, strength: float, rng: np.random.Generator) -> 
 
     Returns backward maps (``map_y = y + strength * d(x)``), so the mask and boxes move with the
     image; rows shifted in from outside are zero. ``strength`` is the peak displacement in
-    pixels (0 = identity, max 30).
+    pixels (0 = identity, max 30 on a 256 px image; the cap grows with the image).
     """
     h, w = image.shape[:2]
     knots = rng.normal(0.0, 1.0, size=_MOTION_KNOTS) + np.linspace(-1.0, 1.0, _MOTION_KNOTS) * rng.normal(0.0, 1.0)

@@ -162,12 +162,18 @@ def _heatmap_order(g: pd.DataFrame, drop: str, rank_by: str) -> tuple[pd.DataFra
     return pd.concat([corr, mat.loc[attacks]]), attacks
 
 
+BAND_MISS_MARK = "*"
+"""Heatmap mark of a cell with outputs that missed their level's SSIM band (left out of its mean by default)."""
+
+
 def drop_heatmap(by_level: pd.DataFrame, out_dir: Path, metric: str = "iou", rank_by: str = "iou") -> list[Path]:
     """``<model>_<metric>_drop_heatmap.png``: rows = perturbation types (corruptions by mean
     ``<rank_by>_drop``, largest first, then the attacks), columns = the evaluated levels (SSIM band below), cell =
     mean paired ``<metric>_drop`` printed at 5.5 pt; diverging Okabe-Ito-compatible colours centred
     at 0 (PuOr: orange = worse than clean). More than :data:`HEATMAP_ROWS_PER_PANEL` rows are
-    split into side-by-side panels (two-column width); fewer fit one column (3.5 in)."""
+    split into side-by-side panels (two-column width); fewer fit one column (3.5 in). A cell whose
+    ``band_miss`` (outputs that missed the level's SSIM band, when ``by_level`` has the column) is
+    above 0 is marked with :data:`BAND_MISS_MARK` after its value."""
     paths: list[Path] = []
     if by_level.empty:
         return paths
@@ -176,6 +182,9 @@ def drop_heatmap(by_level: pd.DataFrame, out_dir: Path, metric: str = "iou", ran
     with style.paper_style() as plt:
         for stem, g in _model_groups(by_level):
             mat, attacks = _heatmap_order(g, drop, rank_by)
+            miss = (g.pivot_table(index="perturbation", columns="level", values="band_miss", aggfunc="sum")
+                    .reindex(index=mat.index, columns=mat.columns).fillna(0)
+                    if "band_miss" in g.columns else pd.DataFrame(0, index=mat.index, columns=mat.columns))
             vals_all = mat.to_numpy(dtype=np.float64)
             vmax = float(np.nanmax(np.abs(vals_all))) if np.isfinite(vals_all).any() else 1.0
             vmax = vmax or 1.0
@@ -190,12 +199,14 @@ def drop_heatmap(by_level: pd.DataFrame, out_dir: Path, metric: str = "iou", ran
                 ax = axes[0][k]
                 part = mat.iloc[k * per:(k + 1) * per]
                 vals = part.to_numpy(dtype=np.float64)
+                missed = miss.iloc[k * per:(k + 1) * per].to_numpy(dtype=np.float64) > 0
                 im = ax.imshow(np.ma.masked_invalid(vals), cmap="Greys" if grey else "PuOr_r", vmin=-vmax,
                                vmax=vmax, aspect="auto")
                 for i in range(vals.shape[0]):
                     for j in range(vals.shape[1]):
                         if np.isfinite(vals[i, j]):
-                            ax.text(j, i, fmt_float(vals[i, j], 2), ha="center", va="center", fontsize=5,
+                            mark = BAND_MISS_MARK if missed[i, j] else ""
+                            ax.text(j, i, fmt_float(vals[i, j], 2) + mark, ha="center", va="center", fontsize=5,
                                     color="white" if abs(vals[i, j]) > 0.6 * vmax else "black")
                 levels = [int(c) for c in part.columns]
                 ax.set_xticks(range(len(levels)))
