@@ -259,10 +259,11 @@ def build_mart(results_dir: str | Path, mart_path: str | Path,
     process writes the results).
     """
     with suite_writer_lock(results_dir):  # one writer per suite (re-entrant inside medrobust run)
-        return _build_mart(results_dir, mart_path, max_error_share)
+        return _build_mart(results_dir, mart_path, max_error_share, include_off_band)
 
 
-def _build_mart(results_dir: str | Path, mart_path: str | Path, max_error_share: float) -> dict[str, int]:
+def _build_mart(results_dir: str | Path, mart_path: str | Path, max_error_share: float,
+                include_off_band: bool = False) -> dict[str, int]:
     mart = Path(mart_path)
     mart.parent.mkdir(parents=True, exist_ok=True)
     _remove_orphaned_temps(mart)
