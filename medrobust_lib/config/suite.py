@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from medrobust_lib.config.segmentation import SegmentationConfig
 from medrobust_lib.config.taxonomy import TaxonomyConfig
-from medrobust_lib.config.vlm import VLMConfig
+from medrobust_lib.config.vlm import ADAPTER_SEEN_SPLITS, VLMConfig, adapter_box_scale
 from medrobust_lib.paths import default_locations
 from medrobust_lib.types import ALL_MODALITIES, SEVERITY_LEVELS, SSIM_BANDS, validate_bands
 
@@ -124,6 +124,26 @@ class Suite(BaseModel):
         """The perturbed levels the taxonomy evaluates (``taxonomy.levels``, else every perturbed level)."""
         wanted = self.taxonomy.levels
         return [lv for lv in self.perturbations.levels if wanted is None or lv in wanted]
+
+    @model_validator(mode="after")
+    def _adapters_held_out(self) -> Suite:
+        """An ``adapter: finetuned`` (and the taxonomy's ``consistency_lora``) is trained on the train
+        split and selected on val: a suite evaluating it on a split holding either is refused, and
+        its box scale must be one an adapter can be taught (not pixels)."""
+        adapted = {v.id for v in self.vlm.models if v.adapter == DEMO_TRAINED_ADAPTER}
+        for v in self.vlm.models:
+            if v.id in adapted:
+                adapter_box_scale(self, v)
+                if self.vlm.split in ADAPTER_SEEN_SPLITS:
+                    raise ValueError(f"VLM {v.id!r} would be evaluated on vlm.split {self.vlm.split!r}, which holds "
+                                     "its adapter's training (train) or selection (val) data: set vlm.split: test")
+        for c in self.taxonomy.configs:
+            if (c.model in adapted or c.demo_training == "consistency_lora") and \
+                    self.taxonomy.split in ADAPTER_SEEN_SPLITS:
+                raise ValueError(f"taxonomy config {c.id!r} (model {c.model or c.demo_training!r}) would be evaluated "
+                                 f"on taxonomy.split {self.taxonomy.split!r}, which holds its adapter's training "
+                                 "(train) or selection (val) data: set taxonomy.split: test")
+        return self
 
     @model_validator(mode="after")
     def _weights_named_outside_the_demo(self) -> Suite:
