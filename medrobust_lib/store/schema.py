@@ -341,12 +341,13 @@ TAXONOMY_SCREENING_COLUMNS: tuple[tuple[str, str], ...] = (
     ("config", "VARCHAR"), ("dataset", "VARCHAR"), ("perturbation", "VARCHAR"), ("level", "INTEGER"),
     ("image_mode", "VARCHAR"), ("signal", "VARCHAR"), ("status", "VARCHAR"), ("n", "BIGINT"),
     ("n_dangerous", "BIGINT"), ("n_ideal", "BIGINT"), ("n_no_signal", "BIGINT"), ("auroc", "DOUBLE"),
-    ("threshold", "DOUBLE"), ("ideal_kept", "DOUBLE"), ("dangerous_pass", "DOUBLE"),
-    ("mean_confidence_dangerous", "DOUBLE"), ("mean_confidence_other", "DOUBLE"),
+    ("threshold", "DOUBLE"), ("ideal_kept", "DOUBLE"), ("dangerous_pass", "DOUBLE"), ("pooled_threshold", "DOUBLE"),
+    ("dangerous_pass_pooled", "DOUBLE"), ("mean_confidence_dangerous", "DOUBLE"), ("mean_confidence_other", "DOUBLE"),
 )
 MART_TABLES.append(MartTable(
     TAXONOMY_SCREENING_TABLE, TAXONOMY_SCREENING_COLUMNS,
     "per (config, dataset, type, level, image mode) and confidence signal (max_p, margin, entropy of the original "
     "question's answer): AUROC of the signal's uncertainty for telling Dangerous from the other samples, and the "
-    "share of Dangerous samples that pass a screen keeping 95 % of the Ideal ones; 'not available' without the "
-    "signal (an endpoint without log-probabilities)"))
+    "share of Dangerous samples that pass a screen keeping 95 % of the Ideal ones (the configuration's own, and "
+    "those of every configuration of the cell); 'not available' without the signal (an endpoint without "
+    "log-probabilities)"))

@@ -22,6 +22,10 @@ with the image (``taxonomy_results``: ``p_yes_original``, ``margin_original``,
   ceil(keep x n_ideal)-th most confident Ideal sample); ``ideal_kept`` is the share actually kept
   (>= keep, more when ties sit at the threshold); ``dangerous_pass`` the share of Dangerous samples
   the screen keeps, i.e. that pass unnoticed (1.0: the screen catches none).
+* ``pooled_threshold`` / ``dangerous_pass_pooled``: the same screen with its threshold set on the
+  Ideal samples of *every* configuration of the cell (same dataset, perturbation, level and image
+  mode), as one screen deployed in front of several models would be; it also screens a
+  configuration without Ideal samples of its own (a shortcut model: every sample Dangerous).
 
 A signal is ``not available`` for a group when none of its ok rows carry it (an API model whose
 endpoint returns no log-probabilities answers by generated text only); rows without the signal are
@@ -50,8 +54,11 @@ KEEP_IDEAL = 0.95
 NOT_AVAILABLE = "not available"
 SCREENING_COLUMNS: tuple[str, ...] = (
     *GROUP_COLUMNS, "signal", "status", "n", "n_dangerous", "n_ideal", "n_no_signal", "auroc", "threshold",
-    "ideal_kept", "dangerous_pass", "mean_confidence_dangerous", "mean_confidence_other",
+    "ideal_kept", "dangerous_pass", "pooled_threshold", "dangerous_pass_pooled", "mean_confidence_dangerous",
+    "mean_confidence_other",
 )
+CELL_COLUMNS: tuple[str, ...] = tuple(c for c in GROUP_COLUMNS if c != "config")
+"""A screen pooled over configurations sets its threshold per value of these columns."""
 
 
 def confidence(df: pd.DataFrame, signal: str) -> npt.NDArray[np.float64]:
@@ -99,7 +106,8 @@ def screen(ideal: npt.NDArray[np.float64], dangerous: npt.NDArray[np.float64], k
     return threshold, kept, passed
 
 
-def _group_rows(key: tuple[Any, ...], g: pd.DataFrame, keep: float) -> list[dict[str, Any]]:
+def _group_rows(key: tuple[Any, ...], g: pd.DataFrame, keep: float,
+                pooled_ideal: dict[str, npt.NDArray[np.float64]]) -> list[dict[str, Any]]:
     out = []
     quadrant = g["quadrant"].astype(str).to_numpy()
     for signal in SIGNALS:
@@ -110,7 +118,8 @@ def _group_rows(key: tuple[Any, ...], g: pd.DataFrame, keep: float) -> list[dict
         row: dict[str, Any] = {**dict(zip(GROUP_COLUMNS, key, strict=True)), "signal": signal, "n": int(len(g)),
                                "n_dangerous": int(dang.sum()), "n_ideal": int(ideal.sum()),
                                "n_no_signal": int((~has).sum()), "auroc": math.nan, "threshold": math.nan,
-                               "ideal_kept": math.nan, "dangerous_pass": math.nan,
+                               "ideal_kept": math.nan, "dangerous_pass": math.nan, "pooled_threshold": math.nan,
+                               "dangerous_pass_pooled": math.nan,
                                "mean_confidence_dangerous": float(conf[dang].mean()) if dang.any() else math.nan,
                                "mean_confidence_other": float(conf[other].mean()) if other.any() else math.nan}
         if not has.any():
@@ -118,7 +127,11 @@ def _group_rows(key: tuple[Any, ...], g: pd.DataFrame, keep: float) -> list[dict
         elif not dang.any():
             row["status"] = "no Dangerous samples"
         else:
-            row["auroc"] = auroc(-conf[dang], -conf[other])  # uncertainty flags: Dangerous as positives
+            if other.any():
+                row["auroc"] = auroc(-conf[dang], -conf[other])  # uncertainty flags: Dangerous as positives
+            pool = pooled_ideal.get(signal)
+            if pool is not None and pool.size:
+                row["pooled_threshold"], _, row["dangerous_pass_pooled"] = screen(pool, conf[dang], keep)
             if ideal.any():
                 row["threshold"], row["ideal_kept"], row["dangerous_pass"] = screen(conf[ideal], conf[dang], keep)
                 row["status"] = "ok"
@@ -133,9 +146,14 @@ def screening_stats(df: pd.DataFrame, keep: float = KEEP_IDEAL) -> pd.DataFrame:
     ``taxonomy_results`` (``df`` needs :data:`GROUP_COLUMNS`, ``quadrant``, ``outcome`` and the
     three ``*_original`` signal columns); see the module docstring."""
     ok = df[df["outcome"] == "ok"] if "outcome" in df.columns else df
+    pooled: dict[tuple[Any, ...], dict[str, npt.NDArray[np.float64]]] = {}
+    for cell, g in ok.groupby(list(CELL_COLUMNS), sort=True, dropna=False):
+        ideal = g[g["quadrant"].astype(str) == IDEAL]
+        pooled[tuple(cell)] = {sig: c[np.isfinite(c)] for sig in SIGNALS for c in [confidence(ideal, sig)]}
     rows: list[dict[str, Any]] = []
     for key, g in ok.groupby(list(GROUP_COLUMNS), sort=True, dropna=False):
-        rows.extend(_group_rows(tuple(key), g, keep))
+        cell = tuple(v for c, v in zip(GROUP_COLUMNS, key, strict=True) if c != "config")
+        rows.extend(_group_rows(tuple(key), g, keep, pooled.get(cell, {})))
     out = pd.DataFrame(rows, columns=list(SCREENING_COLUMNS))
     for c in ("n", "n_dangerous", "n_ideal", "n_no_signal"):
         out[c] = out[c].astype(np.int64)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from medrobust_lib.config import Suite, load_suite
 from medrobust_lib.config.suite import DEMO_TRAINED
+from medrobust_lib.config.vlm import yesno_files
 from medrobust_lib.data.dataset import DatasetConfig, index_dataset, load_sample
 from medrobust_lib.data.sample import QuarantineRecord, SampleError, SampleRef
 from medrobust_lib.tracks.datasets import resolve_datasets
@@ -103,9 +104,15 @@ def _weights_errors(suite: Suite) -> list[str]:
             errors.append(f"VLM {v.id!r}: source folder not found: {src}")
         if v.adapter not in (None, "finetuned") and not Path(v.adapter).exists():
             errors.append(f"VLM {v.id!r}: adapter folder not found: {v.adapter}")
-    for key, path in suite.vlm.records.model_dump().items():
+    for key, path in suite.vlm.records.model_dump(exclude={"yesno"}).items():
         if path is not None and not Path(path).exists():
             errors.append(f"vlm.records.{key}: not found: {path}")
+    listed = isinstance(suite.vlm.records.yesno, list)
+    for i, f in enumerate(yesno_files(suite.vlm.records)):
+        where = f"vlm.records.yesno.{i}" if listed else "vlm.records.yesno"
+        for what, path in (("", f.path), (".image_root", f.image_root)):
+            if path is not None and not Path(path).exists():
+                errors.append(f"{where}{what}: not found: {path}")
     return errors
 
 

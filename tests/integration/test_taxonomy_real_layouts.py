@@ -19,11 +19,15 @@ import pytest
 import yaml
 
 from medrobust_lib.config import Suite, load_suite
+from medrobust_lib.report.screening_table import taxonomy_screening
 from medrobust_lib.store import results
+from medrobust_lib.store.marts import build_mart, connect_readonly
 from medrobust_lib.store.schema import TAXONOMY_TABLE
+from medrobust_lib.taxonomy.screening import SIGNALS
 from medrobust_lib.taxonomy.stats import HEADLINE, flip_dangerous_correlation
 from medrobust_lib.tracks.datasets import CLEAN_TABLE, build_clean_index
 from medrobust_lib.tracks.taxonomy import evaluate as tx
+from medrobust_lib.tracks.taxonomy.screening import write_screening_stats
 from medrobust_lib.tracks.vlm.items import YESNO_SUFFIX, load_items
 
 MIMIC = [("10000032", "50414267"), ("10000032", "53189527"), ("10000764", "57375967"), ("11000011", "51029426")]
@@ -172,3 +176,16 @@ def test_two_yesno_datasets_give_the_headline_two_points_per_configuration(
     assert len(head) == 1 and int(head["n_points"].iloc[0]) == 2 * len(CONFIGS)
     assert int(head["n_configs"].iloc[0]) == len(CONFIGS)
     assert pd.notna(head["r"].iloc[0])  # the points differ: a defined correlation
+
+    # confidence screening: a table, a view and a report table with one row per (config, dataset, signal)
+    screening = write_screening_stats(real_suite.results_dir)
+    assert len(screening) == 2 * len(CONFIGS) * len(SIGNALS)
+    build_mart(real_suite.results_dir, real_suite.mart_path)
+    con = connect_readonly(real_suite.mart_path)
+    try:
+        view = con.execute("select config, dataset, signal, status, auroc from taxonomy_screening").df()
+        table = taxonomy_screening(con, None)
+    finally:
+        con.close()
+    assert len(view) == len(screening) and set(view["dataset"]) == {"mimic", "padchest"}
+    assert not isinstance(table, str) and len(table.data) == len(screening)

@@ -124,7 +124,7 @@ def test_failed_batches_are_counted_errors(vlm_suite: Suite, tmp_path: Path) -> 
     def boom(*a: object, **k: object) -> list[str]:
         raise RuntimeError("device lost")
 
-    runner.hf.generate = boom
+    runner.hf.generate = runner.hf.generate_capped = boom
     runner.hf.score = boom
     out = evaluate_clean(s, "tiny-llava", "dermoscopy", runner)
     df = _rows(s)

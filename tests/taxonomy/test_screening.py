@@ -126,3 +126,21 @@ def test_error_rows_stay_out() -> None:
     df.loc[2, "outcome"] = "error"
     stats = screening_stats(df)
     assert (stats["n"] == 2).all() and (stats["n_ideal"] == 1).all()
+
+
+def test_a_screen_pooled_over_configurations_screens_a_model_without_ideal_samples() -> None:
+    """The demo's shortcut case: every sample Dangerous and answered with near certainty. Its own
+    Ideal samples cannot set a screen; one set on the Ideal samples of every configuration of the
+    cell (here the image-reliant one's) lets all its Dangerous samples through."""
+    reliant = _rows("reliant", ["Ideal"] * 20 + ["Dangerous"] * 2, [0.5 + 0.1 * i for i in range(20)] + [0.3, 4.0])
+    shortcut = _rows("shortcut", ["Dangerous"] * 5, [9.0, -9.0, 8.5, -8.8, 9.2])
+    stats = screening_stats(pd.concat([reliant, shortcut], ignore_index=True)).set_index(["config", "signal"])
+    sc = stats.loc["shortcut"]
+    assert set(sc["status"]) == {"no Ideal samples"} and sc["threshold"].isna().all()
+    assert sc["dangerous_pass_pooled"].tolist() == [1.0, 1.0, 1.0]
+    # 20 Ideal |margins| 0.5 .. 2.4: the 19th most confident is 0.6; reliant's Dangerous 0.3 is caught, 4.0 passes
+    assert stats.loc[("reliant", "margin"), "pooled_threshold"] == pytest.approx(0.6)
+    assert stats.loc[("shortcut", "margin"), "pooled_threshold"] == pytest.approx(0.6)
+    assert stats.loc[("reliant", "margin"), "dangerous_pass"] == 0.5
+    assert stats.loc[("reliant", "margin"), "dangerous_pass_pooled"] == 0.5
+    assert sc["mean_confidence_dangerous"]["max_p"] > 0.999
