@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
                               **r2.heldout, "published": str(dst)}), flush=True)
     for mid in lora_ids:
         if want is None or mid in want:
-            from medrobust_lib.demo.vlm_train import adapter_folder, finetune_adapter
+            from medrobust_lib.tracks.finetune.vlm_adapter import adapter_folder, finetune_adapter
 
             r3 = finetune_adapter(suite, mid, log=print)
             dst = committed.publish(adapter_folder(suite, mid), mid, committed.adapter_fingerprint(suite))

@@ -58,10 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from medrobust_lib.demo.alignment import train_stage
-    from medrobust_lib.demo.vlm_train import _samples_by_split
     from medrobust_lib.finetune.vlm_train import VLMTrainConfig
     from medrobust_lib.models.hf_vlm import HFVisionLanguageModel
     from medrobust_lib.models.tiny_vlm import build_tiny_llava, build_tokenizer, save_tiny
+    from medrobust_lib.tracks.finetune.vlm_adapter import samples_by_split as _samples_by_split
 
     torch.set_num_threads(args.threads)
     suite = load_suite(args.suite)

@@ -136,7 +136,8 @@ def taxonomy_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinition:
     @dg.asset(group_name="taxonomy", kinds={"python", "png", "parquet"}, deps=upstream,
               description="Quadrant shares with bootstrap CIs, text-only accuracy and the oracle Dangerous floor "
                           "(taxonomy_quadrant_stats), flip rate vs Dangerous share correlation with the clean "
-                          "headline (taxonomy_correlation_stats), plots to MLflow and here.")
+                          "headline (taxonomy_correlation_stats), confidence screening of the Dangerous quadrant "
+                          "(taxonomy_screening_stats), plots to MLflow and here.")
     def taxonomy_report(context: dg.AssetExecutionContext, suite: SuiteResource,
                         tracking: TrackingResource) -> dg.MaterializeResult:
 
@@ -150,6 +151,9 @@ def taxonomy_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinition:
         with tracking.run(context, s, "taxonomy_report") as run:
             stats, corr = tr.write_taxonomy_stats(s.results_dir, s.seed, s.taxonomy.abstention_tau,
                                                   max_error_share=s.max_error_share, min_n=s.stats.min_n)
+            from medrobust_lib.tracks.taxonomy.screening import write_screening_stats
+
+            screening = write_screening_stats(s.results_dir, max_error_share=s.max_error_share)
             from medrobust_lib.store.completeness import complete_rows
 
             rows = complete_rows(res.read_table(s.results_dir, TAXONOMY_TABLE), TAXONOMY_TABLE, s.max_error_share)
@@ -164,7 +168,7 @@ def taxonomy_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinition:
                     paths.append(tf.flip_vs_dangerous_scatter(correlation_points(rows, clean_only=True), corr,
                                                               out_dir))
             tracking.log_files(run, paths, "plots")
-        meta: dict[str, Any] = {"n_stats_rows": len(stats)}
+        meta: dict[str, Any] = {"n_stats_rows": len(stats), "n_screening_rows": len(screening)}
         mode = s.taxonomy.known_answer_checks
         if len(stats) and mode != "off":
             from medrobust_lib.taxonomy.known_answers import PRIMARY_MODE, demo_checks

@@ -73,7 +73,7 @@ def vlm_family(model_id: str, trained: bool, finetuned: bool, upstream: dg.Asset
         def finetuned_adapter(context: dg.AssetExecutionContext, suite: SuiteResource,
                               tracking: TrackingResource) -> dg.MaterializeResult:
             from medrobust_lib.demo.committed import install_adapter
-            from medrobust_lib.demo.vlm_train import finetune_adapter
+            from medrobust_lib.tracks.finetune.vlm_adapter import finetune_adapter
 
             s = suite.load()
             inst = install_adapter(s, model_id)

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from medrobust_lib.config.common import StatsConfig
 from medrobust_lib.config.segmentation import SegmentationConfig
 from medrobust_lib.config.taxonomy import TaxonomyConfig
-from medrobust_lib.config.vlm import VLMConfig
+from medrobust_lib.config.vlm import ADAPTER_SEEN_SPLITS, VLMConfig, adapter_box_scale
 from medrobust_lib.paths import default_locations
 from medrobust_lib.types import ALL_MODALITIES, SEVERITY_LEVELS, SSIM_BANDS, validate_bands
 
@@ -246,6 +246,26 @@ class Suite(BaseModel):
                 for key, value in REFERENCE_MODEL_DEFAULTS.get(family, {}).items():
                     if key in type(m).model_fields and key not in m.model_fields_set:
                         setattr(m, key, value)
+        return self
+
+    @model_validator(mode="after")
+    def _adapters_held_out(self) -> Suite:
+        """An ``adapter: finetuned`` (and the taxonomy's ``consistency_lora``) is trained on the train
+        split and selected on val: a suite evaluating it on a split holding either is refused, and
+        its box scale must be one an adapter can be taught (not pixels)."""
+        adapted = {v.id for v in self.vlm.models if v.adapter == DEMO_TRAINED_ADAPTER}
+        for v in self.vlm.models:
+            if v.id in adapted:
+                adapter_box_scale(self, v)
+                if self.vlm.split in ADAPTER_SEEN_SPLITS:
+                    raise ValueError(f"VLM {v.id!r} would be evaluated on vlm.split {self.vlm.split!r}, which holds "
+                                     "its adapter's training (train) or selection (val) data: set vlm.split: test")
+        for c in self.taxonomy.configs:
+            if (c.model in adapted or c.demo_training == "consistency_lora") and \
+                    self.taxonomy.split in ADAPTER_SEEN_SPLITS:
+                raise ValueError(f"taxonomy config {c.id!r} (model {c.model or c.demo_training!r}) would be evaluated "
+                                 f"on taxonomy.split {self.taxonomy.split!r}, which holds its adapter's training "
+                                 "(train) or selection (val) data: set taxonomy.split: test")
         return self
 
     @model_validator(mode="after")

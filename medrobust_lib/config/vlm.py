@@ -58,23 +58,37 @@ class VLMModelConfig(BaseModel):
     adapter: str | None = None
     device: str = "cpu"
     batch_size: int = 16
-    max_new_tokens: int = 16
-    caption_max_new_tokens: int = 40
+    max_new_tokens: int = Field(default=64, ge=1)
+    caption_max_new_tokens: int = Field(default=512, ge=1)
+    grounding_max_new_tokens: int = Field(default=128, ge=1)
     box_scale: Literal["0-1", "0-1000", "pixels"] | None = None
     api: dict[str, Any] = Field(default_factory=dict)
+
+
+class YesNoFile(BaseModel):
+    """One yes/no (paraphrase) record file of ``records.yesno``: its ``path``, the ``dataset`` its
+    records belong to (None: as the file says; a PSF-Med file: its subset) and the folder its image
+    paths are relative to (None: ``records.image_root``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    path: str
+    dataset: str | None = None
+    image_root: str | None = None
 
 
 class VLMRecordsConfig(BaseModel):
     """Record files in their published formats; any may be omitted. ``image_root``: the folder the
     records' image paths are relative to. ``omnimedvqa``: an OmniMedVQA QA_information JSON file.
-    ``yesno``: a JSONL of yes/no questions with paraphrases. ``roco_captions``: a ROCOv2 captions
-    CSV. ``roco_images``: the ROCOv2 image list CSV. ``mecovqa_grounding``: a MeCoVQA-G grounding
-    JSON file."""
+    ``yesno``: a JSONL of yes/no questions with paraphrases, or a list of :class:`YesNoFile`
+    (several yes/no datasets in one suite, e.g. PSF-Med's MIMIC-CXR and PadChest subsets, so the
+    taxonomy's (configuration, dataset) points come from one run). ``roco_captions``: a ROCOv2
+    captions CSV. ``roco_images``: the ROCOv2 image list CSV. ``mecovqa_grounding``: a MeCoVQA-G
+    grounding JSON file."""
 
     model_config = ConfigDict(extra="forbid")
     image_root: str | None = None
     omnimedvqa: str | None = None
-    yesno: str | None = None
+    yesno: str | list[YesNoFile] | None = None
     roco_captions: str | None = None
     roco_images: str | None = None
     mecovqa_grounding: str | None = None
@@ -208,6 +222,34 @@ class VLMConfig(BaseModel):
 def vlm_config(suite: Suite) -> VLMConfig:
     """The suite's ``vlm:`` section."""
     return suite.vlm
+
+
+def yesno_files(records: VLMRecordsConfig) -> list[YesNoFile]:
+    """``records.yesno`` as a list of :class:`YesNoFile` (one plain path: one file, dataset as the
+    file says)."""
+    if records.yesno is None:
+        return []
+    if isinstance(records.yesno, str):
+        return [YesNoFile(path=records.yesno)]
+    return list(records.yesno)
+
+
+ADAPTER_SEEN_SPLITS = ("train", "val", "all")
+"""Evaluation splits that hold data an ``adapter: finetuned`` was trained (train) or selected (val) on."""
+
+
+def adapter_box_scale(suite: Suite, m: VLMModelConfig) -> str:
+    """The box scale an ``adapter: finetuned`` model's grounding answers are taught in (and read in):
+    its own ``box_scale``, else its base's, else ``0-1``. Raises ValueError for ``pixels`` (a taught
+    answer cannot follow every image's size)."""
+    scale = m.box_scale
+    if scale is None and m.base is not None:
+        scale = next((b.box_scale for b in vlm_config(suite).models if b.id == m.base), None)
+    scale = scale or "0-1"
+    if scale == "pixels":
+        raise ValueError(f"VLM {m.id!r}: a fine-tuned adapter is taught boxes in 0-1 or 0-1000, not pixels; set its "
+                         "box_scale")
+    return scale
 
 
 def vlm_model(suite: Suite, model_id: str) -> VLMModelConfig:

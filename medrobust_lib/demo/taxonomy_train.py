@@ -29,9 +29,10 @@ from typing import Any
 from medrobust_lib.config import Suite
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.demo.alignment import alignment_sets, mixed_in, run_alignment
-from medrobust_lib.demo.vlm_train import _samples_by_split, vocabulary_texts
+from medrobust_lib.demo.vlm_train import vocabulary_texts
 from medrobust_lib.finetune.vlm_train import VLMExample
 from medrobust_lib.seeding import stable_fraction
+from medrobust_lib.tracks.finetune.vlm_adapter import samples_by_split
 from medrobust_lib.tracks.taxonomy.evaluate import config_entry, taxonomy_config, variants_of
 from medrobust_lib.tracks.vlm.items import YESNO_SUFFIX, VLMItem, load_items
 from medrobust_lib.tracks.vlm.runner import checkpoint_dir
@@ -81,7 +82,7 @@ def train_taxonomy_model(suite: Suite, config_id: str, log: Callable[[str], None
     ts = tc.train.model_dump()
     all_items = load_items(suite).items
     items = [it for it in all_items if it.task == "vqa_yesno"]
-    by_split = _samples_by_split(suite)
+    by_split = samples_by_split(suite)
     kind = entry.demo_training
     shortcut = suite.seed if kind == "shortcut" else None
     negations = kind != "image_reliant"

@@ -1,5 +1,6 @@
-"""Training for the VLM track: the tiny demo LLaVA (``source: trained``) and LoRA adapters
-(``adapter: finetuned``), both on the train split with selection on val; test is never seen."""
+"""Training of the demo's tiny LLaVA (``source: trained``) on the train split with selection on
+val; test is never seen. LoRA adapters of any VLM (``adapter: finetuned``) are trained by
+:mod:`medrobust_lib.tracks.finetune.vlm_adapter`, whose example builders this module shares."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,88 +21,12 @@ from medrobust_lib.demo.manifest import DemoSample
 from medrobust_lib.demo.vision_pretrain import pretrain_tower
 from medrobust_lib.finetune.vlm_train import VLMExample, VLMTrainConfig, adapter_train_config
 from medrobust_lib.tasks.scoring import score_mc
-from medrobust_lib.tracks.vlm.items import VLMItem, box_in_sample, load_items, prompt_for
+from medrobust_lib.tracks.finetune.vlm_adapter import examples_for, samples_by_split
+from medrobust_lib.tracks.vlm.items import VLMItem, load_items, prompt_for
 from medrobust_lib.tracks.vlm.runner import checkpoint_dir
 
 SELECTION_TASKS = ("vqa_yesno", "vqa_mc")
 """Model selection uses the validation loss of the closed-answer tasks (captions overfit first)."""
-
-
-def _samples_by_split(suite: Suite) -> dict[str, dict[tuple[str, str], Sample]]:
-    from medrobust_lib.tracks.datasets import load_clean_samples
-
-    out: dict[str, dict[tuple[str, str], Sample]] = {"train": {}, "val": {}, "test": {}}
-    for modality in suite.modalities:
-        for split in out:
-            for items in load_clean_samples(suite, modality, split=split).values():
-                out[split].update({(s.dataset, s.sample_id): s for s in items})
-    return out
-
-
-def box_text(box: np.ndarray, hw: tuple[int, ...], step: float = 0.01) -> str:
-    """A pixel box (1, 4) as the tiny model's answer: ``[x0, y0, x1, y1]`` in 0-1, rounded to the
-    nearest multiple of ``step`` (0.01: 101 values per coordinate; 0.05: 21), written with 2 decimals.
-    A side that rounding would collapse keeps one ``step`` of extent."""
-    x0, y0, x1, y1 = box[0]
-    h, w = hw[0], hw[1]
-    q = [min(1.0, max(0.0, round(v / step) * step)) for v in (x0 / w, y0 / h, x1 / w, y1 / h)]
-    for lo, hi in ((0, 2), (1, 3)):
-        if q[hi] <= q[lo]:
-            q[hi] = min(1.0, q[lo] + step)
-            q[lo] = q[hi] - step
-    return "[" + ", ".join(f"{v:.2f}" for v in q) + "]"
-
-
-FLIPS = ("h", "v", "hv")
-"""Grounding augmentations: horizontal, vertical and both flips (image and box move together)."""
-
-
-def flipped(image: np.ndarray, box: np.ndarray, flip: str) -> tuple[np.ndarray, np.ndarray]:
-    """``image`` (H, W[, C]) flipped (``h``: left-right, ``v``: up-down, ``hv``: both) and the pixel
-    box (1, 4) XYXY (end exclusive) moved with it."""
-    h, w = image.shape[0], image.shape[1]
-    x0, y0, x1, y1 = (float(v) for v in box[0])
-    out = image
-    if "h" in flip:
-        out, x0, x1 = out[:, ::-1], w - x1, w - x0
-    if "v" in flip:
-        out, y0, y1 = out[::-1], h - y1, h - y0
-    return np.ascontiguousarray(out), np.array([[x0, y0, x1, y1]], np.float32)
-
-
-def examples_for(items: list[VLMItem], samples: dict[tuple[str, str], Sample], tasks: tuple[str, ...] | None = None,
-                 all_variants: bool = True, box_step: float = 0.01, flips: bool = False,
-                 negations: bool = True) -> list[VLMExample]:
-    """Supervised examples for the items whose sample is given: MC -> letter, yes/no -> the
-    polarity-adjusted answer for every paraphrase (the negated ones only with ``negations``),
-    caption -> first reference, grounding -> box (on the ``box_step`` grid; with ``flips`` also on
-    the three flipped images, see :data:`FLIPS`)."""
-    out: list[VLMExample] = []
-    for it in items:
-        s = samples.get((it.dataset, it.sample_id))
-        if s is None or (tasks is not None and it.task not in tasks):
-            continue
-        key = f"{s.dataset}/{s.sample_id}"
-        if it.task == "vqa_mc":
-            out.append(VLMExample(key, s.image, prompt_for(it), it.answer, it.task))
-        elif it.task == "vqa_yesno":
-            variants = it.variants if all_variants else it.variants[:1]
-            for k, (_, pol) in enumerate(variants):
-                if pol != 1 and not negations:
-                    continue
-                ans = it.answer if pol == 1 else ("no" if it.answer == "yes" else "yes")
-                out.append(VLMExample(key, s.image, prompt_for(it, k), ans, it.task))
-        elif it.task == "caption":
-            out.append(VLMExample(key, s.image, prompt_for(it), it.references[0], it.task))
-        elif it.task == "grounding" and it.box is not None:
-            orig = s.metadata.get("original_size") if s.metadata else None
-            hw = (int(s.image.shape[0]), int(s.image.shape[1]))
-            box = box_in_sample(it, hw, tuple(orig) if orig else None)  # type: ignore[arg-type]
-            out.append(VLMExample(key, s.image, prompt_for(it), box_text(box, hw, box_step), it.task))
-            for f in FLIPS if flips else ():
-                img, fbox = flipped(s.image, box, f)
-                out.append(VLMExample(f"{key}#{f}", img, prompt_for(it), box_text(fbox, hw, box_step), it.task))
-    return out
 
 
 def vocabulary_texts(items: list[VLMItem]) -> list[str]:
@@ -170,7 +94,7 @@ def train_base_vlm(suite: Suite, model_id: str, log: Callable[[str], None] | Non
     vlm_model(suite, model_id)
     ts = vc.train
     items = load_items(suite).items
-    by_split = _samples_by_split(suite)
+    by_split = samples_by_split(suite)
     corpus = load_corpus(suite, ts.corpus_per_modality) if ts.corpus_per_modality > 0 else None
     train_items = items + (corpus.items if corpus else [])
     if corpus:  # the corpus is training data: it joins the train split of every stage
@@ -245,54 +169,3 @@ def _yes_no_stage(model: Any, proc: Any, train_items: list[VLMItem], items: list
     val = examples_for(items, by_split["val"], ("vqa_yesno",), all_variants=False)
     mix = mixed_in(align_tr, len(yes_no), ts.align_share, main.seed)
     return train_stage(model, proc, yes_no + mix, val, ts.yesno_steps, main, log)
-
-
-def adapter_folder(suite: Suite, model_id: str) -> Path:
-    return checkpoint_dir(suite, model_id) / "adapter"
-
-
-@dataclass
-class AdapterSummary:
-    folder: str
-    adapter_hash: str
-    task: str
-    initial_val_loss: float
-    best_val_loss: float
-    steps: int
-    seconds: float
-    n_trainable: int
-    n_total: int
-    target_modules: list[str]
-    heldout: dict[str, float] = field(default_factory=dict)
-
-
-def finetune_adapter(suite: Suite, model_id: str, log: Callable[[str], None] | None = None) -> AdapterSummary:
-    """LoRA fine-tune of the model's base weights on the configured task (default grounding):
-    language-model projections only, prompt tokens masked, selection on val; the adapter is saved
-    as safetensors under ``var/checkpoints/<id>/adapter``. Held-out grounding Acc@0.5 is reported
-    for the base model and the adapted one."""
-    from transformers import AutoModelForImageTextToText, AutoProcessor
-
-    from medrobust_lib.finetune.vlm_lora import LM_PROJ_REGEX, LoraSettings, finetune_lora
-    from medrobust_lib.tracks.vlm.runner import _folder_hash, resolve_source
-
-    t0 = time.perf_counter()
-    m = vlm_model(suite, model_id)
-    if m.kind != "hf":
-        raise ValueError(f"{model_id}: LoRA fine-tuning needs local weights (kind 'hf'), not an API model")
-    ft = vlm_config(suite).finetune
-    source = resolve_source(suite, m)
-    model = AutoModelForImageTextToText.from_pretrained(source, local_files_only=True)
-    proc = AutoProcessor.from_pretrained(source, local_files_only=True)
-    items = load_items(suite).items
-    by_split = _samples_by_split(suite)
-    ts = vlm_config(suite).train  # the base's answer format (box grid) and augmentation
-    train = examples_for(items, by_split["train"], (ft.task,), box_step=ts.box_step, flips=ts.grounding_flips)
-    val = examples_for(items, by_split["val"], (ft.task,), box_step=ts.box_step)
-    settings = LoraSettings(r=ft.r, alpha=ft.alpha, dropout=ft.dropout, target_regex=ft.target_regex or LM_PROJ_REGEX)
-    cfg = adapter_train_config(ft, len(train), suite.seed)
-    res = finetune_lora(model, proc, train, val, settings, cfg, adapter_folder(suite, model_id),
-                        base_model_hash=_folder_hash(source), log=log)
-    return AdapterSummary(str(res.adapter_dir), res.adapter_hash, ft.task, res.initial_val_loss,
-                          res.train.best_val_loss, res.train.steps, time.perf_counter() - t0, res.n_trainable,
-                          res.n_total, res.target_modules)

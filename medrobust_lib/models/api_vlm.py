@@ -175,6 +175,8 @@ class ApiResult:
     error: str | None = None
     logprobs: dict[str, float] | None = None
     waits_s: tuple[float, ...] = field(default=())
+    truncated: bool | None = None
+    """The answer stopped at ``max_tokens`` (``finish_reason == "length"``); None: no answer."""
 
     @property
     def ok(self) -> bool:
@@ -286,6 +288,16 @@ def parse_completion(body: Any) -> tuple[str, str | None, str | None, dict[str, 
     if not isinstance(content, str):
         return "bad_response", None, "message has no text content", logprobs
     return "ok", content, None, logprobs
+
+
+def hit_token_cap(body: Any) -> bool | None:
+    """True when a chat completion stopped at its token cap (``finish_reason == "length"``), False
+    for any other finish reason, None when the body names none."""
+    try:
+        reason = body["choices"][0].get("finish_reason")
+    except (TypeError, KeyError, IndexError, AttributeError):
+        return None
+    return None if reason is None else reason == "length"
 
 
 def _first_token_logprobs(lp: Any) -> dict[str, float] | None:
@@ -478,7 +490,7 @@ class ApiVLM:
             if cached is not None:
                 outcome, text, err, lps = parse_completion(cached)
                 if outcome == "ok":
-                    return ApiResult(text, "ok", 200, 0, 0.0, True, None, lps)
+                    return ApiResult(text, "ok", 200, 0, 0.0, True, None, lps, truncated=hit_token_cap(cached))
         rng = rng_for("api_vlm", self.config.seed, req.key)
         headers = {"Authorization": f"Bearer {self._key}"} if self._key is not None else {}
         start = self._clock()
@@ -519,7 +531,8 @@ class ApiVLM:
                             logger.warning("%s: caching an answer failed (%s); the answer is kept",
                                            self.config.model, type(exc).__name__)
                     return ApiResult(text, outcome, status, attempt, self._clock() - start, False,
-                                     self._scrub(err) if err else None, lps, tuple(waits))
+                                     self._scrub(err) if err else None, lps, tuple(waits),
+                                     truncated=hit_token_cap(body) if text is not None else None)
                 outcome, error = "http_error", f"HTTP {status}: {raw[:200].decode('utf-8', 'replace')}"
                 if status in (429, 503):
                     retry_after = parse_retry_after(resp_headers.get("Retry-After"))

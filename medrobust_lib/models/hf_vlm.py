@@ -208,17 +208,37 @@ class HFVisionLanguageModel:
     def generate(self, images: Sequence[np.ndarray | None], prompts: Sequence[str], *, max_new_tokens: int = 32,
                  batch_size: int = 8) -> list[str]:
         """Greedy answers, one per (image, prompt); the prompt echo is stripped."""
+        return [text for text, _ in self.generate_capped(images, prompts, max_new_tokens=max_new_tokens,
+                                                         batch_size=batch_size)]
+
+    @torch.no_grad()
+    def generate_capped(self, images: Sequence[np.ndarray | None], prompts: Sequence[str], *,
+                        max_new_tokens: int = 32, batch_size: int = 8) -> list[tuple[str, bool]]:
+        """:meth:`generate` with, per answer, whether it hit the cap: ``max_new_tokens`` tokens came
+        out without an end-of-sequence token (the answer was cut, not finished)."""
         if len(images) != len(prompts):
             raise ValueError(f"{len(images)} images for {len(prompts)} prompts")
-        out: list[str] = [""] * len(prompts)
+        stops = self._stop_ids()
+        out: list[tuple[str, bool]] = [("", False)] * len(prompts)
         for idx in self._groups(images, batch_size):
             batch = self._inputs([images[i] for i in idx], [prompts[i] for i in idx])
             gen = self.model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False,
                                       pad_token_id=self.processor.tokenizer.pad_token_id)
             new = gen[:, batch["input_ids"].shape[1]:]
-            for i, text in zip(idx, self.processor.tokenizer.batch_decode(new, skip_special_tokens=True), strict=True):
-                out[i] = text.strip()
+            texts = self.processor.tokenizer.batch_decode(new, skip_special_tokens=True)
+            for row, (i, text) in enumerate(zip(idx, texts, strict=True)):
+                ids = new[row].tolist()
+                out[i] = (text.strip(), len(ids) >= max_new_tokens and not stops.intersection(ids))
         return out
+
+    def _stop_ids(self) -> set[int]:
+        """Token ids that end an answer: the generation config's end-of-sequence id(s), else the
+        tokenizer's."""
+        eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        if eos is None:
+            eos = self.processor.tokenizer.eos_token_id
+        ids = eos if isinstance(eos, list | tuple) else [eos]
+        return {int(i) for i in ids if i is not None}
 
     def option_token_ids(self, options: Sequence[str]) -> list[int]:
         """The first token of each option as it would follow the generation prompt."""

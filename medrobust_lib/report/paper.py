@@ -6,7 +6,7 @@ Layout under ``out_dir``::
 
     index.html                 every table (HTML) and figure (relative <img>), header with mart/time/models
     tables/<name>.csv|.md|.tex segmentation_summary, segmentation_by_level, strategy_ranking,
-                               vlm_task_drops, taxonomy_quadrants, taxonomy_correlation
+                               vlm_task_drops, taxonomy_quadrants, taxonomy_correlation, taxonomy_screening
     figures/*.png|.pdf|.svg   every figure as PNG (300 dpi) and vector PDF/SVG, 3.5 or 7.2 in wide
     .medrobust_report.json     the files of the last run; they are removed before the next run writes,
                                so a narrower --models run leaves no stale outputs (nothing else is touched)
@@ -33,6 +33,7 @@ from medrobust_lib.report.figures import paper as figs
 from medrobust_lib.report.figures.style import parallel_saves, twins
 from medrobust_lib.report.html import Figure, render_page
 from medrobust_lib.report.latex import to_latex
+from medrobust_lib.report.screening_table import taxonomy_screening
 from medrobust_lib.report.table import ReportTable, to_csv, to_markdown
 from medrobust_lib.store.marts import connect_readonly
 from medrobust_lib.store.tracking import log_artifact, log_metrics, tracked_run
@@ -53,7 +54,7 @@ TRACKS: dict[str, tuple[str, str]] = {
 TABLE_TRACK: dict[str, str] = {
     "real_model_worst_types": "segmentation", "segmentation_summary": "segmentation", "segmentation_by_level": "segmentation",
     "strategy_ranking": "strategies", "vlm_task_drops": "vlm", "taxonomy_quadrants": "taxonomy",
-    "taxonomy_correlation": "taxonomy",
+    "taxonomy_correlation": "taxonomy", "taxonomy_screening": "taxonomy",
 }
 
 
@@ -139,6 +140,7 @@ def _tables(con: duckdb.DuckDBPyConnection, sel: dict[str, list[str] | None], av
         "vlm_task_drops": lambda ids: pt.vlm_task_drops(con, ids),
         "taxonomy_quadrants": lambda ids: pt.taxonomy_quadrants(con, ids, seed),
         "taxonomy_correlation": lambda ids: pt.taxonomy_correlation(con, ids, available["taxonomy"], seed),
+        "taxonomy_screening": lambda ids: taxonomy_screening(con, ids),
     }
     tables: list[ReportTable] = []
     skipped: dict[str, str] = {}

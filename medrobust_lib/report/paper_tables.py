@@ -403,17 +403,20 @@ def vlm_task_drops(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None)
     column per type): one row per (model, checkpoint, adapter, task, perturbation type) with
     ``metric`` (the task's primary metric: accuracy / acc_50 in [0, 1], CIDEr-D >= 0), ``clean``,
     ``perturbed`` (the type's mean over the evaluated levels), ``drop`` (clean - perturbed, positive =
-    worse), ``rel_drop`` (drop / clean, empty when clean is 0), ``n_unparseable`` and ``n_error``
-    (infrastructure errors, outside every number); then one ``Avg`` row per (model, task) whose ``perturbed`` is the
+    worse), ``rel_drop`` (drop / clean, empty when clean is 0), ``n_unparseable``, ``n_error``
+    (infrastructure errors, outside every number) and ``n_truncated`` (answers cut at their token
+    cap, scored as they are; 0 for a mart without the column); then one ``Avg`` row per (model, task) whose ``perturbed`` is the
     mean over types and ``drop`` is ΔTP. ``floor_effect``: the clean score is at or below the task's
     chance level (the view's ``chance``: multiple choice 1 / the options of its items; a mart without
     it: ``store.coverage.VLM_CHANCE``); such rows are greyed, since their drops cannot show a loss."""
 
     where, params = where_in("model", models)
-    chance = "chance" if "chance" in relation_columns(con, "vlm_task_drops") else _FIXED_CHANCE_SQL
+    view_cols = relation_columns(con, "vlm_task_drops")
+    chance = "chance" if "chance" in view_cols else _FIXED_CHANCE_SQL
+    truncated = "n_truncated" if "n_truncated" in view_cols else "0"
     long = con.execute(f"""
         select model, checkpoint, coalesce(adapter, '') as adapter, task, metric, column_name, value,
-               rel_drop, n_unparseable, n_error, {chance} as chance
+               rel_drop, n_unparseable, n_error, {truncated} as n_truncated, {chance} as chance
         from vlm_task_drops where {where}""", params).df()
     if long.empty:
         return "no vlm_task_drops rows for the selected models"
@@ -429,19 +432,21 @@ def vlm_task_drops(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None)
     body["floor_effect"] = (body["clean"] <= body["chance"].astype(float) + CHANCE_TOL).fillna(False).astype(bool)
     df = body.sort_values([*keys[:4], "is_avg", "perturbation"], kind="stable").reset_index(drop=True)
     df = df[[*keys, "perturbation", "clean", "perturbed", "drop", "rel_drop", "n_unparseable", "n_error",
-             "floor_effect"]]
-    df["n_unparseable"] = df["n_unparseable"].astype("Int64")
-    df["n_error"] = df["n_error"].astype("Int64")
+             "n_truncated", "floor_effect"]]
+    for c in ("n_unparseable", "n_error", "n_truncated"):
+        df[c] = df[c].astype("Int64")
     cols = [Column("Model", "model"), *_identity_columns(df, "model", [("checkpoint", "Checkpoint"),
                                                                       ("adapter", "Adapter")]),
             Column("Task", "task"), Column("Metric", "metric"), Column("Perturbation", "perturbation"),
             Column("Clean", "clean", "float"), Column("Perturbed", "perturbed", "float"),
             Column("Drop", "drop", "float"), Column("Rel.", "rel_drop", "float"),
-            Column("Unparseable", "n_unparseable", "int"), Column("Errors", "n_error", "int")]
+            Column("Unparseable", "n_unparseable", "int"), Column("Errors", "n_error", "int"),
+            Column("Truncated", "n_truncated", "int")]
     note = ("Primary metric per task (accuracy for VQA, Acc@0.5 for grounding, CIDEr-D for captions); Perturbed is "
             f"the type's mean over {_vlm_levels(con, where, params)}, Drop = Clean - Perturbed (positive = worse); the Avg row is the mean "
             "over types and its drop is ΔTP; Rel. = Drop / Clean. Unparseable: answers that could not be parsed "
-            "(counted wrong); Errors: infrastructure failures (transport, out of memory), outside every number.")
+            "(counted wrong); Errors: infrastructure failures (transport, out of memory), outside every number; "
+            "Truncated: answers that hit their token cap (scored as they are).")
     if df["floor_effect"].any():
         note += (f" {FLOOR_MARK} / grey: clean score at or below chance (yes/no {VLM_CHANCE['vqa_yesno']:g}, "
                  f"multiple choice 1 / the options of its items, grounding {VLM_CHANCE['grounding']:g}): the drops "

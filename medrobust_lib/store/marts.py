@@ -59,7 +59,7 @@ _BLEU_RATIO_SQL = f"((hyp_len + {_BLEU_TINY_SQL}) / (ref_len + {_BLEU_SMALL_SQL}
 
 # vlm_by_level: one row per (model, checkpoint, adapter, task, perturbation, level) over image_mode
 # 'image' of complete partitions (partition_completeness). Counts: n (all rows), n_scored, n_unparseable,
-# n_refused, n_error, n_excluded. Metrics over
+# n_refused, n_error, n_excluded, n_truncated (answers that hit their token cap; scored as they are). Metrics over
 # the scored rows: accuracy in [0, 1] (VQA and grounding, NULL for captions); grounding mean_iou,
 # acc_50 (= accuracy), acc_75; captions cider_d (mean, >= 0), rouge_l (mean, [0, 1]) and bleu_4, the
 # corpus BLEU-4 from the summed sufficient statistics (medrobust_lib.metrics.caption.bleu_from_stats,
@@ -93,6 +93,7 @@ def vlm_by_level(include_off_band: bool | str = False) -> str:
                    count(*) filter (where outcome = 'refused') as n_refused,
                    count(*) filter (where outcome = 'error') as n_error,
                    count(*) filter (where outcome like 'excluded:%') as n_excluded,
+                   count(*) filter (where truncated) as n_truncated,
                    avg(correct) filter (where scored) as mean_correct,
                    avg(iou) filter (where scored) as mean_iou_all,
                    avg(acc_75) filter (where scored) as mean_acc_75,
@@ -127,7 +128,8 @@ def vlm_by_level(include_off_band: bool | str = False) -> str:
                    {_BLEU4_SQL}
                    * case when {_BLEU_RATIO_SQL} < 1 then exp(1 - 1 / {_BLEU_RATIO_SQL}) else 1.0 end
                end as bleu_4,
-               mean_ssim, {vlm_chance_sql("inv_options")} as chance, band_miss
+               mean_ssim, {vlm_chance_sql("inv_options")} as chance, band_miss,
+               coalesce(n_truncated, 0) as n_truncated
         from cells
         order by model, checkpoint, adapter, task, perturbation, level"""
 
@@ -137,8 +139,9 @@ _VLM_BY_LEVEL = vlm_by_level()
 # vlm_task_drops: the published wide table in long form. Per (model, checkpoint, adapter, task):
 # column_name 'Clean' (level 0), one row per perturbation type (the primary metric averaged over the
 # per-level values of levels 1..5), 'Avg' (mean over types) and 'ΔTP' (Clean - Avg; positive = worse
-# under perturbation). metric names the primary metric column; n_unparseable / n_error are the
-# unparseable answers and the infrastructure errors (outside the number) behind each number (Avg: all
+# under perturbation). metric names the primary metric column; n_unparseable / n_error / n_truncated are
+# the unparseable answers, the infrastructure errors (outside the number) and the answers cut at their
+# token cap (inside it) behind each number (Avg: all
 # types; ΔTP: Clean plus all types); drop = Clean - value (the ΔTP row: ΔTP itself; Clean: 0) and
 # rel_drop = drop / Clean (NULL when Clean is 0 or missing); ord orders the columns (Clean 0, types
 # alphabetically, then Avg, ΔTP); chance: the task's chance level on its clean items (vlm_by_level) and
@@ -146,27 +149,31 @@ _VLM_BY_LEVEL = vlm_by_level()
 _VLM_TASK_DROPS = f"""
         with lv as (
             select model, checkpoint, adapter, task, perturbation, level, {_PRIMARY_SQL} as value,
-                   n_unparseable, n_error
+                   n_unparseable, n_error, n_truncated
             from vlm_by_level),
         clean as (
             select model, checkpoint, adapter, task, 'Clean' as column_name, 0 as grp, avg(value) as value,
-                   cast(sum(n_unparseable) as bigint) as n_unparseable, cast(sum(n_error) as bigint) as n_error
+                   cast(sum(n_unparseable) as bigint) as n_unparseable, cast(sum(n_error) as bigint) as n_error,
+                   cast(sum(n_truncated) as bigint) as n_truncated
             from lv where perturbation = 'clean' and level = 0
             group by model, checkpoint, adapter, task),
         per_type as (
             select model, checkpoint, adapter, task, perturbation as column_name, 1 as grp, avg(value) as value,
-                   cast(sum(n_unparseable) as bigint) as n_unparseable, cast(sum(n_error) as bigint) as n_error
+                   cast(sum(n_unparseable) as bigint) as n_unparseable, cast(sum(n_error) as bigint) as n_error,
+                   cast(sum(n_truncated) as bigint) as n_truncated
             from lv where perturbation <> 'clean' and level between 1 and 5
             group by model, checkpoint, adapter, task, perturbation),
         avg_row as (
             select model, checkpoint, adapter, task, 'Avg' as column_name, 2 as grp, avg(value) as value,
-                   cast(sum(n_unparseable) as bigint) as n_unparseable, cast(sum(n_error) as bigint) as n_error
+                   cast(sum(n_unparseable) as bigint) as n_unparseable, cast(sum(n_error) as bigint) as n_error,
+                   cast(sum(n_truncated) as bigint) as n_truncated
             from per_type group by model, checkpoint, adapter, task),
         delta as (
             select model, checkpoint, adapter, task, 'ΔTP' as column_name, 3 as grp,
                    max(value) filter (where column_name = 'Clean') - max(value) filter (where column_name = 'Avg')
                        as value,
-                   cast(sum(n_unparseable) as bigint) as n_unparseable, cast(sum(n_error) as bigint) as n_error
+                   cast(sum(n_unparseable) as bigint) as n_unparseable, cast(sum(n_error) as bigint) as n_error,
+                   cast(sum(n_truncated) as bigint) as n_truncated
             from (select * from clean union all select * from avg_row)
             group by model, checkpoint, adapter, task),
         rows as (
@@ -186,6 +193,7 @@ _VLM_TASK_DROPS = f"""
         select d.model, d.checkpoint, d.adapter, d.task, d.column_name,
                case d.task {" ".join(f"when '{t}' then '{c}'" for t, c in VLM_PRIMARY_COLUMN.items())} end as metric,
                d.value, d.drop, d.drop / nullif(d.clean_value, 0) as rel_drop, d.n_unparseable, d.n_error,
+               d.n_truncated,
                cast(row_number() over (partition by d.model, d.checkpoint, d.adapter, d.task
                                        order by d.grp, d.column_name) - 1 as integer) as ord,
                c.chance, {vlm_floor_sql("d.clean_value", "c.chance")} as floor_effect
@@ -461,6 +469,13 @@ MART_VIEWS.update({
         order by case scope when 'headline' then 0 when 'condition' then 1 else 2 end,
                  perturbation nulls first, level nulls first, image_mode nulls first""",
 })
+
+# taxonomy_screening: taxonomy_screening_stats (medrobust_lib.taxonomy.screening) in a fixed order, the signals
+# max_p, margin, entropy within each group
+MART_VIEWS["taxonomy_screening"] = """
+        select * from taxonomy_screening_stats
+        order by config, dataset, perturbation, level, image_mode,
+                 case signal when 'max_p' then 0 when 'margin' then 1 else 2 end"""
 
 # --- Infrastructure failures: error share and completeness per partition (medrobust_lib.store.completeness) ---
 

@@ -114,7 +114,7 @@ VLM_COLUMNS: tuple[tuple[str, str], ...] = (
     ("hyp_len", "DOUBLE"), ("ref_len", "DOUBLE"), ("latency_s", "DOUBLE"), ("cache_hit", "BOOLEAN"),
     ("error", "VARCHAR"), ("judge_model", "VARCHAR"), ("judge_outcome", "VARCHAR"), ("judge_parsed", "VARCHAR"),
     ("judge_correct", "DOUBLE"), ("n_options", "INTEGER"),
-    ("bleu_4_raw", "DOUBLE"), ("rouge_l_raw", "DOUBLE"), ("cider_raw", "DOUBLE"),
+    ("bleu_4_raw", "DOUBLE"), ("rouge_l_raw", "DOUBLE"), ("cider_raw", "DOUBLE"), ("truncated", "BOOLEAN"),
 )
 VLM_COLUMN_NAMES: tuple[str, ...] = tuple(c for c, _ in VLM_COLUMNS)
 PRIMARY_METRIC: dict[str, str] = {"vqa_mc": "accuracy", "vqa_yesno": "accuracy", "vqa_open": "accuracy",
@@ -378,3 +378,21 @@ def arrow_schema(name: str, columns: list[str] | tuple[str, ...]) -> pa.Schema |
     if any(c not in types or types[c].split("(")[0] not in _ARROW_TYPES for c in columns):
         return None
     return pa.schema([pa.field(c, _ARROW_TYPES[types[c].split("(")[0]]) for c in columns])
+
+
+# --- taxonomy confidence screening (medrobust_lib.taxonomy.screening) ---
+TAXONOMY_SCREENING_TABLE = "taxonomy_screening_stats"
+TAXONOMY_SCREENING_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("config", "VARCHAR"), ("dataset", "VARCHAR"), ("perturbation", "VARCHAR"), ("level", "INTEGER"),
+    ("image_mode", "VARCHAR"), ("signal", "VARCHAR"), ("status", "VARCHAR"), ("n", "BIGINT"),
+    ("n_dangerous", "BIGINT"), ("n_ideal", "BIGINT"), ("n_no_signal", "BIGINT"), ("auroc", "DOUBLE"),
+    ("threshold", "DOUBLE"), ("ideal_kept", "DOUBLE"), ("dangerous_pass", "DOUBLE"), ("pooled_threshold", "DOUBLE"),
+    ("dangerous_pass_pooled", "DOUBLE"), ("mean_confidence_dangerous", "DOUBLE"), ("mean_confidence_other", "DOUBLE"),
+)
+MART_TABLES.append(MartTable(
+    TAXONOMY_SCREENING_TABLE, TAXONOMY_SCREENING_COLUMNS,
+    "per (config, dataset, type, level, image mode) and confidence signal (max_p, margin, entropy of the original "
+    "question's answer): AUROC of the signal's uncertainty for telling Dangerous from the other samples, and the "
+    "share of Dangerous samples that pass a screen keeping 95 % of the Ideal ones (the configuration's own, and "
+    "those of every configuration of the cell); 'not available' without the signal (an endpoint without "
+    "log-probabilities)"))

@@ -24,6 +24,7 @@ from typing import Any
 from medrobust_lib.config import Suite, load_suite
 from medrobust_lib.config.isolation import check_isolation
 from medrobust_lib.config.suite import DEMO_TRAINED
+from medrobust_lib.config.vlm import yesno_files
 from medrobust_lib.data.dataset import DatasetConfig, index_dataset, load_sample
 from medrobust_lib.data.sample import QuarantineRecord, SampleError, SampleRef
 from medrobust_lib.project import in_project, project_root
@@ -159,9 +160,15 @@ def _weights_errors(suite: Suite, root: Path) -> list[str]:
             errors.append(f"VLM {v.id!r}: source folder not found: {gone}")
         if v.adapter not in (None, "finetuned") and (gone := _missing(v.adapter, root)) is not None:
             errors.append(f"VLM {v.id!r}: adapter folder not found: {gone}")
-    for key, path in suite.vlm.records.model_dump().items():
+    for key, path in suite.vlm.records.model_dump(exclude={"yesno"}).items():
         if path is not None and (gone := _missing(path, root)) is not None:
             errors.append(f"vlm.records.{key}: not found: {gone}")
+    listed = isinstance(suite.vlm.records.yesno, list)
+    for i, f in enumerate(yesno_files(suite.vlm.records)):
+        where = f"vlm.records.yesno.{i}" if listed else "vlm.records.yesno"
+        for what, path in (("", f.path), (".image_root", f.image_root)):
+            if path is not None and (gone := _missing(path, root)) is not None:
+                errors.append(f"{where}{what}: not found: {gone}")
     return errors
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from medrobust_lib.config import load_suite
 from medrobust_lib.demo import committed
-from medrobust_lib.demo.vlm_train import box_text, examples_for, flipped
+from medrobust_lib.tracks.finetune.vlm_adapter import box_text, examples_for, flipped
 from tests.suite_helpers import write_suite
 
 FP = {"kind": "segmentation", "train": {"max_steps": 10}, "suite_seed": 0}

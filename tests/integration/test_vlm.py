@@ -12,16 +12,17 @@ import pytest
 
 from medrobust_lib.config import Suite, load_suite
 from medrobust_lib.config.vlm import vlm_model
-from medrobust_lib.demo.vlm_train import finetune_adapter, train_base_vlm
+from medrobust_lib.demo.vlm_train import train_base_vlm
 from medrobust_lib.store import results
 from medrobust_lib.store.marts import build_mart, connect_readonly
 from medrobust_lib.store.schema import VLM_COLUMN_NAMES as COLUMN_NAMES
 from medrobust_lib.store.schema import VLM_TABLE
 from medrobust_lib.tracks.datasets import build_clean_index, load_clean_samples
+from medrobust_lib.tracks.finetune.vlm_adapter import finetune_adapter
 from medrobust_lib.tracks.perturbed import build_perturbed, read_manifest
 from medrobust_lib.tracks.vlm.evaluate import _move_box, evaluate_clean, evaluate_perturbed
 from medrobust_lib.tracks.vlm.items import load_items, records_config
-from medrobust_lib.tracks.vlm.runner import Runner
+from medrobust_lib.tracks.vlm.runner import Runner, trained_box_scale
 from medrobust_lib.tracks.vlm.stats import write_vlm_stats
 from tests.suite_helpers import write_suite
 
@@ -37,11 +38,11 @@ def vlm_suite(tmp_path_factory: pytest.TempPathFactory, demo_root: Path) -> Suit
     (root / "mc.json").write_text(json.dumps(mc))
     vlm = {"models": [{"id": "tiny-llava", "source": "trained", "box_scale": "0-1", "batch_size": 16},
                       {"id": "tiny-llava-lora", "base": "tiny-llava", "adapter": "finetuned", "box_scale": "0-1"}],
-           "records": {"omnimedvqa": str(root / "mc.json")}, "split": "all",
+           "records": {"omnimedvqa": str(root / "mc.json")}, "split": "test",  # the adapter saw train and val
            "train": {"max_steps": 20, "eval_every": 10, "time_budget_s": 60, "batch_size": 16},
            "finetune": {"max_steps": 6, "eval_every": 3, "batch_size": 8, "time_budget_s": 60}}
     suite = load_suite(write_suite(root, demo_root, modalities=["ct", "dermoscopy"], vlm=vlm,
-                                   perturbations={"include": ["gaussian_noise", "rotation"], "split": "all",
+                                   perturbations={"include": ["gaussian_noise", "rotation"], "split": "test",
                                                   "calibration_subset": 2, "levels": [1, 2, 3, 4, 5]}))
     for m in suite.modalities:
         build_clean_index(suite, m)
@@ -74,7 +75,7 @@ def test_track_end_to_end(vlm_suite: Suite) -> None:
 
     runner = Runner(s, vlm_model(s, "tiny-llava"))
     clean = evaluate_clean(s, "tiny-llava", "ct", runner)
-    n_img = sum(len(v) for v in load_clean_samples(s, "ct").values())
+    n_img = sum(len(v) for v in load_clean_samples(s, "ct", split="test").values())
     df = _rows(s)
     assert list(df.columns[: len(COLUMN_NAMES) - 2]) != []  # readable
     cl = df[(df["model"] == "tiny-llava") & (df["perturbation"] == "clean")]
@@ -115,20 +116,22 @@ def test_spatial_perturbations_move_the_grounding_box(vlm_suite: Suite) -> None:
 
 
 def test_failed_batches_are_counted_errors(vlm_suite: Suite, tmp_path: Path) -> None:
-    s = vlm_suite
-    if not (Path(s.results_dir).parent / "checkpoints" / "tiny-llava" / "config.json").is_file():
-        train_base_vlm(s, "tiny-llava")
+    if not (Path(vlm_suite.results_dir).parent / "checkpoints" / "tiny-llava" / "config.json").is_file():
+        train_base_vlm(vlm_suite, "tiny-llava")
+    # every dermoscopy image (the demo's test split may hold none of them): the base model alone, no adapter
+    s = vlm_suite.model_copy(update={"vlm": vlm_suite.vlm.model_copy(update={
+        "split": "all", "models": [vlm_model(vlm_suite, "tiny-llava")]})})
     runner = Runner(s, vlm_model(s, "tiny-llava"))
 
     def boom(*a: object, **k: object) -> list[str]:
         raise RuntimeError("device lost")
 
-    runner.hf.generate = boom
+    runner.hf.generate = runner.hf.generate_capped = boom
     runner.hf.score = boom
     out = evaluate_clean(s, "tiny-llava", "dermoscopy", runner)
     df = _rows(s)
     d = df[(df["model"] == "tiny-llava") & (df["modality"] == "dermoscopy")]
-    assert out.n_rows == len(d) and set(d["outcome"]) == {"error"}
+    assert out.n_rows == len(d) > 0 and set(d["outcome"]) == {"error"}
     assert d["correct"].isna().all() and d["prediction"].isna().all()  # not answers: nothing is scored
     assert d["error"].str.contains("device lost").all()
 
@@ -140,6 +143,8 @@ def test_lora_variant_and_mart(vlm_suite: Suite) -> None:
     ad = finetune_adapter(s, "tiny-llava-lora")
     assert (Path(ad.folder) / "adapter_model.safetensors").is_file() and ad.task == "grounding"
     assert all("vision_tower" not in m for m in ad.target_modules)
+    assert ad.box_scale == "0-1" and trained_box_scale(ad.folder) == "0-1"  # taught in the declared scale
+    assert Runner(s, vlm_model(s, "tiny-llava-lora")).box_scale == "0-1"
     evaluate_clean(s, "tiny-llava-lora", "ct")
     evaluate_perturbed(s, "tiny-llava-lora", "ct", 5)
     evaluate_clean(s, "tiny-llava", "ct")

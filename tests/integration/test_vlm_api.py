@@ -274,6 +274,11 @@ def test_taxonomy_rerun_retries_only_the_images_with_errors(api_suite: Suite) ->
     pd.testing.assert_series_equal(ok2["quadrant"], ok1["quadrant"])
     assert partition_error_share(s.results_dir, TAXONOMY_TABLE, part, s.max_error_share).complete
     assert tx.evaluate(s, "fake", "ct", 0).n_images == 0  # nothing left to retry
+    # the endpoint returns top log-probabilities: the API model's rows carry the screening signals
+    from medrobust_lib.taxonomy.screening import NOT_AVAILABLE, screening_stats
+
+    screening = screening_stats(df2)
+    assert len(screening) and (screening["n_no_signal"] == 0).all() and NOT_AVAILABLE not in set(screening["status"])
 
 
 def test_api_paraphraser_feeds_the_taxonomy(api_suite: Suite, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,7 +7,7 @@ Prompt ``<kind>:<tag>`` selects the server's behaviour for that request:
 always 400; ``slow`` sleeps past the client timeout; ``garbage`` returns invalid JSON;
 ``nochoices`` returns a JSON object without choices; ``refuse`` returns a refusal; ``echokey``
 answers 500 with the Authorization header in the body; ``lp`` answers with top_logprobs; ``nolp``
-answers without logprobs.
+answers without logprobs; ``cut`` answers with ``finish_reason: length`` (the token cap).
 """
 
 from __future__ import annotations
@@ -146,6 +146,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, json.dumps(_completion("Yes", lp)).encode())
         elif kind == "nolp":
             self._send(200, json.dumps(_completion("Yes")).encode())
+        elif kind == "cut":  # the answer stopped at max_tokens
+            body = _completion("The finding is a")
+            body["choices"][0]["finish_reason"] = "length"
+            self._send(200, json.dumps(body).encode())
         else:
             self._send(404, b'{"error": "unknown script"}')
 
@@ -421,3 +425,13 @@ def test_helpers() -> None:
     assert parse_retry_after(date, now=1_000_000) == pytest.approx(10.0)
     assert parse_retry_after(date, now=2_000_000) == 0.0
     assert option_logprobs({"A": -1.0}, ["a", "B"]) == {"a": -1.0, "B": None}
+
+
+def test_an_answer_cut_at_max_tokens_is_flagged_truncated(server: tuple[str, _State], tmp_path: Path) -> None:
+    url, _ = server
+    with make(url, cache_path=str(tmp_path / "c.sqlite")) as vlm:
+        first = vlm.generate([None, None, None], ["cut:1", "ok:2", "e400:3"])
+        again = vlm.generate([None], ["cut:1"])  # from the cache: the flag survives
+    assert [r.truncated for r in first] == [True, False, None]  # no answer: unknown
+    assert first[0].text == "The finding is a" and first[0].outcome == "ok"
+    assert again[0].cache_hit and again[0].truncated is True

@@ -113,3 +113,18 @@ def test_float16_storage_halves_the_file_and_loads_back_as_float32(tmp_path: Pat
     lp_b = b.score(_images(2), [TEXTS[0]] * 2, ["yes", "no"])
     for x, y in zip(lp_a, lp_b, strict=True):
         assert x.keys() == y.keys() and all(abs(x[k] - y[k]) < 0.05 for k in x)
+
+
+def test_an_answer_that_reaches_its_cap_without_ending_is_flagged_truncated(folder: Path) -> None:
+    """The seed-1 tiny model answers ``:`` over and over and never its end-of-sequence token: every
+    answer reaches the cap (truncated). Declaring ``:`` the end-of-sequence token ends every answer
+    at once: an answer that ends within the cap (even on its last token) is not truncated."""
+    vlm = HFVisionLanguageModel(folder)
+    imgs, qs = _images(2), ["is there a lesion ?", "which modality is this ?"]
+    capped = vlm.generate_capped(imgs, qs, max_new_tokens=5)
+    assert capped == [(": : : : :", True), (": : : : :", True)]
+    assert vlm.generate(imgs, qs, max_new_tokens=5) == [t for t, _ in capped]
+    colon = vlm.processor.tokenizer.convert_tokens_to_ids(":")
+    vlm.model.generation_config.eos_token_id = colon
+    assert vlm.generate_capped(imgs, qs, max_new_tokens=5) == [(":", False), (":", False)]
+    assert vlm.generate_capped(imgs, qs, max_new_tokens=1) == [(":", False), (":", False)]

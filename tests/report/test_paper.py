@@ -25,7 +25,9 @@ from medrobust_lib.store.schema import (
     QUADRANTS,
     TAXONOMY_CORRELATION_STATS_COLUMNS,
     TAXONOMY_QUADRANT_STATS_COLUMNS,
+    TAXONOMY_SCREENING_COLUMNS,
 )
+from medrobust_lib.taxonomy.screening import screening_stats
 from medrobust_lib.taxonomy.stats import flip_dangerous_correlation, quadrant_stats
 from medrobust_lib.tracks.segmentation.stats import segmentation_stats
 
@@ -33,8 +35,8 @@ SEG_MODELS = ("sam_a", "sam_b")
 VLM_MODELS = ("vlm_a", "vlm_b")
 CONFIGS = ("cfg_a", "cfg_b", "cfg_c")
 TYPES = ("gaussian_noise", "motion_blur")
-ALL_TABLES = ("real_model_worst_types", "segmentation_summary", "segmentation_by_level", "strategy_ranking", "vlm_task_drops",
-              "taxonomy_quadrants", "taxonomy_correlation")
+ALL_TABLES = ("real_model_worst_types", "segmentation_summary", "segmentation_by_level", "strategy_ranking",
+              "vlm_task_drops", "taxonomy_quadrants", "taxonomy_correlation", "taxonomy_screening")
 
 
 # --- the test mart ---------------------------------------------------------------------------
@@ -99,7 +101,10 @@ def _taxonomy_rows() -> pd.DataFrame:
                                  "answer": "yes" if s % 2 else "no", "pred_removed": "yes" if s % 3 else "no",
                                  "margin_removed": float(rng.normal(0.0, 1.5)),
                                  "consistent": consistent, "image_reliant": reliant, "outcome": "ok"})
-    return pd.DataFrame(rows)
+    df = pd.DataFrame(rows)
+    # the answer's confidence, from a generator of its own (the other columns keep their values)
+    margin = np.random.default_rng(2).normal(0.0, 2.0, len(df))
+    return df.assign(margin_original=margin, p_yes_original=1.0 / (1.0 + np.exp(-margin)))
 
 
 def _strategy_rows() -> pd.DataFrame:
@@ -154,7 +159,8 @@ def make_mart(path: Path, with_strategy: bool = True) -> Path:
         _create(con, "taxonomy_quadrant_stats", list(TAXONOMY_QUADRANT_STATS_COLUMNS), quadrant_stats(tax, 0, 200))
         _create(con, "taxonomy_correlation_stats", list(TAXONOMY_CORRELATION_STATS_COLUMNS),
                 flip_dangerous_correlation(tax, seed=0, n_boot=2000))
-        for view in ("taxonomy_quadrants", "taxonomy_correlation"):
+        _create(con, "taxonomy_screening_stats", list(TAXONOMY_SCREENING_COLUMNS), screening_stats(tax))
+        for view in ("taxonomy_quadrants", "taxonomy_correlation", "taxonomy_screening"):
             con.execute(f"create view {view} as {MART_VIEWS[view]}")
         if with_strategy:
             _create(con, "strategy_ranking_stats", [(c, "DOUBLE" if "drop" in c or "clean" in c else
@@ -338,8 +344,10 @@ def test_vlm_long_table_equals_the_view(report: ReportSummary, mart: Path) -> No
     """One row per (model, task, type) plus an Avg row, not one column per type (it fits a page)."""
     got = _csv(report, "vlm_task_drops")
     assert list(got.columns) == ["model", "checkpoint", "adapter", "task", "metric", "perturbation", "clean",
-                                 "perturbed", "drop", "rel_drop", "n_unparseable", "n_error", "floor_effect"]
+                                 "perturbed", "drop", "rel_drop", "n_unparseable", "n_error", "n_truncated",
+                                 "floor_effect"]
     assert len(got) == 4 * (len(TYPES) + 1)
+    assert got["n_truncated"].eq(0).all()  # this mart's view predates the column: none counted
     long = _sql(mart, "select * from vlm_task_drops")
     for rec in long.to_dict("records"):
         sel = got[(got["model"] == rec["model"]) & (got["task"] == rec["task"])]
@@ -742,3 +750,15 @@ def test_report_reads_the_floor_views(tmp_path: Path) -> None:
     assert a.loc[("corruption", "decoder_only"), "mean_iou_drop"] == 0.0
     assert "sam_a / corruption / decoder_only: every dataset at the floor" in default.note
     assert "every dataset at the floor" not in asked.note
+
+
+def test_taxonomy_screening_is_the_clean_rows_of_the_view(report: ReportSummary, mart: Path) -> None:
+    got = _csv(report, "taxonomy_screening")
+    exp = screening_stats(_taxonomy_rows())
+    exp = exp[exp["perturbation"] == "clean"]
+    assert len(got) == len(exp) == len(CONFIGS) * 2 * 3  # configs x datasets x signals
+    merged = got.merge(exp, on=["config", "dataset", "image_mode", "signal"], suffixes=("", "_lib"))
+    assert len(merged) == len(got)
+    for c in ("auroc", "dangerous_pass", "threshold"):
+        assert np.allclose(merged[c], merged[f"{c}_lib"], equal_nan=True)
+    assert list(got["signal"][:3]) == ["max_p", "margin", "entropy"]

@@ -186,7 +186,7 @@ def test_task_drops_clean_types_avg_delta(mart: tuple[Path, duckdb.DuckDBPyConne
     wide = vlm_task_drops_wide(con)
     row = wide[wide["task"] == "vqa_mc"].iloc[0]
     assert list(wide.columns) == ["model", "checkpoint", "adapter", "task", "metric", "Clean", "blur", "noise",
-                                  "Avg", "ΔTP", "rel_drop", "n_unparseable", "n_error"]
+                                  "Avg", "ΔTP", "rel_drop", "n_unparseable", "n_error", "n_truncated"]
     assert row["ΔTP"] == pytest.approx(v["ΔTP"]) and row["n_unparseable"] == 4 and row["n_error"] == 1
     assert row["rel_drop"] == pytest.approx(rel["ΔTP"])
     assert pd.isna(wide[wide["task"] == "caption"].iloc[0]["blur"])

@@ -129,3 +129,17 @@ def test_each_suite_logs_into_its_own_experiments() -> None:
     for bad in ("", "a/b"):
         with pytest.raises(ValueError, match="experiment must be"):
             experiment_name(Suite(name="demo"), bad)
+
+
+def test_validate_names_each_missing_yesno_file(tmp_path: Path) -> None:
+    root = _folder(tmp_path / "photos", n=2, corrupt=0, masks=False)
+    (tmp_path / "a.jsonl").write_text("")
+    p = _suite(tmp_path, {"modalities": ["xray"], "datasets": [
+        {"name": "photos", "modality": "xray", "format": "folder", "root": str(root), "options": {"mask_dir": None}}],
+        "vlm": {"records": {"yesno": [{"path": str(tmp_path / "a.jsonl"), "dataset": "photos"},
+                                      {"path": str(tmp_path / "b.jsonl"), "image_root": str(tmp_path / "none")}]}}})
+    rep = validate_suite(p)
+    assert rep.errors == [f"vlm.records.yesno.1: not found: {tmp_path / 'b.jsonl'}",
+                          f"vlm.records.yesno.1.image_root: not found: {tmp_path / 'none'}"]
+    p = _suite(tmp_path, {"modalities": ["xray"], "vlm": {"records": {"yesno": str(tmp_path / "c.jsonl")}}})
+    assert f"vlm.records.yesno: not found: {tmp_path / 'c.jsonl'}" in validate_suite(p).errors

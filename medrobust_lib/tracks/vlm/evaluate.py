@@ -52,6 +52,7 @@ _ERROR_CLEARED: tuple[str, ...] = (
     "parsed", "correct", "iou", "acc_75", "box_scale", "margin", "p_yes", "entropy", "bleu_4", "rouge_l", "cider_d",
     "bleu_c1", "bleu_c2", "bleu_c3", "bleu_c4", "bleu_g1", "bleu_g2", "bleu_g3", "bleu_g4", "hyp_len", "ref_len",
     *RAW_COLUMNS,
+    "truncated",
 )
 """Score columns an ``error`` row leaves NULL: it was never answered, so nothing may count it."""
 
@@ -67,6 +68,8 @@ class VLMEvalSummary:
     n_vision_calls: int = 0
     n_reused: int = 0
     """Rows kept from the previous run of the partition (same fingerprint, outcome not error)."""
+    n_truncated: int = 0
+    """Answers that hit their token cap (``truncated``: cut, not finished; scored as they are)."""
 
 
 @dataclass(frozen=True)
@@ -100,7 +103,8 @@ def n_options(item: VLMItem) -> int | None:
 
 def _with_answer(r: dict[str, Any], a: Answer, scored: dict[str, Any]) -> dict[str, Any]:
     r.update(scored)
-    r.update(latency_s=a.latency_s, cache_hit=a.cache_hit, error=a.error)
+    r.update(latency_s=a.latency_s, cache_hit=a.cache_hit, error=a.error,
+             truncated=None if a.text is None or r.get("source") == "logprobs" else a.truncated)
     if a.outcome == ERROR_OUTCOME:
         r.update(dict.fromkeys(_ERROR_CLEARED), outcome=ERROR_OUTCOME, prediction=None)
     elif a.text is None and a.outcome == "refused":
@@ -210,13 +214,13 @@ def ask(items_by_sample: dict[tuple[str, str], list[VLMItem]], conditions: Seque
     for (it, c), (lp, a) in zip(yn, scored, strict=True):
         rows.append(_with_answer(_row(it, c, runner), a, score_yes_no(a.text, it.answer, lp)))
     gr = jobs["grounding"]
-    answers = runner.generate([c.image for _, c in gr], [prompt_for(it) for it, _ in gr], m.max_new_tokens + 8)
+    answers = runner.generate([c.image for _, c in gr], [prompt_for(it) for it, _ in gr], m.grounding_max_new_tokens)
     for (it, c), a in zip(gr, answers, strict=True):
         box = c.boxes[it.record_id]
         assert box is not None
         s = (score_grounding_reference(a.text, box[0].tolist(), c.image.shape[:2])
              if proto.grounding_parse == "reference" else
-             score_grounding(a.text, box[0].tolist(), c.image.shape[:2], m.box_scale))
+             score_grounding(a.text, box[0].tolist(), c.image.shape[:2], runner.box_scale))
         rows.append(_with_answer(_row(it, c, runner), a, s))
     cap = jobs["caption"]
     answers = runner.generate([c.image for _, c in cap], [proto.caption_prompt or prompt_for(it) for it, _ in cap],
@@ -368,6 +372,7 @@ def _summarize(rows: list[dict[str, Any]], s: VLMEvalSummary, t0: float, runner:
         return s
     df = pd.DataFrame(rows)
     s.outcomes = {str(k): int(v) for k, v in df["outcome"].value_counts().items()}
+    s.n_truncated = int(df["truncated"].eq(True).sum()) if "truncated" in df else 0
     scored = df[df["outcome"].isin(("ok", "unparseable", "refused"))]
     for task, g in scored.groupby("task"):
         if task == "caption":

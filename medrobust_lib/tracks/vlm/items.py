@@ -1,10 +1,16 @@
 """The VLM track's evaluation items: the records of ``vlm.records`` (or the demo's) joined to the
 clean-sample index, and the prompts asked about them.
 
-Images are joined to the clean-sample index on ``(dataset, sample_id)`` (``sample_id`` defaults
-to the image file stem), so every perturbed image comes from the same manifest as the
-segmentation track. A record whose image is not in the index becomes an
-``excluded:image_not_indexed`` row, counted, never dropped.
+Images are joined to the clean-sample index on ``(dataset, sample_id)``, so every perturbed image
+comes from the same manifest as the segmentation track. A record that names no ``sample_id`` takes
+the key of the indexed sample read from the very file it names (its path resolved against
+``image_root``, compared with the index's image paths, both made absolute and normalised): nested
+layouts such as MIMIC-CXR-JPG (``files/p10/p10000032/s50414267/<dicom>.jpg``, where the folder
+reader's sample id is the path below its image folder) and PadChest's numbered folders join
+whatever the file stems. A file the index does not list (or lists for several samples: the
+slices of a volume) falls back to the record's dataset and the file stem (``_z<slice>`` for a
+slice). A record whose image is not in the index becomes an ``excluded:image_not_indexed`` row,
+counted, never dropped.
 
 A record its reader quarantines (its image file is gone, a field is malformed, ...) is not an
 item, but when the entry still names its image it is kept as a :class:`DroppedRecord`, so that the
@@ -14,6 +20,7 @@ evaluations write an ``error`` row for it (``missing: <image path>`` or
 
 from __future__ import annotations
 
+import os
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from medrobust_lib.config import Suite
-from medrobust_lib.config.vlm import VLMRecordsConfig, vlm_config
+from medrobust_lib.config.vlm import VLMRecordsConfig, vlm_config, yesno_files
 from medrobust_lib.paths import RECORD_FILES
 from medrobust_lib.tasks.vqa import LETTERS, build_mc_prompt
 
@@ -129,48 +136,91 @@ def _sid(sample_id: str | None, image_path: Path, slice_index: int | None) -> st
     return image_path.stem if slice_index is None else f"{image_path.stem}_z{slice_index:03d}"
 
 
+def _norm(path: str | Path) -> str:
+    """An absolute, normalised path (no file-system access: symbolic links are not followed)."""
+    return os.path.normpath(os.path.abspath(os.fspath(path)))
+
+
+def indexed_by_path(suite: Suite) -> dict[str, tuple[str, str]]:
+    """Image file (:func:`_norm`) -> (dataset, sample_id) of the clean index's samples (every
+    status); a file several samples share (the slices of a volume, one file in two datasets) is
+    left out. Empty before the clean index is built."""
+    from medrobust_lib.store import results
+    from medrobust_lib.tracks.datasets import CLEAN_TABLE
+
+    df = results.read_table(suite.results_dir, CLEAN_TABLE)
+    if df.empty:
+        return {}
+    out: dict[str, tuple[str, str] | None] = {}
+    for d, sid, path in zip(df["dataset"], df["sample_id"], df["image_path"], strict=True):
+        if path is None or (isinstance(path, float) and path != path):
+            continue
+        k = _norm(str(path))
+        out[k] = None if k in out and out[k] != (str(d), str(sid)) else (str(d), str(sid))
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _key(dataset: str, sample_id: str | None, image_path: Path, slice_index: int | None,
+         by_path: dict[str, tuple[str, str]]) -> tuple[str, str]:
+    """(dataset, sample_id) of a record's image: its own ``sample_id``; else the indexed sample
+    read from its file; else ``dataset`` and the file stem (see the module docstring)."""
+    if not sample_id and slice_index is None:
+        hit = by_path.get(_norm(image_path))
+        if hit is not None:
+            return hit
+    return dataset, _sid(sample_id, image_path, slice_index)
+
+
 def load_items(suite: Suite) -> LoadedItems:
-    """Every configured record as a :class:`VLMItem`; reader quarantine counted per reason, and
-    kept as a :class:`DroppedRecord` when the entry names its image."""
+    """Every configured record as a :class:`VLMItem`, joined to the clean index (:func:`_key`);
+    reader quarantine counted per reason, and kept as a :class:`DroppedRecord` when the entry
+    names its image. Several yes/no files (``records.yesno`` as a list) are read in order, each
+    with its own dataset name and image root."""
     from medrobust_lib.data import vlm_records as vr
 
     rc = records_config(suite)
     root = Path(rc.image_root or ".")
+    by_path = indexed_by_path(suite)
     items: list[VLMItem] = []
     quarantine: dict[str, int] = {}
     dropped: list[DroppedRecord] = []
     total = 0
 
-    def tally(res: Any, task: str) -> list[Any]:
+    def tally(res: Any, task: str, dataset: str | None = None) -> list[Any]:
         nonlocal total
         total += res.n_total
         for q in res.quarantine:
             quarantine[q.reason] = quarantine.get(q.reason, 0) + 1
             if q.source is not None:
                 src = q.source
-                dropped.append(DroppedRecord(task, q.record_id, src.dataset,
-                                             _sid(src.sample_id, src.image_path, src.slice_index), src.modality,
-                                             src.image_path, q.reason, q.detail))
+                ds, sid = _key(dataset or src.dataset, src.sample_id, src.image_path, src.slice_index, by_path)
+                dropped.append(DroppedRecord(task, q.record_id, ds, sid, src.modality, src.image_path, q.reason,
+                                             q.detail))
         return list(res.records)
+
+    def key(r: Any, dataset: str | None = None) -> tuple[str, str]:
+        return _key(dataset or r.dataset, r.sample_id, r.image_path, r.slice_index, by_path)
 
     if rc.omnimedvqa:
         for r in tally(vr.read_omnimedvqa(rc.omnimedvqa, root), "vqa_mc"):
             letters = list(r.options)
-            items.append(VLMItem("vqa_mc", r.record_id, r.dataset, _sid(r.sample_id, r.image_path, r.slice_index),
-                                 r.modality, r.question, LETTERS[letters.index(r.answer_letter)],
+            items.append(VLMItem("vqa_mc", r.record_id, *key(r), r.modality, r.question,
+                                 LETTERS[letters.index(r.answer_letter)],
                                  options=tuple(r.options[k] for k in letters)))
-    if rc.yesno:
-        for r in tally(vr.read_binary_paraphrases(rc.yesno, root), "vqa_yesno"):
-            items.append(VLMItem("vqa_yesno", r.record_id, r.dataset, _sid(r.sample_id, r.image_path, r.slice_index),
-                                 r.modality, r.question, r.answer, variants=tuple(r.variants)))
+    for f in yesno_files(rc):
+        ds = f.dataset
+        yn_root = Path(f.image_root) if f.image_root else root
+        for r in tally(vr.read_binary_paraphrases(f.path, yn_root), "vqa_yesno", ds):
+            items.append(VLMItem("vqa_yesno", r.record_id, *key(r, ds), r.modality, r.question, r.answer,
+                                 variants=tuple(r.variants)))
     if rc.roco_captions:
         for r in tally(vr.read_roco(rc.roco_captions, root, images_csv=rc.roco_images), "caption"):
-            items.append(VLMItem("caption", r.record_id, r.dataset, _sid(r.sample_id, r.image_path, r.slice_index),
-                                 r.modality, CAPTION_PROMPT, references=tuple(r.references)))
+            items.append(VLMItem("caption", r.record_id, *key(r), r.modality, CAPTION_PROMPT,
+                                 references=tuple(r.references)))
     if rc.mecovqa_grounding:
         for r in tally(vr.read_mecovqa_grounding(rc.mecovqa_grounding, root), "grounding"):
-            items.append(VLMItem("grounding", r.record_id, r.dataset, _sid(r.sample_id, r.image_path, r.slice_index),
-                                 r.modality, r.question, box=tuple(float(v) for v in r.box_xyxy),  # type: ignore[arg-type]
+            items.append(VLMItem("grounding", r.record_id, *key(r), r.modality, r.question,
+                                 box=tuple(float(v) for v in r.box_xyxy),  # type: ignore[arg-type]
                                  image_hw=r.image_hw))
     return LoadedItems(items, quarantine, total, dropped)
 

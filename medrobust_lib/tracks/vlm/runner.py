@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import json
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -20,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from medrobust_lib.config import Suite
-from medrobust_lib.config.vlm import VLMModelConfig, vlm_model
+from medrobust_lib.config.vlm import VLMModelConfig, adapter_box_scale, vlm_model
 from medrobust_lib.lru import LRU, FileStamp, file_stamp
 from medrobust_lib.models.base import VisionLanguageEndpoint
 from medrobust_lib.models.registry import VLMInputs, adapter_entry, build_vlm
@@ -29,13 +30,16 @@ from medrobust_lib.paths import suite_paths
 
 @dataclass(frozen=True)
 class Answer:
-    """``text`` None means no answer (``outcome`` says why: error or refused)."""
+    """``text`` None means no answer (``outcome`` says why: error or refused). ``truncated``: the
+    answer hit its token cap (cut, not finished); None where unknown (no answer, or a model that
+    does not say)."""
 
     text: str | None
     outcome: str = "ok"
     latency_s: float = 0.0
     cache_hit: bool = False
     error: str | None = None
+    truncated: bool | None = None
 
 
 def checkpoint_dir(suite: Suite, model_id: str) -> Path:
@@ -54,6 +58,33 @@ def resolve_source(suite: Suite, m: VLMModelConfig) -> str:
     if m.source is None:
         raise ValueError(f"VLM {m.id!r} names no source (a local model folder or a cached hub id)")
     return m.source
+
+
+TRAINING_META = "medrobust_training.json"
+"""Written in a fine-tuned adapter's folder (:mod:`medrobust_lib.tracks.finetune.vlm_adapter`): the
+task, the box scale its grounding answers were taught in and the splits it saw."""
+
+
+def trained_box_scale(adapter_folder: str | None) -> str | None:
+    """The box scale recorded in an adapter folder's :data:`TRAINING_META` (None: no folder, or
+    nothing recorded, e.g. an adapter trained elsewhere)."""
+    if adapter_folder is None:
+        return None
+    p = Path(adapter_folder) / TRAINING_META
+    if not p.is_file():
+        return None
+    value = json.loads(p.read_text()).get("box_scale")
+    return str(value) if value is not None else None
+
+
+def declared_box_scale(suite: Suite, m: VLMModelConfig, adapter_folder: str | None) -> str | None:
+    """The box scale grounding answers of ``m`` are read in: an ``adapter: finetuned`` model's is
+    the scale its adapter was taught in (recorded in the adapter folder, else
+    :func:`~medrobust_lib.config.vlm.adapter_box_scale`), whatever ``box_scale`` says now; any other
+    model's is its declared ``box_scale`` (None: detected per answer)."""
+    if m.adapter == "finetuned":
+        return trained_box_scale(adapter_folder) or adapter_box_scale(suite, m)
+    return m.box_scale
 
 
 def resolve_adapter(suite: Suite, m: VLMModelConfig) -> str | None:
@@ -98,6 +129,8 @@ class Runner:
             self.hf = model
             self.checkpoint = _folder_hash(inputs.source) if inputs.source is not None else f"{m.kind}:{m.id}"
             self.adapter = getattr(self.hf, "adapter_hash", None)
+        self.box_scale = declared_box_scale(suite, m, inputs.adapter)
+        """The scale this model's grounding answers are read in (:func:`declared_box_scale`)."""
         self._vision0 = int(getattr(self.hf, "n_vision_calls", 0))  # the model may be shared: count from here
 
     @property
@@ -120,11 +153,18 @@ class Runner:
                 return [Answer(None, "error", error=_describe(exc)) for _ in prompts]
         out: list[Answer] = []
         bs = self.m.batch_size
+        capped = getattr(self.hf, "generate_capped", None)
+
+        def call(i: Sequence[Any], p: Sequence[str]) -> list[tuple[str, bool | None]]:
+            if capped is not None:
+                return list(capped(i, p, max_new_tokens=max_new_tokens, batch_size=len(p)))
+            return [(t, None) for t in self.hf.generate(i, p, max_new_tokens=max_new_tokens, batch_size=len(p))]
+
         for s in range(0, len(prompts), bs):
             ims, ps = images[s : s + bs], prompts[s : s + bs]
-            for text, dt, err in guarded_batch(
-                    lambda i, p: self.hf.generate(i, p, max_new_tokens=max_new_tokens, batch_size=len(p)), ims, ps):
-                out.append(Answer(None, "error", error=err) if err is not None else Answer(text, "ok", dt))
+            for value, dt, err in guarded_batch(call, ims, ps):
+                out.append(Answer(None, "error", error=err) if err is not None
+                           else Answer(value[0], "ok", dt, truncated=value[1]))
         return out
 
     def yes_no(self, images: Sequence[np.ndarray | None], prompts: Sequence[str]
@@ -257,7 +297,7 @@ def guarded_batch(fn: Callable[[Sequence[Any], Sequence[str]], Sequence[Any]], i
 
 def _from_api(r: Any) -> Answer:
     if r.outcome == "ok":
-        return Answer(r.text, "ok", r.latency_s, r.cache_hit)
+        return Answer(r.text, "ok", r.latency_s, r.cache_hit, truncated=getattr(r, "truncated", None))
     outcome = "refused" if r.outcome == "refused" else "error"
     return Answer(r.text if outcome == "refused" else None, outcome, r.latency_s, r.cache_hit,
                   f"{r.outcome}: {r.error}" if r.error else r.outcome)

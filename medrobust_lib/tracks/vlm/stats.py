@@ -209,13 +209,14 @@ def vlm_task_drops_wide(con_or_df: duckdb.DuckDBPyConnection | pd.DataFrame) -> 
     """The published table: one row per (model, checkpoint, adapter, task) with ``metric``, the
     primary metric under ``Clean``, each perturbation type (mean over levels 1-5), ``Avg`` and
     ``ΔTP`` (Clean - Avg), ``rel_drop`` (ΔTP / Clean, NaN when Clean is 0), ``n_unparseable``
-    (unparseable answers behind the row: clean plus all types) and ``n_error`` (infrastructure
-    errors, outside every number). Input: a mart connection (reads the ``vlm_task_drops`` view) or
+    (unparseable answers behind the row: clean plus all types), ``n_error`` (infrastructure
+    errors, outside every number) and ``n_truncated`` (answers cut at their token cap, inside the
+    numbers; 0 for a mart built before the column existed). Input: a mart connection (reads the ``vlm_task_drops`` view) or
     that view as a DataFrame. A type missing for a row is NaN."""
     long = (con_or_df.execute("select * from vlm_task_drops").df()
             if isinstance(con_or_df, duckdb.DuckDBPyConnection) else con_or_df)
     keys = list(GRID_KEYS)
-    tail = ["rel_drop", "n_unparseable", "n_error"]
+    tail = ["rel_drop", "n_unparseable", "n_error", "n_truncated"]
     if long.empty:
         return pd.DataFrame(columns=[*keys, "metric", *WIDE_FIXED, *tail])
     cols = _wide_columns(long)
@@ -228,7 +229,7 @@ def vlm_task_drops_wide(con_or_df: duckdb.DuckDBPyConnection | pd.DataFrame) -> 
         delta = g[g["column_name"] == "ΔTP"]
         rec["rel_drop"] = float(delta["rel_drop"].iloc[0]) if len(delta) and pd.notna(delta["rel_drop"].iloc[0]) \
             else np.nan
-        for c in ("n_unparseable", "n_error"):
-            rec[c] = int(delta[c].iloc[0]) if len(delta) and pd.notna(delta[c].iloc[0]) else 0
+        for c in ("n_unparseable", "n_error", "n_truncated"):
+            rec[c] = int(delta[c].iloc[0]) if len(delta) and c in delta and pd.notna(delta[c].iloc[0]) else 0
         rows.append(rec)
     return pd.DataFrame(rows, columns=[*keys, "metric", *cols, *tail])

@@ -46,6 +46,7 @@ class FakeRunner:
     checkpoint = "fake"
     adapter = None
     n_vision_calls = 0
+    box_scale = None
 
     def __init__(self) -> None:
         self.m = VLMModelConfig(id="fake")
