@@ -100,6 +100,8 @@ class DatasetConfig(BaseModel):
     ``size``: resize every sample to ``size x size`` (None keeps the original size).
     ``max_samples``: keep the first N sample ids (loadable and quarantined together) in sorted
     order. ``options``: reader-specific, validated by the reader (unknown keys are an error).
+    ``evaluation_only``: every sample of the dataset is in the test split (never trained or
+    validated on) instead of the hash split (:func:`medrobust_lib.data.splits.split_of`).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -112,6 +114,7 @@ class DatasetConfig(BaseModel):
     per_component_boxes: bool = False
     max_samples: int | None = Field(default=None, ge=1)
     options: dict[str, Any] = Field(default_factory=dict)
+    evaluation_only: bool = False
     max_pixels: int = Field(default=DEFAULT_MAX_PIXELS, ge=49,
                             description="largest 2-D image decoded (height x width, from the header); "
                                         "larger files are quarantined as too_large")
