@@ -111,9 +111,9 @@ class DemoManifest:
     real_datasets: tuple[dict[str, Any], ...] = ()
 
     def dataset_configs(self) -> list[dict[str, Any]]:
-        """One ``{name, modality, format, root, options}`` dict per synthetic dataset, then the
-        real datasets' configs (``evaluation_only``: true)."""
-        return [d.config() for d in self.datasets] + [dict(c) for c in self.real_datasets]
+        """One ``{name, modality, format, root, options}`` dict per synthetic dataset (the real
+        ones: ``real_datasets``)."""
+        return [d.config() for d in self.datasets]
 
     def dataset(self, key: str) -> DemoDataset:
         """The dataset with this name or modality; KeyError lists the valid ones."""

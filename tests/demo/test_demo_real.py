@@ -19,7 +19,8 @@ def test_demo_copies_the_package_file_as_an_evaluation_only_dataset(demo_root: P
     copied = real_paths(demo_root)[0]
     assert copied.read_bytes() == installed_file(spec).read_bytes()
     assert spec.dataset not in {s.dataset for s in man.samples()}  # no synthetic ground-truth record
-    cfg = DatasetConfig(**man.dataset_configs()[-1])
+    assert spec.dataset not in {c["name"] for c in man.dataset_configs()}
+    cfg = DatasetConfig(**man.real_datasets[0])
     assert cfg.evaluation_only and cfg.modality == "mri" and cfg.size == 256
     refs, bad = index_dataset(cfg)
     assert not bad and len(refs) == 1
@@ -33,3 +34,18 @@ def test_moved_demo_resolves_the_real_dataset(demo_root: Path, tmp_path: Path) -
     shutil.copytree(demo_root, moved)
     man = DemoManifest.load(moved)
     assert Path(man.real_datasets[0]["root"]) == moved.resolve() / REAL_FILES[0].folder
+
+
+def test_suite_resolves_the_real_dataset_as_mri_evaluation_only(demo_root: Path, tmp_path: Path) -> None:
+    import yaml
+
+    from medrobust_lib.config import load_suite
+    from medrobust_lib.tracks.datasets import datasets_for
+
+    cfg = {"name": "real", "seed": 0, "results_dir": str(tmp_path / "r"), "mart_path": str(tmp_path / "m.duckdb"),
+           "modalities": ["mri", "ct"], "demo": {"enabled": True, "root": str(demo_root), "n_per_modality": 4, "seed": 0}}
+    (tmp_path / "suite.yaml").write_text(yaml.safe_dump(cfg))
+    suite = load_suite(tmp_path / "suite.yaml")
+    mri = datasets_for(suite, "mri")
+    assert [(c.name, c.evaluation_only) for c in mri] == [("mri_demo", False), (REAL_FILES[0].dataset, True)]
+    assert all(not c.evaluation_only for c in datasets_for(suite, "ct"))
