@@ -71,7 +71,9 @@ def model_flops(seg: LiteMedSamSegmenter) -> int:
 
     x = torch.zeros(1, 3, IMAGE_SIZE, IMAGE_SIZE, device=seg.device)
     box = torch.tensor([[64.0, 64.0, 192.0, 192.0]], device=seg.device)
-    with torch.no_grad(), FlopCounterMode(display=False) as fc:
+    # with autograd on: FlopCounterMode's module tracker hooks the outputs' gradient functions, and
+    # the decoder's outputs under no_grad have none (torch 2.14 raises); the count is the forward's
+    with FlopCounterMode(display=False) as fc:
         seg.forward_logits(x, box)
     return int(fc.get_total_flops())
 
