@@ -108,7 +108,7 @@ def place_overlay(plane: npt.ArrayLike, origin: tuple[int, int], shape: tuple[in
     """An overlay plane (h, w) placed on an image of ``shape`` (H, W) at the DICOM Overlay Origin
     (row, column; 1-based, may be < 1 or run past the image): the part outside is cut off."""
     src = np.asarray(plane) != 0
-    out = np.zeros(shape, bool)
+    out: npt.NDArray[np.bool_] = np.zeros(shape, bool)
     r0, c0 = int(origin[0]) - 1, int(origin[1]) - 1
     h, w = src.shape
     rs, cs = max(r0, 0), max(c0, 0)
