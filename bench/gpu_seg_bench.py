@@ -15,7 +15,13 @@ On CUDA (ViT-B at 1024 px, random weights: speed does not depend on them):
 Without CUDA the same table runs on the CPU with the tiny demo architecture and ViT-B at small
 batch (bf16 there is CPU autocast; compiled rows only with ``--compile``), so it always runs.
 
-Run: ``.venv/bin/python bench/gpu_seg_bench.py [--batch 16] [--iters 5] [--archs tiny,vit_b]``.
+``--models litemedsam`` (or ``sam,litemedsam``) adds the LiteMedSAM section (issue 29,
+:mod:`bench.litemedsam_bench`): encoder FLOP, encoder-only and end-to-end img/s with shares of the
+same bf16 bound, fp32 and bf16 autocast, on the CPU also ``channels_last`` and thread-count
+variants, and PGD-10 img/s through ``attacks.linf.pgd``.
+
+Run: ``.venv/bin/python bench/gpu_seg_bench.py [--batch 16] [--iters 5] [--archs tiny,vit_b]
+[--models sam,litemedsam]``.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/litemedsam_bench.py
 
 from medrobust_lib.attacks.linf import pgd, torch_generator_for  # noqa: E402
 from medrobust_lib.models.sam import SamSegmenter, arch_for, build_sam  # noqa: E402
@@ -276,7 +283,7 @@ def pgd_rate(arch_name: str, dev: torch.device, batch: int) -> float:
     return batch / dt
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=None, help="default 16 on CUDA, 2 on CPU")
     ap.add_argument("--iters", type=int, default=None, help="default 5 on CUDA, 2 on CPU")
@@ -296,7 +303,23 @@ def main() -> None:
     ap.add_argument("--types", default=None, help="perturbation types of the end-to-end partition (default: all)")
     ap.add_argument("--full-cpu", action="store_true",
                     help="on the CPU also run end-to-end and PGD for ViT-B (minutes per image)")
-    args = ap.parse_args()
+    ap.add_argument("--models", default="sam",
+                    help="sam (the --archs rows), litemedsam (the packaged LiteMedSAM), or both comma-separated")
+    ap.add_argument("--lite-batches", default=None, help="LiteMedSAM batch sizes (default 1,8 on the CPU, 1,16,64 on CUDA)")
+    ap.add_argument("--lite-threads", default=None,
+                    help="CPU: torch.set_num_threads values for the LiteMedSAM encoder rows (default cores,1)")
+    ap.add_argument("--lite-variants", default="default,channels_last",
+                    help="LiteMedSAM encoder memory formats: default and/or channels_last")
+    ap.add_argument("--lite-precisions", default="fp32,bf16", help="LiteMedSAM precisions: fp32 and/or bf16 (autocast)")
+    ap.add_argument("--lite-e2e", action=argparse.BooleanOptionalAction, default=True,
+                    help="LiteMedSAM end-to-end predict rows")
+    ap.add_argument("--lite-pgd-steps", type=int, default=10, help="LiteMedSAM PGD steps (0: no PGD rows)")
+    ap.add_argument("--lite-pgd-batch", type=int, default=None, help="LiteMedSAM PGD batch (default 1 on the CPU, 16 on CUDA)")
+    args = ap.parse_args(argv)
+    models = args.models.split(",")
+    unknown = sorted(set(models) - {"sam", "litemedsam"})
+    if unknown:
+        ap.error(f"unknown --models {unknown}; valid: sam, litemedsam")
     cuda = torch.cuda.is_available()
     dev = torch.device("cuda" if cuda else "cpu")
     batch = args.batch or (16 if cuda else 2)
@@ -309,7 +332,7 @@ def main() -> None:
     print(f"device: {name}; torch {torch.__version__}")
     print(f"measured matmul bound: bf16 {bound / 1e12:.3f} TFLOP/s, fp32 {fp32_bound / 1e12:.3f} TFLOP/s "
           "(shares below are of the bf16 bound)")
-    for arch in archs:
+    for arch in (archs if "sam" in models else []):
         modes = args.compile_modes.split(",") if compile_on else []
         rows, flops, _ = encoder_rows(arch, dev, batch, iters, bound, modes, args.profile, args.backends, args.quick)
         size = arch_for(arch, "sam").image_size
@@ -334,6 +357,20 @@ def main() -> None:
               f"time = {e['ratio_e2e_pure']:.2f}x |")
         print(f"| regeneration alone, in one process (what the feed workers must keep up with) | {e['regen_ips']:.2f} | |")
         print(f"| PGD-10 (fast, batch {batch}) | {pgd_rate(arch, dev, batch):.3f} | |")
+    if "litemedsam" in models:
+        from litemedsam_bench import litemedsam_table
+
+        cores = torch.get_num_threads()
+        lite_batches = [int(b) for b in (args.lite_batches or ("1,16,64" if cuda else "1,8")).split(",")]
+        threads = [cores if t == "cores" else int(t) for t in (args.lite_threads or "cores,1").split(",")]
+        print(f"(CPU threads: torch.get_num_threads() = {cores} at start)" if not cuda else "")
+        lines, _, _ = litemedsam_table(dev, bound, batches=lite_batches, iters=iters,
+                                       variants=args.lite_variants.split(","), threads=threads, e2e=args.lite_e2e,
+                                       pgd_batch=args.lite_pgd_batch or (16 if cuda else 1),
+                                       pgd_steps=args.lite_pgd_steps,
+                                       pgd_precisions=tuple(args.lite_precisions.split(",")),
+                                       precisions=tuple(args.lite_precisions.split(",")))
+        print("\n".join(lines))
     print(f"\npeak memory: {peak_memory(dev)}")
 
 

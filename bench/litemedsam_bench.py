@@ -1,0 +1,217 @@
+"""LiteMedSAM rows of ``bench/gpu_seg_bench.py`` (issue 29, item 6): ``--models litemedsam``.
+
+The packaged LiteMedSAM release (``load_litemedsam()``: TinyViT encoder, 256 px input) measured
+on whatever device the bench runs on:
+
+* encoder FLOP per image (``torch.utils.flop_counter``);
+* encoder-only img/s and share of the measured bf16 matmul bound, fp32 and bf16 autocast
+  (CPU autocast on a CPU), for each batch size; on the CPU also with the encoder and its input
+  in ``channels_last`` and with ``torch.set_num_threads`` variants (the rows of one run share the
+  process and the machine's load, so their ratios are what to read on a shared machine);
+* end to end: ``LiteMedSamSegmenter.predict`` on 256 x 256 images with one box each, i.e. the
+  official preprocessing on the host (uint8, cv2 INTER_AREA, min-max, pad), encoder, decoder,
+  crop, bilinear upsampling to the input size and the sigmoid;
+* PGD-10 img/s: :func:`medrobust_lib.attacks.linf.pgd` on the segmenter's differentiable
+  ``forward_logits`` (the CPU or the CUDA path of the attack code; LiteMedSAM has only the
+  reference engine), fp32 and under bf16 autocast.
+
+Every row is timed as the fastest of ``iters`` calls after one warm-up call.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from medrobust_lib.attacks.linf import pgd, torch_generator_for
+from medrobust_lib.models.litemedsam import IMAGE_SIZE, LiteMedSamSegmenter, load_litemedsam
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn: Callable[[], Any], dev: torch.device, iters: int, warmup: int = 1) -> float:
+    """Seconds per call: the fastest of ``iters`` timed calls after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn()
+    best = float("inf")
+    for _ in range(iters):
+        _sync(dev)
+        t0 = time.perf_counter()
+        fn()
+        _sync(dev)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def encoder_flops(seg: LiteMedSamSegmenter) -> int:
+    """FLOP of the image encoder on one (1, 3, 256, 256) input, counted by
+    ``torch.utils.flop_counter.FlopCounterMode`` (matmuls, convolutions, SDPA; a multiply-add = 2)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    enc = seg.sam.image_encoder
+    x = torch.zeros(1, 3, IMAGE_SIZE, IMAGE_SIZE, device=seg.device)
+    with torch.no_grad(), FlopCounterMode(display=False) as fc:
+        enc(x)
+    return int(fc.get_total_flops())
+
+
+def model_flops(seg: LiteMedSamSegmenter) -> int:
+    """FLOP of the whole differentiable forward (``forward_logits``: encoder, prompt encoder, mask
+    decoder, upsampling) on one 256 x 256 image with one box, counted as :func:`encoder_flops`."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    x = torch.zeros(1, 3, IMAGE_SIZE, IMAGE_SIZE, device=seg.device)
+    box = torch.tensor([[64.0, 64.0, 192.0, 192.0]], device=seg.device)
+    # with autograd on: FlopCounterMode's module tracker hooks the outputs' gradient functions, and
+    # the decoder's outputs under no_grad have none (torch 2.14 raises); the count is the forward's
+    with FlopCounterMode(display=False) as fc:
+        seg.forward_logits(x, box)
+    return int(fc.get_total_flops())
+
+
+@dataclass(frozen=True)
+class Row:
+    """One measured row: ``ips`` images per second, ``share`` of the bf16 matmul bound
+    (encoder FLOP x img/s / bound; NaN where not meaningful)."""
+
+    label: str
+    ips: float
+    share: float
+
+
+def _with_precision(seg: LiteMedSamSegmenter, precision: str) -> LiteMedSamSegmenter:
+    """The same model (shared modules) with another autocast: ``fp32`` or ``bf16``."""
+    out = copy.copy(seg)
+    out.autocast_dtype = torch.bfloat16 if precision == "bf16" else None
+    return out
+
+
+def _channels_last(seg: LiteMedSamSegmenter) -> LiteMedSamSegmenter:
+    """A copy whose encoder weights are in ``channels_last`` (4-D tensors only)."""
+    out = copy.copy(seg)
+    out.sam = copy.deepcopy(seg.sam).to(memory_format=torch.channels_last)
+    return out
+
+
+def demo_items(n: int, size: int = IMAGE_SIZE, seed: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """``n`` gray float32 (size, size) images in [0, 1] (noise over a brighter disk) and one pixel
+    XYXY box (1, 4) around each disk."""
+    g = np.random.default_rng(seed)
+    yy, xx = np.mgrid[:size, :size]
+    images, boxes = [], []
+    for _ in range(n):
+        cx, cy, r = g.uniform(0.35, 0.65) * size, g.uniform(0.35, 0.65) * size, g.uniform(0.1, 0.2) * size
+        disk = (xx - cx) ** 2 + (yy - cy) ** 2 < r * r
+        img = np.clip(0.3 + 0.4 * disk + g.normal(0, 0.05, (size, size)), 0, 1).astype(np.float32)
+        images.append(img)
+        boxes.append(np.array([[cx - r, cy - r, cx + r, cy + r]], np.float32))
+    return images, boxes
+
+
+def encoder_rows(seg: LiteMedSamSegmenter, dev: torch.device, batches: list[int], iters: int, bound: float,
+                 flops: int, variants: list[str], threads: list[int],
+                 precisions: tuple[str, ...] = ("fp32", "bf16")) -> list[Row]:
+    """Encoder-only img/s. ``variants``: ``default`` and/or ``channels_last``; ``threads``: the
+    ``torch.set_num_threads`` values measured (CPU only; restored afterwards)."""
+    rows: list[Row] = []
+    cpu = dev.type == "cpu"
+    before = torch.get_num_threads()
+    models = {"default": seg}
+    if "channels_last" in variants:
+        models["channels_last"] = _channels_last(seg)
+    try:
+        for nthreads in (threads if cpu else [before]):
+            torch.set_num_threads(nthreads)
+            for b in batches:
+                x = torch.rand(b, 3, IMAGE_SIZE, IMAGE_SIZE, generator=torch.Generator().manual_seed(b)).to(dev)
+                for variant in variants:
+                    base = models[variant]
+                    xin = x.contiguous(memory_format=torch.channels_last) if variant == "channels_last" else x
+                    for precision in precisions:
+                        m = _with_precision(base, precision)
+
+                        def run(m: LiteMedSamSegmenter = m, xin: torch.Tensor = xin) -> None:
+                            with torch.no_grad():
+                                m.encode(xin)
+
+                        ips = b / timed(run, dev, iters)
+                        how = "CPU bf16 autocast" if (cpu and precision == "bf16") else (
+                            "bf16 autocast" if precision == "bf16" else "fp32")
+                        label = f"encoder, {how}, batch {b}, {variant}" + (f", {nthreads} threads" if cpu else "")
+                        rows.append(Row(label, ips, ips * flops / bound))
+    finally:
+        torch.set_num_threads(before)
+    return rows
+
+
+def end_to_end_rows(seg: LiteMedSamSegmenter, dev: torch.device, batches: list[int], iters: int, bound: float,
+                    flops: int, precisions: tuple[str, ...] = ("fp32", "bf16")) -> list[Row]:
+    """``predict`` img/s (official preprocessing, encoder, decoder, postprocessing); the share
+    uses the encoder's FLOP (the header gives the whole forward's)."""
+    rows = []
+    for b in batches:
+        images, boxes = demo_items(b)
+        for precision in precisions:
+            m = _with_precision(seg, precision)
+
+            def run(m: LiteMedSamSegmenter = m, images: list[np.ndarray] = images, boxes: list[np.ndarray] = boxes,
+                    b: int = b) -> None:
+                m.predict(images, boxes, batch_size=b)
+
+            ips = b / timed(run, dev, iters)
+            how = ("CPU bf16 autocast" if dev.type == "cpu" else "bf16 autocast") if precision == "bf16" else "fp32"
+            rows.append(Row(f"end to end (predict: official pre/postprocessing), {how}, batch {b}", ips,
+                            ips * flops / bound))
+    return rows
+
+
+def pgd_rows(seg: LiteMedSamSegmenter, dev: torch.device, batch: int, steps: int, precisions: list[str]) -> list[Row]:
+    """PGD-``steps`` img/s (epsilon 8/255, random start from a CPU generator), one timed call."""
+    images, boxes = demo_items(batch, seed=1)
+    x = torch.from_numpy(np.stack(images))[:, None].repeat(1, 3, 1, 1).to(dev)
+    bx = torch.from_numpy(np.concatenate(boxes)).to(dev)
+    y = torch.zeros(batch, 1, IMAGE_SIZE, IMAGE_SIZE, device=dev)
+    for i, b in enumerate(bx.round().long().tolist()):
+        y[i, 0, b[1]:b[3], b[0]:b[2]] = 1.0
+    rows = []
+    for precision in precisions:
+        m = _with_precision(seg, precision)
+
+        def run(m: LiteMedSamSegmenter = m) -> None:
+            pgd(m, x, bx, y, 8 / 255, steps, generator=torch_generator_for(0, "bench", "litemedsam"))
+
+        ips = batch / timed(run, dev, iters=1, warmup=0)
+        how = ("CPU bf16 autocast" if dev.type == "cpu" else "bf16 autocast") if precision == "bf16" else "fp32"
+        rows.append(Row(f"PGD-{steps} (attacks.linf.pgd on forward_logits), {how}, batch {batch}", ips, float("nan")))
+    return rows
+
+
+def litemedsam_table(dev: torch.device, bound: float, *, batches: list[int], iters: int, variants: list[str],
+                     threads: list[int], e2e: bool = True, pgd_batch: int = 1, pgd_steps: int = 10,
+                     pgd_precisions: tuple[str, ...] = ("fp32", "bf16"), precisions: tuple[str, ...] = ("fp32", "bf16"),
+                     count_model: bool = True) -> tuple[list[str], list[Row], int]:
+    """The LiteMedSAM section: markdown lines, the rows and the encoder FLOP per image."""
+    seg = load_litemedsam(device=str(dev))
+    flops = encoder_flops(seg)
+    total = model_flops(seg) if count_model else None
+    rows = encoder_rows(seg, dev, batches, iters, bound, flops, variants, threads, precisions)
+    if e2e:
+        rows += end_to_end_rows(seg, dev, batches, iters, bound, flops, precisions)
+    if pgd_steps > 0:
+        rows += pgd_rows(seg, dev, pgd_batch, pgd_steps, list(pgd_precisions))
+    whole = "" if total is None else f", whole forward (one box) {total / 1e9:.1f} GFLOP/img"
+    lines = [f"\n### LiteMedSAM (packaged release, TinyViT) at {IMAGE_SIZE} px: encoder {flops / 1e9:.1f} GFLOP/img"
+             + whole,
+             "| LiteMedSAM | img/s | share of bf16 bound |", "|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.label} | {r.ips:.3g} | {'-' if r.share != r.share else f'{r.share:.1%}'} |")
+    return lines, rows, flops
