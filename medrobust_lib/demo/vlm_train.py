@@ -19,7 +19,7 @@ from medrobust_lib.demo.alignment import alignment_sets, demo_truth, mixed_in, r
 from medrobust_lib.demo.corpus import TOWER_CORPUS_FOLDER, Corpus, load_corpus
 from medrobust_lib.demo.manifest import DemoSample
 from medrobust_lib.demo.vision_pretrain import pretrain_tower
-from medrobust_lib.finetune.vlm_train import VLMExample, VLMTrainConfig, adapter_train_config
+from medrobust_lib.finetune.vlm_train import VLMExample, VLMTrainConfig
 from medrobust_lib.tasks.scoring import score_mc
 from medrobust_lib.tracks.finetune.vlm_adapter import examples_for, samples_by_split
 from medrobust_lib.tracks.vlm.items import VLMItem, load_items, prompt_for

@@ -25,7 +25,7 @@ pixels of the image it is applied to, so outputs at up to 256 px are unchanged.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import cv2

@@ -23,7 +23,7 @@ import numpy as np
 from medrobust_lib.config import Suite
 from medrobust_lib.config.vlm import VLMModelConfig, adapter_box_scale, vlm_config, vlm_model
 from medrobust_lib.data.sample import Sample
-from medrobust_lib.finetune.vlm_train import VLMExample, VLMTrainConfig, adapter_train_config
+from medrobust_lib.finetune.vlm_train import VLMExample, adapter_train_config
 from medrobust_lib.tracks.vlm.items import VLMItem, box_in_sample, load_items, prompt_for
 from medrobust_lib.tracks.vlm.runner import TRAINING_META, checkpoint_dir
 
