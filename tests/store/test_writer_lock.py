@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import duckdb
@@ -76,13 +77,28 @@ def test_a_second_writer_is_refused_naming_the_holder(tmp_path: Path) -> None:
 
 
 def test_a_waiting_writer_says_so_once_and_goes_on(tmp_path: Path) -> None:
-    proc = _holder(tmp_path, 1.0)
+    import threading
+
+    proc = _holder(tmp_path, 60)
     lines: list[str] = []
+    granted: list[bool] = []
+
+    def wait_for_the_lock() -> None:
+        with suite_writer_lock(tmp_path, wait_s=120, log=lines.append, poll_s=0.05):
+            granted.append(True)  # granted once the holder let go
+
+    t = threading.Thread(target=wait_for_the_lock)
+    t.start()
     try:
-        with suite_writer_lock(tmp_path, wait_s=60, log=lines.append, poll_s=0.05):
-            assert proc.poll() is not None  # the holder had finished when the lock was granted
+        for _ in range(600):  # the waiter says so before the holder goes (no race with a timed holder)
+            if lines:
+                break
+            time.sleep(0.05)
     finally:
+        proc.send_signal(signal.SIGINT)  # the holder leaves its lock as a run does (KeyboardInterrupt)
         proc.wait()
+        t.join(timeout=120)
+    assert granted == [True]
     assert len(lines) == 1 and lines[0].startswith("waiting for the results folder") and f"pid {proc.pid}" in lines[0]
 
 
