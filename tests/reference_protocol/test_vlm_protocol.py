@@ -28,6 +28,7 @@ class ScriptedRunner:
 
     def __init__(self, captions: Sequence[str], box_text: str) -> None:
         self.m = VLMModelConfig(id="scripted")
+        self.box_scale = self.m.box_scale  # what Runner resolves (declared scale, or the adapter's taught one)
         self.captions, self.box_text = list(captions), box_text
         self.prompts: list[str] = []
 
