@@ -58,9 +58,12 @@ class VLMModelConfig(BaseModel):
     adapter: str | None = None
     device: str = "cpu"
     batch_size: int = 16
-    max_new_tokens: int = Field(default=64, ge=1)
-    caption_max_new_tokens: int = Field(default=512, ge=1)
-    grounding_max_new_tokens: int = Field(default=128, ge=1)
+    max_new_tokens: int = Field(default=64, ge=1, description="generated tokens per answer (multiple choice, "
+                                                             "yes/no as text); an answer that hits it is flagged truncated")
+    caption_max_new_tokens: int = Field(default=512, ge=1, description="generated tokens per caption (flagged "
+                                                                      "truncated when hit)")
+    grounding_max_new_tokens: int = Field(default=128, ge=1, description="generated tokens per grounding answer "
+                                                                        "(flagged truncated when hit)")
     box_scale: Literal["0-1", "0-1000", "pixels"] | None = None
     api: dict[str, Any] = Field(default_factory=dict)
 
@@ -71,9 +74,11 @@ class YesNoFile(BaseModel):
     paths are relative to (None: ``records.image_root``)."""
 
     model_config = ConfigDict(extra="forbid")
-    path: str
-    dataset: str | None = None
-    image_root: str | None = None
+    path: str = Field(description="the yes/no JSONL file")
+    dataset: str | None = Field(default=None, description="the dataset its records belong to (None: as the file "
+                                                           "says; a PSF-Med file: its subset)")
+    image_root: str | None = Field(default=None, description="the folder its image paths are relative to (None: "
+                                                             "records.image_root)")
 
 
 class VLMRecordsConfig(BaseModel):

@@ -59,10 +59,15 @@ class DicomOptions(MaskOptions, WindowOptions):
     mask_ext: str = ".png"
     keep_rgb: bool = False
     frame: int | None = Field(default=None, ge=0)
-    overlay_mask: bool = False
-    overlay_group: int = Field(default=0x6000, ge=0x6000, le=0x601E)
-    overlay_min_area: int = Field(default=64, ge=1)
-    overlay_max_box_fill: float = Field(default=0.95, gt=0.0, le=1.0)
+    overlay_mask: bool = Field(default=False, description=(
+        "take the mask from the overlay plane (group 0x6000): closed outlines filled, rectangles and text left out "
+        "(medrobust_lib/data/overlay_masks.py)"))
+    overlay_group: int = Field(default=0x6000, ge=0x6000, le=0x601E, description=(
+        "the overlay group read with overlay_mask (0x6000-0x601E)"))
+    overlay_min_area: int = Field(default=64, ge=1, description=(
+        "smallest filled outline kept, in pixels (text strokes are smaller)"))
+    overlay_max_box_fill: float = Field(default=0.95, gt=0.0, le=1.0, description=(
+        "a filled region covering at least this share of its bounding box is a drawn rectangle: left out"))
 
     @model_validator(mode="after")
     def _one_mask_source(self) -> DicomOptions:
