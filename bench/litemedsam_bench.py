@@ -21,35 +21,14 @@ Every row is timed as the fastest of ``iters`` calls after one warm-up call.
 from __future__ import annotations
 
 import copy
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
+from gpu_seg_bench import timed  # bench/ is on sys.path wherever this module is imported
 
 from medrobust_lib.attacks.linf import pgd, torch_generator_for
 from medrobust_lib.models.litemedsam import IMAGE_SIZE, LiteMedSamSegmenter, load_litemedsam
-
-
-def _sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def timed(fn: Callable[[], Any], dev: torch.device, iters: int, warmup: int = 1) -> float:
-    """Seconds per call: the fastest of ``iters`` timed calls after ``warmup`` calls."""
-    for _ in range(warmup):
-        fn()
-    best = float("inf")
-    for _ in range(iters):
-        _sync(dev)
-        t0 = time.perf_counter()
-        fn()
-        _sync(dev)
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def encoder_flops(seg: LiteMedSamSegmenter) -> int:

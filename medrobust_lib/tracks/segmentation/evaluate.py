@@ -215,8 +215,7 @@ def _precision(model: Any) -> str:
     return str(getattr(model, "precision", "fp32"))
 
 
-def perturbed_keys(suite: Suite, m: SegModelConfig, modality: str, keys: Iterable[tuple[str, str]]
-                   ) -> set[tuple[str, str]] | None:
+def perturbed_keys(m: SegModelConfig, keys: Iterable[tuple[str, str]]) -> set[tuple[str, str]] | None:
     """The (dataset, sample id) keys of ``keys`` that the perturbed and attack evaluations of ``m``
     cover: the first ``m.max_perturbed_per_modality`` in sorted order, or None (all) when the model
     sets no cap."""
@@ -410,7 +409,7 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
         manifest = manifest[keep]
     ev = eval_samples(suite, modality, sc.split)
     samples = ev.samples
-    covered = perturbed_keys(suite, m, modality, set(samples) | set(ev.unusable))
+    covered = perturbed_keys(m, set(samples) | set(ev.unusable))
     cache = CleanCache(suite, m, modality, model, sc.prompt, summary)
     rows: list[dict[str, Any]] = []
     todo: list[tuple[dict[str, Any], dict[str, Any], Sample]] = []
@@ -490,7 +489,7 @@ def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str
     samples = [s for s in clean_samples(suite, modality, sc.split).values() if s.mask is not None and s.mask.any()]
     if sc.attacks.max_samples is not None:
         samples = samples[: sc.attacks.max_samples]
-    keep = perturbed_keys(suite, m, modality, [(s.dataset, s.sample_id) for s in samples])
+    keep = perturbed_keys(m, [(s.dataset, s.sample_id) for s in samples])
     if keep is not None:
         samples = [s for s in samples if (s.dataset, s.sample_id) in keep]
     capped = sc.attacks.max_samples is not None or keep is not None
