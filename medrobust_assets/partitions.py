@@ -16,7 +16,7 @@ modality_severity_partitions = dg.MultiPartitionsDefinition(
 
 LEVELS_TAG = "medrobust/levels"
 """Asset tag naming whose levels a modality x severity asset covers: ``taxonomy`` (the suite's
-``taxonomy_levels()``) or ``segmentation.<model id>`` (that model's ``levels``); untagged assets
+``taxonomy_levels()``), ``segmentation.<model id>`` or ``vlm.<model id>`` (that model's ``levels``); untagged assets
 cover ``perturbations.levels`` (``Suite.levels_for``). The runner plans only those partitions."""
 
 # A modality-partitioned asset feeding a modality x severity one, and back.

@@ -10,6 +10,7 @@ from medrobust_assets.assets.perturbed import perturbed_samples
 from medrobust_assets.checks import error_share_result, error_share_spec
 from medrobust_assets.metadata import markdown_table
 from medrobust_assets.partitions import (
+    LEVELS_TAG,
     by_modality,
     modality_and_level,
     modality_partitions,
@@ -120,6 +121,7 @@ def vlm_family(model_id: str, trained: bool, finetuned: bool, upstream: dg.Asset
 
     @dg.asset(key=perturbed_key, group_name="vlm", kinds={"pytorch", "parquet"},
               partitions_def=modality_severity_partitions, pool="gpu", op_tags=GPU_OP_TAGS,
+              tags={LEVELS_TAG: f"vlm.{model_id}"},
               check_specs=[error_share_spec(perturbed_key)],
               deps=[perturbed_samples, dg.AssetDep(vlm_clean_predictions, partition_mapping=by_modality)],
               description=f"{model_id}: answers on every perturbed image of the partition (regenerated from the "

@@ -19,9 +19,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from medrobust_lib.config.common import StatsConfig
-from medrobust_lib.config.segmentation import SegmentationConfig
+from medrobust_lib.config.segmentation import SegmentationConfig, SegModelConfig
 from medrobust_lib.config.taxonomy import TaxonomyConfig
-from medrobust_lib.config.vlm import ADAPTER_SEEN_SPLITS, VLMConfig, adapter_box_scale
+from medrobust_lib.config.vlm import ADAPTER_SEEN_SPLITS, VLMConfig, VLMModelConfig, adapter_box_scale
 from medrobust_lib.paths import default_locations
 from medrobust_lib.types import ALL_MODALITIES, SEVERITY_LEVELS, SSIM_BANDS, validate_bands
 
@@ -208,27 +208,30 @@ class Suite(BaseModel):
 
     def levels_for(self, tag: str | None) -> list[int]:
         """The perturbed levels an asset covers, by its levels tag: None -> every perturbed level;
-        ``taxonomy`` -> :meth:`taxonomy_levels`; ``segmentation.<model id>`` -> that model's
-        ``levels`` (every perturbed level when it sets none)."""
+        ``taxonomy`` -> :meth:`taxonomy_levels`; ``segmentation.<model id>`` / ``vlm.<model id>``
+        -> that model's ``levels`` (every perturbed level when it sets none)."""
         if tag is None:
             return list(self.perturbations.levels)
         if tag == "taxonomy":
             return self.taxonomy_levels()
-        if tag.startswith("segmentation."):
-            model_id = tag.partition(".")[2]
-            for m in self.segmentation.models:
+        track, _, model_id = tag.partition(".")
+        if track in ("segmentation", "vlm"):
+            models: list[SegModelConfig] | list[VLMModelConfig] = (
+                self.segmentation.models if track == "segmentation" else self.vlm.models)
+            for m in models:
                 if m.id == model_id:
                     return [lv for lv in self.perturbations.levels if m.levels is None or lv in m.levels]
             return list(self.perturbations.levels)
         raise ValueError(f"unknown levels tag {tag!r}")
 
     @model_validator(mode="after")
-    def _segmentation_levels_perturbed(self) -> Suite:
-        for m in self.segmentation.models:
-            extra = sorted(set(m.levels or ()) - set(self.perturbations.levels))
-            if extra:
-                raise ValueError(f"segmentation model {m.id!r}: levels {extra} are not perturbed: "
-                                 f"perturbations.levels is {self.perturbations.levels}")
+    def _model_levels_perturbed(self) -> Suite:
+        for track, models in (("segmentation", self.segmentation.models), ("vlm", self.vlm.models)):
+            for m in models:
+                extra = sorted(set(m.levels or ()) - set(self.perturbations.levels))
+                if extra:
+                    raise ValueError(f"{track} model {m.id!r}: levels {extra} are not perturbed: "
+                                     f"perturbations.levels is {self.perturbations.levels}")
         return self
 
     def taxonomy_levels(self) -> list[int]:

@@ -65,6 +65,8 @@ class VLMModelConfig(BaseModel):
     grounding_max_new_tokens: int = Field(default=128, ge=1, description="generated tokens per grounding answer "
                                                                         "(flagged truncated when hit)")
     box_scale: Literal["0-1", "0-1000", "pixels"] | None = None
+    levels: list[int] | None = Field(
+        default=None, description="perturbation levels this model is evaluated at (None: every level of the suite)")
     api: dict[str, Any] = Field(default_factory=dict)
 
 
