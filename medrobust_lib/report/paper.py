@@ -180,6 +180,12 @@ def _figures(con: duckdb.DuckDBPyConnection, tables: dict[str, ReportTable], sel
         # IoU is the primary metric (MedFM-Robust): its figures come first; the Dice heatmap stays
         # alongside with its rows in the same IoU-drop order.
         by_level = pt.segmentation_level_means(con, sel["segmentation"], include_floor, include_off_band)
+        strategies = _strategy_models(con) if sel["segmentation"] is None else set()
+        if strategies & set(by_level["model"]):
+            # the strategies are compared by the strategy figure; their own curves and heatmaps on request
+            by_level = by_level[~by_level["model"].isin(strategies)]
+            skipped["per-strategy curves and heatmaps"] = ("the fine-tuned strategies are compared in the strategy "
+                                                          "figure; `medrobust report --models <id>` draws one's own")
         band_note = (" Outputs whose SSIM missed the level's band are "
                      + ("kept (--include-off-band)" if include_off_band else "left out of the means")
                      + f"; {figs.BAND_MISS_MARK} marks a cell that had some (band_miss).")
@@ -252,6 +258,17 @@ def _incomplete(con: duckdb.DuckDBPyConnection) -> str:
         return "none"
     rows = con.execute("select source_table, model, modality, level, error_share from incomplete_partitions").fetchall()
     return "; ".join(f"{t}: {m}/{mo}/L{lv} ({share:.1%} errors)" for t, m, mo, lv, share in rows) or "none"
+
+
+def _strategy_models(con: duckdb.DuckDBPyConnection) -> set[str]:
+    """The model ids the fine-tuned strategies were evaluated as (``evaluated_as`` of the strategy
+    ranking view; empty when the view is absent)."""
+    if not pt.relation_exists(con, pt.STRATEGY_VIEW):
+        return set()
+    columns = {str(r[0]) for r in con.execute(f"describe {pt.STRATEGY_VIEW}").fetchall()}
+    if "evaluated_as" not in columns:  # a mart built before the column existed
+        return set()
+    return {str(r[0]) for r in con.execute(f"select distinct evaluated_as from {pt.STRATEGY_VIEW}").fetchall()}
 
 
 def _families(con: duckdb.DuckDBPyConnection) -> dict[str, str]:

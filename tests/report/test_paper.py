@@ -762,3 +762,21 @@ def test_taxonomy_screening_is_the_clean_rows_of_the_view(report: ReportSummary,
     for c in ("auroc", "dangerous_pass", "threshold"):
         assert np.allclose(merged[c], merged[f"{c}_lib"], equal_nan=True)
     assert list(got["signal"][:3]) == ["max_p", "margin", "entropy"]
+
+
+def test_strategy_models_get_the_comparison_figure_not_their_own(tmp_path: Path) -> None:
+    """A fine-tuned strategy's model (``evaluated_as`` in the strategy ranking) is compared in the
+    strategy figure; its own curves and heatmaps are drawn only when ``--models`` names it."""
+    mart = make_mart(tmp_path / "m.duckdb")
+    con = duckdb.connect(str(mart))
+    con.execute("create or replace table strategy_ranking_stats as select *, "
+                "case when model = 'sam_b' then 'sam_b' else model || '-' || strategy end as evaluated_as "
+                "from strategy_ranking_stats")
+    con.close()
+    rep = build_report(mart, tmp_path / "all", None, log_mlflow=False)
+    names = {p.name for p in rep.figures}
+    assert "sam_a_iou_curves.png" in names and "sam_b_iou_curves.png" not in names
+    assert "strategy_iou_drop.png" in names
+    assert "--models" in rep.skipped["per-strategy curves and heatmaps"]
+    named = build_report(mart, tmp_path / "named", parse_models("sam_b"), log_mlflow=False)
+    assert "sam_b_iou_curves.png" in {p.name for p in named.figures}
