@@ -721,7 +721,8 @@ app.add_typer(convert_app, name="convert")
 
 @convert_app.command("llava")
 def convert_llava_cmd(
-    src: Annotated[Path, typer.Argument(help="original llava-layout checkpoint folder (LLaVA-Med, LLaVA-Rad)")],
+    src: Annotated[Path, typer.Argument(help="original llava-layout checkpoint folder (LLaVA-Med; "
+                                                     "LLaVA-Rad is refused: it loads directly with kind: llava_rad)")],
     dst: Annotated[Path, typer.Argument(help="output folder (transformers LLaVA, safetensors)")],
     vision_tower: Annotated[Path | None, typer.Option(help="local transformers CLIP folder of the tower named by "
                                                            "mm_vision_tower")] = None,

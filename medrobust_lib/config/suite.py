@@ -60,6 +60,7 @@ REFERENCE_MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
     "medsam": {"preprocess": "hf_processor"},
     "sam_med2d": {"mask_selection": "single", "color": "rgb", "resize": "bilinear"},
     "hf": {"caption_max_new_tokens": 512},
+    "llava_rad": {"caption_max_new_tokens": 512},
     "api": {"caption_max_new_tokens": 512},
 }
 """``protocol: reference``: per model family (segmentation) or kind (VLM), the reference
@@ -285,7 +286,7 @@ class Suite(BaseModel):
                 raise ValueError(f"segmentation model {m.id!r} has no checkpoint: set 'checkpoint' to its weights "
                                  f"file ('{DEMO_TRAINED}' is for the demo only)")
         for v in self.vlm.models:
-            if v.kind == "hf" and v.base is None and v.source in (None, DEMO_TRAINED):
+            if v.kind != "api" and v.base is None and v.source in (None, DEMO_TRAINED):
                 raise ValueError(f"VLM {v.id!r} has no source: set 'source' to a local model folder or a cached hub "
                                  f"id ('{DEMO_TRAINED}' is for the demo only)")
             if v.adapter == DEMO_TRAINED_ADAPTER and v.base is None:

@@ -43,8 +43,9 @@ class VLMModelConfig(BaseModel):
     model. ``adapter``: a LoRA adapter folder, or ``finetuned`` (this model's own
     ``finetuned_adapter`` asset). ``box_scale``: the declared grounding output scale, when known.
 
-    ``id``: the model's name in results and asset keys. ``kind``: hf (local transformers weights) or
-    api (an OpenAI-compatible endpoint). ``device``: torch device. ``batch_size``: prompts per
+    ``id``: the model's name in results and asset keys. ``kind``: hf (local transformers weights),
+    llava_rad (LLaVA-Rad in its original layout: ``source`` its merged folder, or the base LLaMA
+    folder with ``adapter`` the LoRA release) or api (an OpenAI-compatible endpoint). ``device``: torch device. ``batch_size``: prompts per
     generation batch. ``max_new_tokens``: generated tokens per answer. ``caption_max_new_tokens``:
     generated tokens per caption. ``api``: endpoint settings of a kind: api model (model, base_url,
     api_key_env naming the variable that holds the key, concurrency, timeout_s, max_retries,
@@ -52,7 +53,7 @@ class VLMModelConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9_\-]*$")
-    kind: Literal["hf", "api"] = "hf"
+    kind: Literal["hf", "llava_rad", "api"] = "hf"
     source: str | None = None
     base: str | None = None
     adapter: str | None = None

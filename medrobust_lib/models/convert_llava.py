@@ -1,4 +1,4 @@
-"""Convert a checkpoint of the original ``llava`` code base (LLaVA-Med, LLaVA-Rad) to transformers' LLaVA.
+"""Convert a checkpoint of the original ``llava`` code base (LLaVA-Med, LLaVA 1.5) to transformers' LLaVA.
 
 The original layout (haotian-liu/LLaVA, microsoft/LLaVA-Med, microsoft/LLaVA-Rad): a folder with a
 ``config.json`` whose ``architectures`` is ``LlavaMistralForCausalLM`` or ``LlavaLlamaForCausalLM``
@@ -27,7 +27,8 @@ tokenised in one piece here and in pieces (split at ``<image>``) by the original
 
 Refused (:class:`NotConvertible`, with the reason): vision towers that transformers' LLaVA cannot
 hold faithfully (LLaVA-Rad's BiomedCLIP-CXR is an open_clip/timm ViT: patch embedding with bias,
-GELU MLPs, no pre-LayerNorm; ``hf-hub:`` towers), a tower whose weights are neither in the folder
+GELU MLPs, no pre-LayerNorm; ``hf-hub:`` towers; LLaVA-Rad loads as it is with ``kind: llava_rad``,
+:mod:`medrobust_lib.models.llava_rad`), a tower whose weights are neither in the folder
 nor given, projectors other than ``mlp2x_gelu`` (transformers' projector is Linear-act-Linear),
 ``mm_use_im_start_end`` checkpoints, LLaVA-NeXT (``image_newline``), LoRA-only releases
 (``adapter_config.json`` + ``non_lora_trainables.bin``: merge them onto the base first), weights
@@ -117,9 +118,10 @@ def _check_source(src: Path, cfg: dict[str, Any]) -> str:
     """The text model type of a convertible original-layout config, or :class:`NotConvertible`."""
     if (src / "adapter_config.json").is_file() or (src / "non_lora_trainables.bin").is_file():
         raise NotConvertible(
-            f"{src} is a LoRA release of the llava code base (adapter_config.json / non_lora_trainables.bin, as "
-            "microsoft/llava-rad ships): it holds deltas over a base model, not a model. Merge it onto its base with "
-            "the code base's scripts/merge_lora_weights.py, then convert the merged folder."
+            f"{src} is a LoRA release of the llava code base (adapter_config.json / non_lora_trainables.bin): it "
+            "holds deltas over a base model, not a model. LLaVA-Rad's release (microsoft/llava-rad) loads as it is "
+            "with kind: llava_rad (source: the base LLaMA folder, adapter: the release folder); other releases: "
+            "merge onto the base with the code base's scripts/merge_lora_weights.py, then convert the merged folder."
         )
     archs = list(cfg.get("architectures") or [])
     arch = next((a for a in archs if a in ARCHITECTURES), None)
@@ -134,7 +136,8 @@ def _check_source(src: Path, cfg: dict[str, Any]) -> str:
         raise NotConvertible(
             f"vision tower {tower!r} is an open_clip/timm ViT (LLaVA-Rad's BiomedCLIP-CXR: patch embedding with a "
             "bias, GELU MLPs, no pre-LayerNorm), which transformers' LLaVA vision towers (CLIP, SigLIP) cannot hold "
-            "faithfully; converting it would change the model's outputs"
+            "faithfully; converting it would change the model's outputs. Load it as it is with kind: llava_rad "
+            "(medrobust_lib/models/llava_rad.py)"
         )
     ptype = cfg.get("mm_projector_type", "linear")
     if ptype != "mlp2x_gelu":

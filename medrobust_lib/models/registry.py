@@ -79,6 +79,9 @@ register(AdapterEntry("litemedsam", "segmentation", "medrobust_lib.models.liteme
 register(AdapterEntry("hf", "vlm", "medrobust_lib.models.hf_vlm:HFVisionLanguageModel", "VisionLanguageModel",
                       True, "a local Hugging Face image-text-to-text model (folder or cached hub id), "
                             "optionally with a LoRA adapter"))
+register(AdapterEntry("llava_rad", "vlm", "medrobust_lib.models.llava_rad:LlavaRadVLM", "VisionLanguageModel", True,
+                      "LLaVA-Rad as its original code runs it: open_clip/timm BiomedCLIP-CXR tower, projector, "
+                      "LLaMA; a merged folder, or the base LLaMA (source) plus the LoRA release (adapter)"))
 register(AdapterEntry("api", "vlm", "medrobust_lib.models.api_vlm:ApiVLM", "VisionLanguageEndpoint", False,
                       "an OpenAI-compatible chat-completions endpoint (OpenAI, Gemini, vLLM, ...)"))
 

@@ -155,7 +155,7 @@ def _weights_errors(suite: Suite, root: Path) -> list[str]:
     for v in suite.vlm.models:
         src = v.source
         # "org/name" may be a cached hub id; only an explicit path (absolute, ./ or ../) must exist
-        if v.kind == "hf" and src is not None and src.startswith(("/", "./", "../", "~")) \
+        if v.kind != "api" and src is not None and src.startswith(("/", "./", "../", "~")) \
                 and (gone := _missing(src, root)) is not None:
             errors.append(f"VLM {v.id!r}: source folder not found: {gone}")
         if v.adapter not in (None, "finetuned") and (gone := _missing(v.adapter, root)) is not None:

@@ -60,11 +60,11 @@ def test_every_entry_resolves_to_a_class_with_from_config(name: str) -> None:
 
 
 def test_unknown_names_list_the_known_ones() -> None:
-    with pytest.raises(KeyError, match=r"unknown model adapter 'nope'; known: api, hf, litemedsam, medsam, sam, sam_med2d"):
+    with pytest.raises(KeyError, match=r"unknown model adapter 'nope'; known: api, hf, litemedsam, llava_rad, medsam, sam, sam_med2d"):
         load_adapter_class("nope")
     with pytest.raises(KeyError, match=r"unknown segmentation adapter 'hf'; known: litemedsam, medsam, sam, sam_med2d"):
         load_adapter_class("hf", "segmentation")  # a VLM kind is no segmentation family
-    with pytest.raises(KeyError, match=r"unknown vlm adapter 'sam'; known: api, hf"):
+    with pytest.raises(KeyError, match=r"unknown vlm adapter 'sam'; known: api, hf, llava_rad"):
         registry.adapter_entry("sam", "vlm")
 
 
