@@ -26,13 +26,6 @@ from medrobust_lib.perturb.spec import PerturbationSpec, PerturbOutput, get_pert
 from medrobust_lib.perturb.ssim import ssim
 from medrobust_lib.seeding import rng_for, seed_key, stable_fraction
 
-MANIFEST_COLUMNS: tuple[str, ...] = (
-    "sample_id", "dataset", "modality", "perturbation", "family", "geometry", "level",
-    "band_low", "band_high", "strength", "dataset_strength", "ssim", "band_reached", "miss_reason",
-    "n_ssim_evals", "seed_key", "sha256", "status", "error",
-)
-
-
 CalibrationMode = Literal["per_image", "reference", "fixed"]
 CALIBRATION_MODES: tuple[str, ...] = ("per_image", "reference", "fixed")
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,11 +29,11 @@ import duckdb
 import pandas as pd
 
 from medrobust_lib.report import paper_tables as pt
+from medrobust_lib.report.entries import ReportSettings, build_tables
 from medrobust_lib.report.figures import paper as figs
 from medrobust_lib.report.figures.style import parallel_saves, twins
 from medrobust_lib.report.html import Figure, render_page
 from medrobust_lib.report.latex import to_latex
-from medrobust_lib.report.screening_table import taxonomy_screening
 from medrobust_lib.report.table import ReportTable, to_csv, to_markdown
 from medrobust_lib.store.marts import connect_readonly
 from medrobust_lib.store.tracking import log_artifact, log_metrics, tracked_run
@@ -51,11 +51,6 @@ TRACKS: dict[str, tuple[str, str]] = {
     "taxonomy": ("taxonomy_quadrants", "config"),
 }
 """Track -> (relation, id column) that lists the track's model (or configuration) ids."""
-TABLE_TRACK: dict[str, str] = {
-    "real_model_worst_types": "segmentation", "segmentation_summary": "segmentation", "segmentation_by_level": "segmentation",
-    "strategy_ranking": "strategies", "vlm_task_drops": "vlm", "taxonomy_quadrants": "taxonomy",
-    "taxonomy_correlation": "taxonomy", "taxonomy_screening": "taxonomy",
-}
 
 
 @dataclass(frozen=True)
@@ -132,32 +127,8 @@ def _clear_previous(out: Path) -> None:
 def _tables(con: duckdb.DuckDBPyConnection, sel: dict[str, list[str] | None], available: dict[str, list[str]],
             seed: int, include_floor: bool = False,
             include_off_band: bool = False) -> tuple[list[ReportTable], dict[str, str]]:
-    builders: dict[str, Callable[[list[str] | None], pt.TableResult]] = {
-        "real_model_worst_types": lambda ids: pt.real_model_worst_types(con, ids, include_floor),
-        "segmentation_summary": lambda ids: pt.segmentation_summary(con, ids, include_floor, include_off_band),
-        "segmentation_by_level": lambda ids: pt.segmentation_by_level(con, ids, include_floor, include_off_band),
-        "strategy_ranking": lambda ids: pt.strategy_ranking(con, ids, include_floor),
-        "vlm_task_drops": lambda ids: pt.vlm_task_drops(con, ids),
-        "taxonomy_quadrants": lambda ids: pt.taxonomy_quadrants(con, ids, seed),
-        "taxonomy_correlation": lambda ids: pt.taxonomy_correlation(con, ids, available["taxonomy"], seed),
-        "taxonomy_screening": lambda ids: taxonomy_screening(con, ids),
-    }
-    tables: list[ReportTable] = []
-    skipped: dict[str, str] = {}
-    for name, build in builders.items():
-        track = TABLE_TRACK[name]
-        ids = sel[track]
-        if name == "strategy_ranking" and not pt.relation_exists(con, pt.STRATEGY_VIEW):
-            ids = None  # let the builder say that the view is missing
-        if ids is not None and not ids:
-            skipped[name] = f"none of the selected models is in the {track} track"
-            continue
-        res = build(ids)
-        if isinstance(res, str):
-            skipped[name] = res
-        else:
-            tables.append(res)
-    return tables, skipped
+    """Every table of :data:`~medrobust_lib.report.entries.REPORT_TABLES` for the selection."""
+    return build_tables(ReportSettings(con, seed, include_floor, include_off_band, available), sel)
 
 
 def _figures(con: duckdb.DuckDBPyConnection, tables: dict[str, ReportTable], sel: dict[str, list[str] | None],
@@ -288,7 +259,7 @@ def build_report(mart_path: str | Path = "var/marts.duckdb", out_dir: str | Path
 
     Raises FileNotFoundError without a mart and ValueError for unknown ids (listing the available
     ones). ``seed`` keys the bootstrap of the pooled taxonomy shares (and a recomputed correlation).
-    ``include_floor``: keep datasets whose clean score is at the floor (``store.coverage``) in the
+    ``include_floor``: keep datasets whose clean score is at the floor (``store.views.common``) in the
     segmentation averages and figures (default: left out, counted in the summary table).
     ``include_off_band``: keep perturbed outputs whose SSIM missed their level's band in the
     segmentation averages and figures (default: left out, counted per cell as ``band_miss``).

@@ -1,5 +1,11 @@
 """The paper tables, read from the DuckDB mart (read-only connection).
 
+Every number comes from a mart view of :mod:`medrobust_lib.store.views`; this module only selects,
+filters by the selected ids, orders and labels (no analysis SQL of its own). Where the report has
+settings of its own (``--include-floor``, ``--include-off-band``) or must read a mart built before a
+view existed, it selects from the registered view's SQL run with those settings (the same SQL the
+mart's view holds). The tables are listed in :mod:`medrobust_lib.report.entries`.
+
 Each builder takes the connection and the selected ids of its track (``None``: all) and returns a
 :class:`~medrobust_lib.report.table.ReportTable`, or a string saying why there is no table (the
 source view is missing or has no rows for the selection). Values are the mart's, unrounded; the
@@ -17,23 +23,21 @@ import pandas as pd
 from medrobust_lib.report.table import FLOOR_MARK, Column, ReportTable
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store.completeness import COMPLETENESS_TABLE, complete_filter_sql
-from medrobust_lib.store.coverage import (
+from medrobust_lib.store.schema import QUADRANTS, RANKING_VIEW
+from medrobust_lib.store.views.common import (
+    ALL_SUFFIX,
     BAND_ROWS_SQL,
     CHANCE_TOL,
     NO_BAND_ROWS_SQL,
     SEG_FLOOR,
     VLM_CHANCE,
-    seg_rows_ctes,
 )
-from medrobust_lib.store.schema import (
-    QUADRANTS,
-    RANKING_VIEW,
-    SEG_NO_MASK,
-    SEG_NOT_APPLICABLE,
-    seg_failed_sql,
-)
-from medrobust_lib.store.summary_views import ALL_SUFFIX
-from medrobust_lib.store.summary_views import segmentation_by_level as by_level_sql
+from medrobust_lib.store.views.segmentation import segmentation_by_level as by_level_sql
+from medrobust_lib.store.views.segmentation import segmentation_level_means as level_means_sql
+from medrobust_lib.store.views.segmentation import segmentation_model_summary as model_summary_sql
+from medrobust_lib.store.views.segmentation import segmentation_type_ranks as type_ranks_sql
+from medrobust_lib.store.views.taxonomy import TAXONOMY_QUADRANTS_POOLED_SQL
+from medrobust_lib.store.views.taxonomy import taxonomy_quadrant_images as quadrant_images_sql
 
 STRATEGY_VIEW = RANKING_VIEW
 SMALL_N_TEXT = ("A drop without a CI or q: the cell has fewer images (pairs, samples) than the suite's stats.min_n "
@@ -48,8 +52,6 @@ STRATEGY_COLUMNS: tuple[str, ...] = (
 """Columns the report needs from the ``strategy_ranking`` view (more are ignored)."""
 N_BOOT = 1000
 """Bootstrap resamples of the pooled quadrant-share CIs."""
-PERTURBED = "perturbed"
-"""``condition`` label of the pooled perturbed rows in the taxonomy quadrant table."""
 
 TableResult = ReportTable | str
 
@@ -103,17 +105,6 @@ def _band_rows(con: duckdb.DuckDBPyConnection) -> str:
     return BAND_ROWS_SQL if has else NO_BAND_ROWS_SQL
 
 
-def _kept_ctes(con: duckdb.DuckDBPyConnection, where: str) -> str:
-    """The CTEs of :func:`medrobust_lib.store.coverage.seg_rows_ctes` (the rule the mart's default
-    views use, inlined so marts built before those views existed work too) plus ``kept``: the ok
-    rows (alias ``r`` in ``where``) that enter the report's averages, floor datasets left out unless
-    the named parameter ``$include_floor`` is true or every dataset of the model is at the floor
-    (then kept, ``floor_effect`` true), rows whose perturbed output missed its SSIM band left out
-    unless ``$include_off_band`` is true (counted in the CTE ``band_miss``)."""
-    return f"""{seg_rows_ctes("$include_floor", where, "$include_off_band", _band_rows(con))},
-        kept as (select * from seg_rows where status = 'ok')"""
-
-
 def segmentation_summary(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None,
                          include_floor: bool = False, include_off_band: bool = False) -> TableResult:
     """Per (model, checkpoint, strategy): ``clean_iou`` / ``clean_dice`` (mean over clean images, in
@@ -129,60 +120,11 @@ def segmentation_summary(con: duckdb.DuckDBPyConnection, models: Sequence[str] |
     different levels get a note. Floors: datasets whose clean IoU or Dice is below ``SEG_FLOOR``
     (``segmentation_floor``) are left out of the clean scores and drops (``n_floor_datasets`` says
     how many) unless ``include_floor``; a model with every dataset at the floor keeps them and is
-    flagged ``floor_effect`` (greyed)."""
+    flagged ``floor_effect`` (greyed). The rows are the ``segmentation_model_summary`` view's."""
     where, params = where_in("model", models)
-    where, where_r = where.replace("?", "$ids"), where.replace("?", "$ids").replace(", model)", ", r.model)")
     df = con.execute(f"""
-        with {_kept_ctes(con, where_r)},
-        per_type as (
-            select model, checkpoint, strategy,
-                   case when condition = 'perturbation' then 'corruption' else 'attack' end as kind,
-                   perturbation, avg(iou_drop) as iou_drop, avg(dice_drop) as dice_drop
-            from kept where condition <> 'clean' group by all),
-        per as (
-            select model, checkpoint, strategy,
-                   avg(iou_drop) filter (where kind = 'corruption') as corruption_iou_drop,
-                   avg(dice_drop) filter (where kind = 'corruption') as corruption_dice_drop,
-                   avg(iou_drop) filter (where kind = 'attack') as attack_iou_drop,
-                   avg(dice_drop) filter (where kind = 'attack') as attack_dice_drop,
-                   count(*) filter (where kind = 'corruption') as n_corruption_types,
-                   count(*) filter (where kind = 'attack') as n_attack_types
-            from per_type group by model, checkpoint, strategy),
-        clean as (
-            select model, checkpoint, strategy, avg(iou) as clean_iou, avg(dice) as clean_dice,
-                   bool_or(floor_effect) as floor_effect
-            from kept where condition = 'clean' group by model, checkpoint, strategy),
-        cov as (
-            select model, checkpoint, strategy,
-                   array_to_string(list_sort(list_distinct(list(level) filter (where condition <> 'clean'))), ',')
-                       as levels,
-                   count(distinct (condition, perturbation, level)) filter (where condition <> 'clean')
-                       as n_conditions
-            from segmentation_results where {where} group by model, checkpoint, strategy),
-        nfl as (select model, checkpoint, strategy, n_floor as n_floor_datasets from floor_model),
-        counts as (
-            select model, checkpoint, strategy, count(*) filter (where condition = 'clean') as n_images,
-                   count(*) as n, count(*) filter (where {seg_failed_sql()}) as n_failed,
-                   count(*) filter (where status = '{SEG_NOT_APPLICABLE}') as n_not_applicable,
-                   count(*) filter (where status = '{SEG_NO_MASK}') as n_no_mask
-            from segmentation_results where {where} group by model, checkpoint, strategy)
-        select c.model, c.checkpoint, c.strategy, cl.clean_iou, p.corruption_iou_drop,
-               p.corruption_iou_drop / nullif(cl.clean_iou, 0) as corruption_iou_rel_drop,
-               p.attack_iou_drop, p.attack_iou_drop / nullif(cl.clean_iou, 0) as attack_iou_rel_drop,
-               cl.clean_dice, p.corruption_dice_drop,
-               p.corruption_dice_drop / nullif(cl.clean_dice, 0) as corruption_dice_rel_drop,
-               p.attack_dice_drop, p.attack_dice_drop / nullif(cl.clean_dice, 0) as attack_dice_rel_drop,
-               coalesce(p.n_corruption_types, 0) as n_corruption_types,
-               coalesce(p.n_attack_types, 0) as n_attack_types, c.n_images, c.n, c.n_failed,
-               c.n_not_applicable, c.n_no_mask,
-               coalesce(cv.levels, '') as levels, coalesce(cv.n_conditions, 0) as n_conditions,
-               coalesce(nfl.n_floor_datasets, 0) as n_floor_datasets,
-               coalesce(cl.floor_effect, false) as floor_effect
-        from counts c left join per p using (model, checkpoint, strategy)
-        left join clean cl using (model, checkpoint, strategy)
-        left join cov cv using (model, checkpoint, strategy)
-        left join nfl using (model, checkpoint, strategy)
-        order by c.model, c.strategy, c.checkpoint""",
+        select * from ({model_summary_sql("$include_floor", "$include_off_band", _band_rows(con))})
+        where {where.replace("?", "$ids")} order by model, strategy, checkpoint""",
                      {"include_floor": include_floor, "include_off_band": include_off_band, **_named(params)}).df()
     if df.empty:
         return "no segmentation_results rows for the selected models"
@@ -244,21 +186,10 @@ def segmentation_level_means(con: duckdb.DuckDBPyConnection, models: Sequence[st
     left out as in :func:`segmentation_summary` (a model with only floor datasets keeps them, with
     ``floor_effect`` true), off-band rows left out unless ``include_off_band``; ``band_miss``: the
     cell's rows whose perturbed output missed its SSIM band."""
-    where, params = where_in("r.model", models)
+    where, params = where_in("model", models)
     df = con.execute(f"""
-        with {_kept_ctes(con, where.replace("?", "$ids"))},
-        means as (
-            select model, checkpoint, strategy, condition, perturbation, level, count(*) as n,
-                   avg(iou) as iou, avg(dice) as dice, avg(iou_drop) as iou_drop, avg(dice_drop) as dice_drop,
-                   bool_or(floor_effect) as floor_effect
-            from kept where condition <> 'clean'
-            group by model, checkpoint, strategy, condition, perturbation, level)
-        select m.*, coalesce(b.band_miss, 0) as band_miss
-        from means m
-        left join band_miss b on b.model = m.model and b.checkpoint is not distinct from m.checkpoint
-             and b.strategy is not distinct from m.strategy and b.condition = m.condition
-             and b.perturbation = m.perturbation and b.level = m.level
-        order by m.model, m.strategy, m.checkpoint, m.condition, m.perturbation, m.level""",
+        select * from ({level_means_sql("$include_floor", "$include_off_band", _band_rows(con))})
+        where {where.replace("?", "$ids")} order by model, strategy, checkpoint, condition, perturbation, level""",
                      {"include_floor": include_floor, "include_off_band": include_off_band, **_named(params)}).df()
     return df
 
@@ -408,7 +339,7 @@ def vlm_task_drops(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None)
     cap, scored as they are; 0 for a mart without the column); then one ``Avg`` row per (model, task) whose ``perturbed`` is the
     mean over types and ``drop`` is ΔTP. ``floor_effect``: the clean score is at or below the task's
     chance level (the view's ``chance``: multiple choice 1 / the options of its items; a mart without
-    it: ``store.coverage.VLM_CHANCE``); such rows are greyed, since their drops cannot show a loss."""
+    it: ``store.views.common.VLM_CHANCE``); such rows are greyed, since their drops cannot show a loss."""
 
     where, params = where_in("model", models)
     view_cols = relation_columns(con, "vlm_task_drops")
@@ -491,26 +422,7 @@ def taxonomy_quadrants(con: duckdb.DuckDBPyConnection, configs: Sequence[str] | 
     analysis (text-only |margin| < tau counts as changed), never the primary quadrant. ``n_error``
     (infrastructure failures) is outside every denominator."""
     where, params = where_in("config", configs)
-
-    def pooled(col: str) -> str:
-        return (f"sum({col} * n_total) filter (where {col} is not null)"
-                f" / nullif(sum(n_total) filter (where {col} is not null), 0) as {col}")
-
-    df = con.execute(f"""
-        with q as (
-            select *, case when perturbation = 'clean' then 'clean' else '{PERTURBED}' end as condition
-            from taxonomy_quadrants where {where})
-        select config, image_mode, condition, quadrant,
-               sum(n) as n, sum(n_total) as n_total,
-               cast(sum(n) as double) / nullif(sum(n_total), 0) as share,
-               sum(accuracy * n) filter (where accuracy is not null and n > 0)
-                   / nullif(sum(n) filter (where accuracy is not null and n > 0), 0) as accuracy,
-               sum(mean_entropy * n) filter (where mean_entropy is not null and n > 0)
-                   / nullif(sum(n) filter (where mean_entropy is not null and n > 0), 0) as mean_entropy,
-               sum(n_error) as n_error,
-               {pooled("flip_rate")}, {pooled("text_only_accuracy")}, {pooled("dangerous_floor")},
-               {pooled("share_abstention")}, any_value(abstention_tau) as abstention_tau
-        from q group by config, image_mode, condition, quadrant""", params).df()
+    df = con.execute(f"select * from ({TAXONOMY_QUADRANTS_POOLED_SQL}) where {where}", params).df()
     if df.empty:
         return "no taxonomy_quadrants rows for the selected configurations"
     qorder = {q: i for i, q in enumerate(QUADRANTS)}
@@ -551,12 +463,8 @@ def _add_share_ci(con: duckdb.DuckDBPyConnection, df: pd.DataFrame, where: str, 
     df["share_ci_high"] = np.nan
     if not relation_exists(con, "taxonomy_results"):
         return df
-    counts = con.execute(f"""
-        select config, image_mode, case when perturbation = 'clean' then 'clean' else '{PERTURBED}' end as condition,
-               dataset, sample_id, quadrant, count(*) as n
-        from taxonomy_results where outcome = 'ok' and quadrant is not null and {where}
-              and {complete_only(con, "taxonomy_results")}
-        group by all""", params).df()
+    complete = relation_exists(con, COMPLETENESS_TABLE)
+    counts = con.execute(f"select * from ({quadrant_images_sql(complete)}) where {where}", params).df()
     if counts.empty:
         return df
     for (cfg, mode, cond), g in counts.groupby(["config", "image_mode", "condition"], sort=True):
@@ -676,11 +584,7 @@ def real_model_worst_types(con: duckdb.DuckDBPyConnection, models: Sequence[str]
         return "no segmentation rows of a real architecture (every evaluated model is the demo's tiny SAM)"
     where, params = where_in("model", real)
     suffix = ALL_SUFFIX if include_floor else ""
-    df = con.execute(f"""
-        select model, level, perturbation, n, iou_drop, iou_drop_ci_low, iou_drop_ci_high, clean_iou, iou,
-               rank() over (partition by model, level order by iou_drop desc nulls last) as rank
-        from {BY_LEVEL_VIEW}{suffix} where condition = 'perturbation' and {where}
-        order by model, level, rank, perturbation""", params).df()
+    df = con.execute(f"select * from ({type_ranks_sql(include_floor)}) where {where}", params).df()
     if df.empty:
         return "no perturbed rows for the real models"
     mod = con.execute(f"""

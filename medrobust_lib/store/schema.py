@@ -321,12 +321,39 @@ _ARROW_TYPES: dict[str, pa.DataType] = {
 }
 
 
+# --- results tables that stay out of the mart ---
+TAXONOMY_BASELINES_TABLE = "taxonomy_baselines"
+RESULTS_ONLY_TABLES: list[MartTable] = [
+    MartTable(TAXONOMY_BASELINES_TABLE, (
+        ("config", "VARCHAR"), ("checkpoint", "VARCHAR"), ("adapter", "VARCHAR"), ("dataset", "VARCHAR"),
+        ("modality", "VARCHAR"), ("sample_id", "VARCHAR"), ("record_id", "VARCHAR"), ("image_mode", "VARCHAR"),
+        ("lp_yes", "DOUBLE"), ("lp_no", "DOUBLE"), ("pred", "VARCHAR"), ("source", "VARCHAR"),
+        ("outcome", "VARCHAR"), ("error", "VARCHAR"),
+    ), "per (config, yes/no record, image-removal mode): the text-only answer (log p(yes), log p(no) in nats, "
+       "the parsed yes/no), computed once per config and modality and reused by every condition of the taxonomy "
+       "evaluation; Parquet only (partitions config=<id>/modality=<m>), not loaded into the mart"),
+]
+"""Tables written as Parquet under ``<results_dir>/<name>/`` that the mart does not load: declared here
+so their chunks are typed like every other table's (:func:`conform`)."""
+
+
 def table_columns(name: str) -> tuple[tuple[str, str], ...] | None:
-    """The declared (column, DuckDB type) pairs of table ``name``, or None for an undeclared table."""
-    for t in MART_TABLES:
+    """The declared (column, DuckDB type) pairs of table ``name`` (a mart table or one of
+    :data:`RESULTS_ONLY_TABLES`), or None for an undeclared table."""
+    for t in (*MART_TABLES, *RESULTS_ONLY_TABLES):
         if t.name == name:
             return t.columns
     return None
+
+
+def column_names(name: str, *, without: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The declared column names of table ``name`` in declared order, leaving out ``without`` (e.g.
+    the partition columns a writer keeps in folder names). Raises KeyError for an undeclared table:
+    every writer takes its columns from here."""
+    cols = table_columns(name)
+    if cols is None:
+        raise KeyError(f"table {name!r} is not declared in medrobust_lib.store.schema")
+    return tuple(c for c, _ in cols if c not in without)
 
 
 def conform(df: pd.DataFrame, name: str) -> tuple[pd.DataFrame, pa.Schema | None]:

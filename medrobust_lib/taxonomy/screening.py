@@ -45,6 +45,7 @@ import numpy.typing as npt
 import pandas as pd
 from scipy.stats import rankdata
 
+from medrobust_lib.store.schema import TAXONOMY_SCREENING_TABLE, column_names
 from medrobust_lib.taxonomy.stats import DANGEROUS, GROUP_COLUMNS
 
 SIGNALS: tuple[str, ...] = ("max_p", "margin", "entropy")
@@ -52,11 +53,9 @@ IDEAL = "Ideal"
 KEEP_IDEAL = 0.95
 """Share of Ideal samples the screen keeps (its operating point)."""
 NOT_AVAILABLE = "not available"
-SCREENING_COLUMNS: tuple[str, ...] = (
-    *GROUP_COLUMNS, "signal", "status", "n", "n_dangerous", "n_ideal", "n_no_signal", "auroc", "threshold",
-    "ideal_kept", "dangerous_pass", "pooled_threshold", "dangerous_pass_pooled", "mean_confidence_dangerous",
-    "mean_confidence_other",
-)
+SCREENING_COLUMNS: tuple[str, ...] = column_names(TAXONOMY_SCREENING_TABLE)
+"""The ``taxonomy_screening_stats`` columns (:mod:`medrobust_lib.store.schema`): :data:`GROUP_COLUMNS`,
+``signal``, ``status``, then the counts and statistics."""
 CELL_COLUMNS: tuple[str, ...] = tuple(c for c in GROUP_COLUMNS if c != "config")
 """A screen pooled over configurations sets its threshold per value of these columns."""
 

@@ -35,7 +35,7 @@ import pandas as pd
 from medrobust_lib.config.common import DEFAULT_MIN_N, MIN_X_POSITIONS
 from medrobust_lib.metrics.stats import bootstrap_ci, pearson_with_ci
 from medrobust_lib.seeding import rng_for
-from medrobust_lib.store.schema import DEFAULT_ABSTENTION_TAU, QUADRANTS
+from medrobust_lib.store.schema import DEFAULT_ABSTENTION_TAU, QUADRANTS, column_names
 from medrobust_lib.taxonomy.quadrants import quadrant_of
 
 GROUP_COLUMNS: tuple[str, ...] = ("config", "dataset", "perturbation", "level", "image_mode")
@@ -53,16 +53,12 @@ POOLED = "pooled_perturbed"
 CI_POINTS = "bootstrap_points"
 CI_CLUSTER = "cluster_bootstrap_configs"
 
-QUADRANT_STATS_COLUMNS: tuple[str, ...] = (
-    *GROUP_COLUMNS, "quadrant", "n", "n_total", "share", "share_ci_low", "share_ci_high", "accuracy",
-    "accuracy_ci_low", "accuracy_ci_high", "mean_entropy", "mean_pairwise_disagreement", "n_error",
-    "flip_rate", "text_only_accuracy", "dangerous_floor", "share_abstention", "abstention_tau",
-    "negation_consistency", "n_negation_samples",
-)
-CORRELATION_COLUMNS: tuple[str, ...] = (
-    "scope", *SCOPE_COLUMNS, "n_points", "n_configs", "n_error", "r", "p_value", "ci_low", "ci_high", "ci_method",
-    "fisher_low", "fisher_high", "note",
-)
+QUADRANT_STATS_COLUMNS: tuple[str, ...] = column_names("taxonomy_quadrant_stats")
+"""The ``taxonomy_quadrant_stats`` columns (:mod:`medrobust_lib.store.schema`): :data:`GROUP_COLUMNS`,
+``quadrant``, then the statistics."""
+CORRELATION_COLUMNS: tuple[str, ...] = column_names("taxonomy_correlation_stats")
+"""The ``taxonomy_correlation_stats`` columns (:mod:`medrobust_lib.store.schema`): ``scope``,
+:data:`SCOPE_COLUMNS`, then the statistics."""
 POINT_COLUMNS: tuple[str, ...] = (*GROUP_COLUMNS, "flip_rate", "dangerous_share", "n", "n_error")
 TRANSITION_COLUMNS: tuple[str, ...] = (
     *GROUP_COLUMNS, "from_quadrant", "to_quadrant", "count", "n_from", "share",

@@ -11,10 +11,15 @@ import pandas as pd
 
 from medrobust_lib.config import Suite
 from medrobust_lib.data.sample import Sample, SampleRef
-from medrobust_lib.perturb.engine import MANIFEST_COLUMNS, NOT_APPLICABLE, ChunkSpec, run_chunks
+from medrobust_lib.perturb.engine import NOT_APPLICABLE, ChunkSpec, run_chunks
 from medrobust_lib.perturb.spec import REFERENCE_SIZE, get_perturbation, list_perturbations, size_factor
 from medrobust_lib.store import results
+from medrobust_lib.store.schema import column_names
 from medrobust_lib.tracks.datasets import load_clean_samples
+
+MANIFEST_TABLE = "perturbation_manifest"
+MANIFEST_COLUMNS: tuple[str, ...] = column_names(MANIFEST_TABLE)
+"""The columns of a manifest chunk, in the declared order (:mod:`medrobust_lib.store.schema`)."""
 
 MANIFEST_TABLE = "perturbation_manifest"
 CALIBRATION_VERSION = 2

@@ -691,7 +691,7 @@ def test_vlm_floor_uses_the_chance_the_view_derives(tmp_path: Path) -> None:
 def _floor_mart(path: Path) -> Path:
     """The test mart plus sam_a's floor dataset, with every segmentation view (both variants) and a
     ranking table holding both variants, one strategy entirely at the floor."""
-    from medrobust_lib.store.summary_views import FLOOR_NOTE
+    from medrobust_lib.store.views.common import FLOOR_NOTE
 
     mart = make_mart(path)
     seg = _seg_rows()

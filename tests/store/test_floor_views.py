@@ -20,7 +20,7 @@ import pytest
 
 from medrobust_lib.store import results
 from medrobust_lib.store.marts import MART_TABLES, MART_VIEWS, build_mart, connect_readonly
-from medrobust_lib.store.summary_views import ALL_SUFFIX, FLOOR_NOTE, LEVELS_NOTE, LEVELS_NOTE_TAIL
+from medrobust_lib.store.views.common import ALL_SUFFIX, FLOOR_NOTE, LEVELS_NOTE, LEVELS_NOTE_TAIL
 from medrobust_lib.tracks.finetune.ranking import write_strategy_ranking
 
 SEG_COLUMNS = [c for c, _ in next(t.columns for t in MART_TABLES if t.name == "segmentation_results")]

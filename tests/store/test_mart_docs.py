@@ -189,3 +189,15 @@ def test_parser_notices_a_renamed_or_retyped_column(section: str) -> None:
     assert documented_tables(retyped)[name] != cols
     dropped_view = section.replace(f"- `{next(iter(MART_VIEWS))}`", "- `not_a_view`", 1)
     assert set(documented_views(dropped_view)) != set(MART_VIEWS)
+
+
+def test_view_list_is_generated_from_the_registered_views() -> None:
+    """docs/mart-schema.md lists exactly what tools/gen_mart_schema.py writes from the views'
+    registry (rerun the tool after adding or changing a view)."""
+    from tests.tools.tool_loader import load_tool
+
+    gen = load_tool("gen_mart_schema")
+    page = PAGE.read_text(encoding="utf-8")
+    assert gen.render(page) == page, "docs/mart-schema.md is out of date: run python tools/gen_mart_schema.py"
+    changed = page.replace("- `quarantine`", "- `quarantined`", 1)
+    assert gen.render(changed) != changed  # the comparison notices an edited item

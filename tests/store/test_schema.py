@@ -53,3 +53,32 @@ def test_conform_keeps_undeclared_columns_and_unknown_tables() -> None:
     assert schema.field("extra").type == pa.string()  # undeclared: inferred, null promoted to string
     assert conform(df, "no_such_table")[1] is None
     assert table_columns("no_such_table") is None
+
+
+def test_taxonomy_baselines_is_declared_and_typed_though_not_in_the_mart(tmp_path: Path) -> None:
+    """``taxonomy_baselines`` (Parquet only) is declared in store.schema: an all-null column of a chunk
+    takes its declared type (it was typed ``null`` before), and the mart does not load it."""
+    from medrobust_lib.store.schema import RESULTS_ONLY_TABLES, column_names
+    from medrobust_lib.tracks.taxonomy.evaluate import BASELINE_COLUMNS, BASELINE_TABLE
+
+    assert BASELINE_TABLE not in {t.name for t in MART_TABLES}
+    assert BASELINE_TABLE in {t.name for t in RESULTS_ONLY_TABLES}
+    assert BASELINE_COLUMNS == column_names(BASELINE_TABLE)
+    row = {"checkpoint": "ck", "adapter": None, "dataset": "d", "sample_id": "s", "record_id": "r",
+           "image_mode": "none", "lp_yes": -0.1, "lp_no": -2.3, "pred": "yes", "source": "logprobs",
+           "outcome": "ok", "error": None}
+    path = results.chunk_path(tmp_path, BASELINE_TABLE, {"config": "c", "modality": "ct"}, "d")
+    results.write_chunk(path, pd.DataFrame([row]), "fp")
+    schema = pq.read_schema(path)
+    assert schema.field("adapter").type == pa.string() and schema.field("error").type == pa.string()
+    assert pq.read_table(path).to_pylist()[0]["lp_no"] == -2.3
+
+
+def test_column_names_of_an_undeclared_table_is_an_error() -> None:
+    import pytest
+
+    from medrobust_lib.store.schema import column_names
+
+    assert column_names("taxonomy_paraphrases", without=("modality",))[-1] == "source"
+    with pytest.raises(KeyError, match="not declared"):
+        column_names("no_such_table")

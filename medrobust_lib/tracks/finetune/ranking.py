@@ -28,7 +28,7 @@ Rows that are not ``ok`` never enter a mean: failures are counted in ``n_failed`
 that does not apply to the sample in ``n_not_applicable`` and rows of samples without a mask in
 ``n_no_mask`` (the last two are not failures).
 
-Floors and coverage (the rule of :func:`medrobust_lib.store.coverage.seg_rows_ctes`): by default
+Floors and coverage (the rule of :func:`medrobust_lib.store.views.common.seg_rows_ctes`, run by :func:`~medrobust_lib.store.views.common.dataset_floors`): by default
 (``with_floor`` false) the rows of a dataset whose clean IoU or Dice is below ``SEG_FLOOR`` for that
 evaluated model are left out (``n_floor_excluded`` counts them), unless every dataset of the model is
 at the floor: then they are kept, the row is flagged ``floor_effect`` and left unranked. With
@@ -51,7 +51,6 @@ from medrobust_lib.config.common import DEFAULT_MIN_N
 from medrobust_lib.metrics.stats import benjamini_hochberg, bootstrap_ci, paired_bootstrap_ci, wilcoxon_paired
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store import results
-from medrobust_lib.store.coverage import SEG_FLOOR
 from medrobust_lib.store.schema import (
     RANKING_COLUMNS,
     RANKING_TABLE,
@@ -59,7 +58,14 @@ from medrobust_lib.store.schema import (
     SEG_NOT_APPLICABLE,
     seg_failed,
 )
-from medrobust_lib.store.summary_views import FLOOR_NOTE, LEVELS_NOTE, LEVELS_NOTE_TAIL
+from medrobust_lib.store.views.common import (
+    FLOOR_KEYS,
+    FLOOR_NOTE,
+    LEVELS_NOTE,
+    LEVELS_NOTE_TAIL,
+    dataset_floors,
+    text_keys,
+)
 
 KINDS: dict[str, tuple[str, ...]] = {"corruption": ("perturbation",), "attack": ("fgsm", "pgd")}
 PUBLISHED_IOU_DROP: dict[str, float] = {  # MedFM-Robust, mean IoU drop under corruption
@@ -68,26 +74,11 @@ PUBLISHED_IOU_DROP: dict[str, float] = {  # MedFM-Robust, mean IoU drop under co
 }
 
 
-FLOOR_KEYS: tuple[str, ...] = ("model", "checkpoint", "strategy", "dataset")
-"""The unit a floor effect is judged on (as in the mart's ``segmentation_floor``)."""
-
-
-def dataset_floors(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per :data:`FLOOR_KEYS` of the clean ok rows: ``floor`` = mean clean IoU or Dice below
-    ``SEG_FLOOR``; ``all_floor`` = every such dataset of the (model, checkpoint, strategy) is at
-    the floor."""
-    clean = rows[(rows["condition"] == "clean") & (rows["status"] == "ok")]
-    means = clean.groupby(list(FLOOR_KEYS), dropna=False)[["iou", "dice"]].mean()
-    fl = ((means["iou"] < SEG_FLOOR) | (means["dice"] < SEG_FLOOR)).rename("floor").reset_index()
-    fl["all_floor"] = fl.groupby(list(FLOOR_KEYS[:3]), dropna=False)["floor"].transform("all")
-    return fl
-
-
 def without_floor(rows: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, tuple[int, bool]]]:
     """``rows`` without the datasets at the floor (kept when every dataset of their model is), and
     per evaluated model id ``(n_floor_excluded, floor_effect)``."""
-    fl = dataset_floors(rows)
-    merged = rows.merge(fl, on=list(FLOOR_KEYS), how="left")
+    fl = dataset_floors(rows)[[*FLOOR_KEYS, "floor", "all_floor"]]
+    merged = text_keys(rows).merge(fl, on=list(FLOOR_KEYS), how="left")
     floor = merged["floor"].fillna(False).astype(bool).to_numpy()
     all_floor = merged["all_floor"].fillna(False).astype(bool).to_numpy()
     info = {str(m): (int((g["floor"] & ~g["all_floor"]).sum()), bool(g["all_floor"].any()))

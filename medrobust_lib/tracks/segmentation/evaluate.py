@@ -23,15 +23,12 @@ from medrobust_lib.perturb.engine import NOT_APPLICABLE
 from medrobust_lib.prompts import PromptConfig, prompt_boxes
 from medrobust_lib.store import registry, results
 from medrobust_lib.store.completeness import ERROR_OUTCOME
-from medrobust_lib.store.schema import SEG_NO_MASK, SEG_NOT_APPLICABLE, SEG_OK, seg_failed
+from medrobust_lib.store.schema import SEG_NO_MASK, SEG_NOT_APPLICABLE, SEG_OK, column_names, seg_failed
 
 RESULTS_TABLE = "segmentation_results"
 EVAL_VERSION = 1
-RESULT_COLUMNS: tuple[str, ...] = (
-    "model", "checkpoint", "strategy", "dataset", "modality", "sample_id", "condition", "perturbation", "level",
-    "strength", "ssim", "epsilon", "iou", "dice", "clean_iou", "clean_dice", "iou_drop", "dice_drop", "prompt",
-    "status", "error", "empty_gt_policy", "precision", "family", "arch",
-)
+RESULT_COLUMNS: tuple[str, ...] = column_names(RESULTS_TABLE)
+"""The ``segmentation_results`` columns in declared order (:mod:`medrobust_lib.store.schema`)."""
 
 
 def seg_config(suite: Suite) -> SegmentationConfig:

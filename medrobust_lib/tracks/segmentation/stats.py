@@ -12,7 +12,7 @@ from medrobust_lib.config.common import DEFAULT_MIN_N
 from medrobust_lib.metrics.stats import benjamini_hochberg, bootstrap_ci, wilcoxon_paired
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store import results
-from medrobust_lib.store.coverage import SEG_FLOOR
+from medrobust_lib.store.views.common import dataset_floors, text_keys
 
 STATS_TABLE = "segmentation_stats"
 N_BOOT = 1000
@@ -24,15 +24,13 @@ SCOPE_ALL, SCOPE_FLOOR_EXCLUDED = "all", "floor_excluded"
 
 def floor_datasets(df: pd.DataFrame) -> pd.DataFrame:
     """Per (model, checkpoint, strategy, dataset) with ok clean rows: ``floor_effect`` = mean clean
-    IoU or Dice below :data:`~medrobust_lib.store.coverage.SEG_FLOOR` (the mart's rule,
-    ``SEGMENTATION_FLOOR_SQL``)."""
+    IoU or Dice below :data:`~medrobust_lib.store.views.common.SEG_FLOOR`: the mart's rule
+    (``SEGMENTATION_FLOOR_SQL``) run by :func:`~medrobust_lib.store.views.common.dataset_floors`."""
     keys = ["model", "checkpoint", "strategy", "dataset"]
     clean = df[(df["condition"] == "clean") & (df["status"] == "ok")]
     if clean.empty:
         return pd.DataFrame(columns=[*keys, "floor_effect"])
-    means = clean.groupby(keys, dropna=False)[["iou", "dice"]].mean().reset_index()
-    means["floor_effect"] = (means["iou"] < SEG_FLOOR) | (means["dice"] < SEG_FLOOR)
-    return means[[*keys, "floor_effect"]]
+    return dataset_floors(clean).rename(columns={"floor": "floor_effect"})[[*keys, "floor_effect"]]
 
 
 def _floor_excluded_rows(df: pd.DataFrame) -> pd.DataFrame:
@@ -46,8 +44,9 @@ def _floor_excluded_rows(df: pd.DataFrame) -> pd.DataFrame:
     drop = floor[floor["floor_effect"] & ~all_floor]
     if drop.empty:
         return df.iloc[0:0]
-    marked = df.merge(drop.assign(_drop=True), on=[*keys, "dataset"], how="left")
-    affected = df.merge(drop[keys].drop_duplicates().assign(_model=True), on=keys, how="left")["_model"].eq(True)
+    keyed = text_keys(df)
+    marked = keyed.merge(drop.assign(_drop=True), on=[*keys, "dataset"], how="left")
+    affected = keyed.merge(drop[keys].drop_duplicates().assign(_model=True), on=keys, how="left")["_model"].eq(True)
     keep = marked["_drop"].ne(True).to_numpy() & affected.to_numpy()
     return df[keep]
 

@@ -43,16 +43,20 @@ from medrobust_lib.data.sample import Sample
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store import rerun, results
 from medrobust_lib.store.completeness import ERROR_OUTCOME
+from medrobust_lib.store.schema import (
+    TAXONOMY_BASELINES_TABLE,
+    TAXONOMY_TABLE,
+    column_names,
+    excluded_outcome,
+)
 from medrobust_lib.store.schema import TAXONOMY_COLUMN_NAMES as COLUMN_NAMES
-from medrobust_lib.store.schema import TAXONOMY_TABLE, excluded_outcome
 from medrobust_lib.tasks.vqa import extract_yes_no
 from medrobust_lib.taxonomy.paraphrase import api_paraphrases, template_paraphrases
 from medrobust_lib.taxonomy.quadrants import classify, classify_labels
 from medrobust_lib.tracks.vlm.items import YESNO_SUFFIX, DroppedRecord, LoadedItems, VLMItem, load_items
 
-BASELINE_TABLE = "taxonomy_baselines"
-BASELINE_COLUMNS = ("config", "checkpoint", "adapter", "dataset", "modality", "sample_id", "record_id", "image_mode",
-                    "lp_yes", "lp_no", "pred", "source", "outcome", "error")
+BASELINE_TABLE = TAXONOMY_BASELINES_TABLE
+BASELINE_COLUMNS: tuple[str, ...] = column_names(BASELINE_TABLE)
 VERSION = 1
 ROW_KEY: tuple[str, ...] = ("dataset", "record_id", "perturbation", "image_mode")
 """Identifies a ``taxonomy_results`` row within its partition (config, modality, level)."""
@@ -106,8 +110,8 @@ def variants_of(item: VLMItem, min_paraphrases: int, negations: bool = False) ->
 
 
 PARAPHRASE_TABLE = "taxonomy_paraphrases"
-PARAPHRASE_COLUMNS = ("config", "dataset", "record_id", "question", "candidate", "accepted", "reason", "overlap",
-                      "source")
+PARAPHRASE_COLUMNS: tuple[str, ...] = column_names(PARAPHRASE_TABLE, without=("modality",))
+"""The declared ``taxonomy_paraphrases`` columns but ``modality``, which the partition folder holds."""
 
 
 def paraphrase_sets(suite: Suite, items: Sequence[VLMItem]) -> tuple[dict[str, tuple[tuple[str, int], ...]],

@@ -34,8 +34,8 @@ from medrobust_lib.metrics.stats import (
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store import results
 from medrobust_lib.store.completeness import DEFAULT_MAX_ERROR_SHARE, ERROR_OUTCOME, complete_rows
-from medrobust_lib.store.marts import VLM_PRIMARY_COLUMN, VLM_SCORED_OUTCOMES
-from medrobust_lib.store.schema import VLM_TABLE
+from medrobust_lib.store.schema import VLM_TABLE, column_names
+from medrobust_lib.store.views.vlm import VLM_PRIMARY_COLUMN, VLM_SCORED_OUTCOMES
 
 STATS_TABLE = "vlm_stats"
 N_BOOT = 1000
@@ -47,11 +47,9 @@ PAIR_KEYS: tuple[str, ...] = ("model", "checkpoint", "adapter", "task", "dataset
                               "prompt_id")
 """A perturbed row and its clean row agree on these columns (both with ``image_mode='image'``)."""
 BINARY_TASKS: frozenset[str] = frozenset({"vqa_mc", "vqa_yesno", "grounding", "vqa_open"})
-STATS_COLUMNS: tuple[str, ...] = (
-    "model", "checkpoint", "adapter", "task", "perturbation", "level", "metric", "n_pairs", "n_excluded",
-    "n_unmatched", "n_error", "clean_value", "clean_ci_low", "clean_ci_high", "perturbed_value", "perturbed_ci_low",
-    "perturbed_ci_high", "drop", "drop_ci_low", "drop_ci_high", "test", "p_value", "q_value",
-)
+STATS_TABLE = "vlm_stats"
+STATS_COLUMNS: tuple[str, ...] = column_names(STATS_TABLE)
+"""The ``vlm_stats`` columns in declared order (:mod:`medrobust_lib.store.schema`)."""
 WIDE_FIXED: tuple[str, ...] = ("Clean", "Avg", "ΔTP")
 
 

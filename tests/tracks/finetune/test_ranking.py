@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from medrobust_lib.store.schema import RANKING_COLUMNS
-from medrobust_lib.store.summary_views import LEVELS_NOTE, LEVELS_NOTE_TAIL
+from medrobust_lib.store.views.common import LEVELS_NOTE, LEVELS_NOTE_TAIL
 from medrobust_lib.tracks.finetune.ranking import compare_published, strategy_ranking
 
 SAMPLES = [f"s{i:02d}" for i in range(16)]
