@@ -24,6 +24,7 @@ from medrobust_assets.definitions import ALL_ASSETS, build_resources, defs
 from medrobust_assets.partitions import LEVELS_TAG
 from medrobust_lib.config import Suite, load_suite
 from medrobust_lib.paths import experiment_name, suite_paths
+from medrobust_lib.processes import pid_alive
 from medrobust_lib.store import registry
 from medrobust_lib.store.writer_lock import suite_writer_lock
 from medrobust_lib.tracks.finetune.strategies import finetune_config
@@ -56,16 +57,6 @@ _UNFINISHED = (dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING, dg
                dg.DagsterRunStatus.CANCELING)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def mark_orphaned_runs(inst: dg.DagsterInstance) -> list[str]:
     """Mark failed the runs this runner started whose process is gone (a SIGKILL or a crash leaves
     them NOT_STARTED / STARTED forever; the UI would show them as pending). Only runs tagged
@@ -83,7 +74,7 @@ def mark_orphaned_runs(inst: dg.DagsterInstance) -> list[str]:
             if run.tags.get(HOST_TAG) != host or not pid_s.isdigit():
                 continue
             pid = int(pid_s)
-            if pid == os.getpid() or _pid_alive(pid):
+            if pid == os.getpid() or pid_alive(pid):
                 continue
             why = f"its runner process {pid} on {host} is gone (killed or crashed)"
         else:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from medrobust_lib.hashing import file_sha256
 from medrobust_lib.paths import RECORD_FILES
 
 if TYPE_CHECKING:
@@ -28,14 +29,6 @@ if TYPE_CHECKING:
 WEIGHTS_ROOT = Path(__file__).resolve().parent / "weights"
 MANIFEST = "SHA256SUMS"
 """Name of the manifest (no ``.json`` suffix, so model-folder hashes that read ``*.json`` ignore it)."""
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def folder_hashes(folder: Path) -> dict[str, str]:

@@ -15,7 +15,6 @@ Images: float32 in [0, 1], (H, W) grayscale (replicated to RGB for the processor
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import warnings
 from collections.abc import Sequence
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from medrobust_lib.hashing import file_sha256
 from medrobust_lib.models.base import VisionLanguageModel
 from medrobust_lib.models.shared_image import shared_image
 from medrobust_lib.models.vlm_conventions import conventions_for, encode_prompts, prompt_text
@@ -126,16 +126,13 @@ class HFVisionLanguageModel:
 
         from peft import PeftModel
 
-        h = hashlib.sha256()
-        with weights.open("rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
+        digest = file_sha256(weights)
 
         with warnings.catch_warnings():  # peft calls a deprecated transformers property while loading
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
             peft_model = PeftModel.from_pretrained(model, str(weights.parent), is_trainable=False)
         merged = peft_model.merge_and_unload()
-        self.adapter_hash = h.hexdigest()[:16]
+        self.adapter_hash = digest[:16]
         return merged.eval()
 
     def _vision_module(self) -> Any:

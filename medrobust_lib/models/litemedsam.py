@@ -55,10 +55,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from medrobust_lib.hashing import file_sha256
 from medrobust_lib.models.sam import (
     CHECKPOINT_HASH_LEN,
     SamSegmenter,
-    file_sha256,
     load_into,
     read_state_dict,
 )

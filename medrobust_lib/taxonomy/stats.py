@@ -33,7 +33,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from medrobust_lib.config.common import DEFAULT_MIN_N, MIN_X_POSITIONS
-from medrobust_lib.metrics.stats import bootstrap_ci, pearson_with_ci
+from medrobust_lib.metrics.stats import bootstrap_ci, pearson_rows, pearson_with_ci
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store.schema import DEFAULT_ABSTENTION_TAU, QUADRANTS
 from medrobust_lib.taxonomy.quadrants import quadrant_of
@@ -314,16 +314,6 @@ def condition_points(df: pd.DataFrame) -> pd.DataFrame:
     return points
 
 
-def _pearson_rows(x: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-    """Pearson r of every row of (B, n) ``x``, ``y``; NaN for a row with zero variance."""
-    xc = x - x.mean(axis=1, keepdims=True)
-    yc = y - y.mean(axis=1, keepdims=True)
-    den = np.sqrt((xc * xc).sum(axis=1) * (yc * yc).sum(axis=1))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        r: npt.NDArray[np.float64] = np.where(den > 0, (xc * yc).sum(axis=1) / np.where(den > 0, den, 1.0), np.nan)
-    return r
-
-
 def cluster_bootstrap_r(points: pd.DataFrame, rng: np.random.Generator, n_boot: int = 2000,
                         alpha: float = 0.05) -> tuple[float, float]:
     """Percentile CI of Pearson r (``flip_rate`` vs ``dangerous_share``) resampling whole
@@ -341,7 +331,7 @@ def cluster_bootstrap_r(points: pd.DataFrame, rng: np.random.Generator, n_boot: 
     for b, pick in enumerate(picks):
         x = np.concatenate([xs[i] for i in pick])[None, :]
         y = np.concatenate([ys[i] for i in pick])[None, :]
-        boot[b] = _pearson_rows(x, y)[0]
+        boot[b] = pearson_rows(x, y)[0]
     if not np.any(np.isfinite(boot)):
         return _NAN, _NAN
     lo, hi = np.nanquantile(boot, [alpha / 2, 1 - alpha / 2])
@@ -368,7 +358,7 @@ def _correlation_row(scope: str, scope_key: Key, points: pd.DataFrame, rng_key: 
         row["note"] = (f"flip rate takes only {n_x} distinct values (< {MIN_X_POSITIONS}): a line through "
                        "2 positions fits any data, so no r")
     elif pooled:
-        row["r"] = float(_pearson_rows(x[None, :], y[None, :])[0])
+        row["r"] = float(pearson_rows(x[None, :], y[None, :])[0])
         row["ci_low"], row["ci_high"] = cluster_bootstrap_r(points, rng, n_boot)
     else:
         res = pearson_with_ci(x, y, rng=rng, n_boot=n_boot)

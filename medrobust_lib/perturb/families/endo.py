@@ -12,22 +12,13 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
+from medrobust_lib.perturb.field_ops import per_pixel, smoothstep
 from medrobust_lib.perturb.spec import perturbation
 from medrobust_lib.types import FloatImage
 
 FAMILY = "endo"
 MODALITIES = ("endoscopy",)
 _LUMA = np.array([0.299, 0.587, 0.114], np.float32)
-
-
-def _per_pixel(image: np.ndarray, field: np.ndarray) -> np.ndarray:
-    """An (H, W) field broadcastable against ``image``."""
-    return field[..., None] if image.ndim == 3 else field
-
-
-def _smoothstep(t: np.ndarray) -> np.ndarray:
-    t = np.clip(t, 0.0, 1.0)
-    return t * t * (3 - 2 * t)
 
 
 # --------------------------------------------------------------------------------------------
@@ -82,8 +73,8 @@ def specular_reflection(image: FloatImage, strength: float, rng: np.random.Gener
         gx = np.exp(-0.5 * ((np.arange(x0, x1, dtype=np.float32) - np.float32(cx)) / np.float32(sg)) ** 2)
         gy = np.exp(-0.5 * ((np.arange(y0, y1, dtype=np.float32) - np.float32(cy)) / np.float32(sg)) ** 2)
         np.maximum(field[y0:y1, x0:x1], gy[:, None] * gx[None, :], out=field[y0:y1, x0:x1])
-    alpha = _smoothstep((field - 0.25) / 0.35)
-    a = _per_pixel(image, alpha)
+    alpha = smoothstep((field - 0.25) / 0.35)
+    a = per_pixel(alpha, image)
     return (image + a * (1.0 - image)).astype(np.float32)
 
 
@@ -139,7 +130,7 @@ def _bubble_look(
     glint = np.maximum(1.0 - (rho2 - 2 * (gx * u + gy * v) + np.float32(0.45**2)) * np.float32(1.0 / 0.2**2), 0.0)
     white = np.minimum(np.float32(0.85) * rim * rim + glint * glint, 1.0)
     # scattered light lifts the view (lower contrast), then the white rim/glint on top
-    keep = np.float32(0.85) * (1.0 - _per_pixel(seen, white))
+    keep = np.float32(0.85) * (1.0 - per_pixel(white, seen))
     look = 1.0 - keep * (1.0 - seen)
     edge = np.clip((1.0 - rho) / inv_r + 0.5, 0.0, 1.0)  # anti-aliased disc edge, in pixels
     return look, edge
@@ -181,7 +172,7 @@ def bubbles(image: FloatImage, strength: float, rng: np.random.Generator) -> Flo
         y0, y1 = max(int(np.floor(cy - rad - 1)), 0), min(int(np.ceil(cy + rad + 1)) + 1, h)
         if x0 < x1 and y0 < y1:
             look, edge = _bubble_look(image, (y0, y1, x0, x1), cx, cy, rad, glint_dir)
-            a = _per_pixel(look, (edge * np.float32(opacity[n_full])).astype(np.float32))
+            a = per_pixel((edge * np.float32(opacity[n_full])).astype(np.float32), look)
             out[y0:y1, x0:x1] += a * (look - out[y0:y1, x0:x1])
     if n_full:  # opaque bubbles at once, on top of the partial one
         labels = _bubble_labels(h, w, cxy[:n_full, 0], cxy[:n_full, 1], r[:n_full])
@@ -191,7 +182,7 @@ def bubbles(image: FloatImage, strength: float, rng: np.random.Generator) -> Flo
         rr = np.append(r[:n_full], 1.0).astype(np.float32)
         look, edge = _bubble_look(image, (0, h, 0, w), np.take(bx, labels), np.take(by, labels),
                                   np.take(rr, labels), glint_dir)
-        out = out + _per_pixel(image, edge) * (look - out)
+        out = out + per_pixel(edge, image) * (look - out)
     return out.astype(np.float32)
 
 
@@ -230,8 +221,8 @@ def blood(image: FloatImage, strength: float, rng: np.random.Generator) -> Float
     field = cv2.resize(grid, (w, h), interpolation=cv2.INTER_CUBIC)
     thr = float(np.quantile(field, 1.0 - float(strength)))
     soft = 0.15 * float(field.std()) + 1e-6
-    cover = _smoothstep((field - thr) / soft + 0.5)
-    depth = cover * np.float32(1.5 * float(strength)) * (np.float32(0.7) + np.float32(0.3) * _smoothstep(field - thr))
+    cover = smoothstep((field - thr) / soft + 0.5)
+    depth = cover * np.float32(1.5 * float(strength)) * (np.float32(0.7) + np.float32(0.3) * smoothstep(field - thr))
     trans: np.ndarray
     if image.ndim == 3:
         trans = np.exp(-depth[..., None] * _BLOOD_MU)
@@ -275,7 +266,7 @@ def endoscopy_overexposure(image: FloatImage, strength: float, rng: np.random.Ge
     ys = (np.arange(h, dtype=np.float32) - np.float32(hy * h)) / np.float32(r0)
     profile = 1.0 / (1.0 + ys[:, None] ** 2 + xs[None, :] ** 2)
     gain = (1.0 + np.float32(strength) * profile).astype(np.float32)
-    exposed = image.astype(np.float32) ** np.float32(2.2) * _per_pixel(image, gain)
+    exposed = image.astype(np.float32) ** np.float32(2.2) * per_pixel(gain, image)
     excess = np.maximum(exposed - 1.0, 0.0)
     # blooming: charge beyond full well spills into the neighbourhood (smooth, so computed at
     # quarter resolution)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
+from medrobust_lib.perturb.field_ops import per_pixel, smoothstep
 from medrobust_lib.perturb.spec import perturbation
 from medrobust_lib.types import FloatImage
 
@@ -24,16 +25,6 @@ MODALITIES = ("pathology",)
 RGB_FROM_HED = np.array([[0.65, 0.70, 0.29], [0.07, 0.99, 0.11], [0.27, 0.57, 0.78]], np.float64)
 HED_FROM_RGB = np.linalg.inv(RGB_FROM_HED)
 _OD_EPS = 1.0 / 512  # transmission floor before the log (half an 8-bit step)
-
-
-def _per_pixel(image: np.ndarray, field: np.ndarray) -> np.ndarray:
-    """An (H, W) field broadcastable against ``image``."""
-    return field[..., None] if image.ndim == 3 else field
-
-
-def _smoothstep(t: np.ndarray) -> np.ndarray:
-    t = np.clip(t, 0.0, 1.0)
-    return t * t * (3 - 2 * t)
 
 
 # --------------------------------------------------------------------------------------------
@@ -124,12 +115,12 @@ def _slide_bubble_look(
     dist = np.sqrt(dx * dx + dy * dy)  # pixels from the bubble centre
     rim_width = np.float32(0.1) * rr32 + np.float32(1.5)
     depth_in = (rr32 - dist) / rim_width  # 0 at the edge, 1 at the inner side of the rim
-    rim = 1.0 - _smoothstep(depth_in * np.float32(1.4) - np.float32(0.4))
+    rim = 1.0 - smoothstep(depth_in * np.float32(1.4) - np.float32(0.4))
     halo = np.maximum(1.0 - ((depth_in - np.float32(1.3)) * np.float32(2.5)) ** 2, 0.0)
     sub = image[y0:y1, x0:x1]
     washed = np.float32(_GLASS) + np.float32(0.4) * (blurred[y0:y1, x0:x1] - np.float32(_GLASS))
-    washed = washed + _per_pixel(sub, np.float32(0.5) * halo) * (1.0 - washed)
-    look = washed * _per_pixel(sub, 1.0 - np.float32(0.85) * rim)
+    washed = washed + per_pixel(np.float32(0.5) * halo, sub) * (1.0 - washed)
+    look = washed * per_pixel(1.0 - np.float32(0.85) * rim, sub)
     edge = np.clip(rr32 - dist + np.float32(0.5), 0.0, 1.0)  # anti-aliased disc edge
     return look, edge
 
@@ -171,7 +162,7 @@ def slide_bubbles(image: FloatImage, strength: float, rng: np.random.Generator) 
         y0, y1 = max(int(np.floor(cy - rad - 1)), 0), min(int(np.ceil(cy + rad + 1)) + 1, h)
         if x0 < x1 and y0 < y1:
             look, edge = _slide_bubble_look(image, blurred, (y0, y1, x0, x1), cx, cy, rad)
-            a = _per_pixel(look, (edge * np.float32(opacity[n_full])).astype(np.float32))
+            a = per_pixel((edge * np.float32(opacity[n_full])).astype(np.float32), look)
             out[y0:y1, x0:x1] += a * (look - out[y0:y1, x0:x1])
     if n_full:  # opaque bubbles at once, on top of the partial one
         labels = _disc_labels(h, w, cxy[:n_full, 0], cxy[:n_full, 1], r[:n_full])
@@ -181,7 +172,7 @@ def slide_bubbles(image: FloatImage, strength: float, rng: np.random.Generator) 
         rr = np.append(r[:n_full], 1.0).astype(np.float32)
         look, edge = _slide_bubble_look(image, blurred, (0, h, 0, w), np.take(bx, labels),
                                         np.take(by, labels), np.take(rr, labels))
-        out = out + _per_pixel(image, edge) * (look - out)
+        out = out + per_pixel(edge, image) * (look - out)
     return out.astype(np.float32)
 
 
@@ -231,6 +222,6 @@ def tissue_fold(image: FloatImage, strength: float, rng: np.random.Generator) ->
     map_y = (ys + np.float32((h - 1) / 2) + 2 * below * np.float32(ny)).astype(np.float32)
     flap = cv2.remap(image, map_x, map_y, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT_101)
     flap = np.asarray(flap, np.float32).reshape(image.shape)
-    k = _per_pixel(image, band * np.float32(3.0 * float(strength)))
+    k = per_pixel(band * np.float32(3.0 * float(strength)), image)
     out = image * np.power(np.maximum(flap, np.float32(_OD_EPS)), k)
     return out.astype(np.float32)

@@ -32,6 +32,7 @@ from typing import Any
 
 from medrobust_lib.config import Suite
 from medrobust_lib.config.segmentation import FinetuneConfig, FinetuneEval, SegModelConfig
+from medrobust_lib.hashing import file_sha256
 from medrobust_lib.paths import suite_paths
 from medrobust_lib.seeding import rng_for, scoped_torch_seed
 from medrobust_lib.store import registry
@@ -277,7 +278,6 @@ def register_version(folder: str | Path, name: str, tags: dict[str, str], *, run
     The first version of a model also becomes ``champion`` (the baseline the gate compares new
     candidates with). Without a ``run``, the registration gets its own run in ``experiment`` (a
     suite's is ``paths.experiment_name(suite, "registry")``). Returns ``(version, created)``."""
-    from medrobust_lib.models.sam import file_sha256
 
     digest = file_sha256(Path(folder) / "model.safetensors")
     try:
