@@ -22,12 +22,20 @@ import dagster as dg
 from medrobust_assets import partitions
 from medrobust_assets.definitions import ALL_ASSETS, build_resources, defs
 from medrobust_assets.partitions import LEVELS_TAG
+from medrobust_assets.resources import TrackingResource
 from medrobust_lib.config import Suite, load_suite
 from medrobust_lib.paths import experiment_name, suite_paths
 from medrobust_lib.processes import pid_alive
 from medrobust_lib.store import registry
 from medrobust_lib.store.writer_lock import suite_writer_lock
-from medrobust_lib.tracks.finetune.strategies import finetune_config
+from medrobust_lib.tracks.finetune.strategies import (
+    degrade_checkpoint,
+    finetune_config,
+    finetune_strategy,
+    register_version,
+    require_finetune,
+    strategy_dir,
+)
 
 # Progress is printed by run_demo; Dagster's own event stream (a failed step's traceback included)
 # stays in the instance and the UI: the console logger prints nothing below CRITICAL.
@@ -440,7 +448,6 @@ def _run_demo(suite: Suite, suite_path: str, *, workers: int, log: Callable[[str
 def _sensor_tick(inst: dg.DagsterInstance, mlruns_dir: str, cursor_file: Path) -> list[str]:
     """One evaluation of the registry sensor, as the daemon would run it; the cursor lives in
     ``cursor_file`` (the daemon keeps its own). Returns the requested partition keys."""
-    from medrobust_assets.resources import TrackingResource
     from medrobust_assets.sensors import registry_sensor
 
     cursor = cursor_file.read_text() if cursor_file.is_file() else None
@@ -477,13 +484,6 @@ def run_registry_demo(suite: Any, inst: dg.DagsterInstance, step: Callable[..., 
        sensor-to-results latency (without the daemon's polling interval).
     3. A deliberately degraded candidate (seeded noise, 0.5 sd, on the mask decoder) must FAIL the gate.
     Raises RuntimeError when the gate verdicts are not the expected ones."""
-    from medrobust_lib.tracks.finetune.strategies import (
-        degrade_checkpoint,
-        finetune_strategy,
-        register_version,
-        require_finetune,
-        strategy_dir,
-    )
 
     ft = require_finetune(suite)
     strategy = "lora" if "lora" in ft.strategies else ft.strategies[0]

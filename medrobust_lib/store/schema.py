@@ -96,6 +96,7 @@ import pandas as pd
 import pyarrow as pa
 
 from medrobust_lib.config.taxonomy import DEFAULT_ABSTENTION_TAU  # noqa: F401  (re-exported)
+from medrobust_lib.types import IMAGE_MODES, QUADRANTS  # noqa: F401  (the taxonomy's vocabulary, in the core)
 
 # --- vlm ---
 VLM_TABLE = "vlm_results"
@@ -123,8 +124,6 @@ PRIMARY_METRIC: dict[str, str] = {"vqa_mc": "accuracy", "vqa_yesno": "accuracy",
 
 # --- taxonomy ---
 TAXONOMY_TABLE = "taxonomy_results"
-QUADRANTS: tuple[str, ...] = ("Ideal", "Fragile", "Dangerous", "Worst")
-IMAGE_MODES: tuple[str, ...] = ("none", "blank", "noise")
 
 TAXONOMY_COLUMNS: tuple[tuple[str, str], ...] = (
     ("config", "VARCHAR"), ("checkpoint", "VARCHAR"), ("adapter", "VARCHAR"), ("dataset", "VARCHAR"),

@@ -33,10 +33,11 @@ import numpy.typing as npt
 import pandas as pd
 
 from medrobust_lib.config.common import DEFAULT_MIN_N, MIN_X_POSITIONS
+from medrobust_lib.config.taxonomy import DEFAULT_ABSTENTION_TAU
 from medrobust_lib.metrics.stats import bootstrap_ci, pearson_rows, pearson_with_ci
 from medrobust_lib.seeding import rng_for
-from medrobust_lib.store.schema import DEFAULT_ABSTENTION_TAU, QUADRANTS
 from medrobust_lib.taxonomy.quadrants import quadrant_of
+from medrobust_lib.types import QUADRANTS
 
 GROUP_COLUMNS: tuple[str, ...] = ("config", "dataset", "perturbation", "level", "image_mode")
 """One condition of one configuration on one dataset."""
@@ -103,11 +104,6 @@ def _floats(values: pd.Series) -> npt.NDArray[np.float64]:
     a: npt.NDArray[np.float64] = np.asarray(pd.to_numeric(values, errors="coerce"), dtype=np.float64)
     keep: npt.NDArray[np.float64] = a[np.isfinite(a)]
     return keep
-
-
-def _mean(values: pd.Series) -> float:
-    a = _floats(values)
-    return float(a.mean()) if a.size else _NAN
 
 
 def _bools(values: pd.Series | npt.NDArray[Any]) -> npt.NDArray[np.bool_]:
@@ -257,7 +253,7 @@ def quadrant_stats(df: pd.DataFrame, seed: int = 0, n_boot: int = 1000,
     generated answers) and ``pairwise_disagreement``; ``outcome``, ``image_reliant`` with
     ``margin_removed`` (abstention) and ``n_negations`` with ``negation_consistent`` are optional.
     Returns :data:`QUADRANT_STATS_COLUMNS`, four rows per group (every quadrant of
-    :data:`~medrobust_lib.store.schema.QUADRANTS`, in that order, groups sorted):
+    :data:`~medrobust_lib.types.QUADRANTS`, in that order, groups sorted):
 
     * ``n`` samples in the quadrant, ``n_total`` ok samples in the group, ``n_error`` error rows
       (outside every denominator);

@@ -79,6 +79,12 @@ import pandas as pd
 from medrobust_lib.metrics.stats import benjamini_hochberg, paired_bootstrap_ci, wilcoxon_paired
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store import registry
+from medrobust_lib.tracks.finetune.strategies import (
+    evaluate_model,
+    finetune_config,
+    registry_model_config,
+    registry_model_id,
+)
 
 PAIR_KEY: tuple[str, ...] = ("dataset", "sample_id", "condition", "perturbation", "level")
 GROUP_KEY: tuple[str, ...] = ("condition", "perturbation", "level")
@@ -262,7 +268,6 @@ def gather_side(ref: str, side: str, results_dir: str | Path, *, suite: Any = No
             raise GateInputError(f"no {RESULTS_TABLE} rows for the {side} {ref} in {results_dir}: evaluate it first "
                                  "(materialize its segmentation assets) or pass a models:/ URI")
         return sel
-    from medrobust_lib.tracks.finetune.strategies import registry_model_config, registry_model_id
 
     try:
         name, version = registry.resolve_version(ref, mlruns_dir)
@@ -284,7 +289,6 @@ def gather_side(ref: str, side: str, results_dir: str | Path, *, suite: Any = No
         raise GateInputError(f"no {RESULTS_TABLE} rows for the {side} {ref} (version {version}, checkpoint "
                              f"{digest}) in {results_dir}; materialize registry_evaluation[{name}:{version}] or "
                              "let the gate evaluate it (a suite and --evaluate)")
-    from medrobust_lib.tracks.finetune.strategies import evaluate_model
 
     if log:
         log(f"{side} {ref}: no rows yet, evaluating {model_id}")
@@ -300,7 +304,6 @@ def gate_version(suite: Any, name: str, version: int, mlruns_dir: str | Path | N
     ``(champion version, result)``; the result is None when there is no other champion to compare
     with (none yet, or this version is the champion)."""
     from medrobust_lib.store.results import read_table
-    from medrobust_lib.tracks.finetune.strategies import finetune_config
     from medrobust_lib.tracks.segmentation.evaluate import RESULTS_TABLE
 
     champion = registry.get_alias_version(name, "champion", mlruns_dir)

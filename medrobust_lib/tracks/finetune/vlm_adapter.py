@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from medrobust_lib.adapters import adapter_entry, list_adapters
 from medrobust_lib.config import Suite
 from medrobust_lib.config.vlm import VLMModelConfig, adapter_box_scale, vlm_config, vlm_model
 from medrobust_lib.data.sample import Sample
@@ -144,8 +145,9 @@ def finetune_adapter(suite: Suite, model_id: str, log: Callable[[str], None] | N
 
     t0 = time.perf_counter()
     m = vlm_model(suite, model_id)
-    if m.kind != "hf":
-        raise ValueError(f"{model_id}: LoRA fine-tuning needs local weights (kind 'hf'), not an API model")
+    if not adapter_entry(m.kind, "vlm").local_weights:
+        raise ValueError(f"{model_id}: LoRA fine-tuning needs local weights; kind {m.kind!r} has none (kinds with "
+                         f"local weights: {', '.join(list_adapters('vlm', local_weights=True))})")
     ft = vlm_config(suite).finetune
     source = resolve_source(suite, m)
     model = AutoModelForImageTextToText.from_pretrained(source, local_files_only=True)

@@ -13,14 +13,19 @@ import numpy as np
 import pandas as pd
 
 from medrobust_lib.config import Suite
-from medrobust_lib.config.segmentation import PACKAGE_CHECKPOINT, SegmentationConfig, SegModelConfig
+from medrobust_lib.config.segmentation import (
+    PACKAGE_CHECKPOINT,
+    PromptConfig,
+    SegmentationConfig,
+    SegModelConfig,
+)
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.lru import LRU, file_stamp
 from medrobust_lib.metrics.segmentation import EMPTY_GT_POLICY, dice, iou
 from medrobust_lib.models.registry import build_segmenter
 from medrobust_lib.paths import suite_paths
 from medrobust_lib.perturb.engine import NOT_APPLICABLE
-from medrobust_lib.prompts import PromptConfig, prompt_boxes
+from medrobust_lib.prompts import prompt_boxes
 from medrobust_lib.store import registry, results
 from medrobust_lib.store.completeness import ERROR_OUTCOME
 from medrobust_lib.store.schema import SEG_NO_MASK, SEG_NOT_APPLICABLE, SEG_OK, seg_failed

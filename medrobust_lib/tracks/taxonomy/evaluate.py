@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from medrobust_lib.adapters import adapter_entry, list_adapters
 from medrobust_lib.config import Suite
 from medrobust_lib.config.taxonomy import TaxonomyConfig, TaxonomyConfigEntry
 from medrobust_lib.config.vlm import VLMModelConfig, vlm_model
@@ -123,8 +124,9 @@ def paraphrase_sets(suite: Suite, items: Sequence[VLMItem]) -> tuple[dict[str, t
         from medrobust_lib.tracks.vlm.runner import Runner
 
         m = vlm_model(suite, tc.api_paraphraser)
-        if m.kind != "api":
-            raise ValueError(f"api_paraphraser {m.id!r} must be a kind: api model")
+        if not adapter_entry(m.kind, "vlm").is_endpoint:
+            raise ValueError(f"api_paraphraser {m.id!r} must be an endpoint model (kind: "
+                             f"{' or '.join(list_adapters('vlm', is_endpoint=True))})")
         api = Runner(suite, m).api
     out: dict[str, tuple[tuple[str, int], ...]] = {}
     audit: list[dict[str, Any]] = []

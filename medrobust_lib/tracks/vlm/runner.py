@@ -20,11 +20,12 @@ from typing import Any
 
 import numpy as np
 
+from medrobust_lib.adapters import adapter_entry
 from medrobust_lib.config import Suite
 from medrobust_lib.config.vlm import VLMModelConfig, adapter_box_scale, vlm_model
 from medrobust_lib.lru import LRU, FileStamp, file_stamp
 from medrobust_lib.models.base import VisionLanguageEndpoint
-from medrobust_lib.models.registry import VLMInputs, adapter_entry, build_vlm
+from medrobust_lib.models.registry import VLMInputs, build_vlm
 from medrobust_lib.paths import suite_paths
 
 

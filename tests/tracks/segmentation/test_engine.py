@@ -12,11 +12,12 @@ import pytest
 from safetensors.torch import save_file
 
 from medrobust_lib.config import Suite, load_suite
+from medrobust_lib.config.segmentation import PromptConfig
 from medrobust_lib.models.sam import arch_for, build_sam
 from medrobust_lib.perturb import regen_cache
 from medrobust_lib.perturb.engine import regenerate
 from medrobust_lib.processes import process_pool
-from medrobust_lib.prompts import PromptConfig, prompt_boxes
+from medrobust_lib.prompts import prompt_boxes
 from medrobust_lib.store import results
 from medrobust_lib.tracks import feed
 from medrobust_lib.tracks.datasets import build_clean_index
