@@ -156,15 +156,6 @@ def build_litemedsam(seed: int = 0) -> torch.nn.Module:
     return sam.eval()
 
 
-def refresh_attention_biases(sam: torch.nn.Module) -> None:
-    """Recompute TinyViT's cached attention-bias tables (the ``ab`` buffer each attention module
-    computes when it enters eval mode) from the current parameters. Needed after loading weights
-    or changing ``attention_biases`` while in eval mode; ``train(False)`` does the same."""
-    for m in sam.modules():
-        if hasattr(m, "attention_biases") and hasattr(m, "attention_bias_idxs") and not m.training:
-            m.train(False)
-
-
 # ---- official preprocessing ---------------------------------------------------------------------
 
 def resized_size(h: int, w: int, target: int = IMAGE_SIZE) -> tuple[int, int]:
