@@ -225,16 +225,6 @@ MART_VIEWS: dict[str, str] = {
 }
 
 
-def register_table(table: MartTable) -> None:
-    """Add a table declared by a later track (idempotent by name)."""
-    if all(t.name != table.name for t in MART_TABLES):
-        MART_TABLES.append(table)
-
-
-def register_view(name: str, sql: str) -> None:
-    MART_VIEWS[name] = sql
-
-
 class MartBuildError(RuntimeError):
     """The mart could not be rebuilt; the previous ``marts.duckdb`` is untouched. The message names
     the table and, for an unreadable chunk, the file and the partition to re-materialise."""
