@@ -12,7 +12,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from medrobust_lib.perturb.field_ops import per_pixel, smoothstep
+from medrobust_lib.perturb.field_ops import coverage_opacity, disc_labels, per_pixel, smoothstep
 from medrobust_lib.perturb.spec import perturbation
 from medrobust_lib.types import FloatImage
 
@@ -84,25 +84,6 @@ def specular_reflection(image: FloatImage, strength: float, rng: np.random.Gener
 _N_BUBBLES = 160
 
 
-def _bubble_labels(h: int, w: int, cx: np.ndarray, cy: np.ndarray, r: np.ndarray) -> np.ndarray:
-    """int32 (H, W) index of the topmost disc covering each pixel, ``len(r)`` where none (earlier
-    discs lie on top, so adding discs never changes pixels already covered)."""
-    labels = np.full((h, w), len(r), np.int32)
-    shift = 4  # sub-pixel centres and radii (1/16 px)
-    fixed = np.round(np.stack([cx, cy, r], axis=1) * (1 << shift)).astype(np.int64).tolist()
-    for i in range(len(fixed) - 1, -1, -1):  # earliest last, so it lies on top
-        x, y, rad = fixed[i]
-        cv2.circle(labels, (x, y), rad, i, -1, cv2.LINE_8, shift)
-    return labels
-
-
-def _coverage_opacity(areas: np.ndarray, target: float) -> np.ndarray:
-    """Opacity per item so that items are added in order until their summed area reaches
-    ``target``; the item that crosses it is partially opaque (continuous in ``target``)."""
-    before = np.concatenate([[0.0], np.cumsum(areas)[:-1]])
-    return np.clip((target - before) / np.maximum(areas, 1e-9), 0.0, 1.0)
-
-
 def _bubble_look(
     image: FloatImage, box: tuple[int, int, int, int], bx: np.ndarray | float,
     by: np.ndarray | float, rr: np.ndarray | float, glint_dir: float,
@@ -163,7 +144,7 @@ def bubbles(image: FloatImage, strength: float, rng: np.random.Generator) -> Flo
     glint_dir = float(rng.uniform(0.0, 2 * np.pi))
     if strength <= 0:
         return image.copy()
-    opacity = _coverage_opacity(np.pi * r * r, float(strength) * h * w)
+    opacity = coverage_opacity(np.pi * r * r, float(strength) * h * w)
     n_full = int(np.count_nonzero(opacity >= 1.0))
     out: np.ndarray = image.copy()
     if n_full < _N_BUBBLES and opacity[n_full] > 0:  # the partial bubble fades in beneath the others
@@ -175,7 +156,7 @@ def bubbles(image: FloatImage, strength: float, rng: np.random.Generator) -> Flo
             a = per_pixel((edge * np.float32(opacity[n_full])).astype(np.float32), look)
             out[y0:y1, x0:x1] += a * (look - out[y0:y1, x0:x1])
     if n_full:  # opaque bubbles at once, on top of the partial one
-        labels = _bubble_labels(h, w, cxy[:n_full, 0], cxy[:n_full, 1], r[:n_full])
+        labels = disc_labels(h, w, cxy[:n_full, 0], cxy[:n_full, 1], r[:n_full])
         # one row per bubble plus a far-away dummy for uncovered pixels (its disc edge is 0 there)
         bx = np.append(cxy[:n_full, 0], -1e4).astype(np.float32)
         by = np.append(cxy[:n_full, 1], -1e4).astype(np.float32)
