@@ -25,7 +25,7 @@ from medrobust_assets.sensors import (
 from medrobust_lib.adapters import adapter_entry
 from medrobust_lib.config import load_suite
 from medrobust_lib.config.vlm import vlm_config
-from medrobust_lib.tracks.finetune.strategies import finetune_config
+from medrobust_lib.tracks.finetune.strategy_runs import finetune_config
 
 
 def _suite_for_definitions() -> Any:

@@ -26,9 +26,9 @@ from medrobust_assets.resources import TrackingResource
 from medrobust_lib.config import Suite, load_suite
 from medrobust_lib.paths import experiment_name, suite_paths
 from medrobust_lib.processes import pid_alive
-from medrobust_lib.store import registry
+from medrobust_lib.store import model_registry
 from medrobust_lib.store.writer_lock import suite_writer_lock
-from medrobust_lib.tracks.finetune.strategies import (
+from medrobust_lib.tracks.finetune.strategy_runs import (
     degrade_checkpoint,
     finetune_config,
     finetune_strategy,
@@ -487,7 +487,7 @@ def run_registry_demo(suite: Any, inst: dg.DagsterInstance, step: Callable[..., 
 
     ft = require_finetune(suite)
     strategy = "lora" if "lora" in ft.strategies else ft.strategies[0]
-    name = registry.seg_model_name(ft.base, strategy)
+    name = model_registry.seg_model_name(ft.base, strategy)
     cursor_file = suite_paths(suite).dagster_state / "registry_sensor_cursor.json"
     log("== registry loop: sensor -> registry_evaluation -> robustness_gate")
 
@@ -515,7 +515,7 @@ def run_registry_demo(suite: Any, inst: dg.DagsterInstance, step: Callable[..., 
     v3, _ = register_version(degraded.parent, name, {**base_tags, "role": "degraded (mask-decoder noise 0.5 sd)"},
                              mlruns_dir=mlruns_dir, experiment=experiment)
     evaluate_new()
-    verdicts = {v: registry.version_tags(name, v, mlruns_dir).get("medrobust.gate", "") for v in (v2, v3)}
+    verdicts = {v: model_registry.version_tags(name, v, mlruns_dir).get("medrobust.gate", "") for v in (v2, v3)}
     log(f"  gate verdicts: retrained v{v2}: {verdicts[v2]}; degraded v{v3}: {verdicts[v3]}")
     if not verdicts[v2].startswith("PASS") or not verdicts[v3].startswith("FAIL"):
         raise RuntimeError(f"the regression gate did not behave as expected on the demo: retrained v{v2} "

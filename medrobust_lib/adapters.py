@@ -6,10 +6,10 @@ and never compares the name with a string: ``local_weights`` (the suite resolves
 disk), ``is_endpoint`` (a remote chat-completions endpoint), ``archs``, ``packaged``,
 ``exact_preprocess``, ``demo_trainable``. This module is part of the core (the config validates
 against it) and imports nothing heavy; the adapter classes themselves are imported only when a
-model is built (:mod:`medrobust_lib.models.registry`).
+model is built (:mod:`medrobust_lib.models.factory`).
 
 Adding a family or kind: one :func:`register` line below, the adapter class with its
-``from_config``, and the value in the config's ``Literal`` (``tests/models/test_registry.py`` fails
+``from_config``, and the value in the config's ``Literal`` (``tests/models/test_adapters.py`` fails
 for a ``Literal`` value without a line, and for a line whose class does not satisfy its protocol).
 """
 

@@ -18,8 +18,8 @@ from medrobust_assets.metadata import image_md, markdown_table
 from medrobust_assets.resources import SuiteResource, TrackingResource
 from medrobust_assets.tags import GPU_OP_TAGS
 from medrobust_lib.paths import suite_paths
-from medrobust_lib.store.registry import seg_model_name
-from medrobust_lib.tracks.finetune.strategies import (
+from medrobust_lib.store.model_registry import seg_model_name
+from medrobust_lib.tracks.finetune.strategy_runs import (
     evaluate_model,
     evaluate_version,
     finetune_strategy,

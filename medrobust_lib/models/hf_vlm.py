@@ -31,7 +31,7 @@ from medrobust_lib.models.vlm_conventions import conventions_for, encode_prompts
 
 if TYPE_CHECKING:
     from medrobust_lib.config.vlm import VLMModelConfig
-    from medrobust_lib.models.registry import VLMInputs
+    from medrobust_lib.models.factory import VLMInputs
 
 
 _PROMPT_MEMO = 4096
@@ -100,7 +100,7 @@ class HFVisionLanguageModel:
     def from_config(cls, m: VLMModelConfig, inputs: VLMInputs) -> HFVisionLanguageModel:
         """The model of a suite's ``kind: hf`` entry: weights from ``inputs.source`` (plus the LoRA
         adapter ``inputs.adapter`` when given) on ``m.device``; the constructor that
-        :func:`medrobust_lib.models.registry.build_vlm` calls."""
+        :func:`medrobust_lib.models.factory.build_vlm` calls."""
         if inputs.source is None:
             raise ValueError(f"VLM {m.id!r} names no source (a local model folder or a cached hub id)")
         kw: dict[str, Any] = {"adapter": inputs.adapter} if inputs.adapter else {}

@@ -360,7 +360,7 @@ class SamSegmenter:
     def from_config(cls, m: SegModelConfig, checkpoint: str | Path) -> SamSegmenter:
         """The model of a suite's segmentation entry (family, arch, device, engine, compile,
         mask selection, preprocessing) loaded from ``checkpoint`` (:func:`load_segmenter`); the
-        constructor that :func:`medrobust_lib.models.registry.build_segmenter` calls."""
+        constructor that :func:`medrobust_lib.models.factory.build_segmenter` calls."""
         return load_segmenter(m.family, m.arch, checkpoint, model_id=m.id, device=m.device, engine=m.engine,
                               compile_mode=m.compile, mask_selection=m.mask_selection,
                               preprocess=m.preprocess or "default", color=m.color, resize=m.resize)

@@ -138,7 +138,7 @@ def test_short_vlm_schedule_learns(demo_root: Path, tmp_path: Path) -> None:
     frozen after pretraining, float16 storage): the validation loss falls far below the uniform
     guess over the vocabulary, only the projector and the language model learned from text, and
     the saved weights are float16 that load as float32."""
-    from medrobust_lib.demo.vlm_train import train_base_vlm
+    from medrobust_lib.demo.tiny_llava_train import train_base_vlm
 
     vlm = {"models": [{"id": "tiny-llava", "source": "trained", "box_scale": "0-1"}], "split": "all",
            "train": {"max_steps": 40, "eval_every": 20, "batch_size": 16, "time_budget_s": None,

@@ -74,7 +74,7 @@ def config_entry(suite: Suite, config_id: str) -> TaxonomyConfigEntry:
 def model_for(suite: Suite, entry: TaxonomyConfigEntry) -> VLMModelConfig:
     """The VLM behind a configuration: a configured ``vlm.models`` entry, or the demo-trained
     weights under ``var/checkpoints/<config>/`` (plus ``adapter/`` for consistency_lora)."""
-    from medrobust_lib.tracks.vlm.runner import checkpoint_dir
+    from medrobust_lib.tracks.vlm.model_runner import checkpoint_dir
 
     if entry.model is not None:
         return vlm_model(suite, entry.model)
@@ -121,7 +121,7 @@ def paraphrase_sets(suite: Suite, items: Sequence[VLMItem]) -> tuple[dict[str, t
     tc = taxonomy_config(suite)
     api = None
     if tc.api_paraphraser is not None:
-        from medrobust_lib.tracks.vlm.runner import Runner
+        from medrobust_lib.tracks.vlm.model_runner import Runner
 
         m = vlm_model(suite, tc.api_paraphraser)
         if not adapter_entry(m.kind, "vlm").is_endpoint:
@@ -174,7 +174,7 @@ class _Scorer:
     """yes/no log-probabilities for one configuration's model (local: vision once per image)."""
 
     def __init__(self, suite: Suite, entry: TaxonomyConfigEntry) -> None:
-        from medrobust_lib.tracks.vlm.runner import Runner
+        from medrobust_lib.tracks.vlm.model_runner import Runner
 
         self.runner = Runner(suite, model_for(suite, entry))
         self.entry = entry

@@ -51,7 +51,7 @@ from medrobust_lib.tracks.vlm.items import (
     prompt_for,
     records_config,
 )
-from medrobust_lib.tracks.vlm.runner import Answer, Runner
+from medrobust_lib.tracks.vlm.model_runner import Answer, Runner
 
 EVAL_VERSION = 1
 ROW_KEY: tuple[str, ...] = ("task", "dataset", "sample_id", "record_id", "prompt_id", "image_mode", "perturbation")

@@ -22,8 +22,8 @@ from medrobust_lib.adapters import AdapterEntry
 from medrobust_lib.config import Suite
 from medrobust_lib.config.segmentation import SegModelConfig
 from medrobust_lib.config.vlm import VLMModelConfig, vlm_model
-from medrobust_lib.models import base, registry
-from medrobust_lib.models.registry import VLMInputs, build_segmenter, build_vlm, load_adapter_class
+from medrobust_lib.models import base, factory
+from medrobust_lib.models.factory import VLMInputs, build_segmenter, build_vlm, load_adapter_class
 
 SEG_FAMILIES: tuple[str, ...] = get_args(SegModelConfig.model_fields["family"].annotation)
 VLM_KINDS: tuple[str, ...] = get_args(VLMModelConfig.model_fields["kind"].annotation)
@@ -131,7 +131,7 @@ def test_a_missing_class_is_an_import_error(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_importing_the_registry_imports_no_adapter() -> None:
-    code = ("import sys, medrobust_lib.models.registry, medrobust_lib.adapters as r; r.list_adapters(); "
+    code = ("import sys, medrobust_lib.models.factory, medrobust_lib.adapters as r; r.list_adapters(); "
             "r.adapter_entry('hf'); "
             "heavy = [m for m in ('torch', 'transformers', 'segment_anything', 'httpx', "
             "'medrobust_lib.models.sam', 'medrobust_lib.models.hf_vlm', 'medrobust_lib.models.api_vlm') "
@@ -171,13 +171,13 @@ def test_segmentation_load_model_goes_through_the_registry(tmp_path: Path, monke
     suite = Suite.model_validate({"name": "t", "results_dir": str(tmp_path / "results"), "segmentation": {
         "models": [{"id": "m", "family": "medsam", "arch": "tiny", "checkpoint": str(path)}]}})
     calls: list[str] = []
-    real = registry.load_adapter_class
+    real = factory.load_adapter_class
 
     def spy(name: str, task: Any = None) -> type[Any]:
         calls.append(name)
         return real(name, task)
 
-    monkeypatch.setattr(registry, "load_adapter_class", spy)
+    monkeypatch.setattr(factory, "load_adapter_class", spy)
     seg = evaluate.load_model(suite, suite.segmentation.models[0], fresh=True)
     assert calls == ["medsam"] and isinstance(seg, base.SegmentationModel) and seg.family == "medsam"
 
@@ -217,7 +217,7 @@ def test_api_adapter_is_an_endpoint(tmp_path: Path) -> None:
 
 
 def test_the_runner_builds_through_the_registry(tiny_llava: Path, tmp_path: Path) -> None:
-    from medrobust_lib.tracks.vlm.runner import Runner
+    from medrobust_lib.tracks.vlm.model_runner import Runner
 
     suite = Suite.model_validate({"name": "t", "seed": 5, "results_dir": str(tmp_path / "results"), "vlm": {
         "models": [{"id": "tiny", "source": str(tiny_llava)}, {"id": "remote", "kind": "api", "api": API}]}})
@@ -239,8 +239,8 @@ def test_runners_share_a_local_model_until_its_weights_or_config_change(tiny_lla
     """Partitions in one process share the loaded model (one load, not one per partition); each
     runner counts only its own vision-encoder calls; new weight files or another configuration
     load afresh; models are kept within a byte budget, the oldest released first."""
-    from medrobust_lib.tracks.vlm import runner as runner_mod
-    from medrobust_lib.tracks.vlm.runner import Runner
+    from medrobust_lib.tracks.vlm import model_runner as runner_mod
+    from medrobust_lib.tracks.vlm.model_runner import Runner
 
     runner_mod._LOCAL.clear()  # what earlier tests loaded is not this test's
     folder = tmp_path / "weights"
