@@ -13,7 +13,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from medrobust_lib.perturb.field_ops import coverage_opacity, disc_labels, per_pixel, smoothstep
+from medrobust_lib.perturb.field_ops import layer_discs, per_pixel, smoothstep
 from medrobust_lib.perturb.spec import perturbation
 from medrobust_lib.types import FloatImage
 
@@ -132,29 +132,10 @@ def slide_bubbles(image: FloatImage, strength: float, rng: np.random.Generator) 
     r = np.exp(rng.uniform(np.log(0.05), np.log(0.25), size=_N_BUBBLES)) * side
     if strength <= 0:
         return image.copy()
-    opacity = coverage_opacity(np.pi * r * r, float(strength) * h * w)
-    n_full = int(np.count_nonzero(opacity >= 1.0))
     blurred = cv2.GaussianBlur(image, (0, 0), max(side / 128.0, 0.5), borderType=cv2.BORDER_REFLECT)
     blurred = np.asarray(blurred, np.float32).reshape(image.shape)
-    out: np.ndarray = image.copy()
-    if n_full < _N_BUBBLES and opacity[n_full] > 0:  # the partial bubble fades in beneath the others
-        cx, cy, rad = float(cxy[n_full, 0]), float(cxy[n_full, 1]), float(r[n_full])
-        x0, x1 = max(int(np.floor(cx - rad - 1)), 0), min(int(np.ceil(cx + rad + 1)) + 1, w)
-        y0, y1 = max(int(np.floor(cy - rad - 1)), 0), min(int(np.ceil(cy + rad + 1)) + 1, h)
-        if x0 < x1 and y0 < y1:
-            look, edge = _slide_bubble_look(image, blurred, (y0, y1, x0, x1), cx, cy, rad)
-            a = per_pixel((edge * np.float32(opacity[n_full])).astype(np.float32), look)
-            out[y0:y1, x0:x1] += a * (look - out[y0:y1, x0:x1])
-    if n_full:  # opaque bubbles at once, on top of the partial one
-        labels = disc_labels(h, w, cxy[:n_full, 0], cxy[:n_full, 1], r[:n_full])
-        # one row per bubble plus a far-away dummy for uncovered pixels (its disc edge is 0 there)
-        bx = np.append(cxy[:n_full, 0], -1e4).astype(np.float32)
-        by = np.append(cxy[:n_full, 1], -1e4).astype(np.float32)
-        rr = np.append(r[:n_full], 1.0).astype(np.float32)
-        look, edge = _slide_bubble_look(image, blurred, (0, h, 0, w), np.take(bx, labels),
-                                        np.take(by, labels), np.take(rr, labels))
-        out = out + per_pixel(edge, image) * (look - out)
-    return out.astype(np.float32)
+    return layer_discs(image, cxy, r, float(strength) * h * w,
+                       lambda box, bx, by, rr: _slide_bubble_look(image, blurred, box, bx, by, rr))
 
 
 # --------------------------------------------------------------------------------------------
