@@ -16,7 +16,7 @@ for a ``Literal`` value without a line, and for a line whose class does not sati
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from medrobust_lib.registry import Registry
 
@@ -99,7 +99,7 @@ register(AdapterEntry("api", "vlm", "medrobust_lib.models.api_vlm:ApiVLM", ENDPO
                       "an OpenAI-compatible chat-completions endpoint (OpenAI, Gemini, vLLM, ...)"))
 
 
-def list_adapters(task: Task | None = None, **filters: object) -> list[str]:
+def list_adapters(task: Task | None = None, **filters: Any) -> list[str]:
     """Sorted adapter names, all or those of one ``task``; ``filters`` keep the entries whose field
     has the given value (``list_adapters("segmentation", packaged=True)``)."""
     return ADAPTERS.list(**filters) if task is None else ADAPTERS.list(task=task, **filters)
