@@ -41,11 +41,12 @@ from typing import Any
 import cv2
 import numpy as np
 
+from medrobust_lib.config.segmentation import PromptConfig
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.perturb.calibrate import DEFAULT_BANDS
 from medrobust_lib.perturb.engine import ChunkSpec, regenerate, run_chunks
 from medrobust_lib.perturb.spec import get_perturbation, list_perturbations
-from medrobust_lib.prompts import PromptConfig, prompt_boxes
+from medrobust_lib.prompts import prompt_boxes
 from medrobust_lib.seeding import rng_for
 
 DATASET = "grid_synthetic"

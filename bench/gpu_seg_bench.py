@@ -206,9 +206,10 @@ def end_to_end(arch_name: str, dev: torch.device, batch: int, n_per_modality: in
     from safetensors.torch import save_file
 
     from medrobust_lib.config import load_suite
+    from medrobust_lib.config.segmentation import PromptConfig
     from medrobust_lib.demo import build_demo
     from medrobust_lib.perturb.engine import regenerate
-    from medrobust_lib.prompts import PromptConfig, prompt_boxes
+    from medrobust_lib.prompts import prompt_boxes
     from medrobust_lib.tracks.datasets import build_clean_index
     from medrobust_lib.tracks.feed import clean_samples
     from medrobust_lib.tracks.perturbed import build_perturbed, read_manifest

@@ -71,8 +71,8 @@ def main() -> None:
 
     from medrobust_lib.config import load_suite
     from medrobust_lib.paths import experiment_name
-    from medrobust_lib.store import registry
-    from medrobust_lib.tracks.finetune.strategies import (
+    from medrobust_lib.store import model_registry
+    from medrobust_lib.tracks.finetune.strategy_runs import (
         finetune_strategy,
         register_version,
         require_finetune,
@@ -82,7 +82,7 @@ def main() -> None:
     suite = load_suite(args.suite)
     ft = require_finetune(suite)
     strategy = "lora" if "lora" in ft.strategies else ft.strategies[0]
-    name = registry.seg_model_name(ft.base, strategy)
+    name = model_registry.seg_model_name(ft.base, strategy)
     instance = dg.DagsterInstance.get()
     log = ROOT / "var" / "dagster" / "registry_loop_bench.log"
     log.parent.mkdir(parents=True, exist_ok=True)

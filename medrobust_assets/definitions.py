@@ -22,13 +22,15 @@ from medrobust_assets.sensors import (
     registry_evaluation_job,
     registry_sensor,
 )
+from medrobust_lib.adapters import adapter_entry
+from medrobust_lib.config import load_suite
 from medrobust_lib.config.vlm import vlm_config
+from medrobust_lib.tracks.finetune.strategy_runs import finetune_config
 
 
 def _suite_for_definitions() -> Any:
     """The suite whose model list shapes the asset graph ($MEDROBUST_SUITE or the demo suite).
     Only the model ids are read here; everything else is read at run time by the resources."""
-    from medrobust_lib.config import load_suite
 
     path = dg.EnvVar("MEDROBUST_SUITE").get_value("configs/demo.yaml") or "configs/demo.yaml"
     return load_suite(path) if Path(path).is_file() else None
@@ -46,7 +48,6 @@ def _model_assets() -> list[dg.AssetsDefinition]:
 
 
 def _vlm_assets() -> list[dg.AssetsDefinition]:
-
     suite = _suite_for_definitions()
     assets: list[dg.AssetsDefinition] = []
     if suite is None:
@@ -54,7 +55,7 @@ def _vlm_assets() -> list[dg.AssetsDefinition]:
     produced: dict[str, dg.AssetsDefinition] = {}
     models = vlm_config(suite).models
     for m in sorted(models, key=lambda m: m.base is not None):  # bases first
-        trained = m.kind == "hf" and m.base is None and m.source == "trained"
+        trained = adapter_entry(m.kind, "vlm").local_weights and m.base is None and m.source == "trained"
         family = vlm_family(m.id, trained, m.adapter == "finetuned", produced.get(m.base) if m.base else None)
         if trained:
             produced[m.id] = family[0]
@@ -86,8 +87,6 @@ def _taxonomy_assets(vlm_assets: list[dg.AssetsDefinition]) -> list[dg.AssetsDef
 
 
 def _finetune_assets(model_assets: list[dg.AssetsDefinition]) -> list[dg.AssetsDefinition]:
-    from medrobust_lib.tracks.finetune.strategies import finetune_config
-
     suite = _suite_for_definitions()
     ft = finetune_config(suite) if suite is not None else None
     if ft is None:

@@ -22,11 +22,20 @@ import dagster as dg
 from medrobust_assets import partitions
 from medrobust_assets.definitions import ALL_ASSETS, build_resources, defs
 from medrobust_assets.partitions import LEVELS_TAG
+from medrobust_assets.resources import TrackingResource
 from medrobust_lib.config import Suite, load_suite
 from medrobust_lib.paths import experiment_name, suite_paths
-from medrobust_lib.store import registry
+from medrobust_lib.processes import pid_alive
+from medrobust_lib.store import model_registry
 from medrobust_lib.store.writer_lock import suite_writer_lock
-from medrobust_lib.tracks.finetune.strategies import finetune_config
+from medrobust_lib.tracks.finetune.strategy_runs import (
+    degrade_checkpoint,
+    finetune_config,
+    finetune_strategy,
+    register_version,
+    require_finetune,
+    strategy_dir,
+)
 
 # Progress is printed by run_demo; Dagster's own event stream (a failed step's traceback included)
 # stays in the instance and the UI: the console logger prints nothing below CRITICAL.
@@ -56,16 +65,6 @@ _UNFINISHED = (dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING, dg
                dg.DagsterRunStatus.CANCELING)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def mark_orphaned_runs(inst: dg.DagsterInstance) -> list[str]:
     """Mark failed the runs this runner started whose process is gone (a SIGKILL or a crash leaves
     them NOT_STARTED / STARTED forever; the UI would show them as pending). Only runs tagged
@@ -83,7 +82,7 @@ def mark_orphaned_runs(inst: dg.DagsterInstance) -> list[str]:
             if run.tags.get(HOST_TAG) != host or not pid_s.isdigit():
                 continue
             pid = int(pid_s)
-            if pid == os.getpid() or _pid_alive(pid):
+            if pid == os.getpid() or pid_alive(pid):
                 continue
             why = f"its runner process {pid} on {host} is gone (killed or crashed)"
         else:
@@ -449,7 +448,6 @@ def _run_demo(suite: Suite, suite_path: str, *, workers: int, log: Callable[[str
 def _sensor_tick(inst: dg.DagsterInstance, mlruns_dir: str, cursor_file: Path) -> list[str]:
     """One evaluation of the registry sensor, as the daemon would run it; the cursor lives in
     ``cursor_file`` (the daemon keeps its own). Returns the requested partition keys."""
-    from medrobust_assets.resources import TrackingResource
     from medrobust_assets.sensors import registry_sensor
 
     cursor = cursor_file.read_text() if cursor_file.is_file() else None
@@ -486,17 +484,10 @@ def run_registry_demo(suite: Any, inst: dg.DagsterInstance, step: Callable[..., 
        sensor-to-results latency (without the daemon's polling interval).
     3. A deliberately degraded candidate (seeded noise, 0.5 sd, on the mask decoder) must FAIL the gate.
     Raises RuntimeError when the gate verdicts are not the expected ones."""
-    from medrobust_lib.tracks.finetune.strategies import (
-        degrade_checkpoint,
-        finetune_strategy,
-        register_version,
-        require_finetune,
-        strategy_dir,
-    )
 
     ft = require_finetune(suite)
     strategy = "lora" if "lora" in ft.strategies else ft.strategies[0]
-    name = registry.seg_model_name(ft.base, strategy)
+    name = model_registry.seg_model_name(ft.base, strategy)
     cursor_file = suite_paths(suite).dagster_state / "registry_sensor_cursor.json"
     log("== registry loop: sensor -> registry_evaluation -> robustness_gate")
 
@@ -524,7 +515,7 @@ def run_registry_demo(suite: Any, inst: dg.DagsterInstance, step: Callable[..., 
     v3, _ = register_version(degraded.parent, name, {**base_tags, "role": "degraded (mask-decoder noise 0.5 sd)"},
                              mlruns_dir=mlruns_dir, experiment=experiment)
     evaluate_new()
-    verdicts = {v: registry.version_tags(name, v, mlruns_dir).get("medrobust.gate", "") for v in (v2, v3)}
+    verdicts = {v: model_registry.version_tags(name, v, mlruns_dir).get("medrobust.gate", "") for v in (v2, v3)}
     log(f"  gate verdicts: retrained v{v2}: {verdicts[v2]}; degraded v{v3}: {verdicts[v3]}")
     if not verdicts[v2].startswith("PASS") or not verdicts[v3].startswith("FAIL"):
         raise RuntimeError(f"the regression gate did not behave as expected on the demo: retrained v{v2} "

@@ -9,7 +9,7 @@ import dagster as dg
 
 from medrobust_assets.assets.finetune import REGISTERED_VERSIONS, REGISTRY_PREFIX, version_key
 from medrobust_assets.resources import TrackingResource
-from medrobust_lib.store.registry import snapshot
+from medrobust_lib.store.model_registry import snapshot
 
 registry_evaluation_job = dg.define_asset_job(
     "registry_evaluation_job", selection=dg.AssetSelection.assets("registry_evaluation"),
@@ -24,7 +24,7 @@ def registry_requests(snapshot: dict[str, dict[str, Any]], cursor: str | None,
                       evaluated: Collection[str] = ()) -> tuple[list[dg.RunRequest], list[str], str]:
     """Pure core of the registry sensor: ``(run requests, new partition keys, new cursor)``.
 
-    ``snapshot``: ``medrobust_lib.store.registry.snapshot()``. The cursor (JSON) holds, per
+    ``snapshot``: ``medrobust_lib.store.model_registry.snapshot()``. The cursor (JSON) holds, per
     registered model, the versions already launched and where ``candidate`` pointed. A version not
     in the cursor is launched with run key ``<name>:<version>``, unless its partition key is in
     ``evaluated`` (the partitions of ``registry_evaluation`` the instance already holds a

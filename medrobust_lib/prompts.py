@@ -1,30 +1,15 @@
-"""Box prompts from masks: the prompt protocol recorded with every result row."""
+"""Box prompts from masks, drawn as the segmentation config's prompt protocol
+(:class:`~medrobust_lib.config.segmentation.PromptConfig`, recorded with every result row)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
+from medrobust_lib.config.segmentation import PromptConfig
 from medrobust_lib.data.boxes import mask_to_box
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.types import Boxes
-
-
-@dataclass(frozen=True)
-class PromptConfig:
-    """Tight box around the mask foreground, optionally grown by ``margin`` pixels on each side
-    and jittered: each edge moves by a uniform draw in +-``jitter`` x box size, seeded by
-    (seed, dataset, sample id, salt). The box is clipped to the image."""
-
-    margin: float = 0.0
-    jitter: float = 0.0
-    seed: int = 0
-
-    @property
-    def protocol(self) -> str:
-        return f"box:tight,margin={self.margin:g},jitter={self.jitter:g},seed={self.seed}"
 
 
 def prompt_boxes(sample: Sample, cfg: PromptConfig, *, salt: str = "", mask: np.ndarray | None = None) -> Boxes:

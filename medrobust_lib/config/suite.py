@@ -18,6 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from medrobust_lib.adapters import adapter_entry
 from medrobust_lib.config.common import StatsConfig
 from medrobust_lib.config.segmentation import SegmentationConfig, SegModelConfig
 from medrobust_lib.config.taxonomy import TaxonomyConfig
@@ -278,7 +279,7 @@ class Suite(BaseModel):
             for m in self.segmentation.models:
                 m.checkpoint = m.checkpoint or DEMO_TRAINED
             for v in self.vlm.models:
-                if v.kind == "hf" and v.base is None:
+                if adapter_entry(v.kind, "vlm").local_weights and v.base is None:
                     v.source = v.source or DEMO_TRAINED
             return self
         for m in self.segmentation.models:
@@ -286,7 +287,7 @@ class Suite(BaseModel):
                 raise ValueError(f"segmentation model {m.id!r} has no checkpoint: set 'checkpoint' to its weights "
                                  f"file ('{DEMO_TRAINED}' is for the demo only)")
         for v in self.vlm.models:
-            if v.kind != "api" and v.base is None and v.source in (None, DEMO_TRAINED):
+            if adapter_entry(v.kind, "vlm").local_weights and v.base is None and v.source in (None, DEMO_TRAINED):
                 raise ValueError(f"VLM {v.id!r} has no source: set 'source' to a local model folder or a cached hub "
                                  f"id ('{DEMO_TRAINED}' is for the demo only)")
             if v.adapter == DEMO_TRAINED_ADAPTER and v.base is None:

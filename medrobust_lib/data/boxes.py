@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import cv2
 import numpy as np
 
 from medrobust_lib.types import BoolMask, Boxes
@@ -23,6 +22,8 @@ def mask_to_boxes(mask: BoolMask, *, per_component: bool = False, min_area: int 
     if not per_component:
         box = mask_to_box(mask)
         return np.zeros((0, 4), np.float32) if box is None else box[None, :]
+    import cv2  # only the per-component split needs OpenCV; box prompts (and the config) stay light
+
     n, _, stats, _ = cv2.connectedComponentsWithStats(mask.astype(np.uint8), connectivity=8)
     rows = []
     for i in range(1, n):

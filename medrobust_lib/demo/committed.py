@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from medrobust_lib.hashing import file_sha256
 from medrobust_lib.paths import RECORD_FILES
 
 if TYPE_CHECKING:
@@ -28,14 +29,6 @@ if TYPE_CHECKING:
 WEIGHTS_ROOT = Path(__file__).resolve().parent / "weights"
 MANIFEST = "SHA256SUMS"
 """Name of the manifest (no ``.json`` suffix, so model-folder hashes that read ``*.json`` ignore it)."""
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def folder_hashes(folder: Path) -> dict[str, str]:
@@ -189,14 +182,14 @@ def install_sam(suite: Suite, model_id: str) -> Installed:
 
 def install_vlm(suite: Suite, model_id: str) -> Installed:
     """The committed tiny LLaVA into ``var/checkpoints/<id>/`` (see :func:`install`)."""
-    from medrobust_lib.tracks.vlm.runner import checkpoint_dir
+    from medrobust_lib.tracks.vlm.model_runner import checkpoint_dir
 
     return install(model_id, checkpoint_dir(suite, model_id), vlm_fingerprint(suite), retrain=suite.demo.retrain)
 
 
 def install_adapter(suite: Suite, model_id: str) -> Installed:
     """The committed LoRA adapter into ``var/checkpoints/<id>/adapter`` (see :func:`install`)."""
-    from medrobust_lib.tracks.vlm.runner import checkpoint_dir
+    from medrobust_lib.tracks.vlm.model_runner import checkpoint_dir
 
     return install(model_id, checkpoint_dir(suite, model_id) / "adapter", adapter_fingerprint(suite),
                    retrain=suite.demo.retrain)
@@ -217,7 +210,7 @@ def taxonomy_fingerprint(suite: Suite, config_id: str) -> dict[str, Any]:
 
 def install_taxonomy(suite: Suite, config_id: str) -> Installed:
     """The committed known-answer model of a taxonomy configuration (a LoRA one: its adapter)."""
-    from medrobust_lib.tracks.vlm.runner import checkpoint_dir
+    from medrobust_lib.tracks.vlm.model_runner import checkpoint_dir
 
     entry = next(c for c in suite.taxonomy.configs if c.id == config_id)
     dest = checkpoint_dir(suite, config_id) / ("adapter" if entry.demo_training == "consistency_lora" else "")

@@ -248,10 +248,3 @@ def random_view(
     return res.astype(np.float32)
 
 
-def ring_mean(values: npt.NDArray[np.float32], mask: npt.NDArray[np.bool_], width: int = 8) -> float:
-    """Mean of ``values`` in a ``width``-px ring just outside ``mask`` (for brightness contrast)."""
-    k = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (2 * width + 1, 2 * width + 1))
-    ring = cv2.dilate(mask.astype(np.uint8), k).astype(bool) & ~mask
-    if not ring.any():
-        return float(values[~mask].mean())
-    return float(values[ring].mean())

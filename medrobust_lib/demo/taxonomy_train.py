@@ -29,13 +29,13 @@ from typing import Any
 from medrobust_lib.config import Suite
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.demo.alignment import alignment_sets, mixed_in, run_alignment
-from medrobust_lib.demo.vlm_train import vocabulary_texts
+from medrobust_lib.demo.tiny_llava_train import vocabulary_texts
 from medrobust_lib.finetune.vlm_train import VLMExample
 from medrobust_lib.seeding import stable_fraction
 from medrobust_lib.tracks.finetune.vlm_adapter import samples_by_split
 from medrobust_lib.tracks.taxonomy.evaluate import config_entry, taxonomy_config, variants_of
 from medrobust_lib.tracks.vlm.items import YESNO_SUFFIX, VLMItem, load_items
-from medrobust_lib.tracks.vlm.runner import checkpoint_dir
+from medrobust_lib.tracks.vlm.model_runner import checkpoint_dir
 
 
 def shortcut_answer(question: str, seed: int) -> str:
@@ -98,7 +98,7 @@ def train_taxonomy_model(suite: Suite, config_id: str, log: Callable[[str], None
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
         from medrobust_lib.finetune.vlm_lora import LoraSettings, finetune_lora
-        from medrobust_lib.tracks.vlm.runner import _folder_hash
+        from medrobust_lib.tracks.vlm.model_runner import _folder_hash
 
         assert entry.base is not None
         source = checkpoint_dir(suite, entry.base)

@@ -19,11 +19,12 @@ import cv2
 import numpy as np
 import torch
 
+from medrobust_lib.config.segmentation import PromptConfig
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.metrics.segmentation import dice
 from medrobust_lib.models.losses import dice_bce_loss
 from medrobust_lib.models.sam import SamSegmenter, to_tensor_batch
-from medrobust_lib.prompts import PromptConfig, prompt_boxes
+from medrobust_lib.prompts import prompt_boxes
 from medrobust_lib.seeding import rng_for
 
 

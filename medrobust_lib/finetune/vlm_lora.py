@@ -15,7 +15,6 @@ seed, so a run is reproducible and the caller's global RNG state is left untouch
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Callable, Sequence
@@ -33,6 +32,7 @@ from medrobust_lib.finetune.vlm_train import (
     mean_loss,
     train_vlm,
 )
+from medrobust_lib.hashing import file_sha256
 from medrobust_lib.models.vlm_conventions import LM_PROJ_REGEX as _LM_PROJ_REGEX
 from medrobust_lib.seeding import scoped_torch_seed
 
@@ -123,11 +123,7 @@ def trainable_summary(model: Any) -> dict[str, Any]:
 
 def adapter_hash(folder: str | Path) -> str:
     """First 16 hex digits of the SHA-256 of the adapter's safetensors file."""
-    h = hashlib.sha256()
-    with (Path(folder) / ADAPTER_WEIGHTS).open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()[:16]
+    return file_sha256(Path(folder) / ADAPTER_WEIGHTS)[:16]
 
 
 def finetune_lora(model: Any, processor: Any, train_examples: Sequence[VLMExample],

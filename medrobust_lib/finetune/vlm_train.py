@@ -126,7 +126,8 @@ def _conventions(processor: Any, model_type: str | None) -> Any:
 
 def _model_type_of(processor: Any) -> str:
     """The architecture family from the processor class (LlavaProcessor -> llava); the trainer has
-    no model config at hand. Unknown processors get LLaVA-like conventions."""
+    no model config at hand. An unknown processor gives its own name, which
+    :func:`~medrobust_lib.models.vlm_conventions.conventions_for` refuses."""
 
     name = type(processor).__name__.lower().replace("_", "").removesuffix("processor")
     for conv in CONVENTIONS:

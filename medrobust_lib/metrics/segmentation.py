@@ -54,6 +54,30 @@ def _counts(pred: np.ndarray, gt: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
     return inter, np.count_nonzero(p, axis=1).astype(np.int64), np.count_nonzero(g, axis=1).astype(np.int64)
 
 
+def iou_from_counts(inter: npt.ArrayLike, pred_n: npt.ArrayLike, gt_n: npt.ArrayLike) -> npt.NDArray[np.float64]:
+    """IoU from per-sample pixel counts |P & G|, |P|, |G| (non-negative integers, equal shapes, e.g.
+    (N,)) -> float64 of the same shape in [0, 1]; 1.0 where both masks are empty
+    (:data:`EMPTY_GT_POLICY`). The one IoU formula: the host metrics and the models that count
+    pixels on their device (``SamSegmenter.score``) both end here."""
+    i, p, g = (np.asarray(a, np.int64) for a in (inter, pred_n, gt_n))
+    union = p + g - i
+    out = np.full(i.shape, _BOTH_EMPTY_SCORE, np.float64)
+    nz = union > 0
+    out[nz] = i[nz] / union[nz]
+    return out
+
+
+def dice_from_counts(inter: npt.ArrayLike, pred_n: npt.ArrayLike, gt_n: npt.ArrayLike) -> npt.NDArray[np.float64]:
+    """Dice 2 |P & G| / (|P| + |G|) from per-sample pixel counts (as :func:`iou_from_counts`) ->
+    float64 of the same shape in [0, 1]; 1.0 where both masks are empty."""
+    i, p, g = (np.asarray(a, np.int64) for a in (inter, pred_n, gt_n))
+    denom = p + g
+    out = np.full(i.shape, _BOTH_EMPTY_SCORE, np.float64)
+    nz = denom > 0
+    out[nz] = 2.0 * i[nz] / denom[nz]
+    return out
+
+
 def iou_batch(pred: npt.NDArray[np.bool_], gt: npt.NDArray[np.bool_]) -> npt.NDArray[np.float64]:
     """IoU per sample: bool (N, H, W) (or (N, ...)) masks of equal shape -> float64 (N,) in [0, 1].
 
@@ -61,12 +85,7 @@ def iou_batch(pred: npt.NDArray[np.bool_], gt: npt.NDArray[np.bool_]) -> npt.NDA
     """
     pred, gt = np.asarray(pred), np.asarray(gt)
     _check_pair(pred, gt, 1)
-    inter, ps, gs = _counts(pred, gt)
-    union = ps + gs - inter
-    out = np.full(inter.shape, _BOTH_EMPTY_SCORE, np.float64)
-    nz = union > 0
-    out[nz] = inter[nz] / union[nz]
-    return out
+    return iou_from_counts(*_counts(pred, gt))
 
 
 def dice_batch(pred: npt.NDArray[np.bool_], gt: npt.NDArray[np.bool_]) -> npt.NDArray[np.float64]:
@@ -76,12 +95,7 @@ def dice_batch(pred: npt.NDArray[np.bool_], gt: npt.NDArray[np.bool_]) -> npt.ND
     """
     pred, gt = np.asarray(pred), np.asarray(gt)
     _check_pair(pred, gt, 1)
-    inter, ps, gs = _counts(pred, gt)
-    denom = ps + gs
-    out = np.full(inter.shape, _BOTH_EMPTY_SCORE, np.float64)
-    nz = denom > 0
-    out[nz] = 2.0 * inter[nz] / denom[nz]
-    return out
+    return dice_from_counts(*_counts(pred, gt))
 
 
 def iou(pred: npt.NDArray[np.bool_], gt: npt.NDArray[np.bool_]) -> float:

@@ -179,8 +179,10 @@ def benjamini_hochberg(pvalues: npt.ArrayLike) -> npt.NDArray[np.float64]:
     return out.reshape(p.shape)
 
 
-def _pearson_rows(xs: np.ndarray, ys: np.ndarray) -> npt.NDArray[np.float64]:
-    """Pearson r of each row pair of (n_boot, n) matrices; NaN for rows with zero variance."""
+def pearson_rows(xs: npt.ArrayLike, ys: npt.ArrayLike) -> npt.NDArray[np.float64]:
+    """Pearson r of each row pair of (B, n) float matrices -> float64 (B,), clipped to [-1, 1]
+    (rounding can put a perfect correlation a hair outside); NaN for a row with zero variance."""
+    xs, ys = np.asarray(xs, np.float64), np.asarray(ys, np.float64)
     xc = xs - xs.mean(axis=1, keepdims=True)
     yc = ys - ys.mean(axis=1, keepdims=True)
     den = np.sqrt((xc * xc).sum(axis=1) * (yc * yc).sum(axis=1))
@@ -214,7 +216,7 @@ def pearson_with_ci(x: npt.ArrayLike, y: npt.ArrayLike, rng: np.random.Generator
     r = float(res.statistic)
     out["r"], out["p"] = r, float(res.pvalue)
     idx = rng.integers(0, n, size=(n_boot, n))
-    boot = _pearson_rows(a[idx], b[idx])
+    boot = pearson_rows(a[idx], b[idx])
     if np.any(np.isfinite(boot)):
         lo, hi = np.nanquantile(boot, [alpha / 2, 1 - alpha / 2])
         out["ci_low"], out["ci_high"] = float(lo), float(hi)

@@ -66,7 +66,7 @@ from medrobust_lib.seeding import rng_for
 
 if TYPE_CHECKING:
     from medrobust_lib.config.vlm import VLMModelConfig
-    from medrobust_lib.models.registry import VLMInputs
+    from medrobust_lib.models.factory import VLMInputs
 
 logger = logging.getLogger(__name__)
 
@@ -391,7 +391,7 @@ class ApiVLM:
     def from_config(cls, m: VLMModelConfig, inputs: VLMInputs) -> ApiVLM:
         """The client of a suite's ``kind: api`` entry: its ``api`` settings, with the response
         cache at ``inputs.cache_path`` (folder created) and ``inputs.seed`` unless the settings
-        name their own; the constructor that :func:`medrobust_lib.models.registry.build_vlm`
+        name their own; the constructor that :func:`medrobust_lib.models.factory.build_vlm`
         calls."""
         settings = dict(m.api)
         if inputs.cache_path is not None:

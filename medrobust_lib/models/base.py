@@ -7,7 +7,7 @@ Outputs are foreground probabilities in [0, 1] at the input resolution; a pixel 
 when its probability is > 0.5.
 
 Which adapter class serves a configured segmentation family or VLM kind is in
-:mod:`medrobust_lib.models.registry`; every adapter satisfies one of these protocols (checked
+:mod:`medrobust_lib.models.factory`; every adapter satisfies one of these protocols (checked
 statically by mypy beside each adapter, and at run time on tiny real models by the tests).
 """
 
@@ -56,7 +56,7 @@ class VisionLanguageModel(Protocol):
     image-removal baseline). Decoding is greedy. Local models implement this directly
     (:class:`medrobust_lib.models.hf_vlm.HFVisionLanguageModel`); the API adapter is a
     :class:`VisionLanguageEndpoint` (per-request results: outcome, latency, cache hit) and the
-    evaluation's runner (:class:`medrobust_lib.tracks.vlm.runner.Runner`) maps both onto one
+    evaluation's runner (:class:`medrobust_lib.tracks.vlm.model_runner.Runner`) maps both onto one
     interface."""
 
     model_id: str

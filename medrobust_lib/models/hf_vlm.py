@@ -15,7 +15,6 @@ Images: float32 in [0, 1], (H, W) grayscale (replicated to RGB for the processor
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import warnings
 from collections.abc import Sequence
@@ -25,13 +24,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from medrobust_lib.hashing import file_sha256
 from medrobust_lib.models.base import VisionLanguageModel
 from medrobust_lib.models.shared_image import shared_image
 from medrobust_lib.models.vlm_conventions import conventions_for, encode_prompts, prompt_text
 
 if TYPE_CHECKING:
     from medrobust_lib.config.vlm import VLMModelConfig
-    from medrobust_lib.models.registry import VLMInputs
+    from medrobust_lib.models.factory import VLMInputs
 
 
 _PROMPT_MEMO = 4096
@@ -100,7 +100,7 @@ class HFVisionLanguageModel:
     def from_config(cls, m: VLMModelConfig, inputs: VLMInputs) -> HFVisionLanguageModel:
         """The model of a suite's ``kind: hf`` entry: weights from ``inputs.source`` (plus the LoRA
         adapter ``inputs.adapter`` when given) on ``m.device``; the constructor that
-        :func:`medrobust_lib.models.registry.build_vlm` calls."""
+        :func:`medrobust_lib.models.factory.build_vlm` calls."""
         if inputs.source is None:
             raise ValueError(f"VLM {m.id!r} names no source (a local model folder or a cached hub id)")
         kw: dict[str, Any] = {"adapter": inputs.adapter} if inputs.adapter else {}
@@ -126,16 +126,13 @@ class HFVisionLanguageModel:
 
         from peft import PeftModel
 
-        h = hashlib.sha256()
-        with weights.open("rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
+        digest = file_sha256(weights)
 
         with warnings.catch_warnings():  # peft calls a deprecated transformers property while loading
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
             peft_model = PeftModel.from_pretrained(model, str(weights.parent), is_trainable=False)
         merged = peft_model.merge_and_unload()
-        self.adapter_hash = h.hexdigest()[:16]
+        self.adapter_hash = digest[:16]
         return merged.eval()
 
     def _vision_module(self) -> Any:

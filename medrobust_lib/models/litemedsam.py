@@ -55,10 +55,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from medrobust_lib.hashing import file_sha256
 from medrobust_lib.models.sam import (
     CHECKPOINT_HASH_LEN,
     SamSegmenter,
-    file_sha256,
     load_into,
     read_state_dict,
 )
@@ -154,15 +154,6 @@ def build_litemedsam(seed: int = 0) -> torch.nn.Module:
             pixel_mean=[0.0, 0.0, 0.0], pixel_std=[1.0, 1.0, 1.0],  # unused: LiteMedSAM min-max normalises
         )
     return sam.eval()
-
-
-def refresh_attention_biases(sam: torch.nn.Module) -> None:
-    """Recompute TinyViT's cached attention-bias tables (the ``ab`` buffer each attention module
-    computes when it enters eval mode) from the current parameters. Needed after loading weights
-    or changing ``attention_biases`` while in eval mode; ``train(False)`` does the same."""
-    for m in sam.modules():
-        if hasattr(m, "attention_biases") and hasattr(m, "attention_bias_idxs") and not m.training:
-            m.train(False)
 
 
 # ---- official preprocessing ---------------------------------------------------------------------

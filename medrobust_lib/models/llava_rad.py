@@ -84,7 +84,7 @@ from medrobust_lib.models.hf_vlm import ModelNotAvailable
 
 if TYPE_CHECKING:
     from medrobust_lib.config.vlm import VLMModelConfig
-    from medrobust_lib.models.registry import VLMInputs
+    from medrobust_lib.models.factory import VLMInputs
 
 IMAGE_TOKEN = "<image>"
 IMAGE_TOKEN_INDEX = -200

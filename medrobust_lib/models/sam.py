@@ -48,7 +48,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from medrobust_lib.metrics.segmentation import THRESHOLD
+from medrobust_lib.adapters import list_adapters
+from medrobust_lib.hashing import file_sha256
+from medrobust_lib.metrics.segmentation import THRESHOLD, dice_from_counts, iou_from_counts
 from medrobust_lib.models.base import SegmentationModel
 from medrobust_lib.types import Boxes, FloatImage
 
@@ -199,14 +201,6 @@ def load_into(model: torch.nn.Module, sd: dict[str, torch.Tensor], source: str) 
     model.load_state_dict(sd, strict=True)
 
 
-def file_sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with Path(path).open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 CHECKPOINT_HASH_LEN = 16
 """``SamSegmenter.checkpoint_hash`` (the ``checkpoint`` column) is the file's SHA-256, first 16 hex."""
 
@@ -240,8 +234,9 @@ def to_tensor_batch(images: Sequence[FloatImage]) -> torch.Tensor:
     return torch.from_numpy(np.stack(arrs).astype(np.float32)).permute(0, 3, 1, 2).contiguous()
 
 
-EXACT_FAMILIES: tuple[str, ...] = ("medsam", "litemedsam")
-"""Families with a host-side ``preprocess: exact`` mode (their official inference script's uint8 steps)."""
+EXACT_FAMILIES: tuple[str, ...] = tuple(list_adapters("segmentation", exact_preprocess=True))
+"""Families with a host-side ``preprocess: exact`` mode (their official inference script's uint8 steps;
+the adapter table's ``exact_preprocess``)."""
 MaskSelection = Literal["single", "best_iou"]
 Preprocess = Literal["default", "exact", "hf_processor"]
 MASK_SELECTIONS: tuple[str, ...] = ("single", "best_iou")
@@ -365,7 +360,7 @@ class SamSegmenter:
     def from_config(cls, m: SegModelConfig, checkpoint: str | Path) -> SamSegmenter:
         """The model of a suite's segmentation entry (family, arch, device, engine, compile,
         mask selection, preprocessing) loaded from ``checkpoint`` (:func:`load_segmenter`); the
-        constructor that :func:`medrobust_lib.models.registry.build_segmenter` calls."""
+        constructor that :func:`medrobust_lib.models.factory.build_segmenter` calls."""
         return load_segmenter(m.family, m.arch, checkpoint, model_id=m.id, device=m.device, engine=m.engine,
                               compile_mode=m.compile, mask_selection=m.mask_selection,
                               preprocess=m.preprocess or "default", color=m.color, resize=m.resize)
@@ -697,14 +692,15 @@ class SamSegmenter:
 
         The prediction of an item is the union over its boxes of ``probability > 0.5`` (an item
         without boxes predicts nothing), scored against its bool (H, W) mask with
-        :data:`medrobust_lib.metrics.segmentation.EMPTY_GT_POLICY`, exactly as
-        ``metrics.segmentation.iou`` / ``dice`` on the host. ``items`` may be a generator (the
+        :data:`medrobust_lib.metrics.segmentation.EMPTY_GT_POLICY`: the pixel counts |P & G|,
+        |P|, |G| are taken on the device and turned into scores by
+        :func:`~medrobust_lib.metrics.segmentation.iou_from_counts` / ``dice_from_counts``, the
+        formulas of ``metrics.segmentation.iou`` / ``dice``. ``items`` may be a generator (the
         perturbation feed): it is consumed ``batch_size`` items at a time, mixed sizes batched
-        together; only the per-sample scalars return to the host, once, at the end."""
+        together; only the per-sample counts return to the host, once, at the end."""
 
         self.sam.eval()
-        ious: list[torch.Tensor] = []
-        dices: list[torch.Tensor] = []
+        counts: list[torch.Tensor] = []
         seconds = 0.0
         it = iter(items)
         while True:
@@ -712,8 +708,7 @@ class SamSegmenter:
             if not batch:
                 break
             t0 = time.perf_counter()
-            b_iou = torch.empty(len(batch), dtype=torch.float64, device=self.device)
-            b_dice = torch.empty_like(b_iou)
+            b_counts = torch.empty((len(batch), 3), dtype=torch.int64, device=self.device)
             for idx, probs, owner in self._bucket_probs([x[0] for x in batch], [x[1] for x in batch]):
                 h, w = probs.shape[1:]
                 fg = torch.zeros((len(idx), h, w), dtype=torch.float32, device=self.device)
@@ -721,23 +716,15 @@ class SamSegmenter:
                     fg.index_add_(0, owner, (probs > THRESHOLD).float())
                 pred = fg > 0
                 gt = self._upload_masks([batch[i][2] for i in idx])
-                inter = (pred & gt).sum(dim=(1, 2), dtype=torch.int64)
-                ps = pred.sum(dim=(1, 2), dtype=torch.int64)
-                gs = gt.sum(dim=(1, 2), dtype=torch.int64)
-                union = ps + gs - inter
-                denom = ps + gs
-                both_empty = union == 0
-                iou = torch.where(both_empty, 1.0, inter.double() / union.clamp_min(1).double())
-                dice = torch.where(both_empty, 1.0, 2.0 * inter.double() / denom.clamp_min(1).double())
                 at = self._to_device(torch.as_tensor(idx))
-                b_iou[at] = iou
-                b_dice[at] = dice
-            ious.append(b_iou)
-            dices.append(b_dice)
+                b_counts[at] = torch.stack([(pred & gt).sum(dim=(1, 2), dtype=torch.int64),
+                                            pred.sum(dim=(1, 2), dtype=torch.int64),
+                                            gt.sum(dim=(1, 2), dtype=torch.int64)], dim=1)
+            counts.append(b_counts)
             seconds += time.perf_counter() - t0
         t0 = time.perf_counter()
-        iou_h = torch.cat(ious).cpu().numpy() if ious else np.zeros(0)
-        dice_h = torch.cat(dices).cpu().numpy() if dices else np.zeros(0)
+        host = torch.cat(counts).cpu().numpy() if counts else np.zeros((0, 3), np.int64)
+        iou_h, dice_h = iou_from_counts(*host.T), dice_from_counts(*host.T)
         return ScoreResult(iou_h, dice_h, seconds + time.perf_counter() - t0)
 
     def _upload_masks(self, masks: Sequence[np.ndarray]) -> torch.Tensor:

@@ -95,14 +95,24 @@ CONVENTIONS: tuple[VLMConventions, ...] = (
 _BY_TYPE = {t: c for c in CONVENTIONS for t in c.model_types}
 
 
+def known_model_types() -> list[str]:
+    """Every ``model_type`` of :data:`CONVENTIONS`, sorted."""
+    return sorted(_BY_TYPE)
+
+
 def conventions_for(model_type: str) -> VLMConventions:
-    """The conventions of a config's ``model_type``; unknown types get LLaVA's (a flat image list,
-    chat template, vision tower counted per batch) so a new LLaVA-like model still loads."""
+    """The conventions of a config's ``model_type``.
+
+    Raises:
+        ValueError: ``model_type`` is not in :data:`CONVENTIONS` (the message lists the known
+            ones); a new architecture needs its entry, proven on a tiny twin, before it runs.
+    """
     known = _BY_TYPE.get(model_type)
-    if known is not None:
-        return known
-    return VLMConventions(model_type, (model_type,), "vision_tower", "batch",
-                          notes="not in the conventions table: LLaVA-like defaults, untested")
+    if known is None:
+        raise ValueError(f"no VLM conventions for model_type {model_type!r}; known: {', '.join(known_model_types())} "
+                         "(add an entry to medrobust_lib/models/vlm_conventions.py, tested on a tiny twin in "
+                         "tests/models/test_vlm_architectures.py)")
+    return known
 
 
 def prompt_text(processor: Any, conv: VLMConventions, question: str, with_image: bool) -> str:

@@ -11,11 +11,8 @@ processing order or on the number of worker processes.
 
 from __future__ import annotations
 
-import atexit
-import multiprocessing as mp
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -24,6 +21,7 @@ from medrobust_lib.perturb.calibrate import Band, Calibrated, WarmStart, calibra
 from medrobust_lib.perturb.calibrate_reference import find_strength
 from medrobust_lib.perturb.spec import PerturbationSpec, PerturbOutput, get_perturbation
 from medrobust_lib.perturb.ssim import ssim
+from medrobust_lib.processes import process_pool
 from medrobust_lib.seeding import rng_for, seed_key, stable_fraction
 
 CalibrationMode = Literal["per_image", "reference", "fixed"]
@@ -176,21 +174,8 @@ def verify_row(row: dict[str, Any], sample: Sample) -> bool:
 
 # ---- running many chunks, optionally in worker processes ----------------------------------
 
-_POOL: ProcessPoolExecutor | None = None
-_POOL_SIZE = 0
-
-
-def _pool(workers: int) -> ProcessPoolExecutor:
-    """A process pool kept for the life of the process (spawning one per partition would cost
-    seconds each time). Spawn, not fork: forking after OpenCV/Dagster threads can deadlock."""
-    global _POOL, _POOL_SIZE
-    if _POOL is None or _POOL_SIZE != workers:
-        if _POOL is not None:
-            _POOL.shutdown(cancel_futures=True)
-        _POOL = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"))
-        _POOL_SIZE = workers
-        atexit.register(_POOL.shutdown, cancel_futures=True)
-    return _POOL
+POOL_OWNER = "perturbation engine"
+"""Owner name of this module's pool (:func:`medrobust_lib.processes.process_pool`)."""
 
 
 def _run_in_worker(chunk: ChunkSpec, samples: list[Sample]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -212,7 +197,7 @@ def run_chunks(
     if workers <= 1 or len(chunks) <= 1:
         results = ((ch, *run_chunk(ch, samples_by_dataset[ch.dataset])) for ch in chunks)
     else:
-        pool = _pool(workers)
+        pool = process_pool(POOL_OWNER, workers)
         futures = [pool.submit(_run_in_worker, ch, samples_by_dataset[ch.dataset]) for ch in chunks]
         results = ((ch, *f.result()) for ch, f in zip(chunks, futures, strict=True))
     for ch, rows, stats in results:

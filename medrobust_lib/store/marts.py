@@ -15,6 +15,7 @@ from pathlib import Path
 
 import duckdb
 
+from medrobust_lib.processes import pid_alive
 from medrobust_lib.store.completeness import (
     COMPLETENESS_COLUMNS,
     COMPLETENESS_TABLE,
@@ -140,21 +141,12 @@ def _remove_orphaned_temps(mart: Path) -> None:
     for f in mart.parent.glob(f".{mart.name}.*.tmp*"):
         parts = f.name[len(mart.name) + 2:].split(".")
         pid = int(parts[0]) if parts and parts[0].isdigit() else None
-        if pid is not None and pid != os.getpid() and _alive(pid):
+        if pid is not None and pid != os.getpid() and pid_alive(pid):
             continue  # another build is running (should not happen: one writer), leave it
         if pid == os.getpid():
             continue
         f.unlink(missing_ok=True)
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _fsync_file(path: Path) -> None:

@@ -2,7 +2,7 @@
 
 Every table is a :class:`MartTable` in :data:`MART_TABLES` (name, (column, DuckDB type) pairs, a
 description); the mart's DDL is generated from it (:mod:`medrobust_lib.store.marts`), docs/mart-schema.md is checked against it (``tests/store/test_mart_docs.py``), and every Parquet
-chunk a table writes carries the Arrow schema derived from it (:func:`arrow_schema`, used by
+chunk a table writes carries the Arrow schema derived from it (:func:`conform`, used by
 :func:`medrobust_lib.store.results.write_chunk`), so a reader can read a table's folder as one table
 (no all-null chunk typed ``null``).
 
@@ -96,6 +96,7 @@ import pandas as pd
 import pyarrow as pa
 
 from medrobust_lib.config.taxonomy import DEFAULT_ABSTENTION_TAU  # noqa: F401  (re-exported)
+from medrobust_lib.types import IMAGE_MODES, QUADRANTS  # noqa: F401  (the taxonomy's vocabulary, in the core)
 
 # --- vlm ---
 VLM_TABLE = "vlm_results"
@@ -123,8 +124,6 @@ PRIMARY_METRIC: dict[str, str] = {"vqa_mc": "accuracy", "vqa_yesno": "accuracy",
 
 # --- taxonomy ---
 TAXONOMY_TABLE = "taxonomy_results"
-QUADRANTS: tuple[str, ...] = ("Ideal", "Fragile", "Dangerous", "Worst")
-IMAGE_MODES: tuple[str, ...] = ("none", "blank", "noise")
 
 TAXONOMY_COLUMNS: tuple[tuple[str, str], ...] = (
     ("config", "VARCHAR"), ("checkpoint", "VARCHAR"), ("adapter", "VARCHAR"), ("dataset", "VARCHAR"),
@@ -391,20 +390,6 @@ def conform(df: pd.DataFrame, name: str) -> tuple[pd.DataFrame, pa.Schema | None
         inferred = pa.array(col, from_pandas=True).type
         fields.append(pa.field(str(c), pa.string() if pa.types.is_null(inferred) else inferred))
     return out, pa.schema(fields)
-
-
-def arrow_schema(name: str, columns: list[str] | tuple[str, ...]) -> pa.Schema | None:
-    """The Arrow schema of ``columns`` (in that order) of table ``name``: declared columns get their
-    declared type (an all-null column stays e.g. ``string``, never ``null``), undeclared ones are
-    left out of the schema (None is returned when any column is undeclared or the table is unknown,
-    and the writer infers types as before)."""
-    declared = table_columns(name)
-    if declared is None:
-        return None
-    types = dict(declared)
-    if any(c not in types or types[c].split("(")[0] not in _ARROW_TYPES for c in columns):
-        return None
-    return pa.schema([pa.field(c, _ARROW_TYPES[types[c].split("(")[0]]) for c in columns])
 
 
 # --- taxonomy confidence screening (medrobust_lib.taxonomy.screening) ---

@@ -21,7 +21,7 @@ from typing import Any
 
 import pandas as pd
 
-from medrobust_lib.store.schema import IMAGE_MODES
+from medrobust_lib.types import IMAGE_MODES
 
 SHORTCUT = "demo-shortcut"
 IMAGE_RELIANT = "demo-image-reliant"

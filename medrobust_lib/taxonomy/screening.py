@@ -45,7 +45,6 @@ import numpy.typing as npt
 import pandas as pd
 from scipy.stats import rankdata
 
-from medrobust_lib.store.schema import TAXONOMY_SCREENING_TABLE, column_names
 from medrobust_lib.taxonomy.stats import DANGEROUS, GROUP_COLUMNS
 
 SIGNALS: tuple[str, ...] = ("max_p", "margin", "entropy")
@@ -53,9 +52,6 @@ IDEAL = "Ideal"
 KEEP_IDEAL = 0.95
 """Share of Ideal samples the screen keeps (its operating point)."""
 NOT_AVAILABLE = "not available"
-SCREENING_COLUMNS: tuple[str, ...] = column_names(TAXONOMY_SCREENING_TABLE)
-"""The ``taxonomy_screening_stats`` columns (:mod:`medrobust_lib.store.schema`): :data:`GROUP_COLUMNS`,
-``signal``, ``status``, then the counts and statistics."""
 CELL_COLUMNS: tuple[str, ...] = tuple(c for c in GROUP_COLUMNS if c != "config")
 """A screen pooled over configurations sets its threshold per value of these columns."""
 
@@ -141,7 +137,8 @@ def _group_rows(key: tuple[Any, ...], g: pd.DataFrame, keep: float,
 
 
 def screening_stats(df: pd.DataFrame, keep: float = KEEP_IDEAL) -> pd.DataFrame:
-    """:data:`SCREENING_COLUMNS`, one row per (group, signal) over the ``outcome == 'ok'`` rows of
+    """The ``taxonomy_screening_stats`` columns (declared in ``store/schema.py``: :data:`GROUP_COLUMNS`,
+    ``signal``, ``status``, then the counts and statistics), one row per (group, signal) over the ``outcome == 'ok'`` rows of
     ``taxonomy_results`` (``df`` needs :data:`GROUP_COLUMNS`, ``quadrant``, ``outcome`` and the
     three ``*_original`` signal columns); see the module docstring."""
     ok = df[df["outcome"] == "ok"] if "outcome" in df.columns else df
@@ -153,7 +150,8 @@ def screening_stats(df: pd.DataFrame, keep: float = KEEP_IDEAL) -> pd.DataFrame:
     for key, g in ok.groupby(list(GROUP_COLUMNS), sort=True, dropna=False):
         cell = tuple(v for c, v in zip(GROUP_COLUMNS, key, strict=True) if c != "config")
         rows.extend(_group_rows(tuple(key), g, keep, pooled.get(cell, {})))
-    out = pd.DataFrame(rows, columns=list(SCREENING_COLUMNS))
+    out = pd.DataFrame(rows)  # the writer orders them as store/schema.py declares the table
     for c in ("n", "n_dangerous", "n_ideal", "n_no_signal"):
-        out[c] = out[c].astype(np.int64)
+        if c in out:
+            out[c] = out[c].astype(np.int64)
     return out

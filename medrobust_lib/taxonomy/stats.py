@@ -33,10 +33,11 @@ import numpy.typing as npt
 import pandas as pd
 
 from medrobust_lib.config.common import DEFAULT_MIN_N, MIN_X_POSITIONS
-from medrobust_lib.metrics.stats import bootstrap_ci, pearson_with_ci
+from medrobust_lib.config.taxonomy import DEFAULT_ABSTENTION_TAU
+from medrobust_lib.metrics.stats import bootstrap_ci, pearson_rows, pearson_with_ci
 from medrobust_lib.seeding import rng_for
-from medrobust_lib.store.schema import DEFAULT_ABSTENTION_TAU, QUADRANTS, column_names
 from medrobust_lib.taxonomy.quadrants import quadrant_of
+from medrobust_lib.types import QUADRANTS
 
 GROUP_COLUMNS: tuple[str, ...] = ("config", "dataset", "perturbation", "level", "image_mode")
 """One condition of one configuration on one dataset."""
@@ -53,12 +54,6 @@ POOLED = "pooled_perturbed"
 CI_POINTS = "bootstrap_points"
 CI_CLUSTER = "cluster_bootstrap_configs"
 
-QUADRANT_STATS_COLUMNS: tuple[str, ...] = column_names("taxonomy_quadrant_stats")
-"""The ``taxonomy_quadrant_stats`` columns (:mod:`medrobust_lib.store.schema`): :data:`GROUP_COLUMNS`,
-``quadrant``, then the statistics."""
-CORRELATION_COLUMNS: tuple[str, ...] = column_names("taxonomy_correlation_stats")
-"""The ``taxonomy_correlation_stats`` columns (:mod:`medrobust_lib.store.schema`): ``scope``,
-:data:`SCOPE_COLUMNS`, then the statistics."""
 POINT_COLUMNS: tuple[str, ...] = (*GROUP_COLUMNS, "flip_rate", "dangerous_share", "n", "n_error")
 TRANSITION_COLUMNS: tuple[str, ...] = (
     *GROUP_COLUMNS, "from_quadrant", "to_quadrant", "count", "n_from", "share",
@@ -99,11 +94,6 @@ def _floats(values: pd.Series) -> npt.NDArray[np.float64]:
     a: npt.NDArray[np.float64] = np.asarray(pd.to_numeric(values, errors="coerce"), dtype=np.float64)
     keep: npt.NDArray[np.float64] = a[np.isfinite(a)]
     return keep
-
-
-def _mean(values: pd.Series) -> float:
-    a = _floats(values)
-    return float(a.mean()) if a.size else _NAN
 
 
 def _bools(values: pd.Series | npt.NDArray[Any]) -> npt.NDArray[np.bool_]:
@@ -252,8 +242,8 @@ def quadrant_stats(df: pd.DataFrame, seed: int = 0, n_boot: int = 1000,
     ``pred_removed``, ``correct_original`` (0/1), ``entropy_original`` (bits, may be NULL for
     generated answers) and ``pairwise_disagreement``; ``outcome``, ``image_reliant`` with
     ``margin_removed`` (abstention) and ``n_negations`` with ``negation_consistent`` are optional.
-    Returns :data:`QUADRANT_STATS_COLUMNS`, four rows per group (every quadrant of
-    :data:`~medrobust_lib.store.schema.QUADRANTS`, in that order, groups sorted):
+    Returns the ``taxonomy_quadrant_stats`` columns (declared in ``store/schema.py``), four rows per group (every quadrant of
+    :data:`~medrobust_lib.types.QUADRANTS`, in that order, groups sorted):
 
     * ``n`` samples in the quadrant, ``n_total`` ok samples in the group, ``n_error`` error rows
       (outside every denominator);
@@ -289,7 +279,7 @@ def quadrant_stats(df: pd.DataFrame, seed: int = 0, n_boot: int = 1000,
         shares = _share_cis(cols, key, seed, n_boot)
         rows += [_quadrant_row(key, q, cols, shares[q], summary, errors.get(key, 0), seed, n_boot, min_n)
                  for q in QUADRANTS]
-    return pd.DataFrame(rows, columns=list(QUADRANT_STATS_COLUMNS))
+    return pd.DataFrame(rows)  # the writer orders them as store/schema.py declares the table
 
 
 def condition_points(df: pd.DataFrame) -> pd.DataFrame:
@@ -310,16 +300,6 @@ def condition_points(df: pd.DataFrame) -> pd.DataFrame:
     return points
 
 
-def _pearson_rows(x: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-    """Pearson r of every row of (B, n) ``x``, ``y``; NaN for a row with zero variance."""
-    xc = x - x.mean(axis=1, keepdims=True)
-    yc = y - y.mean(axis=1, keepdims=True)
-    den = np.sqrt((xc * xc).sum(axis=1) * (yc * yc).sum(axis=1))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        r: npt.NDArray[np.float64] = np.where(den > 0, (xc * yc).sum(axis=1) / np.where(den > 0, den, 1.0), np.nan)
-    return r
-
-
 def cluster_bootstrap_r(points: pd.DataFrame, rng: np.random.Generator, n_boot: int = 2000,
                         alpha: float = 0.05) -> tuple[float, float]:
     """Percentile CI of Pearson r (``flip_rate`` vs ``dangerous_share``) resampling whole
@@ -337,7 +317,7 @@ def cluster_bootstrap_r(points: pd.DataFrame, rng: np.random.Generator, n_boot: 
     for b, pick in enumerate(picks):
         x = np.concatenate([xs[i] for i in pick])[None, :]
         y = np.concatenate([ys[i] for i in pick])[None, :]
-        boot[b] = _pearson_rows(x, y)[0]
+        boot[b] = pearson_rows(x, y)[0]
     if not np.any(np.isfinite(boot)):
         return _NAN, _NAN
     lo, hi = np.nanquantile(boot, [alpha / 2, 1 - alpha / 2])
@@ -364,7 +344,7 @@ def _correlation_row(scope: str, scope_key: Key, points: pd.DataFrame, rng_key: 
         row["note"] = (f"flip rate takes only {n_x} distinct values (< {MIN_X_POSITIONS}): a line through "
                        "2 positions fits any data, so no r")
     elif pooled:
-        row["r"] = float(_pearson_rows(x[None, :], y[None, :])[0])
+        row["r"] = float(pearson_rows(x[None, :], y[None, :])[0])
         row["ci_low"], row["ci_high"] = cluster_bootstrap_r(points, rng, n_boot)
     else:
         res = pearson_with_ci(x, y, rng=rng, n_boot=n_boot)
@@ -380,7 +360,7 @@ def flip_dangerous_correlation(df: pd.DataFrame, seed: int = 0, n_boot: int = 20
                                min_n: int = DEFAULT_MIN_N) -> pd.DataFrame:
     """Pearson r of the flip rate (x) with the Dangerous share (y) across (config, dataset) points.
 
-    Points come from :func:`condition_points`. Rows (:data:`CORRELATION_COLUMNS`):
+    Points come from :func:`condition_points`. Rows (the ``taxonomy_correlation_stats`` columns of ``store/schema.py``):
 
     * scope ``headline`` (:data:`HEADLINE`), one per image_mode: clean points only, one per
       (configuration, dataset), ``n_points`` = their number; two-sided ``p_value``, percentile
@@ -409,8 +389,9 @@ def flip_dangerous_correlation(df: pd.DataFrame, seed: int = 0, n_boot: int = 20
              for key, g in _groups(pert, SCOPE_COLUMNS).items()]
     rows += [_correlation_row(POOLED, ("all", None, key[0]), g, key, seed, n_boot, min_n)
              for key, g in _groups(pert, ("image_mode",)).items()]
-    out = pd.DataFrame(rows, columns=list(CORRELATION_COLUMNS))
-    out["level"] = out["level"].astype("Int64")
+    out = pd.DataFrame(rows)  # the writer orders them as store/schema.py declares the table
+    if "level" in out:
+        out["level"] = out["level"].astype("Int64")
     return out
 
 
@@ -454,12 +435,10 @@ def transitions(df: pd.DataFrame) -> pd.DataFrame:
 
 
 __all__ = [
-    "CORRELATION_COLUMNS",
     "GROUP_COLUMNS",
     "HEADLINE",
     "POINT_COLUMNS",
     "POOLED",
-    "QUADRANT_STATS_COLUMNS",
     "TRANSITION_COLUMNS",
     "abstention_quadrants",
     "cluster_bootstrap_r",

@@ -24,12 +24,10 @@ Regeneration is :func:`medrobust_lib.perturb.engine.regenerate`, bit-exact with 
 
 from __future__ import annotations
 
-import atexit
-import multiprocessing as mp
 import os
 from collections import deque
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +36,7 @@ from medrobust_lib.lru import LRU, file_stamp
 from medrobust_lib.perturb import regen_cache
 from medrobust_lib.perturb.engine import regenerate
 from medrobust_lib.perturb.spec import PerturbOutput
+from medrobust_lib.processes import process_pool
 
 if TYPE_CHECKING:
     from medrobust_lib.tracks.datasets import EvalSamples
@@ -172,21 +171,8 @@ def _regenerate_rows(suite: Any, modality: str, split: str, rows: Sequence[dict[
     return out
 
 
-_POOL: ProcessPoolExecutor | None = None
-_POOL_SIZE = 0
-
-
-def _pool(workers: int) -> ProcessPoolExecutor:
-    """The feed's process pool, kept for the life of the process. Spawn, not fork: forking after
-    torch/OpenCV threads have started can deadlock."""
-    global _POOL, _POOL_SIZE
-    if _POOL is None or _POOL_SIZE != workers:
-        if _POOL is not None:
-            _POOL.shutdown(cancel_futures=True)
-        _POOL = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"))
-        _POOL_SIZE = workers
-        atexit.register(_POOL.shutdown, cancel_futures=True)
-    return _POOL
+POOL_OWNER = "regeneration feed"
+"""Owner name of this module's pool (:func:`medrobust_lib.processes.process_pool`)."""
 
 
 def _tasks(rows: Sequence[dict[str, Any]], chunk: int) -> list[list[dict[str, Any]]]:
@@ -228,7 +214,7 @@ def regenerate_stream(suite: Any, modality: str, split: str, rows: Sequence[dict
         for part in parts:
             yield from _regenerate_rows(suite, modality, split, part, local=True)
         return
-    pool = _pool(n_workers)
+    pool = process_pool(POOL_OWNER, n_workers)
     samples = clean_samples(suite, modality, split)
     inflight: deque[tuple[list[dict[str, Any]], list[PerturbOutput] | Future[list[PerturbOutput]]]] = deque()
     nxt = 0

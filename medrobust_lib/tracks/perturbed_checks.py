@@ -13,7 +13,7 @@ import pandas as pd
 from medrobust_lib.config import Suite
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.perturb.engine import regenerate
-from medrobust_lib.report.figures.gallery import GalleryCell, gallery_title, write_gallery
+from medrobust_lib.perturb.gallery import GalleryCell, gallery_title, write_gallery
 from medrobust_lib.store import results
 from medrobust_lib.tracks.datasets import CLEAN_TABLE, load_clean_samples
 from medrobust_lib.tracks.perturbed import PerturbSummary, read_manifest, selected_types

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from medrobust_lib.adapters import adapter_entry
 from medrobust_lib.config import Suite, load_suite
 from medrobust_lib.config.isolation import check_isolation
 from medrobust_lib.config.suite import DEMO_TRAINED
@@ -155,7 +156,7 @@ def _weights_errors(suite: Suite, root: Path) -> list[str]:
     for v in suite.vlm.models:
         src = v.source
         # "org/name" may be a cached hub id; only an explicit path (absolute, ./ or ../) must exist
-        if v.kind != "api" and src is not None and src.startswith(("/", "./", "../", "~")) \
+        if adapter_entry(v.kind, "vlm").local_weights and src is not None and src.startswith(("/", "./", "../", "~")) \
                 and (gone := _missing(src, root)) is not None:
             errors.append(f"VLM {v.id!r}: source folder not found: {gone}")
         if v.adapter not in (None, "finetuned") and (gone := _missing(v.adapter, root)) is not None:

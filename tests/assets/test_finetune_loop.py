@@ -18,7 +18,7 @@ from medrobust_assets.resources import TrackingResource
 from medrobust_assets.sensors import mart_after_evaluation, registry_requests, registry_sensor
 from medrobust_cli import app
 from medrobust_lib.config import load_suite
-from medrobust_lib.store import registry
+from medrobust_lib.store import model_registry
 from medrobust_lib.store.marts import connect_readonly
 from tests.suite_helpers import write_suite
 
@@ -49,8 +49,8 @@ def test_registry_sensor_on_a_real_sqlite_store(tmp_path: Path) -> None:
     folder = tmp_path / "ckpt"
     folder.mkdir()
     (folder / "model.safetensors").write_bytes(b"v1")
-    registry.register_checkpoint(folder, NAME, tags={"strategy": "lora"}, mlruns_dir=mlruns)
-    registry.register_checkpoint(folder, "other-model", tags={}, mlruns_dir=mlruns)  # not a medrobust-seg-* name
+    model_registry.register_checkpoint(folder, NAME, tags={"strategy": "lora"}, mlruns_dir=mlruns)
+    model_registry.register_checkpoint(folder, "other-model", tags={}, mlruns_dir=mlruns)  # not a medrobust-seg-* name
     instance = dg.DagsterInstance.ephemeral()
     res = {"tracking": TrackingResource(mlruns_dir=str(mlruns))}
 
@@ -65,10 +65,10 @@ def test_registry_sensor_on_a_real_sqlite_store(tmp_path: Path) -> None:
     assert [list(r.partition_keys) for r in first.dynamic_partitions_requests or []] == [[f"{NAME}:1"]]
     assert tick(first.cursor).run_requests == []
     (folder / "model.safetensors").write_bytes(b"v2")
-    registry.register_checkpoint(folder, NAME, tags={"strategy": "lora"}, mlruns_dir=mlruns)
+    model_registry.register_checkpoint(folder, NAME, tags={"strategy": "lora"}, mlruns_dir=mlruns)
     second = tick(first.cursor)
     assert [(r.run_key, r.tags["medrobust/trigger"]) for r in second.run_requests or []] == [(f"{NAME}:2", "new_version")]
-    registry.set_alias(NAME, "candidate", 1, mlruns)
+    model_registry.set_alias(NAME, "candidate", 1, mlruns)
     third = tick(second.cursor)
     assert [r.run_key for r in third.run_requests or []] == [f"{NAME}:1:candidate"]
     assert tick(third.cursor).run_requests == []
@@ -107,7 +107,7 @@ SEG = {"models": [{"id": "tiny-sam", "family": "sam", "arch": "tiny", "checkpoin
 
 
 def test_strategies_registry_loop_and_gate(tmp_path: Path, demo_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from medrobust_lib.tracks.finetune.strategies import degrade_checkpoint, register_version
+    from medrobust_lib.tracks.finetune.strategy_runs import degrade_checkpoint, register_version
 
     suite_path = write_suite(tmp_path, demo_root, modalities=["ct", "dermoscopy"], segmentation=SEG,
                              perturbations={"include": ["gaussian_noise", "rotation"], "split": "all",
@@ -133,14 +133,14 @@ def test_strategies_registry_loop_and_gate(tmp_path: Path, demo_root: Path, monk
         assert meta["registered_version"].value == 1 and meta["new_version"].value is True
         assert meta["n_trainable"].value > 0
         run("tiny-sam/strategy_predictions", st)
-    versions = registry.list_versions(NAME, mlruns)
+    versions = model_registry.list_versions(NAME, mlruns)
     assert [v["version"] for v in versions] == [1] and versions[0]["aliases"] == ["candidate", "champion"]
     tags = versions[0]["tags"]
     assert tags["strategy"] == "lora" and float(tags["val_dice"]) >= 0 and len(tags["base_checkpoint_sha256"]) == 16
     assert tags["dataset"] == "ct,dermoscopy"
     # re-materializing a deterministic fine-tune registers no duplicate version
     run("tiny-sam/finetuned_checkpoint", "lora")
-    assert len(registry.list_versions(NAME, mlruns)) == 1
+    assert len(model_registry.list_versions(NAME, mlruns)) == 1
     assert _meta(run("tiny-sam/strategy_ranking"))["n_rows"].value == 4
 
     # the sensor launches both versions; version 1 of lora reuses the strategy rows, its gate has no champion to beat
@@ -161,7 +161,7 @@ def test_strategies_registry_loop_and_gate(tmp_path: Path, demo_root: Path, monk
     degrade_checkpoint(src, tmp_path / "degraded", noise=0.5, seed=1)
     version, created = register_version(tmp_path / "degraded", NAME, {"strategy": "lora", "role": "degraded"},
                                         mlruns_dir=mlruns)
-    assert (version, created) == (2, True) and registry.get_alias_version(NAME, "candidate", mlruns) == 2
+    assert (version, created) == (2, True) and model_registry.get_alias_version(NAME, "candidate", mlruns) == 2
     with dg.build_sensor_context(instance=instance, cursor=tick.cursor,
                                  resources={"tracking": TrackingResource(mlruns_dir=str(mlruns))}) as ctx:
         tick2 = registry_sensor(ctx)
@@ -179,7 +179,7 @@ def test_strategies_registry_loop_and_gate(tmp_path: Path, demo_root: Path, monk
     assert check.severity == dg.AssetCheckSeverity.ERROR and check.metadata["champion_version"].value == 1
     assert "| group" in check.metadata["differences"].value and "clean" in check.metadata["differences"].value
     verdict = "PASS" if check.passed else "FAIL"
-    assert registry.version_tags(NAME, 2, mlruns)["medrobust.gate"] == f"{verdict} vs v1"
+    assert model_registry.version_tags(NAME, 2, mlruns)["medrobust.gate"] == f"{verdict} vs v1"
 
     run("marts")
     con = connect_readonly(s.mart_path)

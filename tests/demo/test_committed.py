@@ -12,6 +12,7 @@ import pytest
 
 from medrobust_lib.config import load_suite
 from medrobust_lib.demo import committed
+from medrobust_lib.hashing import file_sha256
 from medrobust_lib.tracks.finetune.vlm_adapter import box_text, examples_for, flipped
 from tests.suite_helpers import write_suite
 
@@ -33,7 +34,7 @@ def test_publish_then_install_copies_verified_files(tmp_path: Path) -> None:
     pub = committed.publish(src, "m", FP, root=weights)
     man = committed.read_manifest(pub)
     assert set(man["files"]) == {"model.safetensors", "config.json", "sub/adapter.json"}
-    assert man["files"]["config.json"] == committed.file_sha256(src / "config.json")
+    assert man["files"]["config.json"] == file_sha256(src / "config.json")
     dest = tmp_path / "var" / "m"
     dest.mkdir(parents=True)
     (dest / "stale.bin").write_text("old")
@@ -137,7 +138,7 @@ def test_short_vlm_schedule_learns(demo_root: Path, tmp_path: Path) -> None:
     frozen after pretraining, float16 storage): the validation loss falls far below the uniform
     guess over the vocabulary, only the projector and the language model learned from text, and
     the saved weights are float16 that load as float32."""
-    from medrobust_lib.demo.vlm_train import train_base_vlm
+    from medrobust_lib.demo.tiny_llava_train import train_base_vlm
 
     vlm = {"models": [{"id": "tiny-llava", "source": "trained", "box_scale": "0-1"}], "split": "all",
            "train": {"max_steps": 40, "eval_every": 20, "batch_size": 16, "time_budget_s": None,

@@ -65,7 +65,7 @@ def bin_dir(tmp_path: Path) -> Path:
 def registry_state(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Built once: v1 champion, v2 a candidate as robust as v1, v3 one that drops more on
     gaussian_noise level 3; each version's rows stored under its registry evaluation id."""
-    from medrobust_lib.store.registry import register_checkpoint, set_alias
+    from medrobust_lib.store.model_registry import register_checkpoint, set_alias
 
     base = tmp_path_factory.mktemp("registry")
     frames = []

@@ -139,12 +139,12 @@ def test_saved_checkpoints_load_strictly_and_reproduce_the_model(
 
 def test_a_saved_strategy_checkpoint_builds_as_the_registry_builds_it(tmp_path: Path) -> None:
     """The registry loop and the gate rebuild a version from its config.json (family, arch) and
-    model.safetensors (:func:`medrobust_lib.tracks.finetune.strategies.registry_model_config`)."""
+    model.safetensors (:func:`medrobust_lib.tracks.finetune.strategy_runs.registry_model_config`)."""
     import json
 
     from medrobust_lib.config.segmentation import SegModelConfig
     from medrobust_lib.finetune.train import save_checkpoint
-    from medrobust_lib.models.registry import build_segmenter
+    from medrobust_lib.models.factory import build_segmenter
 
     m = _model()
     apply_strategy(m, StrategyConfig("adapter"))

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from medrobust_lib.config import Suite, load_suite
+from medrobust_lib.config.segmentation import PromptConfig
 from medrobust_lib.finetune.strategies import STRATEGIES
 from medrobust_lib.models.sam import load_segmenter
-from medrobust_lib.prompts import PromptConfig, prompt_boxes
+from medrobust_lib.prompts import prompt_boxes
 from medrobust_lib.tracks.datasets import build_clean_index
-from medrobust_lib.tracks.finetune.strategies import finetune_strategy
+from medrobust_lib.tracks.finetune.strategy_runs import finetune_strategy
 from medrobust_lib.tracks.segmentation.evaluate import seg_splits, train_base_checkpoint
 from tests.suite_helpers import write_suite
 

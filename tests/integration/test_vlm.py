@@ -12,7 +12,7 @@ import pytest
 
 from medrobust_lib.config import Suite, load_suite
 from medrobust_lib.config.vlm import vlm_model
-from medrobust_lib.demo.vlm_train import train_base_vlm
+from medrobust_lib.demo.tiny_llava_train import train_base_vlm
 from medrobust_lib.store import results
 from medrobust_lib.store.marts import build_mart, connect_readonly
 from medrobust_lib.store.schema import VLM_COLUMN_NAMES as COLUMN_NAMES
@@ -22,7 +22,7 @@ from medrobust_lib.tracks.finetune.vlm_adapter import finetune_adapter
 from medrobust_lib.tracks.perturbed import build_perturbed, read_manifest
 from medrobust_lib.tracks.vlm.evaluate import _move_box, evaluate_clean, evaluate_perturbed
 from medrobust_lib.tracks.vlm.items import load_items, records_config
-from medrobust_lib.tracks.vlm.runner import Runner, trained_box_scale
+from medrobust_lib.tracks.vlm.model_runner import Runner, trained_box_scale
 from medrobust_lib.tracks.vlm.stats import write_vlm_stats
 from tests.suite_helpers import write_suite
 

@@ -13,6 +13,7 @@ from medrobust_lib.metrics.stats import (
     bootstrap_ci,
     mcnemar,
     paired_bootstrap_ci,
+    pearson_rows,
     pearson_with_ci,
     wilcoxon_paired,
 )
@@ -165,6 +166,21 @@ def test_pearson_with_ci_matches_scipy_and_has_sane_intervals() -> None:
     assert out["fisher_high"] == pytest.approx(math.tanh(math.atanh(out["r"]) + half))
     again = pearson_with_ci(x, y, np.random.default_rng(0), n_boot=1000)
     assert again == out
+
+
+def test_pearson_rows_matches_scipy_row_by_row_and_stays_in_range() -> None:
+    """The one row-wise Pearson r (the bootstrap's and the taxonomy's pooled r): scipy's r on every
+    row, NaN on a constant row, and a perfectly (anti-)collinear row within [-1, 1] (clipped)."""
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(6, 25))
+    y = 0.5 * x + rng.normal(size=(6, 25))
+    got = pearson_rows(x, y)
+    assert got.shape == (6,) and got.dtype == np.float64
+    assert got == pytest.approx([sps.pearsonr(a, b).statistic for a, b in zip(x, y, strict=True)], abs=1e-12)
+    line = np.array([[0.1, 0.2, 0.3, 0.7, 1.3], [0.1, 0.2, 0.3, 0.7, 1.3], [1.0, 1.0, 1.0, 1.0, 1.0]])
+    r = pearson_rows(line, np.stack([3.0 * line[0] + 0.1, -7.0 * line[1], line[1]]))
+    assert r[0] == pytest.approx(1.0) and r[1] == pytest.approx(-1.0) and math.isnan(r[2])
+    assert np.all(np.abs(r[:2]) <= 1.0)
 
 
 def test_pearson_with_ci_degenerate_inputs() -> None:

@@ -15,9 +15,10 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from medrobust_lib.config.segmentation import PromptConfig
 from medrobust_lib.data.dataset import DatasetConfig, index_dataset, load_sample
 from medrobust_lib.data.splits import split_for
-from medrobust_lib.prompts import PromptConfig, prompt_boxes
+from medrobust_lib.prompts import prompt_boxes
 
 DEMO_SEED = 0
 DEMO_N_PER_MODALITY = 24

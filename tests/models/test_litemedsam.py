@@ -14,6 +14,7 @@ from safetensors.torch import save_file
 
 from medrobust_lib.config import load_suite
 from medrobust_lib.config.segmentation import SegModelConfig
+from medrobust_lib.models.factory import build_segmenter
 from medrobust_lib.models.litemedsam import (
     CHECKPOINT_SHA256,
     CHECKPOINT_SIZE,
@@ -28,7 +29,6 @@ from medrobust_lib.models.litemedsam import (
     to_uint8_rgb,
     verify_packaged_checkpoint,
 )
-from medrobust_lib.models.registry import build_segmenter
 from medrobust_lib.models.sam import CheckpointMismatch, read_state_dict
 from tests.models.litemedsam_inputs import DEMO_N_PER_MODALITY, DEMO_SEED, Item, all_items
 

@@ -302,7 +302,7 @@ def test_batches_scores_variants_and_generation_agree(twins: dict[str, Any]) -> 
 
 def test_registry_and_suite_build_it(twins: dict[str, Any]) -> None:
     from medrobust_lib.config.vlm import VLMModelConfig
-    from medrobust_lib.models.registry import VLMInputs, build_vlm
+    from medrobust_lib.models.factory import VLMInputs, build_vlm
 
     m = VLMModelConfig(id="llava-rad", kind="llava_rad", source=str(twins["base"]), adapter=str(twins["release"]))
     vlm = build_vlm(m, VLMInputs(source=str(twins["base"]), adapter=str(twins["release"])))

@@ -117,7 +117,7 @@ def test_medsam_exact_preprocess_follows_medsam_inference(shape: tuple[int, ...]
 
 
 def test_exact_preprocess_is_medsam_only() -> None:
-    with pytest.raises(ValueError, match="medsam and litemedsam"):
+    with pytest.raises(ValueError, match="litemedsam and medsam"):
         SamSegmenter(build_sam(ARCH), "sam", "m", "0", preprocess="exact")
     with pytest.raises(ValueError, match="valid: default, exact"):
         SamSegmenter(build_sam(ARCH), "medsam", "m", "0", preprocess="skimage")

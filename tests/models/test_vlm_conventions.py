@@ -16,8 +16,9 @@ def test_every_model_type_has_one_entry() -> None:
             "mllama"} <= set(types)
     assert conventions_for("gemma3").nest_images and not conventions_for("llava").nest_images
     assert not conventions_for("paligemma").chat_template
-    unknown = conventions_for("some_new_vlm")
-    assert unknown.count == "batch" and "untested" in unknown.notes
+    with pytest.raises(ValueError, match=r"model_type 'some_new_vlm'; known: .*gemma3.*llava.*qwen2_vl") as err:
+        conventions_for("some_new_vlm")
+    assert all(t in str(err.value) for t in types)
     with pytest.raises(ValueError, match="count must be one of"):
         VLMConventions("x", ("x",), "vision_tower", "tiles")
 
@@ -61,3 +62,18 @@ def test_collate_pads_extras_and_refuses_mixed_per_sample_batches() -> None:
     with pytest.raises(ValueError, match="cannot mix"):
         collate(_set(True), [0, 1], pad_id=0)
     assert collate(_set(True), [0], pad_id=0)["pixel_values"].shape == (1, 3, 4, 4)
+
+
+def test_every_committed_demo_vlm_resolves_its_conventions() -> None:
+    """Unknown architectures are refused, so every VLM the demo ships must be in the table."""
+    import json
+    from pathlib import Path
+
+    import medrobust_lib.demo
+
+    weights = Path(medrobust_lib.demo.__file__).parent / "weights"
+    vlms = [json.loads(p.read_text()) for p in sorted(weights.glob("*/config.json"))]
+    vlms = [c for c in vlms if "model_type" in c and c.get("vision_config") is not None]
+    assert len(vlms) >= 3  # tiny-llava and the two taxonomy demo models
+    for cfg in vlms:
+        assert conventions_for(cfg["model_type"]).family == cfg["model_type"]

@@ -14,7 +14,7 @@ def _work(root: str, barrier: Any, queue: Any) -> None:
     os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
     import mlflow  # noqa: F401  (imported before the barrier so the processes really race)
 
-    from medrobust_lib.store.registry import register_checkpoint
+    from medrobust_lib.store.model_registry import register_checkpoint
     from medrobust_lib.store.tracking import ensure_experiment
 
     barrier.wait()

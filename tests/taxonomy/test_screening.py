@@ -13,10 +13,10 @@ from scipy.stats import mannwhitneyu
 from sklearn.metrics import roc_auc_score
 
 from medrobust_lib.seeding import rng_for
+from medrobust_lib.store.schema import TAXONOMY_SCREENING_TABLE, column_names
 from medrobust_lib.tasks.vqa import yes_no_from_logprobs
 from medrobust_lib.taxonomy.screening import (
     NOT_AVAILABLE,
-    SCREENING_COLUMNS,
     SIGNALS,
     auroc,
     confidence,
@@ -81,7 +81,7 @@ def test_shortcut_like_dangerous_answers_are_confident_and_pass_the_screen() -> 
     quadrants = ["Dangerous"] * 4 + ["Ideal"] * 5 + ["Fragile", "Worst"]
     margins = [-6.0, 5.0, 7.5, -9.0, 1.0, -2.0, 1.5, 3.0, -0.5, 0.2, -0.1]
     stats = screening_stats(_rows("shortcut", quadrants, margins))
-    assert list(stats.columns) == list(SCREENING_COLUMNS) and list(stats["signal"]) == list(SIGNALS)
+    assert set(stats.columns) == set(column_names(TAXONOMY_SCREENING_TABLE)) and list(stats["signal"]) == list(SIGNALS)
     assert set(stats["status"]) == {"ok"}
     assert stats["auroc"].tolist() == [0.0, 0.0, 0.0]
     assert stats["dangerous_pass"].tolist() == [1.0, 1.0, 1.0]

@@ -26,7 +26,7 @@ def test_registry_and_runs_through_a_tracking_server(tmp_path: Path, monkeypatch
     with server(cmd, env, tmp_path, log) as proc, client() as http:
         wait_until(lambda: http.get(f"{base}/health").status_code == 200, proc, log, 120.0, "/health")
         monkeypatch.setenv("MEDROBUST_TRACKING_URI", base)
-        from medrobust_lib.store import registry
+        from medrobust_lib.store import model_registry
         from medrobust_lib.store.tracking import ensure_experiment, tracked_run
 
         local = tmp_path / "mlruns"  # only the lock file and the download cache live here now
@@ -39,12 +39,12 @@ def test_registry_and_runs_through_a_tracking_server(tmp_path: Path, monkeypatch
         weights = os.urandom(4096)
         (folder / "model.safetensors").write_bytes(weights)
         (folder / "config.json").write_text('{"family": "sam", "arch": "tiny"}')
-        rv = registry.register_checkpoint(folder, "medrobust-seg-x-lora", tags={"strategy": "lora"}, mlruns_dir=local)
+        rv = model_registry.register_checkpoint(folder, "medrobust-seg-x-lora", tags={"strategy": "lora"}, mlruns_dir=local)
         assert rv.source.startswith("mlflow-artifacts:/"), rv.source
-        got = registry.resolve_model_uri("models:/medrobust-seg-x-lora@candidate", local)
+        got = model_registry.resolve_model_uri("models:/medrobust-seg-x-lora@candidate", local)
         assert got.read_bytes() == weights and got.is_relative_to(local.resolve() / ".cache")
         assert got.with_name("config.json").is_file()
-        assert registry.snapshot("medrobust-seg-", local) == {
+        assert model_registry.snapshot("medrobust-seg-", local) == {
             "medrobust-seg-x-lora": {"versions": [1], "aliases": {"candidate": 1}}}
         # what the server holds: the experiment, the run's metric, the registered model, the files
         exp = http.get(f"{base}/api/2.0/mlflow/experiments/get-by-name",

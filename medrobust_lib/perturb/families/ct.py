@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 import scipy.sparse as sp
 
+from medrobust_lib.perturb.field_ops import per_pixel
 from medrobust_lib.perturb.spec import perturbation
 from medrobust_lib.types import FloatImage
 
@@ -37,10 +38,6 @@ RINGS = 40
 
 def _gray(image: FloatImage) -> npt.NDArray[np.float32]:
     return image if image.ndim == 2 else image.mean(axis=2, dtype=np.float32)
-
-
-def _bcast(field: np.ndarray, image: np.ndarray) -> np.ndarray:
-    return field[..., None] if image.ndim == 3 else field
 
 
 def _scale(h: int, w: int) -> float:
@@ -159,7 +156,7 @@ def metal_streaks(image: FloatImage, strength: float, rng: np.random.Generator) 
         cv2.circle(core, (int(c) * fix, int(r) * fix), int(radius[j] * fix), 1.0, -1, cv2.LINE_8, shift)
     sigma = 0.8 * k
     field = strength * cv2.GaussianBlur(streaks, (0, 0), sigma) + 4.0 * strength * cv2.GaussianBlur(core, (0, 0), sigma)
-    return (image + _bcast(field, image)).astype(np.float32)
+    return (image + per_pixel(field, image)).astype(np.float32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,7 +197,7 @@ def beam_hardening(image: FloatImage, strength: float, rng: np.random.Generator)
     if strength <= 0.0:
         return image.copy()
     err = beam_hardening_error(image)
-    return (image - strength * _bcast(err, image)).astype(np.float32)
+    return (image - strength * per_pixel(err, image)).astype(np.float32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,7 +266,7 @@ def photon_starvation(image: FloatImage, strength: float, rng: np.random.Generat
     if strength <= 0.0:
         return image.copy()
     field = starvation_field(image, offsets, noise)
-    return (image + strength * _bcast(field, image)).astype(np.float32)
+    return (image + strength * per_pixel(field, image)).astype(np.float32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -313,7 +310,7 @@ def ring_artifact(image: FloatImage, strength: float, rng: np.random.Generator) 
     if strength <= 0.0:
         return image.copy()
     field = prof[_radius_index(h, w, step)]
-    return (image + strength * _bcast(field, image)).astype(np.float32)
+    return (image + strength * per_pixel(field, image)).astype(np.float32)
 
 
 # ---------------------------------------------------------------------------------------------

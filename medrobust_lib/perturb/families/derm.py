@@ -12,6 +12,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
+from medrobust_lib.perturb.field_ops import per_pixel
 from medrobust_lib.perturb.spec import perturbation
 from medrobust_lib.types import FloatImage
 
@@ -24,11 +25,6 @@ def _colour(image: FloatImage, rgb: np.ndarray) -> np.ndarray:
     """``rgb`` as a value broadcastable against ``image`` (luma for grayscale images)."""
     rgb = np.asarray(rgb, np.float32)
     return rgb if image.ndim == 3 else np.asarray(rgb @ _LUMA, np.float32)
-
-
-def _per_pixel(image: np.ndarray, field: np.ndarray) -> np.ndarray:
-    """An (H, W) field broadcastable against ``image``."""
-    return field[..., None] if image.ndim == 3 else field
 
 
 # --------------------------------------------------------------------------------------------
@@ -62,7 +58,7 @@ def vignetting(image: FloatImage, strength: float, rng: np.random.Generator) -> 
     ys = (np.arange(h, dtype=np.float32) - (h - 1) / 2 - float(cy) * h) / half_diag
     r2 = ys[:, None] ** 2 + xs[None, :] ** 2
     gain = 1.0 / (1.0 + np.float32(strength * strength) * r2) ** 2
-    return (image * _per_pixel(image, gain.astype(np.float32))).astype(np.float32)
+    return (image * per_pixel(gain.astype(np.float32), image)).astype(np.float32)
 
 
 # --------------------------------------------------------------------------------------------
@@ -136,7 +132,7 @@ def light_reflection(image: FloatImage, strength: float, rng: np.random.Generato
     )
     alpha = _ellipse_alpha(h, w, spots, float(strength))
     light = _colour(image, tint)
-    a = _per_pixel(image, alpha)
+    a = per_pixel(alpha, image)
     return (image + a * (light - image)).astype(np.float32)
 
 
@@ -203,5 +199,5 @@ def hair(image: FloatImage, strength: float, rng: np.random.Generator) -> FloatI
     scale = min(h, w) / 256.0
     half_width = (0.75 + 2.25 * float(strength)) * scale
     alpha = np.clip(half_width + 0.5 - dist, 0.0, 1.0) * np.float32(0.95)
-    a = _per_pixel(image, alpha.astype(np.float32))
+    a = per_pixel(alpha.astype(np.float32), image)
     return (image + a * (_colour(image, np.clip(colour, 0.0, 1.0)) - image)).astype(np.float32)

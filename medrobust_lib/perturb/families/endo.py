@@ -12,22 +12,13 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
+from medrobust_lib.perturb.field_ops import layer_discs, per_pixel, smoothstep
 from medrobust_lib.perturb.spec import perturbation
 from medrobust_lib.types import FloatImage
 
 FAMILY = "endo"
 MODALITIES = ("endoscopy",)
 _LUMA = np.array([0.299, 0.587, 0.114], np.float32)
-
-
-def _per_pixel(image: np.ndarray, field: np.ndarray) -> np.ndarray:
-    """An (H, W) field broadcastable against ``image``."""
-    return field[..., None] if image.ndim == 3 else field
-
-
-def _smoothstep(t: np.ndarray) -> np.ndarray:
-    t = np.clip(t, 0.0, 1.0)
-    return t * t * (3 - 2 * t)
 
 
 # --------------------------------------------------------------------------------------------
@@ -82,8 +73,8 @@ def specular_reflection(image: FloatImage, strength: float, rng: np.random.Gener
         gx = np.exp(-0.5 * ((np.arange(x0, x1, dtype=np.float32) - np.float32(cx)) / np.float32(sg)) ** 2)
         gy = np.exp(-0.5 * ((np.arange(y0, y1, dtype=np.float32) - np.float32(cy)) / np.float32(sg)) ** 2)
         np.maximum(field[y0:y1, x0:x1], gy[:, None] * gx[None, :], out=field[y0:y1, x0:x1])
-    alpha = _smoothstep((field - 0.25) / 0.35)
-    a = _per_pixel(image, alpha)
+    alpha = smoothstep((field - 0.25) / 0.35)
+    a = per_pixel(alpha, image)
     return (image + a * (1.0 - image)).astype(np.float32)
 
 
@@ -91,25 +82,6 @@ def specular_reflection(image: FloatImage, strength: float, rng: np.random.Gener
 # Bubbles
 
 _N_BUBBLES = 160
-
-
-def _bubble_labels(h: int, w: int, cx: np.ndarray, cy: np.ndarray, r: np.ndarray) -> np.ndarray:
-    """int32 (H, W) index of the topmost disc covering each pixel, ``len(r)`` where none (earlier
-    discs lie on top, so adding discs never changes pixels already covered)."""
-    labels = np.full((h, w), len(r), np.int32)
-    shift = 4  # sub-pixel centres and radii (1/16 px)
-    fixed = np.round(np.stack([cx, cy, r], axis=1) * (1 << shift)).astype(np.int64).tolist()
-    for i in range(len(fixed) - 1, -1, -1):  # earliest last, so it lies on top
-        x, y, rad = fixed[i]
-        cv2.circle(labels, (x, y), rad, i, -1, cv2.LINE_8, shift)
-    return labels
-
-
-def _coverage_opacity(areas: np.ndarray, target: float) -> np.ndarray:
-    """Opacity per item so that items are added in order until their summed area reaches
-    ``target``; the item that crosses it is partially opaque (continuous in ``target``)."""
-    before = np.concatenate([[0.0], np.cumsum(areas)[:-1]])
-    return np.clip((target - before) / np.maximum(areas, 1e-9), 0.0, 1.0)
 
 
 def _bubble_look(
@@ -139,7 +111,7 @@ def _bubble_look(
     glint = np.maximum(1.0 - (rho2 - 2 * (gx * u + gy * v) + np.float32(0.45**2)) * np.float32(1.0 / 0.2**2), 0.0)
     white = np.minimum(np.float32(0.85) * rim * rim + glint * glint, 1.0)
     # scattered light lifts the view (lower contrast), then the white rim/glint on top
-    keep = np.float32(0.85) * (1.0 - _per_pixel(seen, white))
+    keep = np.float32(0.85) * (1.0 - per_pixel(white, seen))
     look = 1.0 - keep * (1.0 - seen)
     edge = np.clip((1.0 - rho) / inv_r + 0.5, 0.0, 1.0)  # anti-aliased disc edge, in pixels
     return look, edge
@@ -172,27 +144,8 @@ def bubbles(image: FloatImage, strength: float, rng: np.random.Generator) -> Flo
     glint_dir = float(rng.uniform(0.0, 2 * np.pi))
     if strength <= 0:
         return image.copy()
-    opacity = _coverage_opacity(np.pi * r * r, float(strength) * h * w)
-    n_full = int(np.count_nonzero(opacity >= 1.0))
-    out: np.ndarray = image.copy()
-    if n_full < _N_BUBBLES and opacity[n_full] > 0:  # the partial bubble fades in beneath the others
-        cx, cy, rad = float(cxy[n_full, 0]), float(cxy[n_full, 1]), float(r[n_full])
-        x0, x1 = max(int(np.floor(cx - rad - 1)), 0), min(int(np.ceil(cx + rad + 1)) + 1, w)
-        y0, y1 = max(int(np.floor(cy - rad - 1)), 0), min(int(np.ceil(cy + rad + 1)) + 1, h)
-        if x0 < x1 and y0 < y1:
-            look, edge = _bubble_look(image, (y0, y1, x0, x1), cx, cy, rad, glint_dir)
-            a = _per_pixel(look, (edge * np.float32(opacity[n_full])).astype(np.float32))
-            out[y0:y1, x0:x1] += a * (look - out[y0:y1, x0:x1])
-    if n_full:  # opaque bubbles at once, on top of the partial one
-        labels = _bubble_labels(h, w, cxy[:n_full, 0], cxy[:n_full, 1], r[:n_full])
-        # one row per bubble plus a far-away dummy for uncovered pixels (its disc edge is 0 there)
-        bx = np.append(cxy[:n_full, 0], -1e4).astype(np.float32)
-        by = np.append(cxy[:n_full, 1], -1e4).astype(np.float32)
-        rr = np.append(r[:n_full], 1.0).astype(np.float32)
-        look, edge = _bubble_look(image, (0, h, 0, w), np.take(bx, labels), np.take(by, labels),
-                                  np.take(rr, labels), glint_dir)
-        out = out + _per_pixel(image, edge) * (look - out)
-    return out.astype(np.float32)
+    return layer_discs(image, cxy, r, float(strength) * h * w,
+                       lambda box, bx, by, rr: _bubble_look(image, box, bx, by, rr, glint_dir))
 
 
 # --------------------------------------------------------------------------------------------
@@ -230,8 +183,8 @@ def blood(image: FloatImage, strength: float, rng: np.random.Generator) -> Float
     field = cv2.resize(grid, (w, h), interpolation=cv2.INTER_CUBIC)
     thr = float(np.quantile(field, 1.0 - float(strength)))
     soft = 0.15 * float(field.std()) + 1e-6
-    cover = _smoothstep((field - thr) / soft + 0.5)
-    depth = cover * np.float32(1.5 * float(strength)) * (np.float32(0.7) + np.float32(0.3) * _smoothstep(field - thr))
+    cover = smoothstep((field - thr) / soft + 0.5)
+    depth = cover * np.float32(1.5 * float(strength)) * (np.float32(0.7) + np.float32(0.3) * smoothstep(field - thr))
     trans: np.ndarray
     if image.ndim == 3:
         trans = np.exp(-depth[..., None] * _BLOOD_MU)
@@ -275,7 +228,7 @@ def endoscopy_overexposure(image: FloatImage, strength: float, rng: np.random.Ge
     ys = (np.arange(h, dtype=np.float32) - np.float32(hy * h)) / np.float32(r0)
     profile = 1.0 / (1.0 + ys[:, None] ** 2 + xs[None, :] ** 2)
     gain = (1.0 + np.float32(strength) * profile).astype(np.float32)
-    exposed = image.astype(np.float32) ** np.float32(2.2) * _per_pixel(image, gain)
+    exposed = image.astype(np.float32) ** np.float32(2.2) * per_pixel(gain, image)
     excess = np.maximum(exposed - 1.0, 0.0)
     # blooming: charge beyond full well spills into the neighbourhood (smooth, so computed at
     # quarter resolution)

@@ -13,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 import scipy.fft as sfft
 
+from medrobust_lib.perturb.field_ops import per_pixel
 from medrobust_lib.perturb.spec import perturbation
 from medrobust_lib.types import FloatImage
 
@@ -27,11 +28,6 @@ GHOST_PERIODS = (2, 2, 3, 4)
 """Line-modulation periods to draw from; period 2 (the EPI N/2 ghost) is drawn half the time."""
 BIAS_DEGREE = 3
 GIBBS_EDGE_BINS = 3.0
-
-
-def _bcast(field: np.ndarray, image: np.ndarray) -> np.ndarray:
-    """An (H, W) or (H, 1) field broadcastable against an (H, W) or (H, W, 3) image."""
-    return field[..., None] if image.ndim == 3 else field
 
 
 def _kspace(image: FloatImage) -> npt.NDArray[np.complex64]:
@@ -101,7 +97,7 @@ def kspace_motion(image: FloatImage, strength: float, rng: np.random.Generator) 
     mod = np.empty(angle.shape, np.complex64)
     mod.real = np.float32(1.0 - strength) + np.float32(strength) * np.cos(angle)
     mod.imag = np.float32(-strength) * np.sin(angle)
-    return _magnitude(_kspace(image) * _bcast(mod, image))
+    return _magnitude(_kspace(image) * per_pixel(mod, image))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -140,7 +136,7 @@ def bias_field(image: FloatImage, strength: float, rng: np.random.Generator) -> 
     luminance changes there."""
     h, w = image.shape[:2]
     field = np.exp(strength * bias_log_field(rng, h, w))
-    return (image * _bcast(field, image)).astype(np.float32)
+    return (image * per_pixel(field, image)).astype(np.float32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -178,7 +174,7 @@ def ghosting(image: FloatImage, strength: float, rng: np.random.Generator) -> Fl
     # band-limited) shift of a real image when p does not divide N.
     ky = _freqs(h).astype(np.float64)
     mod = (1.0 - strength + strength * np.cos(2.0 * np.pi * ky / period)).astype(np.complex64)
-    return _magnitude(_kspace(image) * _bcast(mod[:, None], image))
+    return _magnitude(_kspace(image) * per_pixel(mod[:, None], image))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -230,7 +226,7 @@ def gibbs_ringing(image: FloatImage, strength: float, rng: np.random.Generator) 
         return image.copy()
     h, w = image.shape[:2]
     win = np.outer(_truncation_weights(h, strength), _truncation_weights(w, strength))
-    return _magnitude(_kspace(image) * _bcast(win, image))
+    return _magnitude(_kspace(image) * per_pixel(win, image))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,21 +12,12 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
+from medrobust_lib.perturb.field_ops import per_pixel, smoothstep
 from medrobust_lib.perturb.spec import identity_maps, perturbation
 from medrobust_lib.types import FloatImage
 
 FAMILY = "oct"
 OCT = ("oct",)
-
-
-def _per_pixel(image: np.ndarray, field: np.ndarray) -> np.ndarray:
-    """An (H, W) field broadcastable against ``image``."""
-    return field[..., None] if image.ndim == 3 else field
-
-
-def _smoothstep(t: np.ndarray) -> np.ndarray:
-    t = np.clip(t, 0.0, 1.0)
-    return t * t * (3 - 2 * t)
 
 
 # --------------------------------------------------------------------------------------------
@@ -66,10 +57,10 @@ def oct_shadow(image: FloatImage, strength: float, rng: np.random.Generator) -> 
     trans = np.ones((h, w), np.float32)
     for c, r, d in zip(centre, rel, depth, strict=True):
         half = np.float32(s * 0.15 * w * r)
-        across = _smoothstep((half - np.abs(xs - np.float32(c))) / np.float32(2.0) + np.float32(0.5))
-        below = _smoothstep((ys - np.float32(d)) / np.float32(3.0))
+        across = smoothstep((half - np.abs(xs - np.float32(c))) / np.float32(2.0) + np.float32(0.5))
+        below = smoothstep((ys - np.float32(d)) / np.float32(3.0))
         trans *= 1.0 - atten * below[:, None] * across[None, :]
-    return (image * _per_pixel(image, trans)).astype(np.float32)
+    return (image * per_pixel(trans, image)).astype(np.float32)
 
 
 # --------------------------------------------------------------------------------------------
@@ -106,7 +97,7 @@ def oct_blink(image: FloatImage, strength: float, rng: np.random.Generator) -> F
     lost = np.clip(np.float32(half + 0.5) - np.abs(xs - np.float32(centre)), 0.0, 1.0)
     lost = np.minimum(lost, np.float32(width))
     gain = 1.0 - np.float32(1.0 - _BLINK_FLOOR) * lost
-    return (image * _per_pixel(image, np.broadcast_to(gain[None, :], (h, w)))).astype(np.float32)
+    return (image * per_pixel(np.broadcast_to(gain[None, :], (h, w)), image)).astype(np.float32)
 
 
 # --------------------------------------------------------------------------------------------
@@ -183,7 +174,7 @@ def oct_speckle(image: FloatImage, strength: float, rng: np.random.Generator) ->
     re = re * np.float32(c) + np.float32(np.sqrt(1.0 - c * c))
     im = im * np.float32(c)
     amp = np.sqrt(re * re + im * im)
-    return (image * _per_pixel(image, amp)).astype(np.float32)
+    return (image * per_pixel(amp, image)).astype(np.float32)
 
 
 # --------------------------------------------------------------------------------------------
@@ -223,4 +214,4 @@ def uneven_illumination(image: FloatImage, strength: float, rng: np.random.Gener
     ramp = np.clip(0.5 + 0.5 * ramp, 0.0, 1.0)
     lit = np.exp(-d2 / np.float32(2 * width * width)) * (1.0 - np.float32(mix) * ramp)
     gain = 1.0 - np.float32(strength) * (1.0 - lit)
-    return (image * _per_pixel(image, gain.astype(np.float32))).astype(np.float32)
+    return (image * per_pixel(gain.astype(np.float32), image)).astype(np.float32)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
+from medrobust_lib.perturb.field_ops import layer_discs, per_pixel, smoothstep
 from medrobust_lib.perturb.spec import perturbation
 from medrobust_lib.types import FloatImage
 
@@ -24,16 +25,6 @@ MODALITIES = ("pathology",)
 RGB_FROM_HED = np.array([[0.65, 0.70, 0.29], [0.07, 0.99, 0.11], [0.27, 0.57, 0.78]], np.float64)
 HED_FROM_RGB = np.linalg.inv(RGB_FROM_HED)
 _OD_EPS = 1.0 / 512  # transmission floor before the log (half an 8-bit step)
-
-
-def _per_pixel(image: np.ndarray, field: np.ndarray) -> np.ndarray:
-    """An (H, W) field broadcastable against ``image``."""
-    return field[..., None] if image.ndim == 3 else field
-
-
-def _smoothstep(t: np.ndarray) -> np.ndarray:
-    t = np.clip(t, 0.0, 1.0)
-    return t * t * (3 - 2 * t)
 
 
 # --------------------------------------------------------------------------------------------
@@ -92,25 +83,6 @@ _N_BUBBLES = 60
 _GLASS = 0.94  # brightness of empty mounted glass
 
 
-def _disc_labels(h: int, w: int, cx: np.ndarray, cy: np.ndarray, r: np.ndarray) -> np.ndarray:
-    """int32 (H, W) index of the topmost disc covering each pixel, ``len(r)`` where none (earlier
-    discs lie on top, so adding discs never changes pixels already covered)."""
-    labels = np.full((h, w), len(r), np.int32)
-    shift = 4  # sub-pixel centres and radii (1/16 px)
-    fixed = np.round(np.stack([cx, cy, r], axis=1) * (1 << shift)).astype(np.int64).tolist()
-    for i in range(len(fixed) - 1, -1, -1):  # earliest last, so it lies on top
-        x, y, rad = fixed[i]
-        cv2.circle(labels, (x, y), rad, i, -1, cv2.LINE_8, shift)
-    return labels
-
-
-def _coverage_opacity(areas: np.ndarray, target: float) -> np.ndarray:
-    """Opacity per item so that items are added in order until their summed area reaches
-    ``target``; the item that crosses it is partially opaque (continuous in ``target``)."""
-    before = np.concatenate([[0.0], np.cumsum(areas)[:-1]])
-    return np.clip((target - before) / np.maximum(areas, 1e-9), 0.0, 1.0)
-
-
 def _slide_bubble_look(
     image: FloatImage, blurred: FloatImage, box: tuple[int, int, int, int],
     bx: np.ndarray | float, by: np.ndarray | float, rr: np.ndarray | float,
@@ -124,12 +96,12 @@ def _slide_bubble_look(
     dist = np.sqrt(dx * dx + dy * dy)  # pixels from the bubble centre
     rim_width = np.float32(0.1) * rr32 + np.float32(1.5)
     depth_in = (rr32 - dist) / rim_width  # 0 at the edge, 1 at the inner side of the rim
-    rim = 1.0 - _smoothstep(depth_in * np.float32(1.4) - np.float32(0.4))
+    rim = 1.0 - smoothstep(depth_in * np.float32(1.4) - np.float32(0.4))
     halo = np.maximum(1.0 - ((depth_in - np.float32(1.3)) * np.float32(2.5)) ** 2, 0.0)
     sub = image[y0:y1, x0:x1]
     washed = np.float32(_GLASS) + np.float32(0.4) * (blurred[y0:y1, x0:x1] - np.float32(_GLASS))
-    washed = washed + _per_pixel(sub, np.float32(0.5) * halo) * (1.0 - washed)
-    look = washed * _per_pixel(sub, 1.0 - np.float32(0.85) * rim)
+    washed = washed + per_pixel(np.float32(0.5) * halo, sub) * (1.0 - washed)
+    look = washed * per_pixel(1.0 - np.float32(0.85) * rim, sub)
     edge = np.clip(rr32 - dist + np.float32(0.5), 0.0, 1.0)  # anti-aliased disc edge
     return look, edge
 
@@ -160,29 +132,10 @@ def slide_bubbles(image: FloatImage, strength: float, rng: np.random.Generator) 
     r = np.exp(rng.uniform(np.log(0.05), np.log(0.25), size=_N_BUBBLES)) * side
     if strength <= 0:
         return image.copy()
-    opacity = _coverage_opacity(np.pi * r * r, float(strength) * h * w)
-    n_full = int(np.count_nonzero(opacity >= 1.0))
     blurred = cv2.GaussianBlur(image, (0, 0), max(side / 128.0, 0.5), borderType=cv2.BORDER_REFLECT)
     blurred = np.asarray(blurred, np.float32).reshape(image.shape)
-    out: np.ndarray = image.copy()
-    if n_full < _N_BUBBLES and opacity[n_full] > 0:  # the partial bubble fades in beneath the others
-        cx, cy, rad = float(cxy[n_full, 0]), float(cxy[n_full, 1]), float(r[n_full])
-        x0, x1 = max(int(np.floor(cx - rad - 1)), 0), min(int(np.ceil(cx + rad + 1)) + 1, w)
-        y0, y1 = max(int(np.floor(cy - rad - 1)), 0), min(int(np.ceil(cy + rad + 1)) + 1, h)
-        if x0 < x1 and y0 < y1:
-            look, edge = _slide_bubble_look(image, blurred, (y0, y1, x0, x1), cx, cy, rad)
-            a = _per_pixel(look, (edge * np.float32(opacity[n_full])).astype(np.float32))
-            out[y0:y1, x0:x1] += a * (look - out[y0:y1, x0:x1])
-    if n_full:  # opaque bubbles at once, on top of the partial one
-        labels = _disc_labels(h, w, cxy[:n_full, 0], cxy[:n_full, 1], r[:n_full])
-        # one row per bubble plus a far-away dummy for uncovered pixels (its disc edge is 0 there)
-        bx = np.append(cxy[:n_full, 0], -1e4).astype(np.float32)
-        by = np.append(cxy[:n_full, 1], -1e4).astype(np.float32)
-        rr = np.append(r[:n_full], 1.0).astype(np.float32)
-        look, edge = _slide_bubble_look(image, blurred, (0, h, 0, w), np.take(bx, labels),
-                                        np.take(by, labels), np.take(rr, labels))
-        out = out + _per_pixel(image, edge) * (look - out)
-    return out.astype(np.float32)
+    return layer_discs(image, cxy, r, float(strength) * h * w,
+                       lambda box, bx, by, rr: _slide_bubble_look(image, blurred, box, bx, by, rr))
 
 
 # --------------------------------------------------------------------------------------------
@@ -231,6 +184,6 @@ def tissue_fold(image: FloatImage, strength: float, rng: np.random.Generator) ->
     map_y = (ys + np.float32((h - 1) / 2) + 2 * below * np.float32(ny)).astype(np.float32)
     flap = cv2.remap(image, map_x, map_y, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT_101)
     flap = np.asarray(flap, np.float32).reshape(image.shape)
-    k = _per_pixel(image, band * np.float32(3.0 * float(strength)))
+    k = per_pixel(band * np.float32(3.0 * float(strength)), image)
     out = image * np.power(np.maximum(flap, np.float32(_OD_EPS)), k)
     return out.astype(np.float32)

@@ -12,6 +12,7 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
+from medrobust_lib.perturb.field_ops import per_pixel, smoothstep
 from medrobust_lib.perturb.spec import perturbation
 from medrobust_lib.types import FloatImage
 
@@ -22,19 +23,10 @@ SHADOW_MAX = 3
 TGC_SLIDERS = 8
 
 
-def _bcast(field: np.ndarray, image: np.ndarray) -> np.ndarray:
-    return field[..., None] if image.ndim == 3 else field
-
-
-def _smoothstep(t: np.ndarray) -> np.ndarray:
-    t = np.clip(t, 0.0, 1.0)
-    return t * t * (3.0 - 2.0 * t)
-
-
 def _lateral_window(w: int, centre: float, half: float, edge: float) -> npt.NDArray[np.float64]:
     """1 over [centre - half, centre + half] (columns), falling smoothly to 0 over ``edge``."""
     x = np.arange(w, dtype=np.float64)
-    return _smoothstep((half + edge / 2.0 - np.abs(x - centre)) / max(edge, 1e-6))  # type: ignore[no-any-return]
+    return smoothstep((half + edge / 2.0 - np.abs(x - centre)) / max(edge, 1e-6))  # type: ignore[no-any-return]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -60,7 +52,7 @@ def shadow_geometry(rng: np.random.Generator, h: int, w: int) -> list[tuple[int,
         x = np.arange(c0, c1, dtype=np.float64)
         u = np.clip((x - centre[i]) / half[i], -1.0, 1.0)
         depth = top[i] + bulge[i] * half[i] * (1.0 - np.sqrt(1.0 - u * u))
-        lateral = _smoothstep((half[i] + edge / 2.0 - np.abs(x - centre[i])) / edge)
+        lateral = smoothstep((half[i] + edge / 2.0 - np.abs(x - centre[i])) / edge)
         out.append((c0, c1, depth.astype(np.float32), lateral.astype(np.float32)))
     return out
 
@@ -97,8 +89,8 @@ def acoustic_shadowing(image: FloatImage, strength: float, rng: np.random.Genera
         np.maximum(surface[:, c0:c1], hat, out=surface[:, c0:c1])
     transmit = np.exp(np.float32(-strength) * atten)
     echo = np.float32(1.0 - np.exp(-strength)) * surface
-    out = image * _bcast(transmit, image)
-    return (out + _bcast(echo, image) * (1.0 - out)).astype(np.float32)
+    out = image * per_pixel(transmit, image)
+    return (out + per_pixel(echo, image) * (1.0 - out)).astype(np.float32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -151,7 +143,7 @@ def reverberation(image: FloatImage, strength: float, rng: np.random.Generator) 
     gray = image if image.ndim == 2 else image.mean(axis=2)
     band = gray[(np.arange(h) % depth)] * band_amp[:, None]
     echo = np.clip((lines[:, None] + band) * profile[None, :], 0.0, 1.0).astype(np.float32)
-    e = _bcast(echo, image)
+    e = per_pixel(echo, image)
     return (1.0 - (1.0 - image) * (1.0 - e)).astype(np.float32)
 
 
@@ -185,4 +177,4 @@ def depth_gain_variation(image: FloatImage, strength: float, rng: np.random.Gene
     h = image.shape[0]
     prof = tgc_profile(rng, h)
     gain = (10.0 ** (strength * prof / 20.0)).astype(np.float32)
-    return (image * _bcast(gain[:, None], image)).astype(np.float32)
+    return (image * per_pixel(gain[:, None], image)).astype(np.float32)

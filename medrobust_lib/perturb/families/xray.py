@@ -11,6 +11,7 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
+from medrobust_lib.perturb.field_ops import per_pixel
 from medrobust_lib.perturb.spec import perturbation
 from medrobust_lib.types import FloatImage
 
@@ -23,10 +24,6 @@ REFERENCE_PHOTONS = 2000.0
 """Detected photons per pixel at full-scale signal at the reference (clean) dose."""
 UNDEREXPOSURE_DARKENING = 0.1
 """Displayed brightness follows dose ** 0.1: processing compensates most, not all, of the loss."""
-
-
-def _bcast(field: np.ndarray, image: np.ndarray) -> np.ndarray:
-    return field[..., None] if image.ndim == 3 else field
 
 
 def large_blur(image: FloatImage, sigma_frac: float = SCATTER_SIGMA) -> npt.NDArray[np.float32]:
@@ -125,4 +122,4 @@ def grid_lines(image: FloatImage, strength: float, rng: np.random.Generator) -> 
     ys, xs = np.mgrid[0:h, 0:w].astype(np.float32)
     u = xs * np.float32(np.cos(theta)) + ys * np.float32(np.sin(theta))
     stripes = np.float32(0.5) * (1.0 + np.cos(np.float32(2.0 * np.pi * freq) * u + np.float32(phase)))
-    return (image * _bcast(1.0 - np.float32(strength) * stripes, image)).astype(np.float32)
+    return (image * per_pixel(1.0 - np.float32(strength) * stripes, image)).astype(np.float32)

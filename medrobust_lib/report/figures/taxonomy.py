@@ -16,7 +16,6 @@ import numpy as np
 import pandas as pd
 
 from medrobust_lib.report.figures import style
-from medrobust_lib.report.figures.style import pyplot
 from medrobust_lib.store.schema import QUADRANTS
 from medrobust_lib.taxonomy.stats import POINT_KEYS
 
@@ -33,11 +32,6 @@ QUADRANT_HATCHES: dict[str, str | None] = {"Ideal": None, "Fragile": "///", "Dan
 _MARKERS: dict[str, str] = {"none": "o", "blank": "s", "noise": "^"}
 _CONDITION_MARKER = "h"
 """Marker of the clean (filled) / perturbed (hollow) legend entries: no image mode uses it."""
-
-
-def _pyplot() -> Any:
-
-    return pyplot()
 
 
 def _slug(name: object) -> str:

@@ -78,7 +78,13 @@ import pandas as pd
 
 from medrobust_lib.metrics.stats import benjamini_hochberg, paired_bootstrap_ci, wilcoxon_paired
 from medrobust_lib.seeding import rng_for
-from medrobust_lib.store import registry
+from medrobust_lib.store import model_registry
+from medrobust_lib.tracks.finetune.strategy_runs import (
+    evaluate_model,
+    finetune_config,
+    registry_model_config,
+    registry_model_id,
+)
 
 PAIR_KEY: tuple[str, ...] = ("dataset", "sample_id", "condition", "perturbation", "level")
 GROUP_KEY: tuple[str, ...] = ("condition", "perturbation", "level")
@@ -187,17 +193,16 @@ def checkpoint_hash(path: str | Path) -> str:
 
 def resolve_ref(ref: str, mlruns_dir: str | Path | None = None) -> str:
     """A selector for :func:`select_rows`: ``models:/name@alias`` (or ``/version``) becomes the
-    stored hash of the registered checkpoint (via ``medrobust_lib.store.registry.resolve_model_uri``);
+    stored hash of the registered checkpoint (via ``medrobust_lib.store.model_registry.resolve_model_uri``);
     anything else (a model id or a hash) is returned unchanged. ``mlruns_dir`` None: the registry's
     default (``$MEDROBUST_MLRUNS`` or ``mlruns``)."""
     if not ref.startswith("models:/"):
         return ref
     try:
-        registry = importlib.import_module("medrobust_lib.store.registry")
-        resolve = registry.resolve_model_uri
+        resolve = importlib.import_module("medrobust_lib.store.model_registry").resolve_model_uri
     except (ImportError, AttributeError) as exc:
         raise GateInputError(f"cannot resolve {ref}: MLflow registry resolution "
-                             f"(medrobust_lib.store.registry.resolve_model_uri) is not available ({exc}); "
+                             f"(medrobust_lib.store.model_registry.resolve_model_uri) is not available ({exc}); "
                              "pass the checkpoint hash or the model id instead") from exc
     try:
         path = Path(resolve(ref, mlruns_dir))
@@ -246,7 +251,7 @@ def gather_side(ref: str, side: str, results_dir: str | Path, *, suite: Any = No
     ``<name>-v<version>`` (written by the ``registry_evaluation`` asset, or here); otherwise any
     model's rows for the same checkpoint hash (e.g. the ``<base>-<strategy>`` rows of the strategy
     asset, which are the same weights); otherwise, when ``evaluate`` and a ``suite`` are given,
-    the version is evaluated now with :func:`medrobust_lib.tracks.finetune.strategies.evaluate_model` on
+    the version is evaluated now with :func:`medrobust_lib.tracks.finetune.strategy_runs.evaluate_model` on
     the suite's fine-tuning evaluation set, so both sides see the same samples and conditions.
     Other refs (model id, checkpoint hash) are only read. ``rows``: the table already read by the
     caller (read here when None), so two sides cost one read. Raises :class:`GateInputError` when
@@ -262,10 +267,9 @@ def gather_side(ref: str, side: str, results_dir: str | Path, *, suite: Any = No
             raise GateInputError(f"no {RESULTS_TABLE} rows for the {side} {ref} in {results_dir}: evaluate it first "
                                  "(materialize its segmentation assets) or pass a models:/ URI")
         return sel
-    from medrobust_lib.tracks.finetune.strategies import registry_model_config, registry_model_id
 
     try:
-        name, version = registry.resolve_version(ref, mlruns_dir)
+        name, version = model_registry.resolve_version(ref, mlruns_dir)
     except (LookupError, ValueError, OSError) as exc:
         raise GateInputError(f"cannot resolve {ref}: {exc}") from exc
     model_id = registry_model_id(name, version)
@@ -284,7 +288,6 @@ def gather_side(ref: str, side: str, results_dir: str | Path, *, suite: Any = No
         raise GateInputError(f"no {RESULTS_TABLE} rows for the {side} {ref} (version {version}, checkpoint "
                              f"{digest}) in {results_dir}; materialize registry_evaluation[{name}:{version}] or "
                              "let the gate evaluate it (a suite and --evaluate)")
-    from medrobust_lib.tracks.finetune.strategies import evaluate_model
 
     if log:
         log(f"{side} {ref}: no rows yet, evaluating {model_id}")
@@ -300,10 +303,9 @@ def gate_version(suite: Any, name: str, version: int, mlruns_dir: str | Path | N
     ``(champion version, result)``; the result is None when there is no other champion to compare
     with (none yet, or this version is the champion)."""
     from medrobust_lib.store.results import read_table
-    from medrobust_lib.tracks.finetune.strategies import finetune_config
     from medrobust_lib.tracks.segmentation.evaluate import RESULTS_TABLE
 
-    champion = registry.get_alias_version(name, "champion", mlruns_dir)
+    champion = model_registry.get_alias_version(name, "champion", mlruns_dir)
     if champion is None or champion == version:
         return champion, None
     ft = finetune_config(suite)
@@ -312,7 +314,7 @@ def gate_version(suite: Any, name: str, version: int, mlruns_dir: str | Path | N
     sides = [gather_side(f"models:/{name}/{v}", side, suite.results_dir, suite=suite, mlruns_dir=mlruns_dir,
                          log=log, rows=rows) for side, v in (("candidate", version), ("baseline", champion))]
     result = compare(sides[0], sides[1], th)
-    registry.set_version_tag(name, version, "medrobust.gate", f"{'PASS' if result.passed else 'FAIL'} vs v{champion}",
+    model_registry.set_version_tag(name, version, "medrobust.gate", f"{'PASS' if result.passed else 'FAIL'} vs v{champion}",
                              mlruns_dir)
     return champion, result
 

@@ -20,12 +20,13 @@ from pathlib import Path
 
 import numpy as np
 
+from medrobust_lib.adapters import adapter_entry, list_adapters
 from medrobust_lib.config import Suite
 from medrobust_lib.config.vlm import VLMModelConfig, adapter_box_scale, vlm_config, vlm_model
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.finetune.vlm_train import VLMExample, adapter_train_config
 from medrobust_lib.tracks.vlm.items import VLMItem, box_in_sample, load_items, prompt_for
-from medrobust_lib.tracks.vlm.runner import TRAINING_META, checkpoint_dir
+from medrobust_lib.tracks.vlm.model_runner import TRAINING_META, checkpoint_dir
 
 
 def samples_by_split(suite: Suite) -> dict[str, dict[tuple[str, str], Sample]]:
@@ -140,12 +141,13 @@ def finetune_adapter(suite: Suite, model_id: str, log: Callable[[str], None] | N
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     from medrobust_lib.finetune.vlm_lora import LM_PROJ_REGEX, LoraSettings, finetune_lora
-    from medrobust_lib.tracks.vlm.runner import _folder_hash, resolve_source
+    from medrobust_lib.tracks.vlm.model_runner import _folder_hash, resolve_source
 
     t0 = time.perf_counter()
     m = vlm_model(suite, model_id)
-    if m.kind != "hf":
-        raise ValueError(f"{model_id}: LoRA fine-tuning needs local weights (kind 'hf'), not an API model")
+    if not adapter_entry(m.kind, "vlm").lora_finetunable:
+        raise ValueError(f"{model_id}: kind {m.kind!r} cannot be LoRA fine-tuned here (kinds that can: "
+                         f"{', '.join(list_adapters('vlm', lora_finetunable=True))})")
     ft = vlm_config(suite).finetune
     source = resolve_source(suite, m)
     model = AutoModelForImageTextToText.from_pretrained(source, local_files_only=True)
@@ -168,7 +170,7 @@ def finetune_adapter(suite: Suite, model_id: str, log: Callable[[str], None] | N
 
 
 def write_training_meta(folder: Path, m: VLMModelConfig, task: str, box_scale: str) -> None:
-    """:data:`~medrobust_lib.tracks.vlm.runner.TRAINING_META` in the adapter folder: what the adapter
+    """:data:`~medrobust_lib.tracks.vlm.model_runner.TRAINING_META` in the adapter folder: what the adapter
     was taught (task, box scale) and on which splits."""
     meta = {"model": m.id, "task": task, "box_scale": box_scale, "trained_on": "train", "selected_on": "val"}
     (folder / TRAINING_META).write_text(json.dumps(meta, indent=2) + "\n")

@@ -13,15 +13,20 @@ import numpy as np
 import pandas as pd
 
 from medrobust_lib.config import Suite
-from medrobust_lib.config.segmentation import PACKAGE_CHECKPOINT, SegmentationConfig, SegModelConfig
+from medrobust_lib.config.segmentation import (
+    PACKAGE_CHECKPOINT,
+    PromptConfig,
+    SegmentationConfig,
+    SegModelConfig,
+)
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.lru import LRU, file_stamp
 from medrobust_lib.metrics.segmentation import EMPTY_GT_POLICY, dice, iou
-from medrobust_lib.models.registry import build_segmenter
+from medrobust_lib.models.factory import build_segmenter
 from medrobust_lib.paths import suite_paths
 from medrobust_lib.perturb.engine import NOT_APPLICABLE
-from medrobust_lib.prompts import PromptConfig, prompt_boxes
-from medrobust_lib.store import registry, results
+from medrobust_lib.prompts import prompt_boxes
+from medrobust_lib.store import model_registry, results
 from medrobust_lib.store.completeness import ERROR_OUTCOME
 from medrobust_lib.store.schema import SEG_NO_MASK, SEG_NOT_APPLICABLE, SEG_OK, column_names, seg_failed
 
@@ -81,7 +86,7 @@ def resolve_checkpoint(suite: Suite, m: SegModelConfig) -> Path:
 
         return verify_packaged_checkpoint(packaged_checkpoint())
     if m.checkpoint.startswith("models:/"):
-        return registry.resolve_model_uri(m.checkpoint, registry.mlruns_dir())
+        return model_registry.resolve_model_uri(m.checkpoint, model_registry.mlruns_dir())
     return Path(m.checkpoint)
 
 
@@ -94,7 +99,7 @@ def load_model(suite: Suite, m: SegModelConfig, *, fresh: bool = False) -> Any:
     with ``compile``, one compiled encoder. The shared model is for inference only: a caller that
     changes the model (fine-tuning applies a strategy and trains it in place) asks for a ``fresh``
     one, which is never cached. The adapter class is the one registered for ``m.family``
-    (:mod:`medrobust_lib.models.registry`)."""
+    (:mod:`medrobust_lib.models.factory`)."""
     path = resolve_checkpoint(suite, m)
     if fresh:
         return build_segmenter(m, path)

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from medrobust_lib.adapters import adapter_entry, list_adapters
 from medrobust_lib.config import Suite
 from medrobust_lib.config.taxonomy import TaxonomyConfig, TaxonomyConfigEntry
 from medrobust_lib.config.vlm import VLMModelConfig, vlm_model
@@ -77,7 +78,7 @@ def config_entry(suite: Suite, config_id: str) -> TaxonomyConfigEntry:
 def model_for(suite: Suite, entry: TaxonomyConfigEntry) -> VLMModelConfig:
     """The VLM behind a configuration: a configured ``vlm.models`` entry, or the demo-trained
     weights under ``var/checkpoints/<config>/`` (plus ``adapter/`` for consistency_lora)."""
-    from medrobust_lib.tracks.vlm.runner import checkpoint_dir
+    from medrobust_lib.tracks.vlm.model_runner import checkpoint_dir
 
     if entry.model is not None:
         return vlm_model(suite, entry.model)
@@ -124,11 +125,12 @@ def paraphrase_sets(suite: Suite, items: Sequence[VLMItem]) -> tuple[dict[str, t
     tc = taxonomy_config(suite)
     api = None
     if tc.api_paraphraser is not None:
-        from medrobust_lib.tracks.vlm.runner import Runner
+        from medrobust_lib.tracks.vlm.model_runner import Runner
 
         m = vlm_model(suite, tc.api_paraphraser)
-        if m.kind != "api":
-            raise ValueError(f"api_paraphraser {m.id!r} must be a kind: api model")
+        if not adapter_entry(m.kind, "vlm").is_endpoint:
+            raise ValueError(f"api_paraphraser {m.id!r} must be an endpoint model (kind: "
+                             f"{' or '.join(list_adapters('vlm', is_endpoint=True))})")
         api = Runner(suite, m).api
     out: dict[str, tuple[tuple[str, int], ...]] = {}
     audit: list[dict[str, Any]] = []
@@ -176,7 +178,7 @@ class _Scorer:
     """yes/no log-probabilities for one configuration's model (local: vision once per image)."""
 
     def __init__(self, suite: Suite, entry: TaxonomyConfigEntry) -> None:
-        from medrobust_lib.tracks.vlm.runner import Runner
+        from medrobust_lib.tracks.vlm.model_runner import Runner
 
         self.runner = Runner(suite, model_for(suite, entry))
         self.entry = entry

@@ -66,8 +66,8 @@ def write_taxonomy_stats(results_dir: str | Path, seed: int = 0, abstention_tau:
         quad = pd.DataFrame(columns=list(QUADRANT_STATS_COLUMNS))
         corr = pd.DataFrame(columns=list(CORRELATION_STATS_COLUMNS))
     else:
-        quad = quadrant_stats(df, seed, abstention_tau=tau, min_n=min_n)
-        corr = flip_dangerous_correlation(df, seed, min_n=min_n)
+        quad = quadrant_stats(df, seed, abstention_tau=tau, min_n=min_n).reindex(columns=list(QUADRANT_STATS_COLUMNS))
+        corr = flip_dangerous_correlation(df, seed, min_n=min_n).reindex(columns=list(CORRELATION_STATS_COLUMNS))
     if len(quad):
         quad["config"] = quad["config"].astype(str)
         quad["level"] = pd.to_numeric(quad["level"]).astype(int)

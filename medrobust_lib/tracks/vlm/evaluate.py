@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from medrobust_lib.adapters import adapter_entry, list_adapters
 from medrobust_lib.config import Suite
 from medrobust_lib.config.vlm import VLMProtocol, vlm_config, vlm_model
 from medrobust_lib.data.sample import Sample
@@ -42,8 +43,15 @@ from medrobust_lib.tasks.judge import judge_mc
 from medrobust_lib.tasks.judge_open import judge_open
 from medrobust_lib.tasks.scoring import score_captions, score_grounding, score_mc, score_yes_no
 from medrobust_lib.tasks.vqa import LETTERS
-from medrobust_lib.tracks.vlm.items import DroppedRecord, VLMItem, box_in_sample, load_items, prompt_for
-from medrobust_lib.tracks.vlm.runner import Answer, Runner
+from medrobust_lib.tracks.vlm.items import (
+    DroppedRecord,
+    VLMItem,
+    box_in_sample,
+    load_items,
+    prompt_for,
+    records_config,
+)
+from medrobust_lib.tracks.vlm.model_runner import Answer, Runner
 
 EVAL_VERSION = 1
 ROW_KEY: tuple[str, ...] = ("task", "dataset", "sample_id", "record_id", "prompt_id", "image_mode", "perturbation")
@@ -389,8 +397,9 @@ def _judge_runner(suite: Suite) -> Runner | None:
     if vc.judge is None:
         return None
     m = vlm_model(suite, vc.judge)
-    if m.kind != "api":
-        raise ValueError(f"vlm.judge {m.id!r} must be a kind: api model")
+    if not adapter_entry(m.kind, "vlm").is_endpoint:
+        raise ValueError(f"vlm.judge {m.id!r} must be an endpoint model (kind: "
+                         f"{' or '.join(list_adapters('vlm', is_endpoint=True))})")
     return Runner(suite, m)
 
 
@@ -399,14 +408,13 @@ def _open_judge_runner(suite: Suite) -> Runner | None:
     if vc.protocol.open_vqa_judge is None:
         return None
     m = vlm_model(suite, vc.protocol.open_vqa_judge)
-    if m.kind != "api":
-        raise ValueError(f"vlm.protocol.open_vqa_judge {m.id!r} must be a kind: api model")
+    if not adapter_entry(m.kind, "vlm").is_endpoint:
+        raise ValueError(f"vlm.protocol.open_vqa_judge {m.id!r} must be an endpoint model (kind: "
+                         f"{' or '.join(list_adapters('vlm', is_endpoint=True))})")
     return Runner(suite, m)
 
 
 def _fingerprint(runner: Runner, suite: Suite, extra: list[Any]) -> str:
-    from medrobust_lib.tracks.vlm.items import records_config
-
     vc = vlm_config(suite)
     return results.fingerprint([EVAL_VERSION, runner.checkpoint, runner.adapter, runner.m.model_dump(),
                                 records_config(suite).model_dump(), vc.max_records_per_task, vc.judge, *extra,

@@ -237,7 +237,7 @@ def test_models_uri_resolution(res_dir: Path, tmp_path: Path, monkeypatch: pytes
     """models:/ refs through a real SQLite MLflow registry: rows of the registry evaluation id are
     preferred, rows of the same checkpoint under another id are reused, a version without rows is
     an error under --no-evaluate, an unknown alias is exit 2."""
-    from medrobust_lib.store.registry import register_checkpoint
+    from medrobust_lib.store.model_registry import register_checkpoint
 
     mlruns = tmp_path / "mlruns"
     monkeypatch.setenv("MEDROBUST_MLRUNS", str(mlruns))

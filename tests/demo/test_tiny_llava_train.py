@@ -9,7 +9,7 @@ from medrobust_lib.config import load_suite
 from medrobust_lib.config.vlm import VLMTrainSettings
 from medrobust_lib.demo.alignment import demo_truth
 from medrobust_lib.demo.corpus import CORPUS_FOLDER, CORPUS_PREFIX, TOWER_CORPUS_FOLDER, load_corpus
-from medrobust_lib.demo.vlm_train import tower_data
+from medrobust_lib.demo.tiny_llava_train import tower_data
 from medrobust_lib.tracks.finetune.vlm_adapter import samples_by_split as _samples_by_split
 from tests.suite_helpers import write_suite
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from medrobust_lib.report.figures.gallery import (
+from medrobust_lib.perturb.gallery import (
     HEADER_H,
     MISSED_MARK,
     TILE,

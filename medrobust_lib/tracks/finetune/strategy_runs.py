@@ -32,9 +32,10 @@ from typing import Any
 
 from medrobust_lib.config import Suite
 from medrobust_lib.config.segmentation import FinetuneConfig, FinetuneEval, SegModelConfig
+from medrobust_lib.hashing import file_sha256
 from medrobust_lib.paths import suite_paths
 from medrobust_lib.seeding import rng_for, scoped_torch_seed
-from medrobust_lib.store import registry
+from medrobust_lib.store import model_registry
 
 
 def finetune_config(suite: Suite) -> FinetuneConfig | None:
@@ -75,9 +76,9 @@ def registry_model_config(suite: Suite, uri: str, mlruns_dir: str | Path | None 
 
     from medrobust_lib.tracks.segmentation.evaluate import seg_config
 
-    name, version = registry.resolve_version(uri, mlruns_dir)
+    name, version = model_registry.resolve_version(uri, mlruns_dir)
     pinned = f"models:/{name}/{version}"
-    weights = registry.resolve_model_uri(pinned, mlruns_dir)
+    weights = model_registry.resolve_model_uri(pinned, mlruns_dir)
     cfg_file = weights.with_name("config.json")
     meta = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
     if "family" not in meta or "arch" not in meta:
@@ -277,19 +278,18 @@ def register_version(folder: str | Path, name: str, tags: dict[str, str], *, run
     The first version of a model also becomes ``champion`` (the baseline the gate compares new
     candidates with). Without a ``run``, the registration gets its own run in ``experiment`` (a
     suite's is ``paths.experiment_name(suite, "registry")``). Returns ``(version, created)``."""
-    from medrobust_lib.models.sam import file_sha256
 
     digest = file_sha256(Path(folder) / "model.safetensors")
     try:
-        for v in registry.list_versions(name, mlruns_dir):
+        for v in model_registry.list_versions(name, mlruns_dir):
             if v["tags"].get("checkpoint_sha256") == digest:
                 return int(v["version"]), False
-    except registry.RegistryError:
+    except model_registry.RegistryError:
         pass
-    rv = registry.register_checkpoint(folder, name, tags={**tags, "checkpoint_sha256": digest}, run=run,
+    rv = model_registry.register_checkpoint(folder, name, tags={**tags, "checkpoint_sha256": digest}, run=run,
                                       experiment=experiment, mlruns_dir=mlruns_dir, alias="candidate")
-    if registry.get_alias_version(name, "champion", mlruns_dir) is None:
-        registry.set_alias(name, "champion", rv.version, mlruns_dir)
+    if model_registry.get_alias_version(name, "champion", mlruns_dir) is None:
+        model_registry.set_alias(name, "champion", rv.version, mlruns_dir)
     return rv.version, True
 
 
@@ -337,7 +337,7 @@ def evaluate_version(suite: Suite, name: str, version: int, mlruns_dir: str | Pa
     digest = checkpoint_file_hash(m.checkpoint)
     ft = finetune_config(suite)
     reused = 0
-    if reuse and ft is not None and name == registry.seg_model_name(ft.base, m.strategy):
+    if reuse and ft is not None and name == model_registry.seg_model_name(ft.base, m.strategy):
         reused = reuse_rows(suite.results_dir, f"{ft.base}-{m.strategy}", m.id, digest)
     meta: dict[str, Any] = {"model_id": m.id, "checkpoint_hash": digest, "reused_rows": reused}
     if not reused:

@@ -23,7 +23,7 @@ from medrobust_lib.finetune.vlm_train import VLMExample, VLMTrainConfig
 from medrobust_lib.tasks.scoring import score_mc
 from medrobust_lib.tracks.finetune.vlm_adapter import examples_for, samples_by_split
 from medrobust_lib.tracks.vlm.items import VLMItem, load_items, prompt_for
-from medrobust_lib.tracks.vlm.runner import checkpoint_dir
+from medrobust_lib.tracks.vlm.model_runner import checkpoint_dir
 
 SELECTION_TASKS = ("vqa_yesno", "vqa_mc")
 """Model selection uses the validation loss of the closed-answer tasks (captions overfit first)."""

@@ -20,11 +20,12 @@ from typing import Any
 
 import numpy as np
 
+from medrobust_lib.adapters import adapter_entry
 from medrobust_lib.config import Suite
 from medrobust_lib.config.vlm import VLMModelConfig, adapter_box_scale, vlm_model
 from medrobust_lib.lru import LRU, FileStamp, file_stamp
 from medrobust_lib.models.base import VisionLanguageEndpoint
-from medrobust_lib.models.registry import VLMInputs, adapter_entry, build_vlm
+from medrobust_lib.models.factory import VLMInputs, build_vlm
 from medrobust_lib.paths import suite_paths
 
 
@@ -100,7 +101,7 @@ def resolve_adapter(suite: Suite, m: VLMModelConfig) -> str | None:
 
 
 def vlm_inputs(suite: Suite, m: VLMModelConfig) -> VLMInputs:
-    """What the suite resolves for ``m``'s adapter (:mod:`medrobust_lib.models.registry`): the
+    """What the suite resolves for ``m``'s adapter (:mod:`medrobust_lib.models.factory`): the
     weights (``source``, LoRA ``adapter``) when the adapter loads local weights, and always the
     response-cache file ``<cache>/<id>.sqlite`` and the suite seed."""
     cache = str(suite_paths(suite).cache / f"{m.id}.sqlite")
