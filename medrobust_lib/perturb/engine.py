@@ -11,14 +11,13 @@ processing order or on the number of worker processes.
 
 from __future__ import annotations
 
-import atexit
-import multiprocessing as mp
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from medrobust_lib import runtime
 from medrobust_lib.data.sample import Sample, array_hash
 from medrobust_lib.perturb.calibrate import Band, Calibrated, WarmStart, calibrate, warm_start
 from medrobust_lib.perturb.calibrate_reference import find_strength
@@ -183,21 +182,10 @@ def verify_row(row: dict[str, Any], sample: Sample) -> bool:
 
 # ---- running many chunks, optionally in worker processes ----------------------------------
 
-_POOL: ProcessPoolExecutor | None = None
-_POOL_SIZE = 0
-
-
 def _pool(workers: int) -> ProcessPoolExecutor:
-    """A process pool kept for the life of the process (spawning one per partition would cost
-    seconds each time). Spawn, not fork: forking after OpenCV/Dagster threads can deadlock."""
-    global _POOL, _POOL_SIZE
-    if _POOL is None or _POOL_SIZE != workers:
-        if _POOL is not None:
-            _POOL.shutdown(cancel_futures=True)
-        _POOL = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"))
-        _POOL_SIZE = workers
-        atexit.register(_POOL.shutdown, cancel_futures=True)
-    return _POOL
+    """The perturbation engine's process pool (:func:`medrobust_lib.runtime.process_pool`, kept
+    for the life of the process)."""
+    return runtime.process_pool("perturb", workers)
 
 
 def _run_in_worker(chunk: ChunkSpec, samples: list[Sample]) -> tuple[list[dict[str, Any]], dict[str, Any]]:

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from medrobust_lib import runtime
 from medrobust_lib.data.sample import Sample, array_hash
 from medrobust_lib.lru import LRU
 from medrobust_lib.perturb.engine import regenerate
@@ -56,7 +57,7 @@ def budget_bytes() -> int:
     return int(raw) << 20
 
 
-_CACHE: LRU[tuple[Any, ...], PerturbOutput] = LRU(max_bytes=budget_bytes)
+_CACHE: LRU[tuple[Any, ...], PerturbOutput] = runtime.cache("perturb.regen", LRU(max_bytes=budget_bytes))
 
 
 def _forget(k: int) -> Callable[[weakref.ref[np.ndarray]], None]:

@@ -24,8 +24,6 @@ Regeneration is :func:`medrobust_lib.perturb.engine.regenerate`, bit-exact with 
 
 from __future__ import annotations
 
-import atexit
-import multiprocessing as mp
 import os
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -33,6 +31,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from medrobust_lib import runtime
 from medrobust_lib.data.sample import Sample, SampleError
 from medrobust_lib.lru import LRU, file_stamp
 from medrobust_lib.perturb import regen_cache
@@ -50,7 +49,7 @@ def _key(row: dict[str, Any]) -> SampleKey:
     return (str(row["dataset"]), str(row["sample_id"]))
 
 
-_CLEAN: LRU[tuple[Any, ...], EvalSamples] = LRU(max_items=8)
+_CLEAN: LRU[tuple[Any, ...], EvalSamples] = runtime.cache("feed.clean_samples", LRU(max_items=8))
 """Per-process cache of :func:`eval_samples`."""
 
 
@@ -114,7 +113,7 @@ def clean_samples(suite: Any, modality: str, split: str) -> dict[SampleKey, Samp
 
 WORKER_SAMPLE_CACHE = 64
 """Clean samples a feed worker keeps (least recently used dropped first)."""
-_ONE: LRU[tuple[Any, ...], Sample] = LRU(max_items=WORKER_SAMPLE_CACHE)
+_ONE: LRU[tuple[Any, ...], Sample] = runtime.cache("feed.worker_samples", LRU(max_items=WORKER_SAMPLE_CACHE))
 _REFS: dict[tuple[Any, ...], tuple[dict[SampleKey, Any], dict[SampleKey, str], dict[str, Any]]] = {}
 
 
@@ -172,21 +171,10 @@ def _regenerate_rows(suite: Any, modality: str, split: str, rows: Sequence[dict[
     return out
 
 
-_POOL: ProcessPoolExecutor | None = None
-_POOL_SIZE = 0
-
-
 def _pool(workers: int) -> ProcessPoolExecutor:
-    """The feed's process pool, kept for the life of the process. Spawn, not fork: forking after
-    torch/OpenCV threads have started can deadlock."""
-    global _POOL, _POOL_SIZE
-    if _POOL is None or _POOL_SIZE != workers:
-        if _POOL is not None:
-            _POOL.shutdown(cancel_futures=True)
-        _POOL = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"))
-        _POOL_SIZE = workers
-        atexit.register(_POOL.shutdown, cancel_futures=True)
-    return _POOL
+    """The feed's process pool (:func:`medrobust_lib.runtime.process_pool`, kept for the life of
+    the process)."""
+    return runtime.process_pool("feed", workers)
 
 
 def _tasks(rows: Sequence[dict[str, Any]], chunk: int) -> list[list[dict[str, Any]]]:
