@@ -153,11 +153,11 @@ def plan(selection: dg.AssetSelection, definitions: dg.Definitions, instance: dg
     if partitions is None:
         return steps
     known = {str(st.partition) for st in steps if st.partition is not None}
-    for key in partitions:
-        if key not in known:
+    for wanted_key in partitions:
+        if wanted_key not in known:
             pdefs = {describe(st.partitions_def) for st in steps if st.partitions_def is not None}
             names = sorted({st.key.to_user_string() for st in steps if st.partitions_def is not None})
-            raise PartitionRefused(f"partition {key!r} is not one of the suite's partitions of "
+            raise PartitionRefused(f"partition {wanted_key!r} is not one of the suite's partitions of "
                                    f"{', '.join(names) or 'the selected assets'}: "
                                    f"{'; '.join(sorted(pdefs)) or 'they are not partitioned'}")
     return [st for st in steps if st.partition is None or str(st.partition) in set(partitions)]

@@ -1,8 +1,9 @@
 """Per-process runtime state, owned in one place: the bounded caches, the worker process pools,
 the parsed suites and the torch thread setting.
 
-Library modules do not keep such state in globals of their own: a cache is declared with
-:func:`cache` (name -> :class:`~medrobust_lib.lru.LRU`), a process pool is asked for with
+Library modules do not keep such state in globals of their own: a cache is a named
+:class:`~medrobust_lib.lru.LRU` (``LRU(..., name="<package>.<what>")`` registers it; :func:`caches`
+lists them), a process pool is asked for with
 :func:`process_pool`, a suite file is read through :func:`load_suite` (parsed once per process
 while the file is unchanged). :func:`configure` applies the process settings (torch threads);
 :func:`reset` empties every cache, shuts the pools down and forgets the parsed suites (tests, or
@@ -19,38 +20,26 @@ import multiprocessing as mp
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from medrobust_lib.lru import LRU, FileStamp, file_stamp
+from medrobust_lib.lru import REGISTRY as lru_registry
 
 if TYPE_CHECKING:
     from medrobust_lib.config import Suite
 
-K = TypeVar("K")
-V = TypeVar("V")
-
 _LOCK = threading.Lock()
-_CACHES: dict[str, LRU[Any, Any]] = {}
 _POOLS: dict[str, tuple[int, ProcessPoolExecutor]] = {}
 _SUITES: dict[str, tuple[FileStamp, Suite]] = {}
 _SOURCES: dict[int, str] = {}  # id(parsed suite) -> its resolved path (the suite is kept in _SUITES)
 _SUITE_PARSES = 0
 
 
-def cache(name: str, lru: LRU[K, V]) -> LRU[K, V]:
-    """Register ``lru`` under ``name`` (``<module>.<what>``) and return it; a second cache of the
-    same name is a ValueError (two modules would otherwise share a name in :func:`caches`)."""
-    with _LOCK:
-        if name in _CACHES and _CACHES[name] is not lru:
-            raise ValueError(f"runtime cache {name!r} is registered twice")
-        _CACHES[name] = lru
-    return lru
-
-
 def caches() -> dict[str, LRU[Any, Any]]:
-    """Every registered cache by name (a copy of the registry; the caches themselves are live)."""
+    """Every library cache by name (``LRU(..., name=...)`` registers it in
+    :data:`medrobust_lib.lru.REGISTRY`); a copy of the registry, the caches themselves are live."""
     with _LOCK:
-        return dict(_CACHES)
+        return dict(lru_registry)
 
 
 def process_pool(name: str, workers: int) -> ProcessPoolExecutor:
@@ -128,7 +117,7 @@ def reset() -> None:
     caches stay registered (their modules keep using them); pools are started again on demand."""
     global _SUITE_PARSES
     with _LOCK:
-        lrus = list(_CACHES.values())
+        lrus = list(lru_registry.values())
         pools = [p for _, p in _POOLS.values()]
         _POOLS.clear()
         _SUITES.clear()

@@ -1,8 +1,9 @@
 """medrobust's Definitions with the Kubernetes job executor (each step its own Kubernetes Job).
 
 The Helm user deployment (deploy/helm/values.yaml) serves this file; everything except the
-executor comes from ``medrobust_assets.definitions.definitions_for`` of :data:`SUITE`. GPU steps get a GPU through their op tags
-(``medrobust_assets.tags.GPU_OP_TAGS``); run config: deploy/helm/k8s_job_executor.yaml.
+executor comes from ``definitions_for`` (medrobust_assets/definitions.py) of :data:`SUITE`. GPU
+steps get a GPU through their op tags (``medrobust_assets.tags.GPU_OP_TAGS``); run config:
+deploy/helm/k8s_job_executor.yaml.
 """
 
 from pathlib import Path

@@ -1,7 +1,7 @@
 """medrobust's Definitions with the Dask executor, for a dask-jobqueue SLURM cluster.
 
 deploy/slurm/launch.sh materializes from this file; everything except the executor comes from
-``medrobust_assets.definitions``. Run config: deploy/slurm/dask_executor.yaml; worker jobs:
+``definitions_for`` (medrobust_assets/definitions.py) of :data:`SUITE`. Run config: deploy/slurm/dask_executor.yaml; worker jobs:
 deploy/slurm/jobqueue.yaml (dask config ``jobqueue.slurm``).
 """
 

@@ -33,7 +33,6 @@ from typing import Any
 
 import numpy as np
 
-from medrobust_lib import runtime
 from medrobust_lib.data.sample import Sample, array_hash
 from medrobust_lib.lru import LRU
 from medrobust_lib.perturb.engine import regenerate
@@ -57,7 +56,7 @@ def budget_bytes() -> int:
     return int(raw) << 20
 
 
-_CACHE: LRU[tuple[Any, ...], PerturbOutput] = runtime.cache("perturb.regen", LRU(max_bytes=budget_bytes))
+_CACHE: LRU[tuple[Any, ...], PerturbOutput] = LRU(max_bytes=budget_bytes, name="perturb.regen")
 
 
 def _forget(k: int) -> Callable[[weakref.ref[np.ndarray]], None]:

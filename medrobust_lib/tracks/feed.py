@@ -49,7 +49,7 @@ def _key(row: dict[str, Any]) -> SampleKey:
     return (str(row["dataset"]), str(row["sample_id"]))
 
 
-_CLEAN: LRU[tuple[Any, ...], EvalSamples] = runtime.cache("feed.clean_samples", LRU(max_items=8))
+_CLEAN: LRU[tuple[Any, ...], EvalSamples] = LRU(max_items=8, name="feed.clean_samples")
 """Per-process cache of :func:`eval_samples`."""
 
 
@@ -113,7 +113,7 @@ def clean_samples(suite: Any, modality: str, split: str) -> dict[SampleKey, Samp
 
 WORKER_SAMPLE_CACHE = 64
 """Clean samples a feed worker keeps (least recently used dropped first)."""
-_ONE: LRU[tuple[Any, ...], Sample] = runtime.cache("feed.worker_samples", LRU(max_items=WORKER_SAMPLE_CACHE))
+_ONE: LRU[tuple[Any, ...], Sample] = LRU(max_items=WORKER_SAMPLE_CACHE, name="feed.worker_samples")
 _REFS: dict[tuple[Any, ...], tuple[dict[SampleKey, Any], dict[SampleKey, str], dict[str, Any]]] = {}
 
 

@@ -56,7 +56,8 @@ def stored_bands(rows: pd.DataFrame) -> dict[int, tuple[float, float]]:
         return {}
     g = (rows.dropna(subset=["band_low", "band_high"]).groupby("level")
          .agg(lo=("band_low", "min"), hi=("band_high", "max")))
-    return {int(lv): (float(r["lo"]), float(r["hi"])) for lv, r in g.iterrows() if int(lv) > 0}
+    return {int(lv): (float(lo), float(hi)) for lv, lo, hi in zip(g.index, g["lo"], g["hi"], strict=True)
+            if int(lv) > 0}
 
 
 def level_tick_labels(levels: Sequence[int], *, bands: Bands | None = None, corruption: bool = True,

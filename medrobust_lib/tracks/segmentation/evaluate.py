@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from medrobust_lib import runtime
 from medrobust_lib.config import Suite
 from medrobust_lib.config.segmentation import PACKAGE_CHECKPOINT, SegmentationConfig, SegModelConfig
 from medrobust_lib.data.sample import Sample
@@ -89,7 +88,7 @@ def resolve_checkpoint(suite: Suite, m: SegModelConfig) -> Path:
     return Path(m.checkpoint)
 
 
-_MODELS: LRU[tuple[Any, ...], Any] = runtime.cache("segmentation.models", LRU(max_items=2))
+_MODELS: LRU[tuple[Any, ...], Any] = LRU(max_items=2, name="segmentation.models")
 
 
 def load_model(suite: Suite, m: SegModelConfig, *, fresh: bool = False) -> Any:
