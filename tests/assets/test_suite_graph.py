@@ -126,3 +126,23 @@ def test_no_module_reads_medrobust_suite() -> None:
     files = [*ROOT.glob("medrobust_assets/**/*.py"), *ROOT.glob("medrobust_lib/**/*.py"), ROOT / "medrobust_cli.py",
              *ROOT.glob("deploy/**/*.py")]
     assert files and not [str(f) for f in files if "MEDROBUST_SUITE" in f.read_text()]
+
+
+def test_the_cli_refuses_an_out_of_suite_partition_in_one_line(two_suites: tuple[Path, Path], tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from medrobust_cli import app
+
+    root, home = tmp_path / "project", tmp_path / "dagster_home"
+    root.mkdir()
+    home.mkdir()
+    monkeypatch.setenv("MEDROBUST_HOME", str(root))
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(app, ["run", "--suite", str(two_suites[0]), "--select", "perturbed_samples",
+                                   "--partition", "ct|5"])
+    lines = [ln for ln in (res.stdout + res.stderr).splitlines() if ln.strip()]
+    assert res.exit_code == 2, lines
+    assert lines == ["error: partition 'ct|5' is not one of the suite's partitions of perturbed_samples: "
+                     "modality (ct, mri) x severity (1, 3)"]
