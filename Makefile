@@ -36,10 +36,16 @@ test: $(STAMP) lint typecheck
 	$(VENV)/bin/pytest -q
 
 # Dagster UI + daemon on 127.0.0.1:3000, under a supervisor (medrobust_assets/ui.py) that stops the
-# whole dagster dev process group within 5 s of the first Ctrl-C or SIGTERM.
+# whole dagster dev process group within 5 s of the first Ctrl-C or SIGTERM. The demo's graph
+# (workspace.yaml); `make ui SUITE=my.yaml` serves that suite's graph (medrobust ui --suite).
+SUITE ?=
 ui: $(STAMP)
 	@mkdir -p var
+ifeq ($(SUITE),)
 	$(PY) -m medrobust_assets.ui -h 127.0.0.1 -p 3000 -w workspace.yaml
+else
+	$(VENV)/bin/medrobust ui --suite $(SUITE) --port 3000
+endif
 
 mlflow-ui: $(STAMP)
 	$(VENV)/bin/mlflow ui --host 127.0.0.1 --port 5000 \

@@ -163,7 +163,7 @@ def _suite_file(suite: Path | str) -> Path:
 
 def _suite_workers(suite: Path) -> int:
     """The suite's ``workers`` (processes the machine can give one job)."""
-    from medrobust_lib.config import load_suite
+    from medrobust_lib.runtime import load_suite  # parsed once per process
 
     return int(load_suite(suite).workers)
 
@@ -173,7 +173,7 @@ def _suite_locations(suite: str | None) -> SuitePaths | None:
     against the project root, as the suite's own runs resolve them."""
     if suite is None:
         return None
-    from medrobust_lib.config import load_suite
+    from medrobust_lib.runtime import load_suite  # parsed once per process
 
     path = _suite_file(suite)
     return suite_paths(load_suite(path), base=project_root(path))
@@ -186,8 +186,8 @@ def _report_experiment(suite: str | None) -> str:
 
     if suite is None:
         return EXPERIMENT
-    from medrobust_lib.config import load_suite
     from medrobust_lib.paths import experiment_name
+    from medrobust_lib.runtime import load_suite  # parsed once per process
 
     return experiment_name(load_suite(_suite_file(suite)), EXPERIMENT)
 
@@ -204,8 +204,8 @@ def _enter_project(suite: Path | None = None) -> Path:
 def _claim_outputs(suite_path: Path, root: Path) -> None:
     """Refuse a suite that would write into another suite's outputs (one line naming both), else
     record that these outputs are this suite's."""
-    from medrobust_lib.config import load_suite
     from medrobust_lib.config.isolation import check_isolation, record_claim
+    from medrobust_lib.runtime import load_suite  # parsed once per process
 
     s = load_suite(suite_path)
     check_isolation(s, suite_path, root)
@@ -276,15 +276,14 @@ def demo(
         raise typer.BadParameter("give --suite or --full, not both")
     suite_path = _suite_file(suite) if suite is not None else \
         _project_path(None, "configs/demo_full.yaml" if full else "configs/demo.yaml")
-    from medrobust_lib.config import load_suite
+    from medrobust_lib.runtime import load_suite  # parsed once per process
 
     if not load_suite(suite_path).demo.enabled:
         raise ValueError(f"{suite_path} is not a demo suite (demo.enabled is false): run your own suite with "
                          f"`medrobust run --suite {_shell_quote(str(suite_path))}`")
     root = _enter_project(suite_path)
     _claim_outputs(suite_path, root)
-    os.environ["MEDROBUST_SUITE"] = str(suite_path)  # the Definitions are built from this suite's models
-    from medrobust_assets.runner import StepFailed, run_demo
+    from medrobust_assets.runner import StepFailed, run_demo  # the Definitions are built from this suite
 
     t0 = time.perf_counter()
     try:
@@ -323,6 +322,9 @@ def run(
              "key such as tiny-sam/clean_predictions; a leading + adds what it depends on; repeatable "
              "(default: everything)")] = None,
     workers: Annotated[int, typer.Option(help="processes inside a partition (0: the suite's value)")] = 0,
+    partition: Annotated[list[str] | None, typer.Option(
+        help="only this partition of the partitioned assets: a modality (ct) or modality|level (ct|4); "
+             "repeatable; one outside the suite's modalities and levels is refused")] = None,
 ) -> None:
     """Materialize a suite's assets in dependency order, with progress: the way to run your own
     suite. One Dagster run per partition, recorded in the project's Dagster instance (the UI shows
@@ -333,16 +335,14 @@ def run(
     suite_path = _suite_file(suite)
     root = _enter_project(suite_path)
     _claim_outputs(suite_path, root)
-    # the suite's model lists shape the asset graph: the Definitions must be built from this suite
-    os.environ["MEDROBUST_SUITE"] = str(suite_path)
-    from medrobust_assets.runner import StepFailed, run_suite
-    from medrobust_lib.config import load_suite
+    from medrobust_assets.runner import StepFailed, run_suite  # the Definitions are built from this suite
+    from medrobust_lib.runtime import load_suite  # parsed once per process
 
     mart = in_project(load_suite(suite_path).mart_path, root)
     before = mart.stat().st_mtime_ns if mart.is_file() else None
     t0 = time.perf_counter()
     try:
-        run_suite(str(suite_path), select, workers=workers, log=_echo)
+        run_suite(str(suite_path), select, workers=workers, log=_echo, partitions=partition)
     except StepFailed as exc:
         raise _step_failed(exc, suite_path) from None
     built = mart.is_file() and mart.stat().st_mtime_ns != before
@@ -350,6 +350,38 @@ def run(
         f"Mart: {mart}  ({_home_prefix(suite_path, root)}medrobust query --suite {_shell_quote(str(suite_path))} "
         "\"SQL\")" if built else
         f"No mart built (add --select marts, or run without --select); results in {suite_paths(load_suite(suite_path), base=root).results}"))
+
+
+@app.command()
+def ui(
+    suite: Annotated[Path | None, typer.Option(help="suite YAML whose graph the UI shows [default: the demo's, "
+                                                    "configs/demo.yaml]", show_default=False)] = None,
+    port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 3000,
+    no_start: Annotated[bool, typer.Option("--no-start", help="only write the suite's code location and "
+                                           "print its workspace file")] = False,
+) -> None:
+    """The Dagster UI and daemon (dagster dev) on 127.0.0.1 for a suite's asset graph. --suite
+    writes the suite's code location (var/locations/<suite name>/: location.py, workspace.yaml)
+    and serves it; without it, workspace.yaml of the project (the demo). Stops within seconds of
+    Ctrl-C."""
+    from medrobust_assets.locations import write_location
+
+    if suite is not None:
+        suite_path = _suite_file(suite)
+        root = _enter_project(suite_path)
+        from medrobust_lib.runtime import load_suite  # parsed once per process
+
+        workspace = write_location(suite_path, load_suite(suite_path).name, root)
+    else:
+        root = _enter_project()
+        workspace = root / "workspace.yaml"
+    if no_start:
+        typer.echo(str(workspace))
+        return
+    os.environ.setdefault("DAGSTER_HOME", str(root))
+    from medrobust_assets.ui import main as ui_main
+
+    raise typer.Exit(ui_main(["-h", "127.0.0.1", "-p", str(port), "-w", str(workspace)]))
 
 
 @app.command()
@@ -363,7 +395,7 @@ def validate(
     (samples found, quarantined, first problems, missing masks with the expected path, empty folders,
     unreadable images), each checkpoint's architecture against its `arch`, weights and record files;
     relative paths are checked from the project root. Exit 0 when usable, 2 when not."""
-    from medrobust_lib.config import load_suite
+    from medrobust_lib.runtime import load_suite  # parsed once per process
     from medrobust_lib.tracks.validate import validate_suite
 
     suite_path = _suite_file(suite)
@@ -626,7 +658,7 @@ def check(
     FAIL: n regressions), then the regressions only. A regression: the paired bootstrap CI of the
     difference excludes 0, BH q < alpha and the difference exceeds the threshold. Each side's rows
     are reused when they exist, else (models:/ URIs) the version is evaluated first."""
-    from medrobust_lib.config import load_suite
+    from medrobust_lib.runtime import load_suite  # parsed once per process
     from medrobust_lib.store.results import read_table
     from medrobust_lib.tracks.finetune.gate import (
         GateInputError,

@@ -1,6 +1,6 @@
 """Definitions load benchmark. Run: .venv/bin/python bench/defs_load_bench.py [--reps 5] [--goal-s 5]
 
-Times loading ``medrobust_assets.definitions`` in a fresh interpreter (import, build the
+Times loading ``medrobust_assets.location`` (the demo's Definitions) in a fresh interpreter (import, build the
 repository, resolve every asset spec: what ``dagster dev``, a sensor tick or a run worker pays
 before doing any work), ``--reps`` times, and reports the median next to two references measured
 in the same run: a bare interpreter and ``import dagster``. Then runs ``python -X importtime`` once
@@ -31,7 +31,7 @@ TIMED = "import time; t = time.perf_counter(); {body}; print(time.perf_counter()
 CASES: dict[str, str] = {
     "python (no imports)": "pass",
     "import dagster": "import dagster",
-    "definitions load": ("import medrobust_assets.definitions as d; "
+    "definitions load": ("import medrobust_assets.location as d; "
                          "d.defs.get_repository_def(); d.defs.resolve_all_asset_specs()"),
 }
 REFERENCE = "import dagster"
@@ -143,7 +143,7 @@ def main() -> int:
     print(f"\nGoal: definitions load under {args.goal_s:g} s: {'met' if ok else 'NOT met'} "
           f"(wall median {target.wall_s:.2f} s).\n")
 
-    lines = import_profile("import medrobust_assets.definitions")
+    lines = import_profile("import medrobust_assets.location")
     print("## Top 10 imports by cumulative time (`-X importtime`, one run)\n")
     print("| module | cumulative s | self s |")
     print("|---|---|---|")

@@ -50,7 +50,7 @@ def main() -> None:
             f"storage:\n  sqlite:\n    base_dir: {home}/storage\ntelemetry:\n  enabled: false\n")
         os.environ["DAGSTER_HOME"] = home
         inst = dg.DagsterInstance.get()
-        jobs = StepJobs({}, assets)
+        jobs = StepJobs(dg.Definitions(assets=assets))
         n = args.assets * args.partitions
         jobs.materialize([assets[0].key], keys[-1], inst, {})  # warm-up: imports, first shard
         t0 = time.perf_counter()

@@ -1,4 +1,10 @@
-"""The one Definitions object, assembled explicitly."""
+"""The Definitions of one suite, built from the suite object: :func:`definitions_for`.
+
+Nothing here runs at import and no environment variable shapes the graph: the suite's model
+lists decide the asset families, its modalities and levels the partitions
+(:mod:`medrobust_assets.partitions`). A code location builds its ``defs`` by calling
+:func:`definitions_for` (the demo's: :mod:`medrobust_assets.location`; another suite's: the file
+``medrobust ui --suite`` writes, :mod:`medrobust_assets.locations`)."""
 
 from __future__ import annotations
 
@@ -7,13 +13,14 @@ from typing import Any
 
 import dagster as dg
 
-from medrobust_assets.assets.datasets import clean_samples, demo_data
+from medrobust_assets.assets.datasets import clean_samples_asset, demo_data
 from medrobust_assets.assets.finetune import finetune_family, registry_evaluation
 from medrobust_assets.assets.marts import build_marts
-from medrobust_assets.assets.perturbed import perturbation_gallery, perturbed_samples
+from medrobust_assets.assets.perturbed import perturbed_assets
 from medrobust_assets.assets.segmentation import segmentation_family, segmentation_report
 from medrobust_assets.assets.taxonomy import taxonomy_family, taxonomy_report
 from medrobust_assets.assets.vlm import vlm_family, vlm_report
+from medrobust_assets.partitions import SuitePartitions, partitions_for
 from medrobust_assets.resources import SuiteResource, TrackingResource
 from medrobust_assets.sensors import (
     mart_after_evaluation,
@@ -22,105 +29,114 @@ from medrobust_assets.sensors import (
     registry_evaluation_job,
     registry_sensor,
 )
+from medrobust_lib import runtime
 from medrobust_lib.adapters import adapter_entry
-from medrobust_lib.config import load_suite
+from medrobust_lib.config import Suite
 from medrobust_lib.config.vlm import vlm_config
 from medrobust_lib.tracks.finetune.strategy_runs import finetune_config
 
-
-def _suite_for_definitions() -> Any:
-    """The suite whose model list shapes the asset graph ($MEDROBUST_SUITE or the demo suite).
-    Only the model ids are read here; everything else is read at run time by the resources."""
-
-    path = dg.EnvVar("MEDROBUST_SUITE").get_value("configs/demo.yaml") or "configs/demo.yaml"
-    return load_suite(path) if Path(path).is_file() else None
+JOBS = [registry_evaluation_job, marts_job]
+SENSORS = [registry_sensor, mart_after_evaluation]
+SCHEDULES = [nightly_reevaluation]
 
 
-def _model_assets() -> list[dg.AssetsDefinition]:
+def _segmentation_assets(suite: Suite, parts: SuitePartitions) -> list[dg.AssetsDefinition]:
     from medrobust_lib.tracks.segmentation.evaluate import seg_config
 
-    suite = _suite_for_definitions()
     assets: list[dg.AssetsDefinition] = []
-    if suite is not None:
-        for m in seg_config(suite).models:
-            assets.extend(segmentation_family(m.id, trained=m.checkpoint == "trained", attacks=m.attacks))
+    for m in seg_config(suite).models:
+        assets.extend(segmentation_family(m.id, parts, trained=m.checkpoint == "trained", attacks=m.attacks,
+                                          levels=suite.levels_for(f"segmentation.{m.id}")))
     return assets
 
 
-def _vlm_assets() -> list[dg.AssetsDefinition]:
-    suite = _suite_for_definitions()
-    assets: list[dg.AssetsDefinition] = []
-    if suite is None:
-        return assets
+def _vlm_assets(suite: Suite, parts: SuitePartitions) -> list[dg.AssetsDefinition]:
     produced: dict[str, dg.AssetsDefinition] = {}
-    models = vlm_config(suite).models
-    for m in sorted(models, key=lambda m: m.base is not None):  # bases first
+    assets: list[dg.AssetsDefinition] = []
+    for m in sorted(vlm_config(suite).models, key=lambda m: m.base is not None):  # bases first
         trained = adapter_entry(m.kind, "vlm").local_weights and m.base is None and m.source == "trained"
-        family = vlm_family(m.id, trained, m.adapter == "finetuned", produced.get(m.base) if m.base else None)
+        family = vlm_family(m.id, parts, trained=trained, finetuned=m.adapter == "finetuned",
+                            upstream=produced.get(m.base) if m.base else None,
+                            levels=suite.levels_for(f"vlm.{m.id}"))
         if trained:
             produced[m.id] = family[0]
         assets.extend(family)
     return assets
 
 
-def _taxonomy_assets(vlm_assets: list[dg.AssetsDefinition]) -> list[dg.AssetsDefinition]:
+def _taxonomy_assets(suite: Suite, parts: SuitePartitions,
+                     vlm_assets: list[dg.AssetsDefinition]) -> list[dg.AssetsDefinition]:
     from medrobust_lib.tracks.taxonomy.evaluate import taxonomy_config
 
-    suite = _suite_for_definitions()
-    if suite is None:
-        return []
     by_key = {a.key.to_user_string(): a for a in vlm_assets}
     assets: list[dg.AssetsDefinition] = []
     made: dict[str, dg.AssetsDefinition] = {}
-    configs = taxonomy_config(suite).configs
-    for c in sorted(configs, key=lambda c: c.base is not None):  # bases first
+    levels = suite.taxonomy_levels()
+    for c in sorted(taxonomy_config(suite).configs, key=lambda c: c.base is not None):  # bases first
         upstream: list[Any] = []
         if c.model is not None:
             upstream = [a for k, a in by_key.items() if k.startswith(f"{c.model}/") and "predictions" not in k]
         elif c.base is not None and c.base in made:
             upstream = [made[c.base]]
-        family = taxonomy_family(c.id, c.demo_training is not None, upstream)
+        family = taxonomy_family(c.id, parts, trained=c.demo_training is not None, upstream=upstream,
+                                 levels=levels)
         if c.demo_training is not None:
             made[c.id] = family[0]
         assets.extend(family)
     return assets
 
 
-def _finetune_assets(model_assets: list[dg.AssetsDefinition]) -> list[dg.AssetsDefinition]:
-    suite = _suite_for_definitions()
-    ft = finetune_config(suite) if suite is not None else None
+def _finetune_assets(suite: Suite, model_assets: list[dg.AssetsDefinition]) -> list[dg.AssetsDefinition]:
+    ft = finetune_config(suite)
     if ft is None:
         return []
     base = next((a for a in model_assets if a.key.path == [ft.base, "base_checkpoint"]), None)
     return finetune_family(ft.base, list(ft.strategies), base)
 
 
-MODEL_ASSETS = _model_assets()
-FINETUNE_ASSETS = _finetune_assets(MODEL_ASSETS)
-VLM_ASSETS = _vlm_assets()
-TAXONOMY_ASSETS = _taxonomy_assets(VLM_ASSETS)
-SEGMENTATION_REPORT = segmentation_report([a for a in MODEL_ASSETS if a.key.path[-1] != "base_checkpoint"])
-VLM_REPORT = vlm_report([a for a in VLM_ASSETS if "predictions" in a.key.path[-1]])
-TAXONOMY_REPORT = taxonomy_report([a for a in TAXONOMY_ASSETS if a.key.path[-1].startswith("taxonomy_")
-                                   and a.key.path[-1] != "taxonomy_model"])
-ALL_ASSETS = [demo_data, clean_samples, perturbed_samples, perturbation_gallery, *MODEL_ASSETS,
-              SEGMENTATION_REPORT, *FINETUNE_ASSETS, registry_evaluation, *VLM_ASSETS, VLM_REPORT,
-              *TAXONOMY_ASSETS, TAXONOMY_REPORT]
-ALL_ASSETS.append(build_marts([SEGMENTATION_REPORT, VLM_REPORT, TAXONOMY_REPORT, registry_evaluation,
-                               *[a for a in FINETUNE_ASSETS if a.key.path[-1] == "strategy_ranking"]]))
-JOBS = [registry_evaluation_job, marts_job]
-SENSORS = [registry_sensor, mart_after_evaluation]
+def suite_assets(suite: Suite) -> list[dg.AssetsDefinition]:
+    """Every asset of ``suite``'s graph: the datasets and perturbations over its modalities and
+    levels, one family per segmentation model, VLM and taxonomy configuration it names, the
+    fine-tuning family when it fine-tunes, the reports, the registry evaluation and the mart."""
+    parts = partitions_for(suite)
+    models = _segmentation_assets(suite, parts)
+    finetune = _finetune_assets(suite, models)
+    vlms = _vlm_assets(suite, parts)
+    taxonomy = _taxonomy_assets(suite, parts, vlms)
+    seg_report = segmentation_report([a for a in models if a.key.path[-1] != "base_checkpoint"])
+    vlm_rep = vlm_report([a for a in vlms if "predictions" in a.key.path[-1]])
+    tax_report = taxonomy_report([a for a in taxonomy if a.key.path[-1].startswith("taxonomy_")
+                                  and a.key.path[-1] != "taxonomy_model"])
+    assets = [demo_data, clean_samples_asset(parts), *perturbed_assets(parts), *models, seg_report, *finetune,
+              registry_evaluation, *vlms, vlm_rep, *taxonomy, tax_report]
+    assets.append(build_marts([seg_report, vlm_rep, tax_report, registry_evaluation,
+                               *[a for a in finetune if a.key.path[-1] == "strategy_ranking"]]))
+    return assets
 
 
-def build_resources(suite_path: str = "", mlruns_dir: str = "mlruns", workers: int = 0,
+def build_resources(suite_path: str | Path = "", mlruns_dir: str = "mlruns", workers: int = 0,
                     retrain: bool = False) -> dict[str, object]:
-    """Resources for a run. An empty ``suite_path`` means: $MEDROBUST_SUITE at run time, else
-    configs/demo.yaml (read when the resource is used, not at import)."""
+    """Resources for a run of the suite at ``suite_path`` (read when a resource is used, through
+    :func:`medrobust_lib.runtime.load_suite`: once per process while the file is unchanged)."""
     return {
-        "suite": SuiteResource(suite_path=suite_path, workers=workers, retrain=retrain),
+        "suite": SuiteResource(suite_path=str(suite_path), workers=workers, retrain=retrain),
         "tracking": TrackingResource(mlruns_dir=mlruns_dir),
     }
 
 
-SCHEDULES = [nightly_reevaluation]
-defs = dg.Definitions(assets=ALL_ASSETS, jobs=JOBS, sensors=SENSORS, schedules=SCHEDULES, resources=build_resources())
+def definitions_for(suite: Suite, *, suite_path: str | Path | None = None, mlruns_dir: str = "mlruns",
+                    workers: int = 0, retrain: bool = False) -> dg.Definitions:
+    """The Definitions of ``suite``: its assets (:func:`suite_assets`), the registry jobs, sensors
+    and nightly schedule, and the resources that run it. ``suite_path``: the YAML the runs read
+    (default: the file :func:`medrobust_lib.runtime.load_suite` parsed ``suite`` from; a suite
+    built in memory without one can be planned and inspected, and its runs fail with a clear
+    error). Two suites give two independent Definitions in one process."""
+    path = str(suite_path) if suite_path else (runtime.suite_source(suite) or "")
+    return dg.Definitions(assets=suite_assets(suite), jobs=JOBS, sensors=SENSORS, schedules=SCHEDULES,
+                          resources=build_resources(path, mlruns_dir=mlruns_dir, workers=workers, retrain=retrain))
+
+
+def definitions_for_file(suite_path: str | Path, **kwargs: Any) -> dg.Definitions:
+    """:func:`definitions_for` of the suite YAML at ``suite_path`` (parsed once per process)."""
+    path = Path(suite_path).resolve()
+    return definitions_for(runtime.load_suite(path), suite_path=path, **kwargs)

@@ -1,30 +1,80 @@
-"""Every PartitionsDefinition, defined once."""
+"""The PartitionsDefinitions of one suite: its modalities, and its modalities x levels.
+
+Built from the suite object (:func:`partitions_for`), never from fixed lists: an asset is
+partitioned over exactly the modalities and severity levels the suite evaluates it at (the
+perturbed data and the VLMs over ``perturbations.levels``, the taxonomy over
+``taxonomy.levels``, a segmentation model over its own ``levels``), so Dagster itself refuses a
+partition outside them (the UI does not offer it; the runner refuses it in one line)."""
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import dagster as dg
 
-from medrobust_lib.types import ALL_MODALITIES, SEVERITY_LEVELS
+from medrobust_lib.config import Suite
 
-modality_partitions = dg.StaticPartitionsDefinition(list(ALL_MODALITIES))
-severity_partitions = dg.StaticPartitionsDefinition([str(lv) for lv in SEVERITY_LEVELS])
-modality_severity_partitions = dg.MultiPartitionsDefinition(
-    {"modality": modality_partitions, "severity": severity_partitions}
-)
+MODALITY = "modality"
+SEVERITY = "severity"
 
-LEVELS_TAG = "medrobust/levels"
-"""Asset tag naming whose levels a modality x severity asset covers: ``taxonomy`` (the suite's
-``taxonomy_levels()``), ``segmentation.<model id>`` or ``vlm.<model id>`` (that model's ``levels``); untagged assets
-cover ``perturbations.levels`` (``Suite.levels_for``). The runner plans only those partitions."""
+
+@dataclass
+class SuitePartitions:
+    """The partitions definitions of one suite. ``modality``: its modalities; :meth:`grid`: its
+    modalities x some of its levels, one object per set of levels (assets over the same levels
+    share it, so the runner can run them together)."""
+
+    modalities: tuple[str, ...]
+    levels: tuple[int, ...]
+    """The suite's perturbed levels (``perturbations.levels``)."""
+    modality: dg.StaticPartitionsDefinition = field(init=False)
+    _grids: dict[tuple[int, ...], dg.MultiPartitionsDefinition] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.modalities or not self.levels:
+            raise ValueError("a suite needs at least one modality and one perturbed level to partition its assets")
+        self.modality = dg.StaticPartitionsDefinition(list(self.modalities))
+
+    def grid(self, levels: Sequence[int] | None = None) -> dg.MultiPartitionsDefinition:
+        """Modality x severity over ``levels`` (None: every perturbed level of the suite), in the
+        suite's level order. A level the suite does not perturb is a ValueError."""
+        want = self.levels if levels is None else tuple(lv for lv in self.levels if lv in set(levels))
+        unknown = sorted(set(levels or ()) - set(self.levels))
+        if unknown or not want:
+            raise ValueError(f"levels {list(levels or ())} are not among the suite's perturbed levels "
+                             f"{list(self.levels)}")
+        held = self._grids.get(want)
+        if held is None:
+            held = self._grids[want] = dg.MultiPartitionsDefinition({
+                MODALITY: self.modality,
+                SEVERITY: dg.StaticPartitionsDefinition([str(lv) for lv in want])})
+        return held
+
+
+def partitions_for(suite: Suite) -> SuitePartitions:
+    """The partitions definitions of ``suite``: ``suite.modalities`` x ``perturbations.levels``."""
+    return SuitePartitions(tuple(str(m) for m in suite.modalities), tuple(int(lv) for lv in suite.perturbations.levels))
+
+
+def describe(pdef: dg.PartitionsDefinition) -> str:
+    """The keys of a static or multi partitions definition, in one line:
+    ``modality (ct, mri) x severity (2, 4)``."""
+    if isinstance(pdef, dg.MultiPartitionsDefinition):
+        return " x ".join(f"{d.name} ({', '.join(d.partitions_def.get_partition_keys())})"
+                          for d in pdef.partitions_defs)
+    if isinstance(pdef, dg.StaticPartitionsDefinition):
+        return ", ".join(pdef.get_partition_keys())
+    return type(pdef).__name__
+
 
 # A modality-partitioned asset feeding a modality x severity one, and back.
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", dg.BetaWarning)  # stable in practice since 1.5; keep logs clean
-    by_modality = dg.MultiToSingleDimensionPartitionMapping(partition_dimension_name="modality")
+    by_modality = dg.MultiToSingleDimensionPartitionMapping(partition_dimension_name=MODALITY)
 
 
 def modality_and_level(context: dg.AssetExecutionContext) -> tuple[str, int]:
     keys = context.partition_key.keys_by_dimension  # type: ignore[attr-defined]
-    return keys["modality"], int(keys["severity"])
+    return keys[MODALITY], int(keys[SEVERITY])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -10,21 +9,30 @@ from typing import Any
 
 import dagster as dg
 
-from medrobust_lib.config import Suite, load_suite
+from medrobust_lib import runtime
+from medrobust_lib.config import Suite
 from medrobust_lib.paths import experiment_name
 from medrobust_lib.store import tracking
 
 
 class SuiteResource(dg.ConfigurableResource):  # type: ignore[misc]
-    """Which suite YAML to run; paths inside it are relative to the working directory."""
+    """Which suite YAML to run; paths inside it are relative to the working directory. Set by
+    :func:`medrobust_assets.definitions.definitions_for` to the suite the graph was built from."""
 
-    suite_path: str = ""  # empty: $MEDROBUST_SUITE, else configs/demo.yaml
+    suite_path: str = ""
     workers: int = 0  # 0: use the suite's value
     retrain: bool = False  # True: demo.retrain (train the demo models instead of copying committed weights)
+    torch_threads: int = 0  # > 0: torch's intra-op threads in the process that runs the step (runtime.configure)
 
     def load(self) -> Suite:
-
-        suite = load_suite(self.suite_path or os.environ.get("MEDROBUST_SUITE", "configs/demo.yaml"))
+        """The suite (parsed once per process while its file is unchanged:
+        :func:`medrobust_lib.runtime.load_suite`), with this resource's overrides; applies the
+        process settings (:func:`medrobust_lib.runtime.configure`)."""
+        if not self.suite_path:
+            raise ValueError("these Definitions were built from a suite without its file: build them with "
+                             "definitions_for(suite, suite_path=...) or definitions_for_file(path)")
+        runtime.configure(torch_threads=self.torch_threads)
+        suite = runtime.load_suite(self.suite_path)
         if self.workers:
             suite = suite.model_copy(update={"workers": self.workers})
         if self.retrain:

@@ -4,7 +4,10 @@ partition, shared by the assets of that partition that do not depend on each oth
 the UI.
 
 What runs and in which order comes from the Definitions' own asset graph (:func:`plan`: Dagster's
-asset selection and its topological levels), never from a hand-written list."""
+asset selection and its topological levels), never from a hand-written list. The Definitions are
+those of the suite being run (:func:`medrobust_assets.definitions.definitions_for`), so every
+partition they hold is one the suite asks for; a partition outside them is refused in one line
+(:class:`PartitionRefused`)."""
 
 from __future__ import annotations
 
@@ -19,11 +22,11 @@ from typing import Any
 
 import dagster as dg
 
-from medrobust_assets import partitions
-from medrobust_assets.definitions import ALL_ASSETS, build_resources, defs
-from medrobust_assets.partitions import LEVELS_TAG
+from medrobust_assets.definitions import definitions_for
+from medrobust_assets.partitions import describe
 from medrobust_assets.resources import TrackingResource
-from medrobust_lib.config import Suite, load_suite
+from medrobust_lib import runtime
+from medrobust_lib.config import Suite
 from medrobust_lib.paths import experiment_name, suite_paths
 from medrobust_lib.processes import pid_alive
 from medrobust_lib.store import model_registry
@@ -121,43 +124,48 @@ class Step:
         return f"{name}[{self.partition}]" if self.partition is not None else name
 
 
-def _partitions(pdef: dg.PartitionsDefinition | None, suite: Suite, instance: dg.DagsterInstance,
-                tags: Mapping[str, str] | None = None) -> list[str | dg.MultiPartitionKey | None]:
-    """The partitions of one asset that the suite asks for: modality and severity dimensions are
-    filtered by ``suite.modalities`` and the suite's levels for the asset's :data:`LEVELS_TAG`
-    (``Suite.levels_for``: every perturbed level, the taxonomy's, or one segmentation model's); dynamic
-    partitions are the ones the instance holds (the registry sensor adds them)."""
+def _partitions(pdef: dg.PartitionsDefinition | None, instance: dg.DagsterInstance
+                ) -> list[str | dg.MultiPartitionKey | None]:
+    """The partitions of one asset: every key of its partitions definition (built from the suite:
+    its modalities, and the levels this asset is evaluated at); dynamic partitions are the ones
+    the instance holds (the registry sensor adds them)."""
     if pdef is None:
         return [None]
-    if isinstance(pdef, dg.MultiPartitionsDefinition):
-        levels = suite.levels_for((tags or {}).get(LEVELS_TAG))
-        out: list[str | dg.MultiPartitionKey | None] = []
-        for k in pdef.get_partition_keys(dynamic_partitions_store=instance):
-            dims = k.keys_by_dimension if isinstance(k, dg.MultiPartitionKey) else {}
-            if dims.get("modality", suite.modalities[0]) in suite.modalities and \
-                    ("severity" not in dims or int(dims["severity"]) in levels):
-                out.append(k)
-        return out
-    keys = pdef.get_partition_keys(dynamic_partitions_store=instance)
-    if pdef is partitions.modality_partitions:
-        return [k for k in keys if k in suite.modalities]
-    return list(keys)
+    return list(pdef.get_partition_keys(dynamic_partitions_store=instance))
 
 
-def plan(selection: dg.AssetSelection, suite: Suite, instance: dg.DagsterInstance,
-         definitions: dg.Definitions | None = None) -> list[Step]:
-    """The runs that materialize ``selection``, in dependency order, derived from the Definitions'
-    asset graph (topological levels; within a level, by asset key). Dynamic partitions that do not
-    exist yet are simply absent."""
-    graph = (definitions or defs).resolve_asset_graph()
+def plan(selection: dg.AssetSelection, definitions: dg.Definitions, instance: dg.DagsterInstance,
+         partitions: Sequence[str] | None = None) -> list[Step]:
+    """The runs that materialize ``selection`` of ``definitions`` (those of one suite), in
+    dependency order, derived from the asset graph (topological levels; within a level, by asset
+    key). Dynamic partitions that do not exist yet are simply absent. ``partitions``: only these
+    partition keys (``ct``, ``ct|4``) of the partitioned assets; a key that no selected asset has
+    is :class:`PartitionRefused`."""
+    graph = definitions.resolve_asset_graph()
     wanted = selection.resolve(graph)
     steps: list[Step] = []
     for i, level in enumerate(graph.toposorted_asset_keys_by_level):
         for key in sorted(k for k in level if k in wanted):
             node = graph.get(key)
-            for part in _partitions(node.partitions_def, suite, instance, node.tags):
+            for part in _partitions(node.partitions_def, instance):
                 steps.append(Step(key, part, node.group_name or "default", i, node.partitions_def))
-    return steps
+    if partitions is None:
+        return steps
+    known = {str(st.partition) for st in steps if st.partition is not None}
+    for wanted_key in partitions:
+        if wanted_key not in known:
+            pdefs = {describe(st.partitions_def) for st in steps if st.partitions_def is not None}
+            names = sorted({st.key.to_user_string() for st in steps if st.partitions_def is not None})
+            raise PartitionRefused(f"partition {wanted_key!r} is not one of the suite's partitions of "
+                                   f"{', '.join(names) or 'the selected assets'}: "
+                                   f"{'; '.join(sorted(pdefs)) or 'they are not partitioned'}")
+    return [st for st in steps if st.partition is None or str(st.partition) in set(partitions)]
+
+
+class PartitionRefused(ValueError):
+    """A partition key outside the partitions an asset of the suite has (a modality the suite
+    does not evaluate, a level it does not perturb or this model is not evaluated at): one line
+    naming the key, the asset(s) and the suite's partitions."""
 
 
 def batch_steps(steps: list[Step]) -> list[list[Step]]:
@@ -176,13 +184,13 @@ def batch_steps(steps: list[Step]) -> list[list[Step]]:
     return list(runs.values())
 
 
-def parse_selection(tokens: list[str] | None, definitions: dg.Definitions | None = None) -> dg.AssetSelection:
+def parse_selection(tokens: list[str] | None, definitions: dg.Definitions) -> dg.AssetSelection:
     """``--select`` tokens: a group name or an asset key (``tiny-sam/clean_predictions``); a leading
     ``+`` adds everything upstream. None or empty: every asset. Raises ValueError naming the valid
     groups for an unknown token."""
     if not tokens:
         return dg.AssetSelection.all()
-    graph = (definitions or defs).resolve_asset_graph()
+    graph = definitions.resolve_asset_graph()
     groups = sorted({graph.get(k).group_name or "default" for k in graph.get_all_asset_keys()})
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
     sel: dg.AssetSelection | None = None
@@ -294,12 +302,13 @@ _JOB_NAME = "__ephemeral_asset_job__"
 
 
 class StepJobs:
-    """The jobs of a runner call, one per set of asset keys, built once and reused for each
-    partition (``dg.materialize`` builds the whole Definitions again for every run)."""
+    """The jobs of a runner call over ``definitions`` (one suite's), one per set of asset keys,
+    built once and reused for each partition (``dg.materialize`` builds the whole Definitions
+    again for every run)."""
 
-    def __init__(self, resources: Mapping[str, object], assets: Sequence[Any] | None = None) -> None:
-        self.resources = dict(resources)
-        self.assets = list(ALL_ASSETS if assets is None else assets)
+    def __init__(self, definitions: dg.Definitions) -> None:
+        self.resources = dict(definitions.resources or {})
+        self.assets = list(definitions.assets or [])
         self._jobs: dict[tuple[dg.AssetKey, ...], dg.JobDefinition] = {}
         self._steps = {a.node_def.name: a.key for a in self.assets  # step key (op name) -> its asset
                        if isinstance(a, dg.AssetsDefinition) and a.is_executable and len(a.keys) == 1}
@@ -314,6 +323,7 @@ class StepJobs:
             defs = dg.Definitions(jobs=[dg.define_asset_job(_JOB_NAME, selection=list(sel))], assets=self.assets,
                                   resources=self.resources)
             job = self._jobs[sel] = defs.resolve_job_def(_JOB_NAME)
+        _check_partition(job, keys, partition, instance)
         return job.execute_in_process(run_config=QUIET, instance=instance, partition_key=partition,
                                       raise_on_error=False, tags=dict(tags))
 
@@ -322,7 +332,22 @@ class StepJobs:
         return self._steps.get(step_key)
 
 
-def run_plan(steps: list[Step], *, suite_path: str, instance: dg.DagsterInstance, resources: dict[str, object],
+def _check_partition(job: dg.JobDefinition, keys: Sequence[dg.AssetKey], partition: str | dg.MultiPartitionKey | None,
+                     instance: dg.DagsterInstance) -> None:
+    """Refuse, in one line, a partition the job's assets do not have (Dagster's own refusal is a
+    multi-line error raised from inside the run machinery)."""
+    if partition is None:
+        return
+    names = ", ".join(k.to_user_string() for k in keys)
+    pdef = job.partitions_def
+    if pdef is None:
+        raise PartitionRefused(f"{names} is not partitioned: no partition {str(partition)!r} to materialize")
+    if str(partition) not in {str(k) for k in pdef.get_partition_keys(dynamic_partitions_store=instance)}:
+        raise PartitionRefused(f"partition {str(partition)!r} is not one of the suite's partitions of {names}: "
+                               f"{describe(pdef)}")
+
+
+def run_plan(steps: list[Step], *, suite_path: str, instance: dg.DagsterInstance, definitions: dg.Definitions,
              log: Callable[[str], None] = print, source: str = "medrobust run") -> dict[str, float]:
     """Materialize the steps, several per run where they can share one (:func:`batch_steps`);
     every run is recorded in ``instance`` (so it shows in the UI). Prints one progress line per
@@ -331,7 +356,7 @@ def run_plan(steps: list[Step], *, suite_path: str, instance: dg.DagsterInstance
     Raises :class:`StepFailed` naming the first failed step."""
     shown = None
     seconds: dict[str, float] = {}
-    jobs = StepJobs(resources)
+    jobs = StepJobs(definitions)
     for run in batch_steps(steps):
         t0 = time.perf_counter()
         partition = run[0].partition
@@ -365,52 +390,32 @@ def stage_line(seconds: dict[str, float]) -> str:
     return "stage times: " + ", ".join(f"{g} {s:.0f} s" for g, s in seconds.items())
 
 
-def _suite_model_ids(suite: Suite) -> set[str]:
-    return ({m.id for m in suite.segmentation.models} | {v.id for v in suite.vlm.models}
-            | {c.id for c in suite.taxonomy.configs})
-
-
-def _check_definitions_suite(suite: Suite) -> None:
-    """The Definitions were built (at import) from $MEDROBUST_SUITE's model lists: refuse a suite
-    with models the asset graph does not have (rather than run another suite's assets)."""
-    keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
-    missing = _suite_model_ids(suite) - {k.split("/", 1)[0] for k in keys if "/" in k}
-    if missing:
-        raise ValueError(f"the asset graph has no assets for {', '.join(sorted(missing))}: set MEDROBUST_SUITE to "
-                         "the suite before Dagster loads the definitions (medrobust run does)")
-
-
 def run_suite(suite_path: str, select: list[str] | None = None, *, workers: int = 0,
               log: Callable[[str], None] = print, instance: dg.DagsterInstance | None = None,
-              mlruns_dir: str = "mlruns") -> str:
-    """Materialize the selected assets of a suite (default: all) in dependency order. Returns the
-    mart path. Raises :class:`StepFailed` (one line: asset, partition, cause) or ValueError."""
-    suite = load_suite(suite_path)
-    _check_definitions_suite(suite)
+              mlruns_dir: str = "mlruns", partitions: Sequence[str] | None = None) -> str:
+    """Materialize the selected assets of a suite (default: all) in dependency order, over the
+    suite's own Definitions (:func:`definitions_for`); ``partitions``: only these keys of the
+    partitioned assets (:func:`plan`). Returns the mart path. Raises :class:`StepFailed` (one line:
+    asset, partition, cause), :class:`PartitionRefused` or ValueError."""
+    suite = runtime.load_suite(suite_path)
+    definitions = definitions_for(suite, suite_path=suite_path, mlruns_dir=mlruns_dir, workers=workers)
+    selection = parse_selection(select, definitions)
     with suite_writer_lock(suite.results_dir, log=log):  # one writer per suite: SuiteBusyError otherwise
-        return _run_suite(suite, suite_path, select, workers=workers, log=log, instance=instance,
-                          mlruns_dir=mlruns_dir)
-
-
-def _run_suite(suite: Suite, suite_path: str, select: list[str] | None, *, workers: int,
-               log: Callable[[str], None], instance: dg.DagsterInstance | None, mlruns_dir: str) -> str:
-    inst = instance or get_instance()
-    resources = build_resources(suite_path=suite_path, mlruns_dir=mlruns_dir, workers=workers)
-    own = _suite_model_ids(suite)  # a model asset of another suite's graph is not this suite's to run
-    steps = [st for st in plan(parse_selection(select), suite, inst)
-             if len(st.key.path) == 1 or st.key.path[0] in own]
-    _start(inst, log)
-    run_plan(steps, suite_path=suite_path, instance=inst, resources=resources, log=log)
+        inst = instance or get_instance()
+        steps = plan(selection, definitions, inst, partitions)
+        _start(inst, log)
+        run_plan(steps, suite_path=suite_path, instance=inst, definitions=definitions, log=log)
     return suite.mart_path
 
 
 def run_demo(suite_path: str, *, workers: int = 0, log: Callable[[str], None] = print,
              instance: dg.DagsterInstance | None = None, mlruns_dir: str = "mlruns", retrain: bool = False) -> str:
-    """The offline demo: every asset of the graph in dependency order (as :func:`run_suite`), then
-    the registry loop as the daemon would run it, then the mart again. ``retrain``: train the demo
-    models instead of copying the committed weights (``demo.retrain``). Returns the mart path. Holds
-    the suite's writer lock throughout (:class:`SuiteBusyError` when another process writes)."""
-    suite = load_suite(suite_path)
+    """The offline demo: every asset of the suite's graph in dependency order (as
+    :func:`run_suite`), then the registry loop as the daemon would run it, then the mart again.
+    ``retrain``: train the demo models instead of copying the committed weights
+    (``demo.retrain``). Returns the mart path. Holds the suite's writer lock throughout
+    (:class:`SuiteBusyError` when another process writes)."""
+    suite = runtime.load_suite(suite_path)
     with suite_writer_lock(suite.results_dir, log=log):
         return _run_demo(suite, suite_path, workers=workers, log=log, instance=instance, mlruns_dir=mlruns_dir,
                          retrain=retrain)
@@ -419,12 +424,13 @@ def run_demo(suite_path: str, *, workers: int = 0, log: Callable[[str], None] = 
 def _run_demo(suite: Suite, suite_path: str, *, workers: int, log: Callable[[str], None],
               instance: dg.DagsterInstance | None, mlruns_dir: str, retrain: bool) -> str:
     inst = instance or get_instance()
-    resources = build_resources(suite_path=suite_path, mlruns_dir=mlruns_dir, workers=workers, retrain=retrain)
-    steps = plan(dg.AssetSelection.all(), suite, inst)
+    definitions = definitions_for(suite, suite_path=suite_path, mlruns_dir=mlruns_dir, workers=workers,
+                                  retrain=retrain)
+    steps = plan(dg.AssetSelection.all(), definitions, inst)
     _start(inst, log)
-    seconds = run_plan(steps, suite_path=suite_path, instance=inst, resources=resources, log=log,
+    seconds = run_plan(steps, suite_path=suite_path, instance=inst, definitions=definitions, log=log,
                        source="medrobust demo")
-    jobs = StepJobs(resources)
+    jobs = StepJobs(definitions)
 
     def step(asset: str, partition: str | None = None) -> dg.ExecuteInProcessResult:
         t0 = time.perf_counter()

@@ -1,5 +1,7 @@
 """Bounded per-process caches: one least-recently-used map for every cache of the library, and
-the file stamp that tells a cached decode from a stale one.
+the file stamp that tells a cached decode from a stale one. A library cache is created with a
+``name`` and so registered in :data:`REGISTRY`, which :mod:`medrobust_lib.runtime` lists and
+resets.
 
 :class:`LRU` bounds by entry count, by bytes, or both; the byte budget may be a callable read at
 every insert (an environment setting). An entry larger than the whole byte budget is not kept,
@@ -14,7 +16,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -31,15 +33,26 @@ def file_stamp(path: str | Path) -> FileStamp:
     return (str(p.resolve()), st.st_ino, st.st_size, st.st_mtime_ns)
 
 
+REGISTRY: dict[str, LRU[Any, Any]] = {}
+"""The library's caches by name (``<package>.<what>``), each registered by ``LRU(..., name=...)``;
+read and reset through :mod:`medrobust_lib.runtime`."""
+_REGISTRY_LOCK = threading.Lock()
+
+
 class LRU(Generic[K, V]):
     """A map that keeps at most ``max_items`` entries and at most ``max_bytes`` bytes (each entry
     counted at the size given to :meth:`put`), dropping the least recently used first.
     ``keep_newest``: an entry larger than the byte budget is kept alone instead of not at all."""
 
     def __init__(self, max_items: int | None = None, max_bytes: int | Callable[[], int] | None = None,
-                 *, keep_newest: bool = False) -> None:
+                 *, keep_newest: bool = False, name: str | None = None) -> None:
         if max_items is not None and max_items < 1:
             raise ValueError(f"max_items must be >= 1, got {max_items}")
+        if name is not None:  # a library cache: owned by medrobust_lib.runtime (caches(), reset())
+            with _REGISTRY_LOCK:
+                if name in REGISTRY:
+                    raise ValueError(f"cache {name!r} is registered twice")
+                REGISTRY[name] = self
         self._max_items = max_items
         self._max_bytes = max_bytes
         self._keep_newest = keep_newest

@@ -30,10 +30,8 @@ runner = CliRunner()
 
 @pytest.fixture(autouse=True)
 def _restore_cwd(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The commands change into the project root and name their suite in MEDROBUST_SUITE; put the
-    working directory and the variable back after each test."""
+    """The commands change into the project root; put the working directory back after each test."""
     monkeypatch.chdir(Path.cwd())
-    monkeypatch.setenv("MEDROBUST_SUITE", os.environ.get("MEDROBUST_SUITE", "configs/demo.yaml"))
 
 
 def _lines(res: object) -> list[str]:

@@ -17,7 +17,6 @@ export MEDROBUST_ROOT="$PWD"
 # the Dask executor needs a persistent instance that workers reach: the project's dagster.yaml
 # (SQLite under var/dagster) unless DAGSTER_HOME points elsewhere (e.g. a Postgres instance)
 export DAGSTER_HOME="${DAGSTER_HOME:-$MEDROBUST_ROOT}"
-export MEDROBUST_SUITE="${MEDROBUST_SUITE:-configs/demo.yaml}"
 export MLFLOW_DISABLE_TELEMETRY=true
 
 # a private dask config folder holding only jobqueue.yaml

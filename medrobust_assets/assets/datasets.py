@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from medrobust_assets.partitions import modality_partitions
+from medrobust_assets.partitions import SuitePartitions
 from medrobust_assets.resources import SuiteResource, TrackingResource
 from medrobust_lib.demo.build import ensure_demo
 from medrobust_lib.tracks.datasets import build_clean_index
@@ -25,13 +25,21 @@ def demo_data(context: dg.AssetExecutionContext, suite: SuiteResource) -> dg.Mat
     })
 
 
-@dg.asset(
-    group_name="datasets", kinds={"python", "parquet"}, partitions_def=modality_partitions, deps=[demo_data],
-    description="Every sample of the modality's datasets, loaded once through its reader: status 'ok' with "
-                "shape, mask area and content hash, or 'quarantined' with the reason (corrupt file, mask "
-                "mismatch, empty mask, unreadable DICOM). Table clean_samples.",
-)
-def clean_samples(context: dg.AssetExecutionContext, suite: SuiteResource,
+CLEAN_SAMPLES = dg.AssetKey("clean_samples")
+
+
+def clean_samples_asset(parts: SuitePartitions) -> dg.AssetsDefinition:
+    """``clean_samples``, partitioned by the suite's modalities."""
+    return dg.asset(
+        name="clean_samples", group_name="datasets", kinds={"python", "parquet"}, partitions_def=parts.modality,
+        deps=[demo_data],
+        description="Every sample of the modality's datasets, loaded once through its reader: status 'ok' with "
+                    "shape, mask area and content hash, or 'quarantined' with the reason (corrupt file, mask "
+                    "mismatch, empty mask, unreadable DICOM). Table clean_samples.",
+    )(_clean_samples)
+
+
+def _clean_samples(context: dg.AssetExecutionContext, suite: SuiteResource,
                   tracking: TrackingResource) -> dg.MaterializeResult:
     s = suite.load()
     modality = context.partition_key

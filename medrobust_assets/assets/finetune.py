@@ -12,8 +12,8 @@ from typing import Any
 
 import dagster as dg
 
-from medrobust_assets.assets.datasets import clean_samples
-from medrobust_assets.assets.perturbed import perturbed_samples
+from medrobust_assets.assets.datasets import CLEAN_SAMPLES
+from medrobust_assets.assets.perturbed import PERTURBED_SAMPLES
 from medrobust_assets.metadata import image_md, markdown_table
 from medrobust_assets.resources import SuiteResource, TrackingResource
 from medrobust_assets.tags import GPU_OP_TAGS
@@ -47,11 +47,11 @@ def parse_version_key(key: str) -> tuple[str, int]:
 def finetune_family(base_id: str, strategies: list[str], base_checkpoint: Any) -> list[dg.AssetsDefinition]:
     """The strategy-partitioned checkpoint and evaluation assets of one base model, and its ranking."""
     by_strategy = dg.StaticPartitionsDefinition(strategies)
-    upstream = [base_checkpoint] if base_checkpoint is not None else [clean_samples]
+    upstream = [base_checkpoint] if base_checkpoint is not None else [CLEAN_SAMPLES]
 
     @dg.asset(
         key=[base_id, "finetuned_checkpoint"], group_name="finetune", kinds={"pytorch", "safetensors", "mlflow"},
-        partitions_def=by_strategy, deps=[*upstream, clean_samples], pool="gpu", op_tags=GPU_OP_TAGS,
+        partitions_def=by_strategy, deps=[*upstream, CLEAN_SAMPLES], pool="gpu", op_tags=GPU_OP_TAGS,
         description=f"{base_id} fine-tuned with one strategy (full, decoder_only, decoder_prompt, encoder_partial, "
                     "lora, adapter) on the train split, selected on val, test Dice reported; safetensors + "
                     f"config.json logged to MLflow and registered as medrobust-seg-{base_id}-<strategy> with the "
@@ -86,7 +86,7 @@ def finetune_family(base_id: str, strategies: list[str], base_checkpoint: Any) -
     @dg.asset(
         key=[base_id, "strategy_predictions"], group_name="finetune", kinds={"pytorch", "parquet"},
         partitions_def=by_strategy, pool="gpu", op_tags=GPU_OP_TAGS,
-        deps=[finetuned_checkpoint, dg.AssetDep(perturbed_samples, partition_mapping=dg.AllPartitionMapping())],
+        deps=[finetuned_checkpoint, dg.AssetDep(PERTURBED_SAMPLES, partition_mapping=dg.AllPartitionMapping())],
         description=f"segmentation_results rows of {base_id}-<strategy>: clean test split, the perturbation types "
                     "and levels of segmentation.finetune.eval and FGSM/PGD, with IoU/Dice and drops.",
     )
@@ -138,7 +138,7 @@ def finetune_family(base_id: str, strategies: list[str], base_checkpoint: Any) -
 @dg.asset(
     key="registry_evaluation", group_name="finetune", kinds={"pytorch", "parquet", "mlflow"},
     partitions_def=REGISTERED_VERSIONS, pool="gpu", op_tags=GPU_OP_TAGS,
-    deps=[dg.AssetDep(perturbed_samples, partition_mapping=dg.AllPartitionMapping())],
+    deps=[dg.AssetDep(PERTURBED_SAMPLES, partition_mapping=dg.AllPartitionMapping())],
     check_specs=[dg.AssetCheckSpec("robustness_gate", asset="registry_evaluation", description=(
         "medrobust check inside Dagster: this version against the model's 'champion' on the same samples and "
         "conditions (paired tests, Benjamini-Hochberg); ERROR when it is less robust beyond the thresholds of "

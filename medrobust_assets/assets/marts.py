@@ -4,8 +4,8 @@ from typing import Any
 
 import dagster as dg
 
-from medrobust_assets.assets.datasets import clean_samples
-from medrobust_assets.assets.perturbed import perturbation_gallery, perturbed_samples
+from medrobust_assets.assets.datasets import CLEAN_SAMPLES
+from medrobust_assets.assets.perturbed import PERTURBATION_GALLERY, PERTURBED_SAMPLES
 from medrobust_assets.metadata import markdown_table
 from medrobust_assets.resources import SuiteResource
 from medrobust_lib.store.marts import build_mart, connect_readonly
@@ -13,11 +13,11 @@ from medrobust_lib.store.marts import build_mart, connect_readonly
 
 def build_marts(extra_deps: list[Any]) -> dg.AssetsDefinition:
     """The mart asset, downstream of every asset that writes Parquet results (``extra_deps``:
-    the per-suite model families and reports assembled in ``definitions.py``)."""
+    the suite's model families and reports assembled by ``definitions_for``)."""
 
     @dg.asset(
         key="marts", group_name="marts", kinds={"duckdb"},
-        deps=[clean_samples, perturbed_samples, perturbation_gallery, *extra_deps],
+        deps=[CLEAN_SAMPLES, PERTURBED_SAMPLES, PERTURBATION_GALLERY, *extra_deps],
         description="DuckDB mart var/marts.duckdb, rebuilt whole from the Parquet results by this single writer "
                     "(temporary file + atomic replace): tables clean_samples, perturbation_manifest, "
                     "segmentation_results/_stats, vlm_results/_stats, taxonomy_results and its stats, "

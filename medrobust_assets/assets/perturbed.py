@@ -2,14 +2,9 @@
 
 import dagster as dg
 
-from medrobust_assets.assets.datasets import clean_samples
+from medrobust_assets.assets.datasets import CLEAN_SAMPLES
 from medrobust_assets.metadata import image_md, markdown_table
-from medrobust_assets.partitions import (
-    by_modality,
-    modality_and_level,
-    modality_partitions,
-    modality_severity_partitions,
-)
+from medrobust_assets.partitions import SuitePartitions, by_modality, modality_and_level
 from medrobust_assets.resources import SuiteResource, TrackingResource
 from medrobust_lib.paths import suite_paths
 from medrobust_lib.tracks.perturbed import build_perturbed
@@ -26,14 +21,32 @@ CHECKS = [
 ]
 
 
-@dg.asset(
-    group_name="perturbations", kinds={"python", "parquet"}, partitions_def=modality_severity_partitions,
-    deps=[dg.AssetDep(clean_samples, partition_mapping=by_modality)], check_specs=CHECKS,
-    description="Perturbation manifest for one modality and severity: every applicable type calibrated per "
-                "image to the level's SSIM band (strength, SSIM, band flag, SSIM evaluations, seed key, "
-                "content hash). Images are regenerated bit-exactly from it. Table perturbation_manifest.",
-)
-def perturbed_samples(context: dg.AssetExecutionContext, suite: SuiteResource,
+PERTURBED_SAMPLES = dg.AssetKey("perturbed_samples")
+PERTURBATION_GALLERY = dg.AssetKey("perturbation_gallery")
+
+
+def perturbed_assets(parts: SuitePartitions) -> list[dg.AssetsDefinition]:
+    """``perturbed_samples`` over the suite's modalities x perturbed levels, and the per-modality
+    ``perturbation_gallery``."""
+    perturbed = dg.asset(
+        name="perturbed_samples", group_name="perturbations", kinds={"python", "parquet"},
+        partitions_def=parts.grid(), deps=[dg.AssetDep(CLEAN_SAMPLES, partition_mapping=by_modality)],
+        check_specs=CHECKS,
+        description="Perturbation manifest for one modality and severity: every applicable type calibrated per "
+                    "image to the level's SSIM band (strength, SSIM, band flag, SSIM evaluations, seed key, "
+                    "content hash). Images are regenerated bit-exactly from it. Table perturbation_manifest.",
+    )(_perturbed_samples)
+    gallery = dg.asset(
+        name="perturbation_gallery", group_name="perturbations", kinds={"python", "png"},
+        partitions_def=parts.modality, deps=[dg.AssetDep(PERTURBED_SAMPLES, partition_mapping=by_modality)],
+        description="Gallery PNG per modality: every type (rows) at each level the suite perturbs (columns: "
+                    "perturbations.levels; the fast demo 2 and 4, demo_full 1-5) on one test image, captioned "
+                    "with SSIM; logged to MLflow.",
+    )(_perturbation_gallery)
+    return [perturbed, gallery]
+
+
+def _perturbed_samples(context: dg.AssetExecutionContext, suite: SuiteResource,
                       tracking: TrackingResource) -> dg.MaterializeResult:
     s = suite.load()
     modality, level = modality_and_level(context)
@@ -61,14 +74,7 @@ def perturbed_samples(context: dg.AssetExecutionContext, suite: SuiteResource,
     )
 
 
-@dg.asset(
-    group_name="perturbations", kinds={"python", "png"}, partitions_def=modality_partitions,
-    deps=[dg.AssetDep(perturbed_samples, partition_mapping=by_modality)],
-    description="Gallery PNG per modality: every type (rows) at each level the suite perturbs (columns: "
-                "perturbations.levels; the fast demo 2 and 4, demo_full 1-5) on one test image, captioned with "
-                "SSIM; logged to MLflow.",
-)
-def perturbation_gallery(context: dg.AssetExecutionContext, suite: SuiteResource,
+def _perturbation_gallery(context: dg.AssetExecutionContext, suite: SuiteResource,
                          tracking: TrackingResource) -> dg.MaterializeResult:
     s = suite.load()
     modality = context.partition_key

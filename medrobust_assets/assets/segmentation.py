@@ -4,16 +4,10 @@ from typing import Any
 
 import dagster as dg
 
-from medrobust_assets.assets.datasets import clean_samples
-from medrobust_assets.assets.perturbed import perturbed_samples
+from medrobust_assets.assets.datasets import CLEAN_SAMPLES
+from medrobust_assets.assets.perturbed import PERTURBED_SAMPLES
 from medrobust_assets.metadata import image_md, markdown_table
-from medrobust_assets.partitions import (
-    LEVELS_TAG,
-    by_modality,
-    modality_and_level,
-    modality_partitions,
-    modality_severity_partitions,
-)
+from medrobust_assets.partitions import SuitePartitions, by_modality, modality_and_level
 from medrobust_assets.resources import SuiteResource, TrackingResource
 from medrobust_assets.tags import GPU_OP_TAGS
 from medrobust_lib.paths import suite_paths
@@ -39,17 +33,18 @@ def _run_partition(context: dg.AssetExecutionContext, suite: SuiteResource, trac
     return dg.MaterializeResult(metadata=meta)
 
 
-def segmentation_family(model_id: str, trained: bool, attacks: bool = True) -> list[dg.AssetsDefinition]:
-    """Assets for one model: [base_checkpoint], clean_predictions (by modality),
-    perturbed_predictions and [attack_predictions] (by modality x severity; the severities the
-    model's ``levels`` name, through the :data:`LEVELS_TAG` ``segmentation.<model id>``)."""
-    levels_tags = {LEVELS_TAG: f"segmentation.{model_id}"}
+def segmentation_family(model_id: str, parts: SuitePartitions, *, trained: bool, attacks: bool = True,
+                        levels: list[int] | None = None) -> list[dg.AssetsDefinition]:
+    """Assets for one model: [base_checkpoint], clean_predictions (by the suite's modalities),
+    perturbed_predictions and [attack_predictions] (by modality x severity over the model's
+    ``levels``; None: every perturbed level of the suite)."""
+    grid = parts.grid(levels)
     out: list[dg.AssetsDefinition] = []
-    deps_clean: list[Any] = [clean_samples]
+    deps_clean: list[Any] = [CLEAN_SAMPLES]
     if trained:
         @dg.asset(
             key=[model_id, "base_checkpoint"], group_name="segmentation", kinds={"pytorch", "safetensors"},
-            deps=[clean_samples], pool="gpu", op_tags=GPU_OP_TAGS,
+            deps=[CLEAN_SAMPLES], pool="gpu", op_tags=GPU_OP_TAGS,
             description=f"{model_id}: trained from scratch on the demo train split (selection on val), saved as "
                         "safetensors + config.json; reports test Dice.",
         )
@@ -84,7 +79,7 @@ def segmentation_family(model_id: str, trained: bool, attacks: bool = True) -> l
 
     @dg.asset(
         key=[model_id, "clean_predictions"], group_name="segmentation", kinds={"pytorch", "parquet"},
-        partitions_def=modality_partitions, deps=deps_clean, pool="gpu", op_tags=GPU_OP_TAGS,
+        partitions_def=parts.modality, deps=deps_clean, pool="gpu", op_tags=GPU_OP_TAGS,
         description=f"{model_id}: clean predictions with tight box prompts, one row per test image "
                     "(segmentation_results, condition 'clean'); the clean cache for every other condition.",
     )
@@ -101,8 +96,8 @@ def segmentation_family(model_id: str, trained: bool, attacks: bool = True) -> l
 
     @dg.asset(
         key=[model_id, "perturbed_predictions"], group_name="segmentation", kinds={"pytorch", "parquet"},
-        partitions_def=modality_severity_partitions, pool="gpu", op_tags=GPU_OP_TAGS, tags=levels_tags,
-        deps=[perturbed_samples, dg.AssetDep(clean_predictions, partition_mapping=by_modality)],
+        partitions_def=grid, pool="gpu", op_tags=GPU_OP_TAGS,
+        deps=[PERTURBED_SAMPLES, dg.AssetDep(clean_predictions, partition_mapping=by_modality)],
         description=f"{model_id}: predictions on every perturbed test image of the partition, regenerated from "
                     "the manifest (spatial types with moved masks and boxes); IoU/Dice and drops vs clean.",
     )
@@ -114,7 +109,7 @@ def segmentation_family(model_id: str, trained: bool, attacks: bool = True) -> l
 
     @dg.asset(
         key=[model_id, "attack_predictions"], group_name="segmentation", kinds={"pytorch", "parquet"},
-        partitions_def=modality_severity_partitions, pool="gpu", op_tags=GPU_OP_TAGS, tags=levels_tags,
+        partitions_def=grid, pool="gpu", op_tags=GPU_OP_TAGS,
         deps=[dg.AssetDep(clean_predictions, partition_mapping=by_modality)],
         description=f"{model_id}: L-inf FGSM and PGD in pixel space (eps = 2, 4, 6, 8, 10 /255 by severity; PGD "
                     "steps 3, 5, 7, 10, 15), model in eval mode, fixed box prompt, seeded random start.",
@@ -139,14 +134,17 @@ def segmentation_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinit
     )
     def segmentation_report(context: dg.AssetExecutionContext, suite: SuiteResource,
                             tracking: TrackingResource) -> dg.MaterializeResult:
+        from medrobust_lib.report.figures.paper import stored_bands
         from medrobust_lib.report.figures.segmentation import robustness_curves
+        from medrobust_lib.tracks.perturbed import read_manifest
         from medrobust_lib.tracks.segmentation.examples import write_examples
         from medrobust_lib.tracks.segmentation.stats import write_segmentation_stats
 
         s = suite.load()
         with tracking.run(context, s, "segmentation_report") as run:
             stats = write_segmentation_stats(s.results_dir, s.seed, s.stats.min_n)
-            paths = robustness_curves(stats, suite_paths(s).reports / "segmentation")
+            bands = stored_bands(read_manifest(s))  # the bands the perturbed data was calibrated to
+            paths = robustness_curves(stats, suite_paths(s).reports / "segmentation", bands=bands)
             tracking.log_files(run, paths, "curves")
             examples = write_examples(s)
         meta: dict[str, Any] = {"n_stats_rows": len(stats), "n_worst_type_examples": len(examples)}

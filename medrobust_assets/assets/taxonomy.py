@@ -7,17 +7,11 @@ from typing import Any
 
 import dagster as dg
 
-from medrobust_assets.assets.datasets import clean_samples
-from medrobust_assets.assets.perturbed import perturbed_samples
+from medrobust_assets.assets.datasets import CLEAN_SAMPLES
+from medrobust_assets.assets.perturbed import PERTURBED_SAMPLES
 from medrobust_assets.checks import ERROR_SHARE_CHECK, error_share_result, error_share_spec
 from medrobust_assets.metadata import image_md, markdown_table
-from medrobust_assets.partitions import (
-    LEVELS_TAG,
-    by_modality,
-    modality_and_level,
-    modality_partitions,
-    modality_severity_partitions,
-)
+from medrobust_assets.partitions import SuitePartitions, by_modality, modality_and_level
 from medrobust_assets.resources import SuiteResource, TrackingResource
 from medrobust_assets.tags import GPU_OP_TAGS
 from medrobust_lib.paths import suite_paths
@@ -33,10 +27,12 @@ def _meta(s: Any) -> dict[str, Any]:
     return meta
 
 
-def taxonomy_family(config_id: str, trained: bool, upstream: list[Any]) -> list[dg.AssetsDefinition]:
-    """Assets of one configuration. ``upstream``: assets its weights come from."""
+def taxonomy_family(config_id: str, parts: SuitePartitions, *, trained: bool, upstream: list[Any],
+                    levels: list[int] | None = None) -> list[dg.AssetsDefinition]:
+    """Assets of one configuration, partitioned by the suite's modalities (x ``levels``: the
+    taxonomy's levels; None: every perturbed level). ``upstream``: assets its weights come from."""
     out: list[dg.AssetsDefinition] = []
-    deps: list[Any] = [clean_samples, *upstream]
+    deps: list[Any] = [CLEAN_SAMPLES, *upstream]
     if trained:
         @dg.asset(key=[config_id, "taxonomy_model"], group_name="taxonomy", kinds={"pytorch", "safetensors"},
                   deps=list(deps), pool="gpu", op_tags=GPU_OP_TAGS,
@@ -69,7 +65,7 @@ def taxonomy_family(config_id: str, trained: bool, upstream: list[Any]) -> list[
         deps.append(taxonomy_model)
 
     @dg.asset(key=[config_id, "text_only_baselines"], group_name="taxonomy", kinds={"pytorch", "parquet"},
-              partitions_def=modality_partitions, deps=deps, pool="gpu", op_tags=GPU_OP_TAGS,
+              partitions_def=parts.modality, deps=deps, pool="gpu", op_tags=GPU_OP_TAGS,
               description=f"{config_id}: answers to every original yes/no question with the image removed (no image "
                           "token, blank image, noise image), reused by every condition.")
     def text_only_baselines(context: dg.AssetExecutionContext, suite: SuiteResource,
@@ -86,7 +82,7 @@ def taxonomy_family(config_id: str, trained: bool, upstream: list[Any]) -> list[
     perturbed_key = [config_id, "taxonomy_perturbed"]
 
     @dg.asset(key=clean_key, group_name="taxonomy", kinds={"pytorch", "parquet"},
-              partitions_def=modality_partitions, deps=[text_only_baselines], pool="gpu", op_tags=GPU_OP_TAGS,
+              partitions_def=parts.modality, deps=[text_only_baselines], pool="gpu", op_tags=GPU_OP_TAGS,
               check_specs=[error_share_spec(clean_key)],
               description=f"{config_id}: paraphrase predictions (vision tower once per image), flags and quadrant per "
                           "clean sample (taxonomy_results).")
@@ -102,10 +98,14 @@ def taxonomy_family(config_id: str, trained: bool, upstream: list[Any]) -> list[
                                                                   "modality": context.partition_key, "level": 0})
         return dg.MaterializeResult(metadata=meta, check_results=[check])
 
+    out.extend([text_only_baselines, taxonomy_clean])
+    if levels is not None and not levels:
+        return out  # taxonomy.levels: [] evaluates clean images only: no perturbed partitions
+
     @dg.asset(key=perturbed_key, group_name="taxonomy", kinds={"pytorch", "parquet"},
-              partitions_def=modality_severity_partitions, pool="gpu", op_tags=GPU_OP_TAGS,
-              check_specs=[error_share_spec(perturbed_key)], tags={LEVELS_TAG: "taxonomy"},
-              deps=[perturbed_samples, dg.AssetDep(text_only_baselines, partition_mapping=by_modality)],
+              partitions_def=parts.grid(levels), pool="gpu", op_tags=GPU_OP_TAGS,
+              check_specs=[error_share_spec(perturbed_key)],
+              deps=[PERTURBED_SAMPLES, dg.AssetDep(text_only_baselines, partition_mapping=by_modality)],
               description=f"{config_id}: the taxonomy on every perturbed image of the partition (levels: "
                           "taxonomy.levels, default every perturbed level).")
     def taxonomy_perturbed(context: dg.AssetExecutionContext, suite: SuiteResource,
@@ -128,7 +128,7 @@ def taxonomy_family(config_id: str, trained: bool, upstream: list[Any]) -> list[
                                                                       "modality": modality, "level": level})
         return dg.MaterializeResult(metadata=meta, check_results=[check])
 
-    out.extend([text_only_baselines, taxonomy_clean, taxonomy_perturbed])
+    out.append(taxonomy_perturbed)
     return out
 
 

@@ -5,17 +5,11 @@ from typing import Any
 
 import dagster as dg
 
-from medrobust_assets.assets.datasets import clean_samples
-from medrobust_assets.assets.perturbed import perturbed_samples
+from medrobust_assets.assets.datasets import CLEAN_SAMPLES
+from medrobust_assets.assets.perturbed import PERTURBED_SAMPLES
 from medrobust_assets.checks import error_share_result, error_share_spec
 from medrobust_assets.metadata import markdown_table
-from medrobust_assets.partitions import (
-    LEVELS_TAG,
-    by_modality,
-    modality_and_level,
-    modality_partitions,
-    modality_severity_partitions,
-)
+from medrobust_assets.partitions import SuitePartitions, by_modality, modality_and_level
 from medrobust_assets.resources import SuiteResource, TrackingResource
 from medrobust_assets.tags import GPU_OP_TAGS
 from medrobust_lib.store.schema import VLM_TABLE
@@ -29,15 +23,17 @@ def _eval_meta(s: Any) -> dict[str, Any]:
     return meta
 
 
-def vlm_family(model_id: str, trained: bool, finetuned: bool, upstream: dg.AssetsDefinition | None
-               ) -> list[dg.AssetsDefinition]:
-    """Assets of one VLM. ``upstream``: the asset that produces the weights it builds on (another
-    model's base_checkpoint), or None for a model on disk / behind an API."""
+def vlm_family(model_id: str, parts: SuitePartitions, *, trained: bool, finetuned: bool,
+               upstream: dg.AssetsDefinition | None, levels: list[int] | None = None) -> list[dg.AssetsDefinition]:
+    """Assets of one VLM, partitioned by the suite's modalities (x ``levels``: the model's own
+    ``levels``; None: every perturbed level of the suite).
+    ``upstream``: the asset that produces the weights it builds on (another model's
+    base_checkpoint), or None for a model on disk / behind an API."""
     out: list[dg.AssetsDefinition] = []
-    deps: list[Any] = [clean_samples] + ([upstream] if upstream is not None else [])
+    deps: list[Any] = [CLEAN_SAMPLES] + ([upstream] if upstream is not None else [])
     if trained:
         @dg.asset(key=[model_id, "base_checkpoint"], group_name="vlm", kinds={"pytorch", "safetensors"},
-                  deps=[clean_samples], pool="gpu", op_tags=GPU_OP_TAGS,
+                  deps=[CLEAN_SAMPLES], pool="gpu", op_tags=GPU_OP_TAGS,
                   description=f"{model_id}: a tiny LLaVA (CLIP tower + Llama, word-level tokenizer) trained from "
                               "scratch on the demo train split (VQA, yes/no paraphrases, captions, grounding), "
                               "selected on val; saved with save_pretrained, registered in MLflow.")
@@ -103,7 +99,7 @@ def vlm_family(model_id: str, trained: bool, finetuned: bool, upstream: dg.Asset
     perturbed_key = [model_id, "vlm_perturbed_predictions"]
 
     @dg.asset(key=clean_key, group_name="vlm", kinds={"pytorch", "parquet"},
-              partitions_def=modality_partitions, deps=deps, pool="gpu", op_tags=GPU_OP_TAGS,
+              partitions_def=parts.modality, deps=deps, pool="gpu", op_tags=GPU_OP_TAGS,
               check_specs=[error_share_spec(clean_key)],
               description=f"{model_id}: clean answers for every VQA, yes/no, caption and grounding record of the "
                           "evaluation split (vlm_results, perturbation 'clean').")
@@ -120,10 +116,9 @@ def vlm_family(model_id: str, trained: bool, finetuned: bool, upstream: dg.Asset
         return dg.MaterializeResult(metadata=meta, check_results=[check])
 
     @dg.asset(key=perturbed_key, group_name="vlm", kinds={"pytorch", "parquet"},
-              partitions_def=modality_severity_partitions, pool="gpu", op_tags=GPU_OP_TAGS,
-              tags={LEVELS_TAG: f"vlm.{model_id}"},
+              partitions_def=parts.grid(levels), pool="gpu", op_tags=GPU_OP_TAGS,
               check_specs=[error_share_spec(perturbed_key)],
-              deps=[perturbed_samples, dg.AssetDep(vlm_clean_predictions, partition_mapping=by_modality)],
+              deps=[PERTURBED_SAMPLES, dg.AssetDep(vlm_clean_predictions, partition_mapping=by_modality)],
               description=f"{model_id}: answers on every perturbed image of the partition (regenerated from the "
                           "manifest; spatial types move the grounding box).")
     def vlm_perturbed_predictions(context: dg.AssetExecutionContext, suite: SuiteResource,

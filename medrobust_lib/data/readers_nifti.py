@@ -133,7 +133,7 @@ def _image_shape(path: Path) -> tuple[int, ...]:
         raise SampleError("unreadable_nifti", f"{path}: {type(e).__name__}: {e}") from None
 
 
-_CACHE: LRU[tuple[Any, ...], Any] = LRU(max_items=2)
+_CACHE: LRU[tuple[Any, ...], Any] = LRU(max_items=2, name="data.nifti_volumes")
 """The most recently used volumes (image and label), so that consecutive slices of one case decode
 the file once; keyed on the file's stamp."""
 

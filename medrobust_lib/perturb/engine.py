@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from medrobust_lib import runtime
 from medrobust_lib.data.sample import Sample, array_hash
 from medrobust_lib.perturb.calibrate import Band, Calibrated, WarmStart, calibrate, warm_start
 from medrobust_lib.perturb.calibrate_reference import find_strength
 from medrobust_lib.perturb.spec import PerturbationSpec, PerturbOutput, get_perturbation
 from medrobust_lib.perturb.ssim import ssim
-from medrobust_lib.processes import process_pool
 from medrobust_lib.seeding import rng_for, seed_key, stable_fraction
 
 CalibrationMode = Literal["per_image", "reference", "fixed"]
@@ -174,8 +175,10 @@ def verify_row(row: dict[str, Any], sample: Sample) -> bool:
 
 # ---- running many chunks, optionally in worker processes ----------------------------------
 
-POOL_OWNER = "perturbation engine"
-"""Owner name of this module's pool (:func:`medrobust_lib.processes.process_pool`)."""
+def _pool(workers: int) -> ProcessPoolExecutor:
+    """The perturbation engine's process pool (:func:`medrobust_lib.runtime.process_pool`, kept
+    for the life of the process)."""
+    return runtime.process_pool("perturb", workers)
 
 
 def _run_in_worker(chunk: ChunkSpec, samples: list[Sample]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -197,7 +200,7 @@ def run_chunks(
     if workers <= 1 or len(chunks) <= 1:
         results = ((ch, *run_chunk(ch, samples_by_dataset[ch.dataset])) for ch in chunks)
     else:
-        pool = process_pool(POOL_OWNER, workers)
+        pool = _pool(workers)
         futures = [pool.submit(_run_in_worker, ch, samples_by_dataset[ch.dataset]) for ch in chunks]
         results = ((ch, *f.result()) for ch, f in zip(chunks, futures, strict=True))
     for ch, rows, stats in results:

@@ -56,7 +56,7 @@ def budget_bytes() -> int:
     return int(raw) << 20
 
 
-_CACHE: LRU[tuple[Any, ...], PerturbOutput] = LRU(max_bytes=budget_bytes)
+_CACHE: LRU[tuple[Any, ...], PerturbOutput] = LRU(max_bytes=budget_bytes, name="perturb.regen")
 
 
 def _forget(k: int) -> Callable[[weakref.ref[np.ndarray]], None]:

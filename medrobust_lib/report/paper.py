@@ -131,6 +131,17 @@ def _tables(con: duckdb.DuckDBPyConnection, sel: dict[str, list[str] | None], av
     return build_tables(ReportSettings(con, seed, include_floor, include_off_band, available), sel)
 
 
+def _stored_bands(con: duckdb.DuckDBPyConnection) -> dict[int, tuple[float, float]]:
+    """Level -> the SSIM band its perturbed images were calibrated to, as stored in the mart's
+    ``perturbation_manifest`` (``band_low`` / ``band_high``), for the figures' level labels; {}
+    without a manifest (the labels then show no band rather than a default one)."""
+    if not pt.relation_exists(con, "perturbation_manifest"):
+        return {}
+    rows = con.execute("select level, band_low, band_high from perturbation_manifest "
+                       "group by all order by all").df()
+    return figs.stored_bands(rows)
+
+
 def _figures(con: duckdb.DuckDBPyConnection, tables: dict[str, ReportTable], sel: dict[str, list[str] | None],
              fig_dir: Path, include_floor: bool = False,
              include_off_band: bool = False) -> tuple[list[tuple[Path, str]], dict[str, str]]:
@@ -157,20 +168,21 @@ def _figures(con: duckdb.DuckDBPyConnection, tables: dict[str, ReportTable], sel
             by_level = by_level[~by_level["model"].isin(strategies)]
             skipped["per-strategy curves and heatmaps"] = ("the fine-tuned strategies are compared in the strategy "
                                                           "figure; `medrobust report --models <id>` draws one's own")
+        bands = _stored_bands(con)
         band_note = (" Outputs whose SSIM missed the level's band are "
                      + ("kept (--include-off-band)" if include_off_band else "left out of the means")
                      + f"; {figs.BAND_MISS_MARK} marks a cell that had some (band_miss).")
-        for p in robustness_curves(by_level, fig_dir, "iou"):
+        for p in robustness_curves(by_level, fig_dir, "iou", bands=bands):
             out.append((p, f"{p.name.removesuffix('_iou_curves.png')}: paired IoU drop at the evaluated levels "
                            "(SSIM band and attack epsilon under each); thin grey lines: corruption types, thick: "
                            "their mean, dashed: FGSM/PGD."))
         families = _families(con)
-        for p in figs.family_curves(by_level, families, fig_dir, "iou"):
+        for p in figs.family_curves(by_level, families, fig_dir, "iou", bands=bands):
             out.append((p, f"{p.stem}: IoU drop (clean - perturbed) at the evaluated levels, one panel per "
                            "perturbation family and one for the attacks."))
         for metric in ("iou", "dice"):
             name = "IoU" if metric == "iou" else "Dice"
-            for p in figs.drop_heatmap(by_level, fig_dir, metric, rank_by="iou"):
+            for p in figs.drop_heatmap(by_level, fig_dir, metric, rank_by="iou", bands=bands):
                 out.append((p, f"{p.stem}: mean {name} drop per perturbation type (rows, ranked by mean IoU drop) "
                                "and evaluated level (columns); orange = worse than clean." + band_note))
     else:

@@ -232,7 +232,8 @@ CHUNK_CACHE_BYTES = 256 << 20
 """Bytes of decoded chunks :func:`read_partition` keeps per process (least recently used dropped
 first): a process that reads a partition again (every model of a manifest partition, the clean
 index of each evaluation) decodes its unchanged chunks once."""
-_CHUNKS: LRU[str, tuple[FileStamp, pd.DataFrame]] = LRU(max_bytes=lambda: CHUNK_CACHE_BYTES)
+_CHUNKS: LRU[str, tuple[FileStamp, pd.DataFrame]] = LRU(max_bytes=lambda: CHUNK_CACHE_BYTES,
+                                                      name="store.result_chunks")
 
 
 def _read_chunk(path: Path) -> pd.DataFrame:

@@ -27,16 +27,16 @@ from __future__ import annotations
 import os
 from collections import deque
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from medrobust_lib import runtime
 from medrobust_lib.data.sample import Sample, SampleError
 from medrobust_lib.lru import LRU, file_stamp
 from medrobust_lib.perturb import regen_cache
 from medrobust_lib.perturb.engine import regenerate
 from medrobust_lib.perturb.spec import PerturbOutput
-from medrobust_lib.processes import process_pool
 
 if TYPE_CHECKING:
     from medrobust_lib.tracks.datasets import EvalSamples
@@ -49,7 +49,7 @@ def _key(row: dict[str, Any]) -> SampleKey:
     return (str(row["dataset"]), str(row["sample_id"]))
 
 
-_CLEAN: LRU[tuple[Any, ...], EvalSamples] = LRU(max_items=8)
+_CLEAN: LRU[tuple[Any, ...], EvalSamples] = LRU(max_items=8, name="feed.clean_samples")
 """Per-process cache of :func:`eval_samples`."""
 
 
@@ -113,7 +113,7 @@ def clean_samples(suite: Any, modality: str, split: str) -> dict[SampleKey, Samp
 
 WORKER_SAMPLE_CACHE = 64
 """Clean samples a feed worker keeps (least recently used dropped first)."""
-_ONE: LRU[tuple[Any, ...], Sample] = LRU(max_items=WORKER_SAMPLE_CACHE)
+_ONE: LRU[tuple[Any, ...], Sample] = LRU(max_items=WORKER_SAMPLE_CACHE, name="feed.worker_samples")
 _REFS: dict[tuple[Any, ...], tuple[dict[SampleKey, Any], dict[SampleKey, str], dict[str, Any]]] = {}
 
 
@@ -171,8 +171,10 @@ def _regenerate_rows(suite: Any, modality: str, split: str, rows: Sequence[dict[
     return out
 
 
-POOL_OWNER = "regeneration feed"
-"""Owner name of this module's pool (:func:`medrobust_lib.processes.process_pool`)."""
+def _pool(workers: int) -> ProcessPoolExecutor:
+    """The feed's process pool (:func:`medrobust_lib.runtime.process_pool`, kept for the life of
+    the process)."""
+    return runtime.process_pool("feed", workers)
 
 
 def _tasks(rows: Sequence[dict[str, Any]], chunk: int) -> list[list[dict[str, Any]]]:
@@ -214,7 +216,7 @@ def regenerate_stream(suite: Any, modality: str, split: str, rows: Sequence[dict
         for part in parts:
             yield from _regenerate_rows(suite, modality, split, part, local=True)
         return
-    pool = process_pool(POOL_OWNER, n_workers)
+    pool = _pool(n_workers)
     samples = clean_samples(suite, modality, split)
     inflight: deque[tuple[list[dict[str, Any]], list[PerturbOutput] | Future[list[PerturbOutput]]]] = deque()
     nxt = 0

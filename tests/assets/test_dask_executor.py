@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from dagster_dask import dask_executor
 
-from medrobust_assets.definitions import ALL_ASSETS, build_resources
+from medrobust_assets.definitions import definitions_for_file
 from medrobust_lib.config import load_suite
 from medrobust_lib.store.results import read_table
 from medrobust_lib.tracks.perturbed import read_manifest
@@ -26,14 +26,21 @@ PARTITIONS = [("ct", "2"), ("dermoscopy", "2"), ("ct", "5")]
 MANIFEST_KEY = ["dataset", "modality", "level", "perturbation", "sample_id"]
 
 
+ROOT = Path(__file__).resolve().parents[2]
+GRAPH_SUITE = ROOT / "configs" / "demo_full.yaml"
+"""The suite whose graph the workers rebuild (every modality, levels 1-5: the partitions below)."""
+
+
 def dask_definitions() -> dg.Definitions:
-    """Two asset jobs over the project's own assets, executed on Dask. The suite and MLflow folder
-    come from run config, so the workers rebuild exactly this from an import."""
+    """Two asset jobs over the project's own assets (the graph of :data:`GRAPH_SUITE`), executed
+    on Dask. The suite the runs read and the MLflow folder come from run config, so the workers
+    rebuild exactly this from an import."""
+    graph = definitions_for_file(GRAPH_SUITE)
     return dg.Definitions(
-        assets=ALL_ASSETS,
+        assets=list(graph.assets or []),
         jobs=[dg.define_asset_job(INDEX_JOB, selection=["demo_data", "clean_samples"]),
               dg.define_asset_job(PERTURB_JOB, selection=["perturbed_samples"])],
-        resources=build_resources(),
+        resources=graph.resources,
         executor=dask_executor,
     )
 
@@ -83,8 +90,9 @@ def _on_dask(recon: dg.ReconstructableJob, job: dg.JobDefinition, partition: str
 
 
 def _in_process(asset: str, partition: str | dg.MultiPartitionKey | None, suite: Path, mlruns: Path) -> None:
-    res = dg.materialize(ALL_ASSETS, selection=[asset], partition_key=partition,
-                         resources=build_resources(suite_path=str(suite), mlruns_dir=str(mlruns)))
+    graph = definitions_for_file(suite, mlruns_dir=str(mlruns))
+    res = dg.materialize(list(graph.assets or []), selection=[asset], partition_key=partition,
+                         resources=graph.resources)
     assert res.success
 
 

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import dagster as dg
 
-from medrobust_assets.assets.datasets import clean_samples, demo_data
-from medrobust_assets.assets.marts import build_marts
-from medrobust_assets.assets.perturbed import perturbation_gallery, perturbed_samples
-from medrobust_assets.assets.vlm import vlm_family
-from medrobust_assets.definitions import ALL_ASSETS, build_resources, defs
+from medrobust_assets.definitions import definitions_for_file
+from medrobust_lib import runtime
 from tests.suite_helpers import write_suite
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "configs" / "demo.yaml"
+defs = definitions_for_file(DEMO)  # the demo's graph, as its code location builds it
 
 
 def test_definitions_load_and_have_groups_and_partitions() -> None:
@@ -22,7 +23,9 @@ def test_definitions_load_and_have_groups_and_partitions() -> None:
     node = repo.asset_graph.get(dg.AssetKey("perturbed_samples"))
     assert isinstance(node.partitions_def, dg.MultiPartitionsDefinition)
     assert {d.name for d in node.partitions_def.partitions_defs} == {"modality", "severity"}
-    assert len(node.partitions_def.get_partition_keys()) == 50
+    suite = runtime.load_suite(DEMO)
+    assert {str(k) for k in node.partitions_def.get_partition_keys()} == {
+        f"{m}|{lv}" for m in suite.modalities for lv in suite.perturbations.levels}
     checks = {c.name for c in repo.asset_graph.asset_check_keys if c.asset_key == dg.AssetKey("perturbed_samples")}
     assert checks == {"band_hit_rate", "finite_outputs", "completeness"}
 
@@ -32,12 +35,12 @@ def test_small_graph_materializes(tmp_path: Path, demo_root: Path) -> None:
                         perturbations={"include": ["gaussian_noise", "rotation"], "split": "all",
                                        "calibration_subset": 2})
     mlruns = tmp_path / "mlruns"
-    resources = build_resources(suite_path=str(suite), mlruns_dir=str(mlruns))
+    graph = definitions_for_file(suite, mlruns_dir=str(mlruns))
     instance = dg.DagsterInstance.ephemeral()
 
     def run(asset: str, partition: str | dg.MultiPartitionKey | None = None) -> dg.ExecuteInProcessResult:
-        res = dg.materialize(ALL_ASSETS, selection=[asset], partition_key=partition, instance=instance,
-                             resources=resources)
+        res = dg.materialize(list(graph.assets or []), selection=[asset], partition_key=partition, instance=instance,
+                             resources=graph.resources)
         assert res.success
         return res
 
@@ -73,6 +76,8 @@ def test_one_segmentation_family_per_configured_model() -> None:
 
     repo = defs.get_repository_def()
     keys = {k.to_user_string() for k in repo.asset_graph.get_all_asset_keys()}
+    from medrobust_assets.partitions import partitions_for
+
     # configs/demo.yaml configures tiny-sam, trained by its own base-checkpoint asset
     assert {"tiny-sam/base_checkpoint", "tiny-sam/clean_predictions", "tiny-sam/perturbed_predictions",
             "tiny-sam/attack_predictions", "segmentation_report"} <= keys
@@ -81,7 +86,7 @@ def test_one_segmentation_family_per_configured_model() -> None:
     clean = repo.asset_graph.get(dg.AssetKey(["tiny-sam", "clean_predictions"]))
     assert clean.partitions_def is not None and len(clean.partitions_def.get_partition_keys()) == 10
     # a model with a local checkpoint gets no training asset
-    family = segmentation_family("medsam", trained=False)
+    family = segmentation_family("medsam", partitions_for(runtime.load_suite(DEMO)), trained=False)
     assert [a.key.to_user_string() for a in family] == [
         "medsam/clean_predictions", "medsam/perturbed_predictions", "medsam/attack_predictions"]
 
@@ -111,12 +116,12 @@ def test_vlm_and_taxonomy_assets_materialize(tmp_path: Path, demo_root: Path) ->
     suite = write_suite(tmp_path, demo_root, modalities=["ct"], vlm=vlm, taxonomy=tax,
                         perturbations={"include": ["gaussian_noise"], "split": "all", "calibration_subset": 2})
     mlruns = tmp_path / "mlruns"
-    resources = build_resources(suite_path=str(suite), mlruns_dir=str(mlruns))
+    graph = definitions_for_file(suite, mlruns_dir=str(mlruns))
     instance = dg.DagsterInstance.ephemeral()
 
     def run(asset: str, partition: str | dg.MultiPartitionKey | None = None) -> dg.ExecuteInProcessResult:
-        res = dg.materialize(ALL_ASSETS, selection=[asset], partition_key=partition, instance=instance,
-                             resources=resources)
+        res = dg.materialize(list(graph.assets or []), selection=[asset], partition_key=partition, instance=instance,
+                             resources=graph.resources)
         assert res.success
         return res
 
@@ -202,9 +207,8 @@ def test_error_share_check_fails_and_the_mart_leaves_the_partition_out(tmp_path:
         "timeout_s": 2}}], "split": "all"}
     suite = write_suite(tmp_path, demo_root, modalities=["ct"], vlm=vlm,
                         perturbations={"include": ["gaussian_noise"], "split": "all", "calibration_subset": 2})
-    family = vlm_family("down", trained=False, finetuned=False, upstream=None)
-    assets = [demo_data, clean_samples, perturbed_samples, perturbation_gallery, *family, build_marts(family)]
-    resources = build_resources(suite_path=str(suite), mlruns_dir=str(tmp_path / "mlruns"))
+    graph = definitions_for_file(suite, mlruns_dir=str(tmp_path / "mlruns"))
+    assets, resources = list(graph.assets or []), graph.resources
     instance = dg.DagsterInstance.ephemeral()
     for asset, part in (("demo_data", None), ("clean_samples", "ct"), ("down/vlm_clean_predictions", "ct")):
         res = dg.materialize(assets, selection=[asset], partition_key=part, instance=instance, resources=resources)

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from medrobust_assets.assets.finetune import parse_version_key, version_key
-from medrobust_assets.definitions import ALL_ASSETS, build_resources
+from medrobust_assets.definitions import definitions_for_file
 from medrobust_assets.resources import TrackingResource
 from medrobust_assets.sensors import mart_after_evaluation, registry_requests, registry_sensor
 from medrobust_cli import app
@@ -114,12 +114,12 @@ def test_strategies_registry_loop_and_gate(tmp_path: Path, demo_root: Path, monk
                                             "calibration_subset": 2, "levels": [1]})
     mlruns = tmp_path / "mlruns"
     monkeypatch.setenv("MEDROBUST_MLRUNS", str(mlruns))
-    resources = build_resources(suite_path=str(suite_path), mlruns_dir=str(mlruns))
+    graph = definitions_for_file(suite_path, mlruns_dir=str(mlruns))
     instance = dg.DagsterInstance.ephemeral()
 
     def run(asset: str, partition: str | dg.MultiPartitionKey | None = None) -> dg.ExecuteInProcessResult:
-        r = dg.materialize(ALL_ASSETS, selection=[asset], partition_key=partition, instance=instance,
-                           resources=resources)
+        r = dg.materialize(list(graph.assets or []), selection=[asset], partition_key=partition, instance=instance,
+                           resources=graph.resources)
         assert r.success
         return r
 

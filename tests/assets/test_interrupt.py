@@ -15,7 +15,7 @@ import dagster as dg
 import pandas as pd
 import pytest
 
-from medrobust_assets.definitions import ALL_ASSETS, build_resources
+from medrobust_assets.definitions import definitions_for_file
 from medrobust_lib.config import Suite, load_suite
 from medrobust_lib.demo import build_demo
 from medrobust_lib.store.results import partition_dir, read_partition
@@ -33,12 +33,13 @@ START_TIMEOUT_S = 180.0
 MATERIALIZE_SCRIPT = """
 import sys
 import dagster as dg
-from medrobust_assets.definitions import ALL_ASSETS, build_resources
+from medrobust_assets.definitions import definitions_for_file
 
 suite, mlruns, modality, level = sys.argv[1:5]
 key = dg.MultiPartitionKey({"modality": modality, "severity": level})
-res = dg.materialize(ALL_ASSETS, selection=["perturbed_samples"], partition_key=key,
-                     resources=build_resources(suite_path=suite, mlruns_dir=mlruns))
+graph = definitions_for_file(suite, mlruns_dir=mlruns)
+res = dg.materialize(list(graph.assets or []), selection=["perturbed_samples"], partition_key=key,
+                     resources=graph.resources)
 sys.exit(0 if res.success else 1)
 """
 
@@ -54,8 +55,9 @@ class Interrupted:
 
 def _materialize(asset: str, partition: str | dg.MultiPartitionKey | None, root: Path) -> dg.ExecuteInProcessResult:
     """Materialize one asset (partition) in-process with the suite and MLflow store under ``root``."""
-    res = dg.materialize(ALL_ASSETS, selection=[asset], partition_key=partition,
-                         resources=build_resources(suite_path=str(root / "suite.yaml"), mlruns_dir=str(root / "mlruns")))
+    graph = definitions_for_file(root / "suite.yaml", mlruns_dir=str(root / "mlruns"))
+    res = dg.materialize(list(graph.assets or []), selection=[asset], partition_key=partition,
+                         resources=graph.resources)
     assert res.success
     return res
 

@@ -8,18 +8,23 @@ import dagster as dg
 import pytest
 import yaml
 
-from medrobust_assets.definitions import defs
+from medrobust_assets.definitions import definitions_for
 from medrobust_assets.runner import StepFailed, parse_selection, plan, run_suite
-from medrobust_lib.config import load_suite
+from medrobust_lib import runtime
+
+DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
 
 
 def _suite() -> object:
-    return load_suite(Path(__file__).resolve().parents[2] / "configs" / "demo.yaml")
+    return runtime.load_suite(DEMO)
+
+
+defs = definitions_for(runtime.load_suite(DEMO))
 
 
 def test_plan_follows_the_asset_graph() -> None:
     suite = _suite()
-    steps = plan(dg.AssetSelection.all(), suite, dg.DagsterInstance.ephemeral())
+    steps = plan(dg.AssetSelection.all(), defs, dg.DagsterInstance.ephemeral())
     order = [s.key for s in steps]
     graph = defs.resolve_asset_graph()
     pos = {k: i for i, k in reversed(list(enumerate(order)))}  # first run of each asset
@@ -47,7 +52,7 @@ def test_taxonomy_levels_limit_only_the_taxonomy_partitions() -> None:
     data["taxonomy"]["levels"] = [4]
     suite = Suite.model_validate(data)
     assert suite.perturbations.levels == [2, 4] and suite.taxonomy_levels() == [4]
-    steps = plan(dg.AssetSelection.all(), suite, dg.DagsterInstance.ephemeral())
+    steps = plan(dg.AssetSelection.all(), definitions_for(suite), dg.DagsterInstance.ephemeral())
     n_mod = len(suite.modalities)
     tax = [s for s in steps if s.key.path[-1] == "taxonomy_perturbed"]
     n_configs = len(suite.taxonomy.configs)
@@ -63,14 +68,15 @@ def test_taxonomy_levels_limit_only_the_taxonomy_partitions() -> None:
 
 def test_selection_by_group_asset_and_upstream() -> None:
     suite, inst = _suite(), dg.DagsterInstance.ephemeral()
-    seg = plan(parse_selection(["segmentation"]), suite, inst)
+    seg = plan(parse_selection(["segmentation"], defs), defs, inst)
     assert {s.group for s in seg} == {"segmentation"}
-    one = plan(parse_selection(["tiny-sam/clean_predictions"]), suite, inst)
+    one = plan(parse_selection(["tiny-sam/clean_predictions"], defs), defs, inst)
     assert {s.key.to_user_string() for s in one} == {"tiny-sam/clean_predictions"}
-    up = {s.key.to_user_string() for s in plan(parse_selection(["+tiny-sam/clean_predictions"]), suite, inst)}
+    up = {s.key.to_user_string() for s in plan(parse_selection(["+tiny-sam/clean_predictions"], defs), defs, inst)}
     assert {"demo_data", "clean_samples", "tiny-sam/base_checkpoint", "tiny-sam/clean_predictions"} <= up
     with pytest.raises(ValueError, match=r"unknown group or asset 'segmentatoin'; groups: .*segmentation"):
-        parse_selection(["segmentatoin"])
+        parse_selection(["segmentatoin"], defs)
+    assert suite is not None
 
 
 def test_failure_is_one_line_naming_asset_partition_and_cause(tmp_path: Path) -> None:
@@ -87,16 +93,16 @@ def test_failure_is_one_line_naming_asset_partition_and_cause(tmp_path: Path) ->
     assert "missing" in err.value.cause and "Dagster run" in msg
 
 
-def test_a_suite_runs_only_its_own_models(tmp_path: Path) -> None:
-    """The asset graph is built from $MEDROBUST_SUITE: a suite naming a model the graph lacks is
-    refused with a clear message (medrobust run sets the variable before the graph is built)."""
+def test_a_suite_runs_its_own_models(tmp_path: Path) -> None:
+    """The graph is built from the suite being run (no environment variable): a model only this
+    suite names gets its assets, and the demo's models are not in its graph."""
     p = tmp_path / "suite.yaml"
     p.write_text(yaml.safe_dump({
         "name": "mine", "results_dir": str(tmp_path / "results"), "mart_path": str(tmp_path / "m.duckdb"),
         "segmentation": {"models": [{"id": "medsam-x", "family": "medsam", "checkpoint": str(tmp_path / "w.pth")}]}}))
-    with pytest.raises(ValueError, match=r"no assets for medsam-x: set MEDROBUST_SUITE"):
-        run_suite(str(p), ["segmentation"], instance=dg.DagsterInstance.ephemeral(), log=lambda _: None,
-                  mlruns_dir=str(tmp_path / "mlruns"))
+    mine = definitions_for(runtime.load_suite(p))
+    steps = plan(parse_selection(["segmentation"], mine), mine, dg.DagsterInstance.ephemeral())
+    assert {s.key.path[0] for s in steps if len(s.key.path) == 2} == {"medsam-x"}
 
 
 def test_steps_share_runs_only_within_a_level_partition_and_partitions_definition() -> None:
@@ -104,8 +110,8 @@ def test_steps_share_runs_only_within_a_level_partition_and_partitions_definitio
     partition; every step runs once, and every run follows the runs of what it depends on."""
     from medrobust_assets.runner import batch_steps
 
-    suite = _suite()
-    steps = plan(dg.AssetSelection.all(), suite, dg.DagsterInstance.ephemeral())
+    _suite()
+    steps = plan(dg.AssetSelection.all(), defs, dg.DagsterInstance.ephemeral())
     runs = batch_steps(steps)
     assert sorted(s.label for r in runs for s in r) == sorted(s.label for s in steps)
     assert len(runs) < len(steps) * 0.6  # the demo's 270-odd steps need far fewer runs

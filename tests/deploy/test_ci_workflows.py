@@ -88,7 +88,7 @@ def registry(registry_state: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     shutil.copytree(registry_state / "mlruns", mlruns)
     monkeypatch.setenv("MEDROBUST_MLRUNS", str(mlruns))  # restored after the test (the CLI sets it too)
     return {"MEDROBUST_MLRUNS": str(mlruns), "MEDROBUST_RESULTS_DIR": str(registry_state / "results"),
-            "MEDROBUST_SUITE": str(ROOT / "configs" / "demo.yaml"), "MEDROBUST_GATE_EVALUATE": "--no-evaluate"}
+            "MEDROBUST_GATE_SUITE": str(ROOT / "configs" / "demo.yaml"), "MEDROBUST_GATE_EVALUATE": "--no-evaluate"}
 
 
 def _bash(script: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -178,7 +178,7 @@ def test_gpu_reserved_for_the_code_location_only(services: dict[str, Any]) -> No
 def test_code_location_serves_the_definitions(services: dict[str, Any]) -> None:
     command = services["medrobust-code"]["command"]
     assert command[:3] == ["dagster", "code-server", "start"] or command[:3] == ["dagster", "api", "grpc"]
-    assert command[command.index("-m") + 1] == "medrobust_assets.definitions"
+    assert command[command.index("-m") + 1] == "medrobust_assets.location"
     port = int(command[command.index("-p") + 1])
     [location] = _yaml(COMPOSE_DIR / "workspace.yaml")["load_from"]
     assert location["grpc_server"]["host"] == "medrobust-code"
@@ -404,7 +404,7 @@ def test_slurm_job_script(jobqueue: dict[str, Any], dask_run_config: dict[str, A
 def test_run_config_fits_the_asset_job(definitions: str, run_config: str, executor: str) -> None:
     """The deploy definitions swap only the executor, and the run config file is valid run
     config for the whole asset job (not just for the executor's own schema)."""
-    from medrobust_assets.definitions import defs as base_defs
+    from medrobust_assets.location import defs as base_defs
 
     module = _load_module(DEPLOY / definitions)
     job = module.defs.resolve_implicit_global_asset_job_def()

@@ -42,7 +42,7 @@ SMALL_DEMO = {
 
 
 def _env(home: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "MEDROBUST_SUITE", "MEDROBUST_DEBUG")}
+    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "MEDROBUST_DEBUG")}
     env.update({"MEDROBUST_HOME": str(home), "PYTHONPATH": str(ROOT), **extra})
     return env
 

@@ -98,9 +98,11 @@ def test_segmentation_figures(tmp_path: Path) -> None:
 
 
 def test_level_axis_shows_only_evaluated_levels() -> None:
-    assert figs.level_tick_labels([0, 2, 4], attack=True, short=True) == ["clean", "L2\n.80-.89\nε 4/255",
-                                                                          "L4\n.60-.69\nε 8/255"]
-    assert figs.level_tick_labels([1]) == ["L1\nSSIM 0.90-0.98"]
+    from medrobust_lib.types import SSIM_BANDS
+
+    assert figs.level_tick_labels([0, 2, 4], bands=SSIM_BANDS, attack=True, short=True) == [
+        "clean", "L2\n.80-.89\nε 4/255", "L4\n.60-.69\nε 8/255"]
+    assert figs.level_tick_labels([1], bands=SSIM_BANDS) == ["L1\nSSIM 0.90-0.98"]
     with style.paper_style() as plt:
         fig, ax = plt.subplots()
         figs._level_axis(ax, [0, 2, 4], corruption=True, attack=False)
@@ -192,3 +194,22 @@ def test_parallel_saves_write_the_same_bytes(tmp_path: Path) -> None:
     for a, b in zip(serial, par, strict=True):
         for x, y in zip(style.twins(a), style.twins(b), strict=True):
             assert x.read_bytes() == y.read_bytes(), x.name
+
+
+def test_level_labels_show_the_stored_bands_not_the_defaults(tmp_path: Path) -> None:
+    """A suite with its own bands: the stored band_low / band_high label the levels (not
+    types.SSIM_BANDS); a level without a stored band shows none."""
+    manifest = pd.DataFrame({"level": [2, 2, 4, 0], "band_low": [0.85, 0.85, 0.55, None],
+                             "band_high": [0.95, 0.95, 0.65, None]})
+    bands = figs.stored_bands(manifest)
+    assert bands == {2: (0.85, 0.95), 4: (0.55, 0.65)}
+    assert figs.level_tick_labels([0, 2, 4], bands=bands, short=True) == ["clean", "L2\n.85-.95", "L4\n.55-.65"]
+    assert figs.level_tick_labels([2, 3], bands=bands) == ["L2\nSSIM 0.85-0.95", "L3"]
+    assert figs.level_tick_labels([2]) == ["L2"] and figs.stored_bands(pd.DataFrame({"level": [2]})) == {}
+    df = _by_level(n_types=3)
+    with style.paper_style() as plt:
+        fig, ax = plt.subplots()
+        figs._level_axis(ax, [0, 2, 4], corruption=True, attack=False, bands=bands)
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["clean", "L2\nSSIM 0.85-0.95", "L4\nSSIM 0.55-0.65"]
+        plt.close(fig)
+    assert figs.drop_heatmap(df, tmp_path, bands=bands)

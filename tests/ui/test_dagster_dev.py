@@ -37,11 +37,6 @@ def _instance_yaml(home: Path) -> None:
     (home / "dagster.yaml").write_text(yaml.safe_dump(cfg))
 
 
-def _suite_path() -> str:
-    """The suite the in-process ``defs`` were built from (definitions read $MEDROBUST_SUITE at import)."""
-    return str((ROOT / os.environ.get("MEDROBUST_SUITE", "configs/demo.yaml")).resolve())
-
-
 def _graphql(http: Any, port: int, query: str) -> dict[str, Any]:
     r = http.post(f"http://{HOST}:{port}/graphql", json={"query": query})
     r.raise_for_status()
@@ -61,7 +56,7 @@ def _location_loaded(http: Any, port: int) -> bool:
 
 
 def test_dagster_dev_lists_every_asset_and_stops(tmp_path: Path) -> None:
-    from medrobust_assets.definitions import defs
+    from medrobust_assets.location import defs  # what workspace.yaml loads: the demo suite's graph
 
     repo = defs.get_repository_def()
     expected = {k.to_user_string() for k in repo.asset_graph.get_all_asset_keys()}
@@ -69,7 +64,7 @@ def test_dagster_dev_lists_every_asset_and_stops(tmp_path: Path) -> None:
     home.mkdir()
     _instance_yaml(home)
     port = free_port()
-    env = {**os.environ, "DAGSTER_HOME": str(home), "MEDROBUST_SUITE": _suite_path(),
+    env = {**os.environ, "DAGSTER_HOME": str(home),
            "MLFLOW_DISABLE_TELEMETRY": "true", "PYTHONDONTWRITEBYTECODE": "1"}
     cmd = [str(Path(sys.executable).parent / "dagster"), "dev", "-h", HOST, "-p", str(port),
            "-w", str(ROOT / "workspace.yaml")]

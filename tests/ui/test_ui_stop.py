@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.ui import HOST, client, free_port, group_members, log_tail, stop_group, wait_until
-from tests.ui.test_dagster_dev import ROOT, STARTUP_TIMEOUT_S, _instance_yaml, _suite_path
+from tests.ui.test_dagster_dev import ROOT, STARTUP_TIMEOUT_S, _instance_yaml
 
 STOP_WITHIN_S = 10.0
 
@@ -88,7 +88,7 @@ def test_make_ui_command_stops_within_10_s_of_sigterm(tmp_path: Path) -> None:
     home.mkdir()
     _instance_yaml(home)
     port = free_port()
-    env = {**os.environ, "DAGSTER_HOME": str(home), "MEDROBUST_SUITE": _suite_path(),
+    env = {**os.environ, "DAGSTER_HOME": str(home),
            "MLFLOW_DISABLE_TELEMETRY": "true", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(ROOT)}
     cwd = tmp_path / "cwd"
     cwd.mkdir()

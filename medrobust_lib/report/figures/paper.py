@@ -8,8 +8,9 @@ Inputs are mart rows already filtered to the selected models: ``segmentation_by_
 the robustness curves and the heatmap, ``strategy_ranking`` rows for the strategy bars,
 ``taxonomy_quadrants`` rows for the quadrant bars and the points of
 :func:`medrobust_lib.tracks.taxonomy.stats.correlation_points` for the scatter. Level axes show
-only the levels that were evaluated, each labelled with its SSIM band (corruptions) and epsilon
-(attacks) (:func:`level_tick_labels`). Rows flagged ``floor_effect`` (clean score at the floor: a
+only the levels that were evaluated, each labelled with its SSIM band as stored with the
+perturbed rows (``band_low`` / ``band_high``: :func:`stored_bands`; the suite may change the
+default bands) for corruptions and its epsilon for attacks (:func:`level_tick_labels`). Rows flagged ``floor_effect`` (clean score at the floor: a
 drop cannot be measured) are drawn in grey. matplotlib is imported inside the functions.
 """
 
@@ -26,7 +27,6 @@ import pandas as pd
 from medrobust_lib.report.figures import style
 from medrobust_lib.report.table import fmt_float
 from medrobust_lib.types import ATTACK_EPSILONS as EPSILONS
-from medrobust_lib.types import SSIM_BANDS as DEFAULT_BANDS
 
 ATTACK = "attack"
 """Panel / family name of the adversarial attacks (conditions ``fgsm`` and ``pgd``)."""
@@ -44,11 +44,28 @@ def _save(fig: Any, path: Path) -> Path:
     return style.save_figure(fig, path)
 
 
-def level_tick_labels(levels: Sequence[int], *, corruption: bool = True, attack: bool = False,
-                      short: bool = False) -> list[str]:
-    """Tick labels of the evaluated ``levels`` (0 = clean): the level, its SSIM band
-    (``.80-.89``, the default ``types.SSIM_BANDS``) for corruptions and its L-infinity epsilon
-    (``4/255``, ``types.ATTACK_EPSILONS``) for attacks, one per line."""
+Bands = Mapping[int, tuple[float, float]]
+"""Level -> (band_low, band_high) of the SSIM band the level's perturbed images were calibrated to."""
+
+
+def stored_bands(rows: pd.DataFrame) -> dict[int, tuple[float, float]]:
+    """The SSIM band of each level as stored with the rows (columns ``level``, ``band_low``,
+    ``band_high``, e.g. ``perturbation_manifest``; per level the lowest ``band_low`` and highest
+    ``band_high``); {} when the rows carry no bands. Level 0 (clean) has none."""
+    if rows.empty or not {"level", "band_low", "band_high"} <= set(rows.columns):
+        return {}
+    g = (rows.dropna(subset=["band_low", "band_high"]).groupby("level")
+         .agg(lo=("band_low", "min"), hi=("band_high", "max")))
+    return {int(lv): (float(lo), float(hi)) for lv, lo, hi in zip(g.index, g["lo"], g["hi"], strict=True)
+            if int(lv) > 0}
+
+
+def level_tick_labels(levels: Sequence[int], *, bands: Bands | None = None, corruption: bool = True,
+                      attack: bool = False, short: bool = False) -> list[str]:
+    """Tick labels of the evaluated ``levels`` (0 = clean): the level, its SSIM band from
+    ``bands`` (``.80-.89``: the stored ``band_low`` / ``band_high``, :func:`stored_bands`; a level
+    without a stored band shows none rather than a default) for corruptions and its L-infinity
+    epsilon (``4/255``, ``types.ATTACK_EPSILONS``) for attacks, one per line."""
 
     out = []
     for lv in levels:
@@ -57,8 +74,8 @@ def level_tick_labels(levels: Sequence[int], *, corruption: bool = True, attack:
             out.append("clean")
             continue
         parts = [f"L{lv}"]
-        if corruption and lv in DEFAULT_BANDS:
-            lo, hi = DEFAULT_BANDS[lv]
+        if corruption and bands and lv in bands:
+            lo, hi = bands[lv]
             parts.append(f"{lo:.2f}-{hi:.2f}".replace("0.", ".") if short else f"SSIM {lo:.2f}-{hi:.2f}")
         if attack and lv in EPSILONS:
             parts.append(f"\u03b5 {EPSILONS[lv] * 255:.0f}/255")
@@ -92,16 +109,16 @@ def _label(metric: str) -> str:
 
 
 def _level_axis(ax: Any, levels: Sequence[int], *, corruption: bool, attack: bool, short: bool = False,
-                labels: bool = True) -> None:
+                labels: bool = True, bands: Bands | None = None) -> None:
     """Categorical x axis: one tick per evaluated level (0 = clean), nothing in between."""
     ax.set_xticks(range(len(levels)))
-    ax.set_xticklabels(level_tick_labels(levels, corruption=corruption, attack=attack, short=short)
+    ax.set_xticklabels(level_tick_labels(levels, bands=bands, corruption=corruption, attack=attack, short=short)
                        if labels else [])
     ax.set_xlim(-0.3, len(levels) - 0.7)
 
 
 def family_curves(by_level: pd.DataFrame, families: Mapping[str, str], out_dir: Path,
-                  metric: str = "iou") -> list[Path]:
+                  metric: str = "iou", bands: Bands | None = None) -> list[Path]:
     """``<model>_<metric>_drop_by_family.png`` (two-column width): one panel per perturbation
     family (from ``families``: type -> family; unknown types go to ``other``) plus one for the
     attacks, one line per type: mean paired ``<metric>_drop`` (clean - perturbed, 0 at clean) at
@@ -138,7 +155,8 @@ def family_curves(by_level: pd.DataFrame, families: Mapping[str, str], out_dir: 
                 ax.set_title(fam)
                 ax.grid(alpha=0.3)
                 ax.legend(loc="upper left", handlelength=2.2, borderaxespad=0.2, labelspacing=0.2)
-                _level_axis(ax, levels, corruption=fam != ATTACK, attack=fam == ATTACK, short=True)
+                _level_axis(ax, levels, corruption=fam != ATTACK, attack=fam == ATTACK, short=True,
+                            bands=stored_bands(by_level) if bands is None else bands)
                 ax.tick_params(axis="x", labelsize=5)
                 if i % ncols == 0:
                     ax.set_ylabel(f"{_label(metric)} drop")
@@ -166,7 +184,8 @@ BAND_MISS_MARK = "*"
 """Heatmap mark of a cell with outputs that missed their level's SSIM band (left out of its mean by default)."""
 
 
-def drop_heatmap(by_level: pd.DataFrame, out_dir: Path, metric: str = "iou", rank_by: str = "iou") -> list[Path]:
+def drop_heatmap(by_level: pd.DataFrame, out_dir: Path, metric: str = "iou", rank_by: str = "iou",
+                 bands: Bands | None = None) -> list[Path]:
     """``<model>_<metric>_drop_heatmap.png``: rows = perturbation types (corruptions by mean
     ``<rank_by>_drop``, largest first, then the attacks), columns = the evaluated levels (SSIM band below), cell =
     mean paired ``<metric>_drop`` printed at 5.5 pt; diverging Okabe-Ito-compatible colours centred
@@ -210,7 +229,8 @@ def drop_heatmap(by_level: pd.DataFrame, out_dir: Path, metric: str = "iou", ran
                                     color="white" if abs(vals[i, j]) > 0.6 * vmax else "black")
                 levels = [int(c) for c in part.columns]
                 ax.set_xticks(range(len(levels)))
-                ax.set_xticklabels(level_tick_labels(levels, short=True), fontsize=5)
+                ax.set_xticklabels(level_tick_labels(levels, bands=stored_bands(by_level) if bands is None else bands,
+                                                     short=True), fontsize=5)
                 ax.set_yticks(range(len(part)))
                 ax.set_yticklabels([f"{t} (attack)" if t in attacks else str(t) for t in part.index], fontsize=5.5)
                 ax.tick_params(length=2)

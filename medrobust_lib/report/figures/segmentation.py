@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import pandas as pd
@@ -9,14 +10,16 @@ import pandas as pd
 from medrobust_lib.report.figures import style
 
 
-def robustness_curves(stats: pd.DataFrame, out_dir: str | Path, metric: str = "iou") -> list[Path]:
+def robustness_curves(stats: pd.DataFrame, out_dir: str | Path, metric: str = "iou",
+                      bands: Mapping[int, tuple[float, float]] | None = None) -> list[Path]:
     """One figure per model, one column wide (``<model>_<metric>_curves.png`` + PDF + SVG): the
     paired ``metric`` drop (default IoU, the primary metric; clean minus condition, so 0 at clean) at the levels that were
     evaluated (categorical axis: no line spans a level that was not evaluated), each labelled with
-    its SSIM band and attack epsilon; each corruption type (thin grey), their mean (thick) and the
+    its SSIM band (``bands``: the stored ``band_low`` / ``band_high`` per level, by default those
+    of ``stats`` itself, :func:`~medrobust_lib.report.figures.paper.stored_bands`) and attack epsilon; each corruption type (thin grey), their mean (thick) and the
     two attacks (dashed). Drops, not raw scores, because each type covers its own modalities'
     images. A model whose rows carry ``floor_effect`` is drawn in grey and says so."""
-    from medrobust_lib.report.figures.paper import level_tick_labels
+    from medrobust_lib.report.figures.paper import level_tick_labels, stored_bands
 
     paths: list[Path] = []
     if stats.empty:
@@ -24,6 +27,7 @@ def robustness_curves(stats: pd.DataFrame, out_dir: str | Path, metric: str = "i
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     drop = f"{metric}_drop"
+    bands = stored_bands(stats) if bands is None else bands
     with style.paper_style() as plt:
         for model, g in stats.groupby("model"):
             floor = "floor_effect" in g.columns and bool(g["floor_effect"].fillna(False).astype(bool).all())
@@ -47,7 +51,7 @@ def robustness_curves(stats: pd.DataFrame, out_dir: str | Path, metric: str = "i
             ax.axhline(0, color="k", lw=0.4)
             has_attack = bool(g["condition"].isin(["fgsm", "pgd"]).any())
             ax.set_xticks(range(len(levels)))
-            ax.set_xticklabels(level_tick_labels(levels, attack=has_attack, short=True), fontsize=5.5)
+            ax.set_xticklabels(level_tick_labels(levels, bands=bands, attack=has_attack, short=True), fontsize=5.5)
             ax.set_xlim(-0.3, len(levels) - 0.7)
             ax.set_xlabel("evaluated level (SSIM band" + ("; attack \u03b5" if has_attack else "") + ")")
             ax.set_ylabel(f"{_label(metric)} drop (paired)")

@@ -90,7 +90,7 @@ def resolve_checkpoint(suite: Suite, m: SegModelConfig) -> Path:
     return Path(m.checkpoint)
 
 
-_MODELS: LRU[tuple[Any, ...], Any] = LRU(max_items=2)
+_MODELS: LRU[tuple[Any, ...], Any] = LRU(max_items=2, name="segmentation.models")
 
 
 def load_model(suite: Suite, m: SegModelConfig, *, fresh: bool = False) -> Any:

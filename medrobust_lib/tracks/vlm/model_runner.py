@@ -212,7 +212,8 @@ LOCAL_MODEL_BUDGET = 2 << 30
 """Bytes of weights the kept local models may hold together (estimated from their weight files,
 twice their size: a float16 file may load as float32). The newest model is always kept, so one
 real VLM (gigabytes) stays alone, while the demo's tiny models (megabytes) all stay."""
-_LOCAL: LRU[tuple[Any, ...], Any] = LRU(max_bytes=lambda: LOCAL_MODEL_BUDGET, keep_newest=True)
+_LOCAL: LRU[tuple[Any, ...], Any] = LRU(max_bytes=lambda: LOCAL_MODEL_BUDGET, keep_newest=True,
+                                        name="vlm.local_models")
 """Local models of recent :class:`Runner` s, by (configuration, base folder and its file stamps,
 adapter folder and its file stamps), each counted at its estimated bytes."""
 

@@ -16,7 +16,6 @@ from medrobust_lib.config.segmentation import PromptConfig
 from medrobust_lib.models.sam import arch_for, build_sam
 from medrobust_lib.perturb import regen_cache
 from medrobust_lib.perturb.engine import regenerate
-from medrobust_lib.processes import process_pool
 from medrobust_lib.prompts import prompt_boxes
 from medrobust_lib.store import results
 from medrobust_lib.tracks import feed
@@ -114,7 +113,7 @@ def test_feed_serves_a_later_model_from_the_regeneration_cache(suite: Suite, mon
     regen_cache.clear()
     first = list(regenerate_stream(suite, "ct", "all", rows, workers=1, chunk=3))
     assert regen_cache.stats()["entries"] == len(rows)
-    pool = process_pool(feed.POOL_OWNER, 1)
+    pool = feed._pool(1)
     monkeypatch.setattr(pool, "submit", lambda *a, **k: pytest.fail("a cached task was sent to a worker"))
     second = list(regenerate_stream(suite, "ct", "all", rows, workers=1, chunk=3))
     assert all(a is b for a, b in zip(first, second, strict=True)) and len(second) == len(rows)

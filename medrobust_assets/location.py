@@ -1,0 +1,12 @@
+"""The demo's code location (``workspace.yaml`` at the project root loads it): the Definitions
+of ``configs/demo.yaml`` in the project root, built with :func:`definitions_for`.
+
+Another suite's location is a file of the same two lines that ``medrobust ui --suite`` writes
+(:mod:`medrobust_assets.locations`); no environment variable chooses the suite."""
+
+from __future__ import annotations
+
+from medrobust_assets.definitions import definitions_for_file
+from medrobust_lib.project import MARKER, project_root
+
+defs = definitions_for_file(project_root() / MARKER)
