@@ -20,13 +20,12 @@ import multiprocessing as mp
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from medrobust_lib.config import Suite
+from medrobust_lib.config import load_suite as parse
 from medrobust_lib.lru import LRU, FileStamp, file_stamp
 from medrobust_lib.lru import REGISTRY as lru_registry
-
-if TYPE_CHECKING:
-    from medrobust_lib.config import Suite
 
 _LOCK = threading.Lock()
 _POOLS: dict[str, tuple[int, ProcessPoolExecutor]] = {}
@@ -66,8 +65,6 @@ def load_suite(path: str | Path) -> Suite:
     :func:`~medrobust_lib.lru.file_stamp`; an edited file is parsed again). Every caller gets the
     same object: treat it as read-only (``model_copy(update=...)`` for a changed copy). Errors as
     :func:`medrobust_lib.config.load_suite` (FileNotFoundError, ValueError)."""
-    from medrobust_lib.config import load_suite as parse
-
     global _SUITE_PARSES
     p = Path(path)
     if not p.is_file():

@@ -13,6 +13,7 @@ from tests.suite_helpers import write_suite
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "configs" / "demo.yaml"
+DEMO_FULL = ROOT / "configs" / "demo_full.yaml"
 defs = definitions_for_file(DEMO)  # the demo's graph, as its code location builds it
 
 
@@ -98,13 +99,20 @@ def test_vlm_and_taxonomy_families_follow_the_suite() -> None:
             "tiny-llava-lora/finetuned_adapter", "vlm_report"} <= keys
     assert "tiny-llava-lora/base_checkpoint" not in keys  # it builds on tiny-llava's weights
     for c in ("demo-image-reliant", "demo-shortcut", "demo-consistency-lora"):
-        assert {f"{c}/taxonomy_model", f"{c}/text_only_baselines", f"{c}/taxonomy_clean",
-                f"{c}/taxonomy_perturbed"} <= keys
+        assert {f"{c}/taxonomy_model", f"{c}/text_only_baselines", f"{c}/taxonomy_clean"} <= keys
+        assert f"{c}/taxonomy_perturbed" not in keys  # the fast demo: taxonomy.levels [] (clean images only)
+    # the VLMs' perturbed answers over their own levels (the fast demo: 4), the full grid over 1-5
+    vlm = repo.asset_graph.get(dg.AssetKey(["tiny-llava", "vlm_perturbed_predictions"]))
+    assert {k.keys_by_dimension["severity"] for k in vlm.partitions_def.get_partition_keys()} == {"4"}
+    full = definitions_for_file(DEMO_FULL).get_repository_def().asset_graph
+    assert dg.AssetKey(["demo-shortcut", "taxonomy_perturbed"]) in full.get_all_asset_keys()
+    vlm_full = full.get(dg.AssetKey(["tiny-llava", "vlm_perturbed_predictions"]))
+    assert {k.keys_by_dimension["severity"] for k in vlm_full.partitions_def.get_partition_keys()} == set("12345")
     lora = repo.asset_graph.get(dg.AssetKey(["tiny-llava-lora", "finetuned_adapter"]))
     assert dg.AssetKey(["tiny-llava", "base_checkpoint"]) in lora.parent_keys
     cons = repo.asset_graph.get(dg.AssetKey(["demo-consistency-lora", "taxonomy_model"]))
     assert dg.AssetKey(["demo-image-reliant", "taxonomy_model"]) in cons.parent_keys
-    pert = repo.asset_graph.get(dg.AssetKey(["demo-shortcut", "taxonomy_perturbed"]))
+    pert = full.get(dg.AssetKey(["demo-shortcut", "taxonomy_perturbed"]))
     assert isinstance(pert.partitions_def, dg.MultiPartitionsDefinition)
 
 

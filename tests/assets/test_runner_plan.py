@@ -50,6 +50,8 @@ def test_taxonomy_levels_limit_only_the_taxonomy_partitions() -> None:
     base = _suite()
     data = base.model_dump()  # type: ignore[attr-defined]
     data["taxonomy"]["levels"] = [4]
+    for m in data["vlm"]["models"]:
+        m["levels"] = None  # the demo's VLMs have their own (4): every perturbed level here
     suite = Suite.model_validate(data)
     assert suite.perturbations.levels == [2, 4] and suite.taxonomy_levels() == [4]
     steps = plan(dg.AssetSelection.all(), definitions_for(suite), dg.DagsterInstance.ephemeral())
