@@ -627,10 +627,10 @@ def check(
     difference excludes 0, BH q < alpha and the difference exceeds the threshold. Each side's rows
     are reused when they exist, else (models:/ URIs) the version is evaluated first."""
     from medrobust_lib.config import load_suite
+    from medrobust_lib.config.segmentation import GateThresholds
     from medrobust_lib.store.results import read_table
     from medrobust_lib.tracks.finetune.gate import (
         GateInputError,
-        GateThresholds,
         compare,
         gather_side,
         render,
@@ -645,7 +645,8 @@ def check(
     # the suite's relative paths (results, data, mlruns) are inside the project
     root = _enter_project(suite_path if suite is not None else None)
     try:
-        thresholds = GateThresholds(max_iou_drop_increase, max_dice_drop_increase, alpha, min_pairs)
+        thresholds = GateThresholds(max_iou_drop_increase=max_iou_drop_increase,
+                                    max_dice_drop_increase=max_dice_drop_increase, alpha=alpha, min_pairs=min_pairs)
         if suite is not None and not suite_path.is_file():
             raise FileNotFoundError(f"suite not found: {suite_path}")
         s = load_suite(suite_path) if suite_path.is_file() else None

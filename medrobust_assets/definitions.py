@@ -22,7 +22,6 @@ from medrobust_assets.sensors import (
     registry_evaluation_job,
     registry_sensor,
 )
-from medrobust_lib.config.vlm import vlm_config
 
 
 def _suite_for_definitions() -> Any:
@@ -35,12 +34,10 @@ def _suite_for_definitions() -> Any:
 
 
 def _model_assets() -> list[dg.AssetsDefinition]:
-    from medrobust_lib.tracks.segmentation.evaluate import seg_config
-
     suite = _suite_for_definitions()
     assets: list[dg.AssetsDefinition] = []
     if suite is not None:
-        for m in seg_config(suite).models:
+        for m in suite.segmentation.models:
             assets.extend(segmentation_family(m.id, trained=m.checkpoint == "trained", attacks=m.attacks))
     return assets
 
@@ -52,7 +49,7 @@ def _vlm_assets() -> list[dg.AssetsDefinition]:
     if suite is None:
         return assets
     produced: dict[str, dg.AssetsDefinition] = {}
-    models = vlm_config(suite).models
+    models = suite.vlm.models
     for m in sorted(models, key=lambda m: m.base is not None):  # bases first
         trained = m.kind == "hf" and m.base is None and m.source == "trained"
         family = vlm_family(m.id, trained, m.adapter == "finetuned", produced.get(m.base) if m.base else None)
@@ -63,15 +60,13 @@ def _vlm_assets() -> list[dg.AssetsDefinition]:
 
 
 def _taxonomy_assets(vlm_assets: list[dg.AssetsDefinition]) -> list[dg.AssetsDefinition]:
-    from medrobust_lib.tracks.taxonomy.evaluate import taxonomy_config
-
     suite = _suite_for_definitions()
     if suite is None:
         return []
     by_key = {a.key.to_user_string(): a for a in vlm_assets}
     assets: list[dg.AssetsDefinition] = []
     made: dict[str, dg.AssetsDefinition] = {}
-    configs = taxonomy_config(suite).configs
+    configs = suite.taxonomy.configs
     for c in sorted(configs, key=lambda c: c.base is not None):  # bases first
         upstream: list[Any] = []
         if c.model is not None:
@@ -86,10 +81,8 @@ def _taxonomy_assets(vlm_assets: list[dg.AssetsDefinition]) -> list[dg.AssetsDef
 
 
 def _finetune_assets(model_assets: list[dg.AssetsDefinition]) -> list[dg.AssetsDefinition]:
-    from medrobust_lib.tracks.finetune.strategies import finetune_config
-
     suite = _suite_for_definitions()
-    ft = finetune_config(suite) if suite is not None else None
+    ft = suite.segmentation.finetune if suite is not None else None
     if ft is None:
         return []
     base = next((a for a in model_assets if a.key.path == [ft.base, "base_checkpoint"]), None)

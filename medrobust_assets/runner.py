@@ -26,7 +26,6 @@ from medrobust_lib.config import Suite, load_suite
 from medrobust_lib.paths import experiment_name, suite_paths
 from medrobust_lib.store import registry
 from medrobust_lib.store.writer_lock import suite_writer_lock
-from medrobust_lib.tracks.finetune.strategies import finetune_config
 
 # Progress is printed by run_demo; Dagster's own event stream (a failed step's traceback included)
 # stays in the instance and the UI: the console logger prints nothing below CRITICAL.
@@ -438,7 +437,7 @@ def _run_demo(suite: Suite, suite_path: str, *, workers: int, log: Callable[[str
         _log_failed_checks(res, log)
         return res
 
-    if finetune_config(suite) is not None:
+    if suite.segmentation.finetune is not None:
         t0 = time.perf_counter()
         run_registry_demo(suite, inst, step, log, mlruns_dir)
         seconds["registry loop"] = time.perf_counter() - t0

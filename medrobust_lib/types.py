@@ -42,6 +42,9 @@ SEVERITY_LEVELS: tuple[int, ...] = (1, 2, 3, 4, 5)
 SSIM_BANDS: dict[int, tuple[float, float]] = {1: (0.90, 0.98), 2: (0.80, 0.89), 3: (0.70, 0.79), 4: (0.60, 0.69),
                                               5: (0.50, 0.59)}
 """Default SSIM band (low, high) per severity level (MedFM-Robust); a suite may set its own."""
+DEFAULT_MAX_PIXELS: int = 64_000_000
+"""Largest 2-D image (height x width, any channel count) a reader decodes: 64 megapixels (the
+suite's ``max_pixels`` default)."""
 ATTACK_EPSILONS: dict[int, float] = {1: 2 / 255, 2: 4 / 255, 3: 6 / 255, 4: 8 / 255, 5: 10 / 255}
 """L-infinity attack budget per severity level, in [0, 1] pixel units."""
 

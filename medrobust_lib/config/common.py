@@ -25,14 +25,20 @@ class TrainBudget(BaseModel):
 
 
 class LoraSettings(BaseModel):
-    """A LoRA adapter's shape: rank ``r``, scaling ``alpha`` (update scaled by alpha / r), dropout.
+    """A LoRA adapter: rank ``r``, scaling ``alpha`` (update scaled by alpha / r), dropout on the
+    LoRA branch and the modules it goes on. The one LoRA description of the project: the
+    segmentation ``lora`` strategy (``segmentation.finetune.lora``), the VLM adapters
+    (``vlm.finetune``) and the taxonomy's ``consistency_lora`` all read it.
 
-    ``dropout``: dropout on the LoRA branch."""
+    ``dropout``: dropout on the LoRA branch. ``target_regex``: a full-match regex over module names
+    (None: the default targets: for a segmentation model image-encoder attention plus mask-decoder
+    attention, for a VLM the language model's projections)."""
 
     model_config = ConfigDict(extra="forbid")
     r: int = Field(default=8, ge=1)
     alpha: int = Field(default=16, ge=1)
     dropout: float = Field(default=0.05, ge=0, lt=1)
+    target_regex: str | None = None
 
 
 class AlignmentStage(BaseModel):

@@ -22,8 +22,15 @@ from medrobust_lib.config.common import StatsConfig
 from medrobust_lib.config.segmentation import SegmentationConfig, SegModelConfig
 from medrobust_lib.config.taxonomy import TaxonomyConfig
 from medrobust_lib.config.vlm import ADAPTER_SEEN_SPLITS, VLMConfig, VLMModelConfig, adapter_box_scale
+from medrobust_lib.data.dataset import DatasetConfig
 from medrobust_lib.paths import default_locations
-from medrobust_lib.types import ALL_MODALITIES, SEVERITY_LEVELS, SSIM_BANDS, validate_bands
+from medrobust_lib.types import (
+    ALL_MODALITIES,
+    DEFAULT_MAX_PIXELS,
+    SEVERITY_LEVELS,
+    SSIM_BANDS,
+    validate_bands,
+)
 
 DEMO_TRAINED = "trained"
 """A model's weights trained by the demo's own assets (``checkpoint: trained`` / ``source: trained``)."""
@@ -156,8 +163,9 @@ class Suite(BaseModel):
     modalities: list[str] = Field(default_factory=lambda: list(ALL_MODALITIES), description=(
         "the modality partitions this suite runs (a dataset of another modality is left out)"))
     demo: DemoConfig = Field(default_factory=lambda: DemoConfig(), description="the embedded offline demo data")
-    datasets: list[dict[str, Any]] = Field(default_factory=list, description=(
-        "your datasets, one entry each (see 'datasets[]' below)"))
+    datasets: list[DatasetConfig] = Field(default_factory=list, description=(
+        "your datasets, one entry each (see 'datasets[]' below); each entry's reader options are checked "
+        "against its format's reader when the suite loads"))
     perturbations: PerturbationConfig = Field(default_factory=lambda: PerturbationConfig(), description=(
         "which corruptions to generate and at which SSIM-calibrated levels"))
     segmentation: SegmentationConfig = Field(default_factory=lambda: SegmentationConfig(), description=(
@@ -171,7 +179,7 @@ class Suite(BaseModel):
         "still count as complete; above it the partition fails its check and is left out of the mart views"))
     stats: StatsConfig = Field(default_factory=lambda: StatsConfig(), description=(
         "the floors of the statistics: no CI or p-value below stats.min_n (docs/statistics.md)"))
-    max_pixels: int = Field(default=64_000_000, ge=49,
+    max_pixels: int = Field(default=DEFAULT_MAX_PIXELS, ge=49,
                             description="largest 2-D image a reader decodes (height x width, read from the "
                                         "header first); larger files are quarantined as too_large. A dataset "
                                         "entry may set its own max_pixels")
@@ -402,6 +410,6 @@ def load_suite(path: str | Path) -> Suite:
         problems = []
         for err in exc.errors():
             where = ".".join(str(x) for x in err["loc"]) or "(top level)"
-            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
             problems.append(f"{where}: {msg}")
         raise ValueError(f"{p}: invalid suite: " + "; ".join(problems)) from None

@@ -13,10 +13,10 @@ import pytest
 from typer.testing import CliRunner
 
 from medrobust_cli import app
+from medrobust_lib.config.segmentation import GateThresholds
 from medrobust_lib.store import results
 from medrobust_lib.tracks.finetune.gate import (
     GateInputError,
-    GateThresholds,
     compare,
     render,
     resolve_ref,
