@@ -372,6 +372,40 @@ def _read_yaml(p: Path) -> dict[str, Any]:
     return data
 
 
+EXTENDS_KEY = "extends"
+"""The file key naming the suite file a suite is written as changes to (see :func:`read_suite_file`)."""
+
+
+def read_suite_file(path: Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The mapping of one suite file with its ``extends`` resolved (before overlays and ``${VAR}``).
+
+    ``extends: demo.yaml`` (a path relative to this file's folder, or absolute) makes this file a
+    change to another suite file: that file is read (its own ``extends`` first) and this file's keys
+    are merged over it as an overlay is (:func:`_deep_merge`: mappings key by key, lists and scalars
+    replace, a ``key?`` applies only where the base has that key). The ``overlays`` the base names are
+    kept (as paths from the base's folder) unless this file names its own list. ``extends`` itself is
+    not a suite key: the loaded suite is the merged one. A missing file, a chain that comes back to a
+    file, or a value that is not one path is a ValueError / FileNotFoundError naming the file."""
+    data = _read_yaml(path)
+    base_name = data.pop(EXTENDS_KEY, None)
+    if base_name is None:
+        return _without_conditional_keys(data)
+    if not isinstance(base_name, str) or not base_name:
+        raise ValueError(f"{path}: {EXTENDS_KEY} names one suite file (a path), got {base_name!r}")
+    base_path = Path(base_name) if Path(base_name).is_absolute() else path.parent / base_name
+    if not base_path.is_file():
+        raise FileNotFoundError(f"{path}: {EXTENDS_KEY}: suite file not found: {base_path}")
+    chain = (*_chain, path.resolve())
+    if base_path.resolve() in chain:
+        raise ValueError(f"{path}: {EXTENDS_KEY} comes back to {base_path} "
+                         f"({' -> '.join(p.name for p in (*chain, base_path))})")
+    base = read_suite_file(base_path, chain)
+    if base_path.parent.resolve() != path.parent.resolve() and isinstance(base.get("overlays"), list):
+        base["overlays"] = [o if not isinstance(o, str) or Path(o).is_absolute() else str(base_path.parent / o)
+                            for o in base["overlays"]]
+    return _without_conditional_keys(_deep_merge(base, data))
+
+
 def with_overlays(data: dict[str, Any], folder: Path) -> dict[str, Any]:
     """``data`` with each file of its ``overlays`` list (relative to ``folder``, the suite file's
     folder, unless absolute) merged over it in order (:func:`_deep_merge`: the overlay wins). An
@@ -384,14 +418,15 @@ def with_overlays(data: dict[str, Any], folder: Path) -> dict[str, Any]:
         if not op.is_file():
             raise FileNotFoundError(f"suite overlay not found: {op}")
         over = _read_yaml(op)
-        if over.get("overlays"):
-            raise ValueError(f"{op}: an overlay cannot name overlays itself")
+        if over.get("overlays") or EXTENDS_KEY in over:
+            raise ValueError(f"{op}: an overlay cannot name overlays or {EXTENDS_KEY} itself")
         data = _deep_merge(data, over)
     return data
 
 
 def load_suite(path: str | Path) -> Suite:
-    """Read a suite YAML, merged with its ``overlays`` (:func:`with_overlays`). Raises
+    """Read a suite YAML: the file it ``extends`` first (:func:`read_suite_file`), then its
+    ``overlays`` merged over it (:func:`with_overlays`). Raises
     FileNotFoundError, or ValueError naming the file and each offending key (unknown keys included)
     with its location, e.g. ``segmentation.models.0.chekpoint``; a file nested deeper than
     :data:`MAX_YAML_DEPTH` levels is a ValueError too. ``${VAR}`` values are expanded
@@ -399,7 +434,7 @@ def load_suite(path: str | Path) -> Suite:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"suite config not found: {p}")
-    data = with_overlays(_without_conditional_keys(_read_yaml(p)), p.parent)
+    data = with_overlays(read_suite_file(p), p.parent)
     try:
         data = expand_env(data)
     except ValueError as exc:
