@@ -19,7 +19,7 @@ import hashlib
 import json
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -158,7 +158,7 @@ def finetune_lora(model: Any, processor: Any, train_examples: Sequence[VLMExampl
     digest = adapter_hash(out)
     record = {
         "lora": {**settings.model_dump(), "target_regex": lora_regex(settings)},
-        "train_config": asdict(train_cfg),
+        "train_config": train_cfg.model_dump(),
         "base_model_hash": base_model_hash,
         "adapter_hash": digest,
         "n_train": len(train_examples),
