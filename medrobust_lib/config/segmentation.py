@@ -25,8 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from medrobust_lib.config.common import LoraSettings, TrainBudget
 from medrobust_lib.prompts import PromptConfig
-
-ATTACK_KINDS: tuple[Literal["fgsm", "pgd"], ...] = ("fgsm", "pgd")
+from medrobust_lib.types import ATTACK_KINDS, DEFAULT_STEP_SIZE_FACTOR, AttackKind
 
 
 class FinetuneTrain(TrainBudget):
@@ -58,7 +57,7 @@ class FinetuneEval(BaseModel):
     levels: list[int] | None = None
     perturbations: list[str] | None = None
     attack_levels: list[int] | None = None
-    attack_kinds: list[Literal["fgsm", "pgd"]] | None = Field(
+    attack_kinds: list[AttackKind] | None = Field(
         default=None, description="the attacks run on every fine-tuned checkpoint (None: segmentation.attacks.kinds)")
 
 
@@ -190,13 +189,15 @@ class SegTrainConfig(TrainBudget):
     box_jitter: float = 0.05
 
 
-class AttackSuiteConfig(BaseModel):
-    """``kinds``: adversarial attacks run per level (fgsm, pgd). ``step_size_factor``: PGD step size as
-    a multiple of eps / steps. ``max_samples``: samples attacked per dataset (null: all)."""
+class AttacksConfig(BaseModel):
+    """Which adversarial attacks the suite runs. ``kinds``: attacks run per level (fgsm, pgd).
+    ``step_size_factor``: PGD step size as a multiple of eps / steps. ``max_samples``: samples
+    attacked per dataset (null: all). One attack at one level (its epsilon, steps, step size and
+    random start) is :class:`medrobust_lib.attacks.linf.AttackSetting`, built from these per level."""
 
     model_config = ConfigDict(extra="forbid")
-    kinds: list[Literal["fgsm", "pgd"]] = Field(default_factory=lambda: list(ATTACK_KINDS))
-    step_size_factor: float = 2.5
+    kinds: list[AttackKind] = Field(default_factory=lambda: list(ATTACK_KINDS))
+    step_size_factor: float = Field(default=DEFAULT_STEP_SIZE_FACTOR, gt=0)
     max_samples: int | None = None
 
 
@@ -213,7 +214,7 @@ class SegmentationConfig(BaseModel):
     prompt_margin: float = 0.0
     prompt_jitter: float = 0.0
     split: str = "test"
-    attacks: AttackSuiteConfig = Field(default_factory=lambda: AttackSuiteConfig())
+    attacks: AttacksConfig = Field(default_factory=lambda: AttacksConfig())
     finetune: FinetuneConfig | None = None
     feed_workers: int | None = Field(
         default=None, ge=0, description="processes regenerating perturbed images (None: cores - 1, or in-process for a CPU model on <= 2 cores; 0: in-process)")

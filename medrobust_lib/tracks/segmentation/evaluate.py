@@ -468,7 +468,7 @@ def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str
     lists it as ok) is an ``error`` row per attack."""
     import torch
 
-    from medrobust_lib.attacks.linf import AttackConfig, fgsm, pgd, torch_generator_for
+    from medrobust_lib.attacks.linf import AttackSetting, fgsm, pgd, torch_generator_for
     from medrobust_lib.models.sam import to_tensor_batch
     from medrobust_lib.tracks.feed import clean_samples, eval_samples
 
@@ -491,7 +491,7 @@ def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str
     rows: list[dict[str, Any]] = []
     run_kinds = [k for k in sc.attacks.kinds if kinds is None or k in kinds]
     for kind in run_kinds:
-        acfg = AttackConfig.for_level(kind, level, step_size_factor=sc.attacks.step_size_factor)
+        acfg = AttackSetting.for_level(kind, level, step_size_factor=sc.attacks.step_size_factor)
         by_shape: dict[tuple[int, ...], list[Sample]] = {}
         for s in samples:
             by_shape.setdefault(s.image.shape, []).append(s)
