@@ -133,8 +133,8 @@ class VLMModelConfig(BaseModel):
         if self.kind == "api" and self.api is None:
             raise ValueError(f"VLM {self.id!r} (kind: api) needs 'api' with at least its 'model' (the endpoint's "
                              "model name)")
-        if self.kind == "hf" and self.api is not None:
-            raise ValueError(f"VLM {self.id!r}: 'api' settings are for kind: api models; this one is kind: hf")
+        if self.kind != "api" and self.api is not None:
+            raise ValueError(f"VLM {self.id!r}: 'api' settings are for kind: api models; this one is kind: {self.kind}")
         return self
 
 
