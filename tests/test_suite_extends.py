@@ -62,9 +62,9 @@ segmentation:
 
 
 def test_a_base_overlay_is_found_from_the_base_folder(tmp_path: Path) -> None:
-    _write(tmp_path / "shared" / "over.yaml", "perturbations: {calibration_subset: 9}\n")
-    _write(tmp_path / "shared" / "base.yaml", BASE + "overlays: [over.yaml]\n")
-    child = _write(tmp_path / "mine" / "child.yaml", "extends: ../shared/base.yaml\nseed: 7\n")
+    _write(tmp_path / "common" / "over.yaml", "perturbations: {calibration_subset: 9}\n")
+    _write(tmp_path / "common" / "base.yaml", BASE + "overlays: [over.yaml]\n")
+    child = _write(tmp_path / "mine" / "child.yaml", "extends: ../common/base.yaml\nseed: 7\n")
     s = load_suite(child)
     assert s.perturbations.calibration_subset == 9 and s.seed == 7
 
