@@ -132,3 +132,30 @@ taxonomy:
 """
     with pytest.raises(ValueError, match="taxonomy config 'lora'.*taxonomy.split 'all'"):
         load_suite(_write(tmp_path, text))
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ("datasets: [{name: ct_liver, modality: ct, format: dicom, root: /x, options: {window_centre: 40}}]",
+     "datasets.0: invalid options for reader 'dicom': options.window_centre: unknown key (valid keys: "),
+    ("datasets: [{name: a, modality: ct, format: folder, root: /x, sise: 3}]", "datasets.0.sise: unknown key"),
+    ("datasets: [{name: a, modality: ct, format: fodler, root: /x}]", "datasets.0: unknown format 'fodler'"),
+    ("vlm: {models: [{id: g, kind: api, api: {model: m, conurrency: 3}}]}", "vlm.models.0.api.conurrency: unknown key"),
+    ("vlm: {models: [{id: g, kind: api, api: {model: m, max_retries: -1}}]}",
+     "vlm.models.0.api.max_retries: Input should be greater than or equal to 0"),
+    ("vlm: {models: [{id: g, kind: api, api: {model: m, base_url: 'http://api.example.org/v1'}}]}",
+     "would travel in clear text"),
+    ("vlm: {models: [{id: g, kind: api}]}", "vlm.models.0: VLM 'g' (kind: api) needs 'api'"),
+    ("vlm: {models: [{id: h, source: /w, api: {model: m}}]}", "'api' settings are for kind: api models"),
+    ("segmentation: {models: [{id: a, checkpoint: /w}], finetune: {base: a, gate: {alpha: 1.5}}}",
+     "segmentation.finetune.gate.alpha: Input should be less than 1"),
+    ("segmentation: {models: [{id: a, checkpoint: /w}], finetune: {base: a, train: {max_steps: 0}}}",
+     "max_steps must be >= 1, got 0"),
+])
+def test_datasets_and_api_are_checked_when_the_suite_loads(tmp_path: Path, body: str, message: str) -> None:
+    """``datasets[]`` (with each reader's options) and ``vlm.models[].api`` are typed: a bad key or value
+    is refused by load_suite with the key's location, not at run time."""
+    p = tmp_path / "s.yaml"
+    p.write_text(f"name: t\ndemo: {{enabled: false}}\n{body}\n")
+    with pytest.raises(ValueError) as err:
+        load_suite(p)
+    assert message in str(err.value)
