@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 import click
 import typer
+from pydantic import ValidationError
 
 from medrobust_lib.paths import SuitePaths, suite_paths
 from medrobust_lib.project import in_project, project_root
@@ -658,11 +659,11 @@ def check(
     FAIL: n regressions), then the regressions only. A regression: the paired bootstrap CI of the
     difference excludes 0, BH q < alpha and the difference exceeds the threshold. Each side's rows
     are reused when they exist, else (models:/ URIs) the version is evaluated first."""
+    from medrobust_lib.config.segmentation import GateThresholds
     from medrobust_lib.runtime import load_suite  # parsed once per process
     from medrobust_lib.store.results import read_table
     from medrobust_lib.tracks.finetune.gate import (
         GateInputError,
-        GateThresholds,
         compare,
         gather_side,
         render,
@@ -677,7 +678,12 @@ def check(
     # the suite's relative paths (results, data, mlruns) are inside the project
     root = _enter_project(suite_path if suite is not None else None)
     try:
-        thresholds = GateThresholds(max_iou_drop_increase, max_dice_drop_increase, alpha, min_pairs)
+        try:
+            thresholds = GateThresholds(max_iou_drop_increase=max_iou_drop_increase,
+                                        max_dice_drop_increase=max_dice_drop_increase, alpha=alpha, min_pairs=min_pairs)
+        except ValidationError as exc:  # one line per option, named as on the command line
+            raise ValueError("; ".join(f"--{str(e['loc'][0]).replace('_', '-')}: {e['msg']} (got {e['input']})"
+                                       for e in exc.errors())) from None
         if suite is not None and not suite_path.is_file():
             raise FileNotFoundError(f"suite not found: {suite_path}")
         s = load_suite(suite_path) if suite_path.is_file() else None

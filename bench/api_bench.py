@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from medrobust_lib.models.api_vlm import ApiVLM, ApiVLMConfig
+from medrobust_lib.config.vlm import ApiSettings
+from medrobust_lib.models.api_vlm import ApiVLM
 from medrobust_lib.seeding import rng_for
 
 
@@ -90,7 +91,7 @@ def bench_requests_per_second(server_url: str, n: int, concurrency: int,
     ``server_url`` (an OpenAI-compatible base URL; no API key sent). Raises ``RuntimeError`` if
     any request did not succeed."""
     images, prompts = _inputs(n)
-    cfg = ApiVLMConfig(model="bench", base_url=server_url, api_key_env=None, concurrency=concurrency,
+    cfg = ApiSettings(model="bench", base_url=server_url, api_key_env=None, concurrency=concurrency,
                        timeout_s=30.0, max_retries=0, cache_path=cache_path)
     with ApiVLM(cfg) as vlm:
         t0 = time.perf_counter()

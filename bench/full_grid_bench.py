@@ -191,7 +191,7 @@ def attack_grid(model: Any, samples: list[Sample], levels: Sequence[int], batch_
     attacked through the one stored channel), each adversarial batch scored."""
     import torch
 
-    from medrobust_lib.attacks.linf import AttackConfig, fgsm, pgd, torch_generator_for
+    from medrobust_lib.attacks.linf import AttackSetting, fgsm, pgd, torch_generator_for
     from medrobust_lib.models.sam import to_tensor_batch
     from medrobust_lib.tracks.segmentation.evaluate import _GrayView
 
@@ -202,7 +202,7 @@ def attack_grid(model: Any, samples: list[Sample], levels: Sequence[int], batch_
         st = Stage(f"{kind} (levels {list(levels)})")
         t0, c0 = time.perf_counter(), time.process_time()
         for lv in levels:
-            acfg = AttackConfig.for_level(kind, lv)
+            acfg = AttackSetting.for_level(kind, lv)
             for start in range(0, len(samples), batch_size):
                 batch = samples[start : start + batch_size]
                 x = to_tensor_batch([s.image for s in batch]).to(device)

@@ -38,7 +38,6 @@ from medrobust_lib.tracks.segmentation.evaluate import (
     evaluate_perturbed,
     load_model,
     model_config,
-    seg_config,
 )
 
 REPEATS = 5
@@ -72,11 +71,11 @@ def run(suite: Suite, model_id: str, modalities: list[str], level: int | None) -
     rows = []
     hits = misses = cache_hits = 0
     # start the feed's worker pool outside the timings (a process pays it once, not per partition)
-    split = seg_config(suite).split
+    split = suite.segmentation.split
     known = clean_samples(suite, modalities[0], split)
     warm = [{str(k): v for k, v in rec.items()} for rec in read_manifest(suite, modalities[0], lv).to_dict("records")
             if rec["status"] == "ok" and (rec["dataset"], rec["sample_id"]) in known][:1]
-    workers = resolve_workers(seg_config(suite).feed_workers, model.device.type)
+    workers = resolve_workers(suite.segmentation.feed_workers, model.device.type)
     list(regenerate_stream(suite, modalities[0], split, warm, workers=workers))
     for modality in modalities:
         t0 = time.perf_counter()
@@ -105,7 +104,7 @@ def run(suite: Suite, model_id: str, modalities: list[str], level: int | None) -
             if s is None or rec["status"] != "ok" or s.mask is None:
                 continue
             out = regenerate({str(k): v for k, v in rec.items()}, s)
-            b = prompt_boxes(s, seg_config(suite).prompt, mask=out.mask)
+            b = prompt_boxes(s, suite.segmentation.prompt, mask=out.mask)
             if len(b):
                 items.append((out.image, b, out.mask))
         t_regen = time.perf_counter() - t0

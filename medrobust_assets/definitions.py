@@ -32,8 +32,6 @@ from medrobust_assets.sensors import (
 from medrobust_lib import runtime
 from medrobust_lib.adapters import adapter_entry
 from medrobust_lib.config import Suite
-from medrobust_lib.config.vlm import vlm_config
-from medrobust_lib.tracks.finetune.strategy_runs import finetune_config
 
 JOBS = [registry_evaluation_job, marts_job]
 SENSORS = [registry_sensor, mart_after_evaluation]
@@ -41,10 +39,9 @@ SCHEDULES = [nightly_reevaluation]
 
 
 def _segmentation_assets(suite: Suite, parts: SuitePartitions) -> list[dg.AssetsDefinition]:
-    from medrobust_lib.tracks.segmentation.evaluate import seg_config
 
     assets: list[dg.AssetsDefinition] = []
-    for m in seg_config(suite).models:
+    for m in suite.segmentation.models:
         assets.extend(segmentation_family(m.id, parts, trained=m.checkpoint == "trained", attacks=m.attacks,
                                           levels=suite.levels_for(f"segmentation.{m.id}")))
     return assets
@@ -53,7 +50,7 @@ def _segmentation_assets(suite: Suite, parts: SuitePartitions) -> list[dg.Assets
 def _vlm_assets(suite: Suite, parts: SuitePartitions) -> list[dg.AssetsDefinition]:
     produced: dict[str, dg.AssetsDefinition] = {}
     assets: list[dg.AssetsDefinition] = []
-    for m in sorted(vlm_config(suite).models, key=lambda m: m.base is not None):  # bases first
+    for m in sorted(suite.vlm.models, key=lambda m: m.base is not None):  # bases first
         trained = adapter_entry(m.kind, "vlm").local_weights and m.base is None and m.source == "trained"
         family = vlm_family(m.id, parts, trained=trained, finetuned=m.adapter == "finetuned",
                             upstream=produced.get(m.base) if m.base else None,
@@ -66,13 +63,12 @@ def _vlm_assets(suite: Suite, parts: SuitePartitions) -> list[dg.AssetsDefinitio
 
 def _taxonomy_assets(suite: Suite, parts: SuitePartitions,
                      vlm_assets: list[dg.AssetsDefinition]) -> list[dg.AssetsDefinition]:
-    from medrobust_lib.tracks.taxonomy.evaluate import taxonomy_config
 
     by_key = {a.key.to_user_string(): a for a in vlm_assets}
     assets: list[dg.AssetsDefinition] = []
     made: dict[str, dg.AssetsDefinition] = {}
     levels = suite.taxonomy_levels()
-    for c in sorted(taxonomy_config(suite).configs, key=lambda c: c.base is not None):  # bases first
+    for c in sorted(suite.taxonomy.configs, key=lambda c: c.base is not None):  # bases first
         upstream: list[Any] = []
         if c.model is not None:
             upstream = [a for k, a in by_key.items() if k.startswith(f"{c.model}/") and "predictions" not in k]
@@ -87,7 +83,7 @@ def _taxonomy_assets(suite: Suite, parts: SuitePartitions,
 
 
 def _finetune_assets(suite: Suite, model_assets: list[dg.AssetsDefinition]) -> list[dg.AssetsDefinition]:
-    ft = finetune_config(suite)
+    ft = suite.segmentation.finetune
     if ft is None:
         return []
     base = next((a for a in model_assets if a.key.path == [ft.base, "base_checkpoint"]), None)

@@ -33,7 +33,6 @@ from medrobust_lib.store import model_registry
 from medrobust_lib.store.writer_lock import suite_writer_lock
 from medrobust_lib.tracks.finetune.strategy_runs import (
     degrade_checkpoint,
-    finetune_config,
     finetune_strategy,
     register_version,
     require_finetune,
@@ -443,7 +442,7 @@ def _run_demo(suite: Suite, suite_path: str, *, workers: int, log: Callable[[str
         _log_failed_checks(res, log)
         return res
 
-    if finetune_config(suite) is not None:
+    if suite.segmentation.finetune is not None:
         t0 = time.perf_counter()
         run_registry_demo(suite, inst, step, log, mlruns_dir)
         seconds["registry loop"] = time.perf_counter() - t0

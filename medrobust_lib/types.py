@@ -10,6 +10,7 @@ row 5 is ``[3, 5, 4, 6]``).
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -42,6 +43,14 @@ SEVERITY_LEVELS: tuple[int, ...] = (1, 2, 3, 4, 5)
 SSIM_BANDS: dict[int, tuple[float, float]] = {1: (0.90, 0.98), 2: (0.80, 0.89), 3: (0.70, 0.79), 4: (0.60, 0.69),
                                               5: (0.50, 0.59)}
 """Default SSIM band (low, high) per severity level (MedFM-Robust); a suite may set its own."""
+DEFAULT_MAX_PIXELS: int = 64_000_000
+"""Largest 2-D image (height x width, any channel count) a reader decodes: 64 megapixels (the
+suite's ``max_pixels`` default)."""
+AttackKind = Literal["fgsm", "pgd"]
+ATTACK_KINDS: tuple[AttackKind, ...] = ("fgsm", "pgd")
+"""The adversarial attacks (:mod:`medrobust_lib.attacks.linf`)."""
+DEFAULT_STEP_SIZE_FACTOR = 2.5
+"""PGD step size = factor * epsilon / steps (Madry et al.'s 2.5 eps / steps rule)."""
 ATTACK_EPSILONS: dict[int, float] = {1: 2 / 255, 2: 4 / 255, 3: 6 / 255, 4: 8 / 255, 5: 10 / 255}
 """L-infinity attack budget per severity level, in [0, 1] pixel units."""
 QUADRANTS: tuple[str, ...] = ("Ideal", "Fragile", "Dangerous", "Worst")

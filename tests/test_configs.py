@@ -10,12 +10,10 @@ import numpy as np
 import pytest
 
 from medrobust_lib.config import Suite, load_suite
-from medrobust_lib.config.vlm import ADAPTER_SEEN_SPLITS, adapter_box_scale, vlm_config
+from medrobust_lib.config.vlm import ADAPTER_SEEN_SPLITS, ApiSettings, adapter_box_scale
 from medrobust_lib.data.dataset import DatasetConfig
-from medrobust_lib.models.api_vlm import ApiVLMConfig
 from medrobust_lib.tasks.scoring import score_grounding
 from medrobust_lib.tracks.finetune.vlm_adapter import box_text
-from medrobust_lib.tracks.segmentation.evaluate import seg_config
 from medrobust_lib.tracks.vlm.model_runner import TRAINING_META, declared_box_scale
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,18 +28,18 @@ def test_every_shipped_config_is_checked() -> None:
 @pytest.mark.parametrize("name", SHIPPED)
 def test_suites_validate(name: str) -> None:
     suite = load_suite(ROOT / "configs" / name)
-    seg = seg_config(suite)
+    seg = suite.segmentation
     assert seg.models and len({m.id for m in seg.models}) == len(seg.models)
-    for d in suite.datasets:
-        DatasetConfig(**d)
-    vlm = vlm_config(suite)
+    assert all(isinstance(d, DatasetConfig) for d in suite.datasets)  # typed when the suite loads
+    vlm = suite.vlm
     assert vlm.models and len({m.id for m in vlm.models}) == len(vlm.models)
     ids = {m.id for m in vlm.models}
     for m in vlm.models:
         assert m.base is None or m.base in ids
         if m.kind == "api":
-            cfg = ApiVLMConfig(**m.api)  # the api block maps 1:1 onto the adapter's config
-            assert cfg.api_key_env and "key" not in {k.lower() for k in m.api}
+            assert isinstance(m.api, ApiSettings) and m.api.api_key_env  # typed when the suite loads
+    # a key is only ever named by its environment variable, never a setting itself
+    assert {f for f in ApiSettings.model_fields if "key" in f.lower()} == {"api_key_env"}
 
 
 def test_unknown_fields_are_rejected(tmp_path: Path) -> None:
@@ -52,13 +50,13 @@ def test_unknown_fields_are_rejected(tmp_path: Path) -> None:
 
 
 def _adapted(suite: Suite) -> list[str]:
-    return [m.id for m in vlm_config(suite).models if m.adapter == "finetuned"]
+    return [m.id for m in suite.vlm.models if m.adapter == "finetuned"]
 
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_adapters_are_held_out_and_read_in_their_taught_scale(name: str) -> None:
     suite = load_suite(ROOT / "configs" / name)
-    vc = vlm_config(suite)
+    vc = suite.vlm
     for mid in _adapted(suite):
         m = next(x for x in vc.models if x.id == mid)
         assert vc.split not in ADAPTER_SEEN_SPLITS, (name, mid, vc.split)
@@ -99,7 +97,7 @@ def test_an_adapter_on_its_training_split_is_refused_in_one_line(tmp_path: Path,
 
 def test_an_adapter_on_test_inherits_its_base_scale(tmp_path: Path) -> None:
     suite = load_suite(_write(tmp_path, ADAPTER_SUITE.format(split="test")))
-    m = vlm_config(suite).models[1]
+    m = suite.vlm.models[1]
     assert adapter_box_scale(suite, m) == "0-1000" and declared_box_scale(suite, m, None) == "0-1000"
     assert box_text(np.array([[10.0, 20.0, 30.0, 40.0]]), (100, 100), scale="0-1000") == "[100, 200, 300, 400]"
     assert box_text(np.array([[10.0, 20.0, 30.0, 40.0]]), (100, 100)) == "[0.10, 0.20, 0.30, 0.40]"
@@ -109,12 +107,12 @@ def test_the_scale_an_adapter_was_taught_wins_over_the_config(tmp_path: Path) ->
     """An adapter folder records the scale it was taught in; a config edited afterwards cannot make
     the evaluation read its boxes in another scale."""
     suite = load_suite(_write(tmp_path, ADAPTER_SUITE.format(split="test")))
-    m = vlm_config(suite).models[1]
+    m = suite.vlm.models[1]
     folder = tmp_path / "adapter"
     folder.mkdir()
     (folder / TRAINING_META).write_text('{"box_scale": "0-1"}')
     assert declared_box_scale(suite, m, str(folder)) == "0-1"
-    assert declared_box_scale(suite, vlm_config(suite).models[0], str(folder)) == "0-1000"  # not an adapter model
+    assert declared_box_scale(suite, suite.vlm.models[0], str(folder)) == "0-1000"  # not an adapter model
 
 
 def test_a_pixel_scale_adapter_is_refused(tmp_path: Path) -> None:
@@ -134,3 +132,30 @@ taxonomy:
 """
     with pytest.raises(ValueError, match="taxonomy config 'lora'.*taxonomy.split 'all'"):
         load_suite(_write(tmp_path, text))
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ("datasets: [{name: ct_liver, modality: ct, format: dicom, root: /x, options: {window_centre: 40}}]",
+     "datasets.0: invalid options for reader 'dicom': options.window_centre: unknown key (valid keys: "),
+    ("datasets: [{name: a, modality: ct, format: folder, root: /x, sise: 3}]", "datasets.0.sise: unknown key"),
+    ("datasets: [{name: a, modality: ct, format: fodler, root: /x}]", "datasets.0: unknown format 'fodler'"),
+    ("vlm: {models: [{id: g, kind: api, api: {model: m, conurrency: 3}}]}", "vlm.models.0.api.conurrency: unknown key"),
+    ("vlm: {models: [{id: g, kind: api, api: {model: m, max_retries: -1}}]}",
+     "vlm.models.0.api.max_retries: Input should be greater than or equal to 0"),
+    ("vlm: {models: [{id: g, kind: api, api: {model: m, base_url: 'http://api.example.org/v1'}}]}",
+     "would travel in clear text"),
+    ("vlm: {models: [{id: g, kind: api}]}", "vlm.models.0: VLM 'g' (kind: api) needs 'api'"),
+    ("vlm: {models: [{id: h, source: /w, api: {model: m}}]}", "'api' settings are for kind: api models"),
+    ("segmentation: {models: [{id: a, checkpoint: /w}], finetune: {base: a, gate: {alpha: 1.5}}}",
+     "segmentation.finetune.gate.alpha: Input should be less than 1"),
+    ("segmentation: {models: [{id: a, checkpoint: /w}], finetune: {base: a, train: {max_steps: 0}}}",
+     "max_steps must be >= 1, got 0"),
+])
+def test_datasets_and_api_are_checked_when_the_suite_loads(tmp_path: Path, body: str, message: str) -> None:
+    """``datasets[]`` (with each reader's options) and ``vlm.models[].api`` are typed: a bad key or value
+    is refused by load_suite with the key's location, not at run time."""
+    p = tmp_path / "s.yaml"
+    p.write_text(f"name: t\ndemo: {{enabled: false}}\n{body}\n")
+    with pytest.raises(ValueError) as err:
+        load_suite(p)
+    assert message in str(err.value)

@@ -90,7 +90,7 @@ def test_environment_variables_in_suite_values(tmp_path: Path, monkeypatch: pyte
         load_suite(p)
     monkeypatch.setenv("H30A_DATA", "/somewhere")
     s = load_suite(p)
-    assert s.results_dir == "var/fallback/results" and s.datasets[0]["root"] == "/somewhere/a"
+    assert s.results_dir == "var/fallback/results" and s.datasets[0].root == "/somewhere/a"
     monkeypatch.setenv("H30A_OUT", "/out")
     assert load_suite(p).results_dir == "/out/results"
 

@@ -48,5 +48,6 @@ def test_every_suite_key_has_a_type_a_default_and_a_meaning() -> None:
     for key, rest in rows.items():
         typ, default, meaning = (c.strip() for c in re.split(r"(?<!\\)\|", rest))
         assert typ and default and meaning, key
+    assert "`extends: demo.yaml`" in ref  # the file key that is not a Suite field
     assert "`datasets[].root`" in ref and "### `format: folder`" in ref and "`options.mask_suffix`" in ref
     assert re.search(r"\| `results_dir` \| str \| `\"\"` \| .*var/<name>/results", ref)

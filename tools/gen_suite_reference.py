@@ -153,6 +153,17 @@ def suite_reference() -> str:
         "environment variables (see [own-data.md](own-data.md)). A `(section)` default means the section's own "
         "defaults below.",
         "",
+        "## A suite written as changes to another: `extends`",
+        "",
+        "`extends: demo.yaml` (a path relative to the suite file's folder, or absolute) is read when the file "
+        "loads and is not itself a key of the suite: the named suite file is read first (its own `extends` "
+        "too), then this file's keys are merged over it as an overlay's are: mappings key by key, lists and "
+        "values replace (a list of models is written out whole), and a key written `key?` applies only where "
+        "the base has that key. The base's `overlays` stay (found from the base's folder) unless this file "
+        "sets its own list; then the `overlays` are merged over the result. `configs/demo_full.yaml` is "
+        "written this way over `configs/demo.yaml`. A missing base, a chain that comes back to a file, or "
+        "an overlay naming `extends` is an error naming the file.",
+        "",
         "## Suite",
         "",
         *_table([r for r in _rows(Suite, "") if not r[0].startswith("datasets")]),

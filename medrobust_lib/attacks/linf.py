@@ -26,21 +26,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
 import torch
 
 from medrobust_lib.seeding import key_digest
-from medrobust_lib.types import ATTACK_EPSILONS
+from medrobust_lib.types import ATTACK_EPSILONS, ATTACK_KINDS, DEFAULT_STEP_SIZE_FACTOR, AttackKind
 
-AttackKind = Literal["fgsm", "pgd"]
-ATTACK_KINDS: tuple[str, ...] = ("fgsm", "pgd")
 EPSILONS: dict[int, float] = dict(ATTACK_EPSILONS)
 """L-infinity budget per severity level, in [0, 1] pixel units."""
 PGD_STEPS: dict[int, int] = {1: 3, 2: 5, 3: 7, 4: 10, 5: 15}
 """PGD iterations per severity level."""
-DEFAULT_STEP_SIZE_FACTOR = 2.5
-"""PGD step size = factor * epsilon / steps (Madry et al.'s 2.5 eps / steps rule)."""
 
 
 class DifferentiableSegmenter(Protocol):
@@ -174,8 +170,10 @@ def pgd(model: DifferentiableSegmenter, images: torch.Tensor, boxes: torch.Tenso
 
 
 @dataclass(frozen=True)
-class AttackConfig:
-    """One attack setting; ``epsilon`` and ``step_size`` in [0, 1] pixel units.
+class AttackSetting:
+    """One attack at one level; ``epsilon`` and ``step_size`` in [0, 1] pixel units. The suite's
+    ``segmentation.attacks`` (:class:`medrobust_lib.config.segmentation.AttacksConfig`) says which
+    kinds run and the PGD step factor; :meth:`for_level` turns that into the setting of a level.
 
     FGSM has ``steps = 1``, ``step_size = epsilon``, no random start; PGD uses :data:`PGD_STEPS`,
     ``step_size = factor * epsilon / steps`` and a random start.
@@ -196,7 +194,7 @@ class AttackConfig:
                              f"step_size={self.step_size}")
 
     @classmethod
-    def for_level(cls, kind: str, level: int, step_size_factor: float = DEFAULT_STEP_SIZE_FACTOR) -> AttackConfig:
+    def for_level(cls, kind: str, level: int, step_size_factor: float = DEFAULT_STEP_SIZE_FACTOR) -> AttackSetting:
         """The house setting for a severity level 1-5 (:data:`EPSILONS`, :data:`PGD_STEPS`)."""
         if kind not in ATTACK_KINDS:
             raise ValueError(f"unknown attack kind {kind!r}; valid: {', '.join(ATTACK_KINDS)}")

@@ -3,7 +3,7 @@ attribute-naming (alignment) stage."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class TrainBudget(BaseModel):
@@ -23,16 +23,53 @@ class TrainBudget(BaseModel):
     patience: int = Field(default=4, ge=1)
     time_budget_s: float | None = 100.0
 
+    @model_validator(mode="after")
+    def _budget_in_range(self) -> TrainBudget:
+        # checked here, not only by the fields' bounds: a section that sets its own default
+        # (``max_steps: int = 200``) replaces the field and its bounds with it
+        for name in ("max_steps", "batch_size", "eval_every", "patience"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.time_budget_s is not None and not self.time_budget_s > 0:
+            raise ValueError(f"time_budget_s must be > 0 or null (no limit), got {self.time_budget_s}")
+        return self
+
+
+class TrainLoop(TrainBudget):
+    """What a training loop runs with: a :class:`TrainBudget` plus AdamW ``weight_decay``, a linear
+    warm-up of ``warmup_steps``, gradient clipping at ``grad_clip`` (global L2 norm) and the ``seed``
+    its generators derive from; no wall-clock limit unless set. Not a suite section: the base of the
+    two trainers' settings, :class:`medrobust_lib.finetune.train.TrainConfig` (a promptable
+    segmenter: Dice + BCE weights, box jitter, augmentation, epochs, encoder learning-rate factor) and
+    :class:`medrobust_lib.finetune.vlm_train.VLMTrainConfig` (a VLM: model selection, per-parameter
+    learning rates, gradient accumulation), which each add only what their loop has and the other's
+    has not. Built by the tracks from the suite's training sections."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    time_budget_s: float | None = None
+    weight_decay: float = Field(default=0.01, ge=0)
+    warmup_steps: int = Field(default=30, ge=0)
+    grad_clip: float = Field(default=1.0, gt=0)
+    seed: int = 0
+
 
 class LoraSettings(BaseModel):
-    """A LoRA adapter's shape: rank ``r``, scaling ``alpha`` (update scaled by alpha / r), dropout.
+    """A LoRA adapter: rank ``r``, scaling ``alpha`` (update scaled by alpha / r), dropout on the
+    LoRA branch and the modules it goes on. The one LoRA description of the project: the
+    segmentation ``lora`` strategy (``segmentation.finetune.lora``), the VLM adapters
+    (``vlm.finetune``) and the taxonomy's ``consistency_lora`` all read it.
 
-    ``dropout``: dropout on the LoRA branch."""
+    ``dropout``: dropout on the LoRA branch. ``target_regex``: a full-match regex over module names
+    (None: the default targets: for a segmentation model image-encoder attention plus mask-decoder
+    attention, for a VLM the language model's projections)."""
 
     model_config = ConfigDict(extra="forbid")
     r: int = Field(default=8, ge=1)
     alpha: int = Field(default=16, ge=1)
     dropout: float = Field(default=0.05, ge=0, lt=1)
+    target_regex: str | None = None
 
 
 class AlignmentStage(BaseModel):

@@ -11,7 +11,7 @@ Suite YAML::
         base: medsam                         # a segmentation.models id
         strategies: [full, decoder_only, decoder_prompt, encoder_partial, lora, adapter]
         encoder_blocks: 4                    # encoder_partial (the last N blocks; ViT-B has 12)
-        lora: {r: 8, alpha: 16, dropout: 0.05, targets: null}
+        lora: {r: 8, alpha: 16, dropout: 0.05, target_regex: null}
         train: {max_steps: 200, lr: 0.0005, batch_size: 8, eval_every: 25, patience: 3, time_budget_s: 30}
         eval: {levels: [1, 3, 5], perturbations: null, attack_levels: [1, 3, 5]}   # null: all
         gate: {max_iou_drop_increase: 0.01, max_dice_drop_increase: 0.01, alpha: 0.05, min_pairs: 5}
@@ -26,8 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from medrobust_lib.adapters import adapter_entry, list_adapters
 from medrobust_lib.config.common import LoraSettings, TrainBudget
-
-ATTACK_KINDS: tuple[Literal["fgsm", "pgd"], ...] = ("fgsm", "pgd")
+from medrobust_lib.types import ATTACK_KINDS, DEFAULT_STEP_SIZE_FACTOR, AttackKind
 
 
 @dataclass(frozen=True)
@@ -44,12 +43,6 @@ class PromptConfig:
     def protocol(self) -> str:
         return f"box:tight,margin={self.margin:g},jitter={self.jitter:g},seed={self.seed}"
 
-
-class LoraOptions(LoraSettings):
-    """LoRA for the ``lora`` strategy; ``targets``: a full-match regex over module names (None: the
-    strategy's default, image-encoder attention plus mask-decoder attention)."""
-
-    targets: str | None = None
 
 
 class FinetuneTrain(TrainBudget):
@@ -81,24 +74,30 @@ class FinetuneEval(BaseModel):
     levels: list[int] | None = None
     perturbations: list[str] | None = None
     attack_levels: list[int] | None = None
-    attack_kinds: list[Literal["fgsm", "pgd"]] | None = Field(
+    attack_kinds: list[AttackKind] | None = Field(
         default=None, description="the attacks run on every fine-tuned checkpoint (None: segmentation.attacks.kinds)")
 
 
-class GateOptions(BaseModel):
-    """Thresholds of the regression gate (``pipeline.gate.GateThresholds``) used by the
-    ``robustness_gate`` asset check.
+class GateThresholds(BaseModel):
+    """How much worse a candidate may be before the regression gate
+    (:mod:`medrobust_lib.tracks.finetune.gate`, the ``robustness_gate`` asset check and
+    ``medrobust gate``) fails.
 
-    ``max_iou_drop_increase``: tolerated mean IoU-drop increase of a candidate.
-    ``max_dice_drop_increase``: tolerated mean Dice-drop increase. ``alpha``: Benjamini-Hochberg q
-    threshold (the bootstrap CI is 1 - alpha). ``min_pairs``: condition groups with fewer paired
-    samples never fail."""
+    ``max_iou_drop_increase`` / ``max_dice_drop_increase``: the largest tolerated increase of the
+    mean IoU / Dice drop (and the largest tolerated loss of the clean score). ``alpha``: a regression
+    only counts when its Benjamini-Hochberg q-value is below it (also the bootstrap CI level,
+    1 - alpha). ``min_pairs``: condition groups with fewer paired samples never fail (a paired test
+    needs two pairs)."""
 
-    model_config = ConfigDict(extra="forbid")
-    max_iou_drop_increase: float = 0.01
-    max_dice_drop_increase: float = 0.01
-    alpha: float = 0.05
-    min_pairs: int = 5
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    max_iou_drop_increase: float = Field(default=0.01, ge=0)
+    max_dice_drop_increase: float = Field(default=0.01, ge=0)
+    alpha: float = Field(default=0.05, gt=0, lt=1)
+    min_pairs: int = Field(default=5, ge=2)
+
+    def limit(self, metric: str) -> float:
+        """The tolerated increase for ``metric`` (``iou`` or ``dice``)."""
+        return self.max_iou_drop_increase if metric == "iou" else self.max_dice_drop_increase
 
 
 class FinetuneConfig(BaseModel):
@@ -106,7 +105,7 @@ class FinetuneConfig(BaseModel):
     fine-tuned. ``strategies``: the strategies compared (full, decoder_only, decoder_prompt,
     encoder_partial, lora, adapter). ``encoder_blocks``: image-encoder blocks trained by
     encoder_partial (the last ones). ``adapter_ratio``: adapter hidden width / embedding width for
-    the adapter strategy. ``lora``: the LoRA shape and targets. ``train``: the training budget.
+    the adapter strategy. ``lora``: the LoRA shape and targets of the ``lora`` strategy. ``train``: the training budget.
     ``eval``: what each fine-tuned checkpoint is evaluated on. ``gate``: the regression gate's
     thresholds."""
 
@@ -116,10 +115,10 @@ class FinetuneConfig(BaseModel):
                                                            "encoder_partial", "lora", "adapter"])
     encoder_blocks: int = 4
     adapter_ratio: float = 0.25
-    lora: LoraOptions = Field(default_factory=lambda: LoraOptions())
+    lora: LoraSettings = Field(default_factory=lambda: LoraSettings())
     train: FinetuneTrain = Field(default_factory=lambda: FinetuneTrain())
     eval: FinetuneEval = Field(default_factory=lambda: FinetuneEval())
-    gate: GateOptions = Field(default_factory=lambda: GateOptions())
+    gate: GateThresholds = Field(default_factory=lambda: GateThresholds())
 
 
 PACKAGE_CHECKPOINT = "package"
@@ -215,13 +214,15 @@ class SegTrainConfig(TrainBudget):
     box_jitter: float = 0.05
 
 
-class AttackSuiteConfig(BaseModel):
-    """``kinds``: adversarial attacks run per level (fgsm, pgd). ``step_size_factor``: PGD step size as
-    a multiple of eps / steps. ``max_samples``: samples attacked per dataset (null: all)."""
+class AttacksConfig(BaseModel):
+    """Which adversarial attacks the suite runs. ``kinds``: attacks run per level (fgsm, pgd).
+    ``step_size_factor``: PGD step size as a multiple of eps / steps. ``max_samples``: samples
+    attacked per dataset (null: all). One attack at one level (its epsilon, steps, step size and
+    random start) is :class:`medrobust_lib.attacks.linf.AttackSetting`, built from these per level."""
 
     model_config = ConfigDict(extra="forbid")
-    kinds: list[Literal["fgsm", "pgd"]] = Field(default_factory=lambda: list(ATTACK_KINDS))
-    step_size_factor: float = 2.5
+    kinds: list[AttackKind] = Field(default_factory=lambda: list(ATTACK_KINDS))
+    step_size_factor: float = Field(default=DEFAULT_STEP_SIZE_FACTOR, gt=0)
     max_samples: int | None = None
 
 
@@ -238,7 +239,7 @@ class SegmentationConfig(BaseModel):
     prompt_margin: float = 0.0
     prompt_jitter: float = 0.0
     split: str = "test"
-    attacks: AttackSuiteConfig = Field(default_factory=lambda: AttackSuiteConfig())
+    attacks: AttacksConfig = Field(default_factory=lambda: AttacksConfig())
     finetune: FinetuneConfig | None = None
     feed_workers: int | None = Field(
         default=None, ge=0, description="processes regenerating perturbed images (None: cores - 1, or in-process for a CPU model on <= 2 cores; 0: in-process)")

@@ -23,8 +23,15 @@ from medrobust_lib.config.common import StatsConfig
 from medrobust_lib.config.segmentation import SegmentationConfig, SegModelConfig
 from medrobust_lib.config.taxonomy import TaxonomyConfig
 from medrobust_lib.config.vlm import ADAPTER_SEEN_SPLITS, VLMConfig, VLMModelConfig, adapter_box_scale
+from medrobust_lib.data.dataset import DatasetConfig
 from medrobust_lib.paths import default_locations
-from medrobust_lib.types import ALL_MODALITIES, SEVERITY_LEVELS, SSIM_BANDS, validate_bands
+from medrobust_lib.types import (
+    ALL_MODALITIES,
+    DEFAULT_MAX_PIXELS,
+    SEVERITY_LEVELS,
+    SSIM_BANDS,
+    validate_bands,
+)
 
 DEMO_TRAINED = "trained"
 """A model's weights trained by the demo's own assets (``checkpoint: trained`` / ``source: trained``)."""
@@ -157,8 +164,9 @@ class Suite(BaseModel):
     modalities: list[str] = Field(default_factory=lambda: list(ALL_MODALITIES), description=(
         "the modality partitions this suite runs (a dataset of another modality is left out)"))
     demo: DemoConfig = Field(default_factory=lambda: DemoConfig(), description="the embedded offline demo data")
-    datasets: list[dict[str, Any]] = Field(default_factory=list, description=(
-        "your datasets, one entry each (see 'datasets[]' below)"))
+    datasets: list[DatasetConfig] = Field(default_factory=list, description=(
+        "your datasets, one entry each (see 'datasets[]' below); each entry's reader options are checked "
+        "against its format's reader when the suite loads"))
     perturbations: PerturbationConfig = Field(default_factory=lambda: PerturbationConfig(), description=(
         "which corruptions to generate and at which SSIM-calibrated levels"))
     segmentation: SegmentationConfig = Field(default_factory=lambda: SegmentationConfig(), description=(
@@ -172,7 +180,7 @@ class Suite(BaseModel):
         "still count as complete; above it the partition fails its check and is left out of the mart views"))
     stats: StatsConfig = Field(default_factory=lambda: StatsConfig(), description=(
         "the floors of the statistics: no CI or p-value below stats.min_n (docs/statistics.md)"))
-    max_pixels: int = Field(default=64_000_000, ge=49,
+    max_pixels: int = Field(default=DEFAULT_MAX_PIXELS, ge=49,
                             description="largest 2-D image a reader decodes (height x width, read from the "
                                         "header first); larger files are quarantined as too_large. A dataset "
                                         "entry may set its own max_pixels")
@@ -365,6 +373,40 @@ def _read_yaml(p: Path) -> dict[str, Any]:
     return data
 
 
+EXTENDS_KEY = "extends"
+"""The file key naming the suite file a suite is written as changes to (see :func:`read_suite_file`)."""
+
+
+def read_suite_file(path: Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The mapping of one suite file with its ``extends`` resolved (before overlays and ``${VAR}``).
+
+    ``extends: demo.yaml`` (a path relative to this file's folder, or absolute) makes this file a
+    change to another suite file: that file is read (its own ``extends`` first) and this file's keys
+    are merged over it as an overlay is (:func:`_deep_merge`: mappings key by key, lists and scalars
+    replace, a ``key?`` applies only where the base has that key). The ``overlays`` the base names are
+    kept (as paths from the base's folder) unless this file names its own list. ``extends`` itself is
+    not a suite key: the loaded suite is the merged one. A missing file, a chain that comes back to a
+    file, or a value that is not one path is a ValueError / FileNotFoundError naming the file."""
+    data = _read_yaml(path)
+    base_name = data.pop(EXTENDS_KEY, None)
+    if base_name is None:
+        return _without_conditional_keys(data)
+    if not isinstance(base_name, str) or not base_name:
+        raise ValueError(f"{path}: {EXTENDS_KEY} names one suite file (a path), got {base_name!r}")
+    base_path = Path(base_name) if Path(base_name).is_absolute() else path.parent / base_name
+    if not base_path.is_file():
+        raise FileNotFoundError(f"{path}: {EXTENDS_KEY}: suite file not found: {base_path}")
+    chain = (*_chain, path.resolve())
+    if base_path.resolve() in chain:
+        raise ValueError(f"{path}: {EXTENDS_KEY} comes back to {base_path} "
+                         f"({' -> '.join(p.name for p in (*chain, base_path))})")
+    base = read_suite_file(base_path, chain)
+    if base_path.parent.resolve() != path.parent.resolve() and isinstance(base.get("overlays"), list):
+        base["overlays"] = [o if not isinstance(o, str) or Path(o).is_absolute() else str(base_path.parent / o)
+                            for o in base["overlays"]]
+    return _without_conditional_keys(_deep_merge(base, data))
+
+
 def with_overlays(data: dict[str, Any], folder: Path) -> dict[str, Any]:
     """``data`` with each file of its ``overlays`` list (relative to ``folder``, the suite file's
     folder, unless absolute) merged over it in order (:func:`_deep_merge`: the overlay wins). An
@@ -377,14 +419,15 @@ def with_overlays(data: dict[str, Any], folder: Path) -> dict[str, Any]:
         if not op.is_file():
             raise FileNotFoundError(f"suite overlay not found: {op}")
         over = _read_yaml(op)
-        if over.get("overlays"):
-            raise ValueError(f"{op}: an overlay cannot name overlays itself")
+        if over.get("overlays") or EXTENDS_KEY in over:
+            raise ValueError(f"{op}: an overlay cannot name overlays or {EXTENDS_KEY} itself")
         data = _deep_merge(data, over)
     return data
 
 
 def load_suite(path: str | Path) -> Suite:
-    """Read a suite YAML, merged with its ``overlays`` (:func:`with_overlays`). Raises
+    """Read a suite YAML: the file it ``extends`` first (:func:`read_suite_file`), then its
+    ``overlays`` merged over it (:func:`with_overlays`). Raises
     FileNotFoundError, or ValueError naming the file and each offending key (unknown keys included)
     with its location, e.g. ``segmentation.models.0.chekpoint``; a file nested deeper than
     :data:`MAX_YAML_DEPTH` levels is a ValueError too. ``${VAR}`` values are expanded
@@ -392,7 +435,7 @@ def load_suite(path: str | Path) -> Suite:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"suite config not found: {p}")
-    data = with_overlays(_without_conditional_keys(_read_yaml(p)), p.parent)
+    data = with_overlays(read_suite_file(p), p.parent)
     try:
         data = expand_env(data)
     except ValueError as exc:
@@ -403,6 +446,6 @@ def load_suite(path: str | Path) -> Suite:
         problems = []
         for err in exc.errors():
             where = ".".join(str(x) for x in err["loc"]) or "(top level)"
-            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
             problems.append(f"{where}: {msg}")
         raise ValueError(f"{p}: invalid suite: " + "; ".join(problems)) from None

@@ -26,15 +26,74 @@ Suite YAML::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+import ipaddress
+import urllib.parse
+from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from medrobust_lib.config.common import AlignmentStage, LoraSettings, TrainBudget, WeightStorage
 
 if TYPE_CHECKING:
     from medrobust_lib.config import Suite
 
+
+def is_loopback(url: str) -> bool:
+    """Whether ``url``'s host is a loopback address (``localhost``, 127.0.0.0/8, ``::1``)."""
+    host = (urllib.parse.urlsplit(url).hostname or "").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class ApiSettings(BaseModel):
+    """The endpoint of a ``kind: api`` VLM (any OpenAI-compatible ``/chat/completions``), read by
+    :class:`medrobust_lib.models.api_vlm.ApiVLM`. Holds the *name* of the key's environment
+    variable, never the key.
+
+    ``model``: the model name the endpoint serves. ``base_url``: the endpoint's base (http:// only
+    to a loopback host when a key is sent). ``api_key_env``: the environment variable holding the
+    key (null: no Authorization header, e.g. a local vLLM/TGI server). ``temperature``: sampling
+    temperature. ``max_tokens``: generated tokens per request. ``timeout_s``: httpx's per-phase
+    timeout (connect, read, write, pool), seconds. ``max_retries``: retries of 429, 5xx, timeouts and
+    connection errors. ``backoff_base_s`` / ``backoff_max_s``: exponential backoff with full jitter,
+    seconds. ``retry_after_max_s``: cap on a server's Retry-After, seconds. ``concurrency``: requests
+    in flight per batch. ``cache_path``: the SQLite response cache (null: the suite's cache folder).
+    ``request_logprobs``: ask for the first token's top log-probabilities. ``seed``: the request
+    seed and the backoff jitter's (unset: the suite's seed). ``deadline_s``: the whole
+    life of one request, retries and waits included, seconds. ``max_response_bytes``: largest
+    response body accepted."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    model: str = Field(min_length=1)
+    base_url: str = "https://api.openai.com/v1"
+    api_key_env: str | None = "OPENAI_API_KEY"
+    temperature: float = Field(default=0.0, ge=0)
+    max_tokens: int = Field(default=256, ge=1)
+    timeout_s: float = Field(default=60.0, ge=0)
+    max_retries: int = Field(default=5, ge=0)
+    backoff_base_s: float = Field(default=1.0, ge=0)
+    backoff_max_s: float = Field(default=60.0, ge=0)
+    retry_after_max_s: float = Field(default=300.0, ge=0)
+    concurrency: int = Field(default=8, ge=1)
+    cache_path: str | None = None
+    request_logprobs: bool = False
+    seed: int = 0
+    deadline_s: float = Field(default=600.0, gt=0)
+    max_response_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+
+    @model_validator(mode="after")
+    def _url(self) -> ApiSettings:
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must start with http:// or https://, got {self.base_url!r}")
+        if self.base_url.startswith("http://") and self.api_key_env is not None and not is_loopback(self.base_url):
+            raise ValueError(f"base_url {self.base_url!r} is plain http:// and an API key ({self.api_key_env}) "
+                             "would travel in clear text; use https://, or http:// only to a loopback host "
+                             "(127.0.0.1, ::1, localhost)")
+        return self
 
 
 class VLMModelConfig(BaseModel):
@@ -47,9 +106,8 @@ class VLMModelConfig(BaseModel):
     llava_rad (LLaVA-Rad in its original layout: ``source`` its merged folder, or the base LLaMA
     folder with ``adapter`` the LoRA release) or api (an OpenAI-compatible endpoint). ``device``: torch device. ``batch_size``: prompts per
     generation batch. ``max_new_tokens``: generated tokens per answer. ``caption_max_new_tokens``:
-    generated tokens per caption. ``api``: endpoint settings of a kind: api model (model, base_url,
-    api_key_env naming the variable that holds the key, concurrency, timeout_s, max_retries,
-    request_logprobs)."""
+    generated tokens per caption. ``api``: the endpoint of a ``kind: api`` model (required there,
+    refused for ``kind: hf``; see ``vlm.models[].api``)."""
 
     model_config = ConfigDict(extra="forbid")
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9_\-]*$")
@@ -68,7 +126,16 @@ class VLMModelConfig(BaseModel):
     box_scale: Literal["0-1", "0-1000", "pixels"] | None = None
     levels: list[int] | None = Field(
         default=None, description="perturbation levels this model is evaluated at (None: every level of the suite)")
-    api: dict[str, Any] = Field(default_factory=dict)
+    api: ApiSettings | None = None
+
+    @model_validator(mode="after")
+    def _api_for_api_kind(self) -> VLMModelConfig:
+        if self.kind == "api" and self.api is None:
+            raise ValueError(f"VLM {self.id!r} (kind: api) needs 'api' with at least its 'model' (the endpoint's "
+                             "model name)")
+        if self.kind != "api" and self.api is not None:
+            raise ValueError(f"VLM {self.id!r}: 'api' settings are for kind: api models; this one is kind: {self.kind}")
+        return self
 
 
 class YesNoFile(BaseModel):
@@ -157,11 +224,9 @@ class VLMTrainSettings(TrainBudget, AlignmentStage, WeightStorage):
 class VLMFinetuneSettings(TrainBudget, LoraSettings):
     """LoRA fine-tuning (``adapter: finetuned``): task, LoRA shape, training budget.
 
-    ``task``: the task the adapter is trained on (grounding, vqa_mc, vqa_yesno, caption).
-    ``target_regex``: full-match regex over module names that get LoRA (null: the default targets)."""
+    ``task``: the task the adapter is trained on (grounding, vqa_mc, vqa_yesno, caption)."""
 
     task: Literal["grounding", "vqa_mc", "vqa_yesno", "caption"] = "grounding"
-    target_regex: str | None = None
     max_steps: int = 400
     batch_size: int = 16
     lr: float = 1e-3
@@ -227,11 +292,6 @@ class VLMConfig(BaseModel):
     parse; recorded in separate columns, never replacing the rule-based ``correct``."""
 
 
-def vlm_config(suite: Suite) -> VLMConfig:
-    """The suite's ``vlm:`` section."""
-    return suite.vlm
-
-
 def yesno_files(records: VLMRecordsConfig) -> list[YesNoFile]:
     """``records.yesno`` as a list of :class:`YesNoFile` (one plain path: one file, dataset as the
     file says)."""
@@ -252,7 +312,7 @@ def adapter_box_scale(suite: Suite, m: VLMModelConfig) -> str:
     answer cannot follow every image's size)."""
     scale = m.box_scale
     if scale is None and m.base is not None:
-        scale = next((b.box_scale for b in vlm_config(suite).models if b.id == m.base), None)
+        scale = next((b.box_scale for b in suite.vlm.models if b.id == m.base), None)
     scale = scale or "0-1"
     if scale == "pixels":
         raise ValueError(f"VLM {m.id!r}: a fine-tuned adapter is taught boxes in 0-1 or 0-1000, not pixels; set its "
@@ -261,7 +321,7 @@ def adapter_box_scale(suite: Suite, m: VLMModelConfig) -> str:
 
 
 def vlm_model(suite: Suite, model_id: str) -> VLMModelConfig:
-    for m in vlm_config(suite).models:
+    for m in suite.vlm.models:
         if m.id == model_id:
             return m
-    raise KeyError(f"unknown VLM {model_id!r}; configured: {[m.id for m in vlm_config(suite).models]}")
+    raise KeyError(f"unknown VLM {model_id!r}; configured: {[m.id for m in suite.vlm.models]}")

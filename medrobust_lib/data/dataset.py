@@ -81,9 +81,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from medrobust_lib.data.imageio import DEFAULT_MAX_PIXELS, pixel_limit
 from medrobust_lib.data.sample import QuarantineRecord, Sample, SampleError, SampleRef
-from medrobust_lib.types import parse_modality
+from medrobust_lib.types import DEFAULT_MAX_PIXELS, parse_modality
 
 if TYPE_CHECKING:
     from medrobust_lib.data.readers import Reader
@@ -200,6 +199,8 @@ def load_sample(cfg: DatasetConfig, ref: SampleRef) -> Sample:
     """Load one indexed sample. Raises SampleError (``reason`` is a code, see the module
     docstring) for a file that cannot be used; other exceptions mean a bug or an unexpected codec
     failure (``iter_dataset`` quarantines those too, as ``load_error``)."""
+    from medrobust_lib.data.imageio import pixel_limit  # OpenCV: the suite's config loads without it
+
     if ref.dataset != cfg.name:
         raise ValueError(f"ref belongs to dataset {ref.dataset!r}, not {cfg.name!r}")
     with pixel_limit(cfg.max_pixels):

@@ -54,7 +54,7 @@ import numpy.typing as npt
 
 from medrobust_lib.data import image_headers
 from medrobust_lib.data.sample import SampleError
-from medrobust_lib.types import BoolMask, FloatImage
+from medrobust_lib.types import DEFAULT_MAX_PIXELS, BoolMask, FloatImage
 
 RASTER_EXTENSIONS: tuple[str, ...] = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
 DICOM_EXTENSIONS: tuple[str, ...] = (".dcm", ".dicom")
@@ -67,8 +67,6 @@ LUMA_WEIGHTS: tuple[float, float, float] = (0.299, 0.587, 0.114)
 DEFAULT_PERCENTILES: tuple[float, float] = (0.5, 99.5)
 """Percentile window used when neither the options nor the file give one."""
 
-DEFAULT_MAX_PIXELS: int = 64_000_000
-"""Largest 2-D image (height x width, any channel count) a reader decodes: 64 megapixels."""
 MIN_SIDE: int = 7
 """Smallest height and width a reader accepts (the SSIM window is 7x7)."""
 

@@ -113,12 +113,16 @@ class Reader:
     kind: str = "generic"  # "generic" or "preset"
 
     def parse_options(self, options: Mapping[str, Any]) -> ReaderOptions:
-        """Validate ``options`` against this reader's model; ValueError names the valid keys."""
+        """Validate ``options`` against this reader's model; the ValueError (one line) names each
+        offending key (``options.<key>: unknown key`` or what is wrong with its value) and the valid keys."""
         try:
             return self.options_model.model_validate(dict(options))
         except ValidationError as e:
             valid = ", ".join(sorted(self.options_model.model_fields))
-            raise ValueError(f"invalid options for reader {self.name!r} (valid keys: {valid}): {e}") from None
+            problems = "; ".join(
+                f"options.{'.'.join(str(x) for x in err['loc']) or '(all)'}: "
+                + ("unknown key" if err["type"] == "extra_forbidden" else err["msg"]) for err in e.errors())
+            raise ValueError(f"invalid options for reader {self.name!r}: {problems} (valid keys: {valid})") from None
 
 
 READERS: Registry[Reader] = Registry("reader")

@@ -33,7 +33,7 @@ from medrobust_lib.demo.tiny_llava_train import vocabulary_texts
 from medrobust_lib.finetune.vlm_train import VLMExample
 from medrobust_lib.seeding import stable_fraction
 from medrobust_lib.tracks.finetune.vlm_adapter import samples_by_split
-from medrobust_lib.tracks.taxonomy.evaluate import config_entry, taxonomy_config, variants_of
+from medrobust_lib.tracks.taxonomy.evaluate import config_entry, variants_of
 from medrobust_lib.tracks.vlm.items import YESNO_SUFFIX, VLMItem, load_items
 from medrobust_lib.tracks.vlm.model_runner import checkpoint_dir
 
@@ -78,7 +78,7 @@ def train_taxonomy_model(suite: Suite, config_id: str, log: Callable[[str], None
     entry = config_entry(suite, config_id)
     if entry.demo_training is None:
         raise ValueError(f"taxonomy config {config_id!r} names a model; it has no demo training")
-    tc = taxonomy_config(suite)
+    tc = suite.taxonomy
     ts = tc.train.model_dump()
     all_items = load_items(suite).items
     items = [it for it in all_items if it.task == "vqa_yesno"]
@@ -97,7 +97,8 @@ def train_taxonomy_model(suite: Suite, config_id: str, log: Callable[[str], None
     if kind == "consistency_lora":
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
-        from medrobust_lib.finetune.vlm_lora import LoraSettings, finetune_lora
+        from medrobust_lib.config.common import LoraSettings
+        from medrobust_lib.finetune.vlm_lora import finetune_lora
         from medrobust_lib.tracks.vlm.model_runner import _folder_hash
 
         assert entry.base is not None

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from medrobust_lib.config import Suite
-from medrobust_lib.config.vlm import VLMTrainSettings, vlm_config, vlm_model
+from medrobust_lib.config.vlm import VLMTrainSettings, vlm_model
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.demo.alignment import alignment_sets, demo_truth, mixed_in, run_alignment, train_stage
 from medrobust_lib.demo.corpus import TOWER_CORPUS_FOLDER, Corpus, load_corpus
@@ -90,7 +90,7 @@ def train_base_vlm(suite: Suite, model_id: str, log: Callable[[str], None] | Non
     from medrobust_lib.models.tiny_vlm import build_tiny_llava, build_tokenizer, save_tiny
 
     t0 = time.perf_counter()
-    vc = vlm_config(suite)
+    vc = suite.vlm
     vlm_model(suite, model_id)
     ts = vc.train
     items = load_items(suite).items

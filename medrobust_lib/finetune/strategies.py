@@ -18,7 +18,7 @@ exactly the strategy's parameters train. Strategies:
   frozen.
 * ``lora``: LoRA (peft ``inject_adapter_in_model``, so the model stays a plain ``Sam`` module whose
   parameter names keep their prefixes) on the ``nn.Linear`` modules whose full name matches
-  ``lora_targets`` (full match, peft's semantics for a string target). The default,
+  ``lora.target_regex`` (full match, peft's semantics for a string target). The default,
   :data:`DEFAULT_LORA_TARGETS`, covers the image encoder's attention (``blocks.{i}.attn.qkv`` and
   ``blocks.{i}.attn.proj``, the real names in segment-anything's ``ImageEncoderViT``) and every
   attention projection of the mask decoder's two-way transformer (``q_proj``, ``k_proj``,
@@ -58,12 +58,13 @@ the report to :func:`trainable_state_dict` after training.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
+from medrobust_lib.config.common import LoraSettings
 from medrobust_lib.models import tinyvit_adapters
 from medrobust_lib.models.sam import SamSegmenter
 from medrobust_lib.seeding import scoped_torch_seed
@@ -83,15 +84,12 @@ _LORA_PARAM = re.compile(r"\.lora_[A-Za-z_]+(?:\..*)?$")
 @dataclass(frozen=True)
 class StrategyConfig:
     """Which strategy and its settings. ``encoder_blocks`` is used by ``encoder_partial``; the
-    ``lora_*`` fields by ``lora`` (``lora_targets=None``: :data:`DEFAULT_LORA_TARGETS`);
+    ``lora`` settings by ``lora`` (``lora.target_regex=None``: :data:`DEFAULT_LORA_TARGETS`);
     ``adapter_ratio`` (hidden width / embed dim) by ``adapter`` when adapters are inserted."""
 
     name: str
     encoder_blocks: int = 4
-    lora_r: int = 8
-    lora_alpha: int = 16
-    lora_dropout: float = 0.05
-    lora_targets: str | None = None
+    lora: LoraSettings = field(default_factory=LoraSettings)
     adapter_ratio: float = 0.25
 
 
@@ -285,13 +283,10 @@ def _apply_lora(sam: nn.Module, cfg: StrategyConfig, seed: int) -> list[str]:
 
     if _lora_layers(sam):
         raise ValueError("this model already has LoRA layers; apply the lora strategy to a fresh model")
-    if cfg.lora_r < 1:
-        raise ValueError(f"lora_r must be >= 1, got {cfg.lora_r}")
-    if not 0.0 <= cfg.lora_dropout < 1.0:
-        raise ValueError(f"lora_dropout must be in [0, 1), got {cfg.lora_dropout}")
-    regex = cfg.lora_targets if cfg.lora_targets is not None else DEFAULT_LORA_TARGETS
+    lora = cfg.lora  # r >= 1 and dropout in [0, 1) are checked by LoraSettings
+    regex = lora.target_regex if lora.target_regex is not None else DEFAULT_LORA_TARGETS
     names = lora_target_names(sam, regex)  # a clear error before peft's
-    peft_cfg = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+    peft_cfg = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                           target_modules=regex, bias="none")
     with scoped_torch_seed(seed, "strategy-init", "lora", module=sam):
         inject_adapter_in_model(peft_cfg, sam)

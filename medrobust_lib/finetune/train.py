@@ -11,7 +11,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ import cv2
 import numpy as np
 import torch
 
+from medrobust_lib.config.common import TrainLoop
 from medrobust_lib.config.segmentation import PromptConfig
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.metrics.segmentation import dice
@@ -28,22 +29,22 @@ from medrobust_lib.prompts import prompt_boxes
 from medrobust_lib.seeding import rng_for
 
 
-@dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(TrainLoop):
+    """The segmentation trainer's settings (:func:`train_segmenter`): the loop of
+    :class:`~medrobust_lib.config.common.TrainLoop` plus the loss weights ``w_dice`` / ``w_bce``,
+    ``box_jitter`` (box-prompt jitter, fraction of the box size), ``augment`` (dihedral, gain and
+    zoom augmentation) and the reference's epoch-based budget."""
+
     max_steps: int = 400
     batch_size: int = 8
     lr: float = 2e-3
     weight_decay: float = 1e-4
     warmup_steps: int = 20
-    grad_clip: float = 1.0
+    eval_every: int = 50
     w_dice: float = 0.7
     w_bce: float = 0.3
-    eval_every: int = 50
-    patience: int = 4
-    time_budget_s: float | None = None
     box_jitter: float = 0.05
     augment: bool = True
-    seed: int = 0
     epochs: int | None = None
     """When set, ``max_steps`` becomes ``epochs`` x batches per epoch (the reference's budget)."""
     warmup_epochs: float | None = None
@@ -132,9 +133,9 @@ def resolve_budget(cfg: TrainConfig, train: Sequence[Sample]) -> TrainConfig:
     """``cfg`` with ``epochs`` / ``warmup_epochs`` turned into ``max_steps`` / ``warmup_steps``."""
     spe = batches_per_epoch(train, cfg.batch_size)
     if cfg.epochs is not None:
-        cfg = replace(cfg, max_steps=max(1, cfg.epochs * spe))
+        cfg = cfg.model_copy(update={"max_steps": max(1, cfg.epochs * spe)})
     if cfg.warmup_epochs is not None:
-        cfg = replace(cfg, warmup_steps=int(cfg.warmup_epochs * spe))
+        cfg = cfg.model_copy(update={"warmup_steps": int(cfg.warmup_epochs * spe)})
     return cfg
 
 
@@ -189,7 +190,7 @@ def train_segmenter(
     stopped = False
     spath = Path(state_path) if state_path is not None else None
     # a resume file from another configuration (or other data / trainable set) is not resumed
-    run_key = json.dumps([asdict(cfg), sorted(n for n, p in model.sam.named_parameters() if p.requires_grad),
+    run_key = json.dumps([cfg.model_dump(), sorted(n for n, p in model.sam.named_parameters() if p.requires_grad),
                           sorted((s.dataset, s.sample_id) for s in usable)], sort_keys=True, default=str)
     st = torch.load(spath, map_location=model.device, weights_only=True) if spath and spath.is_file() else None
     if st is not None and st.get("run_key") != run_key:
@@ -284,4 +285,4 @@ def save_checkpoint(model: SamSegmenter, folder: str | Path, meta: dict[str, Any
 
 
 def config_dict(cfg: TrainConfig) -> dict[str, Any]:
-    return asdict(cfg)
+    return cfg.model_dump()

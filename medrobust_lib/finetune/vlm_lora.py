@@ -18,12 +18,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from medrobust_lib.config.common import LoraSettings
 from medrobust_lib.finetune.vlm_train import (
     VLMExample,
     VLMTrainConfig,
@@ -45,12 +46,9 @@ TRAINING_JSON = "training.json"
 LM_PROJ_REGEX = _LM_PROJ_REGEX
 
 
-@dataclass(frozen=True)
-class LoraSettings:
-    r: int = 8
-    alpha: int = 16
-    dropout: float = 0.05
-    target_regex: str = LM_PROJ_REGEX
+def lora_regex(settings: LoraSettings) -> str:
+    """The modules ``settings`` puts LoRA on: its ``target_regex``, else :data:`LM_PROJ_REGEX`."""
+    return settings.target_regex or LM_PROJ_REGEX
 
 
 @dataclass
@@ -95,14 +93,15 @@ def lora_target_modules(model: Any, regex: str = LM_PROJ_REGEX) -> list[str]:
 
 
 def apply_lora(model: Any, settings: LoraSettings, *, seed: int = 0) -> Any:
-    """Wrap ``model`` with peft LoRA on the modules matched by ``settings.target_regex``; only the
+    """Wrap ``model`` with peft LoRA on the modules matched by :func:`lora_regex`; only the
     LoRA parameters require grad afterwards. The model is modified in place (peft injects the
     layers) and the returned peft model shares its weights."""
     from peft import LoraConfig, get_peft_model
 
-    lora_target_modules(model, settings.target_regex)  # clear error before peft's
+    regex = lora_regex(settings)
+    lora_target_modules(model, regex)  # clear error before peft's
     cfg = LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
-                     target_modules=settings.target_regex, bias="none")
+                     target_modules=regex, bias="none")
     with scoped_torch_seed(seed, "lora-init", module=model):
         peft_model = get_peft_model(model, cfg)
     return peft_model
@@ -154,8 +153,8 @@ def finetune_lora(model: Any, processor: Any, train_examples: Sequence[VLMExampl
         raise RuntimeError(f"peft did not write {ADAPTER_WEIGHTS} and {ADAPTER_CONFIG} under {out}")
     digest = adapter_hash(out)
     record = {
-        "lora": asdict(settings),
-        "train_config": asdict(train_cfg),
+        "lora": {**settings.model_dump(), "target_regex": lora_regex(settings)},
+        "train_config": train_cfg.model_dump(),
         "base_model_hash": base_model_hash,
         "adapter_hash": digest,
         "n_train": len(train_examples),

@@ -20,11 +20,12 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
+from medrobust_lib.config.common import TrainLoop
 from medrobust_lib.models.vlm_conventions import CONVENTIONS, conventions_for, encode_prompts, prompt_text
 from medrobust_lib.seeding import rng_for
 
@@ -43,20 +44,17 @@ class VLMExample:
     task: str = ""
 
 
-@dataclass(frozen=True)
-class VLMTrainConfig:
+class VLMTrainConfig(TrainLoop):
+    """The VLM trainer's settings (:func:`train_vlm`): the loop of
+    :class:`~medrobust_lib.config.common.TrainLoop` plus how the best step is selected, per-parameter
+    learning-rate factors and gradient accumulation."""
+
     max_steps: int = 600
     batch_size: int = 32
     lr: float = 2e-3
-    weight_decay: float = 0.01
-    warmup_steps: int = 30
-    grad_clip: float = 1.0
     eval_every: int = 100
-    patience: int = 4
-    time_budget_s: float | None = None
-    select_on: str = "loss"
+    select_on: Literal["loss", "first_token_accuracy"] = "loss"
     """``loss`` (mean validation loss) or ``first_token_accuracy`` (closed-answer tasks)."""
-    seed: int = 0
     lr_scales: tuple[tuple[str, float], ...] = ()
     """(parameter-name prefix, factor) pairs: a trainable parameter whose name starts with the first
     matching prefix learns at factor x the scheduled learning rate (1 for the rest)."""

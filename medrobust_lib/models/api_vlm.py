@@ -40,14 +40,12 @@ import base64
 import email.utils
 import hashlib
 import io
-import ipaddress
 import json
 import logging
 import math
 import os
 import threading
 import time
-import urllib.parse
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -59,6 +57,7 @@ import httpx
 import numpy as np
 from PIL import Image
 
+from medrobust_lib.config.vlm import ApiSettings
 from medrobust_lib.models.base import VisionLanguageEndpoint
 from medrobust_lib.models.cache import ResponseCache, cache_key
 from medrobust_lib.models.http_deadline import DeadlineTransport, deadline
@@ -83,73 +82,6 @@ OUTCOMES: tuple[str, ...] = (
 
 TOP_LOGPROBS = 20
 """How many alternatives :meth:`ApiVLM.score` asks for (the OpenAI maximum)."""
-
-
-@dataclass(frozen=True)
-class ApiVLMConfig:
-    """Settings of one API model. Holds the *name* of the key's environment variable, never the key.
-
-    ``timeout_s`` is httpx's per-phase timeout (connect, read, write, pool), in seconds.
-    ``concurrency`` bounds in-flight requests per :meth:`ApiVLM.generate` call. ``cache_path``
-    is a SQLite file (``None``: no cache). ``request_logprobs`` asks :meth:`ApiVLM.generate` for
-    the top logprobs of the first token. ``api_key_env=None`` sends no Authorization header
-    (local vLLM/TGI). ``deadline_s``: overall limit of one request, retries and waits included
-    (seconds). ``max_response_bytes``: largest response body accepted.
-    """
-
-    model: str
-    base_url: str = "https://api.openai.com/v1"
-    api_key_env: str | None = "OPENAI_API_KEY"
-    temperature: float = 0.0
-    max_tokens: int = 256
-    timeout_s: float = 60.0
-    max_retries: int = 5
-    backoff_base_s: float = 1.0
-    backoff_max_s: float = 60.0
-    retry_after_max_s: float = 300.0
-    concurrency: int = 8
-    cache_path: str | None = None
-    request_logprobs: bool = False
-    seed: int = 0
-    deadline_s: float = 600.0
-    max_response_bytes: int = 16 * 1024 * 1024
-
-    def __post_init__(self) -> None:
-        if not self.model:
-            raise ValueError("model must be a non-empty model name")
-        if not self.base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base_url must start with http:// or https://, got {self.base_url!r}")
-        if self.base_url.startswith("http://") and self.api_key_env is not None and not is_loopback(self.base_url):
-            raise ValueError(f"base_url {self.base_url!r} is plain http:// and an API key ({self.api_key_env}) "
-                             "would travel in clear text; use https://, or http:// only to a loopback host "
-                             "(127.0.0.1, ::1, localhost)")
-        if self.deadline_s <= 0:
-            raise ValueError(f"deadline_s must be > 0, got {self.deadline_s}")
-        if self.max_response_bytes < 1024:
-            raise ValueError(f"max_response_bytes must be >= 1024, got {self.max_response_bytes}")
-        if self.concurrency < 1:
-            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
-        if self.max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        for name in ("timeout_s", "backoff_base_s", "backoff_max_s", "retry_after_max_s"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-
-
-def is_loopback(url: str) -> bool:
-    """Whether ``url``'s host is a loopback address (``localhost``, 127.0.0.0/8, ``::1``)."""
-
-    host = (urllib.parse.urlsplit(url).hostname or "").lower()
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class _BodyTooLarge(Exception):
@@ -361,7 +293,7 @@ class ApiVLM:
 
     def __init__(
         self,
-        config: ApiVLMConfig,
+        config: ApiSettings,
         *,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
@@ -393,13 +325,16 @@ class ApiVLM:
         cache at ``inputs.cache_path`` (folder created) and ``inputs.seed`` unless the settings
         name their own; the constructor that :func:`medrobust_lib.models.factory.build_vlm`
         calls."""
-        settings = dict(m.api)
-        if inputs.cache_path is not None:
-            settings.setdefault("cache_path", inputs.cache_path)
-        settings.setdefault("seed", inputs.seed)
-        if settings.get("cache_path"):
-            Path(settings["cache_path"]).parent.mkdir(parents=True, exist_ok=True)
-        return cls(ApiVLMConfig(**settings))
+        if m.api is None:
+            raise ValueError(f"VLM {m.id!r} has no 'api' settings")
+        given = m.api.model_fields_set
+        update: dict[str, Any] = {} if "seed" in given else {"seed": inputs.seed}
+        if inputs.cache_path is not None and "cache_path" not in given:
+            update["cache_path"] = inputs.cache_path
+        settings = m.api.model_copy(update=update)
+        if settings.cache_path:
+            Path(settings.cache_path).parent.mkdir(parents=True, exist_ok=True)
+        return cls(settings)
 
     def __repr__(self) -> str:
         return f"ApiVLM(model={self.config.model!r}, base_url={self.config.base_url!r})"

@@ -25,7 +25,7 @@ SampleKey = tuple[str, str]
 
 def resolve_datasets(suite: Suite) -> list[DatasetConfig]:
     """The demo datasets (when enabled; the demo must have been built) plus explicit ones."""
-    configs: list[dict[str, Any]] = []
+    configs: list[dict[str, Any]] = []  # the demo's, as its manifest lists them
     if suite.demo.enabled:
 
         manifest = Path(suite.demo.root) / "demo_manifest.json"
@@ -34,8 +34,10 @@ def resolve_datasets(suite: Suite) -> list[DatasetConfig]:
         data = json.loads(manifest.read_text())
         configs.extend(data["datasets"])
         configs.extend(data.get("real_datasets", []))  # evaluation-only real image-mask pairs
-    configs.extend(suite.datasets)
     out = [DatasetConfig(**{"max_pixels": suite.max_pixels, **c}) for c in configs]
+    # the suite's own entries were checked when it loaded; one without max_pixels takes the suite's
+    out += [d if "max_pixels" in d.model_fields_set else d.model_copy(update={"max_pixels": suite.max_pixels})
+            for d in suite.datasets]
     names = [c.name for c in out]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:

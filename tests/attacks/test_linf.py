@@ -12,7 +12,7 @@ import torch
 from medrobust_lib.attacks import (
     EPSILONS,
     PGD_STEPS,
-    AttackConfig,
+    AttackSetting,
     DifferentiableSegmenter,
     fgsm,
     pgd,
@@ -55,7 +55,7 @@ def test_fixture_model_is_trained_and_in_eval_mode(trained_tiny: TrainedTiny) ->
 def test_budget_range_and_no_mutation(trained_tiny: TrainedTiny, kind: str) -> None:
     data = _head(trained_tiny.heldout, 2)
     images, boxes, masks = data.images.clone(), data.boxes.clone(), data.masks.clone()
-    cfg = AttackConfig.for_level(kind, 5)
+    cfg = AttackSetting.for_level(kind, 5)
     adv = cfg.run(trained_tiny.model, images, boxes, masks, torch_generator_for(0, "synthetic", "s", kind, 5))
     assert adv.shape == images.shape and adv.dtype == images.dtype
     assert float((adv - images).abs().max()) <= cfg.epsilon + 1e-6
@@ -169,16 +169,16 @@ def test_works_inside_a_callers_no_grad_block(trained_tiny: TrainedTiny) -> None
 def test_attack_config_for_level() -> None:
     assert EPSILONS == {1: 2 / 255, 2: 4 / 255, 3: 6 / 255, 4: 8 / 255, 5: 10 / 255}
     assert PGD_STEPS == {1: 3, 2: 5, 3: 7, 4: 10, 5: 15}
-    f = AttackConfig.for_level("fgsm", 3)
+    f = AttackSetting.for_level("fgsm", 3)
     assert (f.kind, f.level, f.steps, f.random_start) == ("fgsm", 3, 1, False)
     assert f.epsilon == f.step_size == 6 / 255 and f.epsilon_255 == pytest.approx(6.0)
-    p = AttackConfig.for_level("pgd", 4)
+    p = AttackSetting.for_level("pgd", 4)
     assert (p.steps, p.random_start) == (10, True) and p.step_size == pytest.approx(2.5 * (8 / 255) / 10)
-    assert AttackConfig.for_level("pgd", 2, step_size_factor=1.0).step_size == pytest.approx((4 / 255) / 5)
+    assert AttackSetting.for_level("pgd", 2, step_size_factor=1.0).step_size == pytest.approx((4 / 255) / 5)
     with pytest.raises(ValueError, match="valid: fgsm, pgd"):
-        AttackConfig.for_level("cw", 1)
+        AttackSetting.for_level("cw", 1)
     with pytest.raises(ValueError, match="valid: 1, 2, 3, 4, 5"):
-        AttackConfig.for_level("pgd", 6)
+        AttackSetting.for_level("pgd", 6)
     with pytest.raises(AttributeError):
         p.epsilon = 1.0  # type: ignore[misc]
 

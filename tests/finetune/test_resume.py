@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from medrobust_lib.config.common import LoraSettings
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.finetune.strategies import StrategyConfig, apply_strategy
 from medrobust_lib.finetune.train import TrainConfig, TrainResult, train_segmenter
@@ -39,7 +40,7 @@ CFG = TrainConfig(max_steps=8, batch_size=2, lr=1e-3, warmup_steps=2, eval_every
 def _run(state: Path | None, stop_at: int | None = None, cfg: TrainConfig = CFG, strategy: str = "decoder_only",
          logs: list[str] | None = None) -> tuple[SamSegmenter, TrainResult]:
     seg = SamSegmenter(build_sam(arch_for("tiny", "sam"), seed=0), "sam", "tiny", "0")  # type: ignore[arg-type]
-    rep = apply_strategy(seg, StrategyConfig(strategy, lora_dropout=0.3))
+    rep = apply_strategy(seg, StrategyConfig(strategy, lora=LoraSettings(dropout=0.3)))
     data = _samples()
 
     def log(msg: str) -> None:

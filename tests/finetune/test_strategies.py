@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from medrobust_lib.config.common import LoraSettings
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.finetune.strategies import (
     DEFAULT_LORA_TARGETS,
@@ -128,10 +129,10 @@ def test_lora_targets_encoder_attention() -> None:
 
 
 def test_lora_custom_targets() -> None:
-    _, rep = _applied("lora", lora_targets=r"image_encoder\.blocks\.\d+\.attn\.qkv", lora_r=4)
+    _, rep = _applied("lora", lora=LoraSettings(target_regex=r"image_encoder\.blocks\.\d+\.attn\.qkv", r=4))
     assert rep.targets == ("image_encoder.blocks.0.attn.qkv", "image_encoder.blocks.1.attn.qkv")
     with pytest.raises(ValueError, match=r"matches no nn\.Linear module.*q_proj"):
-        _applied("lora", lora_targets=r"image_encoder\.blocks\.\d+\.attn\.q_proj")
+        _applied("lora", lora=LoraSettings(target_regex=r"image_encoder\.blocks\.\d+\.attn\.q_proj"))
     seg, _ = _applied("lora")
     with pytest.raises(ValueError, match="already has LoRA"):
         apply_strategy(seg, StrategyConfig("lora"))
@@ -207,7 +208,7 @@ def test_trainable_state_dict() -> None:
 
 
 def test_prepare_for_eval_disables_lora_dropout() -> None:
-    seg, _ = _applied("lora", lora_dropout=0.5)
+    seg, _ = _applied("lora", lora=LoraSettings(dropout=0.5))
     _perturb_lora_b(seg)
     x, boxes, _ = _batch()
     seg.sam.train()

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from medrobust_lib.models.api_vlm import ApiVLM, ApiVLMConfig, is_loopback
+from medrobust_lib.config.vlm import ApiSettings, is_loopback
+from medrobust_lib.models.api_vlm import ApiVLM
 from medrobust_lib.models.cache import JOURNAL_MODE_ENV, ResponseCache, cache_key
 
 ENV = "MEDROBUST_TEST_FAULT_KEY"
@@ -72,7 +73,7 @@ def url() -> Iterator[str]:
 
 
 def _vlm(url: str, **kw: Any) -> ApiVLM:
-    cfg = ApiVLMConfig(**{"model": "m", "base_url": url, "api_key_env": None, "timeout_s": 5.0,
+    cfg = ApiSettings(**{"model": "m", "base_url": url, "api_key_env": None, "timeout_s": 5.0,
                           "max_retries": 0, **kw})
     return ApiVLM(cfg, sleep=lambda s: None)
 
@@ -178,11 +179,11 @@ def test_journal_mode_is_wal_locally_and_delete_when_the_deploy_says_so(
 
 def test_a_key_is_never_sent_over_plain_http_except_to_loopback() -> None:
     with pytest.raises(ValueError, match="clear text"):
-        ApiVLMConfig(model="m", base_url="http://api.example.org/v1", api_key_env="K")
+        ApiSettings(model="m", base_url="http://api.example.org/v1", api_key_env="K")
     for ok in ("http://127.0.0.1:8000/v1", "http://localhost:8000/v1", "http://[::1]:8000/v1",
                "https://api.example.org/v1"):
-        ApiVLMConfig(model="m", base_url=ok, api_key_env="K")
-    ApiVLMConfig(model="m", base_url="http://vllm.internal:8000/v1", api_key_env=None)  # no key: allowed
+        ApiSettings(model="m", base_url=ok, api_key_env="K")
+    ApiSettings(model="m", base_url="http://vllm.internal:8000/v1", api_key_env=None)  # no key: allowed
     assert is_loopback("http://127.0.0.2/") and not is_loopback("http://10.0.0.1/")
 
 

@@ -26,7 +26,8 @@ from typing import Any
 
 import pytest
 
-from medrobust_lib.models.api_vlm import ApiResult, ApiVLM, ApiVLMConfig
+from medrobust_lib.config.vlm import ApiSettings
+from medrobust_lib.models.api_vlm import ApiResult, ApiVLM
 
 KEY = "sk-proj-Q7w2Zr9xLk4Vb8Nm3Tc6Yh1Jd5Fg0Ps"
 ENV = "MEDROBUST_TEST_GUARD_KEY"
@@ -121,7 +122,7 @@ def raw_server() -> Iterator[Callable[[Callable[[socket.socket, RawServer], None
 
 
 def _vlm(port: int, **kw: Any) -> ApiVLM:
-    cfg = ApiVLMConfig(**{"model": "guard-vlm", "base_url": f"http://127.0.0.1:{port}/v1", "api_key_env": ENV,
+    cfg = ApiSettings(**{"model": "guard-vlm", "base_url": f"http://127.0.0.1:{port}/v1", "api_key_env": ENV,
                           "timeout_s": 30.0, "max_retries": 0, "concurrency": 4, **kw})
     return ApiVLM(cfg)
 
@@ -233,7 +234,7 @@ def test_the_deadline_holds_over_tls(
             inner(tls, server)
 
     server = raw_server(serve)
-    cfg = ApiVLMConfig(model="guard-vlm", base_url=f"https://127.0.0.1:{server.port}/v1", api_key_env=ENV,
+    cfg = ApiSettings(model="guard-vlm", base_url=f"https://127.0.0.1:{server.port}/v1", api_key_env=ENV,
                        timeout_s=30.0, max_retries=0, deadline_s=1.0)
     with ApiVLM(cfg) as vlm:
         res, took = _bounded_generate(vlm, ["drip"], cfg.deadline_s + 1.0)

@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from medrobust_lib.config.vlm import ApiSettings
 from medrobust_lib.models.api_vlm import (
     ApiVLM,
-    ApiVLMConfig,
     backoff_wait,
     option_logprobs,
     parse_retry_after,
@@ -188,7 +188,7 @@ class Sleeps:
 
 
 def make(url: str, sleeps: Sleeps | None = None, **kw: Any) -> ApiVLM:
-    cfg = ApiVLMConfig(**{"model": "test-vlm", "base_url": url, "api_key_env": ENV, "timeout_s": 5.0,
+    cfg = ApiSettings(**{"model": "test-vlm", "base_url": url, "api_key_env": ENV, "timeout_s": 5.0,
                           "max_retries": 3, "backoff_base_s": 0.5, "backoff_max_s": 4.0,
                           "concurrency": 4, **kw})
     return ApiVLM(cfg, sleep=sleeps if sleeps is not None else Sleeps())
@@ -414,7 +414,7 @@ def test_input_validation() -> None:
             vlm.generate([np.zeros((2, 2, 4), np.float32)], ["a"])
         assert vlm.generate([], []) == []
     with pytest.raises(ValueError, match="concurrency"):
-        ApiVLMConfig(model="m", concurrency=0)
+        ApiSettings(model="m", concurrency=0)
 
 
 def test_helpers() -> None:

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from medrobust_lib.finetune.vlm_lora import LoraSettings, finetune_lora
+from medrobust_lib.config.common import LoraSettings
+from medrobust_lib.finetune.vlm_lora import finetune_lora
 from medrobust_lib.finetune.vlm_train import VLMExample, VLMTrainConfig
 from medrobust_lib.models.hf_vlm import HFVisionLanguageModel
 from medrobust_lib.models.shared_image import shared_image

@@ -12,13 +12,14 @@ import numpy as np
 import pytest
 import torch
 
+from medrobust_lib.config.common import LoraSettings
 from medrobust_lib.finetune.vlm_lora import (
     LM_PROJ_REGEX,
     LoraResult,
-    LoraSettings,
     adapter_hash,
     apply_lora,
     finetune_lora,
+    lora_regex,
     lora_target_modules,
     trainable_summary,
 )
@@ -75,8 +76,8 @@ def trained(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Trained:
 
 def test_regex_matches_only_language_model_projections(folder: Path) -> None:
     vlm = HFVisionLanguageModel(folder)
-    names = lora_target_modules(vlm.model, LoraSettings().target_regex)
-    assert LoraSettings().target_regex == LM_PROJ_REGEX
+    names = lora_target_modules(vlm.model, lora_regex(LoraSettings()))
+    assert lora_regex(LoraSettings()) == LM_PROJ_REGEX  # the default targets
     assert not any("vision_tower" in n or "multi_modal_projector" in n or "lm_head" in n for n in names)
     n_layers = vlm.model.config.text_config.num_hidden_layers
     assert len(names) == 7 * n_layers

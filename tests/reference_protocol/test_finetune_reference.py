@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from medrobust_lib.config.common import LoraSettings
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.finetune.strategies import StrategyConfig, apply_strategy
 from medrobust_lib.finetune.train import TrainConfig, batches_per_epoch, lr_at, param_groups, resolve_budget
@@ -68,8 +69,7 @@ def test_reference_lora_targets_adapt_only_the_mask_decoder() -> None:
     over = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" / "reference_protocol.yaml").read_text())
     lora = over["segmentation"]["finetune?"]["lora"]
     seg = SamSegmenter(build_sam(arch_for("tiny", "sam"), seed=0), "sam", "tiny", "0")
-    report = apply_strategy(seg, StrategyConfig(name="lora", lora_r=lora["r"], lora_alpha=lora["alpha"],
-                                                lora_dropout=lora["dropout"], lora_targets=lora["targets"]))
+    report = apply_strategy(seg, StrategyConfig(name="lora", lora=LoraSettings(**lora)))
     trained = [n for n, _ in seg.sam.named_parameters() if report.is_trainable(n)]
     assert trained and all(n.startswith("mask_decoder.") and "lora_" in n for n in trained)
     assert {n.split(".lora_")[0].rsplit(".", 1)[1] for n in trained} == {"q_proj", "v_proj"}

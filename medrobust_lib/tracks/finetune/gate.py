@@ -69,19 +69,19 @@ import json
 import math
 import re
 from collections.abc import Hashable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 import pandas as pd
 
+from medrobust_lib.config.segmentation import GateThresholds
 from medrobust_lib.metrics.stats import benjamini_hochberg, paired_bootstrap_ci, wilcoxon_paired
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store import model_registry
 from medrobust_lib.tracks.finetune.strategy_runs import (
     evaluate_model,
-    finetune_config,
     registry_model_config,
     registry_model_id,
 )
@@ -98,33 +98,6 @@ _HEX = re.compile(r"^[0-9a-f]{8,64}$")
 
 class GateInputError(ValueError):
     """The inputs cannot be compared (no rows, ambiguous selection, unresolvable URI)."""
-
-
-@dataclass(frozen=True)
-class GateThresholds:
-    """How much worse the candidate may be before the gate fails.
-
-    ``max_iou_drop_increase`` / ``max_dice_drop_increase``: the largest tolerated increase of the
-    mean drop (and the largest tolerated loss of the clean score). ``alpha``: a regression only
-    counts when its BH q-value is below it (also the CI level, 1 - alpha). ``min_pairs``: rows with
-    fewer paired samples never fail.
-    """
-
-    max_iou_drop_increase: float = 0.01
-    max_dice_drop_increase: float = 0.01
-    alpha: float = 0.05
-    min_pairs: int = 5
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.alpha < 1.0:
-            raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
-        if self.max_iou_drop_increase < 0 or self.max_dice_drop_increase < 0:
-            raise ValueError("drop-increase thresholds must be >= 0")
-        if self.min_pairs < 2:
-            raise ValueError(f"min_pairs must be >= 2 (a paired test needs two pairs), got {self.min_pairs}")
-
-    def limit(self, metric: str) -> float:
-        return self.max_iou_drop_increase if metric == "iou" else self.max_dice_drop_increase
 
 
 @dataclass
@@ -174,7 +147,7 @@ class GateResult:
         return {"passed": self.passed, "verdict": self.verdict, "rule": self.rule,
                 "n_regressions": self.n_regressions, "failures": self.failures,
                 "n_unpaired": self.n_unpaired, "n_excluded": self.n_excluded, "notes": self.notes,
-                "thresholds": asdict(self.thresholds), "rows": rows,
+                "thresholds": self.thresholds.model_dump(), "rows": rows,
                 "unpaired": json.loads(self.unpaired.to_json(orient="records"))}
 
 
@@ -308,8 +281,8 @@ def gate_version(suite: Any, name: str, version: int, mlruns_dir: str | Path | N
     champion = model_registry.get_alias_version(name, "champion", mlruns_dir)
     if champion is None or champion == version:
         return champion, None
-    ft = finetune_config(suite)
-    th = GateThresholds(**ft.gate.model_dump()) if ft is not None else GateThresholds()
+    ft = suite.segmentation.finetune
+    th = ft.gate if ft is not None else GateThresholds()
     rows = read_table(suite.results_dir, RESULTS_TABLE)
     sides = [gather_side(f"models:/{name}/{v}", side, suite.results_dir, suite=suite, mlruns_dir=mlruns_dir,
                          log=log, rows=rows) for side, v in (("candidate", version), ("baseline", champion))]

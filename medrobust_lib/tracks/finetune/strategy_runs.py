@@ -38,17 +38,12 @@ from medrobust_lib.seeding import rng_for, scoped_torch_seed
 from medrobust_lib.store import model_registry
 
 
-def finetune_config(suite: Suite) -> FinetuneConfig | None:
-    """The suite's ``segmentation.finetune`` section (None: no fine-tuning configured)."""
-    return suite.segmentation.finetune
-
-
 def strategy_dir(suite: Suite, base: str, strategy: str) -> Path:
     return suite_paths(suite).checkpoints / f"{base}-{strategy}"
 
 
 def require_finetune(suite: Suite) -> FinetuneConfig:
-    ft = finetune_config(suite)
+    ft = suite.segmentation.finetune
     if ft is None:
         raise ValueError("the suite has no segmentation.finetune section")
     return ft
@@ -74,7 +69,6 @@ def registry_model_config(suite: Suite, uri: str, mlruns_dir: str | Path | None 
     version's ``config.json`` (written by :func:`finetune.train.save_checkpoint`). The checkpoint is
     the version's local file, so loading needs no registry lookup."""
 
-    from medrobust_lib.tracks.segmentation.evaluate import seg_config
 
     name, version = model_registry.resolve_version(uri, mlruns_dir)
     pinned = f"models:/{name}/{version}"
@@ -84,7 +78,7 @@ def registry_model_config(suite: Suite, uri: str, mlruns_dir: str | Path | None 
     if "family" not in meta or "arch" not in meta:
         raise ValueError(f"{uri}: version {version} has no config.json with 'family' and 'arch' next to its weights "
                          f"({cfg_file}); register checkpoint folders written by save_checkpoint")
-    devices = {m.device for m in seg_config(suite).models}
+    devices = {m.device for m in suite.segmentation.models}
     return SegModelConfig(id=registry_model_id(name, version), family=meta["family"], arch=meta["arch"],
                           checkpoint=str(weights.resolve()), strategy=str(meta.get("strategy", "unknown")),
                           device=devices.pop() if len(devices) == 1 else "cpu")
@@ -115,7 +109,7 @@ def evaluate_model(suite: Suite, m: SegModelConfig, ev: FinetuneEval | None = No
 
     t0 = time.perf_counter()
     if ev is None:
-        ft = finetune_config(suite)
+        ft = suite.segmentation.finetune
         ev = ft.eval if ft is not None else FinetuneEval()
     levels = ev.levels if ev.levels is not None else list(suite.perturbations.levels)
     attack_levels = ev.attack_levels if ev.attack_levels is not None else list(suite.perturbations.levels)
@@ -229,7 +223,7 @@ def finetune_strategy(suite: Suite, strategy: str, log: Callable[[str], None] | 
         save_checkpoint,
         train_segmenter,
     )
-    from medrobust_lib.tracks.segmentation.evaluate import load_model, model_config, seg_config, seg_splits
+    from medrobust_lib.tracks.segmentation.evaluate import load_model, model_config, seg_splits
 
     t0 = time.perf_counter()
     ft = require_finetune(suite)
@@ -238,10 +232,10 @@ def finetune_strategy(suite: Suite, strategy: str, log: Callable[[str], None] | 
     base = model_config(suite, ft.base)
     model = load_model(suite, base, fresh=True)  # trained in place: never the shared inference copy
     splits = seg_splits(suite)
-    prompt = seg_config(suite).prompt
+    prompt = suite.segmentation.prompt
     base_val = evaluate_dice(model, splits["val"], prompt)
-    scfg = StrategyConfig(name=strategy, encoder_blocks=ft.encoder_blocks, lora_r=ft.lora.r, lora_alpha=ft.lora.alpha,
-                          lora_dropout=ft.lora.dropout, lora_targets=ft.lora.targets, adapter_ratio=ft.adapter_ratio)
+    scfg = StrategyConfig(name=strategy, encoder_blocks=ft.encoder_blocks, lora=ft.lora,
+                          adapter_ratio=ft.adapter_ratio)
     seed = suite.seed if seed is None else seed
     report = apply_strategy(model, scfg, seed=seed)
     tc = ft.train
@@ -335,7 +329,7 @@ def evaluate_version(suite: Suite, name: str, version: int, mlruns_dir: str | Pa
     if m.checkpoint is None:
         raise ValueError(f"registered version {name}/{version} resolved to no checkpoint")
     digest = checkpoint_file_hash(m.checkpoint)
-    ft = finetune_config(suite)
+    ft = suite.segmentation.finetune
     reused = 0
     if reuse and ft is not None and name == model_registry.seg_model_name(ft.base, m.strategy):
         reused = reuse_rows(suite.results_dir, f"{ft.base}-{m.strategy}", m.id, digest)

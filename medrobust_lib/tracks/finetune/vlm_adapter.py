@@ -22,7 +22,8 @@ import numpy as np
 
 from medrobust_lib.adapters import adapter_entry, list_adapters
 from medrobust_lib.config import Suite
-from medrobust_lib.config.vlm import VLMModelConfig, adapter_box_scale, vlm_config, vlm_model
+from medrobust_lib.config.common import LoraSettings
+from medrobust_lib.config.vlm import VLMModelConfig, adapter_box_scale, vlm_model
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.finetune.vlm_train import VLMExample, adapter_train_config
 from medrobust_lib.tracks.vlm.items import VLMItem, box_in_sample, load_items, prompt_for
@@ -140,7 +141,7 @@ def finetune_adapter(suite: Suite, model_id: str, log: Callable[[str], None] | N
     scale of the taught boxes: :func:`adapter_box_scale`, splits seen)."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from medrobust_lib.finetune.vlm_lora import LM_PROJ_REGEX, LoraSettings, finetune_lora
+    from medrobust_lib.finetune.vlm_lora import finetune_lora
     from medrobust_lib.tracks.vlm.model_runner import _folder_hash, resolve_source
 
     t0 = time.perf_counter()
@@ -148,18 +149,18 @@ def finetune_adapter(suite: Suite, model_id: str, log: Callable[[str], None] | N
     if not adapter_entry(m.kind, "vlm").lora_finetunable:
         raise ValueError(f"{model_id}: kind {m.kind!r} cannot be LoRA fine-tuned here (kinds that can: "
                          f"{', '.join(list_adapters('vlm', lora_finetunable=True))})")
-    ft = vlm_config(suite).finetune
+    ft = suite.vlm.finetune
     source = resolve_source(suite, m)
     model = AutoModelForImageTextToText.from_pretrained(source, local_files_only=True)
     proc = AutoProcessor.from_pretrained(source, local_files_only=True)
     items = load_items(suite).items
     by_split = samples_by_split(suite)
-    ts = vlm_config(suite).train  # the base's answer format (box grid) and augmentation
+    ts = suite.vlm.train  # the base's answer format (box grid) and augmentation
     scale = adapter_box_scale(suite, m)
     train = examples_for(items, by_split["train"], (ft.task,), box_step=ts.box_step, flips=ts.grounding_flips,
                          box_scale=scale)
     val = examples_for(items, by_split["val"], (ft.task,), box_step=ts.box_step, box_scale=scale)
-    settings = LoraSettings(r=ft.r, alpha=ft.alpha, dropout=ft.dropout, target_regex=ft.target_regex or LM_PROJ_REGEX)
+    settings = LoraSettings.model_validate(ft.model_dump(include=set(LoraSettings.model_fields)))
     cfg = adapter_train_config(ft, len(train), suite.seed)  # steps, or epochs as the reference counts them
     res = finetune_lora(model, proc, train, val, settings, cfg, adapter_folder(suite, model_id),
                         base_model_hash=_folder_hash(source), log=log)

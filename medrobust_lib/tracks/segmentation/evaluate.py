@@ -13,12 +13,7 @@ import numpy as np
 import pandas as pd
 
 from medrobust_lib.config import Suite
-from medrobust_lib.config.segmentation import (
-    PACKAGE_CHECKPOINT,
-    PromptConfig,
-    SegmentationConfig,
-    SegModelConfig,
-)
+from medrobust_lib.config.segmentation import PACKAGE_CHECKPOINT, PromptConfig, SegModelConfig
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.lru import LRU, file_stamp
 from medrobust_lib.metrics.segmentation import EMPTY_GT_POLICY, dice, iou
@@ -36,20 +31,15 @@ RESULT_COLUMNS: tuple[str, ...] = column_names(RESULTS_TABLE)
 """The ``segmentation_results`` columns in declared order (:mod:`medrobust_lib.store.schema`)."""
 
 
-def seg_config(suite: Suite) -> SegmentationConfig:
-    """The suite's ``segmentation:`` section."""
-    return suite.segmentation
-
-
 def model_config(suite: Suite, model_id: str | SegModelConfig) -> SegModelConfig:
     """The suite's model ``model_id``; a :class:`SegModelConfig` is returned as it is (fine-tuned
     strategy checkpoints and registry versions are evaluated without being listed in the suite)."""
     if isinstance(model_id, SegModelConfig):
         return model_id
-    for m in seg_config(suite).models:
+    for m in suite.segmentation.models:
         if m.id == model_id:
             return m
-    raise KeyError(f"unknown segmentation model {model_id!r}; configured: {[m.id for m in seg_config(suite).models]}")
+    raise KeyError(f"unknown segmentation model {model_id!r}; configured: {[m.id for m in suite.segmentation.models]}")
 
 
 def checkpoint_dir(suite: Suite, model_id: str) -> Path:
@@ -138,14 +128,14 @@ def train_base_checkpoint(suite: Suite, model_id: str, log: Callable[[str], None
     from medrobust_lib.models.sam import SamSegmenter, arch_for, build_sam, state_dict_hash
 
     m = model_config(suite, model_id)
-    tc = seg_config(suite).train
+    tc = suite.segmentation.train
     splits = seg_splits(suite)
     model = SamSegmenter(build_sam(arch_for(m.arch, m.family), seed=suite.seed), m.family, m.id, "untrained", m.device)
     cfg = TrainConfig(max_steps=tc.max_steps, batch_size=tc.batch_size, lr=tc.lr, warmup_steps=tc.warmup_steps,
                       eval_every=tc.eval_every, patience=tc.patience, time_budget_s=tc.time_budget_s,
                       box_jitter=tc.box_jitter, seed=suite.seed)
     res = train_segmenter(model, splits["train"], splits["val"], cfg, log=log)
-    test_dice = evaluate_dice(model, splits["test"], seg_config(suite).prompt)
+    test_dice = evaluate_dice(model, splits["test"], suite.segmentation.prompt)
     meta = {"family": m.family, "arch": m.arch, "model_id": m.id, "train": config_dict(cfg),
             "val_dice": res.best_val_dice, "best_step": res.best_step, "test_dice": test_dice,
             "state_sha256": state_dict_hash(model.sam), "n_train": len(splits["train"])}
@@ -160,7 +150,7 @@ def committed_test_dice(suite: Suite, model_id: str) -> float:
     from medrobust_lib.finetune.train import evaluate_dice
 
     m = model_config(suite, model_id)
-    return evaluate_dice(load_model(suite, m), seg_splits(suite)["test"], seg_config(suite).prompt)
+    return evaluate_dice(load_model(suite, m), seg_splits(suite)["test"], suite.segmentation.prompt)
 
 
 # ---- evaluation -------------------------------------------------------------------------------
@@ -300,7 +290,7 @@ def evaluate_clean(suite: Suite, model_id: str | SegModelConfig, modality: str, 
 
     t0 = time.perf_counter()
     m = model_config(suite, model_id)
-    sc = seg_config(suite)
+    sc = suite.segmentation
     model = model or load_model(suite, m)
     summary = EvalSummary()
     ev = eval_samples(suite, modality, sc.split)
@@ -401,7 +391,7 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
 
     t0 = time.perf_counter()
     m = model_config(suite, model_id)
-    sc = seg_config(suite)
+    sc = suite.segmentation
     model = model or load_model(suite, m)
     summary = EvalSummary()
     manifest = read_manifest(suite, modality, level)
@@ -478,13 +468,13 @@ def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str
     lists it as ok) is an ``error`` row per attack."""
     import torch
 
-    from medrobust_lib.attacks.linf import AttackConfig, fgsm, pgd, torch_generator_for
+    from medrobust_lib.attacks.linf import AttackSetting, fgsm, pgd, torch_generator_for
     from medrobust_lib.models.sam import to_tensor_batch
     from medrobust_lib.tracks.feed import clean_samples, eval_samples
 
     t0 = time.perf_counter()
     m = model_config(suite, model_id)
-    sc = seg_config(suite)
+    sc = suite.segmentation
     model = model or load_model(suite, m)
     summary = EvalSummary()
     device = getattr(model, "device", "cpu")
@@ -501,7 +491,7 @@ def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str
     rows: list[dict[str, Any]] = []
     run_kinds = [k for k in sc.attacks.kinds if kinds is None or k in kinds]
     for kind in run_kinds:
-        acfg = AttackConfig.for_level(kind, level, step_size_factor=sc.attacks.step_size_factor)
+        acfg = AttackSetting.for_level(kind, level, step_size_factor=sc.attacks.step_size_factor)
         by_shape: dict[tuple[int, ...], list[Sample]] = {}
         for s in samples:
             by_shape.setdefault(s.image.shape, []).append(s)

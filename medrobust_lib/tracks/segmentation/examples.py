@@ -81,11 +81,11 @@ def write_examples(suite: Suite, top: int = DEFAULT_TOP) -> pd.DataFrame:
     """Write the ``segmentation_examples`` rows (one chunk per model) of every real-architecture
     model of the suite that has perturbation rows; models without any are left out (their old
     chunk removed). Returns the rows written (without the PNG bytes' content checked)."""
-    from medrobust_lib.tracks.segmentation.evaluate import RESULTS_TABLE, load_model, seg_config
+    from medrobust_lib.tracks.segmentation.evaluate import RESULTS_TABLE, load_model
 
     df = results.read_table(suite.results_dir, RESULTS_TABLE)
     written: list[dict[str, Any]] = []
-    for m in seg_config(suite).models:
+    for m in suite.segmentation.models:
         if m.arch == "tiny" or df.empty:
             continue
         rows = df[df["model"] == m.id]

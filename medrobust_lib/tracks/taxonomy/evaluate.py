@@ -38,7 +38,7 @@ import numpy as np
 
 from medrobust_lib.adapters import adapter_entry, list_adapters
 from medrobust_lib.config import Suite
-from medrobust_lib.config.taxonomy import TaxonomyConfig, TaxonomyConfigEntry
+from medrobust_lib.config.taxonomy import TaxonomyConfigEntry
 from medrobust_lib.config.vlm import VLMModelConfig, vlm_model
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.seeding import rng_for
@@ -63,13 +63,8 @@ ROW_KEY: tuple[str, ...] = ("dataset", "record_id", "perturbation", "image_mode"
 """Identifies a ``taxonomy_results`` row within its partition (config, modality, level)."""
 
 
-def taxonomy_config(suite: Suite) -> TaxonomyConfig:
-    """The suite's ``taxonomy:`` section."""
-    return suite.taxonomy
-
-
 def config_entry(suite: Suite, config_id: str) -> TaxonomyConfigEntry:
-    for c in taxonomy_config(suite).configs:
+    for c in suite.taxonomy.configs:
         if c.id == config_id:
             return c
     raise KeyError(f"unknown taxonomy configuration {config_id!r}")
@@ -122,7 +117,7 @@ def paraphrase_sets(suite: Suite, items: Sequence[VLMItem]) -> tuple[dict[str, t
     Records with fewer than ``min_paraphrases`` paraphrases get accepted API paraphrases first
     (when ``api_paraphraser`` is set), then template paraphrases (negations included)."""
 
-    tc = taxonomy_config(suite)
+    tc = suite.taxonomy
     api = None
     if tc.api_paraphraser is not None:
         from medrobust_lib.tracks.vlm.model_runner import Runner
@@ -213,7 +208,7 @@ def compute_baselines(suite: Suite, config_id: str, modality: str, log: Callable
     that cannot be used now has none: :func:`evaluate` writes its ``error`` rows.)"""
     from medrobust_lib.tracks.datasets import load_eval_samples
 
-    tc = taxonomy_config(suite)
+    tc = suite.taxonomy
     entry = config_entry(suite, config_id)
     scorer = _Scorer(suite, entry)
     samples = load_eval_samples(suite, modality, tc.split).samples
@@ -285,7 +280,7 @@ def _unasked_rows(suite: Suite, scorer: _Scorer, items: list[VLMItem], cond: _Co
     ``reason``."""
     rows: list[dict[str, Any]] = []
     for it in items:
-        for mode in taxonomy_config(suite).image_modes:
+        for mode in suite.taxonomy.image_modes:
             r: dict[str, Any] = dict.fromkeys(COLUMN_NAMES)
             r.update(config=scorer.entry.id, checkpoint=scorer.runner.checkpoint, adapter=scorer.runner.adapter,
                      dataset=it.dataset, modality=cond.sample.modality, sample_id=it.sample_id,
@@ -319,7 +314,7 @@ def _classify_rows(suite: Suite, entry: TaxonomyConfigEntry, scorer: _Scorer, it
     """Rows for every yes/no item of one (possibly perturbed) image: all variants of all items
     are scored in one vision-once call."""
 
-    tc = taxonomy_config(suite)
+    tc = suite.taxonomy
     per_item = [(it, variants[it.record_id]) for it in items]
     prompts = [t + YESNO_SUFFIX for _, vs in per_item for t, _ in vs]
     error: str | None = None
@@ -378,7 +373,7 @@ def evaluate(suite: Suite, config_id: str, modality: str, level: int,
     from medrobust_lib.tracks.perturbed import manifest_keys, read_manifest
 
     t0 = time.perf_counter()
-    tc = taxonomy_config(suite)
+    tc = suite.taxonomy
     entry = config_entry(suite, config_id)
     scorer = _Scorer(suite, entry)
     ev = load_eval_samples(suite, modality, tc.split)

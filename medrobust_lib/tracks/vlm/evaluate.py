@@ -31,7 +31,7 @@ import numpy as np
 
 from medrobust_lib.adapters import adapter_entry, list_adapters
 from medrobust_lib.config import Suite
-from medrobust_lib.config.vlm import VLMProtocol, vlm_config, vlm_model
+from medrobust_lib.config.vlm import VLMProtocol, vlm_model
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.metrics.caption_raw import RAW_COLUMNS, raw_caption_rows
 from medrobust_lib.store import rerun, results
@@ -312,7 +312,7 @@ def _items_for(suite: Suite, samples: Collection[tuple[str, str]]) -> _Items:
     """The records of the evaluation samples ``samples`` (keys), and those of images not indexed.
     ``max_records_per_task`` caps the records per task: the readable ones first, then those their
     reader quarantined."""
-    vc = vlm_config(suite)
+    vc = suite.vlm
     loaded = load_items(suite)
     counts: dict[str, int] = {}
 
@@ -393,7 +393,7 @@ def _summarize(rows: list[dict[str, Any]], s: VLMEvalSummary, t0: float, runner:
 
 
 def _judge_runner(suite: Suite) -> Runner | None:
-    vc = vlm_config(suite)
+    vc = suite.vlm
     if vc.judge is None:
         return None
     m = vlm_model(suite, vc.judge)
@@ -404,7 +404,7 @@ def _judge_runner(suite: Suite) -> Runner | None:
 
 
 def _open_judge_runner(suite: Suite) -> Runner | None:
-    vc = vlm_config(suite)
+    vc = suite.vlm
     if vc.protocol.open_vqa_judge is None:
         return None
     m = vlm_model(suite, vc.protocol.open_vqa_judge)
@@ -415,7 +415,7 @@ def _open_judge_runner(suite: Suite) -> Runner | None:
 
 
 def _fingerprint(runner: Runner, suite: Suite, extra: list[Any]) -> str:
-    vc = vlm_config(suite)
+    vc = suite.vlm
     return results.fingerprint([EVAL_VERSION, runner.checkpoint, runner.adapter, runner.m.model_dump(),
                                 records_config(suite).model_dump(), vc.max_records_per_task, vc.judge, *extra,
                                 *([] if vc.protocol.is_default() else [vc.protocol.model_dump()])])
@@ -431,7 +431,7 @@ def evaluate_clean(suite: Suite, model_id: str, modality: str, runner: Runner | 
     from medrobust_lib.tracks.datasets import load_eval_samples, placeholder_sample
 
     t0 = time.perf_counter()
-    vc = vlm_config(suite)
+    vc = suite.vlm
     runner = runner or Runner(suite, vlm_model(suite, model_id))
     ev = load_eval_samples(suite, modality, vc.split)
     samples = ev.samples
@@ -470,7 +470,7 @@ def evaluate_perturbed(suite: Suite, model_id: str, modality: str, level: int, r
     from medrobust_lib.tracks.perturbed import manifest_keys, read_manifest
 
     t0 = time.perf_counter()
-    vc = vlm_config(suite)
+    vc = suite.vlm
     runner = runner or Runner(suite, vlm_model(suite, model_id))
     ev = load_eval_samples(suite, modality, vc.split)
     samples = ev.samples

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from medrobust_lib.config import Suite
-from medrobust_lib.config.vlm import VLMRecordsConfig, vlm_config, yesno_files
+from medrobust_lib.config.vlm import VLMRecordsConfig, yesno_files
 from medrobust_lib.paths import RECORD_FILES
 from medrobust_lib.tasks.vqa import LETTERS, build_mc_prompt
 
@@ -40,7 +40,7 @@ GROUNDING_SUFFIX = " Answer with the box as [x0, y0, x1, y1]."
 
 def records_config(suite: Suite) -> VLMRecordsConfig:
     """The configured record files; with the demo enabled, unset ones point at the demo records."""
-    rc = vlm_config(suite).records
+    rc = suite.vlm.records
     if not suite.demo.enabled:
         return rc
     root = Path(suite.demo.root)

@@ -13,10 +13,10 @@ import pytest
 from typer.testing import CliRunner
 
 from medrobust_cli import app
+from medrobust_lib.config.segmentation import GateThresholds
 from medrobust_lib.store import results
 from medrobust_lib.tracks.finetune.gate import (
     GateInputError,
-    GateThresholds,
     compare,
     render,
     resolve_ref,
@@ -229,8 +229,11 @@ def test_cli_missing_side_and_bad_options(res_dir: Path) -> None:
     res = runner.invoke(app, ["check", "--candidate", "nope", "--baseline", "base", "--results-dir", str(res_dir)])
     assert res.exit_code == 2 and "candidate nope" in res.stderr and "evaluate it first" in res.stderr
     res = runner.invoke(app, ["check", "--candidate", "good", "--baseline", "base", "--results-dir", str(res_dir),
-                              "--alpha", "1.5"])
-    assert res.exit_code == 2 and "alpha" in res.stderr
+                              "--alpha", "1.5", "--min-pairs", "1"])
+    assert res.exit_code == 2
+    # one line naming each bad option as it is written on the command line
+    assert "--alpha: Input should be less than 1 (got 1.5); --min-pairs: Input should be greater than or equal " \
+           "to 2 (got 1)" in res.stderr
 
 
 def test_models_uri_resolution(res_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
