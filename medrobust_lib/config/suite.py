@@ -20,10 +20,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from medrobust_lib.adapters import adapter_entry
 from medrobust_lib.config.common import StatsConfig
+from medrobust_lib.config.datasets import DatasetConfig
 from medrobust_lib.config.segmentation import SegmentationConfig, SegModelConfig
 from medrobust_lib.config.taxonomy import TaxonomyConfig
 from medrobust_lib.config.vlm import ADAPTER_SEEN_SPLITS, VLMConfig, VLMModelConfig, adapter_box_scale
-from medrobust_lib.data.dataset import DatasetConfig
 from medrobust_lib.paths import default_locations
 from medrobust_lib.types import (
     ALL_MODALITIES,

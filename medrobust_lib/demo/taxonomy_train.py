@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from medrobust_lib.config import Suite
+from medrobust_lib.config.common import LoraSettings
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.demo.alignment import alignment_sets, mixed_in, run_alignment
 from medrobust_lib.demo.tiny_llava_train import vocabulary_texts
@@ -97,7 +98,6 @@ def train_taxonomy_model(suite: Suite, config_id: str, log: Callable[[str], None
     if kind == "consistency_lora":
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
-        from medrobust_lib.config.common import LoraSettings
         from medrobust_lib.finetune.vlm_lora import finetune_lora
         from medrobust_lib.tracks.vlm.model_runner import _folder_hash
 

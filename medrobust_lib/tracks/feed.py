@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from medrobust_lib import runtime
+from medrobust_lib.data.dataset import index_dataset, load_sample
 from medrobust_lib.data.sample import Sample, SampleError
 from medrobust_lib.lru import LRU, file_stamp
 from medrobust_lib.perturb import regen_cache
@@ -122,7 +123,6 @@ def clean_sample(suite: Any, modality: str, split: str, key: SampleKey,
     """One clean sample, read through its dataset's reader and checked against the clean index's
     hash; the last :data:`WORKER_SAMPLE_CACHE` are kept per process (the feed workers' access).
     ``signature``: the clean index's :func:`_index_signature`, when the caller has it already."""
-    from medrobust_lib.data.dataset import index_dataset, load_sample
     from medrobust_lib.store import results
     from medrobust_lib.tracks.datasets import CLEAN_TABLE, datasets_for
 
