@@ -1,5 +1,11 @@
 """Segmentation statistics and figures: bootstrap CIs, paired Wilcoxon with Benjamini-Hochberg,
-robustness curves. Computed from the result rows; written as the ``segmentation_stats`` table."""
+robustness curves. Computed from the result rows; written as the ``segmentation_stats`` table.
+
+Off-band rows (issue 30): a corruption row whose perturbed output missed its level's SSIM band
+(``band_reached`` false in ``perturbation_manifest``) is left out of the mart's default views, so
+the statistics those views show are computed on the same rows: scopes ``in_band`` and
+``floor_excluded_in_band`` (written when some row is off-band) leave the off-band rows out, and
+scopes ``all`` and ``floor_excluded`` keep every ok row (what ``--include-off-band`` shows)."""
 
 from __future__ import annotations
 
@@ -14,12 +20,38 @@ from medrobust_lib.seeding import rng_for
 from medrobust_lib.store import results
 from medrobust_lib.store.coverage import SEG_FLOOR
 
+MANIFEST_TABLE = "perturbation_manifest"
+"""The results table with the band flags (``medrobust_lib.tracks.perturbed.MANIFEST_TABLE``)."""
+
 STATS_TABLE = "segmentation_stats"
 N_BOOT = 1000
 
 
 SCOPE_ALL, SCOPE_FLOOR_EXCLUDED = "all", "floor_excluded"
 """``scope`` of a ``segmentation_stats`` row: every dataset, or the datasets at the floor left out."""
+IN_BAND_SUFFIX = "_in_band"
+SCOPE_IN_BAND, SCOPE_FLOOR_EXCLUDED_IN_BAND = "in_band", SCOPE_FLOOR_EXCLUDED + IN_BAND_SUFFIX
+"""The same two scopes with the off-band rows left out (the rows of the mart's default views)."""
+BAND_COLUMNS = ["dataset", "sample_id", "perturbation", "level"]
+"""The key of a perturbed output in ``perturbation_manifest`` (one band flag per key)."""
+
+
+def off_band(df: pd.DataFrame, bands: pd.DataFrame | None) -> np.ndarray:
+    """Per row of ``df`` (``segmentation_results`` rows): a corruption row (condition
+    ``perturbation``) whose output missed its level's SSIM band. ``bands``: ``perturbation_manifest``
+    rows (``BAND_COLUMNS``, ``status``, ``band_reached``); an output is in band when every ok manifest
+    row of its key is, and a row the manifest does not describe is not off-band (the mart's rule,
+    :func:`medrobust_lib.store.coverage.off_band_sql`). Returns bool (len(df),)."""
+    if df.empty or bands is None or bands.empty or "band_reached" not in bands.columns:
+        return np.zeros(len(df), bool)
+    ok = bands[bands["status"] == "ok"] if "status" in bands.columns else bands
+    flags = ok.groupby(BAND_COLUMNS, dropna=False)["band_reached"].all().rename("_in_band").reset_index()
+    keyed = df[BAND_COLUMNS].copy()
+    keyed["level"] = pd.to_numeric(keyed["level"], errors="coerce")
+    flags["level"] = pd.to_numeric(flags["level"], errors="coerce")
+    merged = keyed.merge(flags, on=BAND_COLUMNS, how="left")
+    missed = merged["_in_band"].eq(False).to_numpy()
+    return (df["condition"].to_numpy() == "perturbation") & missed
 
 
 def floor_datasets(df: pd.DataFrame) -> pd.DataFrame:
@@ -79,29 +111,46 @@ def _stats_rows(ok: pd.DataFrame, seed: int, scope: str, min_n: int = DEFAULT_MI
     return out
 
 
-def segmentation_stats(df: pd.DataFrame, seed: int = 0, min_n: int = DEFAULT_MIN_N) -> pd.DataFrame:
+def segmentation_stats(df: pd.DataFrame, seed: int = 0, min_n: int = DEFAULT_MIN_N,
+                       bands: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per (model, checkpoint, strategy, condition, perturbation, level) and ``scope``: n,
     mean IoU and Dice, mean drops with bootstrap 95% CIs over images, paired Wilcoxon p (clean vs
     condition IoU, the primary metric) and the Benjamini-Hochberg q over the model's type x level
     grid. Scope ``all`` pools every dataset; ``floor_excluded`` repeats the statistics without the
     datasets at the floor (:func:`floor_datasets`), for the models that have some (the rows the
     mart's default views average), so those views carry CIs too. A cell with fewer than ``min_n``
-    images (the suite's ``stats.min_n``) keeps its n and means but gets no CI, no p and no q."""
+    images (the suite's ``stats.min_n``) keeps its n and means but gets no CI, no p and no q.
+
+    ``bands``: the ``perturbation_manifest`` rows (:func:`off_band`). When some corruption row is
+    off-band, both scopes are repeated without the off-band rows (``in_band``,
+    ``floor_excluded_in_band``: the rows of the mart's default views, whose CIs come from them);
+    ``all`` and ``floor_excluded`` keep every ok row (``--include-off-band``)."""
     if df.empty:
         return pd.DataFrame()
+    missed = off_band(df, bands)
+    out = _scope_rows(df, seed, min_n, "")
+    if missed.any():
+        out = pd.concat([out, _scope_rows(df[~missed], seed, min_n, IN_BAND_SUFFIX)], ignore_index=True)
+    return out
+
+
+def _scope_rows(df: pd.DataFrame, seed: int, min_n: int, suffix: str) -> pd.DataFrame:
+    """The ``all`` and (where floor datasets are left out) ``floor_excluded`` statistics of ``df``;
+    ``suffix`` ``_in_band`` names the scopes of the in-band rows (``in_band`` for ``all``)."""
     perturbed = (df["status"] == "ok") & (df["condition"] != "clean")
-    out = _stats_rows(df[perturbed], seed, SCOPE_ALL, min_n)
+    out = _stats_rows(df[perturbed], seed, SCOPE_IN_BAND if suffix else SCOPE_ALL, min_n)
     excluded = _floor_excluded_rows(df)
     if len(excluded):
         kept = excluded[(excluded["status"] == "ok") & (excluded["condition"] != "clean")]
-        out = pd.concat([out, _stats_rows(kept, seed, SCOPE_FLOOR_EXCLUDED, min_n)], ignore_index=True)
+        out = pd.concat([out, _stats_rows(kept, seed, SCOPE_FLOOR_EXCLUDED + suffix, min_n)], ignore_index=True)
     return out
 
 
 def write_segmentation_stats(results_dir: str | Path, seed: int = 0, min_n: int = DEFAULT_MIN_N) -> pd.DataFrame:
-    """Recompute the stats table from every result row (one chunk per model)."""
+    """Recompute the stats table from every result row (one chunk per model), with the band flags of
+    the results' ``perturbation_manifest``."""
     df = results.read_table(results_dir, "segmentation_results")
-    stats = segmentation_stats(df, seed, min_n)
+    stats = segmentation_stats(df, seed, min_n, results.read_table(results_dir, MANIFEST_TABLE))
     results.write_per_key(results_dir, STATS_TABLE, stats, "model", results.fingerprint(["stats", len(stats)]))
     return stats
 
@@ -110,7 +159,8 @@ def write_model_stats(results_dir: str | Path, model: str, seed: int = 0, min_n:
     """Recompute and write the stats chunk of one ``model`` only (the other models' chunks are left
     alone, so evaluations of different models may write concurrently)."""
     df = results.read_table(results_dir, "segmentation_results")
-    stats = segmentation_stats(df[df["model"] == model] if len(df) else df, seed, min_n)
+    stats = segmentation_stats(df[df["model"] == model] if len(df) else df, seed, min_n,
+                               results.read_table(results_dir, MANIFEST_TABLE))
     if len(stats):
         results.write_chunk(results.chunk_path(results_dir, STATS_TABLE, {"model": model}, "stats"), stats,
                             results.fingerprint(["stats", len(stats)]))
