@@ -1,7 +1,8 @@
 """The statistics use the rows the views average (issue 30, deliver 6): a corruption output that
 missed its level's SSIM band is left out of the CIs, tests and rankings by default, as it is left out
 of the means, and kept with the switch (the suite's ``perturbations.include_off_band``, the report's
-``--include-off-band``).
+``--include-off-band`` for the by-level table). Segmentation stats, the strategy ranking and the VLM
+stats.
 
 Seeded table: model ``m-full`` (strategy ``full`` of base ``m``) on dataset ``d``, clean IoU 0.8 for
 ten samples; ``blur`` level 4 loses 0.05-0.14 IoU on the eight in-band outputs and 0.7 on the two
@@ -11,6 +12,7 @@ off-band ones, so the off-band rows move the mean drop from 0.095 to 0.216 and t
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -20,8 +22,11 @@ import pytest
 
 from medrobust_lib.store import results
 from medrobust_lib.store.marts import MART_TABLES, build_mart, connect_readonly
+from medrobust_lib.store.schema import VLM_COLUMN_NAMES, VLM_TABLE
 from medrobust_lib.tracks.finetune.ranking import write_strategy_ranking
-from medrobust_lib.tracks.segmentation.stats import off_band, segmentation_stats
+from medrobust_lib.tracks.off_band import off_band
+from medrobust_lib.tracks.segmentation.stats import segmentation_stats
+from medrobust_lib.tracks.vlm.stats import write_vlm_stats
 
 SEG_COLUMNS = [c for c, _ in next(t.columns for t in MART_TABLES if t.name == "segmentation_results")]
 MANIFEST_COLUMNS = [c for c, _ in next(t.columns for t in MART_TABLES if t.name == "perturbation_manifest")]
@@ -122,3 +127,28 @@ def test_strategy_ranking_leaves_off_band_rows_out_by_default(marts: tuple[pd.Da
         assert row["mean_iou_drop"] == pytest.approx(mean)
         assert row["n_samples"] == (8 if not inc else 10)
         assert row["iou_drop_ci_high"] <= 0.1375 if not inc else row["iou_drop_ci_high"] > 0.2
+
+
+def _vlm(sample: str, perturbation: str, level: int, correct: float) -> dict[str, Any]:
+    r: dict[str, Any] = dict.fromkeys(VLM_COLUMN_NAMES)
+    r.update(model="v", checkpoint="base", task="vqa_mc", dataset="d", modality="ct", sample_id=sample,
+             record_id=f"r-{sample}", prompt_id=0, image_mode="image", perturbation=perturbation, level=level,
+             outcome="ok", correct=correct, parsed="A")
+    return r
+
+
+def test_vlm_stats_leave_off_band_rows_out_by_default(tmp_path: Path) -> None:
+    """The VLM model answers every clean item and every in-band perturbed item right and the two
+    off-band ones wrong: accuracy 1.0 (drop 0) on the in-band pairs, 0.8 (drop 0.2) on all."""
+    res = tmp_path / "results"
+    results.write_chunk(results.chunk_path(res, "perturbation_manifest", {"modality": "ct", "level": 4}, "d"),
+                        MANIFEST, "fp")
+    vlm = pd.DataFrame([_vlm(s, "clean", 0, 1.0) for s in SAMPLES]
+                       + [_vlm(s, "blur", 4, 0.0 if s in OFF else 1.0) for s in SAMPLES], columns=list(VLM_COLUMN_NAMES))
+    for level in (0, 4):
+        part = {"model": "v", "run": "clean" if level == 0 else "perturbation", "modality": "ct", "level": level}
+        results.write_chunk(results.chunk_path(res, VLM_TABLE, part, "d"), vlm[vlm["level"] == level], "fp")
+    for inc, n, value in ((False, 8, 1.0), (True, 10, 0.8)):
+        row = write_vlm_stats(res, seed=0, include_off_band=inc).iloc[0]
+        assert (row["n_pairs"], row["perturbed_value"]) == (n, pytest.approx(value))
+        assert row["drop"] == pytest.approx(1.0 - value)

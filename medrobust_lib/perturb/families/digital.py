@@ -121,6 +121,7 @@ def _cell_average(image: FloatImage, factor: float) -> FloatImage:
     "grid (nearest neighbour), i.e. block pixelation; Hendrycks & Dietterich 2019 (ImageNet-C)",
     unit="cell size (pixels)",
     scales_with_size=True,
+    smoothing=True,
 )
 def pixelate(image: FloatImage, strength: float, rng: np.random.Generator) -> FloatImage:
     """Pixelation with cells of ``strength`` x ``strength`` pixels (float, 1 = identity, up to 16 on a

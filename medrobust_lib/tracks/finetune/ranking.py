@@ -62,7 +62,7 @@ from medrobust_lib.store.schema import (
     seg_failed,
 )
 from medrobust_lib.store.summary_views import FLOOR_NOTE, LEVELS_NOTE, LEVELS_NOTE_TAIL
-from medrobust_lib.tracks.segmentation.stats import off_band
+from medrobust_lib.tracks.off_band import MANIFEST_TABLE, off_band
 
 KINDS: dict[str, tuple[str, ...]] = {"corruption": ("perturbation",), "attack": ("fgsm", "pgd")}
 PUBLISHED_IOU_DROP: dict[str, float] = {  # MedFM-Robust, mean IoU drop under corruption
@@ -285,7 +285,7 @@ def write_strategy_ranking(results_dir: str | Path, models: Mapping[str, tuple[s
     by-level means, unless ``include_off_band`` (the suite's ``perturbations.include_off_band``)."""
     df = results.read_table(results_dir, "segmentation_results")
     if not include_off_band and len(df):
-        df = df[~off_band(df, results.read_table(results_dir, "perturbation_manifest"))]
+        df = df[~off_band(df, results.read_table(results_dir, MANIFEST_TABLE))]
     table = strategy_ranking(df, models, n_trainable, seed, min_n=min_n)
     both = pd.concat([table, _with_floor_variant(df, models, n_trainable, seed, table, min_n)], ignore_index=True)
     results.write_per_key(results_dir, RANKING_TABLE, both, "model", results.fingerprint(["ranking", len(both)]))

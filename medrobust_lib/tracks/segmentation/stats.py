@@ -19,9 +19,7 @@ from medrobust_lib.metrics.stats import benjamini_hochberg, bootstrap_ci, wilcox
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store import results
 from medrobust_lib.store.coverage import SEG_FLOOR
-
-MANIFEST_TABLE = "perturbation_manifest"
-"""The results table with the band flags (``medrobust_lib.tracks.perturbed.MANIFEST_TABLE``)."""
+from medrobust_lib.tracks.off_band import MANIFEST_TABLE, off_band
 
 STATS_TABLE = "segmentation_stats"
 N_BOOT = 1000
@@ -32,28 +30,6 @@ SCOPE_ALL, SCOPE_FLOOR_EXCLUDED = "all", "floor_excluded"
 IN_BAND_SUFFIX = "_in_band"
 SCOPE_IN_BAND, SCOPE_FLOOR_EXCLUDED_IN_BAND = "in_band", SCOPE_FLOOR_EXCLUDED + IN_BAND_SUFFIX
 """The same two scopes with the off-band rows left out (the rows of the mart's default views)."""
-BAND_COLUMNS = ["dataset", "sample_id", "perturbation", "level"]
-"""The key of a perturbed output in ``perturbation_manifest`` (one band flag per key)."""
-
-
-def off_band(df: pd.DataFrame, bands: pd.DataFrame | None) -> np.ndarray:
-    """Per row of ``df`` (``segmentation_results`` rows): a corruption row (condition
-    ``perturbation``) whose output missed its level's SSIM band. ``bands``: ``perturbation_manifest``
-    rows (``BAND_COLUMNS``, ``status``, ``band_reached``); an output is in band when every ok manifest
-    row of its key is, and a row the manifest does not describe is not off-band (the mart's rule,
-    :func:`medrobust_lib.store.coverage.off_band_sql`). Returns bool (len(df),)."""
-    if df.empty or bands is None or bands.empty or "band_reached" not in bands.columns:
-        return np.zeros(len(df), bool)
-    ok = bands[bands["status"] == "ok"] if "status" in bands.columns else bands
-    flags = ok.groupby(BAND_COLUMNS, dropna=False)["band_reached"].all().rename("_in_band").reset_index()
-    keyed = df[BAND_COLUMNS].copy()
-    keyed["level"] = pd.to_numeric(keyed["level"], errors="coerce")
-    flags["level"] = pd.to_numeric(flags["level"], errors="coerce")
-    merged = keyed.merge(flags, on=BAND_COLUMNS, how="left")
-    missed = merged["_in_band"].eq(False).to_numpy()
-    return (df["condition"].to_numpy() == "perturbation") & missed
-
-
 def floor_datasets(df: pd.DataFrame) -> pd.DataFrame:
     """Per (model, checkpoint, strategy, dataset) with ok clean rows: ``floor_effect`` = mean clean
     IoU or Dice below :data:`~medrobust_lib.store.coverage.SEG_FLOOR` (the mart's rule,
