@@ -19,7 +19,8 @@ caps now come within :data:`LIMIT_GAP` of that limit.
 One-sided: a larger size may do better than 256 px. The stated (256 px) caps of the smoothing types
 stop short of the limit on a few smooth demo images (X-ray, fundus, dermoscopy, endoscopy: their
 strongest blur is 0.02-0.1 SSIM above the image's mean), and they are kept as they are (outputs at
-256 px are unchanged), while at 1024 px and above the caps reach it: there such cells are reached.
+256 px are unchanged), while at 1024 px the caps reach it: there such cells are reached. At 2048 px
+level 5 is a known gap (:data:`LEVEL_5_GAP_2048`).
 """
 
 from __future__ import annotations
