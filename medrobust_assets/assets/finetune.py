@@ -119,7 +119,8 @@ def finetune_family(base_id: str, strategies: list[str], base_checkpoint: Any) -
         models = {f"{base_id}-{st}": (base_id, st) for st in ft.strategies}
         with tracking.run(context, s, "finetune_report") as run:
             table = write_strategy_ranking(s.results_dir, models, strategy_params(s), s.seed,
-                                           min_n=s.stats.min_n)
+                                           min_n=s.stats.min_n,
+                                           include_off_band=s.perturbations.include_off_band)
             bars = strategy_bars(table, suite_paths(s).reports / "finetune")
             tracking.log_files(run, bars, "ranking")
             tracking.log_text(run, table.to_csv(index=False), "ranking/strategy_ranking.csv")

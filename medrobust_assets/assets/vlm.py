@@ -149,7 +149,8 @@ def vlm_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinition:
 
         s = suite.load()
         with tracking.run(context, s, "vlm_report"):
-            stats = write_vlm_stats(s.results_dir, s.seed, s.max_error_share, min_n=s.stats.min_n)
+            stats = write_vlm_stats(s.results_dir, s.seed, s.max_error_share, min_n=s.stats.min_n,
+                                    include_off_band=s.perturbations.include_off_band)
         meta: dict[str, Any] = {"n_stats_rows": len(stats)}
         if len(stats):
             summary = (stats.assign(significant=stats["q_value"] < 0.05)

@@ -100,8 +100,9 @@ class PerturbationConfig(BaseModel):
     split: str = Field(default="test", description="which split to perturb: train, val, test or all")
     max_samples: int | None = Field(default=None, ge=1, description="cap per dataset, after the split filter")
     include_off_band: bool = Field(default=False, description=(
-        "keep outputs whose SSIM missed their level's band in the mart's by-level and summary means (default: "
-        "left out; always counted in the views' band_miss column)"))
+        "keep outputs whose SSIM missed their level's band in the mart's by-level and summary means, their CIs "
+        "and tests, the strategy ranking and vlm_stats (default: left out; always counted in the views' band_miss "
+        "column)"))
 
     @field_validator("bands")
     @classmethod

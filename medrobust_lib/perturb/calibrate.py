@@ -197,6 +197,16 @@ def calibrate(
     return done(best, False)
 
 
+def miss_reason(spec: PerturbationSpec, shape: tuple[int, ...], c: Calibrated, band: Band) -> str | None:
+    """Why a calibrated output of an image of ``shape`` missed ``band`` (None when it is in band):
+    ``unreachable`` when it is the strongest admissible output for that image
+    (``spec.strongest_for(shape)``) and its SSIM is still above the band (no strength of the type
+    reaches the band on this image), else ``bracket`` (the search ended on the closer side)."""
+    if c.band_reached:
+        return None
+    return "unreachable" if c.strength == spec.strongest_for(shape) and c.ssim > band[1] else "bracket"
+
+
 def _inside(weak: tuple[float, float], strong: tuple[float, float], target: float, slope: float,
             bisect: bool) -> float:
     """Next severity strictly inside the bracket ``(weak, strong)``: regula falsi in the model's

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from medrobust_lib import runtime
 from medrobust_lib.data.sample import Sample, array_hash
-from medrobust_lib.perturb.calibrate import Band, Calibrated, WarmStart, calibrate, warm_start
+from medrobust_lib.perturb.calibrate import Band, Calibrated, WarmStart, calibrate, miss_reason, warm_start
 from medrobust_lib.perturb.calibrate_reference import find_strength
 from medrobust_lib.perturb.spec import PerturbationSpec, PerturbOutput, get_perturbation
 from medrobust_lib.perturb.ssim import ssim
@@ -112,10 +112,7 @@ def run_chunk(chunk: ChunkSpec, samples: Sequence[Sample]) -> tuple[list[dict[st
             continue
         try:
             c = _calibrated(chunk, spec, s, key, warm, precomputed, ws)
-            miss = None
-            if not c.band_reached:
-                cap = spec.strongest_for(s.image.shape)
-                miss = "unreachable" if c.strength == cap and c.ssim > chunk.band[1] else "bracket"
+            miss = miss_reason(spec, s.image.shape, c, chunk.band)
             rows.append({**base, "strength": c.strength, "ssim": c.ssim, "band_reached": c.band_reached,
                          "miss_reason": miss, "n_ssim_evals": c.n_ssim_evals,
                          "sha256": output_hash(c.output), "status": "ok", "error": None})

@@ -20,6 +20,14 @@ stated for images whose longer side is :data:`REFERENCE_SIZE` pixels, and on a l
 distance of the cap (and of each default level) from the weakest strength grows by
 :func:`size_factor` (the longer side over :data:`REFERENCE_SIZE`, at least 1). The strength stays in
 pixels of the image it is applied to, so outputs at up to 256 px are unchanged.
+
+Smoothing types (``smoothing``: blur widths and cell sizes, whose strongest possible output is the
+image's mean) stretch their cap further, by :func:`cap_factor` (``f * min(f, 4)``: quadratically up to
+1024 px, then a fixed fraction of the longer side), because on a large smooth image SSIM's 7x7 window
+stays close to 1 until the kernel covers a good part of the image: measured on the CT demo image
+upsampled to 1024 px, Gaussian blur at the linearly stretched cap (sigma 96) gives SSIM 0.695, the
+image's mean (the limit of any blur) 0.650, and sigma 384 (the cap of :func:`cap_factor`) 0.661. Their
+default levels stretch linearly, as for the other types in pixels.
 """
 
 from __future__ import annotations
@@ -48,6 +56,20 @@ def size_factor(shape: tuple[int, ...]) -> float:
     return max(1.0, max(int(shape[0]), int(shape[1])) / REFERENCE_SIZE)
 
 
+CAP_GROWTH_MAX = 4.0
+"""The most by which a ``smoothing`` type's cap outgrows the linear stretch (reached at 1024 px)."""
+CAP_RULE = "smoothing-f*min(f,4)"
+"""Names the cap rule in the fingerprints of chunks whose images are larger than :data:`REFERENCE_SIZE`."""
+
+
+def cap_factor(shape: tuple[int, ...], smoothing: bool) -> float:
+    """How far the cap of a ``scales_with_size`` type moves from its weakest strength on an image of
+    ``shape``, relative to :data:`REFERENCE_SIZE`: :func:`size_factor` ``f``, and for a ``smoothing``
+    type ``f * min(f, CAP_GROWTH_MAX)`` (1.0 at up to 256 px either way)."""
+    f = size_factor(shape)
+    return f * min(f, CAP_GROWTH_MAX) if smoothing else f
+
+
 @dataclass(frozen=True)
 class PerturbOutput:
     """Result of one perturbation: image float32 in [0, 1] (same shape as the input), mask bool
@@ -71,6 +93,9 @@ class PerturbationSpec:
     ``scales_with_size``: the strength is a length in pixels; ``strength_range`` and ``levels`` hold
     for images up to :data:`REFERENCE_SIZE` pixels and stretch away from the weakest strength by
     :func:`size_factor` on larger ones (:meth:`strength_range_for`, :meth:`level_start`).
+    ``smoothing`` (with ``scales_with_size``): the type averages a neighbourhood whose size is the
+    strength, so its strongest output tends to the image's mean; its cap stretches by
+    :func:`cap_factor` (faster than its default levels).
     """
 
     name: str
@@ -86,6 +111,7 @@ class PerturbationSpec:
     channels: Channels = "any"
     unit: str = ""
     scales_with_size: bool = False
+    smoothing: bool = False
 
     @property
     def weakest(self) -> float:
@@ -96,11 +122,12 @@ class PerturbationSpec:
         """The cap at :data:`REFERENCE_SIZE` (see :meth:`strongest_for` for a given image)."""
         return self.strength_range[0] if self.inverse else self.strength_range[1]
 
-    def _stretch(self, value: float, shape: tuple[int, ...] | None) -> float:
-        """``value`` moved away from the weakest strength by the image's size factor."""
+    def _stretch(self, value: float, shape: tuple[int, ...] | None, cap: bool = False) -> float:
+        """``value`` moved away from the weakest strength by the image's size factor (for the ``cap``
+        of a ``smoothing`` type, by :func:`cap_factor`)."""
         if not self.scales_with_size or shape is None:
             return value
-        f = size_factor(shape)
+        f = cap_factor(shape, self.smoothing and cap)
         return value if f == 1.0 else self.weakest + (value - self.weakest) * f
 
     def strength_range_for(self, shape: tuple[int, ...] | None) -> tuple[float, float]:
@@ -108,12 +135,12 @@ class PerturbationSpec:
         None, the type does not scale or the image is at most :data:`REFERENCE_SIZE` pixels)."""
         lo, hi = self.strength_range
         if self.inverse:
-            return self._stretch(lo, shape), hi
-        return lo, self._stretch(hi, shape)
+            return self._stretch(lo, shape, cap=True), hi
+        return lo, self._stretch(hi, shape, cap=True)
 
     def strongest_for(self, shape: tuple[int, ...] | None) -> float:
         """The strongest strength on an image of ``shape``."""
-        return self._stretch(self.strongest, shape)
+        return self._stretch(self.strongest, shape, cap=True)
 
     def level_start(self, level: int, shape: tuple[int, ...] | None = None) -> float:
         """The default strength of severity ``level`` (1..5) on an image of ``shape``, clamped."""
@@ -252,9 +279,13 @@ def perturbation(
     channels: Channels = "any",
     unit: str = "",
     scales_with_size: bool = False,
+    smoothing: bool = False,
 ) -> Callable[[Callable[..., object]], Callable[..., object]]:
     """Register ``fn`` as perturbation ``name`` (decorator). Raises on a duplicate name.
-    ``scales_with_size``: the strength is a length in pixels (see :class:`PerturbationSpec`)."""
+    ``scales_with_size``: the strength is a length in pixels; ``smoothing``: a neighbourhood size
+    whose cap grows faster (see :class:`PerturbationSpec`)."""
+    if smoothing and not scales_with_size:
+        raise ValueError(f"{name}: smoothing needs scales_with_size")
 
     def wrap(fn: Callable[..., object]) -> Callable[..., object]:
         lo, hi = strength_range
@@ -269,7 +300,7 @@ def perturbation(
                 name=name, family=family, modalities=tuple(modalities), geometry=geometry,
                 strength_range=(float(lo), float(hi)), levels=tuple(float(v) for v in levels),  # type: ignore[arg-type]
                 reference=reference, fn=fn, inverse=inverse, integer=integer, channels=channels, unit=unit,
-                scales_with_size=scales_with_size,
+                scales_with_size=scales_with_size, smoothing=smoothing,
             ),
         )
         return fn

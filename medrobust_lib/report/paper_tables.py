@@ -209,7 +209,8 @@ def segmentation_by_level(con: duckdb.DuckDBPyConnection, models: Sequence[str] 
     clean score, NULL when that is 0), ``wilcoxon_q`` (Benjamini-Hochberg). IoU columns first.
     ``kind`` is ``corruption`` or ``attack``. Corruptions first, then attacks, each by type and level.
     ``band_miss``: the cell's outputs that missed their level's SSIM band, left out of ``n``, the means
-    and the CIs (which are then blank) unless ``include_off_band``. The view's SQL is run with the
+    and the CIs (computed without them; blank in a mart written before such stats) unless
+    ``include_off_band``. The view's SQL is run with the
     report's own settings (the mart's views follow the suite's); a mart too old for it falls back to
     the view, without ``band_miss``."""
     where, params = where_in("model", models)
@@ -247,8 +248,7 @@ def segmentation_by_level(con: duckdb.DuckDBPyConnection, models: Sequence[str] 
             cols.insert(cols.index(Column("n", "n", "int")) + 1, Column("Band miss", "band_miss", "int"))
         notes = (" Band miss: perturbed outputs whose SSIM missed the level's band ("
                  + ("kept in n and the means, --include-off-band)." if include_off_band else
-                    "left out of n, the means and the CIs, which are blank for such a cell; --include-off-band "
-                    "keeps them).")
+                    "left out of n, the means, the CIs and q; --include-off-band keeps them).")
                  + f" {int(df['band_miss'].sum())} in this table.")
     grouped = tuple(c.key for c in cols if c.key in ("model", "strategy", "checkpoint", "kind"))
     return ReportTable(

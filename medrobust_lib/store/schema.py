@@ -246,7 +246,8 @@ MART_TABLES: list[MartTable] = [
         ("wilcoxon_p", "DOUBLE"), ("wilcoxon_q", "DOUBLE"), ("scope", "VARCHAR"),
     ), "per (model, condition, type, level) and scope: bootstrap CIs of the drops, paired Wilcoxon p and BH q; "
        "scope 'all' pools every dataset, 'floor_excluded' leaves out the datasets at the floor (clean IoU or "
-       "Dice < 0.1; written only for a model with such datasets, not all of them at the floor)"),
+       "Dice < 0.1; written only for a model with such datasets, not all of them at the floor); 'in_band' and "
+       "'floor_excluded_in_band' the same without off-band outputs (written when some output missed its band)"),
     MartTable(VLM_TABLE, VLM_COLUMNS,
               "one row per (model, checkpoint, task, record, prompt variant, image mode, condition): "
               "parsed answer, outcome (ok/unparseable/refused/error/excluded:<reason>) and scores"),

@@ -12,7 +12,13 @@ import pandas as pd
 from medrobust_lib.config import Suite
 from medrobust_lib.data.sample import Sample, SampleRef
 from medrobust_lib.perturb.engine import NOT_APPLICABLE, ChunkSpec, run_chunks
-from medrobust_lib.perturb.spec import REFERENCE_SIZE, get_perturbation, list_perturbations, size_factor
+from medrobust_lib.perturb.spec import (
+    CAP_RULE,
+    REFERENCE_SIZE,
+    get_perturbation,
+    list_perturbations,
+    size_factor,
+)
 from medrobust_lib.store import results
 from medrobust_lib.store.schema import column_names
 from medrobust_lib.tracks.datasets import load_clean_samples
@@ -63,6 +69,8 @@ def chunk_fingerprint(ch: ChunkSpec, samples: list[Sample]) -> str:
     key: list[object] = [spec.strength_range, spec.levels, spec.inverse, spec.integer, spec.geometry]
     if spec.scales_with_size and any(size_factor(s.image.shape) > 1.0 for s in samples):
         key.append(["scales_with_size", REFERENCE_SIZE])  # the range of these samples depends on their size
+        if spec.smoothing:
+            key.append(CAP_RULE)  # issue 30: a smoothing type's cap grows faster than linearly
     return results.fingerprint({
         "version": CALIBRATION_VERSION, "chunk": _chunk_fields(ch), "spec": key,
         "samples": sorted((s.sample_id, s.content_hash()) for s in samples),

@@ -31,7 +31,22 @@ _STATS_COLUMNS = ("iou_drop_ci_low", "iou_drop_ci_high", "dice_drop_ci_low", "di
                   "wilcoxon_q")
 """``segmentation_stats`` columns the by-level views take: from the stats of scope ``all`` where every
 dataset is averaged, from those of scope ``floor_excluded`` where the floor datasets were left out
-(NULL when a mart predates that scope)."""
+(NULL when a mart predates that scope), and from ``in_band`` / ``floor_excluded_in_band`` where the
+cell's off-band rows were left out."""
+
+
+def _scope_cte(name: str, scope: str) -> str:
+    """CTE ``name``: the :data:`_STATS_COLUMNS` of ``segmentation_stats`` rows of ``scope`` per cell."""
+    return (f"{name} as (select model, checkpoint, strategy, condition, perturbation, level, "
+            f"{', '.join(f'any_value({c}) as {c}' for c in _STATS_COLUMNS)} from segmentation_stats "
+            f"where scope = '{scope}' group by model, checkpoint, strategy, condition, perturbation, level)")
+
+
+def _scope_join(name: str, alias: str) -> str:
+    """Left join of the CTE ``name`` as ``alias`` on the cell of ``bm`` (the ``band_miss`` CTE)."""
+    on = " and ".join(f"{alias}.{k} is not distinct from bm.{k}"
+                      for k in ("model", "checkpoint", "strategy", "condition", "perturbation", "level"))
+    return f"left join {name} {alias} on {on}"
 
 
 def segmentation_by_level(include_floor: bool, include_off_band: bool | str = False) -> str:
@@ -41,10 +56,12 @@ def segmentation_by_level(include_floor: bool, include_off_band: bool | str = Fa
     the same rows (scope ``all``, or ``floor_excluded`` when floor datasets were left out), coverage
     columns, and ``band_miss``: the cell's rows whose perturbed output missed its SSIM band, left out
     of ``n`` and every mean unless ``include_off_band`` (a bool or a SQL boolean such as
-    ``$include_off_band``). ``segmentation_stats`` pools every ok row, so where off-band rows were
-    left out of a cell its CI, p and q columns are NULL (they would describe other rows)."""
+    ``$include_off_band``). The CI, p and q columns describe the same rows as the means: where
+    off-band rows were left out of a cell they come from the stats of scope ``in_band`` (or
+    ``floor_excluded_in_band``), computed without them; NULL in a mart written before those scopes."""
     inc_ob = include_off_band if isinstance(include_off_band, str) else ("true" if include_off_band else "false")
-    stats_cols = ", ".join(f"case when coalesce(bm.band_miss, 0) > 0 and not ({inc_ob}) then null "
+    stats_cols = ", ".join(f"case when coalesce(bm.band_miss, 0) > 0 and not ({inc_ob}) then "
+                           f"(case when coalesce(x.n_floor_excluded, 0) = 0 then ib.{c} else ibe.{c} end) "
                            f"when coalesce(x.n_floor_excluded, 0) = 0 then s.{c} else e.{c} end as {c}"
                            for c in _STATS_COLUMNS)
     return f"""
@@ -72,7 +89,9 @@ def segmentation_by_level(include_floor: bool, include_off_band: bool | str = Fa
             select model, checkpoint, strategy, condition, perturbation, level,
                    {", ".join(f"any_value({c}) as {c}" for c in _STATS_COLUMNS)}
             from segmentation_stats where scope = 'floor_excluded'
-            group by model, checkpoint, strategy, condition, perturbation, level)
+            group by model, checkpoint, strategy, condition, perturbation, level),
+        {_scope_cte("stats_in_band", "in_band")},
+        {_scope_cte("stats_excl_in_band", "floor_excluded_in_band")}
         select bm.model, bm.checkpoint, bm.strategy, bm.condition, bm.perturbation, bm.level,
                coalesce(a.n, 0) as n, coalesce(a.n_failed, 0) as n_failed,
                coalesce(a.n_not_applicable, 0) as n_not_applicable, coalesce(a.n_no_mask, 0) as n_no_mask,
@@ -93,6 +112,8 @@ def segmentation_by_level(include_floor: bool, include_off_band: bool | str = Fa
         left join stats_excl e on e.model = bm.model and e.checkpoint is not distinct from bm.checkpoint
              and e.strategy is not distinct from bm.strategy and e.condition = bm.condition
              and e.perturbation is not distinct from bm.perturbation and e.level is not distinct from bm.level
+        {_scope_join("stats_in_band", "ib")}
+        {_scope_join("stats_excl_in_band", "ibe")}
         where bm.condition <> 'clean'
         order by bm.model, bm.checkpoint, bm.strategy, bm.condition, bm.perturbation, bm.level"""
 

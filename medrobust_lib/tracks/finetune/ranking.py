@@ -26,7 +26,9 @@ strategy models ``<base>-<strategy>``, all evaluated on the same conditions (the
 
 Rows that are not ``ok`` never enter a mean: failures are counted in ``n_failed``, rows of a type
 that does not apply to the sample in ``n_not_applicable`` and rows of samples without a mask in
-``n_no_mask`` (the last two are not failures).
+``n_no_mask`` (the last two are not failures). Corruption rows whose perturbed output missed its
+level's SSIM band are left out of every mean, CI, test and rank (as in the mart's default views),
+unless the suite keeps them (``perturbations.include_off_band``; :func:`write_strategy_ranking`).
 
 Floors and coverage (the rule of :func:`medrobust_lib.store.views.common.seg_rows_ctes`, run by :func:`~medrobust_lib.store.views.common.dataset_floors`): by default
 (``with_floor`` false) the rows of a dataset whose clean IoU or Dice is below ``SEG_FLOOR`` for that
@@ -66,6 +68,7 @@ from medrobust_lib.store.views.common import (
     dataset_floors,
     text_keys,
 )
+from medrobust_lib.tracks.off_band import MANIFEST_TABLE, off_band
 
 KINDS: dict[str, tuple[str, ...]] = {"corruption": ("perturbation",), "attack": ("fgsm", "pgd")}
 PUBLISHED_IOU_DROP: dict[str, float] = {  # MedFM-Robust, mean IoU drop under corruption
@@ -265,11 +268,15 @@ def _versus_reference(df: pd.DataFrame, rows: pd.DataFrame, models: Mapping[str,
 
 def write_strategy_ranking(results_dir: str | Path, models: Mapping[str, tuple[str, str]],
                            n_trainable: Mapping[str, int] | None = None, seed: int = 0,
-                           min_n: int = DEFAULT_MIN_N) -> pd.DataFrame:
-    """Recompute the ranking from every ``segmentation_results`` row and store both variants (one
+                           min_n: int = DEFAULT_MIN_N, include_off_band: bool = False) -> pd.DataFrame:
+    """Recompute the ranking from the ``segmentation_results`` rows and store both variants (one
     chunk per base model; the mart exposes them as the views ``strategy_ranking``, floor datasets
-    left out, and ``strategy_ranking_all``); returns the default variant."""
+    left out, and ``strategy_ranking_all``); returns the default variant. Corruption rows whose
+    output missed its level's SSIM band (``perturbation_manifest``) are left out, as in the mart's
+    by-level means, unless ``include_off_band`` (the suite's ``perturbations.include_off_band``)."""
     df = results.read_table(results_dir, "segmentation_results")
+    if not include_off_band and len(df):
+        df = df[~off_band(df, results.read_table(results_dir, MANIFEST_TABLE))]
     table = strategy_ranking(df, models, n_trainable, seed, min_n=min_n)
     both = pd.concat([table, _with_floor_variant(df, models, n_trainable, seed, table, min_n)], ignore_index=True)
     results.write_per_key(results_dir, RANKING_TABLE, both, "model", results.fingerprint(["ranking", len(both)]))

@@ -36,6 +36,7 @@ from medrobust_lib.store import results
 from medrobust_lib.store.completeness import DEFAULT_MAX_ERROR_SHARE, ERROR_OUTCOME, complete_rows
 from medrobust_lib.store.schema import VLM_TABLE, column_names
 from medrobust_lib.store.views.vlm import VLM_PRIMARY_COLUMN, VLM_SCORED_OUTCOMES
+from medrobust_lib.tracks.off_band import MANIFEST_TABLE, off_band
 
 STATS_TABLE = "vlm_stats"
 N_BOOT = 1000
@@ -189,11 +190,17 @@ def _read_results(results_dir: str | Path) -> pd.DataFrame:
 
 
 def write_vlm_stats(results_dir: str | Path, seed: int = 0,
-                    max_error_share: float = DEFAULT_MAX_ERROR_SHARE, min_n: int = DEFAULT_MIN_N) -> pd.DataFrame:
+                    max_error_share: float = DEFAULT_MAX_ERROR_SHARE, min_n: int = DEFAULT_MIN_N,
+                    include_off_band: bool = False) -> pd.DataFrame:
     """Recompute ``vlm_stats`` from the ``vlm_results`` rows of every complete partition (error
     share <= ``max_error_share``): one chunk per model under ``vlm_stats/model=<id>/stats.parquet``;
-    folders of models without stats are removed."""
-    stats = vlm_stats(complete_rows(_read_results(results_dir), VLM_TABLE, max_error_share), seed, min_n)
+    folders of models without stats are removed. Perturbed rows whose image missed its level's SSIM
+    band (``perturbation_manifest``) are left out, as in ``vlm_by_level``, unless
+    ``include_off_band`` (the suite's ``perturbations.include_off_band``)."""
+    rows = complete_rows(_read_results(results_dir), VLM_TABLE, max_error_share)
+    if not include_off_band and len(rows):
+        rows = rows[~off_band(rows, results.read_table(results_dir, MANIFEST_TABLE))]
+    stats = vlm_stats(rows, seed, min_n)
     results.write_per_key(results_dir, STATS_TABLE, stats, "model", results.fingerprint(["vlm_stats", seed, len(stats)]))
     return stats
 
