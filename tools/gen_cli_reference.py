@@ -3,7 +3,7 @@
 ``python tools/gen_cli_reference.py`` rewrites the part of docs/cli.md between the markers
 ``<!-- cli-reference:start -->`` and ``<!-- cli-reference:end -->`` with the ``--help`` text of
 every ``medrobust`` command (plain click formatting, 100 columns); ``--check`` only compares and
-exits 1 when they differ. ``tests/test_cli_reference.py`` fails when docs/cli.md and the CLI drift.
+exits 1 when they differ. ``tests/cli/test_cli_reference.py`` fails when docs/cli.md and the CLI drift.
 """
 
 from __future__ import annotations

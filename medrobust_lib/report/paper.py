@@ -143,9 +143,11 @@ def _stored_bands(con: duckdb.DuckDBPyConnection) -> dict[int, tuple[float, floa
 
 
 def _figures(con: duckdb.DuckDBPyConnection, tables: dict[str, ReportTable], sel: dict[str, list[str] | None],
-             fig_dir: Path, include_floor: bool = False,
-             include_off_band: bool = False) -> tuple[list[tuple[Path, str]], dict[str, str]]:
-    """(path, caption) of every figure written, and figure name -> reason for those not drawn."""
+             fig_dir: Path, include_floor: bool = False, include_off_band: bool = False,
+             requested: bool = False) -> tuple[list[tuple[Path, str]], dict[str, str]]:
+    """(path, caption) of every figure written, and figure name -> reason for those not drawn.
+    ``requested``: the models were named (``--models``): every named model gets its own figures;
+    otherwise the fine-tuned strategies get only the strategy comparison."""
     from medrobust_lib.report.figures.segmentation import robustness_curves
     from medrobust_lib.report.figures.taxonomy import flip_vs_dangerous_scatter, quadrant_bars
 
@@ -162,7 +164,7 @@ def _figures(con: duckdb.DuckDBPyConnection, tables: dict[str, ReportTable], sel
         # IoU is the primary metric (MedFM-Robust): its figures come first; the Dice heatmap stays
         # alongside with its rows in the same IoU-drop order.
         by_level = pt.segmentation_level_means(con, sel["segmentation"], include_floor, include_off_band)
-        strategies = _strategy_models(con) if sel["segmentation"] is None else set()
+        strategies = set() if requested else _strategy_models(con)
         if strategies & set(by_level["model"]):
             # the strategies are compared by the strategy figure; their own curves and heatmaps on request
             by_level = by_level[~by_level["model"].isin(strategies)]
@@ -292,7 +294,7 @@ def build_report(mart_path: str | Path = "var/marts.duckdb", out_dir: str | Path
         fig_dir = out / "figures"
         with parallel_saves(workers):
             figures, fig_skipped = _figures(con, {t.name: t for t in tables}, sel, fig_dir, include_floor,
-                                            include_off_band)
+                                            include_off_band, requested=models is not None)
         incomplete = _incomplete(con)
     finally:
         con.close()

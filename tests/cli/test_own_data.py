@@ -24,7 +24,7 @@ from medrobust_lib.config.isolation import CLAIMS_DIR, check_isolation, record_c
 from medrobust_lib.config.suite import MAX_YAML_DEPTH, Suite
 from medrobust_lib.tracks.validate import checkpoint_arch_error, encoder_shape, validate_suite
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
 

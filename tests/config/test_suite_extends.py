@@ -11,7 +11,7 @@ import pytest
 
 from medrobust_lib.config import load_suite
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _write(path: Path, text: str) -> Path:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml", ".cfg", ".ini", ".txt", ".sh", ".json", ".tpl", ".j2"}
 TEXT_NAMES = {"Makefile", "Dockerfile", "run"}
 MAX_BYTES = 1_000_000

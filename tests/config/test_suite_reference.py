@@ -10,7 +10,7 @@ from types import ModuleType
 
 from pydantic import BaseModel
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _generator() -> ModuleType:

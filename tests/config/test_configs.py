@@ -16,7 +16,7 @@ from medrobust_lib.tasks.scoring import score_grounding
 from medrobust_lib.tracks.finetune.vlm_adapter import box_text
 from medrobust_lib.tracks.vlm.model_runner import TRAINING_META, declared_box_scale
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted(p.name for p in (ROOT / "configs").glob("*.yaml") if p.name != "reference_protocol.yaml")
 """The shipped suites; ``reference_protocol.yaml`` is an overlay (tests/reference_protocol/test_overlay.py)."""
 

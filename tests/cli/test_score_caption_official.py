@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from medrobust_cli import app
 
 SUBSET = json.loads(
-    (Path(__file__).parent / "metrics" / "fixtures" / "caption_reference_subset.json").read_text(encoding="utf-8")
+    (Path(__file__).resolve().parents[1] / "metrics" / "fixtures" / "caption_reference_subset.json").read_text(encoding="utf-8")
 )
 METRICS = ("bleu_1", "bleu_2", "bleu_3", "bleu_4", "rouge_l", "cider_d")
 
