@@ -77,7 +77,7 @@ def resolve_workers(configured: int | None, device_type: str) -> int:
     return configured if configured is not None else default_workers(device_type)
 
 
-def _index_signature(suite: Any, modality: str) -> tuple[Any, ...]:
+def index_signature(suite: Any, modality: str) -> tuple[Any, ...]:
     """What the loaded clean samples depend on: the clean index partition's files (their
     :func:`~medrobust_lib.lru.file_stamp`) and the suite's dataset configuration. A re-materialised
     index reloads."""
@@ -97,7 +97,7 @@ def eval_samples(suite: Any, modality: str, split: str) -> EvalSamples:
     suite's settings). Callers must not mutate the samples."""
     from medrobust_lib.tracks.datasets import load_eval_samples
 
-    key = (modality, split, _index_signature(suite, modality))
+    key = (modality, split, index_signature(suite, modality))
     ev = _CLEAN.get(key)
     if ev is None:
         _CLEAN.make_room()  # the oldest set goes before this one loads
@@ -122,11 +122,11 @@ def clean_sample(suite: Any, modality: str, split: str, key: SampleKey,
                  signature: tuple[Any, ...] | None = None) -> Sample:
     """One clean sample, read through its dataset's reader and checked against the clean index's
     hash; the last :data:`WORKER_SAMPLE_CACHE` are kept per process (the feed workers' access).
-    ``signature``: the clean index's :func:`_index_signature`, when the caller has it already."""
+    ``signature``: the clean index's :func:`index_signature`, when the caller has it already."""
     from medrobust_lib.store import results
     from medrobust_lib.tracks.datasets import CLEAN_TABLE, datasets_for
 
-    sig = (modality, split, signature if signature is not None else _index_signature(suite, modality))
+    sig = (modality, split, signature if signature is not None else index_signature(suite, modality))
     ck = (*sig, key)
     hit = _ONE.get(ck)
     if hit is not None:
@@ -156,7 +156,7 @@ def _regenerate_rows(suite: Any, modality: str, split: str, rows: Sequence[dict[
     """Regenerate rows; ``local``: in the parent, from its full per-process sample cache and
     through its cache of regenerated outputs (:mod:`medrobust_lib.perturb.regen_cache`)."""
     samples = clean_samples(suite, modality, split) if local else None
-    sig = None if local else _index_signature(suite, modality)  # once per task, not per row
+    sig = None if local else index_signature(suite, modality)  # once per task, not per row
     out = []
     for row in rows:
         key = _key(row)

@@ -46,17 +46,29 @@ def checkpoint_dir(suite: Suite, model_id: str) -> Path:
     return suite_paths(suite).checkpoints / model_id
 
 
+_SPLITS: LRU[tuple[Any, ...], dict[str, list[Sample]]] = LRU(max_items=1, name="segmentation.splits")
+"""Per-process cache of :func:`seg_splits` (the fine-tuning strategies of one run share it)."""
+
+
 def seg_splits(suite: Suite) -> dict[str, list[Sample]]:
     """Train / val / test samples with a non-empty mask over every modality (hash-based split),
-    for training the base model and the fine-tuning strategies."""
+    for training the base model and the fine-tuning strategies. Loaded and checked against their
+    recorded hashes once per process while the clean index and the suite's settings stay the same
+    (:func:`medrobust_lib.tracks.feed.index_signature`); the lists are new on every call, the
+    samples shared: callers must not change them."""
     from medrobust_lib.tracks.datasets import load_clean_samples
+    from medrobust_lib.tracks.feed import index_signature
 
-    splits: dict[str, list[Sample]] = {"train": [], "val": [], "test": []}
-    for modality in suite.modalities:
-        for name in splits:
-            for items in load_clean_samples(suite, modality, split=name).values():
-                splits[name].extend(s for s in items if s.mask is not None and s.mask.any())
-    return splits
+    key = tuple(index_signature(suite, m) for m in suite.modalities)
+    held = _SPLITS.get(key)
+    if held is None:
+        held = {"train": [], "val": [], "test": []}
+        for modality in suite.modalities:
+            for name in held:
+                for items in load_clean_samples(suite, modality, split=name).values():
+                    held[name].extend(s for s in items if s.mask is not None and s.mask.any())
+        _SPLITS.put(key, held)
+    return {name: list(samples) for name, samples in held.items()}
 
 
 # ---- models ---------------------------------------------------------------------------------
