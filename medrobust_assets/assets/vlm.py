@@ -115,6 +115,10 @@ def vlm_family(model_id: str, parts: SuitePartitions, *, trained: bool, finetune
                                                              "modality": context.partition_key, "level": 0})
         return dg.MaterializeResult(metadata=meta, check_results=[check])
 
+    out.append(vlm_clean_predictions)
+    if levels is not None and not levels:
+        return out  # levels: [] evaluates the model on clean images only: no perturbed partitions
+
     @dg.asset(key=perturbed_key, group_name="vlm", kinds={"pytorch", "parquet"},
               partitions_def=parts.grid(levels), pool="gpu", op_tags=GPU_OP_TAGS,
               check_specs=[error_share_spec(perturbed_key)],
@@ -135,7 +139,7 @@ def vlm_family(model_id: str, parts: SuitePartitions, *, trained: bool, finetune
                                                                  "modality": modality, "level": level})
         return dg.MaterializeResult(metadata=meta, check_results=[check])
 
-    out.extend([vlm_clean_predictions, vlm_perturbed_predictions])
+    out.append(vlm_perturbed_predictions)
     return out
 
 
