@@ -73,6 +73,21 @@ class VisionLanguageModel(Protocol):
         ...
 
 
+class GenerateFromCapped:
+    """``generate`` for a local model that implements ``generate_capped`` (answers with, per answer,
+    whether it hit the token cap): the answers alone."""
+
+    def generate_capped(self, images: Sequence[np.ndarray | None], prompts: Sequence[str], *,
+                        max_new_tokens: int = 32, batch_size: int = 8) -> list[tuple[str, bool]]:
+        raise NotImplementedError
+
+    def generate(self, images: Sequence[np.ndarray | None], prompts: Sequence[str], *, max_new_tokens: int = 32,
+                 batch_size: int = 8) -> list[str]:
+        """Greedy answers, one per (image, prompt)."""
+        return [text for text, _ in self.generate_capped(images, prompts, max_new_tokens=max_new_tokens,
+                                                         batch_size=batch_size)]
+
+
 @runtime_checkable
 class EndpointResult(Protocol):
     """One request's result from a :class:`VisionLanguageEndpoint`: the answer ``text`` (None

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from medrobust_lib.hashing import file_sha256
-from medrobust_lib.models.base import VisionLanguageModel
+from medrobust_lib.models.base import GenerateFromCapped, VisionLanguageModel
 from medrobust_lib.models.shared_image import shared_image
 from medrobust_lib.models.vlm_conventions import conventions_for, encode_prompts, prompt_text
 
@@ -38,6 +38,16 @@ _PROMPT_MEMO = 4096
 """Rendered prompts a model remembers (:meth:`HFVisionLanguageModel.chat_prompt`) before it starts over."""
 
 
+
+def batch_groups(images: Sequence[np.ndarray | None], batch_size: int) -> list[list[int]]:
+    """Index batches of at most ``batch_size``, each all-image or all-text-only (a text-only prompt
+    has ``None`` for its image), in input order within a kind."""
+    out: list[list[int]] = []
+    for kind in (True, False):
+        idx = [i for i, im in enumerate(images) if (im is not None) == kind]
+        out.extend(idx[j : j + batch_size] for j in range(0, len(idx), batch_size))
+    return out
+
 class ModelNotAvailable(FileNotFoundError):
     """A model folder or cached hub id that is not on this machine."""
 
@@ -47,7 +57,7 @@ def _to_uint8_rgb(image: np.ndarray) -> np.ndarray:
     return np.repeat(u8[..., None], 3, axis=2) if u8.ndim == 2 else u8
 
 
-class HFVisionLanguageModel:
+class HFVisionLanguageModel(GenerateFromCapped):
     """``generate`` and ``score`` over a local transformers image-text-to-text model."""
 
     def __init__(self, source: str | Path, *, model_id: str | None = None, device: str = "cpu",
@@ -192,22 +202,6 @@ class HFVisionLanguageModel:
         self._batch_images = len(pics) if pics is not None else 0
         return batch.to(self.device)
 
-    @staticmethod
-    def _groups(images: Sequence[np.ndarray | None], batch_size: int) -> list[list[int]]:
-        """Index batches, each all-image or all-text-only, in input order within a kind."""
-        out: list[list[int]] = []
-        for kind in (True, False):
-            idx = [i for i, im in enumerate(images) if (im is not None) == kind]
-            out.extend(idx[j : j + batch_size] for j in range(0, len(idx), batch_size))
-        return out
-
-    @torch.no_grad()
-    def generate(self, images: Sequence[np.ndarray | None], prompts: Sequence[str], *, max_new_tokens: int = 32,
-                 batch_size: int = 8) -> list[str]:
-        """Greedy answers, one per (image, prompt); the prompt echo is stripped."""
-        return [text for text, _ in self.generate_capped(images, prompts, max_new_tokens=max_new_tokens,
-                                                         batch_size=batch_size)]
-
     @torch.no_grad()
     def generate_capped(self, images: Sequence[np.ndarray | None], prompts: Sequence[str], *,
                         max_new_tokens: int = 32, batch_size: int = 8) -> list[tuple[str, bool]]:
@@ -217,7 +211,7 @@ class HFVisionLanguageModel:
             raise ValueError(f"{len(images)} images for {len(prompts)} prompts")
         stops = self._stop_ids()
         out: list[tuple[str, bool]] = [("", False)] * len(prompts)
-        for idx in self._groups(images, batch_size):
+        for idx in batch_groups(images, batch_size):
             batch = self._inputs([images[i] for i in idx], [prompts[i] for i in idx])
             gen = self.model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False,
                                       pad_token_id=self.processor.tokenizer.pad_token_id)
@@ -257,7 +251,7 @@ class HFVisionLanguageModel:
         the next token after the generation prompt, one dict per (image, prompt)."""
         ids = self.option_token_ids(options)
         out: list[dict[str, float]] = [{} for _ in prompts]
-        for idx in self._groups(images, batch_size):
+        for idx in batch_groups(images, batch_size):
             batch = self._inputs([images[i] for i in idx], [prompts[i] for i in idx])
             logits = self.model(**batch).logits[:, -1, :].float()
             logp = torch.log_softmax(logits, dim=-1)[:, ids].cpu().numpy()

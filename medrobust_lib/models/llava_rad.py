@@ -78,9 +78,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from medrobust_lib.models.base import VisionLanguageModel
+from medrobust_lib.models.base import GenerateFromCapped, VisionLanguageModel
 from medrobust_lib.models.convert_llava import VICUNA_V1_SYSTEM, NotConvertible, _text_config, load_weights
-from medrobust_lib.models.hf_vlm import ModelNotAvailable
+from medrobust_lib.models.hf_vlm import ModelNotAvailable, batch_groups
 
 if TYPE_CHECKING:
     from medrobust_lib.config.vlm import VLMModelConfig
@@ -329,7 +329,7 @@ def _to_pil(image: np.ndarray) -> Any:
     return Image.fromarray(u8, mode="RGB")
 
 
-class LlavaRadVLM:
+class LlavaRadVLM(GenerateFromCapped):
     """``generate`` and ``score`` over LLaVA-Rad run as its original code runs it (see the module
     docstring). Images: float32 in [0, 1], (H, W) or (H, W, 3), or None for a text-only prompt."""
 
@@ -467,22 +467,7 @@ class LlavaRadVLM:
         out: torch.Tensor = self.lm(inputs_embeds=embeds, attention_mask=mask, position_ids=pos).logits[:, -1, :]
         return out
 
-    @staticmethod
-    def _groups(images: Sequence[np.ndarray | None], batch_size: int) -> list[list[int]]:
-        out: list[list[int]] = []
-        for kind in (True, False):
-            idx = [i for i, im in enumerate(images) if (im is not None) == kind]
-            out.extend(idx[j : j + batch_size] for j in range(0, len(idx), batch_size))
-        return out
-
     # ---- the VisionLanguageModel protocol --------------------------------------------------------
-    @torch.no_grad()
-    def generate(self, images: Sequence[np.ndarray | None], prompts: Sequence[str], *, max_new_tokens: int = 32,
-                 batch_size: int = 8) -> list[str]:
-        """Greedy answers, one per (image, prompt)."""
-        return [t for t, _ in self.generate_capped(images, prompts, max_new_tokens=max_new_tokens,
-                                                   batch_size=batch_size)]
-
     @torch.no_grad()
     def generate_capped(self, images: Sequence[np.ndarray | None], prompts: Sequence[str], *,
                         max_new_tokens: int = 32, batch_size: int = 8) -> list[tuple[str, bool]]:
@@ -493,7 +478,7 @@ class LlavaRadVLM:
         tok = self.tokenizer
         eos = tok.eos_token_id
         out: list[tuple[str, bool]] = [("", False)] * len(prompts)
-        for idx in self._groups(images, batch_size):
+        for idx in batch_groups(images, batch_size):
             embeds, mask = self._batch([images[i] for i in idx], [prompts[i] for i in idx])
             gen = self.lm.generate(inputs_embeds=embeds, attention_mask=mask, max_new_tokens=max_new_tokens,
                                    do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=eos)
@@ -522,7 +507,7 @@ class LlavaRadVLM:
         next token after the prompt, one dict per (image, prompt)."""
         ids = self.option_token_ids(options)
         out: list[dict[str, float]] = [{} for _ in prompts]
-        for idx in self._groups(images, batch_size):
+        for idx in batch_groups(images, batch_size):
             embeds, mask = self._batch([images[i] for i in idx], [prompts[i] for i in idx])
             logp = torch.log_softmax(self.last_logits(embeds, mask).float(), dim=-1)[:, ids].cpu().numpy()
             for row, i in enumerate(idx):

@@ -90,8 +90,8 @@ def _without(d: dict[str, Any], *keys: str) -> dict[str, Any]:
 def test_demo_full_is_demo_with_the_full_grid() -> None:
     """configs/demo_full.yaml extends configs/demo.yaml: the loaded suite is demo.yaml's except the
     levels (1-5 for the perturbations, the VLMs, LiteMedSAM and the taxonomy), LiteMedSAM on every
-    image with attacks, the fine-tuned base (LiteMedSAM, three strategies, FGSM and PGD) and the VLM
-    adapter's 400 steps; every model's training equals demo.yaml's (the committed weights)."""
+    image with attacks, tiny-sam on every image, the fine-tuned base (LiteMedSAM, three strategies,
+    every type, FGSM and PGD); every model's training equals demo.yaml's (the committed weights)."""
     assert "extends: demo.yaml" in (ROOT / "configs" / "demo_full.yaml").read_text()
     fast = load_suite(ROOT / "configs" / "demo.yaml").model_dump()
     full = load_suite(ROOT / "configs" / "demo_full.yaml").model_dump()
@@ -103,7 +103,9 @@ def test_demo_full_is_demo_with_the_full_grid() -> None:
 
     seg, fseg = full["segmentation"], fast["segmentation"]
     assert _without(seg, "models", "finetune") == _without(fseg, "models", "finetune")
-    assert seg["models"][0] == fseg["models"][0]  # tiny-sam as in the fast demo
+    # tiny-sam as in the fast demo, on every test image (the fast demo: the first 3 per modality)
+    assert seg["models"][0] == {**fseg["models"][0], "max_perturbed_per_modality": None}
+    assert fseg["models"][0]["max_perturbed_per_modality"] == 3
     lite = seg["models"][1]
     assert (lite["id"], lite["levels"], lite["max_perturbed_per_modality"], lite["attacks"]) == \
         ("litemedsam", None, None, True)
@@ -112,12 +114,14 @@ def test_demo_full_is_demo_with_the_full_grid() -> None:
     ft, fft = seg["finetune"], fseg["finetune"]
     assert (ft["base"], ft["strategies"], ft["encoder_blocks"]) == ("litemedsam", ["decoder_only", "lora", "full"], 2)
     assert (ft["train"]["max_steps"], ft["train"]["lr"], ft["train"]["batch_size"]) == (40, 1e-4, 4)
-    assert ft["eval"] == {**fft["eval"], "attack_kinds": None} and ft["gate"] == fft["gate"]
+    assert ft["eval"] == {**fft["eval"], "attack_kinds": None, "perturbations": None} and ft["gate"] == fft["gate"]
+    assert fft["eval"]["perturbations"] is not None and len(fft["eval"]["perturbations"]) == 38
 
     vlm, fvlm = full["vlm"], fast["vlm"]
     assert vlm["train"] == fvlm["train"]
     assert vlm["models"] == [{**m, "levels": None} for m in fvlm["models"]]
-    assert vlm["finetune"] == {**fvlm["finetune"], "max_steps": 400}
+    assert vlm["finetune"] == fvlm["finetune"]  # one adapter for both demos (its committed weights)
+    assert [m["levels"] for m in fvlm["models"]] == [[4], []]  # the fast demo: the adapter on clean images
     assert _without(vlm, "models", "finetune") == _without(fvlm, "models", "finetune")
 
     assert full["taxonomy"] == {**fast["taxonomy"], "levels": None}

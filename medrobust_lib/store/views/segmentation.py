@@ -346,7 +346,8 @@ level) of the non-clean conditions, floor datasets left out: `n`, `n_failed`, `n
 / mean clean score of the same rows; NULL when that is 0), `clean_iou` / `clean_dice`,
 `mean_ssim`, `epsilon`, from `segmentation_stats` the drop CIs (IoU first), `wilcoxon_p`,
 `wilcoxon_q` (of the same rows: `segmentation_stats` of scope `floor_excluded` where floor
-datasets were left out, else `all`; NULL in a mart whose stats predate the scopes), then
+datasets were left out, else `all`, and of scope `in_band` / `floor_excluded_in_band` where the
+cell's off-band rows were left out; NULL in a mart whose stats predate the scopes), then
 `n_datasets`, `n_floor_excluded`, `floor_effect`, `band_miss` (rows whose perturbed output missed
 its SSIM band: left out of `n`, the means and the CIs unless the suite sets
 `perturbations.include_off_band`; docs/perturbations.md). The report's by-level table reads this view
