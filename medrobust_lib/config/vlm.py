@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from medrobust_lib.adapters import adapter_entry, list_adapters
 from medrobust_lib.config.common import AlignmentStage, LoraSettings, TrainBudget, WeightStorage
 
 if TYPE_CHECKING:
@@ -130,11 +131,13 @@ class VLMModelConfig(BaseModel):
 
     @model_validator(mode="after")
     def _api_for_api_kind(self) -> VLMModelConfig:
-        if self.kind == "api" and self.api is None:
-            raise ValueError(f"VLM {self.id!r} (kind: api) needs 'api' with at least its 'model' (the endpoint's "
-                             "model name)")
-        if self.kind != "api" and self.api is not None:
-            raise ValueError(f"VLM {self.id!r}: 'api' settings are for kind: api models; this one is kind: {self.kind}")
+        endpoint = adapter_entry(self.kind, "vlm").is_endpoint
+        if endpoint and self.api is None:
+            raise ValueError(f"VLM {self.id!r} (kind: {self.kind}) needs 'api' with at least its 'model' (the "
+                             "endpoint's model name)")
+        if not endpoint and self.api is not None:
+            raise ValueError(f"VLM {self.id!r}: 'api' settings are for endpoint models (kind: "
+                             f"{', '.join(list_adapters('vlm', is_endpoint=True))}); this one is kind: {self.kind}")
         return self
 
 

@@ -113,6 +113,7 @@ def _sorted(df: pd.DataFrame, key: list[str]) -> pd.DataFrame:
     return df.sort_values(key).reset_index(drop=True)[sorted(df.columns)]
 
 
+@pytest.mark.slow  # heavy (a server / the whole loop): .ci/run runs it after make test
 def test_dask_executor_writes_the_same_rows_as_in_process(tmp_path: Path, demo_root: Path,
                                                           cluster_address: str) -> None:
     perturbations = {"include": TYPES, "split": "all", "calibration_subset": 2}

@@ -106,6 +106,7 @@ SEG = {"models": [{"id": "tiny-sam", "family": "sam", "arch": "tiny", "checkpoin
                     "eval": {"levels": [1], "attack_levels": [1]}, "gate": {"min_pairs": 5}}}
 
 
+@pytest.mark.slow  # heavy (a server / the whole loop): .ci/run runs it after make test
 def test_strategies_registry_loop_and_gate(tmp_path: Path, demo_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from medrobust_lib.tracks.finetune.strategy_runs import degrade_checkpoint, register_version
 

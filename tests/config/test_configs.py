@@ -145,7 +145,7 @@ taxonomy:
     ("vlm: {models: [{id: g, kind: api, api: {model: m, base_url: 'http://api.example.org/v1'}}]}",
      "would travel in clear text"),
     ("vlm: {models: [{id: g, kind: api}]}", "vlm.models.0: VLM 'g' (kind: api) needs 'api'"),
-    ("vlm: {models: [{id: h, source: /w, api: {model: m}}]}", "'api' settings are for kind: api models"),
+    ("vlm: {models: [{id: h, source: /w, api: {model: m}}]}", "'api' settings are for endpoint models"),
     ("segmentation: {models: [{id: a, checkpoint: /w}], finetune: {base: a, gate: {alpha: 1.5}}}",
      "segmentation.finetune.gate.alpha: Input should be less than 1"),
     ("segmentation: {models: [{id: a, checkpoint: /w}], finetune: {base: a, train: {max_steps: 0}}}",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from medrobust_lib.data.dataset import DatasetConfig, iter_dataset
 from medrobust_lib.data.sample import Sample
@@ -14,6 +15,7 @@ from medrobust_lib.perturb.engine import ChunkSpec, run_chunk
 from medrobust_lib.perturb.spec import list_perturbations
 
 
+@pytest.mark.slow  # heavy (a server / the whole loop): .ci/run runs it after make test
 def test_reachable_bands_are_hit_and_the_rest_flagged(demo_root: Path) -> None:
     manifest = build_demo(demo_root, seed=0, n_per_modality=4)
     rows = []

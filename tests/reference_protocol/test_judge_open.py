@@ -51,7 +51,7 @@ class Judge:
     """An API judge: scores 1 for an answer naming the truth, 0.5 for 'no idea', fails on 'boom'."""
 
     def __init__(self) -> None:
-        self.m = VLMModelConfig(id="judge", kind="api")
+        self.m = VLMModelConfig(id="judge", kind="api", api={"model": "judge-model"})
         self.api = self
 
     def generate(self, images: Sequence[object], prompts: Sequence[str]) -> list[SimpleNamespace]:

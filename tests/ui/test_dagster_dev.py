@@ -55,6 +55,7 @@ def _location_loaded(http: Any, port: int) -> bool:
     return bool(entries) and all(e["loadStatus"] == "LOADED" for e in entries)
 
 
+@pytest.mark.slow  # heavy (a server / the whole loop): .ci/run runs it after make test
 def test_dagster_dev_lists_every_asset_and_stops(tmp_path: Path) -> None:
     from medrobust_assets.location import defs  # what workspace.yaml loads: the demo suite's graph
 

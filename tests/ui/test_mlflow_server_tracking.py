@@ -13,6 +13,7 @@ import pytest
 from tests.ui import HOST, client, free_port, server, stop_group, wait_until
 
 
+@pytest.mark.slow  # heavy (a server / the whole loop): .ci/run runs it after make test
 def test_registry_and_runs_through_a_tracking_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     port = free_port()
     base = f"http://{HOST}:{port}"

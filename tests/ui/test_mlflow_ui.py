@@ -23,6 +23,7 @@ def _ok_json(r: httpx.Response) -> dict[str, Any]:
     return dict(r.json())
 
 
+@pytest.mark.slow  # heavy (a server / the whole loop): .ci/run runs it after make test
 def test_mlflow_ui_serves_tracking_and_registry_on_sqlite(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
     db = tmp_path / "mlflow.db"
