@@ -39,6 +39,20 @@ _PROMPT_MEMO = 4096
 
 
 
+
+def first_token_ids(tokenizer: Any, options: Sequence[str]) -> list[int]:
+    """The first token id of each option, encoded without special tokens (the token a one-step
+    score reads). ValueError when an option encodes to nothing or two options share a first token."""
+    ids = []
+    for o in options:
+        enc = tokenizer(o, add_special_tokens=False)["input_ids"]
+        if not enc:
+            raise ValueError(f"option {o!r} encodes to no token")
+        ids.append(int(enc[0]))
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"options {list(options)} share a first token; cannot score them by log-probability")
+    return ids
+
 def batch_groups(images: Sequence[np.ndarray | None], batch_size: int) -> list[list[int]]:
     """Index batches of at most ``batch_size``, each all-image or all-text-only (a text-only prompt
     has ``None`` for its image), in input order within a kind."""
@@ -232,17 +246,8 @@ class HFVisionLanguageModel(GenerateFromCapped):
         return {int(i) for i in ids if i is not None}
 
     def option_token_ids(self, options: Sequence[str]) -> list[int]:
-        """The first token of each option as it would follow the generation prompt."""
-        tok = self.processor.tokenizer
-        ids = []
-        for o in options:
-            enc = tok(o, add_special_tokens=False)["input_ids"]
-            if not enc:
-                raise ValueError(f"option {o!r} encodes to no token")
-            ids.append(int(enc[0]))
-        if len(set(ids)) != len(ids):
-            raise ValueError(f"options {list(options)} share a first token; cannot score them by log-probability")
-        return ids
+        """The first token of each option (encoded without special tokens)."""
+        return first_token_ids(self.processor.tokenizer, options)
 
     @torch.no_grad()
     def score(self, images: Sequence[np.ndarray | None], prompts: Sequence[str], options: Sequence[str], *,

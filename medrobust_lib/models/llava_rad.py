@@ -80,7 +80,7 @@ from torch import nn
 
 from medrobust_lib.models.base import GenerateFromCapped, VisionLanguageModel
 from medrobust_lib.models.convert_llava import VICUNA_V1_SYSTEM, NotConvertible, _text_config, load_weights
-from medrobust_lib.models.hf_vlm import ModelNotAvailable, batch_groups
+from medrobust_lib.models.hf_vlm import ModelNotAvailable, batch_groups, first_token_ids
 
 if TYPE_CHECKING:
     from medrobust_lib.config.vlm import VLMModelConfig
@@ -490,15 +490,7 @@ class LlavaRadVLM(GenerateFromCapped):
 
     def option_token_ids(self, options: Sequence[str]) -> list[int]:
         """The first token of each option (encoded without special tokens)."""
-        ids = []
-        for o in options:
-            enc = self.tokenizer(o, add_special_tokens=False)["input_ids"]
-            if not enc:
-                raise ValueError(f"option {o!r} encodes to no token")
-            ids.append(int(enc[0]))
-        if len(set(ids)) != len(ids):
-            raise ValueError(f"options {list(options)} share a first token; cannot score them by log-probability")
-        return ids
+        return first_token_ids(self.tokenizer, options)
 
     @torch.no_grad()
     def score(self, images: Sequence[np.ndarray | None], prompts: Sequence[str], options: Sequence[str], *,
