@@ -13,6 +13,7 @@ statically by mypy beside each adapter, and at run time on tiny real models by t
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -73,13 +74,14 @@ class VisionLanguageModel(Protocol):
         ...
 
 
-class GenerateFromCapped:
+class GenerateFromCapped(ABC):
     """``generate`` for a local model that implements ``generate_capped`` (answers with, per answer,
     whether it hit the token cap): the answers alone."""
 
+    @abstractmethod
     def generate_capped(self, images: Sequence[np.ndarray | None], prompts: Sequence[str], *,
                         max_new_tokens: int = 32, batch_size: int = 8) -> list[tuple[str, bool]]:
-        raise NotImplementedError
+        """Greedy answers, each with whether it hit ``max_new_tokens`` without ending."""
 
     def generate(self, images: Sequence[np.ndarray | None], prompts: Sequence[str], *, max_new_tokens: int = 32,
                  batch_size: int = 8) -> list[str]:

@@ -53,6 +53,13 @@ def first_token_ids(tokenizer: Any, options: Sequence[str]) -> list[int]:
         raise ValueError(f"options {list(options)} share a first token; cannot score them by log-probability")
     return ids
 
+
+def option_log_probs(logits: torch.Tensor, ids: Sequence[int], options: Sequence[str]) -> list[dict[str, float]]:
+    """Next-token ``logits`` (B, vocab) -> per row, the natural-log probability (over the whole
+    vocabulary) of each option's first token ``ids``, keyed by option."""
+    logp = torch.log_softmax(logits.float(), dim=-1)[:, list(ids)].cpu().numpy()
+    return [{o: float(row[k]) for k, o in enumerate(options)} for row in logp]
+
 def batch_groups(images: Sequence[np.ndarray | None], batch_size: int) -> list[list[int]]:
     """Index batches of at most ``batch_size``, each all-image or all-text-only (a text-only prompt
     has ``None`` for its image), in input order within a kind."""
@@ -258,10 +265,9 @@ class HFVisionLanguageModel(GenerateFromCapped):
         out: list[dict[str, float]] = [{} for _ in prompts]
         for idx in batch_groups(images, batch_size):
             batch = self._inputs([images[i] for i in idx], [prompts[i] for i in idx])
-            logits = self.model(**batch).logits[:, -1, :].float()
-            logp = torch.log_softmax(logits, dim=-1)[:, ids].cpu().numpy()
-            for row, i in enumerate(idx):
-                out[i] = {o: float(logp[row, k]) for k, o in enumerate(options)}
+            for i, scores in zip(idx, option_log_probs(self.model(**batch).logits[:, -1, :], ids, options),
+                                 strict=True):
+                out[i] = scores
         return out
 
     @torch.no_grad()
@@ -297,9 +303,7 @@ class HFVisionLanguageModel(GenerateFromCapped):
             rep = (pooled.repeat(len(chunk), *([1] * (pooled.dim() - 1))) if isinstance(pooled, torch.Tensor)
                    else list(pooled) * len(chunk))
             mm = {"image": BaseModelOutputWithPooling(pooler_output=rep)}  # type: ignore[arg-type]
-            logits = self.model(**batch, mm_encoder_outputs=mm).logits[:, -1, :].float()
-            logp = torch.log_softmax(logits, dim=-1)[:, ids].cpu().numpy()
-            out.extend({o: float(logp[r, k]) for k, o in enumerate(options)} for r in range(len(chunk)))
+            out.extend(option_log_probs(self.model(**batch, mm_encoder_outputs=mm).logits[:, -1, :], ids, options))
         return out
 
     def _accepts_encoder_outputs(self) -> bool:

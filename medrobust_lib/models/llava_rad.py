@@ -80,7 +80,7 @@ from torch import nn
 
 from medrobust_lib.models.base import GenerateFromCapped, VisionLanguageModel
 from medrobust_lib.models.convert_llava import VICUNA_V1_SYSTEM, NotConvertible, _text_config, load_weights
-from medrobust_lib.models.hf_vlm import ModelNotAvailable, batch_groups, first_token_ids
+from medrobust_lib.models.hf_vlm import ModelNotAvailable, batch_groups, first_token_ids, option_log_probs
 
 if TYPE_CHECKING:
     from medrobust_lib.config.vlm import VLMModelConfig
@@ -501,9 +501,8 @@ class LlavaRadVLM(GenerateFromCapped):
         out: list[dict[str, float]] = [{} for _ in prompts]
         for idx in batch_groups(images, batch_size):
             embeds, mask = self._batch([images[i] for i in idx], [prompts[i] for i in idx])
-            logp = torch.log_softmax(self.last_logits(embeds, mask).float(), dim=-1)[:, ids].cpu().numpy()
-            for row, i in enumerate(idx):
-                out[i] = {o: float(logp[row, k]) for k, o in enumerate(options)}
+            for i, scores in zip(idx, option_log_probs(self.last_logits(embeds, mask), ids, options), strict=True):
+                out[i] = scores
         return out
 
     @torch.no_grad()
@@ -518,8 +517,7 @@ class LlavaRadVLM(GenerateFromCapped):
         for s in range(0, len(prompts), batch_size):
             chunk = list(prompts[s : s + batch_size])
             embeds, mask = self.embed(self.input_ids(chunk, True), [feats] * len(chunk))
-            logp = torch.log_softmax(self.last_logits(embeds, mask).float(), dim=-1)[:, ids].cpu().numpy()
-            out.extend({o: float(logp[r, k]) for k, o in enumerate(options)} for r in range(len(chunk)))
+            out.extend(option_log_probs(self.last_logits(embeds, mask), ids, options))
         return out
 
 
