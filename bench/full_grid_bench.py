@@ -34,7 +34,8 @@ import argparse
 import importlib
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,6 +134,28 @@ class Stage:
     fixed_seconds: float = 0.0  # the part that does not grow with the images (warm starts)
 
 
+def _warm_worker(delay: float) -> int:
+    """A task that loads the engine in a worker and holds it ``delay`` s, so each worker gets one."""
+    import medrobust_lib.perturb.engine  # noqa: F401
+
+    time.sleep(delay)
+    return os.getpid()
+
+
+def warm_pools(workers: int) -> float:
+    """Start the engine's and the feed's process pools (spawn, imports) before anything is timed:
+    a host starts them once per run, so their start is not a per-image cost. Returns seconds."""
+    if workers <= 1:
+        return 0.0
+    from medrobust_lib import runtime
+
+    t0 = time.perf_counter()
+    for name in ("perturb", "feed"):
+        pool = runtime.process_pool(name, workers)
+        list(pool.map(_warm_worker, [0.5] * workers))
+    return time.perf_counter() - t0
+
+
 def calibrate_grid(samples_by_ds: dict[str, list[Sample]], types: Sequence[str], levels: Sequence[int],
                    workers: int, subset: int, seed: int = 0) -> tuple[Stage, list[tuple[dict[str, Any], Sample]]]:
     """Stage 1: every (type, level) chunk through the engine. Returns the stage and the
@@ -163,22 +186,69 @@ def calibrate_grid(samples_by_ds: dict[str, list[Sample]], types: Sequence[str],
     return st, pairs
 
 
+def _regenerate_task(task: tuple[Sample, list[dict[str, Any]]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """One feed task, as the product's feed sends them: every row of one clean sample,
+    regenerated (image, mask) in row order (spatial types move the mask)."""
+    s, rows = task
+    outs = []
+    for row in rows:
+        out = regenerate(row, s)
+        mask = out.mask if out.mask is not None else s.mask
+        assert mask is not None  # synthetic samples all have masks
+        outs.append((out.image, mask))
+    return outs
+
+
+def regenerate_feed(pairs: list[tuple[dict[str, Any], Sample]], workers: int,
+                    prefetch: int | None = None) -> Iterator[tuple[Sample, np.ndarray, np.ndarray]]:
+    """(clean sample, perturbed image, mask) for every pair, in the order of ``pairs`` grouped by
+    sample. ``workers`` > 1: a process pool regenerates one sample's rows per task with at most
+    ``prefetch`` (default ``2 * workers``) tasks in flight while the caller's model works, as
+    :func:`medrobust_lib.tracks.feed.regenerate_stream` does for a suite; ``workers`` <= 1: in
+    this process."""
+    groups: dict[tuple[str, str], tuple[Sample, list[dict[str, Any]]]] = {}
+    for row, s in pairs:
+        groups.setdefault((s.dataset, s.sample_id), (s, []))[1].append(row)
+    tasks = list(groups.values())
+    if workers <= 1:
+        for s, rows in tasks:
+            for img, mask in _regenerate_task((s, rows)):
+                yield s, img, mask
+        return
+    from medrobust_lib import runtime
+
+    depth = prefetch or 2 * workers
+    pool = runtime.process_pool("feed", workers)  # the product feed's pool (spawned once, kept)
+    pending: deque[tuple[Sample, Any]] = deque()
+    it = iter(tasks)
+    for task in it:
+        pending.append((task[0], pool.submit(_regenerate_task, task)))
+        if len(pending) >= depth:
+            break
+    while pending:
+        s, fut = pending.popleft()
+        nxt = next(it, None)
+        if nxt is not None:
+            pending.append((nxt[0], pool.submit(_regenerate_task, nxt)))
+        for img, mask in fut.result():
+            yield s, img, mask
+
+
 def evaluate_outputs(model: Any, samples: list[Sample], pairs: list[tuple[dict[str, Any], Sample]],
-                     batch_size: int) -> tuple[Stage, Stage]:
-    """Stage 2: clean images, then every calibrated output regenerated from its row, scored."""
+                     batch_size: int, workers: int = 1) -> tuple[Stage, Stage]:
+    """Stage 2: clean images, then every calibrated output regenerated from its row (by
+    ``workers`` processes, :func:`regenerate_feed`), scored."""
     prompt = PromptConfig()
     clean = Stage("clean forward + score")
     t0, c0 = time.perf_counter(), time.process_time()
     res = model.score(((s.image, prompt_boxes(s, prompt), s.mask) for s in samples), batch_size=batch_size)
     clean.seconds, clean.cpu_seconds, clean.items = time.perf_counter() - t0, time.process_time() - c0, len(res.iou)
 
-    def items():  # type: ignore[no-untyped-def]
-        for row, s in pairs:
-            out = regenerate(row, s)
-            mask = out.mask if out.mask is not None else s.mask
-            yield out.image, prompt_boxes(s, prompt, mask=mask), mask
+    def items() -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        for s, image, mask in regenerate_feed(pairs, workers):
+            yield image, prompt_boxes(s, prompt, mask=mask), mask
 
-    pert = Stage("perturbed: regenerate + forward + score")
+    pert = Stage(f"perturbed: regenerate ({max(1, workers)} proc) + forward + score")
     t0, c0 = time.perf_counter(), time.process_time()
     res = model.score(items(), batch_size=batch_size)
     pert.seconds, pert.cpu_seconds, pert.items = time.perf_counter() - t0, time.process_time() - c0, len(res.iou)
@@ -211,7 +281,7 @@ def attack_grid(model: Any, samples: list[Sample], levels: Sequence[int], batch_
                 if gray:
                     x = x[:, :1].contiguous()
                 boxes = torch.as_tensor(np.concatenate([prompt_boxes(s, prompt) for s in batch])).to(device)
-                y = torch.from_numpy(np.stack([s.mask for s in batch]).astype(np.float32))[:, None].to(device)
+                y = torch.from_numpy(np.stack([np.asarray(s.mask) for s in batch]).astype(np.float32))[:, None].to(device)
                 if kind == "fgsm":
                     adv = fgsm(target, x, boxes, y, acfg.epsilon)
                 else:
@@ -240,7 +310,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n-images", type=int, default=100)
     ap.add_argument("--size", type=int, default=1024)
-    ap.add_argument("--model", default="sam-vit-b", help=f"{', '.join(MODELS)} or module:function")
+    ap.add_argument("--model", default="sam-vit-b",
+                    help=f"{', '.join(MODELS)} or module:function; several, comma-separated, share one calibration")
     ap.add_argument("--levels", type=int, nargs="*", default=[1, 2, 3, 4, 5])
     ap.add_argument("--types", nargs="*", default=None, help="default: every registered type")
     ap.add_argument("--workers", type=int, default=1, help="calibration processes")
@@ -263,14 +334,29 @@ def main(argv: Sequence[str] | None = None) -> None:
     samples_by_ds = {f"{DATASET}_{m}": synthetic_samples(args.n_images, args.size, m) for m in modalities}
     print(f"full grid: {args.n_images} images at {args.size} px, {len(types)} types x levels {args.levels}, "
           f"FGSM + PGD, model {args.model} on {device}")
+    started = warm_pools(args.workers)
+    if started:
+        print(f"worker pools started in {started:.1f} s ({args.workers} workers each; not counted below)")
     cal, pairs = calibrate_grid(samples_by_ds, types, args.levels, args.workers, args.calibration_subset)
-    stages = [cal]
-    if not args.skip_model:
-        model = build_model(args.model, device)
+    names = [m for m in args.model.split(",") if m] if not args.skip_model else []
+    if not names:
+        report([cal], args)
+    for name in names:  # calibrated once, every model evaluated on the same outputs
+        model = build_model(name, device)
         # the model stages see one modality's images (a real dataset has one); gray unless RGB-only
         eval_samples = samples_by_ds[f"{DATASET}_{modalities[0]}"]
-        clean, pert = evaluate_outputs(model, eval_samples, pairs, args.batch_size)
-        stages += [clean, pert, *attack_grid(model, eval_samples, args.levels, args.batch_size)]
+        clean, pert = evaluate_outputs(model, eval_samples, pairs, args.batch_size, args.workers)
+        print(f"\n## model {name} on {device}")
+        report([cal, clean, pert, *attack_grid(model, eval_samples, args.levels, args.batch_size)], args)
+        del model
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+
+
+def report(stages: list[Stage], args: argparse.Namespace) -> None:
+    """The stage table and the extrapolation to ``args.extrapolate`` images; ``stages[0]`` is
+    calibration."""
+    cal = stages[0]
     n, target = args.n_images, args.extrapolate
     clock = args.clock
     print(f"\n| stage | items | wall s | CPU s | ms per item ({clock}) | extrapolated to {target} images, {clock} (s) |")
@@ -281,10 +367,13 @@ def main(argv: Sequence[str] | None = None) -> None:
               f"| {extrapolate(st, n, target, clock):.0f} |")
     cal_x = extrapolate(cal, n, target, clock) * max(1, args.workers) / max(1, args.host_cores)
     model_x = sum(extrapolate(st, n, target, clock) for st in stages[1:])
-    print(f"\ncalibration CPU time {cal.cpu_seconds:.1f} s ({1000 * cal.cpu_seconds / max(1, cal.items):.1f} ms "
+    # with worker processes the parent's CPU time misses theirs: count wall x workers core-seconds
+    core_s = cal.cpu_seconds if args.workers <= 1 else cal.seconds * args.workers
+    how = "CPU time" if args.workers <= 1 else f"core time (wall x {args.workers} workers)"
+    print(f"\ncalibration {how} {core_s:.1f} s ({1000 * core_s / max(1, cal.items):.1f} ms "
           f"per output per core); spread over {args.host_cores} cores for {target} images: {cal_x / 60:.1f} min")
     if stages[1:]:
-        print(f"model stages on one {device} for {target} images: {model_x / 60:.1f} min")
+        print(f"model stages on one device for {target} images: {model_x / 60:.1f} min")
         print(f"host total for {target} images: {max(cal_x, model_x) / 60:.1f} min with the CPUs feeding the "
               f"device while it works, {(cal_x + model_x) / 60:.1f} min one after the other")
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import atexit
 import multiprocessing as mp
+import os
+import sys
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -45,7 +47,9 @@ def process_pool(name: str, workers: int) -> ProcessPoolExecutor:
     """The process pool ``name`` with ``workers`` processes, kept for the life of the process
     (spawning one per partition would cost seconds each time); asked again with another size, the
     old pool is shut down and a new one started. Spawn, not fork: forking after OpenCV, torch or
-    Dagster threads have started can deadlock."""
+    Dagster threads have started can deadlock. Each worker's OpenCV, torch and OpenMP/BLAS thread
+    pools are limited to :func:`worker_threads` (the cores divided among the workers), so
+    ``workers`` processes do not each start one thread per core."""
     if workers < 1:
         raise ValueError(f"a process pool needs at least one worker, got {workers}")
     with _LOCK:
@@ -54,10 +58,30 @@ def process_pool(name: str, workers: int) -> ProcessPoolExecutor:
             return held[1]
         if held is not None:
             held[1].shutdown(cancel_futures=True)
-        pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"))
+        pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
+                                   initializer=limit_worker_threads, initargs=(worker_threads(workers),))
         _POOLS[name] = (workers, pool)
         atexit.register(pool.shutdown, cancel_futures=True)
         return pool
+
+
+def worker_threads(workers: int, cores: int | None = None) -> int:
+    """Threads each of ``workers`` pool processes may use: ``cores // workers``, at least 1
+    (``cores``: this machine's, :func:`os.cpu_count`)."""
+    return max(1, (cores or os.cpu_count() or 1) // max(1, workers))
+
+
+def limit_worker_threads(threads: int) -> None:
+    """A pool worker's initializer: OpenMP / BLAS thread counts for libraries loaded later (the
+    environment variables, unless already set), OpenCV's and (if loaded) torch's thread pools set
+    to ``threads``. Results do not change: only how many threads one worker runs."""
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, str(threads))
+    import cv2
+
+    cv2.setNumThreads(threads)
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
 
 
 def load_suite(path: str | Path) -> Suite:

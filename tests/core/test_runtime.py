@@ -16,6 +16,7 @@ def test_the_library_caches_are_registered_and_reset_empties_them() -> None:
     from medrobust_lib.store import results
     from medrobust_lib.tracks import feed
 
+    runtime.reset()  # earlier tests in this process may have filled the caches
     names = set(runtime.caches())
     assert {"store.result_chunks", "feed.clean_samples", "feed.worker_samples", "perturb.regen"} <= names
     assert runtime.caches()["store.result_chunks"] is results._CHUNKS and runtime.caches()["feed.clean_samples"] is feed._CLEAN
@@ -45,6 +46,26 @@ def test_pools_are_kept_per_name_and_size() -> None:
         b.submit(int, 1)
     with pytest.raises(ValueError, match="at least one worker"):
         runtime.process_pool("test", 0)
+
+
+def _worker_thread_settings() -> tuple[int, str | None]:
+    import os
+
+    import cv2
+
+    return cv2.getNumThreads(), os.environ.get("OMP_NUM_THREADS")
+
+
+def test_pool_workers_share_the_cores_instead_of_each_taking_all(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert runtime.worker_threads(15, cores=16) == 1 and runtime.worker_threads(2, cores=16) == 8
+    assert runtime.worker_threads(4, cores=2) == 1
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(runtime.os, "cpu_count", lambda: 4)  # seen by the parent, which passes the count
+    runtime.reset()
+    try:
+        assert runtime.process_pool("threads", 2).submit(_worker_thread_settings).result() == (2, "2")
+    finally:
+        runtime.reset()
 
 
 def test_suites_are_parsed_once_while_the_file_is_unchanged(tmp_path: Path) -> None:
