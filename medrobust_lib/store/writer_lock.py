@@ -56,6 +56,36 @@ def _holder(fd: int) -> dict[str, object]:
     return value if isinstance(value, dict) else {}
 
 
+def _try_lock(fd: int) -> bool:
+    """Take the exclusive lock without waiting; False when another process holds it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise
+        return False
+    return True
+
+
+HOLDER_SETTLE_S = 1.0
+"""How long a refused writer waits for the holder's record to appear: a holder writes its record
+just after taking the lock, so for a moment the file is empty or half-written."""
+
+
+def _settled_holder(fd: int, settle_s: float = HOLDER_SETTLE_S) -> dict[str, object] | None:
+    """The record of the process holding the lock, once it has been written (re-read every 20 ms
+    for up to ``settle_s``; after that whatever is there, possibly empty: an unknown process).
+    Returns None, holding the lock, when it became free meanwhile."""
+    rec = _holder(fd)
+    until = time.monotonic() + settle_s
+    while not rec.get("pid") and time.monotonic() < until:
+        time.sleep(0.02)
+        if _try_lock(fd):
+            return None
+        rec = _holder(fd)
+    return rec
+
+
 def describe_holder(rec: dict[str, object]) -> str:
     """``pid 123 on host (medrobust run --suite x.yaml) since 2026-01-01T00:00:00Z`` or ``an unknown process``."""
     if not rec.get("pid"):
@@ -108,14 +138,11 @@ def suite_writer_lock(results_dir: str | os.PathLike[str], *, command: str | Non
     try:
         deadline = time.monotonic() + max(0.0, wait_s)
         told = False
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        while not _try_lock(fd):
+            rec = _settled_holder(fd)
+            if rec is None:  # freed while we looked, and now ours
                 break
-            except OSError as exc:
-                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise
-            who = describe_holder(_holder(fd))
+            who = describe_holder(rec)
             if time.monotonic() >= deadline:
                 raise SuiteBusyError(errno.EBUSY, f"the results folder {folder} is being written by {who}; "
                                                   "wait for it to finish (or stop it) and run again")

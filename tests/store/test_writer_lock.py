@@ -76,6 +76,46 @@ def test_a_second_writer_is_refused_naming_the_holder(tmp_path: Path) -> None:
         proc.wait()
 
 
+SLOW_RECORD = textwrap.dedent("""
+    import fcntl, json, os, sys, time
+    fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    print("locked", flush=True)  # the lock is visible, its record not yet written
+    time.sleep(float(sys.argv[2]))
+    os.pwrite(fd, json.dumps({"pid": os.getpid(), "command": "slow holder"}).encode(), 0)
+    time.sleep(30)
+""")
+
+
+def test_a_writer_refused_in_the_holders_first_moment_still_names_it(tmp_path: Path) -> None:
+    """The holder writes its record just after taking the lock: a writer refused in between waits
+    for the record instead of reporting "an unknown process" (the race of two concurrent runs)."""
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_RECORD, str(tmp_path / LOCK_NAME), "0.3"], env=ENV,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
+        with pytest.raises(SuiteBusyError) as e, suite_writer_lock(tmp_path):
+            pass
+        assert f"pid {proc.pid}" in str(e.value) and "slow holder" in str(e.value)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_holder_that_never_writes_its_record_is_an_unknown_process(tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_RECORD, str(tmp_path / LOCK_NAME), "30"], env=ENV,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
+        t0 = time.monotonic()
+        with pytest.raises(SuiteBusyError, match="an unknown process"), suite_writer_lock(tmp_path):
+            pass
+        assert time.monotonic() - t0 < 5  # refused after the settle time, not after the holder
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_a_waiting_writer_says_so_once_and_goes_on(tmp_path: Path) -> None:
     import threading
 
