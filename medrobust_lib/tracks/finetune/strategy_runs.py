@@ -66,8 +66,10 @@ def registry_model_id(name: str, version: int) -> str:
 def registry_model_config(suite: Suite, uri: str, mlruns_dir: str | Path | None = None) -> SegModelConfig:
     """An evaluation config for a registered version (``models:/name/3``, ``@alias`` or ``/latest``):
     id ``<name>-v<version>``, checkpoint pinned to that version, family / arch / strategy from the
-    version's ``config.json`` (written by :func:`finetune.train.save_checkpoint`). The checkpoint is
-    the version's local file, so loading needs no registry lookup."""
+    version's ``config.json`` (written by :func:`finetune.train.save_checkpoint`), every other
+    setting from :func:`_evaluation_template` (the fine-tuning base's caps and levels, so the
+    version's rows pair sample by sample with the strategies'). The checkpoint is the version's
+    local file, so loading needs no registry lookup."""
 
 
     name, version = model_registry.resolve_version(uri, mlruns_dir)
@@ -78,10 +80,28 @@ def registry_model_config(suite: Suite, uri: str, mlruns_dir: str | Path | None 
     if "family" not in meta or "arch" not in meta:
         raise ValueError(f"{uri}: version {version} has no config.json with 'family' and 'arch' next to its weights "
                          f"({cfg_file}); register checkpoint folders written by save_checkpoint")
+    update = {"id": registry_model_id(name, version), "checkpoint": str(weights.resolve()),
+              "strategy": str(meta.get("strategy", "unknown"))}
+    template = _evaluation_template(suite, str(meta["family"]), str(meta["arch"]))
+    if template is not None:
+        return template.model_copy(update=update)
     devices = {m.device for m in suite.segmentation.models}
-    return SegModelConfig(id=registry_model_id(name, version), family=meta["family"], arch=meta["arch"],
-                          checkpoint=str(weights.resolve()), strategy=str(meta.get("strategy", "unknown")),
-                          device=devices.pop() if len(devices) == 1 else "cpu")
+    return SegModelConfig(id=update["id"], family=meta["family"], arch=meta["arch"], checkpoint=update["checkpoint"],
+                          strategy=update["strategy"], device=devices.pop() if len(devices) == 1 else "cpu")
+
+
+def _evaluation_template(suite: Suite, family: str, arch: str) -> SegModelConfig | None:
+    """The suite model whose evaluation settings a registered version of ``family`` / ``arch``
+    takes (device, batch size, engine, precision, preprocessing, ``levels``,
+    ``max_perturbed_per_modality``, ``attacks``), so that its rows cover the same samples as the
+    models it is compared with: the fine-tuning base when it matches, else the first suite model
+    of that family and architecture; None when there is none (then the defaults)."""
+    from medrobust_lib.tracks.segmentation.evaluate import model_config
+
+    ft = suite.segmentation.finetune
+    candidates = [model_config(suite, ft.base)] if ft is not None else []
+    candidates += list(suite.segmentation.models)
+    return next((m for m in candidates if m.family == family and m.arch == arch), None)
 
 
 @dataclass
