@@ -49,6 +49,14 @@ def _is_usage_error(exc: BaseException) -> bool:
     return hasattr(exc, "exit_code") and hasattr(exc, "format_message") and callable(getattr(exc, "show", None))
 
 
+def _stop_workers() -> None:
+    """After Ctrl-C: stop the worker pools at once (exiting would otherwise wait for their running
+    tasks)."""
+    from medrobust_lib import runtime
+
+    runtime.terminate_pools()
+
+
 def guard_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Run a command so that a user error prints one line ``error: ...`` and exits 2, any other
     failure prints one line and exits 1, and Ctrl-C prints ``error: interrupted`` and exits 130;
@@ -61,6 +69,7 @@ def guard_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except (typer.Exit, typer.Abort, click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
             raise
         except KeyboardInterrupt:
+            _stop_workers()
             if _DEBUG["on"]:
                 raise
             typer.echo("error: interrupted", err=True)
@@ -233,6 +242,7 @@ def _step_failed(exc: Any, suite_path: Path) -> typer.Exit:
     if _DEBUG["on"] and exc.traceback:
         typer.echo(exc.traceback.rstrip(), err=True)
     if exc.interrupted:
+        _stop_workers()
         _echo(f"error: interrupted while materializing {exc.label}")
         return typer.Exit(130)
     suite = _shell_quote(str(suite_path))

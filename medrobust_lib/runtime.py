@@ -65,6 +65,28 @@ def process_pool(name: str, workers: int) -> ProcessPoolExecutor:
         return pool
 
 
+def terminate_pools() -> int:
+    """Stop every pool now, killing its workers mid-task (after Ctrl-C: an orderly shutdown, and
+    the interpreter's exit, wait for each running task to finish, seconds to minutes). Queued
+    tasks are cancelled; nothing a worker was computing is kept (results are written by the
+    parent, idempotently, so a rerun recomputes it). Returns how many worker processes were
+    stopped; pools start again on demand."""
+    with _LOCK:
+        pools = [p for _, p in _POOLS.values()]
+        _POOLS.clear()
+    stopped = 0
+    for pool in pools:
+        procs = list((getattr(pool, "_processes", None) or {}).values())  # CPython's worker table
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()
+                stopped += 1
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in procs:
+            proc.join(timeout=5)
+    return stopped
+
+
 def worker_threads(workers: int, cores: int | None = None) -> int:
     """Threads each of ``workers`` pool processes may use: ``cores // workers``, at least 1
     (``cores``: this machine's, :func:`os.cpu_count`)."""

@@ -68,6 +68,37 @@ def test_pool_workers_share_the_cores_instead_of_each_taking_all(monkeypatch: py
         runtime.reset()
 
 
+def _sleep(seconds: float, started: str | None = None) -> float:
+    import time
+
+    if started:
+        Path(started).touch()
+    time.sleep(seconds)
+    return seconds
+
+
+def test_terminate_pools_stops_running_tasks_at_once(tmp_path: Path) -> None:
+    """After Ctrl-C the CLI stops the pools: an orderly shutdown would wait for the running task
+    (here 60 s); terminating returns at once, every future ends, and a later pool works."""
+    import time
+
+    runtime.reset()
+    pool = runtime.process_pool("stoppable", 2)
+    marker = tmp_path / "started"
+    futures = [pool.submit(_sleep, 60.0, str(marker)) for _ in range(3)]
+    deadline = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline:  # a worker is inside its task
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    assert runtime.terminate_pools() >= 1
+    while not all(f.done() for f in futures) and time.monotonic() - t0 < 10:
+        time.sleep(0.05)
+    assert all(f.done() for f in futures)  # cancelled or broken, none left waiting
+    assert time.monotonic() - t0 < 10
+    assert runtime.process_pool("stoppable", 1).submit(_sleep, 0.0).result(timeout=60) == 0.0
+    runtime.reset()
+
+
 def test_suites_are_parsed_once_while_the_file_is_unchanged(tmp_path: Path) -> None:
     p = tmp_path / "s.yaml"
     p.write_text(yaml.safe_dump({"name": "once", "results_dir": str(tmp_path / "r"), "mart_path": str(tmp_path / "m")}))
