@@ -58,7 +58,7 @@ def size_factor(shape: tuple[int, ...]) -> float:
 
 CAP_GROWTH_MAX = 4.0
 """The most by which a ``smoothing`` type's cap outgrows the linear stretch (reached at 1024 px)."""
-CAP_RULE = "smoothing-f*min(f,4)"
+CAP_RULE = "smoothing-f*min(f,4)|limit-extent-above-1024"
 """Names the cap rule in the fingerprints of chunks whose images are larger than :data:`REFERENCE_SIZE`."""
 
 
@@ -95,7 +95,12 @@ class PerturbationSpec:
     :func:`size_factor` on larger ones (:meth:`strength_range_for`, :meth:`level_start`).
     ``smoothing`` (with ``scales_with_size``): the type averages a neighbourhood whose size is the
     strength, so its strongest output tends to the image's mean; its cap stretches by
-    :func:`cap_factor` (faster than its default levels).
+    :func:`cap_factor` (faster than its default levels). ``limit_extent`` (a smoothing type whose
+    cap stops short of its own limit on very large images): a strength, as a multiple of the
+    image's longer side, near which the output reaches that limit (pixelate 0.5: cells of half the
+    image, the four quadrant means; motion blur 2.0: near the means along lines); on images larger
+    than ``CAP_GROWTH_MAX * REFERENCE_SIZE`` (1024 px) the cap is at least that strength, so outputs
+    at up to 1024 px do not change.
     """
 
     name: str
@@ -112,6 +117,7 @@ class PerturbationSpec:
     unit: str = ""
     scales_with_size: bool = False
     smoothing: bool = False
+    limit_extent: float | None = None
 
     @property
     def weakest(self) -> float:
@@ -128,7 +134,10 @@ class PerturbationSpec:
         if not self.scales_with_size or shape is None:
             return value
         f = cap_factor(shape, self.smoothing and cap)
-        return value if f == 1.0 else self.weakest + (value - self.weakest) * f
+        out = value if f == 1.0 else self.weakest + (value - self.weakest) * f
+        if cap and self.limit_extent is not None and size_factor(shape) > CAP_GROWTH_MAX and not self.inverse:
+            out = max(out, self.weakest + self.limit_extent * max(int(shape[0]), int(shape[1])))
+        return out
 
     def strength_range_for(self, shape: tuple[int, ...] | None) -> tuple[float, float]:
         """``strength_range`` for an image of ``shape`` (ascending; the stated range when ``shape`` is
@@ -280,12 +289,15 @@ def perturbation(
     unit: str = "",
     scales_with_size: bool = False,
     smoothing: bool = False,
+    limit_extent: float | None = None,
 ) -> Callable[[Callable[..., object]], Callable[..., object]]:
     """Register ``fn`` as perturbation ``name`` (decorator). Raises on a duplicate name.
     ``scales_with_size``: the strength is a length in pixels; ``smoothing``: a neighbourhood size
-    whose cap grows faster (see :class:`PerturbationSpec`)."""
+    whose cap grows faster; ``limit_extent``: see :class:`PerturbationSpec`."""
     if smoothing and not scales_with_size:
         raise ValueError(f"{name}: smoothing needs scales_with_size")
+    if limit_extent is not None and (not smoothing or inverse or limit_extent <= 0):
+        raise ValueError(f"{name}: limit_extent needs a smoothing type with ascending strength and a positive value")
 
     def wrap(fn: Callable[..., object]) -> Callable[..., object]:
         lo, hi = strength_range
@@ -300,7 +312,7 @@ def perturbation(
                 name=name, family=family, modalities=tuple(modalities), geometry=geometry,
                 strength_range=(float(lo), float(hi)), levels=tuple(float(v) for v in levels),  # type: ignore[arg-type]
                 reference=reference, fn=fn, inverse=inverse, integer=integer, channels=channels, unit=unit,
-                scales_with_size=scales_with_size, smoothing=smoothing,
+                scales_with_size=scales_with_size, smoothing=smoothing, limit_extent=limit_extent,
             ),
         )
         return fn

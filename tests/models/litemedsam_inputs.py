@@ -22,6 +22,8 @@ from medrobust_lib.prompts import prompt_boxes
 
 DEMO_SEED = 0
 DEMO_N_PER_MODALITY = 24
+OFFICIAL_FIXTURE = Path(__file__).parent / "fixtures" / "litemedsam_official.npz"
+"""The official script's outputs on the items (``tools/litemedsam_official_fixtures.py``)."""
 ODD_SIZES: tuple[tuple[int, int], ...] = ((37, 300), (512, 97), (1000, 1000), (300, 37), (97, 512), (401, 173))
 """(height, width) of the resized extra items; each is made from a gray and from an RGB test image."""
 
@@ -84,3 +86,10 @@ def all_items(demo_root: Path) -> list[Item]:
     """:func:`demo_test_items` followed by :func:`odd_items`."""
     base = demo_test_items(demo_root)
     return base + odd_items(base)
+
+
+def official_mask(official: dict[str, np.ndarray], k: int) -> np.ndarray:
+    """Item ``k``'s official mask, bool (H, W), unpacked from the fixture's bit-packed masks."""
+    h, w = (int(v) for v in official["shapes"][k])
+    lo, hi = official["seg_offsets"][k], official["seg_offsets"][k + 1]
+    return np.unpackbits(official["seg_bits"][lo:hi])[: h * w].reshape(h, w).astype(bool)

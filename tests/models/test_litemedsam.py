@@ -30,35 +30,12 @@ from medrobust_lib.models.litemedsam import (
     verify_packaged_checkpoint,
 )
 from medrobust_lib.models.sam import CheckpointMismatch, read_state_dict
-from tests.models.litemedsam_inputs import DEMO_N_PER_MODALITY, DEMO_SEED, Item, all_items
-
-FIXTURE = Path(__file__).parent / "fixtures" / "litemedsam_official.npz"
+from tests.models.litemedsam_inputs import Item, official_mask
 
 
 @pytest.fixture(scope="module")
 def model() -> LiteMedSamSegmenter:
     return load_litemedsam()
-
-
-@pytest.fixture(scope="module")
-def official() -> dict[str, np.ndarray]:
-    with np.load(FIXTURE) as z:
-        return {k: z[k] for k in z.files}
-
-
-@pytest.fixture(scope="module")
-def items(tmp_path_factory: pytest.TempPathFactory) -> list[Item]:
-    from medrobust_lib.demo import build_demo
-
-    root = tmp_path_factory.mktemp("demo24")
-    build_demo(root, seed=DEMO_SEED, n_per_modality=DEMO_N_PER_MODALITY)
-    return all_items(root)
-
-
-def _official_mask(official: dict[str, np.ndarray], k: int) -> np.ndarray:
-    h, w = (int(v) for v in official["shapes"][k])
-    lo, hi = official["seg_offsets"][k], official["seg_offsets"][k + 1]
-    return np.unpackbits(official["seg_bits"][lo:hi])[: h * w].reshape(h, w).astype(bool)
 
 
 # ---- the packaged release and strict loading ---------------------------------------------------
@@ -208,7 +185,7 @@ def _check_official(model: LiteMedSamSegmenter, items: list[Item], official: dic
     for k, it, lg in zip(picked, chosen, logits, strict=True):
         full = lg.max(axis=0)
         mask = torch.sigmoid(torch.from_numpy(full)).numpy() > 0.5
-        assert np.array_equal(mask, _official_mask(official, k)), f"{it.name}: masks differ"
+        assert np.array_equal(mask, official_mask(official, k)), f"{it.name}: masks differ"
         got = full.ravel()[official["logit_index"][k]]
         np.testing.assert_allclose(got, official["logit_value"][k], rtol=0, atol=1e-4, err_msg=it.name)
         odd += it.name.startswith("odd/")
@@ -236,7 +213,7 @@ def test_differentiable_path_agrees_with_the_official_masks(model: LiteMedSamSeg
         x = x[None, None].expand(1, 3, -1, -1) if x.ndim == 2 else x.permute(2, 0, 1)[None]
         with torch.no_grad():
             lg = model.forward_logits(x.contiguous(), torch.from_numpy(it.boxes))[:, 0].amax(dim=0)
-        agree.append(float(((torch.sigmoid(lg) > 0.5).numpy() == _official_mask(official, k)).mean()))
+        agree.append(float(((torch.sigmoid(lg) > 0.5).numpy() == official_mask(official, k)).mean()))
     assert min(agree) > 0.99, agree
 
 

@@ -13,26 +13,10 @@ import torch
 
 from medrobust_lib.metrics.segmentation import dice
 from medrobust_lib.models.litemedsam import LiteMedSamSegmenter, load_litemedsam
-from tests.models.litemedsam_inputs import DEMO_N_PER_MODALITY, DEMO_SEED, Item, all_items
-from tests.models.test_litemedsam import FIXTURE, _official_mask
+from tests.models.litemedsam_inputs import Item, official_mask
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
-
-
-@pytest.fixture(scope="module")
-def official() -> dict[str, np.ndarray]:
-    with np.load(FIXTURE) as z:
-        return {k: z[k] for k in z.files}
-
-
-@pytest.fixture(scope="module")
-def items(tmp_path_factory: pytest.TempPathFactory) -> list[Item]:
-    from medrobust_lib.demo import build_demo
-
-    root = tmp_path_factory.mktemp("demo24")
-    build_demo(root, seed=DEMO_SEED, n_per_modality=DEMO_N_PER_MODALITY)
-    return all_items(root)
 
 
 def _masks(model: LiteMedSamSegmenter, items: list[Item]) -> list[np.ndarray]:
@@ -50,7 +34,7 @@ def test_cuda_masks_agree_with_the_official_script(items: list[Item], official: 
     agree = []
     by_mod: dict[str, list[tuple[float, float]]] = {}
     for k, (it, m) in enumerate(zip(items, masks, strict=True)):
-        ref = _official_mask(official, k)
+        ref = official_mask(official, k)
         agree.append(float((m == ref).mean()))
         if not it.name.startswith("odd/"):
             by_mod.setdefault(it.modality, []).append((dice(m, it.mask), dice(ref, it.mask)))

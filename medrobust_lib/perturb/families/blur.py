@@ -149,6 +149,7 @@ def motion_kernel(length: float, angle: float) -> np.ndarray:
     unit="blur length (pixels)",
     scales_with_size=True,
     smoothing=True,
+    limit_extent=2.0,  # beyond 1024 px: a line twice the longer side (near the means along lines; 1 GB at 2048 px)
 )
 def motion_blur(image: FloatImage, strength: float, rng: np.random.Generator) -> FloatImage:
     """Linear motion blur along a random direction.

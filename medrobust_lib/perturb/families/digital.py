@@ -122,6 +122,7 @@ def _cell_average(image: FloatImage, factor: float) -> FloatImage:
     unit="cell size (pixels)",
     scales_with_size=True,
     smoothing=True,
+    limit_extent=0.5,  # beyond 1024 px: cells of half the image: the four quadrant means, pixelate's limit
 )
 def pixelate(image: FloatImage, strength: float, rng: np.random.Generator) -> FloatImage:
     """Pixelation with cells of ``strength`` x ``strength`` pixels (float, 1 = identity, up to 16 on a
