@@ -150,7 +150,8 @@ def taxonomy_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinition:
         out_dir = suite_paths(s).reports / "taxonomy"
         with tracking.run(context, s, "taxonomy_report") as run:
             stats, corr = tr.write_taxonomy_stats(s.results_dir, s.seed, s.taxonomy.abstention_tau,
-                                                  max_error_share=s.max_error_share, min_n=s.stats.min_n)
+                                                  max_error_share=s.max_error_share, min_n=s.stats.min_n,
+                                                  include_off_band=s.perturbations.include_off_band)
             from medrobust_lib.tracks.taxonomy.screening import write_screening_stats
 
             screening = write_screening_stats(s.results_dir, max_error_share=s.max_error_share)

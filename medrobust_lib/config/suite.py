@@ -101,7 +101,8 @@ class PerturbationConfig(BaseModel):
     max_samples: int | None = Field(default=None, ge=1, description="cap per dataset, after the split filter")
     include_off_band: bool = Field(default=False, description=(
         "keep outputs whose SSIM missed their level's band in the mart's by-level and summary means, their CIs "
-        "and tests, the strategy ranking and vlm_stats (default: left out; always counted in the views' band_miss "
+        "and tests, the strategy ranking, vlm_stats and the taxonomy stats (default: left out; always counted in "
+        "the views' and taxonomy_quadrant_stats' band_miss "
         "column)"))
 
     @field_validator("bands")

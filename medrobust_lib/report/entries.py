@@ -80,7 +80,7 @@ REPORT_TABLES: list[ReportEntry] = [
     ReportEntry("strategy_ranking", "strategies",
                 lambda s, ids: pt.strategy_ranking(s.con, ids, s.include_floor), needs=pt.STRATEGY_VIEW),
     ReportEntry("vlm_task_drops", "vlm", lambda s, ids: pt.vlm_task_drops(s.con, ids)),
-    ReportEntry("taxonomy_quadrants", "taxonomy", lambda s, ids: pt.taxonomy_quadrants(s.con, ids, s.seed)),
+    ReportEntry("taxonomy_quadrants", "taxonomy", lambda s, ids: pt.taxonomy_quadrants(s.con, ids, s.seed, s.include_off_band)),
     ReportEntry("taxonomy_correlation", "taxonomy",
                 lambda s, ids: pt.taxonomy_correlation(s.con, ids, s.available.get("taxonomy", []), s.seed)),
     ReportEntry("taxonomy_screening", "taxonomy", lambda s, ids: taxonomy_screening(s.con, ids)),

@@ -408,7 +408,7 @@ def _pooled_share_ci(counts: np.ndarray, rng: np.random.Generator, n_boot: int =
 
 
 def taxonomy_quadrants(con: duckdb.DuckDBPyConnection, configs: Sequence[str] | None,
-                       seed: int = 0) -> TableResult:
+                       seed: int = 0, include_off_band: bool = False) -> TableResult:
     """Quadrant table per (config, image_mode, condition, quadrant), condition ``clean`` or
     :data:`PERTURBED` (every type and level pooled), from the ``taxonomy_quadrants`` view pooled
     over datasets: ``n`` (samples in the quadrant), ``n_total``, ``share = n / n_total`` in [0, 1],
@@ -420,7 +420,9 @@ def taxonomy_quadrants(con: duckdb.DuckDBPyConnection, configs: Sequence[str] | 
     ``dangerous_floor`` (share of samples whose label equals the text-only answer), each pooled
     with the groups' ``n_total`` as weights; ``share_abstention`` is the labelled sensitivity
     analysis (text-only |margin| < tau counts as changed), never the primary quadrant. ``n_error``
-    (infrastructure failures) is outside every denominator."""
+    (infrastructure failures) is outside every denominator. ``band_miss``: records whose perturbed
+    image missed its SSIM band, left out of the shares (``taxonomy_quadrant_stats``) and of their
+    CI unless ``include_off_band``."""
     where, params = where_in("config", configs)
     df = con.execute(f"select * from ({TAXONOMY_QUADRANTS_POOLED_SQL}) where {where}", params).df()
     if df.empty:
@@ -430,15 +432,15 @@ def taxonomy_quadrants(con: duckdb.DuckDBPyConnection, configs: Sequence[str] | 
     df["_c"] = (df["condition"] != "clean").astype(int)
     df = df.sort_values(["config", "image_mode", "_c", "_q"], kind="stable").drop(columns=["_q", "_c"])
     df = df.reset_index(drop=True)
-    for c in ("n", "n_total", "n_error"):
-        df[c] = df[c].astype("int64")
-    df = _add_share_ci(con, df, where, params, seed)
+    for c in ("n", "n_total", "n_error", "band_miss"):
+        df[c] = df[c].fillna(0).astype("int64")
+    df = _add_share_ci(con, df, where, params, seed, include_off_band)
     cols = (Column("Config", "config"), Column("No image", "image_mode"), Column("Cond.", "condition"),
             Column("Quadrant", "quadrant"),
             Column("Share [95% CI]", "share", "ci", "share_ci_low", "share_ci_high"),
             Column("Acc.", "accuracy", "float"), Column("H", "mean_entropy", "float"),
             Column("n", "n", "int"), Column("Total", "n_total", "int"), Column("Err.", "n_error", "int"),
-            Column("Flip", "flip_rate", "float"), Column("Text acc.", "text_only_accuracy", "float"),
+            Column("Off-band", "band_miss", "int"), Column("Flip", "flip_rate", "float"), Column("Text acc.", "text_only_accuracy", "float"),
             Column("Floor", "dangerous_floor", "float"),
             Column("Abst.", "share_abstention", "float"))
     return ReportTable(
@@ -447,7 +449,9 @@ def taxonomy_quadrants(con: duckdb.DuckDBPyConnection, configs: Sequence[str] | 
         "percentile bootstrap 95% CI resampling images; Acc. and H (entropy, bits) are means within the "
         "quadrant. No image: the image-removal mode; Cond.: clean or perturbed. Ideal = consistent and "
         "image-reliant, Dangerous = consistent but not image-reliant. Err.: infrastructure failures, in no "
-        "denominator. Flip = flip rate, the share of samples whose answers are not all identical across the "
+        "denominator. Off-band: records whose perturbed image missed its level's SSIM band, left out of the "
+        "shares unless the suite's perturbations.include_off_band (the CI follows --include-off-band). "
+        "Flip = flip rate, the share of samples whose answers are not all identical across the "
         "question and its paraphrases (negations excluded). Text acc. = accuracy without the image; Floor = "
         "the oracle Dangerous floor, the share of samples whose label equals the text-only answer, i.e. the "
         "Dangerous share of an accurate, consistent model (about 0.5 on label-balanced questions). Abst. is a "
@@ -456,15 +460,16 @@ def taxonomy_quadrants(con: duckdb.DuckDBPyConnection, configs: Sequence[str] | 
 
 
 def _add_share_ci(con: duckdb.DuckDBPyConnection, df: pd.DataFrame, where: str, params: list[object],
-                  seed: int) -> pd.DataFrame:
+                  seed: int, include_off_band: bool = False) -> pd.DataFrame:
     """``df`` with ``share_ci_low`` / ``share_ci_high`` from image-level counts of ok rows (NaN
-    without a ``taxonomy_results`` table)."""
+    without a ``taxonomy_results`` table); off-band records left out unless ``include_off_band``."""
     df["share_ci_low"] = np.nan
     df["share_ci_high"] = np.nan
     if not relation_exists(con, "taxonomy_results"):
         return df
     complete = relation_exists(con, COMPLETENESS_TABLE)
-    counts = con.execute(f"select * from ({quadrant_images_sql(complete)}) where {where}", params).df()
+    sql = quadrant_images_sql(complete, include_off_band, _band_rows(con))
+    counts = con.execute(f"select * from ({sql}) where {where}", params).df()
     if counts.empty:
         return df
     for (cfg, mode, cond), g in counts.groupby(["config", "image_mode", "condition"], sort=True):

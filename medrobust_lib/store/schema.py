@@ -272,6 +272,7 @@ TAXONOMY_QUADRANT_STATS_COLUMNS: tuple[tuple[str, str], ...] = (
     ("mean_pairwise_disagreement", "DOUBLE"), ("n_error", "BIGINT"), ("flip_rate", "DOUBLE"),
     ("text_only_accuracy", "DOUBLE"), ("dangerous_floor", "DOUBLE"), ("share_abstention", "DOUBLE"),
     ("abstention_tau", "DOUBLE"), ("negation_consistency", "DOUBLE"), ("n_negation_samples", "BIGINT"),
+    ("band_miss", "BIGINT"),
 )
 TAXONOMY_CORRELATION_STATS_COLUMNS: tuple[tuple[str, str], ...] = (
     ("scope", "VARCHAR"), ("perturbation", "VARCHAR"), ("level", "INTEGER"), ("image_mode", "VARCHAR"),
@@ -288,8 +289,9 @@ MART_TABLES.extend([
     MartTable("taxonomy_quadrant_stats", TAXONOMY_QUADRANT_STATS_COLUMNS,
               "per (config, dataset, type, level, image mode, quadrant): count and share of the ok rows with "
               "bootstrap CIs, accuracy with CIs, mean entropy and pairwise disagreement, error count; per group "
-              "the flip rate, text-only accuracy, oracle Dangerous floor, abstention sensitivity share and "
-              "negation robustness"),
+              "the flip rate, text-only accuracy, oracle Dangerous floor, abstention sensitivity share, "
+              "negation robustness and band_miss (records whose perturbed image missed its SSIM band, left out "
+              "of the statistics unless perturbations.include_off_band)"),
     MartTable("taxonomy_correlation_stats", TAXONOMY_CORRELATION_STATS_COLUMNS,
               "Pearson r between flip rate and Dangerous share over (config, dataset) points: headline on clean "
               "points, per perturbed condition, and pooled perturbed points with a cluster bootstrap CI"),

@@ -1,8 +1,8 @@
 """The statistics use the rows the views average (issue 30, deliver 6): a corruption output that
 missed its level's SSIM band is left out of the CIs, tests and rankings by default, as it is left out
 of the means, and kept with the switch (the suite's ``perturbations.include_off_band``, the report's
-``--include-off-band`` for the by-level table). Segmentation stats, the strategy ranking and the VLM
-stats.
+``--include-off-band`` for the by-level table). Segmentation stats, the strategy ranking, the VLM
+stats and the taxonomy stats.
 
 Seeded table: model ``m-full`` (strategy ``full`` of base ``m``) on dataset ``d``, clean IoU 0.8 for
 ten samples; ``blur`` level 4 loses 0.05-0.1375 IoU on the eight in-band outputs and 0.7 on the two
@@ -22,10 +22,11 @@ import pytest
 
 from medrobust_lib.store import results
 from medrobust_lib.store.marts import MART_TABLES, build_mart, connect_readonly
-from medrobust_lib.store.schema import VLM_COLUMN_NAMES, VLM_TABLE
+from medrobust_lib.store.schema import TAXONOMY_COLUMN_NAMES, TAXONOMY_TABLE, VLM_COLUMN_NAMES, VLM_TABLE
 from medrobust_lib.tracks.finetune.ranking import write_strategy_ranking
 from medrobust_lib.tracks.off_band import off_band
 from medrobust_lib.tracks.segmentation.stats import segmentation_stats
+from medrobust_lib.tracks.taxonomy.stats import write_taxonomy_stats
 from medrobust_lib.tracks.vlm.stats import write_vlm_stats
 
 SEG_COLUMNS = [c for c, _ in next(t.columns for t in MART_TABLES if t.name == "segmentation_results")]
@@ -152,3 +153,47 @@ def test_vlm_stats_leave_off_band_rows_out_by_default(tmp_path: Path) -> None:
         row = write_vlm_stats(res, seed=0, include_off_band=inc).iloc[0]
         assert (row["n_pairs"], row["perturbed_value"]) == (n, pytest.approx(value))
         assert row["drop"] == pytest.approx(1.0 - value)
+
+
+def _taxonomy(sample: str, perturbation: str, level: int, quadrant: str) -> dict[str, Any]:
+    r: dict[str, Any] = dict.fromkeys(TAXONOMY_COLUMN_NAMES)
+    consistent, reliant = quadrant in ("Ideal", "Dangerous"), quadrant in ("Ideal", "Fragile")
+    r.update(config="c", checkpoint="base", dataset="d", modality="ct", sample_id=sample, record_id=f"r-{sample}",
+             perturbation=perturbation, level=level, image_mode="none", n_variants=3, answer="yes",
+             source="logprobs", outcome="ok", quadrant=quadrant, consistent=consistent, image_reliant=reliant,
+             pairwise_disagreement=0.0 if consistent else 2 / 3, entropy_original=0.5, correct_original=1.0,
+             pred_original="yes", pred_removed="no" if reliant else "yes", margin_removed=-2.0 if reliant else 2.0,
+             n_negations=0)
+    return r
+
+
+def test_taxonomy_stats_leave_off_band_records_out_by_default(tmp_path: Path) -> None:
+    """Every clean and in-band perturbed record is Ideal, the two off-band ones Dangerous: the blur
+    level-4 group has 8 records, Dangerous share 0, band_miss 2 by default; 10 records, share 0.2
+    with the switch (band_miss 2 either way); the clean group is untouched (band_miss 0)."""
+    res = tmp_path / "results"
+    results.write_chunk(results.chunk_path(res, "perturbation_manifest", {"modality": "ct", "level": 4}, "d"),
+                        MANIFEST, "fp")
+    tax = pd.DataFrame([_taxonomy(s, "clean", 0, "Ideal") for s in SAMPLES]
+                       + [_taxonomy(s, "blur", 4, "Dangerous" if s in OFF else "Ideal") for s in SAMPLES],
+                       columns=list(TAXONOMY_COLUMN_NAMES))
+    for level in (0, 4):
+        part = {"config": "c", "run": "clean" if level == 0 else "perturbation", "modality": "ct", "level": level}
+        results.write_chunk(results.chunk_path(res, TAXONOMY_TABLE, part, "d"), tax[tax["level"] == level], "fp")
+    for inc, n, share in ((False, 8, 0.0), (True, 10, 0.2)):
+        quad, _ = write_taxonomy_stats(res, seed=0, include_off_band=inc)
+        blur = quad[(quad["perturbation"] == "blur") & (quad["quadrant"] == "Dangerous")].iloc[0]
+        assert (blur["n_total"], blur["band_miss"]) == (n, 2) and blur["share"] == pytest.approx(share)
+        clean = quad[quad["perturbation"] == "clean"]
+        assert set(clean["band_miss"]) == {0} and set(clean["n_total"]) == {10}
+        # the mart's pooled view and the images the report's CI resamples use the same records
+        mart = tmp_path / f"m{int(inc)}.duckdb"
+        build_mart(res, mart, include_off_band=inc)
+        con = connect_readonly(mart)
+        try:
+            pooled = con.execute("select band_miss, n_total from taxonomy_quadrants_pooled "
+                                 "where condition = 'perturbed' and quadrant = 'Dangerous'").fetchall()
+            images = con.execute("select sum(n) from taxonomy_quadrant_images where condition = 'perturbed'").fetchone()
+        finally:
+            con.close()
+        assert pooled == [(2, n)] and images == (n,)

@@ -112,10 +112,11 @@ def fake_correlation(df: pd.DataFrame, seed: int = 0, min_n: int = 5) -> pd.Data
 
 @pytest.fixture()
 def fake_stats(monkeypatch: pytest.MonkeyPatch) -> None:
-    from medrobust_lib.taxonomy.stats import condition_points
+    from medrobust_lib.taxonomy.stats import GROUP_COLUMNS, condition_points
 
     mod = types.ModuleType("medrobust_lib.taxonomy.stats")
     mod.condition_points = condition_points  # type: ignore[attr-defined]  # the scatter's points stay real
+    mod.GROUP_COLUMNS = GROUP_COLUMNS  # type: ignore[attr-defined]
     mod.quadrant_stats = fake_quadrant_stats  # type: ignore[attr-defined]
     mod.flip_dangerous_correlation = fake_correlation  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "medrobust_lib.taxonomy.stats", mod)

@@ -89,7 +89,7 @@ SEGMENTATION_FLOOR_SQL = f"""
         order by model, checkpoint, strategy, dataset"""
 
 
-def _sql_bool(value: bool | str) -> str:
+def sql_bool(value: bool | str) -> str:
     """A Python bool as SQL ``true``/``false``; a string is taken as a SQL expression (e.g. ``$p``)."""
     return value if isinstance(value, str) else ("true" if value else "false")
 
@@ -135,8 +135,8 @@ def seg_rows_ctes(include_floor: bool | str = False, where: str = "true", includ
     parameter ``$include_floor``. ``band_rows``: the query of the manifest's band flags
     (:data:`NO_BAND_ROWS_SQL` where the database has no manifest).
     """
-    inc = _sql_bool(include_floor)
-    inc_ob = _sql_bool(include_off_band)
+    inc = sql_bool(include_floor)
+    inc_ob = sql_bool(include_off_band)
     return f"""floor_ds as ({SEGMENTATION_FLOOR_SQL}),
         floor_model as (
             select model, checkpoint, strategy, bool_and(floor_effect) as all_floor,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from medrobust_lib.store.completeness import complete_filter_sql
 from medrobust_lib.store.schema import QUADRANTS, TAXONOMY_TABLE
-from medrobust_lib.store.views.common import View, static
+from medrobust_lib.store.views.common import BAND_ROWS_SQL, View, off_band_sql, sql_bool, static
 
 _QUADRANT_ORDER_SQL = "case {col} " + " ".join(f"when '{q}' then {i}" for i, q in enumerate(QUADRANTS)) + " end"
 """Sort key of a quadrant column: Ideal, Fragile, Dangerous, Worst (unknown values last)."""
@@ -84,20 +84,30 @@ TAXONOMY_QUADRANTS_POOLED_SQL = f"""
                    / nullif(sum(n) filter (where accuracy is not null and n > 0), 0) as accuracy,
                sum(mean_entropy * n) filter (where mean_entropy is not null and n > 0)
                    / nullif(sum(n) filter (where mean_entropy is not null and n > 0), 0) as mean_entropy,
-               sum(n_error) as n_error,
+               sum(n_error) as n_error, sum(band_miss) as band_miss,
                {_pooled("flip_rate")}, {_pooled("text_only_accuracy")}, {_pooled("dangerous_floor")},
                {_pooled("share_abstention")}, any_value(abstention_tau) as abstention_tau
         from q group by config, image_mode, condition, quadrant"""
 
 
-def taxonomy_quadrant_images(complete_only: bool = True) -> str:
+def taxonomy_quadrant_images(complete_only: bool = True, include_off_band: bool | str = False,
+                             band_rows: str = BAND_ROWS_SQL) -> str:
     """Per (config, image_mode, condition clean or :data:`PERTURBED`, dataset, sample_id, quadrant):
     ``n``, the ok ``taxonomy_results`` rows (of complete partitions unless ``complete_only`` is false,
-    for a database without ``partition_completeness``)."""
-    complete = complete_filter_sql(TAXONOMY_TABLE, TAXONOMY_TABLE) if complete_only else "true"
+    for a database without ``partition_completeness``); records whose perturbed image missed its
+    SSIM band (``band_rows``, the manifest's flags) are left out unless ``include_off_band``, as
+    ``taxonomy_quadrant_stats`` leaves them out."""
+    complete = complete_filter_sql(TAXONOMY_TABLE, "t") if complete_only else "true"
+    off = off_band_sql("t.perturbation <> 'clean'", "b.band_reached")
     return f"""
-        select config, image_mode, {_CONDITION_SQL} as condition, dataset, sample_id, quadrant, count(*) as n
-        from {TAXONOMY_TABLE} where outcome = 'ok' and quadrant is not null and {complete}
+        with band_rows as ({band_rows})
+        select t.config, t.image_mode, {_CONDITION_SQL.replace("perturbation", "t.perturbation")} as condition,
+               t.dataset, t.sample_id, t.quadrant, count(*) as n
+        from {TAXONOMY_TABLE} t
+        left join band_rows b on b.dataset = t.dataset and b.sample_id = t.sample_id
+             and b.perturbation = t.perturbation and b.level = t.level
+        where t.outcome = 'ok' and t.quadrant is not null and {complete}
+              and ({sql_bool(include_off_band)} or not {off})
         group by all"""
 
 
@@ -125,8 +135,10 @@ image_mode, then signal (max_p, margin, entropy)."""),
 `share` (n / n_total), `accuracy` and `mean_entropy` weighted by each cell's `n`, `n_error`, and the
 group's `flip_rate`, `text_only_accuracy`, `dangerous_floor`, `share_abstention` weighted by
 `n_total`, `abstention_tau`. The report's `taxonomy_quadrants` table reads it."""),
-    View("taxonomy_quadrant_images", lambda _include_off_band: taxonomy_quadrant_images(),
+    View("taxonomy_quadrant_images", lambda include_off_band: taxonomy_quadrant_images(
+        include_off_band=include_off_band),
          """ (from `taxonomy_results`, complete partitions only): one row per (config,
-image_mode, `condition` clean or `perturbed`, dataset, sample_id, quadrant): `n` ok rows. The
+image_mode, `condition` clean or `perturbed`, dataset, sample_id, quadrant): `n` ok rows (records
+whose perturbed image missed its SSIM band left out unless `perturbations.include_off_band`). The
 report resamples these images for the CI of the pooled shares."""),
 ]

@@ -25,6 +25,7 @@ from medrobust_lib.store.schema import (
 from medrobust_lib.store.schema import (
     TAXONOMY_COLUMN_NAMES as COLUMN_NAMES,
 )
+from medrobust_lib.tracks.off_band import MANIFEST_TABLE, off_band
 
 if TYPE_CHECKING:
     pass
@@ -51,17 +52,27 @@ def read_taxonomy_results(results_dir: str | Path) -> pd.DataFrame:
 
 def write_taxonomy_stats(results_dir: str | Path, seed: int = 0, abstention_tau: float | None = None, *,
                          max_error_share: float = DEFAULT_MAX_ERROR_SHARE,
-                         min_n: int = DEFAULT_MIN_N) -> tuple[pd.DataFrame, pd.DataFrame]:
+                         min_n: int = DEFAULT_MIN_N, include_off_band: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Recompute both taxonomy stats tables from every ``taxonomy_results`` row and return them
     as (quadrant stats, correlation stats). ``abstention_tau`` (nats; None: the default ln 2) is
     the band of the sensitivity column ``share_abstention``. Quadrant stats: one chunk per configuration under
     ``taxonomy_quadrant_stats/config=<id>/stats.parquet`` (folders of configurations without
     stats are removed); correlation stats: one chunk ``taxonomy_correlation_stats/batch=all/
-    stats.parquet`` (removed when there are none)."""
-    from medrobust_lib.taxonomy.stats import flip_dangerous_correlation, quadrant_stats
+    stats.parquet`` (removed when there are none).
+
+    Off-band records (perturbed images whose SSIM missed their level's band in
+    ``perturbation_manifest``) are left out of both tables unless ``include_off_band`` (the suite's
+    ``perturbations.include_off_band``), as the segmentation and VLM statistics leave them out;
+    ``band_miss`` counts them per group (on the group's four rows) either way."""
+    from medrobust_lib.taxonomy.stats import GROUP_COLUMNS, flip_dangerous_correlation, quadrant_stats
 
     tau = DEFAULT_ABSTENTION_TAU if abstention_tau is None else abstention_tau
     df = complete_rows(read_taxonomy_results(results_dir), TAXONOMY_TABLE, max_error_share)  # complete partitions
+    missed = off_band(df, results.read_table(results_dir, MANIFEST_TABLE)) if len(df) else None
+    misses = (df[missed].groupby(list(GROUP_COLUMNS), dropna=False).size().rename("band_miss").reset_index()
+              if missed is not None and missed.any() else None)
+    if missed is not None and not include_off_band:
+        df = df[~missed]
     if df.empty:
         quad = pd.DataFrame(columns=list(QUADRANT_STATS_COLUMNS))
         corr = pd.DataFrame(columns=list(CORRELATION_STATS_COLUMNS))
@@ -71,10 +82,11 @@ def write_taxonomy_stats(results_dir: str | Path, seed: int = 0, abstention_tau:
     if len(quad):
         quad["config"] = quad["config"].astype(str)
         quad["level"] = pd.to_numeric(quad["level"]).astype(int)
+        quad = _with_band_miss(quad, misses)
     if len(corr) and "level" in corr.columns:
         corr["level"] = pd.to_numeric(corr["level"]).astype("Int64")
 
-    fp = results.fingerprint(["taxonomy_stats", seed, tau, len(df), len(quad), len(corr)])
+    fp = results.fingerprint(["taxonomy_stats", seed, tau, len(df), len(quad), len(corr), include_off_band])
     results.write_per_key(results_dir, QUADRANT_STATS_TABLE, quad, "config", fp)
 
     keep: set[str] = set()
@@ -84,6 +96,22 @@ def write_taxonomy_stats(results_dir: str | Path, seed: int = 0, abstention_tau:
         keep.add(path.parent.name)
     _remove_stale(results_dir, CORRELATION_STATS_TABLE, keep)
     return quad, corr
+
+
+def _with_band_miss(quad: pd.DataFrame, misses: pd.DataFrame | None) -> pd.DataFrame:
+    """``quad`` with ``band_miss`` per group: its off-band records (0 when none)."""
+    from medrobust_lib.taxonomy.stats import GROUP_COLUMNS
+
+    quad = quad.drop(columns=["band_miss"], errors="ignore")
+    if misses is None:
+        quad["band_miss"] = 0
+        return quad
+    m = misses.copy()
+    m["config"] = m["config"].astype(str)
+    m["level"] = pd.to_numeric(m["level"]).astype(int)
+    out = quad.merge(m, on=list(GROUP_COLUMNS), how="left")
+    out["band_miss"] = out["band_miss"].fillna(0).astype("int64")
+    return out.reindex(columns=list(QUADRANT_STATS_COLUMNS))
 
 
 def _remove_stale(results_dir: str | Path, table: str, keep: set[str]) -> None:
