@@ -242,7 +242,8 @@ def quadrant_stats(df: pd.DataFrame, seed: int = 0, n_boot: int = 1000,
     ``pred_removed``, ``correct_original`` (0/1), ``entropy_original`` (bits, may be NULL for
     generated answers) and ``pairwise_disagreement``; ``outcome``, ``image_reliant`` with
     ``margin_removed`` (abstention) and ``n_negations`` with ``negation_consistent`` are optional.
-    Returns the ``taxonomy_quadrant_stats`` columns (declared in ``store/schema.py``), four rows per group (every quadrant of
+    Returns the ``taxonomy_quadrant_stats`` columns (declared in ``store/schema.py``) but
+    ``band_miss`` (added by the writer, from the manifest), four rows per group (every quadrant of
     :data:`~medrobust_lib.types.QUADRANTS`, in that order, groups sorted):
 
     * ``n`` samples in the quadrant, ``n_total`` ok samples in the group, ``n_error`` error rows
