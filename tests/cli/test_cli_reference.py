@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
+
+from tests.tools.tool_loader import load_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gen_cli_reference", ROOT / "tools" / "gen_cli_reference.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("gen_cli_reference")
 
 
 def test_docs_cli_reference_matches_the_cli() -> None:

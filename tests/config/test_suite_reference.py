@@ -3,22 +3,19 @@ regenerates it and compares, and checks that every key of every section is there
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 from types import ModuleType
 
 from pydantic import BaseModel
 
+from tests.tools.tool_loader import load_tool
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gen_suite_reference", ROOT / "tools" / "gen_suite_reference.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("gen_suite_reference")
 
 
 def test_docs_suite_md_matches_the_config_models() -> None:
