@@ -34,8 +34,8 @@ import argparse
 import importlib
 import os
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -216,21 +216,17 @@ def regenerate_feed(pairs: list[tuple[dict[str, Any], Sample]], workers: int,
                 yield s, img, mask
         return
     from medrobust_lib import runtime
+    from medrobust_lib.tracks.feed import prefetched
 
-    depth = prefetch or 2 * workers
     pool = runtime.process_pool("feed", workers)  # the product feed's pool (spawned once, kept)
-    pending: deque[tuple[Sample, Any]] = deque()
-    it = iter(tasks)
-    for task in it:
-        pending.append((task[0], pool.submit(_regenerate_task, task)))
-        if len(pending) >= depth:
-            break
-    while pending:
-        s, fut = pending.popleft()
-        nxt = next(it, None)
-        if nxt is not None:
-            pending.append((nxt[0], pool.submit(_regenerate_task, nxt)))
-        for img, mask in fut.result():
+
+    Outs = list[tuple[np.ndarray, np.ndarray]]
+
+    def start(task: tuple[Sample, list[dict[str, Any]]]) -> Outs | Future[Outs]:
+        return pool.submit(_regenerate_task, task)
+
+    for (s, _), outs, _ in prefetched(tasks, start, prefetch or 2 * workers):
+        for img, mask in outs:
             yield s, img, mask
 
 

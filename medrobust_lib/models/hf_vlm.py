@@ -38,8 +38,6 @@ _PROMPT_MEMO = 4096
 """Rendered prompts a model remembers (:meth:`HFVisionLanguageModel.chat_prompt`) before it starts over."""
 
 
-
-
 def first_token_ids(tokenizer: Any, options: Sequence[str]) -> list[int]:
     """The first token id of each option, encoded without special tokens (the token a one-step
     score reads). ValueError when an option encodes to nothing or two options share a first token."""
@@ -60,6 +58,7 @@ def option_log_probs(logits: torch.Tensor, ids: Sequence[int], options: Sequence
     logp = torch.log_softmax(logits.float(), dim=-1)[:, list(ids)].cpu().numpy()
     return [{o: float(row[k]) for k, o in enumerate(options)} for row in logp]
 
+
 def batch_groups(images: Sequence[np.ndarray | None], batch_size: int) -> list[list[int]]:
     """Index batches of at most ``batch_size``, each all-image or all-text-only (a text-only prompt
     has ``None`` for its image), in input order within a kind."""
@@ -68,6 +67,7 @@ def batch_groups(images: Sequence[np.ndarray | None], batch_size: int) -> list[l
         idx = [i for i, im in enumerate(images) if (im is not None) == kind]
         out.extend(idx[j : j + batch_size] for j in range(0, len(idx), batch_size))
     return out
+
 
 class ModelNotAvailable(FileNotFoundError):
     """A model folder or cached hub id that is not on this machine."""

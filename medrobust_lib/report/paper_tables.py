@@ -440,7 +440,8 @@ def taxonomy_quadrants(con: duckdb.DuckDBPyConnection, configs: Sequence[str] | 
             Column("Share [95% CI]", "share", "ci", "share_ci_low", "share_ci_high"),
             Column("Acc.", "accuracy", "float"), Column("H", "mean_entropy", "float"),
             Column("n", "n", "int"), Column("Total", "n_total", "int"), Column("Err.", "n_error", "int"),
-            Column("Off-band", "band_miss", "int"), Column("Flip", "flip_rate", "float"), Column("Text acc.", "text_only_accuracy", "float"),
+            Column("Off-band", "band_miss", "int"), Column("Flip", "flip_rate", "float"),
+            Column("Text acc.", "text_only_accuracy", "float"),
             Column("Floor", "dangerous_floor", "float"),
             Column("Abst.", "share_abstention", "float"))
     return ReportTable(

@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from medrobust_lib import runtime
 from medrobust_lib.data.dataset import index_dataset, load_sample
@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 
 SampleKey = tuple[str, str]
 """(dataset, sample_id)."""
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def _key(row: dict[str, Any]) -> SampleKey:
@@ -218,26 +220,39 @@ def regenerate_stream(suite: Any, modality: str, split: str, rows: Sequence[dict
         return
     pool = _pool(n_workers)
     samples = clean_samples(suite, modality, split)
-    inflight: deque[tuple[list[dict[str, Any]], list[PerturbOutput] | Future[list[PerturbOutput]]]] = deque()
+
+    def start(part: list[dict[str, Any]]) -> list[PerturbOutput] | Future[list[PerturbOutput]]:
+        known = [regen_cache.lookup(row, samples[_key(row)]) if _key(row) in samples else None for row in part]
+        done = [o for o in known if o is not None]
+        # a task already regenerated in this process (another model, same partition) is not sent again
+        return done if len(done) == len(part) else pool.submit(_regenerate_rows, suite, modality, split, part)
+
+    for part, outs, fresh in prefetched(parts, start, prefetch):
+        if not fresh:
+            yield from outs
+            continue
+        for row, out in zip(part, outs, strict=True):
+            yield regen_cache.remember(row, samples[_key(row)], out) if _key(row) in samples else out
+
+
+def prefetched(tasks: Sequence[T], start: Callable[[T], R | Future[R]], prefetch: int) -> Iterator[tuple[T, R, bool]]:
+    """``(task, result, fresh)`` for every task in order, with at most ``prefetch`` (>= 1) tasks
+    started ahead of the consumer. ``start(task)`` returns the result itself or a
+    :class:`~concurrent.futures.Future` of it (``fresh``: it came from one); futures still pending
+    when the consumer stops are cancelled."""
+    inflight: deque[tuple[T, R | Future[R]]] = deque()
     nxt = 0
     try:
-        while nxt < len(parts) or inflight:
-            while nxt < len(parts) and len(inflight) < prefetch:
-                part = parts[nxt]
-                known = [regen_cache.lookup(row, samples[_key(row)]) if _key(row) in samples else None
-                         for row in part]
-                done = [o for o in known if o is not None]
-                # a task already regenerated in this process (another model, same partition) is not sent again
-                inflight.append((part, done if len(done) == len(part)
-                                 else pool.submit(_regenerate_rows, suite, modality, split, part)))
+        while nxt < len(tasks) or inflight:
+            while nxt < len(tasks) and len(inflight) < prefetch:
+                inflight.append((tasks[nxt], start(tasks[nxt])))
                 nxt += 1
-            part, pending = inflight.popleft()
-            if isinstance(pending, list):
-                yield from pending
-                continue
-            for row, out in zip(part, pending.result(), strict=True):
-                yield regen_cache.remember(row, samples[_key(row)], out) if _key(row) in samples else out
+            task, pending = inflight.popleft()
+            if isinstance(pending, Future):
+                yield task, pending.result(), True
+            else:
+                yield task, pending, False
     finally:
         for _, f in inflight:
-            if not isinstance(f, list):
+            if isinstance(f, Future):
                 f.cancel()

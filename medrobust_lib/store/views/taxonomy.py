@@ -66,7 +66,9 @@ TAXONOMY_SCREENING_SQL = """
 
 PERTURBED = "perturbed"
 """``condition`` of the pooled perturbed rows in :func:`taxonomy_quadrants_pooled`."""
-_CONDITION_SQL = f"case when perturbation = 'clean' then 'clean' else '{PERTURBED}' end"
+def _condition_sql(perturbation: str = "perturbation") -> str:
+    """SQL: ``clean`` for the clean rows of the ``perturbation`` column, else :data:`PERTURBED`."""
+    return f"case when {perturbation} = 'clean' then 'clean' else '{PERTURBED}' end"
 
 
 def _pooled(col: str) -> str:
@@ -76,7 +78,7 @@ def _pooled(col: str) -> str:
 
 
 TAXONOMY_QUADRANTS_POOLED_SQL = f"""
-        with q as (select *, {_CONDITION_SQL} as condition from taxonomy_quadrants)
+        with q as (select *, {_condition_sql()} as condition from taxonomy_quadrants)
         select config, image_mode, condition, quadrant,
                sum(n) as n, sum(n_total) as n_total,
                cast(sum(n) as double) / nullif(sum(n_total), 0) as share,
@@ -101,7 +103,7 @@ def taxonomy_quadrant_images(complete_only: bool = True, include_off_band: bool 
     off = off_band_sql("t.perturbation <> 'clean'", "b.band_reached")
     return f"""
         with band_rows as ({band_rows})
-        select t.config, t.image_mode, {_CONDITION_SQL.replace("perturbation", "t.perturbation")} as condition,
+        select t.config, t.image_mode, {_condition_sql("t.perturbation")} as condition,
                t.dataset, t.sample_id, t.quadrant, count(*) as n
         from {TAXONOMY_TABLE} t
         left join band_rows b on b.dataset = t.dataset and b.sample_id = t.sample_id

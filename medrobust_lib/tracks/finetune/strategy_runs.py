@@ -70,8 +70,6 @@ def registry_model_config(suite: Suite, uri: str, mlruns_dir: str | Path | None 
     setting from :func:`_evaluation_template` (the fine-tuning base's caps and levels, so the
     version's rows pair sample by sample with the strategies'). The checkpoint is the version's
     local file, so loading needs no registry lookup."""
-
-
     name, version = model_registry.resolve_version(uri, mlruns_dir)
     pinned = f"models:/{name}/{version}"
     weights = model_registry.resolve_model_uri(pinned, mlruns_dir)
@@ -80,14 +78,13 @@ def registry_model_config(suite: Suite, uri: str, mlruns_dir: str | Path | None 
     if "family" not in meta or "arch" not in meta:
         raise ValueError(f"{uri}: version {version} has no config.json with 'family' and 'arch' next to its weights "
                          f"({cfg_file}); register checkpoint folders written by save_checkpoint")
-    update = {"id": registry_model_id(name, version), "checkpoint": str(weights.resolve()),
-              "strategy": str(meta.get("strategy", "unknown"))}
     template = _evaluation_template(suite, str(meta["family"]), str(meta["arch"]))
-    if template is not None:
-        return template.model_copy(update=update)
-    devices = {m.device for m in suite.segmentation.models}
-    return SegModelConfig(id=update["id"], family=meta["family"], arch=meta["arch"], checkpoint=update["checkpoint"],
-                          strategy=update["strategy"], device=devices.pop() if len(devices) == 1 else "cpu")
+    if template is None:  # no suite model of its family and architecture: the defaults
+        devices = {m.device for m in suite.segmentation.models}
+        template = SegModelConfig(id=registry_model_id(name, version), family=meta["family"], arch=meta["arch"],
+                                  checkpoint=str(weights.resolve()), device=devices.pop() if len(devices) == 1 else "cpu")
+    return template.model_copy(update={"id": registry_model_id(name, version), "checkpoint": str(weights.resolve()),
+                                       "strategy": str(meta.get("strategy", "unknown"))})
 
 
 def _evaluation_template(suite: Suite, family: str, arch: str) -> SegModelConfig | None:

@@ -9,7 +9,6 @@ themselves live in :mod:`medrobust_lib.taxonomy.stats`; the figures in
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -26,9 +25,6 @@ from medrobust_lib.store.schema import (
     TAXONOMY_COLUMN_NAMES as COLUMN_NAMES,
 )
 from medrobust_lib.tracks.off_band import MANIFEST_TABLE, off_band
-
-if TYPE_CHECKING:
-    pass
 
 QUADRANT_STATS_TABLE = "taxonomy_quadrant_stats"
 CORRELATION_STATS_TABLE = "taxonomy_correlation_stats"
@@ -68,10 +64,9 @@ def write_taxonomy_stats(results_dir: str | Path, seed: int = 0, abstention_tau:
 
     tau = DEFAULT_ABSTENTION_TAU if abstention_tau is None else abstention_tau
     df = complete_rows(read_taxonomy_results(results_dir), TAXONOMY_TABLE, max_error_share)  # complete partitions
-    missed = off_band(df, results.read_table(results_dir, MANIFEST_TABLE)) if len(df) else None
-    misses = (df[missed].groupby(list(GROUP_COLUMNS), dropna=False).size().rename("band_miss").reset_index()
-              if missed is not None and missed.any() else None)
-    if missed is not None and not include_off_band:
+    missed = off_band(df, results.read_table(results_dir, MANIFEST_TABLE))
+    misses = df[missed].groupby(list(GROUP_COLUMNS), dropna=False).size().rename("band_miss").reset_index()
+    if not include_off_band:
         df = df[~missed]
     if df.empty:
         quad = pd.DataFrame(columns=list(QUADRANT_STATS_COLUMNS))
@@ -98,20 +93,16 @@ def write_taxonomy_stats(results_dir: str | Path, seed: int = 0, abstention_tau:
     return quad, corr
 
 
-def _with_band_miss(quad: pd.DataFrame, misses: pd.DataFrame | None) -> pd.DataFrame:
-    """``quad`` with ``band_miss`` per group: its off-band records (0 when none)."""
+def _with_band_miss(quad: pd.DataFrame, misses: pd.DataFrame) -> pd.DataFrame:
+    """``quad`` with ``band_miss`` per group: its off-band records (0 when none). ``misses``: the
+    group columns and ``band_miss`` of the groups with some."""
     from medrobust_lib.taxonomy.stats import GROUP_COLUMNS
 
     quad = quad.drop(columns=["band_miss"], errors="ignore")
-    if misses is None:
-        quad["band_miss"] = 0
-        return quad
-    m = misses.copy()
-    m["config"] = m["config"].astype(str)
-    m["level"] = pd.to_numeric(m["level"]).astype(int)
-    out = quad.merge(m, on=list(GROUP_COLUMNS), how="left")
-    out["band_miss"] = out["band_miss"].fillna(0).astype("int64")
-    return out.reindex(columns=list(QUADRANT_STATS_COLUMNS))
+    if len(misses):
+        quad = quad.merge(misses, on=list(GROUP_COLUMNS), how="left")
+    quad["band_miss"] = quad["band_miss"].fillna(0).astype("int64") if "band_miss" in quad else 0
+    return quad.reindex(columns=list(QUADRANT_STATS_COLUMNS))
 
 
 def _remove_stale(results_dir: str | Path, table: str, keep: set[str]) -> None:
