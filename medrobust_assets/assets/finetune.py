@@ -80,7 +80,7 @@ def finetune_family(base_id: str, strategies: list[str], base_checkpoint: Any) -
             **metrics, "trainable_modules": dg.MetadataValue.json(r.trainable_modules),
             "checkpoint": dg.MetadataValue.path(r.checkpoint),
             "registered_model": seg_model_name(base_id, strategy), "registered_version": version,
-            "new_version": created,
+            "new_version": created, "reused": r.reused,
         })
 
     @dg.asset(

@@ -18,7 +18,8 @@ def _eval_metadata(summary: Any) -> dict[str, Any]:
     return {"n_rows": summary.n_rows, "n_failed": summary.n_failed, "mean_iou": summary.mean_iou,
             "mean_dice": summary.mean_dice, "clean_cache_hits": summary.clean_cache_hits,
             "clean_cache_misses": summary.clean_cache_misses, "images_per_s": summary.n_images / summary.total_seconds
-            if summary.total_seconds else float("nan"), "pipeline_overhead": overhead}
+            if summary.total_seconds else float("nan"), "pipeline_overhead": overhead,
+            "reused": summary.reused}  # true: the partition was current (a resumed run), nothing scored
 
 
 def _run_partition(context: dg.AssetExecutionContext, suite: SuiteResource, tracking: TrackingResource,

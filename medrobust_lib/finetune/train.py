@@ -22,6 +22,7 @@ import torch
 from medrobust_lib.config.common import TrainLoop
 from medrobust_lib.config.segmentation import PromptConfig
 from medrobust_lib.data.sample import Sample
+from medrobust_lib.hashing import file_sha256
 from medrobust_lib.metrics.segmentation import dice
 from medrobust_lib.models.losses import dice_bce_loss
 from medrobust_lib.models.sam import SamSegmenter, to_tensor_batch
@@ -271,7 +272,8 @@ def train_segmenter(
 
 
 def save_checkpoint(model: SamSegmenter, folder: str | Path, meta: dict[str, Any]) -> Path:
-    """``model.safetensors`` plus ``config.json`` (family, arch and provenance)."""
+    """``model.safetensors`` plus ``config.json`` (family, arch, provenance and ``weights_sha256``,
+    the SHA-256 of the safetensors file)."""
     from safetensors.torch import save_file
 
     out = Path(folder)
@@ -279,6 +281,7 @@ def save_checkpoint(model: SamSegmenter, folder: str | Path, meta: dict[str, Any
     state = {k: v.detach().cpu().contiguous() for k, v in model.sam.state_dict().items()}
     tmp = out / "model.safetensors.tmp"
     save_file(state, str(tmp))
+    meta = {**meta, "weights_sha256": file_sha256(tmp)}  # what a reuse of this checkpoint checks
     tmp.replace(out / "model.safetensors")
     (out / "config.json").write_text(json.dumps(meta, indent=1, sort_keys=True, default=str))
     return out / "model.safetensors"

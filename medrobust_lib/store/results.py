@@ -85,6 +85,21 @@ def chunk_is_current(path: Path, fp: str) -> bool:
     return stored is not None and stored.decode(errors="replace") == fp and CONTENT_HASH_KEY in meta
 
 
+def chunks_current(results_dir: str | Path, table: str, partition: Mapping[str, object], names: Iterable[str],
+                   fp: str) -> bool:
+    """A resumed run may reuse the partition: it holds exactly the chunks ``names`` (at least one;
+    no other chunk, no missing one) and each is current for ``fp`` (:func:`chunk_is_current`).
+    Only the file metadata is read; the caller reads the rows with :func:`read_partition`, which
+    verifies them (a corrupt chunk is then a :class:`CorruptChunkError`, and the partition is
+    computed again)."""
+    wanted = set(names)
+    folder = partition_dir(results_dir, table, partition)
+    if not wanted or not folder.is_dir():
+        return False
+    present = {f.stem for f in folder.glob("*.parquet")}
+    return present == wanted and all(chunk_is_current(folder / f"{n}.parquet", fp) for n in sorted(wanted))
+
+
 class CorruptChunkError(OSError):
     """A result chunk failed its page checksums or its content hash, or does not parse. The message
     names the table, the file and the partition."""

@@ -51,3 +51,36 @@ def test_strategy_checkpoint_loads_and_reports(ft_suite: Suite, strategy: str) -
 def test_unknown_strategy_is_refused(ft_suite: Suite) -> None:
     with pytest.raises(ValueError, match="not configured"):
         finetune_strategy(ft_suite, "prompt_tuning")
+
+
+def _with_lr(suite: Suite, lr: float) -> Suite:
+    ft = suite.segmentation.finetune
+    assert ft is not None
+    ft = ft.model_copy(update={"train": ft.train.model_copy(update={"lr": lr})})
+    return suite.model_copy(update={"segmentation": suite.segmentation.model_copy(update={"finetune": ft})})
+
+
+def test_a_checkpoint_of_the_same_recipe_is_kept(ft_suite: Suite, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A resumed run keeps a checkpoint trained from the same recipe instead of training it again;
+    another recipe (here the learning rate) or weights that are not the recorded ones train again."""
+    from medrobust_lib.finetune import train
+
+    first = finetune_strategy(ft_suite, "decoder_only")  # trained here, or by the test above
+    path = Path(first.checkpoint)
+    stamp = path.stat().st_mtime_ns
+
+    def no_training(*_: object, **__: object) -> None:
+        raise RuntimeError("trained again")
+
+    monkeypatch.setattr(train, "train_segmenter", no_training)
+    kept = finetune_strategy(ft_suite, "decoder_only")
+    assert kept.reused and kept.checkpoint == first.checkpoint and path.stat().st_mtime_ns == stamp
+    assert (kept.val_dice, kept.test_dice, kept.n_trainable, kept.steps) == (
+        first.val_dice, first.test_dice, first.n_trainable, first.steps)
+    with pytest.raises(RuntimeError, match="trained again"):
+        finetune_strategy(_with_lr(ft_suite, 0.123), "decoder_only")
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF  # the weights are not the ones config.json records
+    path.write_bytes(bytes(data))
+    with pytest.raises(RuntimeError, match="trained again"):
+        finetune_strategy(ft_suite, "decoder_only")

@@ -28,14 +28,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from medrobust_lib.config import Suite
 from medrobust_lib.config.segmentation import FinetuneConfig, FinetuneEval, SegModelConfig
 from medrobust_lib.hashing import file_sha256
 from medrobust_lib.paths import suite_paths
 from medrobust_lib.seeding import rng_for, scoped_torch_seed
-from medrobust_lib.store import model_registry
+from medrobust_lib.store import model_registry, results
+
+if TYPE_CHECKING:
+    from medrobust_lib.data.sample import Sample
+    from medrobust_lib.finetune.strategies import StrategyConfig
+    from medrobust_lib.finetune.train import TrainConfig
 
 
 def strategy_dir(suite: Suite, base: str, strategy: str) -> Path:
@@ -219,6 +224,85 @@ class StrategySummary:
     steps: int
     seconds: float
     meta: dict[str, Any] = field(default_factory=dict)
+    reused: bool = False
+    """The checkpoint in the strategy's folder was trained from the same recipe (:func:`_recipe`)
+    and kept: nothing was trained."""
+
+
+FINETUNE_VERSION = 1
+"""Part of every fine-tuning recipe: raise it when training code changes what a recipe produces,
+so that checkpoints trained before are trained again."""
+
+
+def _recipe(base: SegModelConfig, base_hash: str, strategy: StrategyConfig, train: dict[str, Any], seed: int,
+            prompt: str, splits: dict[str, list[Sample]]) -> str:
+    """Fingerprint of everything a fine-tuned checkpoint follows from: the base model's settings and
+    weights (``base_hash``), the strategy's settings, the training loop's, the seed, the prompt
+    protocol and the content of the train / val / test samples."""
+    settings = {"name": strategy.name, "encoder_blocks": strategy.encoder_blocks,
+                "lora": strategy.lora.model_dump(mode="json"), "adapter_ratio": strategy.adapter_ratio}
+    return results.fingerprint([FINETUNE_VERSION, base.model_dump(mode="json"), base_hash, settings, train,
+                                seed, prompt, {name: sorted([s.dataset, s.sample_id, s.content_hash()] for s in ss)
+                                               for name, ss in sorted(splits.items())}])
+
+
+def _kept(out_dir: Path, recipe: str, strategy: str, t0: float) -> StrategySummary | None:
+    """The summary of the checkpoint already in ``out_dir`` when it was trained from ``recipe`` and
+    its weights file is the one it recorded (``weights_sha256``); None otherwise (then it is
+    trained again)."""
+    path, cfg = out_dir / "model.safetensors", out_dir / "config.json"
+    try:
+        meta = json.loads(cfg.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or meta.get("recipe") != recipe or not path.is_file():
+        return None
+    if meta.get("weights_sha256") != file_sha256(path):
+        return None
+    (out_dir / "train_state.pt").unlink(missing_ok=True)  # a later, interrupted run of the same recipe
+    return StrategySummary(strategy, str(path), int(meta["n_trainable"]), int(meta["n_total"]),
+                           list(meta["trainable_modules"]), float(meta["val_dice"]), float(meta["test_dice"]),
+                           float(meta["base_val_dice"]), int(meta["steps"]), time.perf_counter() - t0, meta,
+                           reused=True)
+
+
+@dataclass(frozen=True)
+class StrategyRecipe:
+    """Everything one strategy's fine-tune of the suite's base model follows from, and its
+    fingerprint (:func:`_recipe`; recorded in the checkpoint's ``config.json`` as ``recipe``)."""
+
+    base: SegModelConfig
+    splits: dict[str, list[Sample]]
+    strategy: StrategyConfig
+    train: TrainConfig
+    seed: int
+    fingerprint: str
+
+
+def strategy_recipe(suite: Suite, strategy: str, seed: int | None = None) -> StrategyRecipe:
+    """The recipe of fine-tuning the suite's ``finetune.base`` with ``strategy`` (``seed``: default
+    the suite's). Raises ValueError for a strategy the suite does not configure."""
+    from medrobust_lib.finetune.strategies import StrategyConfig
+    from medrobust_lib.finetune.train import TrainConfig, config_dict
+    from medrobust_lib.tracks.segmentation.evaluate import load_model, model_config, seg_splits
+
+    ft = require_finetune(suite)
+    if strategy not in ft.strategies:
+        raise ValueError(f"strategy {strategy!r} is not configured; configured: {ft.strategies}")
+    base = model_config(suite, ft.base)
+    splits = seg_splits(suite)
+    scfg = StrategyConfig(name=strategy, encoder_blocks=ft.encoder_blocks, lora=ft.lora,
+                          adapter_ratio=ft.adapter_ratio)
+    seed = suite.seed if seed is None else seed
+    tc = ft.train
+    cfg = TrainConfig(max_steps=tc.max_steps, lr=tc.lr, eval_every=tc.eval_every,
+                      batch_size=tc.batch_size_full if strategy == "full" and tc.batch_size_full else tc.batch_size,
+                      patience=tc.patience, time_budget_s=tc.time_budget_s, seed=seed, warmup_steps=tc.warmup_steps,
+                      weight_decay=tc.weight_decay, epochs=tc.epochs, warmup_epochs=tc.warmup_epochs,
+                      encoder_lr_factor=tc.encoder_lr_factor if strategy in ("encoder_partial", "full") else 1.0)
+    fp = _recipe(base, load_model(suite, base).checkpoint_hash, scfg, config_dict(cfg), seed,
+                 suite.segmentation.prompt.protocol, splits)
+    return StrategyRecipe(base, splits, scfg, cfg, seed, fp)
 
 
 def finetune_strategy(suite: Suite, strategy: str, log: Callable[[str], None] | None = None, *,
@@ -226,42 +310,28 @@ def finetune_strategy(suite: Suite, strategy: str, log: Callable[[str], None] | 
     """Fine-tune the configured base model with one strategy and save
     ``var/checkpoints/<base>-<strategy>/model.safetensors`` + ``config.json`` (or ``out_dir``).
     ``seed`` (default: the suite's) drives the data order, augmentation, LoRA/adapter init and
-    dropout: another seed gives an independently retrained candidate of the same recipe."""
-    from medrobust_lib.finetune.strategies import (
-        StrategyConfig,
-        apply_strategy,
-        merge_lora,
-        prepare_for_eval,
-    )
-    from medrobust_lib.finetune.train import (
-        TrainConfig,
-        config_dict,
-        evaluate_dice,
-        save_checkpoint,
-        train_segmenter,
-    )
-    from medrobust_lib.tracks.segmentation.evaluate import load_model, model_config, seg_splits
+    dropout: another seed gives an independently retrained candidate of the same recipe.
+    A checkpoint already there from the same recipe (:func:`strategy_recipe`; its ``config.json``
+    records it) is kept instead of trained again (``reused``), so a resumed run does not repeat
+    hours of training; an interrupted training resumes from its ``train_state.pt``."""
+    from medrobust_lib.finetune.strategies import apply_strategy, merge_lora, prepare_for_eval
+    from medrobust_lib.finetune.train import config_dict, evaluate_dice, save_checkpoint, train_segmenter
+    from medrobust_lib.tracks.segmentation.evaluate import load_model
 
     t0 = time.perf_counter()
     ft = require_finetune(suite)
-    if strategy not in ft.strategies:
-        raise ValueError(f"strategy {strategy!r} is not configured; configured: {ft.strategies}")
-    base = model_config(suite, ft.base)
-    model = load_model(suite, base, fresh=True)  # trained in place: never the shared inference copy
-    splits = seg_splits(suite)
+    rc = strategy_recipe(suite, strategy, seed)
+    base, splits, scfg, cfg, seed, recipe = rc.base, rc.splits, rc.strategy, rc.train, rc.seed, rc.fingerprint
     prompt = suite.segmentation.prompt
-    base_val = evaluate_dice(model, splits["val"], prompt)
-    scfg = StrategyConfig(name=strategy, encoder_blocks=ft.encoder_blocks, lora=ft.lora,
-                          adapter_ratio=ft.adapter_ratio)
-    seed = suite.seed if seed is None else seed
-    report = apply_strategy(model, scfg, seed=seed)
-    tc = ft.train
-    cfg = TrainConfig(max_steps=tc.max_steps, lr=tc.lr, eval_every=tc.eval_every,
-                      batch_size=tc.batch_size_full if strategy == "full" and tc.batch_size_full else tc.batch_size,
-                      patience=tc.patience, time_budget_s=tc.time_budget_s, seed=seed, warmup_steps=tc.warmup_steps,
-                      weight_decay=tc.weight_decay, epochs=tc.epochs, warmup_epochs=tc.warmup_epochs,
-                      encoder_lr_factor=tc.encoder_lr_factor if strategy in ("encoder_partial", "full") else 1.0)
     out_dir = Path(out_dir) if out_dir is not None else strategy_dir(suite, ft.base, strategy)
+    kept = _kept(out_dir, recipe, strategy, t0)
+    if kept is not None:
+        if log:
+            log(f"{ft.base}-{strategy}: kept {kept.checkpoint} (trained from the same recipe)")
+        return kept
+    model = load_model(suite, base, fresh=True)  # trained in place: never the shared inference copy
+    base_val = evaluate_dice(model, splits["val"], prompt)
+    report = apply_strategy(model, scfg, seed=seed)
     out_dir.mkdir(parents=True, exist_ok=True)
     state = out_dir / "train_state.pt"  # resume point; removed once the checkpoint is saved
     with scoped_torch_seed(seed, "strategy-train", strategy, module=model.sam):  # LoRA dropout
@@ -273,8 +343,8 @@ def finetune_strategy(suite: Suite, strategy: str, log: Callable[[str], None] | 
         merge_lora(model)  # plain SAM weights: the ordinary loader reads them
     meta = {"family": base.family, "arch": base.arch, "model_id": f"{ft.base}-{strategy}", "strategy": strategy,
             "base_model": ft.base, "base_checkpoint_sha256": model.checkpoint_hash, "train": config_dict(cfg),
-            "val_dice": res.best_val_dice, "best_step": res.best_step, "test_dice": test_dice,
-            "base_val_dice": base_val, **report.summary()}
+            "val_dice": res.best_val_dice, "best_step": res.best_step, "steps": res.steps, "test_dice": test_dice,
+            "base_val_dice": base_val, "recipe": recipe, **report.summary()}
     path = save_checkpoint(model, out_dir, meta)
     state.unlink(missing_ok=True)
     return StrategySummary(strategy, str(path), report.n_trainable, report.n_total, list(report.trainable_modules),

@@ -183,6 +183,9 @@ class EvalSummary:
     model_seconds: float = 0.0
     total_seconds: float = 0.0
     n_images: int = 0
+    reused: bool = False
+    """The partition was already written from the same inputs (a resumed run): its rows were read
+    back, nothing was scored (:func:`_reuse`)."""
 
 
 def _score(prob: np.ndarray, gt: np.ndarray) -> tuple[float, float]:
@@ -282,7 +285,7 @@ def _write(suite: Suite, part: dict[str, object], rows: list[dict[str, Any]], fp
                                   sort_key=lambda r: (str(r["perturbation"]), str(r["sample_id"])))
 
 
-def _summarize(rows: list[dict[str, Any]], s: EvalSummary) -> EvalSummary:
+def _summarize(rows: list[dict[str, Any]] | pd.DataFrame, s: EvalSummary) -> EvalSummary:
     df = pd.DataFrame(rows)
     s.n_rows = len(df)
     if len(df):
@@ -293,6 +296,28 @@ def _summarize(rows: list[dict[str, Any]], s: EvalSummary) -> EvalSummary:
         s.mean_iou = float(ok["iou"].mean()) if len(ok) else float("nan")
         s.mean_dice = float(ok["dice"].mean()) if len(ok) else float("nan")
     return s
+
+
+def _reuse(suite: Suite, part: dict[str, object], datasets: set[str], fp: str, t0: float) -> EvalSummary | None:
+    """The summary of a partition that a resumed run need not score again: it holds one chunk per
+    dataset of ``datasets`` and no other, each written from the same inputs (fingerprint ``fp``:
+    weights, prompt, pipeline, level, manifest outputs, the samples' content and which samples are
+    unusable and why). None when any of that differs, a chunk is missing, or a chunk fails its
+    checksums (the partition is then scored and rewritten)."""
+    if not results.chunks_current(suite.results_dir, RESULTS_TABLE, part, datasets, fp):
+        return None
+    try:
+        df = results.read_partition(suite.results_dir, RESULTS_TABLE, part)
+    except results.CorruptChunkError:
+        return None
+    summary = _summarize(df, EvalSummary(reused=True))
+    summary.total_seconds = time.perf_counter() - t0
+    return summary
+
+
+def _unusable_state(unusable: dict[tuple[str, str], str], keep: set[tuple[str, str]] | None = None) -> list[Any]:
+    """The unusable samples (of ``keep`` when given) and their reasons, sorted: a fingerprint input."""
+    return sorted([list(k), v] for k, v in unusable.items() if keep is None or k in keep)
 
 
 def evaluate_clean(suite: Suite, model_id: str | SegModelConfig, modality: str, model: Any | None = None) -> EvalSummary:
@@ -307,6 +332,13 @@ def evaluate_clean(suite: Suite, model_id: str | SegModelConfig, modality: str, 
     summary = EvalSummary()
     ev = eval_samples(suite, modality, sc.split)
     samples = list(ev.samples.values())
+    fp = results.fingerprint([EVAL_VERSION, model.checkpoint_hash, sc.prompt.protocol, *_pipeline(m),
+                              sorted((s.sample_id, s.content_hash()) for s in samples), _precision(model),
+                              _unusable_state(ev.unusable)])
+    part = _partition(m, "clean", modality, 0)
+    reused = _reuse(suite, part, {s.dataset for s in samples} | {k[0] for k in ev.unusable}, fp, t0)
+    if reused is not None:
+        return reused
     rows = []
     with_mask = [s for s in samples if s.mask is not None]
     scores = dict(zip((id(s) for s in with_mask),
@@ -324,10 +356,8 @@ def evaluate_clean(suite: Suite, model_id: str | SegModelConfig, modality: str, 
         rows.append(r)
     rows += [_error_row(m, model.checkpoint_hash, key, modality, "clean", sc.prompt.protocol, reason, _precision(model))
              for key, reason in sorted(ev.unusable.items())]
-    fp = results.fingerprint([EVAL_VERSION, model.checkpoint_hash, sc.prompt.protocol, *_pipeline(m),
-                              sorted((s.sample_id, s.content_hash()) for s in samples), _precision(model)])
     # the sample hash is the clean-prediction cache key; keep it in the chunk
-    _write(suite, _partition(m, "clean", modality, 0), rows, fp, RESULT_COLUMNS + ("sample_sha256",))
+    _write(suite, part, rows, fp, RESULT_COLUMNS + ("sample_sha256",))
     summary.clean_cache_misses = len(samples)
     summary.total_seconds = time.perf_counter() - t0
     return _summarize(rows, summary)
@@ -442,6 +472,16 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
             r.update(status=SEG_NO_MASK, error="sample has no ground-truth mask")
         else:
             todo.append((r, mr, s))
+    evaluated = [(k, s) for k, s in sorted(samples.items()) if covered is None or k in covered]
+    fp = results.fingerprint([EVAL_VERSION, model.checkpoint_hash, sc.prompt.protocol, *_pipeline(m), level,
+                              sorted(manifest["sha256"].dropna()) if len(manifest) else [],
+                              sorted(perturbations) if perturbations is not None else None,
+                              sorted(covered) if covered is not None else None, _precision(model),
+                              [[list(k), s.content_hash()] for k, s in evaluated], _unusable_state(ev.unusable, covered)])
+    part = _partition(m, "perturbation", modality, level)
+    reused = _reuse(suite, part, {str(r["dataset"]) for r in rows}, fp, t0)
+    if reused is not None:
+        return reused
     # one sample's rows together: a feed worker reads each clean sample once (rows are sorted on write)
     todo = [todo[i] for i in sample_major([mr for _, mr, _ in todo])]
     workers = resolve_workers(sc.feed_workers, getattr(getattr(model, "device", None), "type", "cpu"))
@@ -463,11 +503,7 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
     for r, (iou_v, dice_v) in zip(scored, _score_items(model, items(), summary, m.batch_size), strict=True):
         r["iou"], r["dice"] = iou_v, dice_v
         _with_clean(r, cache.get(samples[(r["dataset"], r["sample_id"])]))
-    fp = results.fingerprint([EVAL_VERSION, model.checkpoint_hash, sc.prompt.protocol, *_pipeline(m), level,
-                              sorted(manifest["sha256"].dropna()) if len(manifest) else [],
-                              sorted(perturbations) if perturbations is not None else None,
-                              sorted(covered) if covered is not None else None, _precision(model)])
-    _write(suite, _partition(m, "perturbation", modality, level), rows, fp)
+    _write(suite, part, rows, fp)
     summary.total_seconds = time.perf_counter() - t0
     return _summarize(rows, summary)
 
@@ -498,10 +534,19 @@ def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str
         samples = [s for s in samples if (s.dataset, s.sample_id) in keep]
     capped = sc.attacks.max_samples is not None or keep is not None
     unusable = eval_samples(suite, modality, sc.split).unusable if not capped else {}
+    run_kinds = [k for k in sc.attacks.kinds if kinds is None or k in kinds]
+    fp = results.fingerprint([EVAL_VERSION, model.checkpoint_hash, sc.prompt.protocol, *_pipeline(m), level,
+                              sc.attacks.model_dump(), sorted((s.sample_id, s.content_hash()) for s in samples),
+                              _precision(model)] + ([run_kinds] if kinds is not None else [])
+                             + [_unusable_state(unusable)])
+    part = _partition(m, "attack", modality, level)
+    expected = {s.dataset for s in samples} | {k[0] for k in unusable} if run_kinds else set()
+    reused = _reuse(suite, part, expected, fp, t0)
+    if reused is not None:
+        return reused
     cache = CleanCache(suite, m, modality, model, sc.prompt, summary)
     cache.fill(samples)
     rows: list[dict[str, Any]] = []
-    run_kinds = [k for k in sc.attacks.kinds if kinds is None or k in kinds]
     for kind in run_kinds:
         acfg = AttackSetting.for_level(kind, level, step_size_factor=sc.attacks.step_size_factor)
         by_shape: dict[tuple[int, ...], list[Sample]] = {}
@@ -540,10 +585,7 @@ def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str
             r = _error_row(m, model.checkpoint_hash, key, modality, kind, sc.prompt.protocol, reason, _precision(model))
             r.update(level=level, epsilon=acfg.epsilon)
             rows.append(r)
-    fp = results.fingerprint([EVAL_VERSION, model.checkpoint_hash, sc.prompt.protocol, *_pipeline(m), level,
-                              sc.attacks.model_dump(), sorted((s.sample_id, s.content_hash()) for s in samples),
-                              _precision(model)] + ([run_kinds] if kinds is not None else []))
-    _write(suite, _partition(m, "attack", modality, level), rows, fp)
+    _write(suite, part, rows, fp)
     summary.total_seconds = time.perf_counter() - t0
     return _summarize(rows, summary)
 
