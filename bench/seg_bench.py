@@ -79,19 +79,19 @@ def run(suite: Suite, model_id: str, modalities: list[str], level: int | None) -
     list(regenerate_stream(suite, modalities[0], split, warm, workers=workers))
     for modality in modalities:
         t0 = time.perf_counter()
-        c = evaluate_clean(suite, m.id, modality, model)
+        c = evaluate_clean(suite, m.id, modality, model, reuse=False)
         t_clean = time.perf_counter() - t0
         # each timing is the fastest of REPEATS (this machine's speed drifts between runs)
         t_pert = t_warm = float("inf")
         for _ in range(REPEATS):
             regen_cache.clear()  # a first model: every row is regenerated
             t0 = time.perf_counter()
-            p = evaluate_perturbed(suite, m.id, modality, lv, model)
+            p = evaluate_perturbed(suite, m.id, modality, lv, model, reuse=False)
             t_pert = min(t_pert, time.perf_counter() - t0)
             # a later model on the same partition in the same process (the demo's strategies, VLMs
             # and taxonomy configurations): its rows come from the regeneration cache
             t0 = time.perf_counter()
-            evaluate_perturbed(suite, m.id, modality, lv, model)
+            evaluate_perturbed(suite, m.id, modality, lv, model, reuse=False)
             t_warm = min(t_warm, time.perf_counter() - t0)
         cache_hits += regen_cache.stats()["hits"]
         hits, misses = hits + p.clean_cache_hits, misses + p.clean_cache_misses
@@ -114,7 +114,7 @@ def run(suite: Suite, model_id: str, modalities: list[str], level: int | None) -
             model.score(items, batch_size=m.batch_size)
             t_pure = min(t_pure, time.perf_counter() - t0)
         t0 = time.perf_counter()
-        a = evaluate_attacks(suite, m.id, modality, lv, model)
+        a = evaluate_attacks(suite, m.id, modality, lv, model, reuse=False)
         t_att = time.perf_counter() - t0
         hits, misses = hits + a.clean_cache_hits, misses + a.clean_cache_misses
         rows.append((modality, c.n_rows / t_clean, p.n_rows / t_pert, (a.n_rows / 2) / t_att, t_pert / t_pure,

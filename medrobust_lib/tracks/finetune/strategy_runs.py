@@ -306,14 +306,15 @@ def strategy_recipe(suite: Suite, strategy: str, seed: int | None = None) -> Str
 
 
 def finetune_strategy(suite: Suite, strategy: str, log: Callable[[str], None] | None = None, *,
-                      seed: int | None = None, out_dir: str | Path | None = None) -> StrategySummary:
+                      seed: int | None = None, out_dir: str | Path | None = None, reuse: bool = True) -> StrategySummary:
     """Fine-tune the configured base model with one strategy and save
     ``var/checkpoints/<base>-<strategy>/model.safetensors`` + ``config.json`` (or ``out_dir``).
     ``seed`` (default: the suite's) drives the data order, augmentation, LoRA/adapter init and
     dropout: another seed gives an independently retrained candidate of the same recipe.
     A checkpoint already there from the same recipe (:func:`strategy_recipe`; its ``config.json``
     records it) is kept instead of trained again (``reused``), so a resumed run does not repeat
-    hours of training; an interrupted training resumes from its ``train_state.pt``."""
+    hours of training (``reuse=False``: always train, as a benchmark must); an interrupted training
+    resumes from its ``train_state.pt``."""
     from medrobust_lib.finetune.strategies import apply_strategy, merge_lora, prepare_for_eval
     from medrobust_lib.finetune.train import config_dict, evaluate_dice, save_checkpoint, train_segmenter
     from medrobust_lib.tracks.segmentation.evaluate import load_model
@@ -324,7 +325,7 @@ def finetune_strategy(suite: Suite, strategy: str, log: Callable[[str], None] | 
     base, splits, scfg, cfg, seed, recipe = rc.base, rc.splits, rc.strategy, rc.train, rc.seed, rc.fingerprint
     prompt = suite.segmentation.prompt
     out_dir = Path(out_dir) if out_dir is not None else strategy_dir(suite, ft.base, strategy)
-    kept = _kept(out_dir, recipe, strategy, t0)
+    kept = _kept(out_dir, recipe, strategy, t0) if reuse else None
     if kept is not None:
         if log:
             log(f"{ft.base}-{strategy}: kept {kept.checkpoint} (trained from the same recipe)")

@@ -320,9 +320,12 @@ def _unusable_state(unusable: dict[tuple[str, str], str], keep: set[tuple[str, s
     return sorted([list(k), v] for k, v in unusable.items() if keep is None or k in keep)
 
 
-def evaluate_clean(suite: Suite, model_id: str | SegModelConfig, modality: str, model: Any | None = None) -> EvalSummary:
+def evaluate_clean(suite: Suite, model_id: str | SegModelConfig, modality: str, model: Any | None = None, *,
+                   reuse: bool = True) -> EvalSummary:
     """Clean predictions of the evaluation split, one row per sample (condition 'clean'); a sample
-    of the split that cannot be used now (the clean index lists it as ok) is an ``error`` row."""
+    of the split that cannot be used now (the clean index lists it as ok) is an ``error`` row.
+    ``reuse``: read back a partition written from the same inputs (:func:`_reuse`) instead of
+    scoring it again (False: always score, as a benchmark must)."""
     from medrobust_lib.tracks.feed import eval_samples
 
     t0 = time.perf_counter()
@@ -336,7 +339,7 @@ def evaluate_clean(suite: Suite, model_id: str | SegModelConfig, modality: str, 
                               sorted((s.sample_id, s.content_hash()) for s in samples), _precision(model),
                               _unusable_state(ev.unusable)])
     part = _partition(m, "clean", modality, 0)
-    reused = _reuse(suite, part, {s.dataset for s in samples} | {k[0] for k in ev.unusable}, fp, t0)
+    reused = _reuse(suite, part, {s.dataset for s in samples} | {k[0] for k in ev.unusable}, fp, t0) if reuse else None
     if reused is not None:
         return reused
     rows = []
@@ -419,7 +422,7 @@ def _with_clean(r: dict[str, Any], clean: tuple[float, float]) -> None:
 
 
 def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: str, level: int, model: Any | None = None,
-                       perturbations: Sequence[str] | None = None) -> EvalSummary:
+                       perturbations: Sequence[str] | None = None, *, reuse: bool = True) -> EvalSummary:
     """Predictions on every perturbed sample of one (modality, level) manifest partition. Images
     are regenerated from the manifest by the feed's worker processes (``feed_workers``, by
     default :func:`~medrobust_lib.tracks.feed.default_workers` for the model's device;
@@ -427,7 +430,8 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
     batches; spatial types use their moved masks and boxes. A manifest row of the evaluation split
     whose sample cannot be used now (missing, quarantined since the manifest was built) is an
     ``error`` row with the reason; only rows of another split are skipped.
-    ``perturbations``: glob patterns (``fnmatch``) restricting the types evaluated (None: all)."""
+    ``perturbations``: glob patterns (``fnmatch``) restricting the types evaluated (None: all).
+    ``reuse``: as in :func:`evaluate_clean`."""
     from medrobust_lib.tracks.feed import eval_samples, regenerate_stream, resolve_workers, sample_major
     from medrobust_lib.tracks.perturbed import read_manifest
 
@@ -479,7 +483,7 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
                               sorted(covered) if covered is not None else None, _precision(model),
                               [[list(k), s.content_hash()] for k, s in evaluated], _unusable_state(ev.unusable, covered)])
     part = _partition(m, "perturbation", modality, level)
-    reused = _reuse(suite, part, {str(r["dataset"]) for r in rows}, fp, t0)
+    reused = _reuse(suite, part, {str(r["dataset"]) for r in rows}, fp, t0) if reuse else None
     if reused is not None:
         return reused
     # one sample's rows together: a feed worker reads each clean sample once (rows are sorted on write)
@@ -509,11 +513,11 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
 
 
 def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str, level: int, model: Any | None = None,
-                     kinds: Sequence[str] | None = None) -> EvalSummary:
+                     kinds: Sequence[str] | None = None, *, reuse: bool = True) -> EvalSummary:
     """FGSM and PGD at the level's epsilon on every evaluation sample (conditions 'fgsm', 'pgd';
     ``kinds``: a subset of the suite's ``attacks.kinds``, None: all of them).
     Without ``attacks.max_samples``, a sample of the split that cannot be used now (the clean index
-    lists it as ok) is an ``error`` row per attack."""
+    lists it as ok) is an ``error`` row per attack. ``reuse``: as in :func:`evaluate_clean`."""
     import torch
 
     from medrobust_lib.attacks.linf import AttackSetting, fgsm, pgd, torch_generator_for
@@ -541,7 +545,7 @@ def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str
                              + [_unusable_state(unusable)])
     part = _partition(m, "attack", modality, level)
     expected = {s.dataset for s in samples} | {k[0] for k in unusable} if run_kinds else set()
-    reused = _reuse(suite, part, expected, fp, t0)
+    reused = _reuse(suite, part, expected, fp, t0) if reuse else None
     if reused is not None:
         return reused
     cache = CleanCache(suite, m, modality, model, sc.prompt, summary)

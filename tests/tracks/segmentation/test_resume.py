@@ -151,3 +151,11 @@ def test_chunks_current_needs_exactly_the_named_chunks(tmp_path: Path) -> None:
     assert not results.chunks_current(tmp_path, "t", part, set(), "fp")  # nothing expected: compute
     results.write_chunk(results.chunk_path(tmp_path, "t", part, "b"), rows, "fp")
     assert not results.chunks_current(tmp_path, "t", part, {"a"}, "fp")  # a chunk too many
+
+
+def test_reuse_false_always_scores(suite: Suite, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the benchmarks rely on: ``reuse=False`` scores a current partition again."""
+    ev.evaluate_perturbed(suite, "ref", "ct", LEVEL)
+    calls = _no_scoring(monkeypatch)
+    again = ev.evaluate_perturbed(suite, "ref", "ct", LEVEL, reuse=False)
+    assert not again.reused and calls
