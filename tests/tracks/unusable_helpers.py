@@ -77,3 +77,18 @@ def broken_suite(root: Path, demo_root: Path, deleted: bool = True, **over: obje
         else:
             change_pixels(image_path(demo, sid))
     return suite
+
+
+def broken_seg_suite(root: Path, demo_root: Path) -> Suite:
+    """:func:`broken_suite` with one segmentation model ``ref``: a tiny SAM with seeded random
+    weights (reference engine), FGSM only, evaluated on :data:`SPLIT` without feed workers."""
+    from safetensors.torch import save_file
+
+    from medrobust_lib.models.sam import arch_for, build_sam
+
+    ckpt = root / "tiny.safetensors"
+    save_file({k: v.contiguous() for k, v in build_sam(arch_for("tiny", "sam"), seed=11).state_dict().items()},
+              str(ckpt))
+    seg = {"models": [{"id": "ref", "arch": "tiny", "checkpoint": str(ckpt), "engine": "reference"}],
+           "split": SPLIT, "attacks": {"kinds": ["fgsm"]}, "feed_workers": 0}
+    return broken_suite(root, demo_root, segmentation=seg)

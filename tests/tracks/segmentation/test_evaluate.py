@@ -9,10 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from safetensors.torch import save_file
 
 from medrobust_lib.config import Suite
-from medrobust_lib.models.sam import arch_for, build_sam
 from medrobust_lib.store import results
 from medrobust_lib.store.marts import build_mart, connect_readonly
 from medrobust_lib.tracks.segmentation.evaluate import (
@@ -27,21 +25,14 @@ from tests.tracks.unusable_helpers import (
     OK,
     OTHER_SPLIT,
     QUARANTINED,
-    SPLIT,
-    broken_suite,
+    broken_seg_suite,
     image_path,
 )
 
 
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory: pytest.TempPathFactory, demo_root: Path) -> Suite:
-    root = tmp_path_factory.mktemp("seg_unusable")
-    ckpt = root / "tiny.safetensors"
-    save_file({k: v.contiguous() for k, v in build_sam(arch_for("tiny", "sam"), seed=11).state_dict().items()},
-              str(ckpt))
-    seg = {"models": [{"id": "ref", "arch": "tiny", "checkpoint": str(ckpt), "engine": "reference"}],
-           "split": SPLIT, "attacks": {"kinds": ["fgsm"]}, "feed_workers": 0}
-    return broken_suite(root, demo_root, segmentation=seg)
+    return broken_seg_suite(tmp_path_factory.mktemp("seg_unusable"), demo_root)
 
 
 def _rows(suite: Suite, run: str, level: int) -> pd.DataFrame:

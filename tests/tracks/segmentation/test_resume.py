@@ -11,16 +11,14 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from safetensors.torch import save_file
 
 from medrobust_lib.config import Suite
-from medrobust_lib.models.sam import arch_for, build_sam
 from medrobust_lib.store import results
 from medrobust_lib.tracks import feed
 from medrobust_lib.tracks.datasets import build_clean_index
 from medrobust_lib.tracks.perturbed import build_perturbed
 from medrobust_lib.tracks.segmentation import evaluate as ev
-from tests.tracks.unusable_helpers import LEVEL, OK, SPLIT, broken_suite, change_pixels, image_path
+from tests.tracks.unusable_helpers import LEVEL, OK, broken_seg_suite, change_pixels, image_path
 
 Evaluation = Callable[[Suite], ev.EvalSummary]
 EVALUATIONS: dict[str, Evaluation] = {
@@ -32,12 +30,7 @@ EVALUATIONS: dict[str, Evaluation] = {
 
 @pytest.fixture
 def suite(tmp_path: Path, demo_root: Path) -> Suite:
-    ckpt = tmp_path / "tiny.safetensors"
-    save_file({k: v.contiguous() for k, v in build_sam(arch_for("tiny", "sam"), seed=11).state_dict().items()},
-              str(ckpt))
-    seg = {"models": [{"id": "ref", "arch": "tiny", "checkpoint": str(ckpt), "engine": "reference"}],
-           "split": SPLIT, "attacks": {"kinds": ["fgsm"]}, "feed_workers": 0}
-    return broken_suite(tmp_path, demo_root, segmentation=seg)
+    return broken_seg_suite(tmp_path, demo_root)
 
 
 def _folder(suite: Suite, run: str) -> Path:
