@@ -77,6 +77,11 @@ def test_a_checkpoint_of_the_same_recipe_is_kept(ft_suite: Suite, monkeypatch: p
     assert kept.reused and kept.checkpoint == first.checkpoint and path.stat().st_mtime_ns == stamp
     assert (kept.val_dice, kept.test_dice, kept.n_trainable, kept.steps) == (
         first.val_dice, first.test_dice, first.n_trainable, first.steps)
+    # the base model's evaluation-only settings are not part of the recipe
+    models = [m.model_copy(update={"batch_size": 3, "levels": [2]}) for m in ft_suite.segmentation.models]
+    eval_changed = ft_suite.model_copy(update={"segmentation": ft_suite.segmentation.model_copy(
+        update={"models": models})})
+    assert finetune_strategy(eval_changed, "decoder_only").reused
     with pytest.raises(RuntimeError, match="trained again"):
         finetune_strategy(_with_lr(ft_suite, 0.123), "decoder_only")
     data = bytearray(path.read_bytes())

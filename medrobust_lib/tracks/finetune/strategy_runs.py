@@ -234,14 +234,20 @@ FINETUNE_VERSION = 1
 so that checkpoints trained before are trained again."""
 
 
+EVAL_ONLY = ("id", "batch_size", "levels", "max_perturbed_per_modality", "attacks")
+"""Base-model settings that only say how the model is evaluated: changing them retrains nothing."""
+
+
 def _recipe(base: SegModelConfig, base_hash: str, strategy: StrategyConfig, train: dict[str, Any], seed: int,
             prompt: str, splits: dict[str, list[Sample]]) -> str:
-    """Fingerprint of everything a fine-tuned checkpoint follows from: the base model's settings and
-    weights (``base_hash``), the strategy's settings, the training loop's, the seed, the prompt
-    protocol and the content of the train / val / test samples."""
+    """Fingerprint of everything a fine-tuned checkpoint follows from: the base model's settings
+    (those that change its forward pass: not its evaluation-only ``EVAL_ONLY`` fields) and weights
+    (``base_hash``), the strategy's settings, the training loop's, the seed, the prompt protocol and
+    the content of the train / val / test samples."""
     settings = {"name": strategy.name, "encoder_blocks": strategy.encoder_blocks,
                 "lora": strategy.lora.model_dump(mode="json"), "adapter_ratio": strategy.adapter_ratio}
-    return results.fingerprint([FINETUNE_VERSION, base.model_dump(mode="json"), base_hash, settings, train,
+    model = base.model_dump(mode="json", exclude=set(EVAL_ONLY))
+    return results.fingerprint([FINETUNE_VERSION, model, base_hash, settings, train,
                                 seed, prompt, {name: sorted([s.dataset, s.sample_id, s.content_hash()] for s in ss)
                                                for name, ss in sorted(splits.items())}])
 
