@@ -290,7 +290,8 @@ def strategy_recipe(suite: Suite, strategy: str, seed: int | None = None) -> Str
     the suite's). Raises ValueError for a strategy the suite does not configure."""
     from medrobust_lib.finetune.strategies import StrategyConfig
     from medrobust_lib.finetune.train import TrainConfig, config_dict
-    from medrobust_lib.tracks.segmentation.evaluate import load_model, model_config, seg_splits
+    from medrobust_lib.models.sam import checkpoint_file_hash
+    from medrobust_lib.tracks.segmentation.evaluate import model_config, resolve_checkpoint, seg_splits
 
     ft = require_finetune(suite)
     if strategy not in ft.strategies:
@@ -306,7 +307,8 @@ def strategy_recipe(suite: Suite, strategy: str, seed: int | None = None) -> Str
                       patience=tc.patience, time_budget_s=tc.time_budget_s, seed=seed, warmup_steps=tc.warmup_steps,
                       weight_decay=tc.weight_decay, epochs=tc.epochs, warmup_epochs=tc.warmup_epochs,
                       encoder_lr_factor=tc.encoder_lr_factor if strategy in ("encoder_partial", "full") else 1.0)
-    fp = _recipe(base, load_model(suite, base).checkpoint_hash, scfg, config_dict(cfg), seed,
+    # the weights' hash from the file: no model is loaded only to fingerprint it
+    fp = _recipe(base, checkpoint_file_hash(resolve_checkpoint(suite, base)), scfg, config_dict(cfg), seed,
                  suite.segmentation.prompt.protocol, splits)
     return StrategyRecipe(base, splits, scfg, cfg, seed, fp)
 
