@@ -298,13 +298,14 @@ def _summarize(rows: list[dict[str, Any]] | pd.DataFrame, s: EvalSummary) -> Eva
     return s
 
 
-def _reuse(suite: Suite, part: dict[str, object], datasets: set[str], fp: str, t0: float) -> EvalSummary | None:
+def _reuse(suite: Suite, part: dict[str, object], datasets: set[str], fp: str, t0: float,
+           reuse: bool) -> EvalSummary | None:
     """The summary of a partition that a resumed run need not score again: it holds one chunk per
     dataset of ``datasets`` and no other, each written from the same inputs (fingerprint ``fp``:
     weights, prompt, pipeline, level, manifest outputs, the samples' content and which samples are
-    unusable and why). None when any of that differs, a chunk is missing, or a chunk fails its
-    checksums (the partition is then scored and rewritten)."""
-    if not results.chunks_current(suite.results_dir, RESULTS_TABLE, part, datasets, fp):
+    unusable and why). None when ``reuse`` is False, when any of that differs, a chunk is missing,
+    or a chunk fails its checksums (the partition is then scored and rewritten)."""
+    if not reuse or not results.chunks_current(suite.results_dir, RESULTS_TABLE, part, datasets, fp):
         return None
     try:
         df = results.read_partition(suite.results_dir, RESULTS_TABLE, part)
@@ -335,11 +336,12 @@ def evaluate_clean(suite: Suite, model_id: str | SegModelConfig, modality: str, 
     summary = EvalSummary()
     ev = eval_samples(suite, modality, sc.split)
     samples = list(ev.samples.values())
+    hashes = {id(s): s.content_hash() for s in samples}  # each image hashed once
     fp = results.fingerprint([EVAL_VERSION, model.checkpoint_hash, sc.prompt.protocol, *_pipeline(m),
-                              sorted((s.sample_id, s.content_hash()) for s in samples), _precision(model),
+                              sorted((s.sample_id, hashes[id(s)]) for s in samples), _precision(model),
                               _unusable_state(ev.unusable)])
     part = _partition(m, "clean", modality, 0)
-    reused = _reuse(suite, part, {s.dataset for s in samples} | {k[0] for k in ev.unusable}, fp, t0) if reuse else None
+    reused = _reuse(suite, part, {s.dataset for s in samples} | {k[0] for k in ev.unusable}, fp, t0, reuse)
     if reused is not None:
         return reused
     rows = []
@@ -349,7 +351,7 @@ def evaluate_clean(suite: Suite, model_id: str | SegModelConfig, modality: str, 
                                    summary, m.batch_size), strict=True))
     for s in samples:
         r = _base_row(m, model.checkpoint_hash, s, "clean", sc.prompt.protocol, _precision(model))
-        r["sample_sha256"] = s.content_hash()
+        r["sample_sha256"] = hashes[id(s)]
         if s.mask is None:
             r.update(status=SEG_NO_MASK, error="sample has no ground-truth mask")
         else:
@@ -382,10 +384,15 @@ class CleanCache:
         self._hashes: dict[int, str] = {}
         self._filled: set[tuple[str, str, str]] = set()  # computed by fill(), not yet read
 
-    def _key(self, s: Sample) -> tuple[str, str, str]:
+    def sample_hash(self, s: Sample) -> str:
+        """``s.content_hash()``, computed once per sample object (the evaluation's fingerprint and
+        the cache keys share it)."""
         if id(s) not in self._hashes:  # samples come from the per-process cache: hash each once
             self._hashes[id(s)] = s.content_hash()
-        return (self.model.checkpoint_hash, self._hashes[id(s)], self.prompt.protocol)
+        return self._hashes[id(s)]
+
+    def _key(self, s: Sample) -> tuple[str, str, str]:
+        return (self.model.checkpoint_hash, self.sample_hash(s), self.prompt.protocol)
 
     def fill(self, samples: Iterable[Sample]) -> None:
         """Compute every missing clean score of ``samples`` in one batched pass; the first
@@ -481,9 +488,10 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
                               sorted(manifest["sha256"].dropna()) if len(manifest) else [],
                               sorted(perturbations) if perturbations is not None else None,
                               sorted(covered) if covered is not None else None, _precision(model),
-                              [[list(k), s.content_hash()] for k, s in evaluated], _unusable_state(ev.unusable, covered)])
+                              [[list(k), cache.sample_hash(s)] for k, s in evaluated],
+                              _unusable_state(ev.unusable, covered)])
     part = _partition(m, "perturbation", modality, level)
-    reused = _reuse(suite, part, {str(r["dataset"]) for r in rows}, fp, t0) if reuse else None
+    reused = _reuse(suite, part, {str(r["dataset"]) for r in rows}, fp, t0, reuse)
     if reused is not None:
         return reused
     # one sample's rows together: a feed worker reads each clean sample once (rows are sorted on write)
@@ -539,16 +547,16 @@ def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str
     capped = sc.attacks.max_samples is not None or keep is not None
     unusable = eval_samples(suite, modality, sc.split).unusable if not capped else {}
     run_kinds = [k for k in sc.attacks.kinds if kinds is None or k in kinds]
+    cache = CleanCache(suite, m, modality, model, sc.prompt, summary)
     fp = results.fingerprint([EVAL_VERSION, model.checkpoint_hash, sc.prompt.protocol, *_pipeline(m), level,
-                              sc.attacks.model_dump(), sorted((s.sample_id, s.content_hash()) for s in samples),
+                              sc.attacks.model_dump(), sorted((s.sample_id, cache.sample_hash(s)) for s in samples),
                               _precision(model)] + ([run_kinds] if kinds is not None else [])
                              + [_unusable_state(unusable)])
     part = _partition(m, "attack", modality, level)
     expected = {s.dataset for s in samples} | {k[0] for k in unusable} if run_kinds else set()
-    reused = _reuse(suite, part, expected, fp, t0) if reuse else None
+    reused = _reuse(suite, part, expected, fp, t0, reuse)
     if reused is not None:
         return reused
-    cache = CleanCache(suite, m, modality, model, sc.prompt, summary)
     cache.fill(samples)
     rows: list[dict[str, Any]] = []
     for kind in run_kinds:
