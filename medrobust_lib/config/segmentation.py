@@ -68,7 +68,10 @@ class FinetuneTrain(TrainBudget):
 class FinetuneEval(BaseModel):
     """What every fine-tuned checkpoint (and every registry version) is evaluated on: the clean
     test split, the perturbation types matching ``perturbations`` (fnmatch globs) at ``levels``,
-    and the attacks ``attack_kinds`` at ``attack_levels``. None: everything the suite has."""
+    and the attacks ``attack_kinds`` at ``attack_levels``. None: everything the suite has.
+    ``max_perturbed_per_modality``: perturbed and attacked on the first N test images of each
+    modality (None: the cap of the suite model the checkpoint derives from), so that fine-tunes of
+    an expensive base can be compared on fewer images than the base itself is evaluated on."""
 
     model_config = ConfigDict(extra="forbid")
     levels: list[int] | None = None
@@ -76,6 +79,9 @@ class FinetuneEval(BaseModel):
     attack_levels: list[int] | None = None
     attack_kinds: list[AttackKind] | None = Field(
         default=None, description="the attacks run on every fine-tuned checkpoint (None: segmentation.attacks.kinds)")
+    max_perturbed_per_modality: int | None = Field(
+        default=None, ge=1, description="perturbed and attacked test images per modality of every fine-tuned "
+                                        "checkpoint and registry version (None: the base model's cap)")
 
 
 class GateThresholds(BaseModel):

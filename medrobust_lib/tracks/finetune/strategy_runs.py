@@ -61,7 +61,16 @@ def strategy_model_config(suite: Suite, strategy: str) -> SegModelConfig:
     ft = require_finetune(suite)
     base = model_config(suite, ft.base)
     ckpt = strategy_dir(suite, ft.base, strategy) / "model.safetensors"
-    return base.model_copy(update={"id": f"{ft.base}-{strategy}", "checkpoint": str(ckpt), "strategy": strategy})
+    return _eval_caps(suite, base.model_copy(update={"id": f"{ft.base}-{strategy}", "checkpoint": str(ckpt),
+                                                     "strategy": strategy}))
+
+
+def _eval_caps(suite: Suite, m: SegModelConfig) -> SegModelConfig:
+    """``m`` with the images cap of ``finetune.eval`` (``max_perturbed_per_modality``) when the
+    suite sets one; unchanged otherwise."""
+    ft = suite.segmentation.finetune
+    cap = ft.eval.max_perturbed_per_modality if ft is not None else None
+    return m if cap is None else m.model_copy(update={"max_perturbed_per_modality": cap})
 
 
 def registry_model_id(name: str, version: int) -> str:
@@ -73,7 +82,8 @@ def registry_model_config(suite: Suite, uri: str, mlruns_dir: str | Path | None 
     id ``<name>-v<version>``, checkpoint pinned to that version, family / arch / strategy from the
     version's ``config.json`` (written by :func:`finetune.train.save_checkpoint`), every other
     setting from :func:`_evaluation_template` (the fine-tuning base's caps and levels, so the
-    version's rows pair sample by sample with the strategies'). The checkpoint is the version's
+    version's rows pair sample by sample with the strategies'; ``finetune.eval``'s images cap
+    when the suite sets one, as for the strategies). The checkpoint is the version's
     local file, so loading needs no registry lookup."""
     name, version = model_registry.resolve_version(uri, mlruns_dir)
     pinned = f"models:/{name}/{version}"
@@ -88,8 +98,9 @@ def registry_model_config(suite: Suite, uri: str, mlruns_dir: str | Path | None 
         devices = {m.device for m in suite.segmentation.models}
         template = SegModelConfig(id=registry_model_id(name, version), family=meta["family"], arch=meta["arch"],
                                   checkpoint=str(weights.resolve()), device=devices.pop() if len(devices) == 1 else "cpu")
-    return template.model_copy(update={"id": registry_model_id(name, version), "checkpoint": str(weights.resolve()),
-                                       "strategy": str(meta.get("strategy", "unknown"))})
+    return _eval_caps(suite, template.model_copy(update={
+        "id": registry_model_id(name, version), "checkpoint": str(weights.resolve()),
+        "strategy": str(meta.get("strategy", "unknown"))}))
 
 
 def _evaluation_template(suite: Suite, family: str, arch: str) -> SegModelConfig | None:
