@@ -91,7 +91,7 @@ def test_demo_full_is_demo_with_the_full_grid() -> None:
     """configs/demo_full.yaml extends configs/demo.yaml: the loaded suite is demo.yaml's except the
     levels (1-5 for the perturbations, the VLMs, LiteMedSAM and the taxonomy), LiteMedSAM on every
     image with attacks, tiny-sam on every image, the fine-tuned base (LiteMedSAM, three strategies,
-    every type, FGSM and PGD); every model's training equals demo.yaml's (the committed weights)."""
+    every type, FGSM and PGD on 3 test images per modality); every model's training equals demo.yaml's (the committed weights)."""
     assert "extends: demo.yaml" in (ROOT / "configs" / "demo_full.yaml").read_text()
     fast = load_suite(ROOT / "configs" / "demo.yaml").model_dump()
     full = load_suite(ROOT / "configs" / "demo_full.yaml").model_dump()
@@ -114,7 +114,9 @@ def test_demo_full_is_demo_with_the_full_grid() -> None:
     ft, fft = seg["finetune"], fseg["finetune"]
     assert (ft["base"], ft["strategies"], ft["encoder_blocks"]) == ("litemedsam", ["decoder_only", "lora", "full"], 2)
     assert (ft["train"]["max_steps"], ft["train"]["lr"], ft["train"]["batch_size"]) == (40, 1e-4, 4)
-    assert ft["eval"] == {**fft["eval"], "attack_kinds": None, "perturbations": None} and ft["gate"] == fft["gate"]
+    assert ft["eval"] == {**fft["eval"], "attack_kinds": None, "perturbations": None,
+                          "max_perturbed_per_modality": 3} and ft["gate"] == fft["gate"]
+    assert fft["eval"]["max_perturbed_per_modality"] is None  # the fast demo: tiny-sam's own cap (3)
     assert fft["eval"]["perturbations"] is not None and len(fft["eval"]["perturbations"]) == 38
 
     vlm, fvlm = full["vlm"], fast["vlm"]
