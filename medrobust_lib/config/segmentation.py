@@ -174,9 +174,11 @@ class SegModelConfig(BaseModel):
     resize: Literal["nearest", "bilinear"] | None = Field(
         default=None, description="sam_med2d resizing (None: its published nearest to 256 x 256; bilinear: the "
         "reference benchmark's longest side + padding)")
-    precision: Literal["fp32", "bf16"] = Field(
+    precision: Literal["fp32", "bf16", "auto"] = Field(
         default="fp32", description="arithmetic of the model: 'bf16' runs it under bf16 autocast (CPU or CUDA); "
-                                    "recorded in every result row")
+                                    "'auto': bf16 where the device computes it natively (CUDA with bf16, a CPU "
+                                    "with AVX512-BF16 or AMX), else fp32 (emulated bf16 is ~10x slower); "
+                                    "the arithmetic that ran is recorded in every result row")
     levels: list[int] | None = Field(
         default=None, description="perturbation levels this model is evaluated at (None: every level of the suite)")
     max_perturbed_per_modality: int | None = Field(

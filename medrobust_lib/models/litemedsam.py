@@ -56,6 +56,7 @@ import numpy as np
 import torch
 
 from medrobust_lib.hashing import file_sha256
+from medrobust_lib.models.precision import resolve_precision
 from medrobust_lib.models.sam import (
     CHECKPOINT_HASH_LEN,
     SamSegmenter,
@@ -287,13 +288,10 @@ class LiteMedSamSegmenter(SamSegmenter):
                                preprocess=m.preprocess or "exact", precision=m.precision)
 
 
-def autocast_for(precision: str) -> torch.dtype | None:
-    """``fp32`` -> None (no autocast), ``bf16`` -> torch.bfloat16."""
-    if precision == "fp32":
-        return None
-    if precision == "bf16":
-        return torch.bfloat16
-    raise ValueError(f"unknown precision {precision!r}; valid: fp32, bf16")
+def autocast_for(precision: str, device: str = "cpu") -> torch.dtype | None:
+    """``fp32`` -> None (no autocast), ``bf16`` -> torch.bfloat16; ``auto`` -> either, by whether
+    ``device`` computes bf16 natively (:func:`~medrobust_lib.models.precision.resolve_precision`)."""
+    return torch.bfloat16 if resolve_precision(precision, device) == "bf16" else None
 
 
 def _adapter_ratio(sd: dict[str, torch.Tensor]) -> float | None:
@@ -326,5 +324,5 @@ def load_litemedsam(checkpoint: str | Path | None = None, *, model_id: str = "li
         insert_adapters(model.get_submodule("image_encoder"), ratio)
     load_into(model, sd, str(path))
     return LiteMedSamSegmenter(model, "litemedsam", model_id, file_sha256(path)[:CHECKPOINT_HASH_LEN], device,
-                               autocast_for(precision), engine="reference", mask_selection=mask_selection,
+                               autocast_for(precision, device), engine="reference", mask_selection=mask_selection,
                                preprocess=preprocess)
