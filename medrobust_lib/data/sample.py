@@ -91,7 +91,13 @@ class Sample:
         return 1 if self.image.ndim == 2 else int(self.image.shape[2])
 
     def content_hash(self) -> str:
-        return array_hash(self.image, self.mask)
+        """SHA-256 hex of the image and mask (:func:`array_hash`), computed once per object: a sample's
+        arrays are never modified in place (perturbations and readers build new samples)."""
+        cached: str | None = self.__dict__.get("_content_hash")
+        if cached is None:
+            cached = array_hash(self.image, self.mask)
+            object.__setattr__(self, "_content_hash", cached)
+        return cached
 
 
 @dataclass(frozen=True)

@@ -336,9 +336,8 @@ def evaluate_clean(suite: Suite, model_id: str | SegModelConfig, modality: str, 
     summary = EvalSummary()
     ev = eval_samples(suite, modality, sc.split)
     samples = list(ev.samples.values())
-    hashes = {id(s): s.content_hash() for s in samples}  # each image hashed once
     fp = results.fingerprint([EVAL_VERSION, model.checkpoint_hash, sc.prompt.protocol, *_pipeline(m),
-                              sorted((s.sample_id, hashes[id(s)]) for s in samples), _precision(model),
+                              sorted((s.sample_id, s.content_hash()) for s in samples), _precision(model),
                               _unusable_state(ev.unusable)])
     part = _partition(m, "clean", modality, 0)
     reused = _reuse(suite, part, {s.dataset for s in samples} | {k[0] for k in ev.unusable}, fp, t0, reuse)
@@ -351,7 +350,7 @@ def evaluate_clean(suite: Suite, model_id: str | SegModelConfig, modality: str, 
                                    summary, m.batch_size), strict=True))
     for s in samples:
         r = _base_row(m, model.checkpoint_hash, s, "clean", sc.prompt.protocol, _precision(model))
-        r["sample_sha256"] = hashes[id(s)]
+        r["sample_sha256"] = s.content_hash()
         if s.mask is None:
             r.update(status=SEG_NO_MASK, error="sample has no ground-truth mask")
         else:
@@ -381,18 +380,10 @@ class CleanCache:
                 self.table[(str(r.checkpoint), str(r.sample_sha256), str(r.prompt))] = (
                     float(r.iou), float(r.dice))  # type: ignore[arg-type]
         self.model, self.prompt, self.summary, self.batch = model, prompt, summary, m.batch_size
-        self._hashes: dict[int, str] = {}
         self._filled: set[tuple[str, str, str]] = set()  # computed by fill(), not yet read
 
-    def sample_hash(self, s: Sample) -> str:
-        """``s.content_hash()``, computed once per sample object (the evaluation's fingerprint and
-        the cache keys share it)."""
-        if id(s) not in self._hashes:  # samples come from the per-process cache: hash each once
-            self._hashes[id(s)] = s.content_hash()
-        return self._hashes[id(s)]
-
     def _key(self, s: Sample) -> tuple[str, str, str]:
-        return (self.model.checkpoint_hash, self.sample_hash(s), self.prompt.protocol)
+        return (self.model.checkpoint_hash, s.content_hash(), self.prompt.protocol)
 
     def fill(self, samples: Iterable[Sample]) -> None:
         """Compute every missing clean score of ``samples`` in one batched pass; the first
@@ -488,7 +479,7 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
                               sorted(manifest["sha256"].dropna()) if len(manifest) else [],
                               sorted(perturbations) if perturbations is not None else None,
                               sorted(covered) if covered is not None else None, _precision(model),
-                              [[list(k), cache.sample_hash(s)] for k, s in evaluated],
+                              [[list(k), s.content_hash()] for k, s in evaluated],
                               _unusable_state(ev.unusable, covered)])
     part = _partition(m, "perturbation", modality, level)
     reused = _reuse(suite, part, {str(r["dataset"]) for r in rows}, fp, t0, reuse)
@@ -549,7 +540,7 @@ def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str
     run_kinds = [k for k in sc.attacks.kinds if kinds is None or k in kinds]
     cache = CleanCache(suite, m, modality, model, sc.prompt, summary)
     fp = results.fingerprint([EVAL_VERSION, model.checkpoint_hash, sc.prompt.protocol, *_pipeline(m), level,
-                              sc.attacks.model_dump(), sorted((s.sample_id, cache.sample_hash(s)) for s in samples),
+                              sc.attacks.model_dump(), sorted((s.sample_id, s.content_hash()) for s in samples),
                               _precision(model)] + ([run_kinds] if kinds is not None else [])
                              + [_unusable_state(unusable)])
     part = _partition(m, "attack", modality, level)
