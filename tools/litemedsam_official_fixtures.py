@@ -19,9 +19,16 @@ sizes) it records:
 * the official mask (sigmoid > 0.5 of those logits, as bits). On every 4th demo item and every odd
   item the script's own ``MedSAM_infer_npz_2D`` also runs, on an ``.npz`` holding the item's uint8
   image (``imgs``, H x W x 3) and float32 boxes (``boxes``), and its ``segs`` must equal that mask;
-* the uint8 input's SHA-256, the resized size and the 256-grid box.
+* the uint8 input's SHA-256, the resized size and the 256-grid box;
+* the uint8 inputs of the demo items themselves (``u8_data``: one channel for a grayscale item, three
+  for RGB; ``u8_channels``, ``u8_offsets``). The demo build is not byte-identical across CPUs: built on
+  an AVX2-only AMD EPYC, 29 of the 54 images hashed differently from the build on the AVX512 machine the
+  first fixture came from (official logits then differed by about 1e-4, one Dice by 2e-4), presumably
+  float32 results of its image synthesis that differ between SIMD paths and round to another grey
+  level. So the tests feed the official script's own inputs to the project's adapter instead of
+  rebuilding them; the odd items are made from these.
 
-Output: ``tests/models/fixtures/litemedsam_official.npz`` (about 1 MB).
+Output: ``tests/models/fixtures/litemedsam_official.npz`` (6.4 MB, most of it the inputs).
 """
 
 from __future__ import annotations
@@ -80,6 +87,7 @@ def main() -> None:
     model = g["medsam_lite_model"]
 
     names, shapes, sha, resized, box256, dice = [], [], [], [], [], []
+    u8_data, u8_channels, u8_offsets = [], [], [0]
     seg_bits, seg_offsets = [], [0]
     idx_all, val_all = [], []
     for k, it in enumerate(items):
@@ -121,6 +129,11 @@ def main() -> None:
         rand = rng.choice(flat.size, size=N_RANDOM, replace=flat.size < N_RANDOM)
         idx = np.concatenate([boundary, rand]).astype(np.int64)
         names.append(it.name)
+        if not it.name.startswith("odd/"):  # the demo items' inputs; odd items are made from them
+            own = u8[:, :, 0] if it.image.ndim == 2 else u8
+            u8_data.append(own.ravel())
+            u8_channels.append(1 if it.image.ndim == 2 else 3)
+            u8_offsets.append(u8_offsets[-1] + own.size)
         shapes.append((h, w))
         sha.append(hashlib.sha256(u8.tobytes()).hexdigest())
         resized.append((newh, neww))
@@ -141,6 +154,8 @@ def main() -> None:
         resized=np.array(resized, np.int64), box256=np.array(box256, np.float64), dice=np.array(dice, np.float64),
         seg_bits=np.concatenate(seg_bits), seg_offsets=np.array(seg_offsets, np.int64),
         logit_index=np.stack(idx_all), logit_value=np.stack(val_all),
+        u8_data=np.concatenate(u8_data), u8_channels=np.array(u8_channels, np.int64),
+        u8_offsets=np.array(u8_offsets, np.int64),
         source=np.array("bowang-lab/MedSAM@LiteMedSAM CVPR24_LiteMedSAM_infer.py; checkpoint sha256 "
                         "79d8c9dca6db4d69d3f905579e5250af05e859fff9c1f543e89a513c3028ce76; torch " + torch.__version__),
     )

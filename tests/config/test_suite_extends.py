@@ -109,8 +109,9 @@ def test_demo_full_is_demo_with_the_full_grid() -> None:
     lite = seg["models"][1]
     assert (lite["id"], lite["levels"], lite["max_perturbed_per_modality"], lite["attacks"]) == \
         ("litemedsam", None, None, True)
-    assert lite == {**fseg["models"][1], "levels": None, "max_perturbed_per_modality": None, "attacks": True,
-                    "batch_size": 8}
+    # the same arithmetic and batch as the fast demo's: precision auto (bf16 only where native), batch 1
+    assert (lite["precision"], lite["batch_size"]) == ("auto", 1)
+    assert lite == {**fseg["models"][1], "levels": None, "max_perturbed_per_modality": None, "attacks": True}
     ft, fft = seg["finetune"], fseg["finetune"]
     assert (ft["base"], ft["strategies"], ft["encoder_blocks"]) == ("litemedsam", ["decoder_only", "lora", "full"], 2)
     assert (ft["train"]["max_steps"], ft["train"]["lr"], ft["train"]["batch_size"]) == (40, 1e-4, 4)

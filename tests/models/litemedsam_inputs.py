@@ -83,8 +83,29 @@ def odd_items(items: list[Item]) -> list[Item]:
 
 
 def all_items(demo_root: Path) -> list[Item]:
-    """:func:`demo_test_items` followed by :func:`odd_items`."""
+    """:func:`demo_test_items` followed by :func:`odd_items` (what the fixture tool runs the official
+    script on)."""
     base = demo_test_items(demo_root)
+    return base + odd_items(base)
+
+
+def fixture_image(official: dict[str, np.ndarray], k: int) -> np.ndarray:
+    """Demo item ``k``'s uint8 input as the official script got it, from the fixture: (H, W) for a
+    grayscale item, (H, W, 3) for RGB."""
+    h, w = (int(v) for v in official["shapes"][k])
+    c = int(official["u8_channels"][k])
+    flat = official["u8_data"][official["u8_offsets"][k]:official["u8_offsets"][k + 1]]
+    return flat.reshape(h, w) if c == 1 else flat.reshape(h, w, c)
+
+
+def fixture_items(demo_root: Path, official: dict[str, np.ndarray]) -> list[Item]:
+    """:func:`all_items` on the official script's own inputs: each demo item's image is the fixture's
+    uint8 input (float32, ``u8 / 255``, which ``to_uint8_rgb`` maps back exactly), its box and mask
+    the demo build's; the odd items are made from those. The demo build alone is not byte-identical
+    across CPUs (``tools/litemedsam_official_fixtures.py``)."""
+    base = [Item(it.name, it.modality, (fixture_image(official, k).astype(np.float32) / np.float32(255.0)),
+                 it.boxes, it.mask)
+            for k, it in enumerate(demo_test_items(demo_root))]
     return base + odd_items(base)
 
 
