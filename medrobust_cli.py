@@ -601,6 +601,7 @@ class ScoreTask(StrEnum):
     vqa = "vqa"
     caption = "caption"
     grounding = "grounding"
+    segmentation = "segmentation"
 
 
 class BoxScale(StrEnum):
@@ -611,15 +612,38 @@ class BoxScale(StrEnum):
 
 @app.command()
 def score(
-    task: Annotated[ScoreTask, typer.Argument(help="vqa, caption or grounding")],
-    predictions: Annotated[Path, typer.Option(help="JSONL: one {\"id\", \"prediction\", ...} per line")],
-    references: Annotated[Path, typer.Option(help="JSONL: one reference record per line")],
+    task: Annotated[ScoreTask, typer.Argument(help="vqa, caption, grounding or segmentation")],
+    predictions: Annotated[Path | None, typer.Option(
+        "--predictions", "--pred", help="vqa, caption, grounding: JSONL, one {\"id\", \"prediction\", ...} per "
+        "line; segmentation: a folder of mask files (PNG, JPEG, TIFF, BMP, .npy) [required]",
+        show_default=False)] = None,
+    references: Annotated[Path | None, typer.Option(
+        "--references", "--ref", help="vqa, caption, grounding: JSONL, one reference record per line; segmentation: "
+        "a folder of reference masks, matched to the predictions by file stem [required]", show_default=False)] = None,
     scale: Annotated[BoxScale | None, typer.Option(help="grounding: box scale of every answer "
                                                         "(default: detected per answer)")] = None,
+    out: Annotated[Path | None, typer.Option(help="segmentation: write the per-file IoU / Dice CSV here (one row "
+                                                  "per stem: status, iou, dice, files, pixel counts, error)")] = None,
+    mask_threshold: Annotated[float | None, typer.Option(
+        min=0, help="segmentation: raster masks are foreground where value > this (8-bit scale), as the datasets' "
+        "mask_threshold [default: > 0 for PNG/TIFF/BMP, > 127 for JPEG]; .npy: probabilities > 0.5, labels > 0",
+        show_default=False)] = None,
 ) -> None:
     """Score predictions made elsewhere against references; prints one JSON summary. Exit 1 when
     nothing was scored (no valid reference, or no prediction matches a reference id); 2 when a
-    file is missing."""
+    file is missing. segmentation: mask files matched by stem, IoU / Dice per pair with the
+    pipeline's rules (empty reference: both empty 1.0, else 0.0); unmatched files and size
+    mismatches are counted and listed, never fatal; one summary line on stderr; --out writes the
+    per-file CSV."""
+    if predictions is None or references is None:
+        raise typer.BadParameter("--predictions (--pred) and --references (--ref) are both required")
+    if task is ScoreTask.segmentation:
+        if scale is not None:
+            raise typer.BadParameter("--scale is for grounding only")
+        _score_segmentation(predictions, references, out, mask_threshold)
+        return
+    if out is not None or mask_threshold is not None:
+        raise typer.BadParameter("--out and --mask-threshold are for segmentation only")
 
     try:
         summary = score_file(task.value, predictions, references,  # type: ignore[arg-type]
@@ -633,6 +657,62 @@ def score(
         raise typer.Exit(1)
     if summary["n_matched_predictions"] == 0:
         _echo("error: no prediction matches a reference id: nothing was scored")
+        raise typer.Exit(1)
+
+
+def _score_segmentation(pred: Path, ref: Path, out: Path | None, mask_threshold: float | None) -> None:
+    """``score segmentation``: the JSON summary on stdout, one line on stderr, the CSV at ``out``."""
+    from medrobust_lib.paths import refuse_input
+    from medrobust_lib.tracks.segmentation.score_files import score_folders, write_csv
+
+    try:
+        result = score_folders(pred, ref, mask_threshold=mask_threshold)
+        if out is not None:
+            out = out.expanduser()
+            refuse_input(out, [pred / r.pred_file for r in result.rows if r.pred_file]
+                         + [ref / r.ref_file for r in result.rows if r.ref_file])
+            out.parent.mkdir(parents=True, exist_ok=True)
+            write_csv(result, out)
+    except (FileNotFoundError, NotADirectoryError, PermissionError, ValueError) as exc:
+        _echo(f"error: {exc}")
+        raise typer.Exit(2) from None
+    summary = result.summary()
+    typer.echo(json.dumps(summary, sort_keys=True, indent=2))
+    _echo(result.summary_line() + (f"; per-file CSV: {out}" if out is not None else ""))
+    if summary["n"] == 0:
+        _echo("error: no prediction matches a readable reference of the same size: nothing was scored")
+        raise typer.Exit(1)
+
+
+@app.command("export-masks")
+def export_masks(
+    suite: Annotated[Path, typer.Option(help="suite YAML: its results folder and its mask store (<suite "
+                                             "root>/pred_masks)")],
+    out: Annotated[Path, typer.Option(help="output folder: new, empty, or written by export-masks before")],
+    model: Annotated[str | None, typer.Option(help="only this model id")] = None,
+    dataset: Annotated[str | None, typer.Option(help="only this dataset")] = None,
+    condition: Annotated[str | None, typer.Option(help="only this condition (clean, perturbation, fgsm, pgd)")]
+    = None,
+    perturbation: Annotated[str | None, typer.Option(help="only this perturbation type")] = None,
+    level: Annotated[int | None, typer.Option(help="only this level (0: clean)")] = None,
+    sample: Annotated[str | None, typer.Option(help="only this sample id")] = None,
+) -> None:
+    """Write the predicted masks stored with segmentation_results rows (segmentation.store_masks) as
+    PNG files (0 / 255) named <model>__<dataset>__<sample_id>__<perturbation>__L<level>.png, plus
+    index.csv (keys, IoU, Dice, file). Prints how many masks it wrote and how many rows had none.
+    Exit 2: no results, no matching row, or --out is a non-empty folder it did not write; 1: some
+    stored masks are missing or corrupt (listed in index.csv)."""
+    from medrobust_lib.tracks.segmentation.export_masks import export_masks as run_export
+
+    loc = _suite_locations(str(suite))
+    assert loc is not None
+    summary = run_export(loc.results, loc.pred_masks, out.expanduser().resolve(),
+                         {"model": model, "dataset": dataset, "condition": condition, "perturbation": perturbation,
+                          "level": level, "sample_id": sample})
+    typer.echo(summary.line())
+    if summary.failed:
+        name, reason = summary.failed[0]
+        _echo(f"error: {len(summary.failed)} stored masks missing or corrupt, e.g. {name}: {reason}")
         raise typer.Exit(1)
 
 

@@ -1,8 +1,9 @@
 """On-disk locations the project derives from its configuration.
 
 :func:`suite_paths`: every folder a suite writes (results, mart, checkpoints, API caches, reports,
-galleries), all under the suite's own root (the parent of its ``results_dir``; by default
-``var/<suite name>/``, the demo's ``var/``), so no suite writes into another's.
+galleries, stored predicted masks), all under the suite's own root (the parent of its
+``results_dir``; by default ``var/<suite name>/``, the demo's ``var/``), so no suite writes into
+another's.
 :func:`experiment_name`: the MLflow experiment a suite's runs go to (``<suite name>/<experiment>``),
 so no suite logs into another's either.
 :data:`RECORD_FILES`: where the embedded demo writes its VLM record files, relative to the demo
@@ -40,6 +41,9 @@ class SuitePaths:
     reports: Path
     galleries: Path
     dagster_state: Path
+    pred_masks: Path
+    """The content-addressed store of predicted segmentation masks
+    (:mod:`medrobust_lib.store.pred_masks`), addressed by ``segmentation_results.pred_mask_sha256``."""
 
 
 def suite_paths(suite: _HasLocations, base: Path | None = None) -> SuitePaths:
@@ -53,7 +57,7 @@ def suite_paths(suite: _HasLocations, base: Path | None = None) -> SuitePaths:
     root = results.parent
     return SuitePaths(root=root, results=results, mart=at(suite.mart_path), checkpoints=root / "checkpoints",
                       cache=root / "cache", reports=root / "reports", galleries=root / "galleries",
-                      dagster_state=root / "dagster")
+                      dagster_state=root / "dagster", pred_masks=root / "pred_masks")
 
 
 def default_locations(name: str) -> tuple[str, str]:

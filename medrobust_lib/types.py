@@ -21,6 +21,8 @@ BoolMask = npt.NDArray[np.bool_]
 """bool, (H, W)."""
 Boxes = npt.NDArray[np.float32]
 """float32, (N, 4), pixel XYXY with exclusive end."""
+InstanceMap = npt.NDArray[np.int32]
+"""int32, (H, W): 0 background, 1..N one label per target instance (each gets its own box prompt)."""
 
 
 class Modality(StrEnum):

@@ -23,7 +23,7 @@ KEY_TYPES = ("VARCHAR", "BIGINT", "INTEGER", "SMALLINT", "TINYINT", "BOOLEAN", "
 # identity-like columns; free text, hashes of runs and timestamps are not keys
 NOT_KEYS = {"error", "detail", "answer", "raw", "response", "text", "prediction", "created_at", "run_id",
             "mlflow_run_id", "dagster_run_id", "path", "image_path", "mask_path", "note", "miss_reason", "judge_model",
-            "judge_outcome", "judge_parsed"}
+            "judge_outcome", "judge_parsed", "warning"}
 
 
 def _tables(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, str]]:

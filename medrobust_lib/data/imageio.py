@@ -8,12 +8,15 @@ The mapping from stored values to ``[0, 1]`` is always linear (with clipping for
 described by an *intensity record*, a plain JSON-friendly dict::
 
     {"mapping": "linear", "low": L, "high": H, "invert": bool, "clipped": bool,
-     "source": "bit_depth" | "npy" | "options" | "file" | "percentile", "unit": str, ...}
+     "source": "bit_depth" | "actual_range" | "declared" | "npy" | "options" | "file" | "percentile",
+     "unit": str, ...}
 
 so that ``native = L + y' * (H - L)`` with ``y' = 1 - y`` when ``invert`` is true and ``y'`` = ``y``
 otherwise (see :func:`intensity_to_native`). Values that were clipped by a window (``clipped``)
-cannot be recovered beyond the window edges. 8-bit files use ``L = 0, H = 255``, 16-bit files
-``L = 0, H = 65535``. DICOM records additionally carry ``rescale_slope`` / ``rescale_intercept``
+cannot be recovered beyond the window edges. 8-bit files use ``L = 0, H = 255``; 16-bit files
+``L = 0, H = 65535`` when read with :func:`read_image` (source ``bit_depth``), and their own
+``[min, max]`` (source ``actual_range``) or a declared ``intensity_range`` (source ``declared``,
+clipped) when read by a dataset reader (:func:`raw_to_float`). DICOM records additionally carry ``rescale_slope`` / ``rescale_intercept``
 (``native`` is then the rescaled value, e.g. HU for CT; stored = (native - intercept) / slope).
 
 Formats: PNG (8/16-bit), JPEG, TIFF, BMP (decoded by OpenCV, converted from BGR to RGB; EXIF
@@ -404,13 +407,75 @@ def _pil_fallback(data: bytes, path: Path) -> np.ndarray:
     return arr
 
 
-def raw_to_float(raw: np.ndarray) -> tuple[FloatImage, dict[str, Any]]:
-    """uint8 -> /255, uint16 -> /65535; returns the float32 image and its intensity record."""
-    if raw.dtype == np.uint8:
+IntensityScaling = Literal["bit_depth", "actual_range"]
+"""How :func:`raw_to_float` maps an image wider than 8 bits without a declared range."""
+
+
+def check_intensity_range(value: Sequence[float], name: str = "intensity_range") -> tuple[float, float]:
+    """``(low, high)`` as floats; ValueError naming ``name`` unless both are finite and low < high."""
+    if len(value) != 2:
+        raise ValueError(f"{name} must be [low, high], got {list(value)}")
+    low, high = float(value[0]), float(value[1])
+    if not (np.isfinite(low) and np.isfinite(high)) or not low < high:
+        raise ValueError(f"{name} must be [low, high] with finite low < high, got [{low:g}, {high:g}]")
+    return low, high
+
+
+def range_record(low: float, high: float, *, source: str, clipped: bool, **extra: Any) -> dict[str, Any]:
+    """The intensity record of the linear map ``[low, high] -> [0, 1]`` of stored values
+    (``source`` ``actual_range`` or ``declared``; ``high == low`` for a constant image, which maps to 0)."""
+    return {"mapping": "linear", "low": float(low), "high": float(high), "invert": False, "clipped": clipped,
+            "source": source, "unit": "stored", **extra}
+
+
+def scale_to_unit(
+    values: np.ndarray, intensity_range: Sequence[float] | None, **extra: Any
+) -> tuple[FloatImage, dict[str, Any]]:
+    """Stored values (any real dtype, any shape) -> float32 in [0, 1] and the intensity record.
+
+    With ``intensity_range`` = ``[low, high]`` (declared): ``(v - low) / (high - low)`` clipped to
+    [0, 1] (source ``declared``). Without: the image's own ``[min, max]`` over all pixels and
+    channels maps to [0, 1] (source ``actual_range``; a constant image maps to 0 and its record has
+    ``high == low``). ``extra`` is added to the record (e.g. ``bit_depth``). Non-finite values are
+    ``unreadable_image``."""
+    v = np.asarray(values, np.float64)
+    if v.size == 0 or not np.isfinite(v).all():
+        raise SampleError("unreadable_image", "image has no values or non-finite values")
+    if intensity_range is not None:
+        low, high = check_intensity_range(intensity_range)
+        y = np.clip((v - low) / (high - low), 0.0, 1.0)
+        return y.astype(np.float32), range_record(low, high, source="declared", clipped=True, **extra)
+    low, high = float(v.min()), float(v.max())
+    y = (v - low) / (high - low) if high > low else np.zeros_like(v)
+    return y.astype(np.float32), range_record(low, high, source="actual_range", clipped=False, **extra)
+
+
+def raw_to_float(
+    raw: np.ndarray,
+    *,
+    intensity_range: Sequence[float] | None = None,
+    scaling: IntensityScaling = "bit_depth",
+) -> tuple[FloatImage, dict[str, Any]]:
+    """Stored raster values (uint8 or uint16) -> float32 [0, 1] image and its intensity record.
+
+    ``intensity_range`` (declared ``[low, high]`` in stored values) maps that range to [0, 1] with
+    clipping, whatever the bit depth. Otherwise uint8 is divided by 255 (source ``bit_depth``),
+    and uint16 by 65535 with ``scaling="bit_depth"`` (the default: files medrobust writes itself,
+    :func:`write_image`) or by its own ``[min, max]`` with ``scaling="actual_range"`` (what the
+    dataset readers use: a 16-bit file rarely fills 0..65535, e.g. a microscopy image stored in
+    0..235 would come in near-black)."""
+    if raw.dtype not in (np.uint8, np.uint16):
+        raise SampleError("unreadable_image", f"unsupported sample type {raw.dtype}")
+    bits = 8 if raw.dtype == np.uint8 else 16
+    if intensity_range is not None:
+        return scale_to_unit(raw, intensity_range, bit_depth=bits)
+    if bits == 8:
         return (raw.astype(np.float32) / np.float32(255.0)), _bit_depth_record(8)
-    if raw.dtype == np.uint16:
-        return (raw.astype(np.float32) / np.float32(65535.0)), _bit_depth_record(16)
-    raise SampleError("unreadable_image", f"unsupported sample type {raw.dtype}")
+    if scaling == "actual_range":
+        return scale_to_unit(raw, None, bit_depth=bits)
+    if scaling != "bit_depth":
+        raise ValueError(f"scaling must be 'bit_depth' or 'actual_range', got {scaling!r}")
+    return (raw.astype(np.float32) / np.float32(65535.0)), _bit_depth_record(16)
 
 
 def npy_header(path: Path) -> tuple[tuple[int, ...], bool, np.dtype[Any], int, int]:

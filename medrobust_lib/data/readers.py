@@ -19,6 +19,10 @@ Shared conventions (implemented by :func:`finish_sample`):
   with ``cv2.INTER_NEAREST_EXACT`` (pixel-centre nearest neighbour, no half-pixel shift); a mask
   whose foreground disappears in the resize is ``mask_vanished_on_resize``;
 * boxes come from the final (resized) mask with :func:`~medrobust_lib.data.boxes.mask_to_boxes`;
+* instances (``Sample.instances``): a reader's instance labels (resized with pixel-centre nearest
+  neighbour, relabelled 1..N by box position; an instance lost in the resize is counted in
+  ``metadata["instances"]["lost_on_resize"]``), else with ``per_component_boxes`` the 8-connected
+  components of the final mask; the boxes are then one per instance, in id order;
 * metadata always holds ``reader``, ``image_path``, ``mask_paths``, ``original_size`` (H, W
   before resizing), ``size`` (H, W after), ``resized``, ``intensity`` (see
   :mod:`medrobust_lib.data.imageio`) and, when there is a mask, ``mask_rule``.
@@ -35,11 +39,11 @@ import cv2
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from medrobust_lib.data.boxes import mask_to_boxes
-from medrobust_lib.data.imageio import check_min_size
+from medrobust_lib.data.boxes import components, instance_boxes, mask_to_boxes, relabel
+from medrobust_lib.data.imageio import check_intensity_range, check_min_size
 from medrobust_lib.data.sample import DatasetSpec, QuarantineRecord, Sample, SampleError, SampleRef
 from medrobust_lib.registry import Registry
-from medrobust_lib.types import BoolMask, FloatImage
+from medrobust_lib.types import BoolMask, Boxes, FloatImage, InstanceMap
 
 IndexResult = tuple[list[SampleRef], list[QuarantineRecord]]
 IndexFn = Callable[["DatasetSpec"], IndexResult]
@@ -57,16 +61,42 @@ class ReaderOptions(BaseModel):
 class MaskOptions(ReaderOptions):
     """How a stored mask becomes a bool mask.
 
-    ``mask_values``: if given, exactly these stored values are foreground. Otherwise a pixel is
-    foreground when its value is ``> mask_threshold`` (in the 8-bit scale; multiplied by 257 for
-    16-bit masks). A losslessly stored mask whose values are all in {0, 1} is read as a 0/1 label
-    map (foreground = 1) instead, since thresholding it at 127 would empty it. Colour masks use
-    the maximum over channels. ``allow_empty_mask`` keeps samples whose mask has no foreground
-    (with zero boxes) instead of quarantining them as ``empty_mask``."""
+    ``mask_values``: if given, exactly these stored values are foreground. Otherwise
+    ``mask_threshold`` decides (automatic by default: > 0 for lossless integer masks, > 127 for
+    JPEG). A losslessly stored mask whose values are all in {0, 1} is a 0/1 label map (foreground =
+    1). Colour masks use the maximum over channels. ``allow_empty_mask`` keeps samples whose mask
+    has no foreground (with zero boxes) instead of quarantining them as ``empty_mask``."""
 
-    mask_threshold: float = 127.0
+    mask_threshold: float | None = None
+    """Null (default): foreground where the stored value is > 0 for a losslessly stored integer mask
+    (PNG, TIFF, BMP: every label of a label or instance map, at any bit depth) and > 127 (x 257 for
+    16-bit) for a lossy one (JPEG, above its compression noise). A number: foreground where the value
+    is > mask_threshold on the 8-bit scale (x 257 for 16-bit masks), e.g. 127 for PNG masks with
+    soft (anti-aliased) edges."""
     mask_values: list[int] | None = None
     allow_empty_mask: bool = False
+
+
+class IntensityOptions(ReaderOptions):
+    """How stored image values become [0, 1]: 8-bit /255, wider (16-bit) by each image's own
+    range, or a declared ``intensity_range``; the mapping is recorded in ``metadata["intensity"]``
+    (source ``bit_depth``, ``actual_range`` or ``declared``)."""
+
+    intensity_range: tuple[float, float] | None = None
+    """[low, high] in stored values (finite, low < high), mapped linearly to [0, 1] with clipping, at
+    any bit depth: the dataset's declared range, e.g. [0, 4095] for 12-bit data in 16-bit files.
+    Null (default): 8-bit images are divided by 255, 16-bit ones scaled by their own [min, max],
+    per image (a constant image maps to 0)."""
+
+    @field_validator("intensity_range")
+    @classmethod
+    def _check_intensity_range(cls, v: tuple[float, float] | None) -> tuple[float, float] | None:
+        return None if v is None else check_intensity_range(v)
+
+
+class RasterOptions(MaskOptions, IntensityOptions):
+    """Options shared by the readers of raster image files (PNG, JPEG, TIFF, BMP) with mask files:
+    :class:`MaskOptions` plus :class:`IntensityOptions`."""
 
 
 class WindowOptions(ReaderOptions):
@@ -214,23 +244,32 @@ def single_channel(raw: np.ndarray, how: str = "max") -> np.ndarray:
     return np.rint(raw.astype(np.float64).mean(axis=2)).astype(raw.dtype)
 
 
+LOSSY_MASK_THRESHOLD = 127.0
+"""The automatic threshold of lossy (JPEG) masks, in the 8-bit scale (x 257 for 16-bit)."""
+
+
 def binarize_mask(
     raw: np.ndarray,
     *,
-    threshold: float = 127.0,
+    threshold: float | None = None,
     values: Sequence[int] | None = None,
     lossless: bool = True,
 ) -> tuple[BoolMask, str]:
     """Stored mask values -> bool (H, W) mask and a short description of the rule used.
 
-    See :class:`MaskOptions` for the rules; ``lossless`` is False for JPEG masks, which disables
-    the 0/1 label-map detection (JPEG noise around 0 would otherwise become foreground)."""
+    See :class:`MaskOptions` for the rules; ``threshold`` None is the automatic rule (> 0 for a
+    lossless integer mask, > 127 on the 8-bit scale otherwise); ``lossless`` is False for JPEG
+    masks, which keeps their threshold above the compression noise and disables the 0/1 label-map
+    detection (JPEG noise around 0 would otherwise become foreground)."""
     m = single_channel(np.asarray(raw), "max")
     if values is not None:
         return np.isin(m, np.asarray(list(values))), f"value in {sorted(int(v) for v in values)}"
-    if lossless and np.issubdtype(m.dtype, np.integer) and m.size and int(m.max()) == 1:
+    integer = np.issubdtype(m.dtype, np.integer)
+    if lossless and integer and m.size and int(m.max()) == 1:
         return m == 1, "label map {0,1}: value == 1"
-    t = float(threshold) * (257.0 if m.dtype == np.uint16 else 1.0)
+    if threshold is None and lossless and integer:
+        return m > 0, "value > 0 (lossless integer mask: every non-zero label)"
+    t = (LOSSY_MASK_THRESHOLD if threshold is None else float(threshold)) * (257.0 if m.dtype == np.uint16 else 1.0)
     return m > t, f"value > {t:g}"
 
 
@@ -253,6 +292,29 @@ def read_binary_mask(path: Path, opts: MaskOptions) -> tuple[BoolMask, str]:
         values=opts.mask_values,
         lossless=file_extension(path) not in LOSSY_MASK_EXTENSIONS,
     )
+
+
+def read_instance_labels(path: Path) -> tuple[np.ndarray, str]:
+    """Read a stored instance-label mask: one integer id per pixel (8 or 16 bit, 0 = background).
+    Returns the (H, W) label map as stored and the rule description. SampleError ``missing_mask``,
+    ``unreadable_mask`` (a broken file, or a colour or lossy (JPEG) file, whose ids cannot be trusted)
+    or ``empty_mask_file``."""
+    from medrobust_lib.data.imageio import file_extension, read_raw
+
+    if not path.is_file():
+        raise SampleError("missing_mask", str(path))
+    if file_extension(path) in LOSSY_MASK_EXTENSIONS:
+        raise SampleError("unreadable_mask", f"{path}: instance labels need a lossless file (PNG, TIFF), not JPEG")
+    try:
+        raw = read_raw(path)
+    except SampleError as e:
+        raise SampleError(
+            "unreadable_mask" if e.reason != "empty_file" else "empty_mask_file", e.detail
+        ) from None
+    if raw.ndim != 2 or not np.issubdtype(raw.dtype, np.integer):
+        raise SampleError("unreadable_mask", f"{path}: instance labels need a single-channel integer image, "
+                                             f"got {raw.dtype} {raw.shape}")
+    return raw, "instance labels: value > 0, one instance per id"
 
 
 def union_masks(masks: Sequence[BoolMask], paths: Sequence[Path]) -> BoolMask:
@@ -289,11 +351,13 @@ def finish_sample(
     metadata: Mapping[str, Any],
     *,
     allow_empty_mask: bool = False,
+    instances: np.ndarray | None = None,
 ) -> Sample:
     """Validate, resize and box one loaded sample (see the module docstring for the rules).
 
     ``image``: float32 (H, W) or (H, W, 3) in [0, 1] at the original resolution; ``mask``: bool
-    (H, W) or None."""
+    (H, W) or None; ``instances``: an integer (H, W) label map of the mask's instances (0
+    background; ``instances > 0`` must equal ``mask``) or None."""
     image = np.ascontiguousarray(image, dtype=np.float32)
     if image.ndim not in (2, 3) or (image.ndim == 3 and image.shape[2] != 3):
         raise SampleError("unreadable_image", f"{ref.image_path}: image shape {image.shape}")
@@ -306,6 +370,12 @@ def finish_sample(
             raise SampleError("mask_size_mismatch", f"mask {mask.shape} != image {original}")
         if not allow_empty_mask and not mask.any():
             raise SampleError("empty_mask", f"{', '.join(ref.mask_paths) or ref.image_path}: no foreground")
+    if instances is not None:
+        if mask is None or instances.shape != mask.shape:
+            raise SampleError("mask_size_mismatch", f"instance labels {instances.shape} != mask")
+        if not np.array_equal(instances > 0, mask):
+            raise SampleError("unreadable_mask", "instance labels > 0 differ from the mask")
+    n_given = None if instances is None else len(np.unique(instances[instances > 0]))
     had_foreground = bool(mask is not None and mask.any())
     resized = False
     if cfg.size is not None and original != (cfg.size, cfg.size):
@@ -315,8 +385,24 @@ def finish_sample(
             mask = resize_mask(mask, hw)
             if had_foreground and not mask.any():
                 raise SampleError("mask_vanished_on_resize", f"foreground lost resizing {original} -> {hw}")
+            if instances is not None:
+                instances = cv2.resize(np.asarray(instances, np.int32), (hw[1], hw[0]),
+                                       interpolation=cv2.INTER_NEAREST_EXACT)
         resized = True
-    boxes = None if mask is None else mask_to_boxes(mask, per_component=cfg.per_component_boxes)
+    inst: InstanceMap | None = None
+    inst_meta: dict[str, Any] | None = None
+    if instances is not None and mask is not None:
+        inst = relabel(np.asarray(instances))
+        inst_meta = {"source": "labels", "n": int(inst.max()), "lost_on_resize": int(n_given or 0) - int(inst.max())}
+    elif cfg.per_component_boxes and mask is not None:
+        inst = components(mask)
+        inst_meta = {"source": "connected_components_8", "n": int(inst.max()), "lost_on_resize": 0}
+    boxes: Boxes | None
+    if inst is not None and mask is not None:
+        mask = inst > 0  # components() keeps every pixel; relabelled labels equal the resized mask
+        boxes = instance_boxes(inst)
+    else:
+        boxes = None if mask is None else mask_to_boxes(mask, per_component=cfg.per_component_boxes)
     meta: dict[str, Any] = {
         "reader": cfg.format,
         "image_path": ref.image_path,
@@ -325,6 +411,8 @@ def finish_sample(
         "size": [int(image.shape[0]), int(image.shape[1])],
         "resized": resized,
     }
+    if inst_meta is not None:
+        meta["instances"] = inst_meta
     meta.update(metadata)
     return Sample(
         sample_id=ref.sample_id,
@@ -334,4 +422,5 @@ def finish_sample(
         mask=mask,
         boxes=boxes,
         metadata=meta,
+        instances=inst,
     )

@@ -2,7 +2,9 @@
 
 Each preset only fixes folder names, file suffixes, colour handling and mask decoding; loading
 goes through one shared path (:func:`load_pair`), so every preset follows the rules in
-:mod:`medrobust_lib.data.readers` (mask size check, empty masks, resizing, boxes).
+:mod:`medrobust_lib.data.readers` (mask size check, empty masks, resizing, boxes) and maps stored
+values to [0, 1] the same way (8-bit /255; 16-bit by each image's own range unless the options
+declare ``intensity_range``; see :class:`~medrobust_lib.data.readers.IntensityOptions`).
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from medrobust_lib.data.imageio import gray_to_rgb, raw_to_float, read_raw, rgb_to_gray
 from medrobust_lib.data.readers import (
     READERS,
     IndexResult,
     MaskOptions,
+    RasterOptions,
     Reader,
     child_dir,
     finish_sample,
@@ -28,6 +31,7 @@ from medrobust_lib.data.readers import (
     options_for,
     quarantine,
     read_binary_mask,
+    read_instance_labels,
     require_dir,
     sample_id_for,
     single_channel,
@@ -38,6 +42,7 @@ from medrobust_lib.types import BoolMask
 
 ColorMode = Literal["keep", "gray", "rgb"]
 MaskDecoder = Callable[[Path], tuple[BoolMask, str]]
+InstanceDecoder = Callable[[Path], tuple[np.ndarray, str]]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -51,17 +56,23 @@ def load_pair(
     color: ColorMode = "keep",
     channel: int | None = None,
     decode_mask: MaskDecoder | None = None,
+    decode_instances: InstanceDecoder | None = None,
     allow_empty_mask: bool = False,
     extra_meta: dict[str, Any] | None = None,
+    intensity_range: tuple[float, float] | None = None,
 ) -> Sample:
     """Load ``ref.image_path`` plus the union of ``ref.mask_paths`` into a Sample.
 
+    The stored values map to [0, 1] by :func:`~medrobust_lib.data.imageio.raw_to_float`: with the
+    declared ``intensity_range`` if given, else 8-bit /255 and 16-bit by the image's own range.
     ``channel`` picks one channel of a colour image (-> grayscale); ``color`` then forces gray
     (BT.601 luminance), RGB (gray replicated) or keeps the file's channels. ``decode_mask`` turns
-    one mask file into a bool mask and a rule description."""
+    one mask file into a bool mask and a rule description; ``decode_instances`` (instead) turns
+    the one mask file into an integer instance-label map (0 background) and a rule description,
+    and the sample gets those instances (:func:`~medrobust_lib.data.readers.finish_sample`)."""
     image_path = Path(ref.image_path)
     raw = read_raw(image_path)
-    image, intensity = raw_to_float(raw)
+    image, intensity = raw_to_float(raw, intensity_range=intensity_range, scaling="actual_range")
     meta: dict[str, Any] = {}
     if channel is not None:
         if image.ndim == 3:
@@ -78,7 +89,13 @@ def load_pair(
     meta["intensity"] = intensity
 
     mask: BoolMask | None = None
-    if ref.mask_paths:
+    instances: np.ndarray | None = None
+    if ref.mask_paths and decode_instances is not None:
+        if len(ref.mask_paths) != 1:
+            raise ValueError("decode_instances reads exactly one mask file per sample")
+        instances, meta["mask_rule"] = decode_instances(Path(ref.mask_paths[0]))
+        mask = instances > 0
+    elif ref.mask_paths:
         if decode_mask is None:
             raise ValueError("decode_mask is required when the ref has mask paths")
         paths = [Path(m) for m in ref.mask_paths]
@@ -87,7 +104,7 @@ def load_pair(
         meta["mask_rule"] = decoded[0][1] + (f" (union of {len(paths)} masks)" if len(paths) > 1 else "")
     if extra_meta:
         meta.update(extra_meta)
-    return finish_sample(cfg, ref, image, mask, meta, allow_empty_mask=allow_empty_mask)
+    return finish_sample(cfg, ref, image, mask, meta, allow_empty_mask=allow_empty_mask, instances=instances)
 
 
 def _threshold_decoder(opts: MaskOptions) -> MaskDecoder:
@@ -111,7 +128,7 @@ def _resolve_root(cfg: DatasetSpec, wrapper: str, marker: Sequence[str]) -> Path
 # folder (generic)
 
 
-class FolderOptions(MaskOptions):
+class FolderOptions(RasterOptions):
     """Options of the generic ``folder`` reader (paths relative to ``cfg.root``).
 
     ``image_dir``: the image folder under root. ``mask_dir``: the mask folder under root (null:
@@ -125,6 +142,21 @@ class FolderOptions(MaskOptions):
     mask_suffix: str = ""
     mask_ext: str = ".png"
     grayscale: bool | None = None
+    instance_labels: bool = False
+    """True: each mask file holds instance ids (one integer id per object, 8 or 16 bit, 0 =
+    background; lossless files only); the mask is every id > 0 and the sample keeps the instances
+    (Sample.instances, one box per instance). Not combined with mask_values or mask_threshold."""
+
+    @model_validator(mode="after")
+    def _check_instance_labels(self) -> FolderOptions:
+        if self.instance_labels:
+            given = [k for k in ("mask_values", "mask_threshold") if getattr(self, k) is not None]
+            if given:
+                raise ValueError(f"instance_labels cannot be combined with {' or '.join(given)} "
+                                 "(every id > 0 is an instance)")
+            if self.mask_ext.lower() in (".jpg", ".jpeg"):
+                raise ValueError(f"instance_labels needs lossless mask files, not mask_ext {self.mask_ext!r}")
+        return self
 
 
 def _folder_mask_path(img: Path, img_dir: Path, mask_dir: Path, opts: FolderOptions) -> Path:
@@ -165,7 +197,9 @@ def load_folder(cfg: DatasetSpec, ref: SampleRef) -> Sample:
     opts = options_for(cfg, FolderOptions)
     color: ColorMode = "keep" if opts.grayscale is None else ("gray" if opts.grayscale else "rgb")
     return load_pair(
-        cfg, ref, color=color, decode_mask=_threshold_decoder(opts), allow_empty_mask=opts.allow_empty_mask
+        cfg, ref, color=color, decode_mask=_threshold_decoder(opts),
+        decode_instances=read_instance_labels if opts.instance_labels else None,
+        allow_empty_mask=opts.allow_empty_mask, intensity_range=opts.intensity_range,
     )
 
 
@@ -198,7 +232,7 @@ ISIC2016_CITATION = (
 _ISIC_RE = re.compile(r"^(ISIC_\d+)\.jpg$", re.IGNORECASE)
 
 
-class Isic2016Options(MaskOptions):
+class Isic2016Options(RasterOptions):
     """Options of the ``isic2016`` reader. ``splits``: which of the published splits are read (train,
     test)."""
 
@@ -244,6 +278,7 @@ def load_isic2016(cfg: DatasetSpec, ref: SampleRef) -> Sample:
         decode_mask=_threshold_decoder(opts),
         allow_empty_mask=opts.allow_empty_mask,
         extra_meta={"split": ref.extra.get("split")},
+        intensity_range=opts.intensity_range,
     )
 
 
@@ -276,7 +311,7 @@ KVASIR_CITATION = (
 )
 
 
-class KvasirOptions(MaskOptions):
+class KvasirOptions(RasterOptions):
     pass
 
 
@@ -301,7 +336,8 @@ def index_kvasir_seg(cfg: DatasetSpec) -> IndexResult:
 def load_kvasir_seg(cfg: DatasetSpec, ref: SampleRef) -> Sample:
     opts = options_for(cfg, KvasirOptions)
     return load_pair(
-        cfg, ref, color="rgb", decode_mask=_threshold_decoder(opts), allow_empty_mask=opts.allow_empty_mask
+        cfg, ref, color="rgb", decode_mask=_threshold_decoder(opts), allow_empty_mask=opts.allow_empty_mask,
+        intensity_range=opts.intensity_range,
     )
 
 
@@ -332,7 +368,7 @@ BUSI_CITATION = (
 _BUSI_RE = re.compile(r"^(benign|malignant|normal) \((\d+)\)\.png$")
 
 
-class BusiOptions(MaskOptions):
+class BusiOptions(RasterOptions):
     """Options of the ``busi`` reader. ``classes``: which class folders are read (benign, malignant,
     normal)."""
 
@@ -390,6 +426,7 @@ def load_busi(cfg: DatasetSpec, ref: SampleRef) -> Sample:
         decode_mask=_threshold_decoder(opts),
         allow_empty_mask=opts.allow_empty_mask,
         extra_meta={"class": ref.extra.get("class"), "n_mask_files": len(ref.mask_paths)},
+        intensity_range=opts.intensity_range,
     )
 
 
@@ -427,7 +464,7 @@ LGG_CHANNELS: tuple[str, ...] = ("pre-contrast", "FLAIR", "post-contrast")
 _LGG_RE = re.compile(r"^(.+)_(\d+)\.tif$")
 
 
-class LggOptions(MaskOptions):
+class LggOptions(RasterOptions):
     channel: int | None = Field(default=1, ge=0, le=2)
     """0 = pre-contrast, 1 = FLAIR (default), 2 = post-contrast; None keeps the 3-channel composite."""
 
@@ -466,6 +503,7 @@ def load_lgg_mri(cfg: DatasetSpec, ref: SampleRef) -> Sample:
         decode_mask=_threshold_decoder(opts),
         allow_empty_mask=opts.allow_empty_mask,
         extra_meta=extra,
+        intensity_range=opts.intensity_range,
     )
 
 
@@ -503,7 +541,7 @@ REFUGE_CUP_BELOW = 64
 """Stored value < 64 is optic cup (0); the midpoint between 0 and 128."""
 
 
-class RefugeOptions(MaskOptions):
+class RefugeOptions(RasterOptions):
     """Options of the ``refuge`` reader. ``target``: the structure segmented, the optic disc or cup.
     ``image_ext``: the image files' extension. ``mask_ext``: the mask files' extension."""
 
@@ -572,6 +610,7 @@ def load_refuge(cfg: DatasetSpec, ref: SampleRef) -> Sample:
         decode_mask=lambda p: decode_refuge_mask(p, opts.target),
         allow_empty_mask=opts.allow_empty_mask,
         extra_meta={"split": ref.extra.get("split"), "target": opts.target},
+        intensity_range=opts.intensity_range,
     )
 
 

@@ -5,6 +5,9 @@ Layout: ``imagesTr/<case>.nii.gz`` + ``labelsTr/<case>.nii.gz`` (``.nii`` also a
 slice along ``axis`` (default 2, axial for the MSD's x, y, z storage) whose label has foreground
 is one sample ``<case>_<a><k:03d>`` where ``<a>`` is ``x``, ``y`` or ``z`` for axis 0, 1, 2 (so the
 default ids are ``<case>_z007``); ``all_slices`` keeps the empty ones too (with empty masks).
+``slice_step`` / ``slice_start`` thin a volume: only slice indices ``k >= slice_start`` with
+``(k - slice_start) % slice_step == 0`` are considered (then the foreground rule applies), so
+``slice_start: 4, slice_step: 8`` keeps slices 4, 12, 20, ... that have foreground.
 
 Orientation convention: the array is used as stored (no reorientation to RAS, no flips). The
 slice ``vol[..., k]`` (for axis 2) with remaining voxel axes ``(a, b)`` is transposed to
@@ -65,7 +68,9 @@ class NiftiOptions(WindowOptions):
 
     ``images_dir``: the image folder. ``labels_dir``: the label folder. ``axis``: the slicing axis
     (0, 1 or 2). ``channel``: the channel of a 4-D image. ``all_slices``: keep slices without
-    foreground too. ``label_values``: label values that are foreground (null: every value > 0)."""
+    foreground too. ``label_values``: label values that are foreground (null: every value > 0).
+    ``slice_step``: only every k-th slice index, counted from ``slice_start`` (default 1: all).
+    ``slice_start``: the first slice index considered (default 0)."""
 
     images_dir: str = "imagesTr"
     labels_dir: str = "labelsTr"
@@ -73,6 +78,8 @@ class NiftiOptions(WindowOptions):
     channel: int = Field(default=0, ge=0)
     all_slices: bool = False
     label_values: list[int] | None = None
+    slice_step: int = Field(default=1, ge=1, description="keep every k-th slice index (from slice_start)")
+    slice_start: int = Field(default=0, ge=0, description="the first slice index considered")
 
 
 def _case_name(p: Path) -> str | None:
@@ -203,7 +210,7 @@ def index_nifti(cfg: DatasetSpec) -> IndexResult:
         fg = _foreground(lab, opts.label_values)
         other = tuple(a for a in range(3) if a != opts.axis)
         has_fg = np.asarray(fg.any(axis=other), dtype=bool)
-        for k in range(shape[opts.axis]):
+        for k in range(opts.slice_start, shape[opts.axis], opts.slice_step):
             if opts.all_slices or has_fg[k]:
                 refs.append(
                     make_ref(cfg, f"{case}_{letter}{k:03d}", p, [lp], case=case, axis=opts.axis, slice=k)

@@ -6,10 +6,12 @@ patch, and a pickled object array is refused. A missing layout file is a ``FileN
 that names it; an array of the wrong shape is a ``ValueError`` at index time (stacked) or a
 ``unreadable_image`` / ``unreadable_mask`` quarantine (per-image).
 
-Intensity (recorded in ``metadata["intensity"]``): integer arrays are divided by their type's
-maximum (uint8 /255, uint16 /65535); float arrays are divided by ``float_scale`` (PanNuke ships
-float64 RGB in 0..255, so 255; MedSAM's per-slice ``imgs`` are float in [0, 1], so 1) and must
-then lie in [0, 1] (else ``unreadable_image`` naming the range).
+Intensity (recorded in ``metadata["intensity"]``): uint8 arrays are divided by 255; wider unsigned
+integer arrays (uint16, uint32) are scaled by each image's own ``[min, max]`` (source
+``actual_range``: a 16-bit image rarely fills 0..65535); float arrays are divided by ``float_scale``
+(PanNuke ships float64 RGB in 0..255, so 255; MedSAM's per-slice ``imgs`` are float in [0, 1], so 1)
+and must then lie in [0, 1] (else ``unreadable_image`` naming the range). ``npy_single``'s
+``intensity_range`` declares ``[low, high]`` instead, for any dtype (clipped, source ``declared``).
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from medrobust_lib.data.boxes import mask_to_box
-from medrobust_lib.data.imageio import check_declared_size, check_npy_bound, npy_header
+from medrobust_lib.data.imageio import check_declared_size, check_npy_bound, npy_header, scale_to_unit
 from medrobust_lib.data.readers import (
     READERS,
     IndexResult,
+    IntensityOptions,
     Reader,
     ReaderOptions,
     child_dir,
@@ -65,16 +68,25 @@ def open_npy(path: Path, *, image_axes: tuple[int, int] | None = None) -> np.nda
         raise ValueError(f"{path}: not a plain .npy array ({e}); pickles are refused") from None
 
 
-def array_to_unit(arr: np.ndarray, float_scale: float, where: str) -> tuple[FloatImage, dict[str, Any]]:
+def array_to_unit(
+    arr: np.ndarray, float_scale: float, where: str, intensity_range: tuple[float, float] | None = None
+) -> tuple[FloatImage, dict[str, Any]]:
     """Stored array -> float32 in [0, 1] and its intensity record (see the module docstring)."""
     a = np.asarray(arr)
     if a.dtype == np.bool_:
         return a.astype(np.float32), {"mapping": "linear", "low": 0.0, "high": 1.0, "invert": False,
                                       "clipped": False, "source": "bool", "unit": "stored"}
+    if intensity_range is not None and (np.issubdtype(a.dtype, np.integer) or np.issubdtype(a.dtype, np.floating)):
+        try:
+            return scale_to_unit(a, intensity_range, dtype=str(a.dtype))
+        except SampleError as e:
+            raise SampleError(e.reason, f"{where}: {e.detail}") from None
     if np.issubdtype(a.dtype, np.integer):
         info = np.iinfo(a.dtype)
         if info.min < 0:
             raise SampleError("unreadable_image", f"{where}: signed integer array ({a.dtype}); store it unsigned or float")
+        if info.max > 255:  # wider than 8 bits: the image's own range (issue 42)
+            return scale_to_unit(a, None, dtype=str(a.dtype), bit_depth=8 * a.dtype.itemsize)
         high = float(info.max)
         source = "bit_depth"
     elif np.issubdtype(a.dtype, np.floating):
@@ -96,13 +108,15 @@ def array_to_unit(arr: np.ndarray, float_scale: float, where: str) -> tuple[Floa
     return np.clip(x, 0.0, 1.0).astype(np.float32), rec
 
 
-def _image_from_array(arr: np.ndarray, float_scale: float, where: str) -> tuple[FloatImage, dict[str, Any]]:
+def _image_from_array(
+    arr: np.ndarray, float_scale: float, where: str, intensity_range: tuple[float, float] | None = None
+) -> tuple[FloatImage, dict[str, Any]]:
     a = np.asarray(arr)
     if a.ndim == 3 and a.shape[2] == 1:
         a = a[..., 0]
     if a.ndim not in (2, 3) or (a.ndim == 3 and a.shape[2] != 3) or 0 in a.shape:
         raise SampleError("unreadable_image", f"{where}: image shape {a.shape}, need (H, W), (H, W, 1) or (H, W, 3)")
-    return array_to_unit(a, float_scale, where)
+    return array_to_unit(a, float_scale, where, intensity_range)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -269,10 +283,13 @@ READERS.register(
 # npy_single
 
 
-class NpySingleOptions(ReaderOptions):
+class NpySingleOptions(IntensityOptions):
     """Options of the single-array ``.npy`` reader. ``image_dir``: the image folder under root.
     ``mask_dir``: the mask folder under root (null: no masks). ``float_scale``: float arrays are
-    divided by it to reach [0, 1]. ``allow_empty_mask``: keep samples whose mask has no foreground."""
+    divided by it to reach [0, 1]. ``intensity_range``: ``[low, high]`` of the stored values
+    mapped to [0, 1] with clipping, for any dtype (not with ``float_scale``); without it uint8 is
+    divided by 255 and wider integers are scaled by each image's own range. ``allow_empty_mask``:
+    keep samples whose mask has no foreground."""
 
     image_dir: str = "imgs"
     mask_dir: str | None = "gts"
@@ -280,6 +297,12 @@ class NpySingleOptions(ReaderOptions):
     """Mask values that are foreground (default: every value > 0, i.e. the union of all labels)."""
     float_scale: float = Field(default=1.0, gt=0)
     allow_empty_mask: bool = False
+
+    @model_validator(mode="after")
+    def _one_scale(self) -> NpySingleOptions:
+        if self.intensity_range is not None and "float_scale" in self.model_fields_set:
+            raise ValueError("give intensity_range or float_scale, not both")
+        return self
 
 
 def index_npy_single(cfg: DatasetSpec) -> IndexResult:
@@ -310,7 +333,7 @@ def load_npy_single(cfg: DatasetSpec, ref: SampleRef) -> Sample:
         raw = open_npy(path, image_axes=(0, 1))
     except (OSError, ValueError) as e:
         raise SampleError("unreadable_image", f"{path}: {type(e).__name__}: {e}") from None
-    image, intensity = _image_from_array(raw, opts.float_scale, str(path))
+    image, intensity = _image_from_array(raw, opts.float_scale, str(path), opts.intensity_range)
     meta: dict[str, Any] = {"intensity": intensity}
     mask = None
     if ref.mask_paths:

@@ -19,7 +19,7 @@ from medrobust_lib.data import (
 from medrobust_lib.data.readers import (
     READERS,
     IndexResult,
-    MaskOptions,
+    RasterOptions,
     Reader,
     child_dir,
     is_hidden,
@@ -76,7 +76,7 @@ HYPER_KVASIR_CITATION = (
 HYPER_KVASIR_BOXES = "bounding-boxes.json"
 
 
-class HyperKvasirOptions(MaskOptions):
+class HyperKvasirOptions(RasterOptions):
     pass
 
 
@@ -128,6 +128,7 @@ def load_hyper_kvasir(cfg: DatasetSpec, ref: SampleRef) -> Sample:
         decode_mask=lambda p: read_binary_mask(p, opts),
         allow_empty_mask=opts.allow_empty_mask,
         extra_meta={"published_boxes_xyxy": published, "n_published_boxes": len(published or [])},
+        intensity_range=opts.intensity_range,
     )
 
 
@@ -162,7 +163,7 @@ BRAIN_TUMOR_CITATION = (
 )
 
 
-class BrainTumorOptions(MaskOptions):
+class BrainTumorOptions(RasterOptions):
     pass
 
 
@@ -176,7 +177,8 @@ def index_brain_tumor(cfg: DatasetSpec) -> IndexResult:
 def load_brain_tumor(cfg: DatasetSpec, ref: SampleRef) -> Sample:
     opts = options_for(cfg, BrainTumorOptions)
     return readers_folder.load_pair(
-        cfg, ref, color="gray", decode_mask=lambda p: read_binary_mask(p, opts), allow_empty_mask=opts.allow_empty_mask
+        cfg, ref, color="gray", decode_mask=lambda p: read_binary_mask(p, opts), allow_empty_mask=opts.allow_empty_mask,
+        intensity_range=opts.intensity_range,
     )
 
 
@@ -186,7 +188,7 @@ READERS.register(
         name="brain_tumor_kaggle",
         description=(
             "Kaggle brain tumour segmentation (nikhilroxtomar; 3,064 T1-CE MRI slices from the figshare set), "
-            "grayscale; PNG masks thresholded at 127."
+            "grayscale; PNG masks, foreground > 0 (lossless masks; see mask_threshold)."
         ),
         index=index_brain_tumor,
         load=load_brain_tumor,
@@ -210,7 +212,7 @@ GLAUCOMA_CITATION = (
 GLAUCOMA_FOLDERS: dict[str, str] = {"image": "full-fundus", "disc": "optic-disc", "cup": "optic-cup"}
 
 
-class GlaucomaOptions(MaskOptions):
+class GlaucomaOptions(RasterOptions):
     target: Literal["disc", "cup"] = "disc"
     """Which mask set is the ground truth: ``disc`` (optic-disc/) or ``cup`` (optic-cup/)."""
     missing_target: Literal["skip", "quarantine"] = "skip"
@@ -255,6 +257,7 @@ def load_glaucoma(cfg: DatasetSpec, ref: SampleRef) -> Sample:
         decode_mask=lambda p: read_binary_mask(p, opts),
         allow_empty_mask=opts.allow_empty_mask,
         extra_meta=extra,
+        intensity_range=opts.intensity_range,
     )
 
 

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from medrobust_lib.types import BoolMask, Boxes, FloatImage
+from medrobust_lib.types import BoolMask, Boxes, FloatImage, InstanceMap
 
 
 class DatasetSpec(Protocol):
@@ -68,6 +68,9 @@ class Sample:
     image: float32, (H, W) grayscale or (H, W, 3) RGB, values in [0, 1] after the reader's
     documented intensity mapping (recorded in ``metadata["intensity"]``).
     mask: bool (H, W) or None. boxes: float32 (N, 4) pixel XYXY (end exclusive) or None.
+    instances: int32 (H, W) instance label map or None: 0 is background, 1..N are the targets
+    that each get their own box prompt, prediction and score (``per_component_boxes`` or a
+    reader's instance labels); ``instances > 0`` equals ``mask``. None: the mask is one target.
     """
 
     sample_id: str
@@ -77,6 +80,7 @@ class Sample:
     mask: BoolMask | None = None
     boxes: Boxes | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    instances: InstanceMap | None = None
 
     def __post_init__(self) -> None:
         if self.image.dtype != np.float32:
@@ -85,17 +89,24 @@ class Sample:
             raise ValueError(f"Sample.image must be (H, W) or (H, W, 3), got {self.image.shape}")
         if self.mask is not None and self.mask.shape != self.image.shape[:2]:
             raise ValueError(f"Sample.mask shape {self.mask.shape} != image shape {self.image.shape[:2]}")
+        if self.instances is not None:
+            if self.mask is None or self.instances.shape != self.mask.shape or self.instances.dtype != np.int32:
+                raise ValueError("Sample.instances must be an int32 (H, W) label map beside a mask of that shape")
+            if not np.array_equal(self.instances > 0, self.mask):
+                raise ValueError("Sample.instances > 0 must equal Sample.mask")
 
     @property
     def n_channels(self) -> int:
         return 1 if self.image.ndim == 2 else int(self.image.shape[2])
 
     def content_hash(self) -> str:
-        """SHA-256 hex of the image and mask (:func:`array_hash`), computed once per object: a sample's
-        arrays are never modified in place (perturbations and readers build new samples)."""
+        """SHA-256 hex of the image and mask (:func:`array_hash`), and of the instance map when
+        there is one (a sample without instances hashes as before), computed once per object: a
+        sample's arrays are never modified in place (perturbations and readers build new samples)."""
         cached: str | None = self.__dict__.get("_content_hash")
         if cached is None:
-            cached = array_hash(self.image, self.mask)
+            cached = array_hash(self.image, self.mask) if self.instances is None else \
+                array_hash(self.image, self.mask, self.instances)
             object.__setattr__(self, "_content_hash", cached)
         return cached
 

@@ -76,7 +76,10 @@ LAYOUTS: dict[str, LayoutSpec] = {
         LayoutSpec("ct", "ct_demo", "dicom", {"image_dir": "dicom", "mask_dir": "masks"}),
         LayoutSpec("mri", "mri_demo", "nifti", {"images_dir": "imagesTr", "labels_dir": "labelsTr"}),
         LayoutSpec("ultrasound", "busi_demo", "busi", {"classes": ["benign", "malignant"]}),
-        LayoutSpec("xray", "xray_demo", "folder", {"image_dir": "images", "mask_dir": "masks"}),
+        # 16-bit PNGs written from [0, 1] by scaling with 65535: declared, so they read back exactly
+        # (a reader's default for 16-bit is each image's own range)
+        LayoutSpec("xray", "xray_demo", "folder",
+                   {"image_dir": "images", "mask_dir": "masks", "intensity_range": [0, 65535]}),
         LayoutSpec("fundus", "fundus_demo", "refuge", {"target": "disc"}),
         LayoutSpec("oct", "oct_demo", "folder", {"image_dir": "images", "mask_dir": "masks"}),
         LayoutSpec("pathology", "pathology_demo", "folder", {"image_dir": "images", "mask_dir": "masks"}),

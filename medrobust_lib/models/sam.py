@@ -39,7 +39,7 @@ import pickle
 import time
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -264,6 +264,11 @@ class ScoreResult:
     iou: np.ndarray
     dice: np.ndarray
     model_seconds: float
+    box_iou: list[np.ndarray] = field(default_factory=list)
+    """Per item, float64 (K,): each box's mask against its own instance (empty without targets)."""
+    box_dice: list[np.ndarray] = field(default_factory=list)
+    masks: list[np.ndarray] | None = None
+    """Per item, the bool (H, W) union prediction (only with ``keep_masks``)."""
 
 
 class SamSegmenter:
@@ -687,21 +692,28 @@ class SamSegmenter:
         return out
 
     @torch.no_grad()
-    def score(self, items: Iterable[tuple[FloatImage, Boxes, np.ndarray]], batch_size: int = 8) -> ScoreResult:
-        """IoU and Dice per (image, boxes, ground-truth mask) item, computed on the device.
+    def score(self, items: Iterable[tuple[Any, ...]], batch_size: int = 8, *, keep_masks: bool = False) -> ScoreResult:
+        """IoU and Dice per (image, boxes, ground-truth mask[, targets]) item, computed on the device.
 
         The prediction of an item is the union over its boxes of ``probability > 0.5`` (an item
         without boxes predicts nothing), scored against its bool (H, W) mask with
         :data:`medrobust_lib.metrics.segmentation.EMPTY_GT_POLICY`: the pixel counts |P & G|,
         |P|, |G| are taken on the device and turned into scores by
         :func:`~medrobust_lib.metrics.segmentation.iou_from_counts` / ``dice_from_counts``, the
-        formulas of ``metrics.segmentation.iou`` / ``dice``. ``items`` may be a generator (the
-        perturbation feed): it is consumed ``batch_size`` items at a time, mixed sizes batched
-        together; only the per-sample counts return to the host, once, at the end."""
+        formulas of ``metrics.segmentation.iou`` / ``dice``. An optional fourth element
+        ``(instances, ids)`` (int32 (H, W) instance map, int32 (K,) the id each of the K boxes
+        targets) also scores each box's own mask against its own instance
+        (``ScoreResult.box_iou`` / ``box_dice``, (K,) per item; empty without targets).
+        ``keep_masks``: also return each item's union mask (bool (H, W), ``ScoreResult.masks``).
+        ``items`` may be a generator (the perturbation feed): it is consumed ``batch_size`` items
+        at a time, mixed sizes batched together; the counts return to the host once, at the end."""
 
         self.sam.eval()
         counts: list[torch.Tensor] = []
+        box_counts: list[tuple[int, torch.Tensor]] = []  # (item index, (K, 3) counts)
+        masks: list[tuple[int, torch.Tensor]] = []
         seconds = 0.0
+        n = 0
         it = iter(items)
         while True:
             batch = [x for _, x in zip(range(batch_size), it, strict=False)]
@@ -720,12 +732,37 @@ class SamSegmenter:
                 b_counts[at] = torch.stack([(pred & gt).sum(dim=(1, 2), dtype=torch.int64),
                                             pred.sum(dim=(1, 2), dtype=torch.int64),
                                             gt.sum(dim=(1, 2), dtype=torch.int64)], dim=1)
+                if keep_masks:
+                    masks.extend((n + i, pred[j]) for j, i in enumerate(idx))
+                for j, i in enumerate(idx):
+                    targets = batch[i][3] if len(batch[i]) > 3 else None
+                    if targets is None or targets[0] is None:
+                        continue
+                    inst, ids = targets
+                    mine = probs[owner == j] > THRESHOLD  # this item's boxes, in order
+                    lab = self._to_device(torch.from_numpy(np.array(inst, np.int32)))
+                    tid = self._to_device(torch.as_tensor(np.asarray(ids, np.int32)))
+                    g = lab[None] == tid[:, None, None]
+                    box_counts.append((n + i, torch.stack([(mine & g).sum(dim=(1, 2), dtype=torch.int64),
+                                                           mine.sum(dim=(1, 2), dtype=torch.int64),
+                                                           g.sum(dim=(1, 2), dtype=torch.int64)], dim=1)))
             counts.append(b_counts)
+            n += len(batch)
             seconds += time.perf_counter() - t0
         t0 = time.perf_counter()
         host = torch.cat(counts).cpu().numpy() if counts else np.zeros((0, 3), np.int64)
         iou_h, dice_h = iou_from_counts(*host.T), dice_from_counts(*host.T)
-        return ScoreResult(iou_h, dice_h, seconds + time.perf_counter() - t0)
+        box_iou = [np.zeros(0, np.float64) for _ in range(n)]
+        box_dice = [np.zeros(0, np.float64) for _ in range(n)]
+        for i, c in box_counts:
+            ch = c.cpu().numpy()
+            box_iou[i], box_dice[i] = iou_from_counts(*ch.T), dice_from_counts(*ch.T)
+        kept = None
+        if keep_masks:
+            kept = [np.zeros((0, 0), bool)] * n
+            for i, m in masks:
+                kept[i] = m.cpu().numpy()
+        return ScoreResult(iou_h, dice_h, seconds + time.perf_counter() - t0, box_iou, box_dice, kept)
 
     def _upload_masks(self, masks: Sequence[np.ndarray]) -> torch.Tensor:
         return self._to_device(torch.from_numpy(np.stack([np.asarray(m, bool) for m in masks])))

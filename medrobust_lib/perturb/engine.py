@@ -21,7 +21,7 @@ from medrobust_lib import runtime
 from medrobust_lib.data.sample import Sample, array_hash
 from medrobust_lib.perturb.calibrate import Band, Calibrated, WarmStart, calibrate, miss_reason, warm_start
 from medrobust_lib.perturb.calibrate_reference import find_strength
-from medrobust_lib.perturb.spec import PerturbationSpec, PerturbOutput, get_perturbation
+from medrobust_lib.perturb.spec import PerturbationSpec, PerturbOutput, get_perturbation, strength_warning
 from medrobust_lib.perturb.ssim import ssim
 from medrobust_lib.seeding import rng_for, seed_key, stable_fraction
 
@@ -63,7 +63,8 @@ def run_chunk(chunk: ChunkSpec, samples: Sequence[Sample]) -> tuple[list[dict[st
     sample id, chunk statistics). A failing sample becomes a row with status 'error'; a sample the
     type does not apply to (an RGB-only type on a grayscale image of a mixed-channel dataset, a
     modality outside the type's) becomes a row with status ``not_applicable`` (reason in
-    ``error``), never an exception. The dataset-level warm start is calibrated on applicable
+    ``error``), never an exception. ``warning`` is None unless a ``strength_is_intensity`` type's
+    strength exceeds the clean image's own value range (:func:`~medrobust_lib.perturb.spec.strength_warning`). The dataset-level warm start is calibrated on applicable
     samples only (NaN when there are none): the strength and the strength-to-SSIM slope fitted on
     the calibration subset (:func:`medrobust_lib.perturb.calibrate.warm_start`)."""
     spec = get_perturbation(chunk.perturbation)
@@ -108,18 +109,19 @@ def run_chunk(chunk: ChunkSpec, samples: Sequence[Sample]) -> tuple[list[dict[st
         if not spec.applies_to(s.modality, s.n_channels):
             rows.append({**base, "strength": float("nan"), "ssim": float("nan"), "band_reached": False,
                          "miss_reason": "not_applicable", "n_ssim_evals": 0, "sha256": None,
-                         "status": NOT_APPLICABLE, "error": not_applicable_reason(spec, s)})
+                         "status": NOT_APPLICABLE, "error": not_applicable_reason(spec, s), "warning": None})
             continue
         try:
             c = _calibrated(chunk, spec, s, key, warm, precomputed, ws)
             miss = miss_reason(spec, s.image.shape, c, chunk.band)
             rows.append({**base, "strength": c.strength, "ssim": c.ssim, "band_reached": c.band_reached,
                          "miss_reason": miss, "n_ssim_evals": c.n_ssim_evals,
-                         "sha256": output_hash(c.output), "status": "ok", "error": None})
+                         "sha256": output_hash(c.output), "status": "ok", "error": None,
+                         "warning": strength_warning(spec, c.strength, s.image)})
         except Exception as exc:  # a bad sample is a counted outcome, never a crash
             rows.append({**base, "strength": float("nan"), "ssim": float("nan"), "band_reached": False,
                          "miss_reason": "error", "n_ssim_evals": 0, "sha256": None, "status": "error",
-                         "error": f"{type(exc).__name__}: {exc}"[:500]})
+                         "error": f"{type(exc).__name__}: {exc}"[:500], "warning": None})
     stats = {"calibration_evals": calib_evals, "dataset_strength": warm,
              "slope": ws.slope if ws is not None else float("nan")}
     return rows, stats
@@ -161,7 +163,7 @@ def regenerate(row: dict[str, Any], sample: Sample) -> PerturbOutput:
     """The perturbed sample described by a manifest row, bit-identical to the calibrated output."""
     spec = get_perturbation(str(row["perturbation"]))
     return spec.apply(sample.image, float(row["strength"]), rng_for(str(row["seed_key"])),
-                      mask=sample.mask, boxes=sample.boxes)
+                      mask=sample.mask, boxes=sample.boxes, instances=sample.instances)
 
 
 def verify_row(row: dict[str, Any], sample: Sample) -> bool:

@@ -83,11 +83,11 @@ def _fingerprint(a: np.ndarray | None) -> str:
 
 
 def _nbytes(out: PerturbOutput) -> int:
-    return sum(int(a.nbytes) for a in (out.image, out.mask, out.boxes) if a is not None)
+    return sum(int(a.nbytes) for a in (out.image, out.mask, out.boxes, out.instances) if a is not None)
 
 
 def _freeze(out: PerturbOutput) -> PerturbOutput:
-    for a in (out.image, out.mask, out.boxes):
+    for a in (out.image, out.mask, out.boxes, out.instances):
         if a is not None:
             a.flags.writeable = False
     return out
@@ -95,7 +95,8 @@ def _freeze(out: PerturbOutput) -> PerturbOutput:
 
 def _key(row: dict[str, Any], sample: Sample) -> tuple[Any, ...]:
     return (str(row["perturbation"]), float(row["strength"]), str(row["seed_key"]),
-            _fingerprint(sample.image), _fingerprint(sample.mask), _fingerprint(sample.boxes))
+            _fingerprint(sample.image), _fingerprint(sample.mask), _fingerprint(sample.boxes),
+            _fingerprint(sample.instances))
 
 
 def lookup(row: dict[str, Any], sample: Sample) -> PerturbOutput | None:

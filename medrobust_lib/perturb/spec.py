@@ -41,7 +41,7 @@ import numpy as np
 
 from medrobust_lib.data.boxes import mask_to_box
 from medrobust_lib.registry import Registry
-from medrobust_lib.types import ALL_MODALITIES, BoolMask, Boxes, FloatImage, parse_modality
+from medrobust_lib.types import ALL_MODALITIES, BoolMask, Boxes, FloatImage, InstanceMap, parse_modality
 
 Geometry = Literal["intensity", "spatial"]
 Channels = Literal["any", "rgb"]
@@ -73,11 +73,15 @@ def cap_factor(shape: tuple[int, ...], smoothing: bool) -> float:
 @dataclass(frozen=True)
 class PerturbOutput:
     """Result of one perturbation: image float32 in [0, 1] (same shape as the input), mask bool
-    (H, W) or None, boxes float32 (N, 4) pixel XYXY or None."""
+    (H, W) or None, boxes float32 (N, 4) pixel XYXY or None, instances int32 (H, W) label map
+    (moved with the mask by a spatial type; an instance moved out of view has no pixel left) or
+    None. The content hash of an output (:func:`medrobust_lib.perturb.engine.output_hash`) covers
+    image, mask and boxes; the instances follow the mask's draw."""
 
     image: FloatImage
     mask: BoolMask | None
     boxes: Boxes | None
+    instances: InstanceMap | None = None
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,11 @@ class PerturbationSpec:
     image, the four quadrant means; motion blur 2.0: near the means along lines); on images larger
     than ``CAP_GROWTH_MAX * REFERENCE_SIZE`` (1024 px) the cap is at least that strength, so outputs
     at up to 1024 px do not change.
+
+    ``strength_is_intensity``: the strength is a noise standard deviation or amplitude on the image's
+    [0, 1] intensity scale (Gaussian, Rician, photon-starvation noise), so it can be compared with the
+    image's own value range: the perturbation manifest warns when a calibrated strength exceeds it
+    (:func:`strength_warning`; a near-black image needs noise larger than its content to reach a band).
     """
 
     name: str
@@ -118,6 +127,7 @@ class PerturbationSpec:
     scales_with_size: bool = False
     smoothing: bool = False
     limit_extent: float | None = None
+    strength_is_intensity: bool = False
 
     @property
     def weakest(self) -> float:
@@ -187,9 +197,10 @@ class PerturbationSpec:
         *,
         mask: BoolMask | None = None,
         boxes: Boxes | None = None,
+        instances: InstanceMap | None = None,
     ) -> PerturbOutput:
         """Apply at ``strength`` (clamped to the range for this image's size). Pure: the inputs are
-        not modified."""
+        not modified. ``instances`` (int32 (H, W) label map) move like the mask."""
         _check_image(image)
         if mask is not None and mask.shape != image.shape[:2]:
             raise ValueError(f"mask shape {mask.shape} does not match image shape {image.shape[:2]}")
@@ -202,6 +213,7 @@ class PerturbationSpec:
                 image=_finish(out, image.shape),
                 mask=None if mask is None else mask.copy(),
                 boxes=None if boxes is None else np.asarray(boxes, np.float32).copy(),
+                instances=None if instances is None else instances.copy(),
             )
         maps = self.fn(image, s, rng)
         if not (isinstance(maps, tuple) and len(maps) == 2):
@@ -213,6 +225,7 @@ class PerturbationSpec:
             image=_finish(warped, image.shape),
             mask=None if mask is None else remap_mask(mask, map_x, map_y),
             boxes=None if boxes is None else remap_boxes(boxes, map_x, map_y, image.shape[:2]),
+            instances=None if instances is None else remap_labels(instances, map_x, map_y),
         )
 
 
@@ -257,6 +270,14 @@ def remap_mask(mask: BoolMask, map_x: np.ndarray, map_y: np.ndarray) -> BoolMask
     return out.astype(bool)
 
 
+def remap_labels(labels: InstanceMap, map_x: np.ndarray, map_y: np.ndarray) -> InstanceMap:
+    """An int32 label map resampled with nearest neighbour (exact for ids below 2**24) and a zero
+    border, as :func:`remap_mask` moves the mask."""
+    out = cv2.remap(labels.astype(np.float32), map_x, map_y, interpolation=cv2.INTER_NEAREST,
+                    borderMode=cv2.BORDER_CONSTANT, borderValue=0)
+    return np.rint(out).astype(np.int32)
+
+
 def remap_boxes(boxes: Boxes, map_x: np.ndarray, map_y: np.ndarray, hw: tuple[int, int]) -> Boxes:
     """Move each XYXY box by warping its filled rectangle; a box warped out of view becomes
     ``[nan, nan, nan, nan]`` (kept, so box indices stay aligned with their labels)."""
@@ -290,10 +311,11 @@ def perturbation(
     scales_with_size: bool = False,
     smoothing: bool = False,
     limit_extent: float | None = None,
+    strength_is_intensity: bool = False,
 ) -> Callable[[Callable[..., object]], Callable[..., object]]:
     """Register ``fn`` as perturbation ``name`` (decorator). Raises on a duplicate name.
     ``scales_with_size``: the strength is a length in pixels; ``smoothing``: a neighbourhood size
-    whose cap grows faster; ``limit_extent``: see :class:`PerturbationSpec`."""
+    whose cap grows faster; ``limit_extent``, ``strength_is_intensity``: see :class:`PerturbationSpec`."""
     if smoothing and not scales_with_size:
         raise ValueError(f"{name}: smoothing needs scales_with_size")
     if limit_extent is not None and (not smoothing or inverse or limit_extent <= 0):
@@ -313,11 +335,25 @@ def perturbation(
                 strength_range=(float(lo), float(hi)), levels=tuple(float(v) for v in levels),  # type: ignore[arg-type]
                 reference=reference, fn=fn, inverse=inverse, integer=integer, channels=channels, unit=unit,
                 scales_with_size=scales_with_size, smoothing=smoothing, limit_extent=limit_extent,
+                strength_is_intensity=strength_is_intensity,
             ),
         )
         return fn
 
     return wrap
+
+
+def strength_warning(spec: PerturbationSpec, strength: float, image: FloatImage) -> str | None:
+    """A warning when a ``strength_is_intensity`` type's ``strength`` exceeds the image's own value
+    range (max - min over all pixels and channels, [0, 1] units), else None: such noise swamps the
+    content (typically an image scaled to a sliver of [0, 1], e.g. 16-bit data divided by 65535)."""
+    if not spec.strength_is_intensity or not np.isfinite(strength):
+        return None
+    value_range = float(np.max(image)) - float(np.min(image)) if image.size else 0.0
+    if strength <= value_range:
+        return None
+    what = spec.unit.split(" ", 1)[0] if spec.unit.startswith("sigma") else "strength"
+    return f"{spec.name} {what} {strength:.2g} exceeds the image's value range {value_range:.2g}"
 
 
 def get_perturbation(name: str) -> PerturbationSpec:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import duckdb
 
 from medrobust_lib.report import paper_tables as pt
+from medrobust_lib.report import real_labels as real_labels_table
 from medrobust_lib.report.screening_table import taxonomy_screening
 from medrobust_lib.report.table import Column, ReportTable
 from medrobust_lib.store.views.common import ALL_SUFFIX
@@ -71,8 +72,10 @@ def view_table(name: str, track: str, view: str, title: str, columns: Sequence[C
 
 
 REPORT_TABLES: list[ReportEntry] = [
+    ReportEntry(real_labels_table.NAME, "segmentation",
+                lambda s, ids: real_labels_table.real_labels(s.con, ids, s.seed, s.include_off_band)),
     ReportEntry("real_model_worst_types", "segmentation",
-                lambda s, ids: pt.real_model_worst_types(s.con, ids, s.include_floor)),
+                lambda s, ids: pt.real_model_worst_types(s.con, ids, s.include_floor, s.seed, s.include_off_band)),
     ReportEntry("segmentation_summary", "segmentation",
                 lambda s, ids: pt.segmentation_summary(s.con, ids, s.include_floor, s.include_off_band)),
     ReportEntry("segmentation_by_level", "segmentation",

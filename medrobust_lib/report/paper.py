@@ -5,8 +5,9 @@ static ``index.html``, optionally logged to MLflow (one run in the suite's exper
 Layout under ``out_dir``::
 
     index.html                 every table (HTML) and figure (relative <img>), header with mart/time/models
-    tables/<name>.csv|.md|.tex segmentation_summary, segmentation_by_level, strategy_ranking,
-                               vlm_task_drops, taxonomy_quadrants, taxonomy_correlation, taxonomy_screening
+    tables/<name>.csv|.md|.tex real_labels, real_model_worst_types, segmentation_summary,
+                               segmentation_by_level, strategy_ranking, vlm_task_drops, taxonomy_quadrants,
+                               taxonomy_correlation, taxonomy_screening
     figures/*.png|.pdf|.svg   every figure as PNG (300 dpi) and vector PDF/SVG, 3.5 or 7.2 in wide
     .medrobust_report.json     the files of the last run; they are removed before the next run writes,
                                so a narrower --models run leaves no stale outputs (nothing else is touched)
@@ -29,6 +30,7 @@ import duckdb
 import pandas as pd
 
 from medrobust_lib.report import paper_tables as pt
+from medrobust_lib.report import real_labels as real_labels_table
 from medrobust_lib.report.entries import ReportSettings, build_tables
 from medrobust_lib.report.figures import paper as figs
 from medrobust_lib.report.figures.style import parallel_saves, twins
@@ -144,15 +146,18 @@ def _stored_bands(con: duckdb.DuckDBPyConnection) -> dict[int, tuple[float, floa
 
 def _figures(con: duckdb.DuckDBPyConnection, tables: dict[str, ReportTable], sel: dict[str, list[str] | None],
              fig_dir: Path, include_floor: bool = False, include_off_band: bool = False,
-             requested: bool = False) -> tuple[list[tuple[Path, str]], dict[str, str]]:
+             requested: bool = False, seed: int = 0) -> tuple[list[tuple[Path, str]], dict[str, str]]:
     """(path, caption) of every figure written, and figure name -> reason for those not drawn.
     ``requested``: the models were named (``--models``): every named model gets its own figures;
-    otherwise the fine-tuned strategies get only the strategy comparison."""
+    otherwise the fine-tuned strategies get only the strategy comparison. ``seed``: the report's,
+    for the CIs of the real-label bars (the same as their table's)."""
     from medrobust_lib.report.figures.segmentation import robustness_curves
     from medrobust_lib.report.figures.taxonomy import flip_vs_dangerous_scatter, quadrant_bars
 
     out: list[tuple[Path, str]] = []
     skipped: dict[str, str] = {}
+    if real_labels_table.NAME in tables:  # without the table, its reason is listed already
+        out += _real_label_figures(con, sel["segmentation"], fig_dir, seed, include_off_band)
     examples = _example_figures(con, sel["segmentation"], fig_dir)
     if examples:
         out += examples
@@ -212,6 +217,26 @@ def _figures(con: duckdb.DuckDBPyConnection, tables: dict[str, ReportTable], sel
     else:
         skipped["quadrant bars and flip-rate scatter"] = "no taxonomy_quadrants table"
     return out, skipped
+
+
+def _real_label_figures(con: duckdb.DuckDBPyConnection, models: list[str] | None, fig_dir: Path, seed: int,
+                        include_off_band: bool) -> list[tuple[Path, str]]:
+    """The per-dataset bars of the real model on real labels (``real_labels_<dataset>.png``), with
+    captions; the numbers of the ``real_labels`` table, every corruption type."""
+    from medrobust_lib.report.figures.real_labels import real_label_bars
+    from medrobust_lib.store.views.real_labels import segmentation_real_labels
+
+    cells = real_labels_table.real_label_type_stats(con, models, seed, include_off_band)
+    if cells.empty:
+        return []
+    where, params = pt.where_in("model", pt.real_models(con, models))
+    clean = con.execute(f"select * from ({segmentation_real_labels(include_off_band, pt._band_rows(con))}) "
+                        f"where {where}", params).df()
+    paths = real_label_bars(cells, clean, fig_dir, _stored_bands(con), prefix=real_labels_table.FIGURE_PREFIX)
+    return [(p, f"{p.stem.removeprefix(real_labels_table.FIGURE_PREFIX)}: mean Dice drop (clean - perturbed, "
+                "paired per image) of the real model per corruption type at each evaluated level, largest on top; "
+                "blue bars below zero: the corruption raised the Dice; whiskers: bootstrap 95% CI over the images "
+                "(none below stats.min_n images). Attacks are in the table.") for p in paths]
 
 
 def _example_figures(con: duckdb.DuckDBPyConnection, models: list[str] | None, fig_dir: Path
@@ -294,7 +319,7 @@ def build_report(mart_path: str | Path = "var/marts.duckdb", out_dir: str | Path
         fig_dir = out / "figures"
         with parallel_saves(workers):
             figures, fig_skipped = _figures(con, {t.name: t for t in tables}, sel, fig_dir, include_floor,
-                                            include_off_band, requested=models is not None)
+                                            include_off_band, requested=models is not None, seed=seed)
         incomplete = _incomplete(con)
     finally:
         con.close()
@@ -326,8 +351,9 @@ def build_report(mart_path: str | Path = "var/marts.duckdb", out_dir: str | Path
     shown_figures = []
     for p, cap in figures:
         lead = p.name.startswith(EXAMPLE_PREFIX) and "real_model_worst_types" in links
-        shown_figures.append(Figure(p.relative_to(out).as_posix(), cap,
-                                    section="real_model_worst_types" if lead else None,
+        real = p.name.startswith(real_labels_table.FIGURE_PREFIX) and real_labels_table.NAME in links
+        section = real_labels_table.NAME if real else "real_model_worst_types" if lead else None
+        shown_figures.append(Figure(p.relative_to(out).as_posix(), cap, section=section,
                                     vector=not p.name.startswith(EXAMPLE_PREFIX)))
     page = render_page("medrobust robustness report", meta, tables, links, shown_figures, all_skipped)
     html_path = out / "index.html"

@@ -1,7 +1,9 @@
 """The paper tables, read from the DuckDB mart (read-only connection).
 
 Every number comes from a mart view of :mod:`medrobust_lib.store.views`; this module only selects,
-filters by the selected ids, orders and labels (no analysis SQL of its own). Where the report has
+filters by the selected ids, orders and labels (no analysis SQL of its own; the one exception,
+:func:`real_model_worst_types` on the synthetic-lesion datasets of a mart that also has real labels,
+runs the views' own row rules, :func:`~medrobust_lib.store.views.common.seg_rows_ctes`, on them). Where the report has
 settings of its own (``--include-floor``, ``--include-off-band``) or must read a mart built before a
 view existed, it selects from the registered view's SQL run with those settings (the same SQL the
 mart's view holds). The tables are listed in :mod:`medrobust_lib.report.entries`.
@@ -20,6 +22,8 @@ import duckdb
 import numpy as np
 import pandas as pd
 
+from medrobust_lib.config.common import DEFAULT_MIN_N
+from medrobust_lib.metrics.stats import bootstrap_ci
 from medrobust_lib.report.table import FLOOR_MARK, Column, ReportTable
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store.completeness import COMPLETENESS_TABLE, complete_filter_sql
@@ -31,6 +35,7 @@ from medrobust_lib.store.views.common import (
     NO_BAND_ROWS_SQL,
     SEG_FLOOR,
     VLM_CHANCE,
+    seg_rows_ctes,
 )
 from medrobust_lib.store.views.segmentation import segmentation_by_level as by_level_sql
 from medrobust_lib.store.views.segmentation import segmentation_level_means as level_means_sql
@@ -565,6 +570,25 @@ def _recomputed_correlation(con: duckdb.DuckDBPyConnection, configs: list[str], 
     return out.reset_index(drop=True)
 
 
+def label_kinds_missing(con: duckdb.DuckDBPyConnection) -> str | None:
+    """Why the mart cannot tell real labels from synthetic ones (None when it can)."""
+    if not relation_exists(con, "clean_samples"):
+        return "the mart has no clean_samples table (it tells real labels from synthetic ones)"
+    if "synthetic_labels" not in relation_columns(con, "clean_samples"):
+        return ("the mart's clean_samples has no synthetic_labels column (built before it existed): rebuild the "
+                "clean sample index and the mart")
+    return None
+
+
+def dataset_label_kinds(con: duckdb.DuckDBPyConnection) -> dict[str, bool | None]:
+    """Dataset -> ``synthetic_labels`` as the clean index records it (None: not recorded); {} when
+    the mart cannot tell (:func:`label_kinds_missing`)."""
+    if label_kinds_missing(con) is not None:
+        return {}
+    rows = con.execute("select dataset, bool_or(synthetic_labels) from clean_samples group by dataset").fetchall()
+    return {str(d): (None if k is None else bool(k)) for d, k in rows}
+
+
 BY_MODALITY_VIEW = "segmentation_by_modality"
 
 
@@ -580,22 +604,43 @@ def real_models(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None) ->
 
 
 def real_model_worst_types(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None,
-                           include_floor: bool = False) -> TableResult:
-    """What hurts the real models most: per real model (:func:`real_models`) and level, every
-    corruption type ranked by mean paired IoU drop (1 = worst) with its bootstrap 95 % CI (from
-    ``segmentation_by_level``), the clean IoU of the same images, and the mean IoU drop per
-    modality (``segmentation_by_modality``) as one column per modality, ``n`` images in brackets."""
+                           include_floor: bool = False, seed: int = 0,
+                           include_off_band: bool = False) -> TableResult:
+    """What hurts the real models most on the synthetic lesions: per real model (:func:`real_models`)
+    and level, every corruption type ranked by mean paired IoU drop (1 = worst) with its bootstrap
+    95 % CI, the clean IoU of the same images, and the mean IoU drop per modality as one column per
+    modality, ``n`` images in brackets.
+
+    Which datasets (``clean_samples.synthetic_labels``, :func:`dataset_label_kinds`): when the real models' datasets mix synthetic-lesion and real-label (or
+    unrecorded) ones, only the synthetic-lesion datasets, since the real labels lead the report in
+    their own table (``real_labels``) and pooling them here would count them twice and mix two kinds
+    of ground truth; the means, ranks and CIs are then computed here from those rows (CIs bootstrapped
+    over images, seeded by ``seed``; the report's ``include_off_band``). Otherwise every dataset (all
+    of one kind) from the mart's ``segmentation_type_ranks`` and ``segmentation_by_modality`` views,
+    the numbers of ``segmentation_by_level``; the title says which."""
+
     real = real_models(con, models)
     if not real:
         return "no segmentation rows of a real architecture (every evaluated model is the demo's tiny SAM)"
     where, params = where_in("model", real)
-    suffix = ALL_SUFFIX if include_floor else ""
-    df = con.execute(f"select * from ({type_ranks_sql(include_floor)}) where {where}", params).df()
+    kinds = dataset_label_kinds(con)
+    datasets = [str(r[0]) for r in con.execute(
+        f"select distinct dataset from segmentation_results where {where} order by 1", params).fetchall()]
+    synthetic = [d for d in datasets if kinds.get(d) is True]
+    if synthetic and len(synthetic) < len(datasets):
+        df, mod = _synthetic_type_ranks(con, real, synthetic, include_floor, include_off_band, seed)
+        scope = "synthetic"
+    else:
+        suffix = ALL_SUFFIX if include_floor else ""
+        df = con.execute(f"select * from ({type_ranks_sql(include_floor)}) where {where}", params).df()
+        mod = con.execute(f"""
+            select model, level, perturbation, modality, iou_drop, n_ok
+            from {BY_MODALITY_VIEW}{suffix} where condition = 'perturbation' and {where}""", params).df()
+        scope = "synthetic" if synthetic else ("real" if datasets and all(kinds.get(d) is False for d in datasets)
+                                               else "unknown")
     if df.empty:
-        return "no perturbed rows for the real models"
-    mod = con.execute(f"""
-        select model, level, perturbation, modality, iou_drop, n_ok
-        from {BY_MODALITY_VIEW}{suffix} where condition = 'perturbation' and {where}""", params).df()
+        return "no perturbed rows for the real models" + (" on the synthetic-lesion datasets" if scope == "synthetic"
+                                                          and len(synthetic) < len(datasets) else "")
     modalities = sorted(mod["modality"].unique()) if len(mod) else []
     for m in modalities:
         sub = mod[mod["modality"] == m].set_index(["model", "level", "perturbation"])
@@ -608,10 +653,63 @@ def real_model_worst_types(con: duckdb.DuckDBPyConnection, models: Sequence[str]
             Column("Corruption", "perturbation"), Column("n", "n", "int"), Column("Clean IoU", "clean_iou", "float"),
             Column("IoU drop [95% CI]", "iou_drop", "ci", "iou_drop_ci_low", "iou_drop_ci_high"),
             *[Column(m, f"cell_{m}") for m in modalities]]
+    title, which = {
+        "synthetic": ("What hurts the real model most on the synthetic-lesion datasets: corruption types ranked by "
+                      "IoU drop",
+                      "Synthetic-lesion datasets only (masks generated with the image: the demo's "
+                      + ("generated datasets; the real-label datasets are in the first table, not pooled here)."
+                         if len(synthetic) < len(datasets) else "generated datasets).")),
+        "real": ("What hurts the real model most on real labels: corruption types ranked by IoU drop",
+                 "Every dataset (all with real labels)."),
+        "unknown": ("What hurts the real model most: corruption types ranked by IoU drop, every dataset",
+                    "Every dataset pooled (the mart does not record which labels are synthetic: clean_samples."
+                    "synthetic_labels)."),
+    }[scope]
     return ReportTable(
-        "real_model_worst_types", "What hurts the real model most: corruption types ranked by IoU drop", df,
-        tuple(cols),
-        "Real architectures only (not the demo's from-scratch tiny SAM). Drop = clean minus perturbed IoU, paired "
-        "per image; 95% CI: percentile bootstrap over images (pooled over modalities). Modality columns: mean "
-        "IoU drop on that modality's images (number of images in brackets; no CI: too few images per cell).",
+        "real_model_worst_types", title, df, tuple(cols),
+        f"{which} Real architectures only (not the demo's from-scratch tiny SAM). Drop = clean minus perturbed "
+        "IoU, paired per image; 95% CI: percentile bootstrap over images (pooled over modalities). Modality "
+        "columns: mean IoU drop on that modality's images (number of images in brackets; no CI: too few images "
+        "per cell).",
         group_by=("model", "level"))
+
+
+def _synthetic_type_ranks(con: duckdb.DuckDBPyConnection, real: Sequence[str], datasets: Sequence[str],
+                          include_floor: bool, include_off_band: bool, seed: int,
+                          min_n: int = DEFAULT_MIN_N) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """:func:`real_model_worst_types` on ``datasets`` only: the rows ``segmentation_by_level`` would
+    average (:func:`~medrobust_lib.store.views.common.seg_rows_ctes`: floor datasets and off-band
+    rows left out unless asked) restricted to them, as (ranks, per-modality means) in the columns of
+    ``segmentation_type_ranks`` and ``segmentation_by_modality``. ``n`` counts every row of a cell,
+    the means and the CI (``min_n`` images or more) take its ok rows."""
+    ctes = seg_rows_ctes(include_floor, "list_contains($datasets, r.dataset)", include_off_band, _band_rows(con))
+    rows = con.execute(f"""
+        with {ctes}
+        select model, level, perturbation, modality, status, iou, iou_drop, clean_iou
+        from seg_rows where condition = 'perturbation' and list_contains($models, model)
+        order by model, level, perturbation, dataset, sample_id""",
+                       {"datasets": list(datasets), "models": list(real)}).df()
+    keys = ["model", "level", "perturbation"]
+    if rows.empty:
+        return pd.DataFrame(columns=[*keys, "n", "iou_drop", "rank"]), pd.DataFrame(
+            columns=[*keys, "modality", "iou_drop", "n_ok"])
+    ok = rows[rows["status"] == "ok"]
+    out = []
+    for key, g in rows.groupby(keys, sort=True):
+        o = ok.loc[ok.index.intersection(g.index)]
+        rec = dict(zip(keys, key, strict=True))
+        lo = hi = float("nan")
+        if len(o) >= min_n:
+            _, lo, hi = bootstrap_ci(o["iou_drop"].to_numpy(np.float64), n_boot=N_BOOT,
+                                     rng=rng_for(seed, "report", "real_model_worst_types", *map(str, key)))
+        rec.update(n=len(g), iou_drop=o["iou_drop"].mean(), iou_drop_ci_low=lo, iou_drop_ci_high=hi,
+                   clean_iou=o["clean_iou"].mean(), iou=o["iou"].mean())
+        out.append(rec)
+    df = pd.DataFrame(out)
+    df["rank"] = df.groupby(["model", "level"])["iou_drop"].rank(method="min", ascending=False,
+                                                                 na_option="bottom").astype("int64")
+    df = df.sort_values(["model", "level", "rank", "perturbation"], kind="stable").reset_index(drop=True)
+    mod = (ok.groupby([*keys, "modality"], sort=True)
+           .agg(iou_drop=("iou_drop", "mean"), n_ok=("iou_drop", "size")).reset_index())
+    return df[["model", "level", "perturbation", "n", "iou_drop", "iou_drop_ci_low", "iou_drop_ci_high",
+               "clean_iou", "iou", "rank"]], mod

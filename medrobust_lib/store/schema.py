@@ -213,15 +213,28 @@ MART_TABLES: list[MartTable] = [
         ("sample_id", "VARCHAR"), ("dataset", "VARCHAR"), ("modality", "VARCHAR"), ("split", "VARCHAR"),
         ("image_path", "VARCHAR"), ("height", "INTEGER"), ("width", "INTEGER"), ("channels", "INTEGER"),
         ("mask_area", "BIGINT"), ("n_boxes", "INTEGER"), ("sha256", "VARCHAR"), ("status", "VARCHAR"),
-        ("reason", "VARCHAR"), ("detail", "VARCHAR"),
-    ), "one row per sample found by a reader; status 'ok' or 'quarantined' with the reason"),
+        ("reason", "VARCHAR"), ("detail", "VARCHAR"), ("synthetic_labels", "BOOLEAN"),
+    ), "one row per sample found by a reader; status 'ok' or 'quarantined' with the reason; synthetic_labels: "
+       "the dataset's masks were generated with the image (the demo's synthetic lesions; DatasetConfig."
+       "synthetic_labels), false for real labels, NULL in an index written before the column existed"),
     MartTable("perturbation_manifest", (
         ("sample_id", "VARCHAR"), ("dataset", "VARCHAR"), ("modality", "VARCHAR"), ("perturbation", "VARCHAR"),
         ("family", "VARCHAR"), ("geometry", "VARCHAR"), ("level", "INTEGER"), ("band_low", "DOUBLE"),
         ("band_high", "DOUBLE"), ("strength", "DOUBLE"), ("dataset_strength", "DOUBLE"), ("ssim", "DOUBLE"),
         ("band_reached", "BOOLEAN"), ("miss_reason", "VARCHAR"), ("n_ssim_evals", "INTEGER"),
         ("seed_key", "VARCHAR"), ("sha256", "VARCHAR"), ("status", "VARCHAR"), ("error", "VARCHAR"),
-    ), "one row per (sample, perturbation, level): calibrated strength, SSIM and band flag"),
+        ("warning", "VARCHAR"),
+    ), "one row per (sample, perturbation, level): calibrated strength, SSIM and band flag; warning (nullable): "
+       "set when a noise type's strength (a standard deviation or amplitude on the [0, 1] scale) exceeds the clean "
+       "image's own value range (max - min), e.g. a 16-bit image read near-black"),
+    MartTable("dataset_info", (
+        ("dataset", "VARCHAR"), ("modality", "VARCHAR"), ("format", "VARCHAR"), ("synthetic_labels", "BOOLEAN"),
+        ("evaluation_only", "BOOLEAN"), ("description", "VARCHAR"), ("reference_family", "VARCHAR"),
+        ("reference_dice", "DOUBLE"), ("reference_n", "INTEGER"), ("reference_source", "VARCHAR"),
+    ), "one row per dataset of the suite (per reference family when it has several), written with the clean "
+       "index: its reader, whether its labels are synthetic, what it is (description: source, licence, how the "
+       "labels were made) and an official inference's clean Dice on the same samples (reference_*: model family, "
+       "mean Dice over reference_n samples, what produced it), NULL where none is known"),
     MartTable("segmentation_results", (
         ("model", "VARCHAR"), ("checkpoint", "VARCHAR"), ("strategy", "VARCHAR"), ("dataset", "VARCHAR"),
         ("modality", "VARCHAR"), ("sample_id", "VARCHAR"), ("condition", "VARCHAR"), ("perturbation", "VARCHAR"),
@@ -229,9 +242,27 @@ MART_TABLES: list[MartTable] = [
         ("dice", "DOUBLE"), ("clean_iou", "DOUBLE"), ("clean_dice", "DOUBLE"), ("iou_drop", "DOUBLE"),
         ("dice_drop", "DOUBLE"), ("prompt", "VARCHAR"), ("status", "VARCHAR"), ("error", "VARCHAR"),
         ("empty_gt_policy", "VARCHAR"), ("precision", "VARCHAR"), ("family", "VARCHAR"), ("arch", "VARCHAR"),
+        ("n_prompts", "INTEGER"), ("n_instances", "INTEGER"), ("instance_iou", "DOUBLE"), ("instance_dice", "DOUBLE"),
+        ("pred_mask_sha256", "VARCHAR"),
     ), "one row per (model, image, condition): IoU/Dice and signed drops vs clean; precision: the model's "
        "arithmetic (fp32, bf16-autocast); family / arch: the adapter family and architecture (arch 'tiny': "
-       "the demo's from-scratch SAM; every other arch is a real architecture)"),
+       "the demo's from-scratch SAM; every other arch is a real architecture). iou / dice: the union of the "
+       "masks of the image's box prompts against its whole mask; n_prompts: the box prompts given (one per "
+       "instance for a dataset with instances, else one); for a sample with instances (per_component_boxes or "
+       "instance labels) n_instances: its targets (those moved out of view by a spatial type get no prompt) and "
+       "instance_iou / instance_dice: the mean over its prompted instances of each box's own mask against its "
+       "own instance (NULL without instances; per instance: segmentation_instances); pred_mask_sha256: the "
+       "stored union prediction (segmentation.store_masks; medrobust export-masks), NULL when not stored"),
+    MartTable("segmentation_instances", (
+        ("model", "VARCHAR"), ("checkpoint", "VARCHAR"), ("dataset", "VARCHAR"), ("modality", "VARCHAR"),
+        ("sample_id", "VARCHAR"), ("condition", "VARCHAR"), ("perturbation", "VARCHAR"), ("level", "INTEGER"),
+        ("epsilon", "DOUBLE"), ("prompt", "VARCHAR"), ("instance", "INTEGER"), ("iou", "DOUBLE"), ("dice", "DOUBLE"),
+        ("gt_area", "BIGINT"), ("box_x0", "DOUBLE"), ("box_y0", "DOUBLE"), ("box_x1", "DOUBLE"), ("box_y1", "DOUBLE"),
+        ("status", "VARCHAR"),
+    ), "one row per (model, image with instances, condition, instance): the instance's own box prompt "
+       "(pixel XYXY, end exclusive), the IoU / Dice of that box's mask against that instance alone, its "
+       "ground-truth area in pixels; status ok, or out_of_view (a spatial perturbation moved it out of the "
+       "image: no prompt, no score)"),
     MartTable("segmentation_examples", (
         ("model", "VARCHAR"), ("perturbation", "VARCHAR"), ("level", "INTEGER"), ("modality", "VARCHAR"),
         ("dataset", "VARCHAR"), ("sample_id", "VARCHAR"), ("mean_iou_drop", "DOUBLE"), ("clean_iou", "DOUBLE"),

@@ -18,13 +18,16 @@ from medrobust_lib.data.splits import split_of
 from medrobust_lib.store import results
 
 CLEAN_TABLE = "clean_samples"
+INFO_TABLE = "dataset_info"
 CLEAN_VERSION = 1
 SampleKey = tuple[str, str]
 """(dataset, sample_id)."""
 
 
 def resolve_datasets(suite: Suite) -> list[DatasetConfig]:
-    """The demo datasets (when enabled; the demo must have been built) plus explicit ones."""
+    """The demo datasets (when enabled; the demo must have been built) plus explicit ones. The demo's
+    generated datasets (its manifest's ``datasets``) come out with ``synthetic_labels`` true, its
+    real ones (``real_datasets``) and the suite's own with their setting (default false)."""
     configs: list[dict[str, Any]] = []  # the demo's, as its manifest lists them
     if suite.demo.enabled:
 
@@ -32,7 +35,9 @@ def resolve_datasets(suite: Suite) -> list[DatasetConfig]:
         if not manifest.is_file():
             raise FileNotFoundError(f"demo data not built at {manifest.parent}: materialize 'demo_data' first")
         data = json.loads(manifest.read_text())
-        configs.extend(data["datasets"])
+        # the manifest's "datasets" are the generated ones (masks drawn with the image); its entries
+        # do not carry the flag (nor do those of a demo built before it existed), so it is set here
+        configs.extend({"synthetic_labels": True, **c} for c in data["datasets"])
         configs.extend(data.get("real_datasets", []))  # evaluation-only real image-mask pairs
     out = [DatasetConfig(**{"max_pixels": suite.max_pixels, **c}) for c in configs]
     # the suite's own entries were checked when it loaded; one without max_pixels takes the suite's
@@ -72,10 +77,23 @@ def build_clean_index(suite: Suite, modality: str) -> CleanIndexSummary:
             if r["status"] != "ok":
                 n_q += 1
                 reasons[r["reason"]] = reasons.get(r["reason"], 0) + 1
-        path = results.chunk_path(suite.results_dir, CLEAN_TABLE, part, cfg.name)
-        results.write_chunk(path, df, results.fingerprint([CLEAN_VERSION, cfg.model_dump()]))
+        fp = results.fingerprint([CLEAN_VERSION, cfg.model_dump()])
+        results.write_chunk(results.chunk_path(suite.results_dir, INFO_TABLE, part, cfg.name), info_rows(cfg), fp)
+        results.write_chunk(results.chunk_path(suite.results_dir, CLEAN_TABLE, part, cfg.name), df, fp)
+    results.finalize_partition(suite.results_dir, INFO_TABLE, part, [c.name for c in cfgs])
     results.finalize_partition(suite.results_dir, CLEAN_TABLE, part, [c.name for c in cfgs])
     return CleanIndexSummary(n_ok, n_q, reasons, [c.name for c in cfgs])
+
+
+def info_rows(cfg: DatasetConfig) -> list[dict[str, Any]]:
+    """The ``dataset_info`` rows of a dataset: one per reference family (``reference_dice``), or
+    one with no reference; each with what the report says of the dataset."""
+    base = {"dataset": cfg.name, "modality": cfg.modality, "format": cfg.format, "synthetic_labels": cfg.synthetic_labels,
+            "evaluation_only": cfg.evaluation_only, "description": cfg.description}
+    refs = [{"reference_family": fam, "reference_dice": r.dice, "reference_n": r.n, "reference_source": r.source}
+            for fam, r in sorted(cfg.reference_dice.items())]
+    empty = {"reference_family": None, "reference_dice": None, "reference_n": None, "reference_source": None}
+    return [{**base, **r} for r in refs] or [{**base, **empty}]
 
 
 def clean_rows(cfg: DatasetConfig) -> list[dict[str, Any]]:
@@ -108,7 +126,7 @@ def _row(cfg: DatasetConfig, sample_id: str, path: str, **kw: Any) -> dict[str, 
         "sample_id": sample_id, "dataset": cfg.name, "modality": cfg.modality,
         "split": split_of(cfg.name, sample_id, cfg.evaluation_only), "image_path": str(path), "height": None, "width": None,
         "channels": None, "mask_area": None, "n_boxes": None, "sha256": None, "status": None,
-        "reason": None, "detail": None,
+        "reason": None, "detail": None, "synthetic_labels": cfg.synthetic_labels,
     }
     base.update(kw)
     return base

@@ -52,12 +52,15 @@ class PerturbSummary:
     n_reached: int = 0
     n_reachable_rows: int = 0
     n_reachable_reached: int = 0
+    n_warning: int = 0
     chunks_computed: int = 0
     chunks_reused: int = 0
     calibration_evals: int = 0
     mean_ssim: float = float("nan")
     types: list[str] = field(default_factory=list)
     unreachable_types: list[str] = field(default_factory=list)
+    warning_types: list[str] = field(default_factory=list)
+    """Types with a manifest ``warning`` (strength above the image's value range) on some row."""
 
     @property
     def reachable_hit_rate(self) -> float:
@@ -67,6 +70,8 @@ class PerturbSummary:
 def chunk_fingerprint(ch: ChunkSpec, samples: list[Sample]) -> str:
     spec = get_perturbation(ch.perturbation)
     key: list[object] = [spec.strength_range, spec.levels, spec.inverse, spec.integer, spec.geometry]
+    if spec.strength_is_intensity:
+        key.append("strength_warning")  # issue 42: rows gained a warning column; recompute such chunks
     if spec.scales_with_size and any(size_factor(s.image.shape) > 1.0 for s in samples):
         key.append(["scales_with_size", REFERENCE_SIZE])  # the range of these samples depends on their size
         if spec.smoothing:
@@ -187,7 +192,7 @@ def _error_row(ch: ChunkSpec, ref: SampleRef, exc: Exception) -> dict[str, Any]:
         "band_low": ch.band[0], "band_high": ch.band[1], "strength": float("nan"),
         "dataset_strength": float("nan"), "ssim": float("nan"), "band_reached": False,
         "miss_reason": "error", "n_ssim_evals": 0, "seed_key": None, "sha256": None,
-        "status": "error", "error": f"{type(exc).__name__}: {exc}"[:500],
+        "status": "error", "error": f"{type(exc).__name__}: {exc}"[:500], "warning": None,
     }
 
 
@@ -207,6 +212,10 @@ def _summarize(df: pd.DataFrame, s: PerturbSummary) -> None:
     s.n_reachable_rows = len(reachable)
     s.n_reachable_reached = int(reachable["band_reached"].sum())
     s.mean_ssim = float(ok["ssim"].mean()) if len(ok) else float("nan")
+    if "warning" in df.columns:  # chunks written before the column existed have none
+        warned = ok["warning"].notna()
+        s.n_warning = int(warned.sum())
+        s.warning_types = sorted(ok.loc[warned, "perturbation"].unique())
 
 
 def read_manifest(suite: Suite, modality: str | None = None, level: int | None = None) -> pd.DataFrame:

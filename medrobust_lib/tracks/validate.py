@@ -24,10 +24,16 @@ from typing import Any
 from medrobust_lib.adapters import adapter_entry
 from medrobust_lib.config import Suite, load_suite
 from medrobust_lib.config.isolation import check_isolation
+from medrobust_lib.config.segmentation import PACKAGE_CHECKPOINT
 from medrobust_lib.config.suite import DEMO_TRAINED
 from medrobust_lib.config.vlm import yesno_files
 from medrobust_lib.data.dataset import DatasetConfig, index_dataset, load_sample
 from medrobust_lib.data.sample import QuarantineRecord, SampleError, SampleRef
+from medrobust_lib.models.litemedsam_package import (
+    PackagedCheckpointError,
+    packaged_checkpoint,
+    verify_packaged_checkpoint,
+)
 from medrobust_lib.project import in_project, project_root
 from medrobust_lib.tracks.datasets import resolve_datasets
 
@@ -147,10 +153,22 @@ def _missing(path: str, root: Path) -> str | None:
     return str(p) + ("" if Path(path).expanduser().is_absolute() else " (relative to the project root)")
 
 
+def _package_error(model_id: str) -> str | None:
+    """Why ``checkpoint: package`` cannot be used (not installed, not the pinned file), or None."""
+    try:
+        verify_packaged_checkpoint(packaged_checkpoint())
+    except (PackagedCheckpointError, OSError) as exc:
+        return f"segmentation model {model_id!r}: checkpoint: package: {exc}"
+    return None
+
+
 def _weights_errors(suite: Suite, root: Path) -> list[str]:
     errors = []
     for m in suite.segmentation.models:
-        if m.checkpoint not in (None, DEMO_TRAINED) and not m.checkpoint.startswith("models:/") \
+        if m.checkpoint == PACKAGE_CHECKPOINT:
+            if (err := _package_error(m.id)) is not None:
+                errors.append(err)
+        elif m.checkpoint not in (None, DEMO_TRAINED) and not m.checkpoint.startswith("models:/") \
                 and (gone := _missing(m.checkpoint, root)) is not None:
             errors.append(f"segmentation model {m.id!r}: checkpoint not found: {gone}")
     for v in suite.vlm.models:
@@ -254,7 +272,7 @@ def checkpoint_arch_error(model_id: str, arch: str, path: Path) -> str | None:
 def _arch_errors(suite: Suite, root: Path) -> list[str]:
     errors = []
     for m in suite.segmentation.models:
-        if m.checkpoint in (None, DEMO_TRAINED) or m.checkpoint.startswith("models:/"):
+        if m.checkpoint in (None, DEMO_TRAINED, PACKAGE_CHECKPOINT) or m.checkpoint.startswith("models:/"):
             continue
         p = in_project(m.checkpoint, root)
         if p.exists():

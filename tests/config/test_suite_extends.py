@@ -103,15 +103,15 @@ def test_demo_full_is_demo_with_the_full_grid() -> None:
 
     seg, fseg = full["segmentation"], fast["segmentation"]
     assert _without(seg, "models", "finetune") == _without(fseg, "models", "finetune")
-    # tiny-sam as in the fast demo, on every test image (the fast demo: the first 3 per modality)
-    assert seg["models"][0] == {**fseg["models"][0], "max_perturbed_per_modality": None}
-    assert fseg["models"][0]["max_perturbed_per_modality"] == 3
+    # tiny-sam as in the fast demo, on every test image (the fast demo: the first 3 of each dataset)
+    assert seg["models"][0] == {**fseg["models"][0], "max_perturbed_per_dataset": None}
+    assert fseg["models"][0]["max_perturbed_per_dataset"] == 3
     lite = seg["models"][1]
-    assert (lite["id"], lite["levels"], lite["max_perturbed_per_modality"], lite["attacks"]) == \
+    assert (lite["id"], lite["levels"], lite["max_perturbed_per_dataset"], lite["attacks"]) == \
         ("litemedsam", None, None, True)
     # the same arithmetic and batch as the fast demo's: precision auto (bf16 only where native), batch 1
     assert (lite["precision"], lite["batch_size"]) == ("auto", 1)
-    assert lite == {**fseg["models"][1], "levels": None, "max_perturbed_per_modality": None, "attacks": True}
+    assert lite == {**fseg["models"][1], "levels": None, "max_perturbed_per_dataset": None, "attacks": True}
     ft, fft = seg["finetune"], fseg["finetune"]
     assert (ft["base"], ft["strategies"], ft["encoder_blocks"]) == ("litemedsam", ["decoder_only", "lora", "full"], 2)
     assert (ft["train"]["max_steps"], ft["train"]["lr"], ft["train"]["batch_size"]) == (40, 1e-4, 4)

@@ -55,7 +55,8 @@ def test_read_partition_decodes_unchanged_chunks_once_and_returns_fresh_frames(
 def test_mart_has_every_table_and_view_even_without_data(tmp_path: Path) -> None:
     mart = tmp_path / "m.duckdb"
     counts = build_mart(tmp_path / "results", mart)
-    assert counts == {"clean_samples": 0, "perturbation_manifest": 0, "segmentation_results": 0, "segmentation_examples": 0,
+    assert counts == {"clean_samples": 0, "perturbation_manifest": 0, "dataset_info": 0, "segmentation_results": 0,
+                      "segmentation_instances": 0, "segmentation_examples": 0,
                       "taxonomy_screening_stats": 0,
                       "segmentation_stats": 0, "vlm_results": 0, "vlm_stats": 0, "taxonomy_results": 0,
                       "taxonomy_quadrant_stats": 0, "taxonomy_correlation_stats": 0,

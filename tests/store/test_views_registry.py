@@ -117,7 +117,7 @@ def test_a_view_shown_in_the_report_is_one_entry(mart: Path) -> None:
     finally:
         con.close()
     assert [e.name for e in REPORT_TABLES] == [
-        "real_model_worst_types", "segmentation_summary", "segmentation_by_level", "strategy_ranking",
+        "real_labels", "real_model_worst_types", "segmentation_summary", "segmentation_by_level", "strategy_ranking",
         "vlm_task_drops", "taxonomy_quadrants", "taxonomy_correlation", "taxonomy_screening"]
 
 

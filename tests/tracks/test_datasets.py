@@ -50,3 +50,29 @@ def test_a_key_unknown_to_the_clean_index_is_missing_unless_of_another_split(tmp
     suite = broken_suite(tmp_path, demo_root)
     ev = load_eval_samples(suite, "ct", "all")
     assert ev.reason(("gone", "x")) == "missing: gone/x is not a sample of the clean index"
+
+
+def test_demo_datasets_say_whether_their_labels_are_synthetic(tmp_path: Path, demo_root: Path) -> None:
+    """The demo's generated datasets come out with synthetic labels (its manifest entries do not carry
+    the flag, as no manifest written before it did), its real datasets and a suite's own without; the
+    clean index records the flag on every row."""
+    import json
+
+    from medrobust_lib.config import load_suite
+    from medrobust_lib.store import results
+    from medrobust_lib.tracks.datasets import build_clean_index, resolve_datasets
+    from medrobust_lib.tracks.datasets import clean_rows as index_rows
+    from tests.suite_helpers import write_suite
+
+    manifest = json.loads((demo_root / "demo_manifest.json").read_text())
+    assert all("synthetic_labels" not in c for c in manifest["datasets"] + manifest.get("real_datasets", []))
+    own = {"name": "own_mri", "modality": "mri", "format": "nifti", "root": str(demo_root / "mri_demo")}
+    suite = load_suite(write_suite(tmp_path, demo_root, modalities=["mri"], datasets=[own]))
+    flags = {c.name: c.synthetic_labels for c in resolve_datasets(suite)}
+    assert flags == {"mri_demo": True, "mri_overlay_real": False, "own_mri": False}
+    real = next(c for c in resolve_datasets(suite) if c.name == "mri_overlay_real")
+    assert {r["synthetic_labels"] for r in index_rows(real)} == {False}
+    build_clean_index(suite, "mri")
+    index = results.read_partition(suite.results_dir, "clean_samples", {"modality": "mri"})
+    assert index.groupby("dataset")["synthetic_labels"].agg(lambda v: set(v.astype(bool))).to_dict() == {
+        "mri_demo": {True}, "mri_overlay_real": {False}, "own_mri": {False}}

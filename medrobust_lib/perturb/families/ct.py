@@ -247,6 +247,7 @@ def starvation_field(image: FloatImage, offsets: np.ndarray, noise: np.ndarray) 
 @perturbation(
     "photon_starvation", family=FAMILY, modalities=MODALITIES, strength_range=(0.0, 0.6),
     levels=(0.02, 0.045, 0.075, 0.11, 0.16), unit="noise std along the most attenuated rays (intensity)",
+    strength_is_intensity=True,
     reference="Photon starvation: Poisson noise of log data has variance ~ exp(p)/N0, so views through "
               "the most attenuating path reconstruct into noise streaks; Hsieh, Computed Tomography, "
               "SPIE 2009",

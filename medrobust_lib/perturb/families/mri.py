@@ -184,7 +184,7 @@ def ghosting(image: FloatImage, strength: float, rng: np.random.Generator) -> Fl
 
 @perturbation(
     "rician_noise", family=FAMILY, modalities=MODALITIES, strength_range=(0.0, 0.25),
-    levels=(0.01, 0.017, 0.024, 0.033, 0.045), unit="sigma (intensity units)",
+    levels=(0.01, 0.017, 0.024, 0.033, 0.045), unit="sigma (intensity units)", strength_is_intensity=True,
     reference="Rician magnitude noise |x + sigma n1 + i sigma n2| with n1, n2 ~ N(0, 1); "
               "Gudbjartsson & Patz, MRM 1995",
 )

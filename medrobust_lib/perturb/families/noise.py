@@ -23,6 +23,7 @@ FAMILY = "noise"
     reference="Additive white Gaussian (thermal / read-out) noise x + n, n ~ N(0, sigma^2); "
     "Hendrycks & Dietterich 2019 (ImageNet-C)",
     unit="sigma (intensity, image range 0-1)",
+    strength_is_intensity=True,
 )
 def gaussian_noise(image: FloatImage, strength: float, rng: np.random.Generator) -> FloatImage:
     """Additive white Gaussian noise, independent per pixel and channel.

@@ -14,13 +14,14 @@ from medrobust_lib.store.views import (
     coverage,
     finetune,
     perturbations,
+    real_labels,
     segmentation,
     taxonomy,
     vlm,
 )
 from medrobust_lib.store.views.common import ALL_SUFFIX, View
 
-VIEW_MODULES = (perturbations, vlm, taxonomy, completeness, segmentation, finetune, coverage)
+VIEW_MODULES = (perturbations, vlm, taxonomy, completeness, segmentation, real_labels, finetune, coverage)
 """The modules whose ``VIEWS`` the mart creates, in this order."""
 
 

@@ -359,7 +359,7 @@ scope `all`)."""),
 datasets left out: per (model, checkpoint, strategy, condition, perturbation, level, modality)
 `n`, `n_ok`, mean `iou_drop` / `dice_drop` / `clean_iou` / `clean_dice` over ok rows, `family`,
 `arch`, `real_architecture` (arch is not the demo's `tiny`), `n_datasets`. No CIs: a modality's
-cell is often a handful of images. The report's first table (`real_model_worst_types`) reads it.""",
+cell is often a handful of images. The report's `real_model_worst_types` table reads it.""",
                  """: `segmentation_by_modality` with the floor datasets kept.""", off_band=False),
     *_floor_pair("segmentation_summary", segmentation_summary,
                  """: the published table in long form, per (model, checkpoint, strategy) one

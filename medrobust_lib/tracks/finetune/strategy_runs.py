@@ -245,7 +245,7 @@ FINETUNE_VERSION = 1
 so that checkpoints trained before are trained again."""
 
 
-EVAL_ONLY = ("id", "batch_size", "levels", "max_perturbed_per_modality", "attacks")
+EVAL_ONLY = ("id", "batch_size", "levels", "max_perturbed_per_modality", "max_perturbed_per_dataset", "attacks")
 """Base-model settings that only say how the model is evaluated: changing them retrains nothing."""
 
 

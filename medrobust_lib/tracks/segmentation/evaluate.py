@@ -18,17 +18,23 @@ from medrobust_lib.data.sample import Sample
 from medrobust_lib.lru import LRU, file_stamp
 from medrobust_lib.metrics.segmentation import EMPTY_GT_POLICY, dice, iou
 from medrobust_lib.models.factory import build_segmenter
+from medrobust_lib.models.litemedsam_package import packaged_checkpoint, verify_packaged_checkpoint
 from medrobust_lib.paths import suite_paths
 from medrobust_lib.perturb.engine import NOT_APPLICABLE
-from medrobust_lib.prompts import prompt_boxes
-from medrobust_lib.store import model_registry, results
+from medrobust_lib.prompts import PromptTargets, prompt_targets
+from medrobust_lib.store import model_registry, pred_masks, results
 from medrobust_lib.store.completeness import ERROR_OUTCOME
 from medrobust_lib.store.schema import SEG_NO_MASK, SEG_NOT_APPLICABLE, SEG_OK, column_names, seg_failed
 
 RESULTS_TABLE = "segmentation_results"
+INSTANCES_TABLE = "segmentation_instances"
 EVAL_VERSION = 1
 RESULT_COLUMNS: tuple[str, ...] = column_names(RESULTS_TABLE)
 """The ``segmentation_results`` columns in declared order (:mod:`medrobust_lib.store.schema`)."""
+INSTANCE_COLUMNS: tuple[str, ...] = column_names(INSTANCES_TABLE)
+"""The ``segmentation_instances`` columns (one row per box prompt of a sample with instances)."""
+Item = tuple[np.ndarray, np.ndarray, np.ndarray, "tuple[np.ndarray, np.ndarray] | None"]
+"""(image, boxes (K, 4), bool mask (H, W), (instance map, ids (K,)) or None) as the models score them."""
 
 
 def model_config(suite: Suite, model_id: str | SegModelConfig) -> SegModelConfig:
@@ -84,8 +90,6 @@ def resolve_checkpoint(suite: Suite, m: SegModelConfig) -> Path:
     if m.checkpoint is None:
         raise ValueError(f"segmentation model {m.id!r} names no checkpoint")
     if m.checkpoint == PACKAGE_CHECKPOINT:
-        from medrobust_lib.models.litemedsam import packaged_checkpoint, verify_packaged_checkpoint
-
         return verify_packaged_checkpoint(packaged_checkpoint())
     if m.checkpoint.startswith("models:/"):
         return model_registry.resolve_model_uri(m.checkpoint, model_registry.mlruns_dir())
@@ -188,10 +192,30 @@ class EvalSummary:
     back, nothing was scored (:func:`_reuse`)."""
 
 
-def _score(prob: np.ndarray, gt: np.ndarray) -> tuple[float, float]:
+@dataclass
+class Scored:
+    """One item's scores: IoU and Dice of the union of its box masks against its mask; per box
+    (float64 (K,), empty without instances) its own mask against its own instance; the union
+    prediction (bool (H, W)) when it was kept."""
 
+    iou: float
+    dice: float
+    box_iou: np.ndarray
+    box_dice: np.ndarray
+    mask: np.ndarray | None = None
+
+
+def _score(prob: np.ndarray, gt: np.ndarray, targets: tuple[np.ndarray, np.ndarray] | None = None,
+           keep_mask: bool = False) -> Scored:
+    """Host scoring of probabilities (K, H, W) (the path of a model without ``score``)."""
     pred = prob.max(axis=0) > 0.5 if len(prob) else np.zeros_like(gt, bool)
-    return iou(pred, gt), dice(pred, gt)
+    bi = np.zeros(0, np.float64)
+    bd = np.zeros(0, np.float64)
+    if targets is not None and len(prob):
+        inst, ids = targets
+        bi = np.array([iou(prob[k] > 0.5, inst == i) for k, i in enumerate(ids)], np.float64)
+        bd = np.array([dice(prob[k] > 0.5, inst == i) for k, i in enumerate(ids)], np.float64)
+    return Scored(iou(pred, gt), dice(pred, gt), bi, bd, pred if keep_mask else None)
 
 
 def _base_row(m: SegModelConfig, ckpt: str, s: Sample, condition: str, prompt: str,
@@ -203,7 +227,9 @@ def _base_row(m: SegModelConfig, ckpt: str, s: Sample, condition: str, prompt: s
             "strength": None, "ssim": None, "epsilon": None, "iou": float("nan"), "dice": float("nan"),
             "clean_iou": float("nan"), "clean_dice": float("nan"), "iou_drop": float("nan"),
             "dice_drop": float("nan"), "prompt": prompt, "status": "ok", "error": None,
-            "empty_gt_policy": EMPTY_GT_POLICY, "precision": precision, "family": m.family, "arch": m.arch}
+            "empty_gt_policy": EMPTY_GT_POLICY, "precision": precision, "family": m.family, "arch": m.arch,
+            "n_prompts": None, "n_instances": None, "instance_iou": float("nan"), "instance_dice": float("nan"),
+            "pred_mask_sha256": None}
 
 
 def _error_row(m: SegModelConfig, ckpt: str, key: tuple[str, str], modality: str, condition: str, prompt: str,
@@ -224,12 +250,19 @@ def _precision(model: Any) -> str:
 
 def perturbed_keys(m: SegModelConfig, keys: Iterable[tuple[str, str]]) -> set[tuple[str, str]] | None:
     """The (dataset, sample id) keys of ``keys`` that the perturbed and attack evaluations of ``m``
-    cover: the first ``m.max_perturbed_per_modality`` in sorted order, or None (all) when the model
-    sets no cap."""
-    cap = m.max_perturbed_per_modality
-    if cap is None:
+    cover: the first ``m.max_perturbed_per_dataset`` of each dataset, then the first
+    ``m.max_perturbed_per_modality`` of those, in sorted order; None (all) when the model sets no
+    cap."""
+    cap, per_ds = m.max_perturbed_per_modality, m.max_perturbed_per_dataset
+    if cap is None and per_ds is None:
         return None
-    return set(sorted(set(keys))[:cap])
+    kept = sorted(set(keys))
+    if per_ds is not None:
+        by_ds: dict[str, list[tuple[str, str]]] = {}
+        for k in kept:
+            by_ds.setdefault(k[0], []).append(k)
+        kept = sorted(k for ks in by_ds.values() for k in ks[:per_ds])
+    return set(kept if cap is None else kept[:cap])
 
 
 def _predict_timed(model: Any, images: Sequence[np.ndarray], boxes: Sequence[np.ndarray], summary: EvalSummary,
@@ -241,27 +274,80 @@ def _predict_timed(model: Any, images: Sequence[np.ndarray], boxes: Sequence[np.
     return out
 
 
-def _item(s: Sample, prompt: PromptConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(image, prompt boxes, mask) of a clean sample that has a mask."""
+def _targets(t: PromptTargets) -> tuple[np.ndarray, np.ndarray] | None:
+    return None if t.instances is None else (t.instances, t.ids)
+
+
+def _item(s: Sample, prompt: PromptConfig, t: PromptTargets | None = None) -> Item:
+    """(image, prompt boxes, mask, instance targets) of a clean sample that has a mask (``t``: its
+    prompt targets when already made)."""
     if s.mask is None:
         raise ValueError(f"sample {s.dataset}/{s.sample_id} has no ground-truth mask to score against")
-    return s.image, prompt_boxes(s, prompt), s.mask
+    t = prompt_targets(s, prompt) if t is None else t
+    return s.image, t.boxes, s.mask, _targets(t)
 
 
-def _score_items(model: Any, items: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]], summary: EvalSummary,
-                 batch_size: int) -> list[tuple[float, float]]:
-    """(IoU, Dice) per (image, boxes, bool mask) item, in order. A model with ``score`` (the SAM
-    family) predicts and scores batched on its device, consuming ``items`` lazily (the feed
-    runs ahead meanwhile); any other SegmentationModel goes through ``predict`` and the host
-    metrics. Both give :func:`_score`'s numbers."""
+def _score_items(model: Any, items: Iterable[Item], summary: EvalSummary, batch_size: int, *,
+                 keep_masks: bool = False) -> list[Scored]:
+    """:class:`Scored` per (image, boxes, bool mask, targets) item, in order. A model with
+    ``score`` (the SAM family) predicts and scores batched on its device, consuming ``items``
+    lazily (the feed runs ahead meanwhile); any other SegmentationModel goes through ``predict``
+    and the host metrics. Both give :func:`_score`'s numbers."""
     if hasattr(model, "score"):
-        res = model.score(items, batch_size=batch_size)
+        res = model.score(items, batch_size=batch_size, keep_masks=keep_masks)
         summary.model_seconds += res.model_seconds
         summary.n_images += len(res.iou)
-        return list(zip(res.iou.tolist(), res.dice.tolist(), strict=True))
+        n = len(res.iou)
+        box_iou = res.box_iou or [np.zeros(0)] * n
+        box_dice = res.box_dice or [np.zeros(0)] * n
+        masks = res.masks if res.masks is not None else [None] * n
+        return [Scored(float(a), float(b), bi, bd, m)
+                for a, b, bi, bd, m in zip(res.iou.tolist(), res.dice.tolist(), box_iou, box_dice, masks, strict=True)]
     listed = list(items)
     probs = _predict_timed(model, [x[0] for x in listed], [x[1] for x in listed], summary, batch_size)
-    return [_score(p, x[2]) for p, x in zip(probs, listed, strict=True)]
+    return [_score(p, x[2], x[3] if len(x) > 3 else None, keep_masks) for p, x in zip(probs, listed, strict=True)]
+
+
+def _fill_scores(r: dict[str, Any], sc: Scored, t: PromptTargets, suite: Suite,
+                 inst_rows: list[dict[str, Any]] | None) -> None:
+    """Put one item's scores into its row: IoU / Dice (union), the prompt count, the instance
+    means, the stored prediction's hash; and one ``segmentation_instances`` row per box."""
+    r["iou"], r["dice"] = sc.iou, sc.dice
+    r["n_prompts"] = int(len(t.boxes))
+    if t.instances is not None:
+        r["n_instances"] = int(t.n_instances)
+        r["instance_iou"] = float(np.mean(sc.box_iou)) if len(sc.box_iou) else float("nan")
+        r["instance_dice"] = float(np.mean(sc.box_dice)) if len(sc.box_dice) else float("nan")
+        if inst_rows is not None:
+            inst_rows.extend(_instance_rows(r, t, sc))
+    if sc.mask is not None:
+        r["pred_mask_sha256"] = pred_masks.put(suite_paths(suite).pred_masks, sc.mask)
+
+
+def _instance_rows(r: dict[str, Any], t: PromptTargets, sc: Scored) -> list[dict[str, Any]]:
+    """The ``segmentation_instances`` rows of a scored row: one per box prompt (``ok``), plus one
+    per instance no longer in view (``out_of_view``: moved out by a spatial perturbation)."""
+    keys = {k: r[k] for k in ("model", "checkpoint", "dataset", "modality", "sample_id", "condition",
+                              "perturbation", "level", "epsilon", "prompt")}
+    assert t.instances is not None
+    areas = np.bincount(t.instances.ravel(), minlength=t.n_instances + 1)
+    out = []
+    seen = set()
+    for k, i in enumerate(t.ids.tolist()):
+        seen.add(i)
+        x0, y0, x1, y1 = (float(v) for v in t.boxes[k])
+        out.append({**keys, "instance": int(i), "iou": float(sc.box_iou[k]), "dice": float(sc.box_dice[k]),
+                    "gt_area": int(areas[i]), "box_x0": x0, "box_y0": y0, "box_x1": x1, "box_y1": y1,
+                    "status": SEG_OK})
+    for i in range(1, t.n_instances + 1):
+        if i not in seen:
+            out.append({**keys, "instance": i, "iou": float("nan"), "dice": float("nan"), "gt_area": 0,
+                        "box_x0": None, "box_y0": None, "box_x1": None, "box_y1": None, "status": "out_of_view"})
+    return out
+
+
+def _keep_masks(suite: Suite) -> bool:
+    return bool(getattr(suite.segmentation, "store_masks", False))
 
 
 def _pipeline(m: SegModelConfig) -> list[dict[str, Any]]:
@@ -279,8 +365,14 @@ def _partition(m: SegModelConfig, run: str, modality: str, level: int) -> dict[s
 
 
 def _write(suite: Suite, part: dict[str, object], rows: list[dict[str, Any]], fp: str,
-           columns: tuple[str, ...] = RESULT_COLUMNS) -> None:
-    """One chunk per dataset (rows sorted by type and sample id); stale chunks are removed."""
+           columns: tuple[str, ...] = RESULT_COLUMNS, instances: list[dict[str, Any]] | None = None) -> None:
+    """One chunk per dataset (rows sorted by type and sample id); stale chunks are removed. The
+    partition's ``segmentation_instances`` rows (per box prompt of samples with instances) are
+    written first under the same partition keys, so a results chunk never exists without them."""
+    if instances is not None:
+        results.write_rows_by_dataset(suite.results_dir, INSTANCES_TABLE, part, instances, fp, INSTANCE_COLUMNS,
+                                      sort_key=lambda r: (str(r["perturbation"]), str(r["sample_id"]),
+                                                          int(r["instance"])))
     results.write_rows_by_dataset(suite.results_dir, RESULTS_TABLE, part, rows, fp, columns,
                                   sort_key=lambda r: (str(r["perturbation"]), str(r["sample_id"])))
 
@@ -344,24 +436,27 @@ def evaluate_clean(suite: Suite, model_id: str | SegModelConfig, modality: str, 
     if reused is not None:
         return reused
     rows = []
+    inst_rows: list[dict[str, Any]] = []
     with_mask = [s for s in samples if s.mask is not None]
+    targets = {id(s): prompt_targets(s, sc.prompt) for s in with_mask}
     scores = dict(zip((id(s) for s in with_mask),
-                      _score_items(model, (_item(s, sc.prompt) for s in with_mask),
-                                   summary, m.batch_size), strict=True))
+                      _score_items(model, (_item(s, sc.prompt, targets[id(s)]) for s in with_mask), summary,
+                                   m.batch_size, keep_masks=_keep_masks(suite)),
+                      strict=True))
     for s in samples:
         r = _base_row(m, model.checkpoint_hash, s, "clean", sc.prompt.protocol, _precision(model))
         r["sample_sha256"] = s.content_hash()
         if s.mask is None:
             r.update(status=SEG_NO_MASK, error="sample has no ground-truth mask")
         else:
-            r["iou"], r["dice"] = scores[id(s)]
+            _fill_scores(r, scores[id(s)], targets[id(s)], suite, inst_rows)
             r["clean_iou"], r["clean_dice"] = r["iou"], r["dice"]
             r["iou_drop"] = r["dice_drop"] = 0.0
         rows.append(r)
     rows += [_error_row(m, model.checkpoint_hash, key, modality, "clean", sc.prompt.protocol, reason, _precision(model))
              for key, reason in sorted(ev.unusable.items())]
     # the sample hash is the clean-prediction cache key; keep it in the chunk
-    _write(suite, part, rows, fp, RESULT_COLUMNS + ("sample_sha256",))
+    _write(suite, part, rows, fp, RESULT_COLUMNS + ("sample_sha256",), inst_rows)
     summary.clean_cache_misses = len(samples)
     summary.total_seconds = time.perf_counter() - t0
     return _summarize(rows, summary)
@@ -396,7 +491,7 @@ class CleanCache:
         if not todo:
             return
         scores = _score_items(self.model, (_item(s, self.prompt) for s in todo.values()), self.summary, self.batch)
-        self.table.update(zip(todo, scores, strict=True))
+        self.table.update(zip(todo, ((x.iou, x.dice) for x in scores), strict=True))
         self._filled |= set(todo)
 
     def get(self, s: Sample) -> tuple[float, float]:
@@ -409,7 +504,8 @@ class CleanCache:
             self.summary.clean_cache_hits += 1
             return self.table[key]
         self.summary.clean_cache_misses += 1
-        self.table[key] = _score_items(self.model, [_item(s, self.prompt)], self.summary, 1)[0]
+        x = _score_items(self.model, [_item(s, self.prompt)], self.summary, 1)[0]
+        self.table[key] = (x.iou, x.dice)
         return self.table[key]
 
 
@@ -488,25 +584,27 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
     # one sample's rows together: a feed worker reads each clean sample once (rows are sorted on write)
     todo = [todo[i] for i in sample_major([mr for _, mr, _ in todo])]
     workers = resolve_workers(sc.feed_workers, getattr(getattr(model, "device", None), "type", "cpu"))
-    scored: list[dict[str, Any]] = []
+    scored: list[tuple[dict[str, Any], PromptTargets]] = []
 
-    def items() -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    def items() -> Iterator[Item]:
         feed = regenerate_stream(suite, modality, sc.split, [mr for _, mr, _ in todo], workers=workers,
                                  prefetch=sc.feed_prefetch)
         for (r, _mr, s), out in zip(todo, feed, strict=True):
             assert out.mask is not None
-            boxes = prompt_boxes(s, sc.prompt, mask=out.mask)
-            if len(boxes) == 0:
+            t = prompt_targets(s, sc.prompt, mask=out.mask, instances=out.instances)
+            if len(t.boxes) == 0:
                 r.update(status="mask_out_of_view", error="the spatial perturbation moved the mask out of the image")
                 continue
-            scored.append(r)
-            yield out.image, boxes, out.mask
+            scored.append((r, t))
+            yield out.image, t.boxes, out.mask, _targets(t)
 
     cache.fill(s for _, _, s in todo)  # clean scores missing from the clean partition, one batched pass
-    for r, (iou_v, dice_v) in zip(scored, _score_items(model, items(), summary, m.batch_size), strict=True):
-        r["iou"], r["dice"] = iou_v, dice_v
+    inst_rows: list[dict[str, Any]] = []
+    results_iter = _score_items(model, items(), summary, m.batch_size, keep_masks=_keep_masks(suite))
+    for (r, t), x in zip(scored, results_iter, strict=True):
+        _fill_scores(r, x, t, suite, inst_rows)
         _with_clean(r, cache.get(samples[(r["dataset"], r["sample_id"])]))
-    _write(suite, part, rows, fp)
+    _write(suite, part, rows, fp, instances=inst_rows)
     summary.total_seconds = time.perf_counter() - t0
     return _summarize(rows, summary)
 
@@ -517,10 +615,7 @@ def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str
     ``kinds``: a subset of the suite's ``attacks.kinds``, None: all of them).
     Without ``attacks.max_samples``, a sample of the split that cannot be used now (the clean index
     lists it as ok) is an ``error`` row per attack. ``reuse``: as in :func:`evaluate_clean`."""
-    import torch
-
-    from medrobust_lib.attacks.linf import AttackSetting, fgsm, pgd, torch_generator_for
-    from medrobust_lib.models.sam import to_tensor_batch
+    from medrobust_lib.attacks.linf import AttackSetting
     from medrobust_lib.tracks.feed import clean_samples, eval_samples
 
     t0 = time.perf_counter()
@@ -550,47 +645,96 @@ def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str
         return reused
     cache.fill(samples)
     rows: list[dict[str, Any]] = []
+    inst_rows: list[dict[str, Any]] = []
+    keep_masks = _keep_masks(suite)
     for kind in run_kinds:
         acfg = AttackSetting.for_level(kind, level, step_size_factor=sc.attacks.step_size_factor)
         by_shape: dict[tuple[int, ...], list[Sample]] = {}
         for s in samples:
             by_shape.setdefault(s.image.shape, []).append(s)
         for group in by_shape.values():
-            for start in range(0, len(group), m.batch_size):
-                batch = group[start : start + m.batch_size]
-                x = to_tensor_batch([s.image for s in batch]).to(device)
-                gray = batch[0].image.ndim == 2
-                target = _GrayView(model) if gray else model
-                if gray:  # attack the single stored channel, not three diverging copies of it
-                    x = x[:, :1].contiguous()
-                boxes = torch.as_tensor(np.concatenate([prompt_boxes(s, sc.prompt) for s in batch])).to(device)
-                y = torch.from_numpy(np.stack([np.asarray(s.mask) for s in batch]).astype(np.float32))[:, None]
-                y = y.to(device)
+            # one box per image batches across images; a sample with instances is attacked alone,
+            # with all its box prompts at once (one encoder pass, every instance in the loss)
+            union = [s for s in group if s.instances is None]
+            batches = [union[i : i + m.batch_size] for i in range(0, len(union), m.batch_size)]
+            batches += [[s] for s in group if s.instances is not None]
+            for batch in batches:
                 t1 = time.perf_counter()
-                if kind == "fgsm":
-                    adv = fgsm(target, x, boxes, y, acfg.epsilon)
-                else:
-                    gen = torch_generator_for(suite.seed, modality, batch[0].dataset, batch[0].sample_id, "pgd", level)
-                    adv = pgd(target, x, boxes, y, acfg.epsilon, acfg.steps, acfg.step_size, generator=gen)
+                imgs, tgts = _attack_batch(suite, model, batch, kind, level, acfg, modality, device)
                 summary.model_seconds += time.perf_counter() - t1
-                adv_h = adv.detach().cpu()
-                imgs = [a[0].numpy().copy() if gray else a.permute(1, 2, 0).numpy().copy() for a in adv_h]
-                scores = _score_items(model, zip(imgs, [b[None] for b in boxes.cpu().numpy()],
-                                                 [np.asarray(s.mask) for s in batch], strict=True),
-                                      summary, m.batch_size)
-                for s, (iou_v, dice_v) in zip(batch, scores, strict=True):
+                items = [(im, t.boxes, np.asarray(s.mask), _targets(t)) for im, t, s in zip(imgs, tgts, batch, strict=True)]
+                scores = _score_items(model, items, summary, m.batch_size, keep_masks=keep_masks)
+                for s, t, x in zip(batch, tgts, scores, strict=True):
                     r = _base_row(m, model.checkpoint_hash, s, kind, sc.prompt.protocol, _precision(model))
                     r.update(perturbation=kind, level=level, epsilon=acfg.epsilon)
-                    r["iou"], r["dice"] = iou_v, dice_v
+                    _fill_scores(r, x, t, suite, inst_rows)
                     _with_clean(r, cache.get(s))
                     rows.append(r)
         for key, reason in sorted(unusable.items()):
             r = _error_row(m, model.checkpoint_hash, key, modality, kind, sc.prompt.protocol, reason, _precision(model))
             r.update(level=level, epsilon=acfg.epsilon)
             rows.append(r)
-    _write(suite, part, rows, fp)
+    _write(suite, part, rows, fp, instances=inst_rows)
     summary.total_seconds = time.perf_counter() - t0
     return _summarize(rows, summary)
+
+
+def _attack_batch(suite: Suite, model: Any, batch: list[Sample], kind: str, level: int, acfg: Any, modality: str,
+                  device: Any) -> tuple[list[np.ndarray], list[PromptTargets]]:
+    """The adversarial images (float32 (H, W) or (H, W, 3) in [0, 1]) of one batch of same-size
+    samples and their prompt targets. Either several samples with one box each, or one sample
+    with instances (every box prompt of it; the loss takes each box's mask against its own
+    instance)."""
+    import torch
+
+    from medrobust_lib.attacks.linf import fgsm, pgd, torch_generator_for
+    from medrobust_lib.models.sam import to_tensor_batch
+
+    sc = suite.segmentation
+    tgts = [prompt_targets(s, sc.prompt) for s in batch]
+    x = to_tensor_batch([s.image for s in batch]).to(device)
+    gray = batch[0].image.ndim == 2
+    target: Any = _GrayView(model) if gray else model
+    if gray:  # attack the single stored channel, not three diverging copies of it
+        x = x[:, :1].contiguous()
+    boxes = torch.as_tensor(np.concatenate([t.boxes for t in tgts])).to(device)
+    if tgts[0].instances is not None:
+        t = tgts[0]
+        assert t.instances is not None
+        target = _MultiBoxView(target, torch.zeros(len(t.ids), dtype=torch.long, device=device))
+        y_np = (t.instances[None] == t.ids[:, None, None]).astype(np.float32)
+    else:
+        y_np = np.stack([np.asarray(s.mask) for s in batch]).astype(np.float32)
+    y = torch.from_numpy(y_np)[:, None].to(device)
+    if kind == "fgsm":
+        adv = fgsm(target, x, boxes, y, acfg.epsilon)
+    else:
+        gen = torch_generator_for(suite.seed, modality, batch[0].dataset, batch[0].sample_id, "pgd", level)
+        adv = pgd(target, x, boxes, y, acfg.epsilon, acfg.steps, acfg.step_size, generator=gen)
+    adv_h = adv.detach().cpu()
+    imgs = [a[0].numpy().copy() if gray else a.permute(1, 2, 0).numpy().copy() for a in adv_h]
+    return imgs, tgts
+
+
+class _MultiBoxView:
+    """A segmenter seen with several box prompts on one image: ``forward_logits(images (1, C, H, W),
+    boxes (M, 4))`` encodes the image once and decodes all M boxes -> (M, 1, H, W), so an attack
+    (``prompt_owner``: the image of each box) takes every instance's loss in one gradient."""
+
+    def __init__(self, model: Any, owner: Any) -> None:
+        self._model = model
+        self.prompt_owner = owner
+        self.sam = model.sam  # visible to attacks.linf.eval_mode, which scans module attributes
+
+    def forward_logits(self, images: Any, boxes: Any) -> Any:
+        _, c, h, w = images.shape
+        x = images.expand(-1, 3, -1, -1) if c == 1 else images
+        inner = self._model._model if isinstance(self._model, _GrayView) else self._model
+        emb = inner.embed(x).index_select(0, self.prompt_owner)
+        return inner.decode_batch(emb, boxes, h, w)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
 
 
 class _GrayView:

@@ -31,23 +31,24 @@ def test_a_version_takes_the_base_models_caps_and_a_foreign_family_the_defaults(
     monkeypatch.setenv("MEDROBUST_MLRUNS", str(tmp_path / "mlruns"))
     suite = load_suite(ROOT / "configs" / "demo.yaml")
     base = model_config(suite, "tiny-sam")
-    assert base.max_perturbed_per_modality == 3  # the demo's cap this test is about
+    assert base.max_perturbed_per_dataset == 3  # the demo's cap this test is about
 
     m = registry_model_config(suite, _register(tmp_path, "medrobust-seg-tiny-sam-lora",
                                                {"family": "sam", "arch": "tiny", "strategy": "lora"}))
     assert (m.id, m.strategy, m.family, m.arch) == ("medrobust-seg-tiny-sam-lora-v1", "lora", "sam", "tiny")
     assert Path(str(m.checkpoint)).name == "model.safetensors"
-    for key in ("max_perturbed_per_modality", "levels", "attacks", "device", "batch_size", "precision", "engine"):
+    for key in ("max_perturbed_per_modality", "max_perturbed_per_dataset", "levels", "attacks", "device", "batch_size",
+                "precision", "engine"):
         assert getattr(m, key) == getattr(base, key), key
 
     lite = model_config(suite, "litemedsam")
     m = registry_model_config(suite, _register(tmp_path, "my-lite", {"family": "litemedsam", "arch": "tinyvit",
                                                                      "strategy": "full"}))
-    assert m.max_perturbed_per_modality == lite.max_perturbed_per_modality == 1 and m.precision == lite.precision
+    assert m.max_perturbed_per_dataset == lite.max_perturbed_per_dataset == 1 and m.precision == lite.precision
 
     m = registry_model_config(suite, _register(tmp_path, "my-medsam", {"family": "medsam", "arch": "vit_b",
                                                                        "strategy": "full"}))
-    assert m.max_perturbed_per_modality is None and m.levels is None and m.attacks
+    assert m.max_perturbed_per_dataset is None and m.levels is None and m.attacks
 
 
 def test_the_finetune_eval_cap_applies_to_strategies_and_versions(
@@ -59,14 +60,14 @@ def test_the_finetune_eval_cap_applies_to_strategies_and_versions(
     plain = load_suite(ROOT / "configs" / "demo.yaml")
     ft = plain.segmentation.finetune
     assert ft is not None and ft.eval.max_perturbed_per_modality is None
-    assert strategy_model_config(plain, "lora").max_perturbed_per_modality == 3  # tiny-sam's own cap
+    assert strategy_model_config(plain, "lora").max_perturbed_per_dataset == 3  # tiny-sam's own cap
 
     capped = plain.model_copy(deep=True)
     assert capped.segmentation.finetune is not None
     capped.segmentation.finetune.eval.max_perturbed_per_modality = 2
     m = strategy_model_config(capped, "lora")
     assert (m.id, m.max_perturbed_per_modality) == ("tiny-sam-lora", 2)
-    assert model_config(capped, "tiny-sam").max_perturbed_per_modality == 3
+    assert model_config(capped, "tiny-sam").max_perturbed_per_dataset == 3
     for uri in (_register(tmp_path, "medrobust-seg-tiny-sam-lora", {"family": "sam", "arch": "tiny", "strategy": "lora"}),
                 _register(tmp_path, "my-lite", {"family": "litemedsam", "arch": "tinyvit", "strategy": "full"})):
         assert registry_model_config(capped, uri).max_perturbed_per_modality == 2
