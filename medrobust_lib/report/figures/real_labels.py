@@ -65,6 +65,8 @@ def real_label_bars(cells: pd.DataFrame, clean: pd.DataFrame, out_dir: Path,
     corr = cells[(cells["condition"] == "perturbation") & cells["dice_drop"].notna()] if len(cells) else cells
     if corr.empty:
         return paths
+    from matplotlib.ticker import MaxNLocator
+
     with style.paper_style() as plt:
         for dataset, d in corr.groupby("dataset", sort=True):
             subjects = _subjects(d)
@@ -97,7 +99,10 @@ def real_label_bars(cells: pd.DataFrame, clean: pd.DataFrame, out_dir: Path,
                 if i // ncols == nrows - 1 or i + ncols >= len(panels):
                     ax.set_xlabel("Dice drop (clean - perturbed), 95% CI" if ncols < 3 else "Dice drop, 95% CI")
                     ax.xaxis.set_tick_params(labelbottom=True)
+                ax.xaxis.set_major_locator(MaxNLocator(nbins=5))
                 tick = level_tick_labels([lv], bands=bands or {})[0].replace("\n", ", ")
+                n_imgs = int(p["n_ok"].max()) if "n_ok" in p and p["n_ok"].notna().any() else 0
+                tick += f"; {n_imgs} perturbed image{'s' if n_imgs != 1 else ''} per type (at most)"
                 ax.set_title(tick if len(subjects) == 1 else f"{label}, {tick}\n{_clean_text(clean, p)}", fontsize=6)
             for j in range(len(panels), nrows * ncols):
                 axes[j // ncols][j % ncols].set_visible(False)
