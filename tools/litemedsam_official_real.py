@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from litemedsam_official_script import load_official
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -103,18 +104,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="litemedsam-official-real-"))
     configs = {c["name"]: c for c in write_real_datasets(work / "data")}
     ckpt = verify_packaged_checkpoint(packaged_checkpoint())
-    (work / "in").mkdir()
-    (work / "out").mkdir()
-
-    # the official script parses its arguments and builds the model at import; its main loop is
-    # guarded by __name__ == '__main__', so run_path with another name defines everything else
-    sys.argv = [str(script), "-i", str(work / "in"), "-o", str(work / "out"),
-                "-lite_medsam_checkpoint_path", str(ckpt), "-device", "cpu", "-png_save_dir", str(work / "png")]
-    sys.path.insert(0, str(args.repo))
-    for name in [m for m in sys.modules if m == "segment_anything" or m.startswith("segment_anything.")]:
-        del sys.modules[name]  # the repository's own segment_anything, not the installed one
-    g = runpy.run_path(str(script), run_name="litemedsam_official")
-    g["save_overlay"] = False  # the script's flag is store_true with default True: switch the figures off here
+    g = load_official(args.repo, ckpt, work)
     model = g["medsam_lite_model"]
     # the official evaluation's Dice (evaluation/SurfaceDice.py; numpy and scipy only)
     official_dice = runpy.run_path(str(args.repo / "evaluation" / "SurfaceDice.py"),

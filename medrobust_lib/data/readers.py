@@ -273,21 +273,28 @@ def binarize_mask(
     return m > t, f"value > {t:g}"
 
 
-def read_binary_mask(path: Path, opts: MaskOptions) -> tuple[BoolMask, str]:
-    """Read a stored mask file and binarise it with the options' rule. Raises SampleError
-    ``missing_mask`` if the file is gone and ``unreadable_mask`` for a broken one."""
-    from medrobust_lib.data.imageio import file_extension, read_raw
+def _read_mask_raw(path: Path) -> np.ndarray:
+    """The stored values of a mask file. SampleError ``missing_mask`` if the file is gone,
+    ``empty_mask_file`` for an empty one, ``unreadable_mask`` for a broken one."""
+    from medrobust_lib.data.imageio import read_raw
 
     if not path.is_file():
         raise SampleError("missing_mask", str(path))
     try:
-        raw = read_raw(path)
+        return read_raw(path)
     except SampleError as e:
         raise SampleError(
             "unreadable_mask" if e.reason != "empty_file" else "empty_mask_file", e.detail
         ) from None
+
+
+def read_binary_mask(path: Path, opts: MaskOptions) -> tuple[BoolMask, str]:
+    """Read a stored mask file and binarise it with the options' rule. Raises SampleError
+    ``missing_mask`` if the file is gone and ``unreadable_mask`` for a broken one."""
+    from medrobust_lib.data.imageio import file_extension
+
     return binarize_mask(
-        raw,
+        _read_mask_raw(path),
         threshold=opts.mask_threshold,
         values=opts.mask_values,
         lossless=file_extension(path) not in LOSSY_MASK_EXTENSIONS,
@@ -299,18 +306,11 @@ def read_instance_labels(path: Path) -> tuple[np.ndarray, str]:
     Returns the (H, W) label map as stored and the rule description. SampleError ``missing_mask``,
     ``unreadable_mask`` (a broken file, or a colour or lossy (JPEG) file, whose ids cannot be trusted)
     or ``empty_mask_file``."""
-    from medrobust_lib.data.imageio import file_extension, read_raw
+    from medrobust_lib.data.imageio import file_extension
 
-    if not path.is_file():
-        raise SampleError("missing_mask", str(path))
-    if file_extension(path) in LOSSY_MASK_EXTENSIONS:
+    if path.is_file() and file_extension(path) in LOSSY_MASK_EXTENSIONS:
         raise SampleError("unreadable_mask", f"{path}: instance labels need a lossless file (PNG, TIFF), not JPEG")
-    try:
-        raw = read_raw(path)
-    except SampleError as e:
-        raise SampleError(
-            "unreadable_mask" if e.reason != "empty_file" else "empty_mask_file", e.detail
-        ) from None
+    raw = _read_mask_raw(path)
     if raw.ndim != 2 or not np.issubdtype(raw.dtype, np.integer):
         raise SampleError("unreadable_mask", f"{path}: instance labels need a single-channel integer image, "
                                              f"got {raw.dtype} {raw.shape}")
