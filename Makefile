@@ -54,7 +54,10 @@ else
 	$(VENV)/bin/medrobust ui --suite $(SUITE) --port 3000
 endif
 
+# MLflow 3.17 has no server setting for the UI's default mode (GenAI) or its assistant panel; the
+# UI's own URL parameter workflowType=machine_learning opens the runs (docs/deployment.md).
 mlflow-ui: $(STAMP)
+	@echo "MLflow UI: open http://127.0.0.1:5000/#/experiments?workflowType=machine_learning (runs, not GenAI)"
 	$(VENV)/bin/mlflow ui --host 127.0.0.1 --port 5000 \
 	  --backend-store-uri sqlite:///$(CURDIR)/mlruns/mlflow.db \
 	  --default-artifact-root $(CURDIR)/mlruns/artifacts

@@ -155,6 +155,19 @@ def _echo(msg: str) -> None:
     typer.echo(msg, err=True)
 
 
+def _live_writer() -> Callable[[str], None] | None:
+    """Raw text to stderr when it is a terminal (the running step's progress line is rewritten in
+    place); None into a file or a pipe (progress lines then come at most every 15 s)."""
+    if not sys.stderr.isatty():
+        return None
+
+    def write(text: str) -> None:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+    return write
+
+
 def _project_path(given: Path | str | None, default: str) -> Path:
     """A path option: what the user gave (relative to the current directory), else ``default``
     inside the project root (medrobust_lib.project), so commands work from any directory."""
@@ -236,9 +249,11 @@ def _shell_quote(text: str) -> str:
     return shlex.quote(text)
 
 
-def _step_failed(exc: Any, suite_path: Path) -> typer.Exit:
+def _step_failed(exc: Any, suite_path: Path, select: list[str] | None = None) -> typer.Exit:
     """Print a failed step in one line (asset, partition, cause, what to run next) and return the
-    exit: 130 when interrupted, 2 for bad input, 1 otherwise. ``--debug`` prints the traceback."""
+    exit: 130 when interrupted, 2 for bad input, 1 otherwise. ``--debug`` prints the traceback. A
+    step whose upstream was never materialized (``MissingUpstream``) is answered with the same
+    selection plus what it depends on (``--select +<token>``)."""
     if _DEBUG["on"] and exc.traceback:
         typer.echo(exc.traceback.rstrip(), err=True)
     if exc.interrupted:
@@ -248,6 +263,13 @@ def _step_failed(exc: Any, suite_path: Path) -> typer.Exit:
     suite = _shell_quote(str(suite_path))
     home = _home_prefix(suite_path, project_root(suite_path))
     rerun = f"{home}medrobust run --suite {suite} --select {_shell_quote(exc.asset)}"
+    if exc.cls_name == "MissingUpstream":
+        tokens = select or [exc.asset]
+        plus = " ".join(f"--select {_shell_quote(t if t.startswith('+') else '+' + t)}" for t in tokens)
+        cause = str(exc.cause).split("MissingUpstream: ", 1)[-1]  # Dagster prefixes the class path
+        _echo(f"error: {exc.label} failed: {cause}; run the selection with what it depends on: "
+              f"`{home}medrobust run --suite {suite} {plus}`")
+        return typer.Exit(2)
     if exc.user_error:
         _echo(f"error: {exc.label} failed: {exc.cause}; fix it, check with `{home}medrobust validate --suite "
               f"{suite}`, then `{rerun}`")
@@ -298,7 +320,7 @@ def demo(
 
     t0 = time.perf_counter()
     try:
-        mart = run_demo(str(suite_path), workers=workers, log=_echo, retrain=retrain)
+        mart = run_demo(str(suite_path), workers=workers, log=_echo, retrain=retrain, live=_live_writer())
     except StepFailed as exc:
         raise _step_failed(exc, suite_path) from None
     from medrobust_lib.report.paper import build_report
@@ -353,9 +375,9 @@ def run(
     before = mart.stat().st_mtime_ns if mart.is_file() else None
     t0 = time.perf_counter()
     try:
-        run_suite(str(suite_path), select, workers=workers, log=_echo, partitions=partition)
+        run_suite(str(suite_path), select, workers=workers, log=_echo, partitions=partition, live=_live_writer())
     except StepFailed as exc:
-        raise _step_failed(exc, suite_path) from None
+        raise _step_failed(exc, suite_path, select) from None
     built = mart.is_file() and mart.stat().st_mtime_ns != before
     typer.echo(f"Done in {time.perf_counter() - t0:.0f} s. " + (
         f"Mart: {mart}  ({_home_prefix(suite_path, root)}medrobust query --suite {_shell_quote(str(suite_path))} "
@@ -373,23 +395,28 @@ def ui(
 ) -> None:
     """The Dagster UI and daemon (dagster dev) on 127.0.0.1 for a suite's asset graph. --suite
     writes the suite's code location (var/locations/<suite name>/: location.py, workspace.yaml)
-    and serves it; without it, workspace.yaml of the project (the demo). Stops within seconds of
+    and serves it with the suite's own Dagster instance (var/<suite name>/dagster); without it,
+    workspace.yaml of the project (the demo) and the project's instance. Stops within seconds of
     Ctrl-C."""
-    from medrobust_assets.locations import write_location
+    from medrobust_assets.locations import suite_instance_home, write_location
 
     if suite is not None:
         suite_path = _suite_file(suite)
         root = _enter_project(suite_path)
         from medrobust_lib.runtime import load_suite  # parsed once per process
 
-        workspace = write_location(suite_path, load_suite(suite_path).name, root)
+        loaded = load_suite(suite_path)
+        workspace = write_location(suite_path, loaded.name, root)
+        home = suite_instance_home(loaded, root)
     else:
         root = _enter_project()
         workspace = root / "workspace.yaml"
+        home = Path(os.environ.get("DAGSTER_HOME") or root)
     if no_start:
         typer.echo(str(workspace))
         return
-    os.environ.setdefault("DAGSTER_HOME", str(root))
+    os.environ["DAGSTER_HOME"] = str(home)
+    typer.echo(f"Dagster instance: {home}", err=True)
     from medrobust_assets.ui import main as ui_main
 
     raise typer.Exit(ui_main(["-h", "127.0.0.1", "-p", str(port), "-w", str(workspace)]))
@@ -591,7 +618,7 @@ def perturb(
         for rec in perturb_file(input, type, level, modality=modality, seed=seed, mask_path=mask, output=output,
                                 output_dir=output_dir, fmt=format.value, window_center=window_center,
                                 window_width=window_width):
-            typer.echo(json.dumps(rec))
+            typer.echo(json.dumps(rec, allow_nan=False))  # strict JSON: perturb_file refuses non-finite input
     except (ValueError, KeyError, FileNotFoundError) as exc:
         _echo(f"error: {exc}")
         raise typer.Exit(2) from None

@@ -111,7 +111,7 @@ def run(suite: Suite, model_id: str, modalities: list[str], level: int | None) -
         t_pure = float("inf")
         for _ in range(REPEATS):  # the model's own work: predict and score on the device, in-memory items
             t0 = time.perf_counter()
-            model.score(items, batch_size=m.batch_size)
+            model.score(items, batch_size=m.eval_batch_size)
             t_pure = min(t_pure, time.perf_counter() - t0)
         t0 = time.perf_counter()
         a = evaluate_attacks(suite, m.id, modality, lv, model, reuse=False)

@@ -36,6 +36,17 @@ from medrobust_lib.config import Suite
 JOBS = [registry_evaluation_job, marts_job]
 SENSORS = [registry_sensor, mart_after_evaluation]
 SCHEDULES = [nightly_reevaluation]
+"""All but ``marts_job`` only for a suite that fine-tunes (:func:`declares_registry`): the registry
+evaluation's job, the sensor that launches it, the mart rebuild after it, the nightly re-evaluation."""
+
+
+def declares_registry(suite: Suite) -> bool:
+    """Whether the suite evaluates registered segmentation versions: it declares
+    ``segmentation.finetune`` (whose strategies register the versions and whose ``eval`` and ``gate``
+    the registry evaluation uses). A suite without it gets no ``registry_evaluation``, no registry
+    sensor and no nightly schedule: versions another suite registered in the shared MLflow registry
+    are not evaluated on its data."""
+    return suite.segmentation.finetune is not None
 
 
 def _segmentation_assets(suite: Suite, parts: SuitePartitions) -> list[dg.AssetsDefinition]:
@@ -93,19 +104,30 @@ def _finetune_assets(suite: Suite, model_assets: list[dg.AssetsDefinition]) -> l
 def suite_assets(suite: Suite) -> list[dg.AssetsDefinition]:
     """Every asset of ``suite``'s graph: the datasets and perturbations over its modalities and
     levels, one family per segmentation model, VLM and taxonomy configuration it names, the
-    fine-tuning family when it fine-tunes, the reports, the registry evaluation and the mart."""
+    fine-tuning family when it fine-tunes, the reports, the registry evaluation and the mart.
+
+    Only what the suite declares: ``demo_data`` when the demo is enabled; a track's report only
+    when the track has models (or configurations); ``registry_evaluation`` only when
+    :func:`declares_registry`. A segmentation-only suite thus materializes no VLM, taxonomy or demo
+    asset and opens no MLflow experiment for them."""
     parts = partitions_for(suite)
     models = _segmentation_assets(suite, parts)
     finetune = _finetune_assets(suite, models)
     vlms = _vlm_assets(suite, parts)
     taxonomy = _taxonomy_assets(suite, parts, vlms)
-    seg_report = segmentation_report([a for a in models if a.key.path[-1] != "base_checkpoint"])
-    vlm_rep = vlm_report([a for a in vlms if "predictions" in a.key.path[-1]])
-    tax_report = taxonomy_report([a for a in taxonomy if a.key.path[-1].startswith("taxonomy_")
-                                  and a.key.path[-1] != "taxonomy_model"])
-    assets = [demo_data, clean_samples_asset(parts), *perturbed_assets(parts), *models, seg_report, *finetune,
-              registry_evaluation, *vlms, vlm_rep, *taxonomy, tax_report]
-    assets.append(build_marts([seg_report, vlm_rep, tax_report, registry_evaluation,
+    demo = [demo_data] if suite.demo.enabled else []
+    reports: list[dg.AssetsDefinition] = []
+    if models:
+        reports.append(segmentation_report([a for a in models if a.key.path[-1] != "base_checkpoint"]))
+    if vlms:
+        reports.append(vlm_report([a for a in vlms if "predictions" in a.key.path[-1]]))
+    if taxonomy:
+        reports.append(taxonomy_report([a for a in taxonomy if a.key.path[-1].startswith("taxonomy_")
+                                        and a.key.path[-1] != "taxonomy_model"]))
+    registry = [registry_evaluation] if declares_registry(suite) else []
+    assets = [*demo, clean_samples_asset(parts, demo=bool(demo)), *perturbed_assets(parts), *models, *finetune,
+              *registry, *vlms, *taxonomy, *reports]
+    assets.append(build_marts([*reports, *registry,
                                *[a for a in finetune if a.key.path[-1] == "strategy_ranking"]]))
     return assets
 
@@ -122,13 +144,16 @@ def build_resources(suite_path: str | Path = "", mlruns_dir: str = "mlruns", wor
 
 def definitions_for(suite: Suite, *, suite_path: str | Path | None = None, mlruns_dir: str = "mlruns",
                     workers: int = 0, retrain: bool = False) -> dg.Definitions:
-    """The Definitions of ``suite``: its assets (:func:`suite_assets`), the registry jobs, sensors
-    and nightly schedule, and the resources that run it. ``suite_path``: the YAML the runs read
+    """The Definitions of ``suite``: its assets (:func:`suite_assets`), the mart job, the registry
+    job, sensors and nightly schedule when the suite declares a registry (:func:`declares_registry`),
+    and the resources that run it. ``suite_path``: the YAML the runs read
     (default: the file :func:`medrobust_lib.runtime.load_suite` parsed ``suite`` from; a suite
     built in memory without one can be planned and inspected, and its runs fail with a clear
     error). Two suites give two independent Definitions in one process."""
     path = str(suite_path) if suite_path else (runtime.suite_source(suite) or "")
-    return dg.Definitions(assets=suite_assets(suite), jobs=JOBS, sensors=SENSORS, schedules=SCHEDULES,
+    registry = declares_registry(suite)
+    return dg.Definitions(assets=suite_assets(suite), jobs=JOBS if registry else [marts_job],
+                          sensors=SENSORS if registry else [], schedules=SCHEDULES if registry else [],
                           resources=build_resources(path, mlruns_dir=mlruns_dir, workers=workers, retrain=retrain))
 
 

@@ -23,13 +23,18 @@ from typing import Any
 import dagster as dg
 
 from medrobust_assets.definitions import definitions_for
+from medrobust_assets.locations import suite_instance_home
 from medrobust_assets.partitions import describe
+from medrobust_assets.progress import Terminal, terminal
 from medrobust_assets.resources import TrackingResource
+from medrobust_assets.tags import SUITE_NAME_TAG, run_job_name, run_tags
 from medrobust_lib import runtime
 from medrobust_lib.config import Suite
 from medrobust_lib.paths import experiment_name, suite_paths
 from medrobust_lib.processes import pid_alive
+from medrobust_lib.progress import duration
 from medrobust_lib.store import model_registry
+from medrobust_lib.store.left_out import left_out, summary_lines
 from medrobust_lib.store.writer_lock import suite_writer_lock
 from medrobust_lib.tracks.finetune.strategy_runs import (
     degrade_checkpoint,
@@ -44,10 +49,15 @@ from medrobust_lib.tracks.finetune.strategy_runs import (
 QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 
 
-def get_instance() -> dg.DagsterInstance:
-    """The persistent instance the UI shows: ``$DAGSTER_HOME`` when set, else the current folder
+def get_instance(suite: Suite | None = None) -> dg.DagsterInstance:
+    """The persistent instance the UI shows. ``suite``: that suite's own instance
+    (:func:`medrobust_assets.locations.suite_instance_home`: ``$DAGSTER_HOME`` when it names a
+    folder other than the project root, the current folder, else ``var/<suite name>/dagster``).
+    Without: ``$DAGSTER_HOME`` when set, else the current folder
     (the project root: the CLI changes into it) when it has a dagster.yaml, else ``var/dagster``
     under it (Dagster's default SQLite storage). Never an ephemeral instance."""
+    if suite is not None:
+        return dg.DagsterInstance.from_config(str(suite_instance_home(suite, Path.cwd())))
     if not os.environ.get("DAGSTER_HOME"):
         here = Path.cwd().resolve()
         home = here if (here / "dagster.yaml").is_file() else here / "var" / "dagster"
@@ -97,7 +107,7 @@ def mark_orphaned_runs(inst: dg.DagsterInstance) -> list[str]:
 
 def _own_tags(source: str, suite_path: str) -> dict[str, str]:
     return {SOURCE_TAG: source, PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname(),
-            "medrobust/suite": suite_path}
+            "medrobust/suite": suite_path, SUITE_NAME_TAG: runtime.load_suite(suite_path).name}
 
 
 def _start(inst: dg.DagsterInstance, log: Callable[[str], None]) -> None:
@@ -222,7 +232,7 @@ def _error_line(data: Any) -> str:
 
 
 USER_ERRORS = frozenset({"CheckpointMismatch", "SampleError", "GateInputError", "RegistryError", "ValidationError",
-                         "QueryRefused", "NotConvertible"})
+                         "QueryRefused", "NotConvertible", "MissingUpstream"})
 """Project (and pydantic) exceptions that mean bad input, by class name (as Dagster records it)."""
 INTERRUPTED = frozenset({"DagsterExecutionInterruptedError", "KeyboardInterrupt"})
 
@@ -296,10 +306,6 @@ class StepFailed(RuntimeError):
         self.interrupted = cls_name in INTERRUPTED
 
 
-_JOB_NAME = "__ephemeral_asset_job__"
-"""The job name ``dg.materialize`` gives its runs; the UI lists them as ad-hoc asset materializations."""
-
-
 class StepJobs:
     """The jobs of a runner call over ``definitions`` (one suite's), one per set of asset keys,
     built once and reused for each partition (``dg.materialize`` builds the whole Definitions
@@ -317,14 +323,17 @@ class StepJobs:
         """One run materializing ``keys`` (and their checks) for ``partition``, as ``dg.materialize``
         with ``selection=keys`` would; failures are in the result, not raised."""
         sel = tuple(keys)
+        names = [k.to_user_string() for k in sel]
+        suite_name = tags.get(SUITE_NAME_TAG, "")
         job = self._jobs.get(sel)
-        if job is None:
-            defs = dg.Definitions(jobs=[dg.define_asset_job(_JOB_NAME, selection=list(sel))], assets=self.assets,
+        if job is None:  # named after the suite and selection: the UI lists runs by job name
+            name = run_job_name(suite_name, names)
+            defs = dg.Definitions(jobs=[dg.define_asset_job(name, selection=list(sel))], assets=self.assets,
                                   resources=self.resources)
-            job = self._jobs[sel] = defs.resolve_job_def(_JOB_NAME)
+            job = self._jobs[sel] = defs.resolve_job_def(name)
         _check_partition(job, keys, partition, instance)
         return job.execute_in_process(run_config=QUIET, instance=instance, partition_key=partition,
-                                      raise_on_error=False, tags=dict(tags))
+                                      raise_on_error=False, tags={**tags, **run_tags(suite_name, names)})
 
     def asset_of_step(self, step_key: str) -> dg.AssetKey | None:
         """The asset a step of these jobs materializes (None: a step that is not an asset's own)."""
@@ -347,26 +356,45 @@ def _check_partition(job: dg.JobDefinition, keys: Sequence[dg.AssetKey], partiti
 
 
 def run_plan(steps: list[Step], *, suite_path: str, instance: dg.DagsterInstance, definitions: dg.Definitions,
-             log: Callable[[str], None] = print, source: str = "medrobust run") -> dict[str, float]:
+             log: Callable[[str], None] = print, source: str = "medrobust run",
+             live: Callable[[str], None] | None = None) -> dict[str, float]:
     """Materialize the steps, several per run where they can share one (:func:`batch_steps`);
     every run is recorded in ``instance`` (so it shows in the UI). Prints one progress line per
-    step with its own seconds, and a header when the asset groups of the runs change. Returns the seconds
+    step with its own seconds, and a header when the asset groups of the runs change, with the
+    overall progress (steps done of the plan, time spent). While a step runs, its own progress
+    (images done / total, time left: :mod:`medrobust_assets.progress`) goes to ``log`` at most every
+    15 s, or, given ``live`` (raw text to a TTY), onto one line rewritten in place. Returns the seconds
     spent per group (each run's wall time split over its steps in proportion to their seconds).
     Raises :class:`StepFailed` naming the first failed step."""
+    term = Terminal(log, live=live is not None, write=live)
+
+    def say(msg: str) -> None:
+        term.close()  # a live line left open ends before the next line
+        log(msg)
+
+    with terminal(term):
+        return _run_plan(steps, suite_path=suite_path, instance=instance, definitions=definitions, log=say,
+                         source=source)
+
+
+def _run_plan(steps: list[Step], *, suite_path: str, instance: dg.DagsterInstance, definitions: dg.Definitions,
+              log: Callable[[str], None], source: str) -> dict[str, float]:
     shown = None
     seconds: dict[str, float] = {}
     jobs = StepJobs(definitions)
+    n_done, n_all, t_start = 0, len(steps), time.perf_counter()
     for run in batch_steps(steps):
         t0 = time.perf_counter()
         partition = run[0].partition
-        res = jobs.materialize([st.key for st in run], partition, instance, _own_tags(source, suite_path))
-        wall = time.perf_counter() - t0
-        own = {jobs.asset_of_step(k): v for k, v in _step_seconds(res).items()}
-        total = sum(own.get(st.key, 0.0) for st in run) or 1.0
         groups = " + ".join(dict.fromkeys(st.group for st in run))  # a run may span asset groups
         if groups != shown:
             shown = groups
-            log(f"== {groups}")
+            log(f"== {groups}  [{n_done}/{n_all} steps done, {duration(t0 - t_start)} elapsed]")
+        res = jobs.materialize([st.key for st in run], partition, instance, _own_tags(source, suite_path))
+        wall = time.perf_counter() - t0
+        n_done += len(run)
+        own = {jobs.asset_of_step(k): v for k, v in _step_seconds(res).items()}
+        total = sum(own.get(st.key, 0.0) for st in run) or 1.0
         for st in run:
             if st.key not in own:
                 continue
@@ -391,24 +419,30 @@ def stage_line(seconds: dict[str, float]) -> str:
 
 def run_suite(suite_path: str, select: list[str] | None = None, *, workers: int = 0,
               log: Callable[[str], None] = print, instance: dg.DagsterInstance | None = None,
-              mlruns_dir: str = "mlruns", partitions: Sequence[str] | None = None) -> str:
+              mlruns_dir: str = "mlruns", partitions: Sequence[str] | None = None,
+              live: Callable[[str], None] | None = None) -> str:
     """Materialize the selected assets of a suite (default: all) in dependency order, over the
     suite's own Definitions (:func:`definitions_for`); ``partitions``: only these keys of the
-    partitioned assets (:func:`plan`). Returns the mart path. Raises :class:`StepFailed` (one line:
-    asset, partition, cause), :class:`PartitionRefused` or ValueError."""
+    partitioned assets (:func:`plan`). ``live``: a TTY writer for the running step's progress line
+    (:func:`run_plan`). Ends with what the results leave out of the means, counted with the reason
+    (:func:`medrobust_lib.store.left_out.left_out`). Returns the mart path. Raises
+    :class:`StepFailed` (one line: asset, partition, cause), :class:`PartitionRefused` or ValueError."""
     suite = runtime.load_suite(suite_path)
     definitions = definitions_for(suite, suite_path=suite_path, mlruns_dir=mlruns_dir, workers=workers)
     selection = parse_selection(select, definitions)
     with suite_writer_lock(suite.results_dir, log=log):  # one writer per suite: SuiteBusyError otherwise
-        inst = instance or get_instance()
+        inst = instance or get_instance(suite)
         steps = plan(selection, definitions, inst, partitions)
         _start(inst, log)
-        run_plan(steps, suite_path=suite_path, instance=inst, definitions=definitions, log=log)
+        run_plan(steps, suite_path=suite_path, instance=inst, definitions=definitions, log=log, live=live)
+    for line in summary_lines(left_out(suite.results_dir)):
+        log(line)
     return suite.mart_path
 
 
 def run_demo(suite_path: str, *, workers: int = 0, log: Callable[[str], None] = print,
-             instance: dg.DagsterInstance | None = None, mlruns_dir: str = "mlruns", retrain: bool = False) -> str:
+             instance: dg.DagsterInstance | None = None, mlruns_dir: str = "mlruns", retrain: bool = False,
+             live: Callable[[str], None] | None = None) -> str:
     """The offline demo: every asset of the suite's graph in dependency order (as
     :func:`run_suite`), then the registry loop as the daemon would run it, then the mart again.
     ``retrain``: train the demo models instead of copying the committed weights
@@ -417,18 +451,19 @@ def run_demo(suite_path: str, *, workers: int = 0, log: Callable[[str], None] = 
     suite = runtime.load_suite(suite_path)
     with suite_writer_lock(suite.results_dir, log=log):
         return _run_demo(suite, suite_path, workers=workers, log=log, instance=instance, mlruns_dir=mlruns_dir,
-                         retrain=retrain)
+                         retrain=retrain, live=live)
 
 
 def _run_demo(suite: Suite, suite_path: str, *, workers: int, log: Callable[[str], None],
-              instance: dg.DagsterInstance | None, mlruns_dir: str, retrain: bool) -> str:
-    inst = instance or get_instance()
+              instance: dg.DagsterInstance | None, mlruns_dir: str, retrain: bool,
+              live: Callable[[str], None] | None = None) -> str:
+    inst = instance or get_instance(suite)
     definitions = definitions_for(suite, suite_path=suite_path, mlruns_dir=mlruns_dir, workers=workers,
                                   retrain=retrain)
     steps = plan(dg.AssetSelection.all(), definitions, inst)
     _start(inst, log)
     seconds = run_plan(steps, suite_path=suite_path, instance=inst, definitions=definitions, log=log,
-                       source="medrobust demo")
+                       source="medrobust demo", live=live)
     jobs = StepJobs(definitions)
 
     def step(asset: str, partition: str | None = None) -> dg.ExecuteInProcessResult:
@@ -447,6 +482,8 @@ def _run_demo(suite: Suite, suite_path: str, *, workers: int, log: Callable[[str
         run_registry_demo(suite, inst, step, log, mlruns_dir)
         seconds["registry loop"] = time.perf_counter() - t0
     log("== " + stage_line(seconds))
+    for line in summary_lines(left_out(suite.results_dir)):
+        log(line)
     return suite.mart_path
 
 

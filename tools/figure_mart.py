@@ -139,6 +139,7 @@ def make_mart(path: Path) -> Path:
         _create(con, "segmentation_stats", _declared("segmentation_stats"), segmentation_stats(seg, seed=0))
         manifest = pd.DataFrame([{"perturbation": t, "family": f} for f, ts in FAMILIES.items() for t in ts])
         _create(con, "perturbation_manifest", _declared("perturbation_manifest"), manifest)
+        _create(con, "clean_samples", _declared("clean_samples"), pd.DataFrame())  # the real-label views read it
         for view in [v for v in MART_VIEWS if v.startswith("segmentation_")]:
             con.execute(f"create view {view} as {MART_VIEWS[view]}")
         vlm = vlm_rows()  # noqa: F841 - read by DuckDB's replacement scan

@@ -28,11 +28,12 @@ def demo_data(context: dg.AssetExecutionContext, suite: SuiteResource) -> dg.Mat
 CLEAN_SAMPLES = dg.AssetKey("clean_samples")
 
 
-def clean_samples_asset(parts: SuitePartitions) -> dg.AssetsDefinition:
-    """``clean_samples``, partitioned by the suite's modalities."""
+def clean_samples_asset(parts: SuitePartitions, *, demo: bool = True) -> dg.AssetsDefinition:
+    """``clean_samples``, partitioned by the suite's modalities (downstream of ``demo_data`` when
+    the suite builds the demo data, ``demo``)."""
     return dg.asset(
         name="clean_samples", group_name="datasets", kinds={"python", "parquet"}, partitions_def=parts.modality,
-        deps=[demo_data],
+        deps=[demo_data] if demo else [],
         description="Every sample of the modality's datasets, loaded once through its reader: status 'ok' with "
                     "shape, mask area and content hash, or 'quarantined' with the reason (corrupt file, mask "
                     "mismatch, empty mask, unreadable DICOM). Table clean_samples.",

@@ -5,6 +5,7 @@ import dagster as dg
 from medrobust_assets.assets.datasets import CLEAN_SAMPLES
 from medrobust_assets.metadata import image_md, markdown_table
 from medrobust_assets.partitions import SuitePartitions, by_modality, modality_and_level
+from medrobust_assets.progress import reporter
 from medrobust_assets.resources import SuiteResource, TrackingResource
 from medrobust_lib.paths import suite_paths
 from medrobust_lib.tracks.perturbed import build_perturbed
@@ -54,7 +55,7 @@ def _perturbed_samples(context: dg.AssetExecutionContext, suite: SuiteResource,
               "split": s.perturbations.split, "calibration_subset": s.perturbations.calibration_subset,
               "calibration_mode": s.perturbations.calibration_mode}
     with tracking.run(context, s, "perturbed_samples", params) as run:
-        summary = build_perturbed(s, modality, level, progress=context.log.info)
+        summary = build_perturbed(s, modality, level, progress=context.log.debug, report=reporter(context))
         metrics = {"n_rows": summary.n_rows, "n_error": summary.n_error,
                    "band_hit_rate_reachable": summary.reachable_hit_rate, f"mean_ssim_L{level}": summary.mean_ssim,
                    "chunks_reused": summary.chunks_reused}

@@ -8,6 +8,7 @@ from medrobust_assets.assets.datasets import CLEAN_SAMPLES
 from medrobust_assets.assets.perturbed import PERTURBED_SAMPLES
 from medrobust_assets.metadata import image_md, markdown_table
 from medrobust_assets.partitions import SuitePartitions, by_modality, modality_and_level
+from medrobust_assets.progress import reporter
 from medrobust_assets.resources import SuiteResource, TrackingResource
 from medrobust_assets.tags import GPU_OP_TAGS
 from medrobust_lib.paths import suite_paths
@@ -29,7 +30,7 @@ def _run_partition(context: dg.AssetExecutionContext, suite: SuiteResource, trac
     s = suite.load()
     with tracking.run(context, s, "segmentation_eval", {"model": model_id, "condition": condition,
                                                         "level": level}) as run:
-        meta = _eval_metadata(evaluate(s, model_id, modality, level))
+        meta = _eval_metadata(evaluate(s, model_id, modality, level, progress=reporter(context)))
         tracking.log_metrics(run, meta)
     return dg.MaterializeResult(metadata=meta)
 
@@ -90,7 +91,7 @@ def segmentation_family(model_id: str, parts: SuitePartitions, *, trained: bool,
 
         s = suite.load()
         with tracking.run(context, s, "segmentation_eval", {"model": model_id, "condition": "clean"}) as run:
-            summary = evaluate_clean(s, model_id, context.partition_key)
+            summary = evaluate_clean(s, model_id, context.partition_key, progress=reporter(context))
             meta = _eval_metadata(summary)
             tracking.log_metrics(run, meta)
         return dg.MaterializeResult(metadata=meta)

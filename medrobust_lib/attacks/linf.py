@@ -10,7 +10,10 @@ Threat model and conventions:
   box prompts per image (``prompt_owner``: the image index of each of M boxes) takes (M, 4) boxes
   and (M, 1, H, W) targets, one per box (its own instance): the loss sums over them.
 * Gradients are taken with ``torch.autograd.grad`` with respect to the image only: parameters get
-  no ``.grad`` and their ``requires_grad`` flags are left alone.
+  no ``.grad`` and their ``requires_grad`` flags are left alone. A model may take that gradient
+  itself with ``input_grad(images, boxes, targets)`` (the gradient of the same loss, e.g. summed
+  over chunks of images or boxes to bound the memory the autograd graph holds:
+  :class:`medrobust_lib.tracks.segmentation.evaluate.AttackChunks`).
 * Eval mode: the attacked ``torch.nn.Module`` (the model itself, or its module attributes such as
   ``SamSegmenter.sam``) is put in eval mode for the attack, so dropout and other train-time
   behaviour is never active, and every submodule's training flag is restored afterwards (a model
@@ -105,13 +108,18 @@ def _validate(model: object, images: torch.Tensor, boxes: torch.Tensor, targets:
 def _input_grad(model: DifferentiableSegmenter, x_adv: torch.Tensor, boxes: torch.Tensor,
                 targets: torch.Tensor) -> torch.Tensor:
     """d loss / d image at ``x_adv`` (B, 3, H, W); parameters' ``.grad`` untouched. The images may
-    live on another device than the model (adapters move them); targets follow the logits."""
+    live on another device than the model (adapters move them); targets follow the logits. A model
+    with ``input_grad`` computes it (module docstring)."""
+    own = getattr(model, "input_grad", None)
+    if own is not None:
+        grad: torch.Tensor = own(x_adv.detach(), boxes, targets)
+        return grad
     x = x_adv.detach().requires_grad_(True)
     with torch.enable_grad():
         logits = model.forward_logits(x, boxes)
         loss = model.loss(logits, targets.to(logits.device))
-    (grad,) = torch.autograd.grad(loss, x)
-    return grad
+    (g,) = torch.autograd.grad(loss, x)
+    return g
 
 
 def _project(x_adv: torch.Tensor, x: torch.Tensor, epsilon: float) -> torch.Tensor:

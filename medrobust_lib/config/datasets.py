@@ -37,6 +37,15 @@ class ReferenceDice(BaseModel):
     source: str
 
 
+class SampleDraw(BaseModel):
+    """A seeded random subset of a dataset: ``n`` sample ids drawn with ``seed`` (the same ids on
+    every machine and in any listing order)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    n: int = Field(ge=1)
+    seed: int = 0
+
+
 class DatasetConfig(BaseModel):
     """One dataset: which reader reads which folder, and how samples are sized.
 
@@ -45,7 +54,8 @@ class DatasetConfig(BaseModel):
     ``format``: a registered reader (see :data:`medrobust_lib.data.readers.READERS`).
     ``size``: resize every sample to ``size x size`` (None keeps the original size).
     ``max_samples``: keep the first N sample ids (loadable and quarantined together) in sorted
-    order. ``options``: reader-specific, validated by the reader (unknown keys are an error).
+    order. ``sample``: keep a seeded random draw of ``n`` sample ids instead (:class:`SampleDraw`;
+    with ``max_samples`` too, the first N of the draw). ``options``: reader-specific, validated by the reader (unknown keys are an error).
 
     ``root``: the dataset's folder (relative: to the project root). ``per_component_boxes``: one box
     prompt per connected mask component instead of one box around all foreground.
@@ -68,6 +78,7 @@ class DatasetConfig(BaseModel):
     size: int | None = Field(default=256, ge=1)
     per_component_boxes: bool = False
     max_samples: int | None = Field(default=None, ge=1)
+    sample: SampleDraw | None = None
     options: dict[str, Any] = Field(default_factory=dict)
     evaluation_only: bool = False
     synthetic_labels: bool = False

@@ -146,7 +146,8 @@ class SegModelConfig(BaseModel):
     ``arch``: the architecture of the checkpoint (vit_b, vit_l, vit_h, tiny; litemedsam: tinyvit);
     ``medrobust validate`` checks it against the checkpoint. ``strategy``: the fine-tuning strategy
     that produced the weights (pretrained for released weights). ``device``: torch device (cpu,
-    cuda, cuda:1). ``batch_size``: images per forward pass."""
+    cuda, cuda:1). ``batch_size``: images per forward pass (None: the family's default,
+    :attr:`eval_batch_size`)."""
 
     model_config = ConfigDict(extra="forbid")
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9_\-]*$")
@@ -156,7 +157,11 @@ class SegModelConfig(BaseModel):
     checkpoint: str | None = None
     strategy: str = "pretrained"
     device: str = "cpu"
-    batch_size: int = 8
+    batch_size: int | None = Field(
+        default=None, ge=1, description="images per forward pass and per attack batch; None: the family's default "
+        "(litemedsam: 1, its fastest on a CPU and the smallest memory; others: 8). Attack gradients are "
+        "summed over chunks of images and box prompts sized from the model family and the image size, "
+        "so that an attack holds at most about 1.5 GiB of autograd state whatever the batch")
     engine: Literal["fast", "reference"] | None = Field(
         default=None, description="image-encoder engine; None: fast on CUDA, reference elsewhere (models.sam_fast)")
     compile: str | None = Field(
@@ -189,6 +194,12 @@ class SegModelConfig(BaseModel):
                                         "dataset (sorted by sample id; None: all); with max_perturbed_per_modality "
                                         "too, a sample must be within both caps")
     attacks: bool = Field(default=True, description="evaluate FGSM/PGD on this model")
+
+    @property
+    def eval_batch_size(self) -> int:
+        """``batch_size``, or the family's default where the suite names none (the adapter table's
+        ``batch_size``, :mod:`medrobust_lib.adapters`)."""
+        return self.batch_size or adapter_entry(self.family, "segmentation").batch_size
 
     @model_validator(mode="after")
     def _family_rules(self) -> SegModelConfig:

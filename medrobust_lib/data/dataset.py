@@ -82,6 +82,7 @@ from typing import TYPE_CHECKING
 
 from medrobust_lib.config.datasets import DatasetConfig
 from medrobust_lib.data.sample import QuarantineRecord, Sample, SampleError, SampleRef
+from medrobust_lib.seeding import stable_fraction
 
 if TYPE_CHECKING:
     pass
@@ -91,7 +92,9 @@ def index_dataset(cfg: DatasetConfig) -> tuple[list[SampleRef], list[QuarantineR
 
     Problems visible from the listing (a missing mask, an unreadable NIfTI label) are quarantine
     records; a repeated sample id keeps the first file (in path order) and quarantines the others as
-    ``duplicate_id``. ``max_samples`` keeps the first N ids of the union of both lists. A missing
+    ``duplicate_id``. ``sample`` keeps a seeded draw of ``n`` ids of the union of both lists (ranked by a
+    hash of (seed, dataset, id), so the draw does not depend on the listing order), then ``max_samples``
+    the first N of what is left, in id order. A missing
     ``root`` or layout folder raises FileNotFoundError (a configuration error, not a bad file)."""
     refs, bad = cfg.reader().index(cfg)
     refs = sorted(refs, key=lambda r: (r.sample_id, r.image_path))
@@ -111,8 +114,16 @@ def index_dataset(cfg: DatasetConfig) -> tuple[list[SampleRef], list[QuarantineR
         else:
             unique.append(r)
     bad.sort(key=lambda q: (q.sample_id, q.path, q.reason))
+    ids = sorted({r.sample_id for r in unique} | {q.sample_id for q in bad})
+    keep: set[str] | None = None
+    draw = cfg.sample
+    if draw is not None:  # a seeded draw of n ids: the same ids whatever order the files are found in
+        ranked = sorted(ids, key=lambda i: (stable_fraction(draw.seed, cfg.name, i, "sample"), i))
+        keep = set(ranked[: draw.n])
+        ids = [i for i in ids if i in keep]
     if cfg.max_samples is not None:
-        keep = set(sorted({r.sample_id for r in unique} | {q.sample_id for q in bad})[: cfg.max_samples])
+        keep = set(ids[: cfg.max_samples])
+    if keep is not None:
         unique = [r for r in unique if r.sample_id in keep]
         bad = [q for q in bad if q.sample_id in keep]
     return unique, bad

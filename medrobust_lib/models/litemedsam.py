@@ -46,8 +46,9 @@ its logits differ from the official ones by the effect of at most 0.5 / 255 per 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
-from functools import lru_cache
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -191,6 +192,29 @@ def exact_inputs(images: list[np.ndarray]) -> torch.Tensor:
 
 # ---- the adapter ----------------------------------------------------------------------------------
 
+ENCODER_GRAD_BYTES = 1024 * 2**20
+"""Autograd state of one image through the checkpointed TinyViT (one block's graph at a time)."""
+DECODER_GRAD_BYTES_PER_BOX = 48 * 2**20
+"""Autograd state of one box prompt through the mask decoder (64 x 64 x 256 two-way transformer,
+upscaling to 256 x 256)."""
+
+
+@contextmanager
+def _checkpointed_blocks(encoder: torch.nn.Module) -> Iterator[None]:
+    """Run every block of the TinyViT's stages under non-reentrant activation checkpointing for
+    the duration of the block (instance ``forward`` overrides, removed afterwards)."""
+    from torch.utils.checkpoint import checkpoint
+
+    blocks = [blk for layer in getattr(encoder, "layers", []) for blk in getattr(layer, "blocks", [])]
+    for blk in blocks:
+        blk.forward = partial(checkpoint, type(blk).forward.__get__(blk), use_reentrant=False)
+    try:
+        yield
+    finally:
+        for blk in blocks:
+            del blk.forward
+
+
 class LiteMedSamSegmenter(SamSegmenter):
     """LiteMedSAM behind the SegmentationModel protocol: the SAM family's decoder, batching,
     on-device metrics, attacks and fine-tuning, with LiteMedSAM's own pre- and postprocessing.
@@ -219,6 +243,25 @@ class LiteMedSamSegmenter(SamSegmenter):
 
     def _geometry(self, h: int, w: int) -> tuple[int, int]:
         return resized_size(h, w, self.image_size)
+
+    def embed(self, images: torch.Tensor) -> torch.Tensor:
+        """:meth:`SamSegmenter.embed`; with gradients on (attacks, fine-tuning), every TinyViT block
+        is activation-checkpointed (:func:`torch.utils.checkpoint.checkpoint`, non-reentrant): only
+        the blocks' inputs are kept and each block's graph is rebuilt during the backward pass. Stage 0
+        runs 64 (expanded: 256) channels at 256 x 256, so the whole encoder graph of one fp32 image
+        holds about 2.2 GB; checkpointed, about one block's worth. The recomputation repeats the same
+        kernels on the same inputs: gradients are unchanged, at about one more encoder forward."""
+        if not torch.is_grad_enabled():
+            return super().embed(images)
+        with _checkpointed_blocks(self.sam.image_encoder):
+            return super().embed(images)
+
+    def grad_bytes(self, h: int, w: int) -> tuple[int, int]:
+        """Resident bytes of one attack gradient's autograd state (measured on a CPU in fp32,
+        rounded up): per image, the checkpointed encoder and the differentiable preprocessing at
+        H x W; per box prompt, the mask decoder and the logits at H x W
+        (:class:`~medrobust_lib.tracks.segmentation.evaluate.AttackChunks`)."""
+        return ENCODER_GRAD_BYTES + 96 * h * w, DECODER_GRAD_BYTES_PER_BOX + 48 * h * w
 
     def preprocess(self, images: torch.Tensor) -> torch.Tensor:
         """(B, 3, H, W) in [0, 1] -> (B, 3, 256, 256) model input; differentiable."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,9 @@ def perturb_file(
     if output is not None:
         refuse_input(output, inputs)
         refuse_input(output.with_name(output.stem + "_mask.png"), inputs)
+    for flag, value in (("--window-center", window_center), ("--window-width", window_width)):
+        if value is not None and not math.isfinite(value):
+            raise ValueError(f"{flag} must be a finite number, got {value}")
     windowed = file_extension(input_path) in (*DICOM_EXTENSIONS, *NIFTI_EXTENSIONS)
     if (window_center is not None or window_width is not None) and not windowed:
         raise ValueError(f"--window-center/--window-width apply to DICOM and NIfTI input only, not {input_path.name}")
@@ -89,6 +93,10 @@ def perturb_file(
         m = read_image(mask_path) if mask_path is not None else None
     except SampleError as exc:
         raise ValueError(f"cannot use {exc.detail or input_path} ({exc.reason})") from None
+    if not np.isfinite(image).all():  # NaN voxels, a NaN/Inf DICOM rescale: nothing sound can be calibrated on it
+        bad = int((~np.isfinite(image)).sum())
+        raise ValueError(f"cannot use {input_path}: {bad} pixel(s) are NaN or infinite after reading "
+                         "(check the file's values and its rescale slope / intercept)")
     window = window_of(meta.get("intensity", {})) if windowed else None
     mask = None
     if m is not None:
@@ -127,7 +135,7 @@ def perturb_file(
                                    "band_reached": c.band_reached, "n_ssim_evals": c.n_ssim_evals, "path": str(path)}
             if window is not None:
                 rec["window"] = window
-            if c.output.mask is not None:
+            if c.output.mask is not None and spec.geometry == "spatial":  # an intensity type leaves the mask as it was
                 mpath = path.with_name(path.stem + "_mask.png")
                 write_image(mpath, c.output.mask.astype(np.float32), bit_depth=8)
                 rec["mask_path"] = str(mpath)

@@ -179,10 +179,13 @@ def _figures(con: duckdb.DuckDBPyConnection, tables: dict[str, ReportTable], sel
         band_note = (" Outputs whose SSIM missed the level's band are "
                      + ("kept (--include-off-band)" if include_off_band else "left out of the means")
                      + f"; {figs.BAND_MISS_MARK} marks a cell that had some (band_miss).")
+        attacked = set(by_level.loc[by_level["condition"].isin(["fgsm", "pgd"]), "model"]) if len(by_level) else set()
         for p in robustness_curves(by_level, fig_dir, "iou", bands=bands):
-            out.append((p, f"{p.name.removesuffix('_iou_curves.png')}: paired IoU drop at the evaluated levels "
-                           "(SSIM band and attack epsilon under each); thin grey lines: corruption types, thick: "
-                           "their mean, dashed: FGSM/PGD."))
+            model = p.name.removesuffix('_iou_curves.png')
+            out.append((p, f"{model}: paired IoU drop at the evaluated levels (SSIM band"
+                           + (" and attack epsilon" if model in attacked else "") + " under each); thin grey lines: "
+                           "corruption types, thick: their mean" + (", dashed: FGSM/PGD." if model in attacked
+                                                                    else "; no attack was evaluated.")))
         families = _families(con)
         for p in figs.family_curves(by_level, families, fig_dir, "iou", bands=bands):
             out.append((p, f"{p.stem}: IoU drop (clean - perturbed) at the evaluated levels, one panel per "

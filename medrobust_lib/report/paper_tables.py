@@ -34,6 +34,7 @@ from medrobust_lib.store.views.common import (
     CHANCE_TOL,
     NO_BAND_ROWS_SQL,
     SEG_FLOOR,
+    SEGMENTATION_FLOOR_SQL,
     VLM_CHANCE,
     seg_rows_ctes,
 )
@@ -174,9 +175,25 @@ def segmentation_summary(con: duckdb.DuckDBPyConnection, models: Sequence[str] |
         notes.append(f"Floor: datasets whose clean IoU or Dice is below {SEG_FLOOR:g} (a drop there is not "
                      + ("informative); they are included (--include-floor)." if include_floor else
                         "informative); they are left out of these means.")
-                     + f" {FLOOR_MARK} / grey: every dataset of the model is at the floor.")
+                     + f" {FLOOR_MARK} / grey: every dataset of the model is at the floor."
+                     + " " + floor_datasets_note(con, models))
     return ReportTable("segmentation_summary", "Segmentation robustness per model", df, tuple(cols), " ".join(notes),
                        grey_key="floor_effect")
+
+
+def floor_datasets_note(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None) -> str:
+    """``Floor datasets: <model>: <dataset> (modality, clean IoU x, Dice y); ...``: every dataset at the
+    floor of the selected models, by name with its clean scores (the ``segmentation_floor`` rule), so
+    a reader sees which datasets the means leave out; empty when there are none."""
+    where, params = where_in("model", models)
+    rows = con.execute(f"""
+        select model, strategy, dataset, modality, clean_iou, clean_dice from ({SEGMENTATION_FLOOR_SQL})
+        where floor_effect and {where} order by model, strategy, dataset""", params).fetchall()
+    if not rows:
+        return ""
+    parts = [f"{m}{f' ({st})' if st else ''}: {ds} ({mod}, clean IoU {iou:.3f}, Dice {dice:.3f})"
+             for m, st, ds, mod, iou, dice in rows]
+    return "Floor datasets: " + "; ".join(parts) + "."
 
 
 def _named(params: list[object]) -> dict[str, object]:

@@ -16,6 +16,7 @@ from medrobust_lib.data.dataset import DatasetConfig, index_dataset, load_sample
 from medrobust_lib.data.sample import Sample, SampleError, SampleRef
 from medrobust_lib.data.splits import split_of
 from medrobust_lib.store import results
+from medrobust_lib.tracks.upstream import MissingUpstream
 
 CLEAN_TABLE = "clean_samples"
 INFO_TABLE = "dataset_info"
@@ -33,7 +34,8 @@ def resolve_datasets(suite: Suite) -> list[DatasetConfig]:
 
         manifest = Path(suite.demo.root) / "demo_manifest.json"
         if not manifest.is_file():
-            raise FileNotFoundError(f"demo data not built at {manifest.parent}: materialize 'demo_data' first")
+            raise MissingUpstream(f"demo data not built at {manifest.parent}: materialize 'demo_data' first",
+                                  "demo_data")
         data = json.loads(manifest.read_text())
         # the manifest's "datasets" are the generated ones (masks drawn with the image); its entries
         # do not carry the flag (nor do those of a demo built before it existed), so it is set here
@@ -140,7 +142,8 @@ def load_clean_samples(
     through the readers and checked against the recorded hash."""
     index = results.read_partition(suite.results_dir, CLEAN_TABLE, {"modality": modality})
     if index.empty:
-        raise FileNotFoundError(f"no clean sample index for modality {modality!r}: materialize 'clean_samples' first")
+        raise MissingUpstream(f"no clean sample index for modality {modality!r}: materialize 'clean_samples' first",
+                              "clean_samples")
     out: dict[str, list[Sample]] = {}
     for cfg in datasets_for(suite, modality):
         ok = index[(index["dataset"] == cfg.name) & (index["status"] == "ok")]

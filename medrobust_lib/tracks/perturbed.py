@@ -19,6 +19,7 @@ from medrobust_lib.perturb.spec import (
     list_perturbations,
     size_factor,
 )
+from medrobust_lib.progress import Progress, finish
 from medrobust_lib.store import results
 from medrobust_lib.store.schema import column_names
 from medrobust_lib.tracks.datasets import load_clean_samples
@@ -93,18 +94,22 @@ def _chunk_fields(ch: ChunkSpec) -> dict[str, Any]:
 
 def build_perturbed(
     suite: Suite, modality: str, level: int, *, workers: int | None = None,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[str], None] | None = None, report: Progress | None = None,
 ) -> PerturbSummary:
     """Calibrate every applicable type on every selected sample of ``modality`` at ``level`` and
     write the manifest partition. Chunks already on disk with a matching fingerprint are reused
     (resume); stale chunks are removed; the partition ends with exactly one row per
     (sample, type).
 
-    A dataset's types are those applying to any of its samples (a folder of grayscale and RGB
-    images gets the RGB-only types too; their rows for grayscale samples are ``not_applicable``).
+    A dataset's types are every type the suite selects for the modality (:func:`modality_types`):
+    a type that applies to none or only some of its samples (an RGB-only type on grayscale images)
+    still gets its chunk, whose rows for those samples are ``not_applicable`` (with the reason), so
+    a type is counted, never silently absent.
     No row vanishes: a sample that fails to load becomes an ``error`` row in every chunk of its
     dataset, also when every sample of the dataset fails (then the chunks hold only error rows,
-    for the types of the channel counts recorded in the clean index)."""
+    for the types of the channel counts recorded in the clean index). ``progress``: a line per
+    chunk written; ``report``: (chunks done, chunks of the partition) per chunk written
+    (:mod:`medrobust_lib.progress`)."""
     cfg = suite.perturbations
     band = cfg.bands[level]
     part = {"modality": modality, "level": level}
@@ -125,7 +130,7 @@ def build_perturbed(
                 types_seen.update(failed_only[ds])
                 expected.extend(f"{ds}__{t}" for t in failed_only[ds])
             continue
-        types = dataset_types(suite, modality, {s.n_channels for s in samples})
+        types = modality_types(suite, modality)  # an RGB-only type on grayscale data: not_applicable rows
         types_seen.update(types)
         for t in types:
             ch = ChunkSpec(ds, modality, t, level, band, suite.seed, cfg.calibration_subset, cfg.mode_for(ds))
@@ -144,12 +149,17 @@ def build_perturbed(
                             columns=MANIFEST_COLUMNS)
         summary.chunks_computed += 1
         summary.calibration_evals += int(stats["calibration_evals"])
+        done = summary.chunks_computed + summary.chunks_reused
         if progress:
-            done = summary.chunks_computed + summary.chunks_reused
             progress(f"[{modality} L{level}] {done}/{len(expected)} {ch.dataset}/{ch.perturbation}")
+        if report is not None:
+            report(min(done, len(expected) - 1), len(expected), "perturbation chunks")
 
+    if report is not None:
+        report(summary.chunks_reused, len(expected), "perturbation chunks")
     for _ in run_chunks(todo, samples_by_ds, workers=workers or suite.workers, on_done=write):
         pass
+    finish(report, len(expected), "perturbation chunks")
     for ds, types in failed_only.items():  # every sample failed: the error rows still reach the mart
         errs = [(ref, exc) for d, ref, exc in load_errors if d == ds]
         for t in types:
@@ -164,6 +174,11 @@ def build_perturbed(
     _summarize(df, summary)
     summary.types = sorted(types_seen)
     return summary
+
+
+def modality_types(suite: Suite, modality: str) -> list[str]:
+    """Every type the suite selects for ``modality``, whatever the channel count, sorted."""
+    return dataset_types(suite, modality, {1, 3})
 
 
 def dataset_types(suite: Suite, modality: str, channel_counts: set[int]) -> list[str]:

@@ -16,14 +16,18 @@ from __future__ import annotations
 
 import json
 import struct
+import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from medrobust_lib.adapters import adapter_entry
 from medrobust_lib.config import Suite, load_suite
 from medrobust_lib.config.isolation import check_isolation
+from medrobust_lib.config.safe_yaml import read_yaml_file
 from medrobust_lib.config.segmentation import PACKAGE_CHECKPOINT
 from medrobust_lib.config.suite import DEMO_TRAINED
 from medrobust_lib.config.vlm import yesno_files
@@ -64,6 +68,9 @@ class SuiteCheck:
     suite: str
     datasets: list[DatasetCheck] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """What was checked differently and why (an overlay merged over the demo suite, demo data not
+    built yet); never a problem."""
 
     @property
     def ok(self) -> bool:
@@ -80,6 +87,7 @@ class SuiteCheck:
             out.append(f"  {d.name} ({d.modality}, {d.format}): {d.n_ok} samples, {d.n_quarantined} quarantined"
                        + (f" ({reasons})" if reasons else ""))
             out.extend(f"    {p}" for p in d.problems)
+        out.extend(f"  note: {n}" for n in self.notes)
         out.extend(f"  error: {e}" for e in self.errors)
         return out
 
@@ -282,11 +290,47 @@ def _arch_errors(suite: Suite, root: Path) -> list[str]:
     return errors
 
 
+OVERLAY_BASE = "demo_full.yaml"
+"""The suite an overlay file (no ``name`` and no ``extends``: ``configs/reference_protocol.yaml``)
+is validated on: the full demo suite beside it, else the project's ``configs/demo_full.yaml`` (the fast
+demo evaluates LiteMedSAM at level 4 only, which the reference's levels 1, 3, 5 leave out)."""
+
+
+def _overlay_base(path: Path) -> Path | None:
+    """The suite to validate the overlay ``path`` on, or None when ``path`` is a suite itself."""
+    try:
+        data = read_yaml_file(path)  # alias bombs and duplicate keys refused, quickly
+    except (OSError, ValueError, yaml.YAMLError):
+        return None  # load_suite reports it
+    if not isinstance(data, dict) or "name" in data or "extends" in data or "datasets" in data:
+        return None
+    for base in (path.parent / OVERLAY_BASE, project_root() / "configs" / OVERLAY_BASE):
+        if base.is_file() and base.resolve() != path.resolve():
+            return base
+    return None
+
+
+def _validate_overlay(path: Path, base: Path, n_load: int, root: Path) -> SuiteCheck:
+    """An overlay is no suite: validate the suite ``base`` with ``overlays: [path]``, reported
+    under the overlay's name."""
+    with tempfile.TemporaryDirectory() as tmp:
+        merged = Path(tmp) / "overlay_on_base.yaml"
+        merged.write_text(yaml.safe_dump({"extends": str(base.resolve()), "overlays": [str(path.resolve())]}),
+                          encoding="utf-8")
+        report = validate_suite(merged, n_load, root)
+    report.suite = str(path)
+    report.notes.insert(0, f"an overlay (no name of its own): validated merged over {base}")
+    return report
+
+
 def validate_suite(path: str | Path, n_load: int = 3, root: Path | None = None) -> SuiteCheck:
     """Check the suite at ``path``, decoding the first ``n_load`` samples of each dataset (sorted by
     id); relative paths inside it are taken from ``root`` (default: the project root). Never raises
     for a problem of the suite or its data (they are listed), only for bugs."""
     root = root or project_root()
+    overlay_base = _overlay_base(Path(path))
+    if overlay_base is not None:
+        return _validate_overlay(Path(path), overlay_base, n_load, root)
     report = SuiteCheck(str(path))
     try:
         suite = load_suite(path)
@@ -298,13 +342,17 @@ def validate_suite(path: str | Path, n_load: int = 3, root: Path | None = None) 
     except ValueError as exc:
         report.errors.append(str(exc))
     demo_root = in_project(suite.demo.root, root)
+    demo_pending = suite.demo.enabled and not (demo_root / "demo_manifest.json").is_file()
+    if demo_pending:
+        report.notes.append(f"demo data not built yet at {demo_root}: the run builds it first (asset demo_data, "
+                            "or medrobust demo); its datasets are generated and checked then")
     try:
         configs = resolve_datasets(suite.model_copy(update={"demo": suite.demo.model_copy(
-            update={"root": str(demo_root)})}))
+            update={"root": str(demo_root), "enabled": suite.demo.enabled and not demo_pending})}))
     except (FileNotFoundError, ValueError) as exc:
         report.errors.append(str(exc))
         configs = []
-    if not configs and not report.errors:
+    if not configs and not report.errors and not demo_pending:
         report.errors.append("no datasets: list some under 'datasets' (or enable the demo)")
     report.datasets = [_check_dataset(c, n_load, root) for c in configs]
     report.errors.extend(_weights_errors(suite, root))

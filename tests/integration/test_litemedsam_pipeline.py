@@ -81,3 +81,6 @@ def test_examples_mart_and_report_lead_with_the_real_model(lite_suite: Suite, tm
     assert lead < page.index('id="segmentation_summary"')
     assert page.index("figures/worst_lite_") > lead and page.index("figures/worst_lite_") < page.index(
         'id="segmentation_summary"')
+    # the model was not attacked (attacks: false): its curve's caption says so instead of naming dashed lines
+    curve = page[page.index("lite_iou_curves.png"):][:600]
+    assert "no attack was evaluated" in curve and "dashed: FGSM/PGD" not in curve

@@ -42,8 +42,9 @@ SMALL_DEMO = {
 }
 
 
-PROGRESS = re.compile(r"^(== .*|  \S.*\s\d+\.\d s)$")
-"""A progress line of the runner: a stage header or a step with its seconds."""
+PROGRESS = re.compile(r"^(== .*|  \S.*\s\d+\.\d s|    \[\S+\] .* \d+/\d+ .*)$")
+"""A progress line of the runner: a stage header, a step with its seconds, or a running partition's
+count (``    [asset[partition]] perturbed images 12/40 (30 %), ...``)."""
 
 def _env(home: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "MEDROBUST_DEBUG")}

@@ -642,6 +642,9 @@ def test_floor_datasets_are_left_out_and_flagged(tmp_path: Path) -> None:
         assert a["clean_iou"] == pytest.approx(ref["clean_iou"], rel=1e-12)
         assert a["n_floor_datasets"] == 1 and not a["floor_effect"]
         assert "Floor" in base.headers and "left out" in base.note
+        # named, with its clean scores (issue 43, item 6: not only "Floor 1")
+        assert "Floor datasets: sam_a" in base.note and "d_floor (" in base.note
+        assert "clean IoU 0.000, Dice 0.000" in base.note and "sam_z" not in base.note
         asked = pt.segmentation_summary(con, ["sam_a"], include_floor=True)
         assert not isinstance(asked, str)
         assert asked.data.iloc[0]["corruption_dice_drop"] < a["corruption_dice_drop"]  # diluted by the zeros

@@ -118,3 +118,23 @@ def test_not_applicable_rows_are_never_calibrated(tmp_path: Path, channels: int)
         assert np.isnan(stats["dataset_strength"])
     else:
         assert rows[0]["status"] == "ok" and stats["calibration_evals"] > 0
+
+
+def test_a_type_that_applies_to_no_sample_is_counted_not_dropped(tmp_path: Path) -> None:
+    """Issue 43, item 6: an RGB-only type on an all-grayscale dataset used to get no chunk at all
+    (it vanished); now every sample has a ``not_applicable`` row with the reason."""
+    root = tmp_path / "data"
+    _folder(root)
+    for sid in RGB:  # every image grayscale
+        (root / "images" / f"{sid}.png").unlink()
+        (root / "masks" / f"{sid}.png").unlink()
+    suite = _suite(tmp_path, root)
+    build_clean_index(suite, "dermoscopy")
+    summary = build_perturbed(suite, "dermoscopy", 1)
+    df = read_manifest(suite, "dermoscopy", 1)
+    sat = df[df["perturbation"] == "saturation"]
+    assert sorted(sat["sample_id"]) == GRAY and set(sat["status"]) == {NOT_APPLICABLE}
+    assert all("needs an RGB image" in e for e in sat["error"])
+    assert summary.n_not_applicable == 3 and "saturation" in summary.types
+    checks = {c.name: c for c in partition_checks(suite, "dermoscopy", 1, summary).results}
+    assert checks["completeness"].passed, checks["completeness"].metadata

@@ -21,10 +21,12 @@ from medrobust_lib.models.factory import build_segmenter
 from medrobust_lib.models.litemedsam_package import packaged_checkpoint, verify_packaged_checkpoint
 from medrobust_lib.paths import suite_paths
 from medrobust_lib.perturb.engine import NOT_APPLICABLE
+from medrobust_lib.progress import Progress, counted, finish
 from medrobust_lib.prompts import PromptTargets, prompt_targets
 from medrobust_lib.store import model_registry, pred_masks, results
 from medrobust_lib.store.completeness import ERROR_OUTCOME
 from medrobust_lib.store.schema import SEG_NO_MASK, SEG_NOT_APPLICABLE, SEG_OK, column_names, seg_failed
+from medrobust_lib.tracks.upstream import MissingUpstream
 
 RESULTS_TABLE = "segmentation_results"
 INSTANCES_TABLE = "segmentation_instances"
@@ -85,7 +87,8 @@ def resolve_checkpoint(suite: Suite, m: SegModelConfig) -> Path:
     if m.checkpoint == "trained":
         p = checkpoint_dir(suite, m.id) / "model.safetensors"
         if not p.is_file():
-            raise FileNotFoundError(f"no trained checkpoint for {m.id!r} at {p}: materialize '{m.id}/base_checkpoint' first")
+            raise MissingUpstream(f"no trained checkpoint for {m.id!r} at {p}: materialize '{m.id}/base_checkpoint' first",
+                                  f"{m.id}/base_checkpoint")
         return p
     if m.checkpoint is None:
         raise ValueError(f"segmentation model {m.id!r} names no checkpoint")
@@ -414,11 +417,12 @@ def _unusable_state(unusable: dict[tuple[str, str], str], keep: set[tuple[str, s
 
 
 def evaluate_clean(suite: Suite, model_id: str | SegModelConfig, modality: str, model: Any | None = None, *,
-                   reuse: bool = True) -> EvalSummary:
+                   reuse: bool = True, progress: Progress | None = None) -> EvalSummary:
     """Clean predictions of the evaluation split, one row per sample (condition 'clean'); a sample
     of the split that cannot be used now (the clean index lists it as ok) is an ``error`` row.
     ``reuse``: read back a partition written from the same inputs (:func:`_reuse`) instead of
-    scoring it again (False: always score, as a benchmark must)."""
+    scoring it again (False: always score, as a benchmark must). ``progress``: called per scored
+    batch (:mod:`medrobust_lib.progress`)."""
     from medrobust_lib.tracks.feed import eval_samples
 
     t0 = time.perf_counter()
@@ -440,9 +444,11 @@ def evaluate_clean(suite: Suite, model_id: str | SegModelConfig, modality: str, 
     with_mask = [s for s in samples if s.mask is not None]
     targets = {id(s): prompt_targets(s, sc.prompt) for s in with_mask}
     scores = dict(zip((id(s) for s in with_mask),
-                      _score_items(model, (_item(s, sc.prompt, targets[id(s)]) for s in with_mask), summary,
-                                   m.batch_size, keep_masks=_keep_masks(suite)),
+                      _score_items(model, counted((_item(s, sc.prompt, targets[id(s)]) for s in with_mask), progress,
+                                                  len(with_mask), "clean images", every=m.eval_batch_size), summary,
+                                   m.eval_batch_size, keep_masks=_keep_masks(suite)),
                       strict=True))
+    finish(progress, len(with_mask), "clean images")
     for s in samples:
         r = _base_row(m, model.checkpoint_hash, s, "clean", sc.prompt.protocol, _precision(model))
         r["sample_sha256"] = s.content_hash()
@@ -474,7 +480,7 @@ class CleanCache:
             for r in df[df["sample_sha256"].notna()].itertuples():
                 self.table[(str(r.checkpoint), str(r.sample_sha256), str(r.prompt))] = (
                     float(r.iou), float(r.dice))  # type: ignore[arg-type]
-        self.model, self.prompt, self.summary, self.batch = model, prompt, summary, m.batch_size
+        self.model, self.prompt, self.summary, self.batch = model, prompt, summary, m.eval_batch_size
         self._filled: set[tuple[str, str, str]] = set()  # computed by fill(), not yet read
 
     def _key(self, s: Sample) -> tuple[str, str, str]:
@@ -516,7 +522,8 @@ def _with_clean(r: dict[str, Any], clean: tuple[float, float]) -> None:
 
 
 def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: str, level: int, model: Any | None = None,
-                       perturbations: Sequence[str] | None = None, *, reuse: bool = True) -> EvalSummary:
+                       perturbations: Sequence[str] | None = None, *, reuse: bool = True,
+                       progress: Progress | None = None) -> EvalSummary:
     """Predictions on every perturbed sample of one (modality, level) manifest partition. Images
     are regenerated from the manifest by the feed's worker processes (``feed_workers``, by
     default :func:`~medrobust_lib.tracks.feed.default_workers` for the model's device;
@@ -525,7 +532,7 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
     whose sample cannot be used now (missing, quarantined since the manifest was built) is an
     ``error`` row with the reason; only rows of another split are skipped.
     ``perturbations``: glob patterns (``fnmatch``) restricting the types evaluated (None: all).
-    ``reuse``: as in :func:`evaluate_clean`."""
+    ``reuse``, ``progress``: as in :func:`evaluate_clean`."""
     from medrobust_lib.tracks.feed import eval_samples, regenerate_stream, resolve_workers, sample_major
     from medrobust_lib.tracks.perturbed import read_manifest
 
@@ -600,7 +607,9 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
 
     cache.fill(s for _, _, s in todo)  # clean scores missing from the clean partition, one batched pass
     inst_rows: list[dict[str, Any]] = []
-    results_iter = _score_items(model, items(), summary, m.batch_size, keep_masks=_keep_masks(suite))
+    results_iter = _score_items(model, counted(items(), progress, len(todo), "perturbed images", every=m.eval_batch_size),
+                                summary, m.eval_batch_size, keep_masks=_keep_masks(suite))
+    finish(progress, len(todo), "perturbed images")
     for (r, t), x in zip(scored, results_iter, strict=True):
         _fill_scores(r, x, t, suite, inst_rows)
         _with_clean(r, cache.get(samples[(r["dataset"], r["sample_id"])]))
@@ -610,11 +619,14 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
 
 
 def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str, level: int, model: Any | None = None,
-                     kinds: Sequence[str] | None = None, *, reuse: bool = True) -> EvalSummary:
+                     kinds: Sequence[str] | None = None, *, reuse: bool = True,
+                     progress: Progress | None = None) -> EvalSummary:
     """FGSM and PGD at the level's epsilon on every evaluation sample (conditions 'fgsm', 'pgd';
-    ``kinds``: a subset of the suite's ``attacks.kinds``, None: all of them).
-    Without ``attacks.max_samples``, a sample of the split that cannot be used now (the clean index
-    lists it as ok) is an ``error`` row per attack. ``reuse``: as in :func:`evaluate_clean`."""
+    ``kinds``: a subset of the suite's ``attacks.kinds``, None: all of them). Samples with one box
+    are attacked ``eval_batch_size`` at a time (one PGD random start per batch, drawn from its first
+    sample's key), a sample with instances alone; each gradient is summed over chunks of images and
+    boxes that fit :data:`ATTACK_GRAD_BUDGET` (:class:`AttackChunks`). Without ``attacks.max_samples``, a sample of the split that cannot be used now (the clean index
+    lists it as ok) is an ``error`` row per attack. ``reuse``, ``progress``: as in :func:`evaluate_clean`."""
     from medrobust_lib.attacks.linf import AttackSetting
     from medrobust_lib.tracks.feed import clean_samples, eval_samples
 
@@ -647,6 +659,7 @@ def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str
     rows: list[dict[str, Any]] = []
     inst_rows: list[dict[str, Any]] = []
     keep_masks = _keep_masks(suite)
+    n_attacks, n_attacked = len(samples) * len(run_kinds), 0
     for kind in run_kinds:
         acfg = AttackSetting.for_level(kind, level, step_size_factor=sc.attacks.step_size_factor)
         by_shape: dict[tuple[int, ...], list[Sample]] = {}
@@ -656,24 +669,28 @@ def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str
             # one box per image batches across images; a sample with instances is attacked alone,
             # with all its box prompts at once (one encoder pass, every instance in the loss)
             union = [s for s in group if s.instances is None]
-            batches = [union[i : i + m.batch_size] for i in range(0, len(union), m.batch_size)]
+            batches = [union[i : i + m.eval_batch_size] for i in range(0, len(union), m.eval_batch_size)]
             batches += [[s] for s in group if s.instances is not None]
             for batch in batches:
                 t1 = time.perf_counter()
                 imgs, tgts = _attack_batch(suite, model, batch, kind, level, acfg, modality, device)
                 summary.model_seconds += time.perf_counter() - t1
                 items = [(im, t.boxes, np.asarray(s.mask), _targets(t)) for im, t, s in zip(imgs, tgts, batch, strict=True)]
-                scores = _score_items(model, items, summary, m.batch_size, keep_masks=keep_masks)
+                scores = _score_items(model, items, summary, m.eval_batch_size, keep_masks=keep_masks)
                 for s, t, x in zip(batch, tgts, scores, strict=True):
                     r = _base_row(m, model.checkpoint_hash, s, kind, sc.prompt.protocol, _precision(model))
                     r.update(perturbation=kind, level=level, epsilon=acfg.epsilon)
                     _fill_scores(r, x, t, suite, inst_rows)
                     _with_clean(r, cache.get(s))
                     rows.append(r)
+                n_attacked += len(batch)
+                if progress is not None:
+                    progress(min(n_attacked, n_attacks - 1), n_attacks, "attacked images")
         for key, reason in sorted(unusable.items()):
             r = _error_row(m, model.checkpoint_hash, key, modality, kind, sc.prompt.protocol, reason, _precision(model))
             r.update(level=level, epsilon=acfg.epsilon)
             rows.append(r)
+    finish(progress, n_attacks, "attacked images")
     _write(suite, part, rows, fp, instances=inst_rows)
     summary.total_seconds = time.perf_counter() - t0
     return _summarize(rows, summary)
@@ -698,12 +715,15 @@ def _attack_batch(suite: Suite, model: Any, batch: list[Sample], kind: str, leve
     if gray:  # attack the single stored channel, not three diverging copies of it
         x = x[:, :1].contiguous()
     boxes = torch.as_tensor(np.concatenate([t.boxes for t in tgts])).to(device)
+    chunks = AttackChunks.for_model(model, *batch[0].image.shape[:2])
     if tgts[0].instances is not None:
         t = tgts[0]
         assert t.instances is not None
-        target = _MultiBoxView(target, torch.zeros(len(t.ids), dtype=torch.long, device=device))
+        target = _MultiBoxView(target, torch.zeros(len(t.ids), dtype=torch.long, device=device), chunks.boxes)
         y_np = (t.instances[None] == t.ids[:, None, None]).astype(np.float32)
     else:
+        if len(batch) > chunks.images:
+            target = _ImageChunks(target, chunks.images)
         y_np = np.stack([np.asarray(s.mask) for s in batch]).astype(np.float32)
     y = torch.from_numpy(y_np)[:, None].to(device)
     if kind == "fgsm":
@@ -716,22 +736,129 @@ def _attack_batch(suite: Suite, model: Any, batch: list[Sample], kind: str, leve
     return imgs, tgts
 
 
+ATTACK_GRAD_BUDGET = 1536 * 2**20
+"""Bytes of autograd state one attack gradient may hold: with the rest of the process (torch, the
+weights, images, clean scores) an attack then stays within 4 GB resident. Compared with the
+model's own estimate ``grad_bytes(h, w)`` (:meth:`medrobust_lib.models.sam.SamSegmenter.grad_bytes`)."""
+
+
+@dataclass(frozen=True)
+class AttackChunks:
+    """How an attack's gradient is split to keep its autograd graph within :data:`ATTACK_GRAD_BUDGET`:
+    ``images`` per backward pass over a batch of one-box samples; ``boxes`` per decoder pass of a
+    sample with many box prompts (its image encoded once, that graph kept for the whole gradient).
+
+    The loss is a mean over prompts of per-prompt terms (:func:`medrobust_lib.models.losses.dice_bce_loss`:
+    soft Dice averaged per prompt, BCE over equally sized masks), so the gradient of a batch's loss
+    is the sum over chunks of ``n_chunk / n`` times each chunk's loss gradient: the same gradient of
+    the same batches (same PGD random starts); only floating-point summation order and the
+    kernels' batch shapes differ. A batch that fits one chunk runs the attack's single pass."""
+
+    images: int
+    boxes: int
+
+    @classmethod
+    def for_model(cls, model: Any, h: int, w: int, budget: int = ATTACK_GRAD_BUDGET) -> AttackChunks:
+        """Chunks for ``model`` on H x W images; a model without ``grad_bytes`` is not chunked."""
+        est = getattr(model, "grad_bytes", None)
+        if est is None:
+            return cls(_UNCHUNKED, _UNCHUNKED)
+        per_image, per_box = est(h, w)
+        return cls(max(1, budget // max(1, per_image)), max(1, (budget - per_image) // max(1, per_box)))
+
+
+_UNCHUNKED = 1 << 30
+
+
+def _chunked_grad(loss: Callable[[Any, slice], Any], x: Any, n: int, size: int) -> Any:
+    """d/dx of the mean over ``n`` prompts, as the sum over chunks ``c`` of ``size`` prompts of
+    ``len(c) / n * d loss(x, c) / dx`` (``loss``: the chunk's mean loss; ``x`` a leaf, each chunk's
+    graph freed before the next is built)."""
+    import torch
+
+    total = None
+    for i in range(0, n, size):
+        c = slice(i, min(n, i + size))
+        with torch.enable_grad():
+            part = loss(x, c) * ((c.stop - c.start) / n)
+        (g,) = torch.autograd.grad(part, x)
+        total = g if total is None else total + g
+    return total
+
+
+class _ImageChunks:
+    """A segmenter attacked on a batch of one-box images, its input gradient taken ``size`` images
+    at a time (:class:`AttackChunks`)."""
+
+    def __init__(self, model: Any, size: int) -> None:
+        self._model = model
+        self._size = size
+        self.sam = model.sam  # visible to attacks.linf.eval_mode, which scans module attributes
+
+    def input_grad(self, images: Any, boxes: Any, targets: Any) -> Any:
+        import torch
+
+        n = int(images.shape[0])
+        parts = []
+        for i in range(0, n, self._size):
+            c = slice(i, min(n, i + self._size))
+            x = images[c].detach().requires_grad_(True)  # one leaf per chunk: its graph goes with it
+            with torch.enable_grad():
+                logits = self._model.forward_logits(x, boxes[c])
+                loss = self._model.loss(logits, targets[c].to(logits.device)) * ((c.stop - c.start) / n)
+            (g,) = torch.autograd.grad(loss, x)
+            parts.append(g)
+        return torch.cat(parts)
+
+    def forward_logits(self, images: Any, boxes: Any) -> Any:
+        return self._model.forward_logits(images, boxes)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+
 class _MultiBoxView:
     """A segmenter seen with several box prompts on one image: ``forward_logits(images (1, C, H, W),
     boxes (M, 4))`` encodes the image once and decodes all M boxes -> (M, 1, H, W), so an attack
-    (``prompt_owner``: the image of each box) takes every instance's loss in one gradient."""
+    (``prompt_owner``: the image of each box) takes every instance's loss in one gradient. With more
+    than ``box_chunk`` boxes, ``input_grad`` keeps the encoder's graph once and decodes the boxes
+    ``box_chunk`` at a time, accumulating the gradient at the image embedding (:class:`AttackChunks`)."""
 
-    def __init__(self, model: Any, owner: Any) -> None:
+    def __init__(self, model: Any, owner: Any, box_chunk: int = _UNCHUNKED) -> None:
         self._model = model
         self.prompt_owner = owner
         self.sam = model.sam  # visible to attacks.linf.eval_mode, which scans module attributes
+        self._box_chunk = box_chunk
+        if len(owner) > box_chunk:
+            self.input_grad = self._input_grad
+
+    def _inner(self) -> Any:
+        return self._model._model if isinstance(self._model, _GrayView) else self._model
 
     def forward_logits(self, images: Any, boxes: Any) -> Any:
         _, c, h, w = images.shape
         x = images.expand(-1, 3, -1, -1) if c == 1 else images
-        inner = self._model._model if isinstance(self._model, _GrayView) else self._model
+        inner = self._inner()
         emb = inner.embed(x).index_select(0, self.prompt_owner)
         return inner.decode_batch(emb, boxes, h, w)
+
+    def _input_grad(self, images: Any, boxes: Any, targets: Any) -> Any:
+        import torch
+
+        _, c, h, w = images.shape
+        inner = self._inner()
+        x = images.detach().requires_grad_(True)
+        with torch.enable_grad():
+            emb = inner.embed(x.expand(-1, 3, -1, -1) if c == 1 else x)
+        e = emb.detach().requires_grad_(True)  # the decoder chunks' graphs end here
+
+        def loss(es: Any, ch: slice) -> Any:
+            logits = inner.decode_batch(es.expand(ch.stop - ch.start, -1, -1, -1), boxes[ch], h, w)
+            return inner.loss(logits, targets[ch].to(logits.device))
+
+        g_emb = _chunked_grad(loss, e, int(boxes.shape[0]), self._box_chunk)
+        (g,) = torch.autograd.grad(emb, x, grad_outputs=g_emb)
+        return g
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
