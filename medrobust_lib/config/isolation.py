@@ -54,7 +54,9 @@ def claim_of(suite: Suite, source: str | Path, root: Path) -> Claim:
 
 
 def _norm(p: Path) -> Path:
-    return Path(os.path.normpath(p.expanduser().absolute()))
+    """The path with every existing symlink resolved (``var/alias -> sa`` is ``sa``: a suite cannot
+    reach another's folders through a link; issue 44, finding 8), absolute and normalised."""
+    return Path(os.path.realpath(os.path.normpath(p.expanduser().absolute())))
 
 
 def _inside(a: Path, b: Path) -> bool:
@@ -64,8 +66,8 @@ def _inside(a: Path, b: Path) -> bool:
 def _read_claim(path: Path) -> Claim | None:
     try:
         data = json.loads(path.read_text())
-        return Claim(str(data["name"]), str(data["suite"]), {str(k): Path(v) for k, v in data["folders"].items()},
-                     str(path))
+        return Claim(str(data["name"]), str(data["suite"]),
+                     {str(k): _norm(Path(v)) for k, v in data["folders"].items()}, str(path))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None  # a damaged claim file claims nothing
 

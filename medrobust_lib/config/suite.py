@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from medrobust_lib.adapters import adapter_entry
 from medrobust_lib.config.common import StatsConfig
 from medrobust_lib.config.datasets import DatasetConfig
+from medrobust_lib.config.safe_yaml import load_yaml
 from medrobust_lib.config.segmentation import SegmentationConfig, SegModelConfig
 from medrobust_lib.config.taxonomy import TaxonomyConfig
 from medrobust_lib.config.vlm import ADAPTER_SEEN_SPLITS, VLMConfig, VLMModelConfig, adapter_box_scale
@@ -363,10 +364,11 @@ def _depth(value: Any, limit: int) -> int:
 
 
 def _read_yaml(p: Path) -> dict[str, Any]:
-    """One YAML mapping; deep nesting and invalid YAML are a ValueError naming the file."""
-    with p.open() as fh:
+    """One YAML mapping; deep nesting, invalid YAML, an alias bomb and a key given twice
+    (:func:`medrobust_lib.config.safe_yaml.load_yaml`) are a ValueError naming the file."""
+    with p.open(encoding="utf-8") as fh:
         try:
-            data = yaml.safe_load(fh) or {}
+            data = load_yaml(fh, p) or {}
         except RecursionError:
             raise ValueError(f"{p}: not a suite: nested deeper than {MAX_YAML_DEPTH} levels") from None
         except yaml.YAMLError as exc:

@@ -686,6 +686,9 @@ def read_dicom(
         intercept = _first_number(ds.get("RescaleIntercept", None))
         slope = 1.0 if slope is None or slope == 0 else slope
         intercept = 0.0 if intercept is None else intercept
+        if not (np.isfinite(slope) and np.isfinite(intercept)):
+            raise SampleError("unreadable_dicom", f"{p}: RescaleSlope {slope} / RescaleIntercept {intercept} "
+                                                  "is not a finite number")
         values = arr.astype(np.float64) * slope + intercept
         wc = _first_number(ds.get("WindowCenter", None))
         ww = _first_number(ds.get("WindowWidth", None))

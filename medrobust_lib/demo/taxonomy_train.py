@@ -32,6 +32,7 @@ from medrobust_lib.data.sample import Sample
 from medrobust_lib.demo.alignment import alignment_sets, mixed_in, run_alignment
 from medrobust_lib.demo.tiny_llava_train import vocabulary_texts
 from medrobust_lib.finetune.vlm_train import VLMExample
+from medrobust_lib.models.remote_code import refuse_remote_code
 from medrobust_lib.seeding import stable_fraction
 from medrobust_lib.tracks.finetune.vlm_adapter import samples_by_split
 from medrobust_lib.tracks.taxonomy.evaluate import config_entry, variants_of
@@ -103,8 +104,9 @@ def train_taxonomy_model(suite: Suite, config_id: str, log: Callable[[str], None
 
         assert entry.base is not None
         source = checkpoint_dir(suite, entry.base)
-        model = AutoModelForImageTextToText.from_pretrained(source, local_files_only=True)
-        proc = AutoProcessor.from_pretrained(source, local_files_only=True)
+        refuse_remote_code(source)
+        model = AutoModelForImageTextToText.from_pretrained(source, local_files_only=True, trust_remote_code=False)
+        proc = AutoProcessor.from_pretrained(source, local_files_only=True, trust_remote_code=False)
         lcfg = VLMTrainConfig(max_steps=int(ts["lora_steps"]), batch_size=int(ts["batch_size"]),
                               lr=float(ts["lora_lr"]), eval_every=50, patience=4,
                               time_budget_s=ts["time_budget_s"], seed=suite.seed,

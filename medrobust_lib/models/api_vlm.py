@@ -44,8 +44,10 @@ import json
 import logging
 import math
 import os
+import re
 import threading
 import time
+import unicodedata
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -61,6 +63,7 @@ from medrobust_lib.config.vlm import ApiSettings
 from medrobust_lib.models.base import VisionLanguageEndpoint
 from medrobust_lib.models.cache import ResponseCache, cache_key
 from medrobust_lib.models.http_deadline import DeadlineTransport, deadline
+from medrobust_lib.models.secret_scrub import SecretScrubber
 from medrobust_lib.seeding import rng_for
 
 if TYPE_CHECKING:
@@ -109,6 +112,9 @@ class ApiResult:
     waits_s: tuple[float, ...] = field(default=())
     truncated: bool | None = None
     """The answer stopped at ``max_tokens`` (``finish_reason == "length"``); None: no answer."""
+    sanitized: bool = False
+    """``text`` had characters no store can hold or a terminal should print (lone surrogates, NUL,
+    ESC, other control characters), replaced by U+FFFD (:func:`sanitize_text`)."""
 
     @property
     def ok(self) -> bool:
@@ -124,6 +130,24 @@ class ApiResult:
 
 # ---------------------------------------------------------------------------------------------
 # functional core
+
+
+def read_api_key(env: str) -> str:
+    """The API key in environment variable ``env``; ``ValueError`` (one line, naming ``env``, never
+    the value) when it is unset, empty, has whitespace at an end or holds a control character (a
+    CRLF ``.env`` file or ``kubectl create secret --from-file`` leaves a trailing ``\\r``/``\\n``:
+    such a header is refused by the HTTP library with the key printed escaped in its message)."""
+    key = os.environ.get(env)
+    if not key:
+        raise ValueError(f"environment variable {env!r} (API key) is not set or empty")
+    if key != key.strip():
+        raise ValueError(f"environment variable {env!r} (API key) has whitespace or a line break at its start "
+                         "or end (a CRLF .env file or kubectl --from-file leaves one): remove it; the key "
+                         "is not used")
+    if any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in key):
+        raise ValueError(f"environment variable {env!r} (API key) holds a control character: remove it; the "
+                         "key is not used")
+    return key
 
 
 def quantize_image(image: np.ndarray) -> np.ndarray:
@@ -154,6 +178,23 @@ def png_data_url(pixels: np.ndarray) -> str:
     buf = io.BytesIO()
     Image.fromarray(pixels, mode="L" if pixels.ndim == 2 else "RGB").save(buf, format="PNG", compress_level=1)
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+_UNSAFE = re.compile("[\ud800-\udfff\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\ufffe\uffff]")
+"""Characters replaced in an answer: surrogates (lone ones cannot be encoded as UTF-8: SQLite,
+Parquet and the terminal refuse them), C0 controls but tab and line feed, DEL, C1 controls, the
+Unicode line/paragraph separators and the noncharacters U+FFFE/U+FFFF."""
+
+
+def sanitize_text(text: str) -> tuple[str, bool]:
+    """``(text with every :data:`_UNSAFE` character replaced by U+FFFD, whether any was)``. A
+    surrogate pair (valid in JSON, not in UTF-8) becomes two U+FFFD; ``\\r\\n`` becomes ``\\n``
+    (not counted as a replacement)."""
+    if not _UNSAFE.search(text):
+        return text, False
+    text = text.replace("\r\n", "\n")
+    out = _UNSAFE.sub("\ufffd", text)
+    return out, out != text
 
 
 def build_messages(data_url: str | None, prompt: str) -> list[dict[str, Any]]:
@@ -303,11 +344,10 @@ class ApiVLM:
         self._sleep = sleep
         self._clock = clock
         self._key: str | None = None
+        self._scrubber: SecretScrubber | None = None
         if config.api_key_env is not None:
-            key = os.environ.get(config.api_key_env)
-            if not key:
-                raise ValueError(f"environment variable {config.api_key_env!r} (API key) is not set or empty")
-            self._key = key
+            self._key = read_api_key(config.api_key_env)
+            self._scrubber = SecretScrubber(self._key)
         self._url = config.base_url.rstrip("/") + "/chat/completions"
         limits = httpx.Limits(max_connections=config.concurrency, max_keepalive_connections=config.concurrency)
         # trust_env=False: proxy variables (HTTP_PROXY, ALL_PROXY, ...) are ignored, so a keyed
@@ -424,8 +464,10 @@ class ApiVLM:
             cached = self._cache.get(req.key)
             if cached is not None:
                 outcome, text, err, lps = parse_completion(cached)
-                if outcome == "ok":
-                    return ApiResult(text, "ok", 200, 0, 0.0, True, None, lps, truncated=hit_token_cap(cached))
+                if outcome == "ok" and text is not None:
+                    text, changed = sanitize_text(text)
+                    return ApiResult(text, "ok", 200, 0, 0.0, True, None, lps, truncated=hit_token_cap(cached),
+                                     sanitized=changed)
         rng = rng_for("api_vlm", self.config.seed, req.key)
         headers = {"Authorization": f"Bearer {self._key}"} if self._key is not None else {}
         start = self._clock()
@@ -460,14 +502,20 @@ class ApiVLM:
                     if body is None:
                         err = "response body is not valid JSON"
                     if outcome == "ok" and self._cache is not None:
-                        try:  # a paid answer is never lost to the cache: a failed write is a warning
+                        # first: a paid answer is cached as sent before anything that may fail; a
+                        # failed write is a warning
+                        try:
                             self._cache.put(req.key, body)
                         except Exception as exc:
                             logger.warning("%s: caching an answer failed (%s); the answer is kept",
                                            self.config.model, type(exc).__name__)
+                    changed = False
+                    if text is not None:
+                        text, changed = sanitize_text(text)
                     return ApiResult(text, outcome, status, attempt, self._clock() - start, False,
-                                     self._scrub(err) if err else None, lps, tuple(waits),
-                                     truncated=hit_token_cap(body) if text is not None else None)
+                                     self._scrub(sanitize_text(err)[0]) if err else None, lps, tuple(waits),
+                                     truncated=hit_token_cap(body) if text is not None else None,
+                                     sanitized=changed)
                 outcome, error = "http_error", f"HTTP {status}: {raw[:200].decode('utf-8', 'replace')}"
                 if status in (429, 503):
                     retry_after = parse_retry_after(resp_headers.get("Retry-After"))
@@ -522,23 +570,20 @@ class ApiVLM:
 
     def _fail(self, outcome: str, status: int | None, attempts: int, start: float, error: str,
               waits: list[float]) -> ApiResult:
-        msg = self._scrub(error)
+        msg = self._scrub(sanitize_text(error)[0])
         logger.warning("%s: request failed after %d attempt(s): %s", self.config.model, attempts, msg[:200])
         return ApiResult(None, outcome, status, attempts, self._clock() - start, False, msg, None, tuple(waits))
 
     def _scrub(self, text: str) -> str:
-        """Remove the API key from a message (servers may echo headers back in error bodies)."""
-        if self._key:
-            text = text.replace(self._key, "***")
-        return text
+        """Remove the API key from a message (servers may echo headers back in error bodies;
+        libraries print it escaped or as a bytes repr): every printed form of it and every run of
+        12+ of its characters (:class:`~medrobust_lib.models.secret_scrub.SecretScrubber`)."""
+        return self._scrubber.text(text) if self._scrubber is not None else text
 
     def _scrub_bytes(self, raw: bytes) -> bytes:
         """Remove the API key from a whole response body, before it is parsed, cut, stored or
-        logged (also its JSON-escaped form, should the key hold characters JSON escapes)."""
-        if self._key:
-            for form in {self._key, json.dumps(self._key)[1:-1]}:
-                raw = raw.replace(form.encode("utf-8"), b"***")
-        return raw
+        logged, in every form :meth:`_scrub` removes."""
+        return self._scrubber.bytes_(raw) if self._scrubber is not None else raw
 
 
 _PROTOCOL: type[VisionLanguageEndpoint] = ApiVLM

@@ -78,7 +78,7 @@ def cache_key(image_hash: str | None, prompt: str, model: str, settings: Mapping
     """
     doc = {"image": image_hash, "prompt": prompt, "model": model, "settings": dict(settings)}
     blob = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+    return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()  # same bytes for valid text
 
 
 class ResponseCache:
@@ -202,7 +202,9 @@ class ResponseCache:
     def put(self, key: str, response: Mapping[str, Any]) -> bool:
         """Store (or overwrite) the response JSON for ``key``; False (and a logged warning) when
         the write fails (disk full, locked or read-only file): the caller keeps its answer."""
-        blob = json.dumps(dict(response), ensure_ascii=False)
+        # ASCII JSON: a string no UTF-8 encoder takes (a lone surrogate an API returned, legal in
+        # JSON) is stored escaped and read back as it was sent
+        blob = json.dumps(dict(response), ensure_ascii=True)
         conn = self._usable()
         if conn is None:
             return False

@@ -46,6 +46,8 @@ from typing import Any
 
 import torch
 
+from medrobust_lib.models.remote_code import refuse_remote_code
+
 ARCHITECTURES = {"LlavaMistralForCausalLM": "mistral", "LlavaLlamaForCausalLM": "llama"}
 VICUNA_V1_SYSTEM = ("A chat between a curious user and an artificial intelligence assistant. "
                     "The assistant gives helpful, detailed, and polite answers to the user's questions.")
@@ -280,7 +282,8 @@ def convert_llava(src: str | Path, dst: str | Path, *, vision_tower: str | Path 
     tok_files = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
     if not any((src / f).is_file() for f in tok_files):
         raise NotConvertible(f"{src} has no tokenizer files ({', '.join(tok_files)})")
-    tok = AutoTokenizer.from_pretrained(str(src), local_files_only=True)
+    refuse_remote_code(src)
+    tok = AutoTokenizer.from_pretrained(str(src), local_files_only=True, trust_remote_code=False)
     notes: list[str] = []
     if tok.pad_token is None:
         tok.pad_token = tok.unk_token if tok.unk_token is not None else tok.eos_token

@@ -26,6 +26,7 @@ import torch
 
 from medrobust_lib.hashing import file_sha256
 from medrobust_lib.models.base import GenerateFromCapped, VisionLanguageModel
+from medrobust_lib.models.remote_code import refuse_remote_code
 from medrobust_lib.models.shared_image import shared_image
 from medrobust_lib.models.vlm_conventions import conventions_for, encode_prompts, prompt_text
 
@@ -95,13 +96,17 @@ class HFVisionLanguageModel(GenerateFromCapped):
         local = Path(src).is_dir()
         if not local and ("/" not in src or Path(src).suffix or src.startswith((".", "/"))):
             raise ModelNotAvailable(f"model folder not found: {src}")
+        refuse_remote_code(src, revision)  # a folder naming code of its own (auto_map): one line, nothing loaded
         kwargs: dict[str, Any] = {"local_files_only": True, "revision": revision}
         try:
-            self.processor = AutoProcessor.from_pretrained(src, **kwargs)
+            # trust_remote_code=False: a model folder's own code never runs (transformers would ask on stdin)
+            self.processor = AutoProcessor.from_pretrained(src, trust_remote_code=False, **kwargs)
             # dtype None: the dtype config.json declares (a checkpoint stored as float16 to save bytes
             # still loads as the float32 it declares), else the checkpoint's own ("auto")
-            declared = dtype or getattr(AutoConfig.from_pretrained(src, **kwargs), "dtype", None) or "auto"
-            loaded: Any = AutoModelForImageTextToText.from_pretrained(src, dtype=declared, **kwargs)
+            declared = dtype or getattr(AutoConfig.from_pretrained(src, trust_remote_code=False, **kwargs),
+                                        "dtype", None) or "auto"
+            loaded: Any = AutoModelForImageTextToText.from_pretrained(src, dtype=declared, trust_remote_code=False,
+                                                                       **kwargs)
             self.model = loaded.to(device).eval()
         except OSError as exc:
             raise ModelNotAvailable(

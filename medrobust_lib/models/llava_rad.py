@@ -81,6 +81,7 @@ from torch import nn
 from medrobust_lib.models.base import GenerateFromCapped, VisionLanguageModel
 from medrobust_lib.models.convert_llava import VICUNA_V1_SYSTEM, NotConvertible, _text_config, load_weights
 from medrobust_lib.models.hf_vlm import ModelNotAvailable, batch_groups, first_token_ids, option_log_probs
+from medrobust_lib.models.remote_code import refuse_remote_code
 
 if TYPE_CHECKING:
     from medrobust_lib.config.vlm import VLMModelConfig
@@ -392,7 +393,8 @@ class LlavaRadVLM(GenerateFromCapped):
         for module in (self.tower, self.projector, self.lm):
             module.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
         self.lm.generation_config.do_sample = False
-        self.tokenizer = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
+        refuse_remote_code(tok_dir)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True, trust_remote_code=False)
         if self.tokenizer.pad_token_id is None:  # the code base pads with unk
             self.tokenizer.pad_token = self.tokenizer.unk_token or self.tokenizer.eos_token
         self.model_id = model_id or files.folder.name

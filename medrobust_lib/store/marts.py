@@ -53,6 +53,9 @@ def build_mart(results_dir: str | Path, mart_path: str | Path,
     (:func:`medrobust_lib.store.writer_lock.suite_writer_lock`; :class:`SuiteBusyError` when another
     process writes the results).
     """
+    if "?" in str(mart_path):
+        raise MartBuildError(f"mart not rebuilt: its path {str(mart_path)!r} holds '?', which DuckDB reads as the "
+                             "start of connection options; choose a mart_path without '?'")
     with suite_writer_lock(results_dir):  # one writer per suite (re-entrant inside medrobust run)
         return _build_mart(results_dir, mart_path, max_error_share, include_off_band)
 
@@ -71,13 +74,16 @@ def _build_mart(results_dir: str | Path, mart_path: str | Path, max_error_share:
                 cols = ", ".join(f"{c} {typ}" for c, typ in t.columns)
                 con.execute(f"create table {t.name} ({cols})")
                 folder = Path(results_dir, t.name)
-                if folder.is_dir() and any(folder.rglob("*.parquet")):
+                files = sorted(f.as_posix() for f in folder.rglob("*.parquet")) if folder.is_dir() else []
+                if files:
                     _verify_chunks(t.name, folder)
                     names = ", ".join(c for c, _ in t.columns)
-                    src = (f"read_parquet('{folder.as_posix()}/**/*.parquet', hive_partitioning = true, "
-                           "union_by_name = true)")
+                    # the chunk files as a bound parameter: no character of a path (', ", a space,
+                    # glob characters) is ever read as SQL or as a pattern
+                    src = "read_parquet(?, hive_partitioning = true, union_by_name = true)"
                     try:
-                        con.execute(f"insert into {t.name} ({names}) select {_select_list(con, src, t)} from {src}")
+                        con.execute(f"insert into {t.name} ({names}) select {_select_list(con, src, t, files)} "
+                                    f"from {src}", [files])
                     except duckdb.Error as exc:
                         raise _chunk_error(t.name, folder, exc) from None
                 if t.name == COMPLETENESS_TABLE:
@@ -122,7 +128,7 @@ def _chunk_error(table: str, folder: Path, exc: duckdb.Error) -> MartBuildError:
     try:
         for f in sorted(folder.rglob("*.parquet")):
             try:
-                probe.execute(f"select count(*) from read_parquet('{f.as_posix()}')").fetchall()
+                probe.execute("select count(*) from read_parquet(?)", [f.as_posix()]).fetchall()
             except duckdb.Error as bad:
                 rel = f.relative_to(folder)
                 part = ", ".join(p for p in rel.parent.parts if "=" in p) or "(unpartitioned)"
@@ -176,9 +182,11 @@ def _fill_completeness(con: duckdb.DuckDBPyConnection, max_error_share: float) -
         con.execute(f"insert into {COMPLETENESS_TABLE} ({names}) {error_share_sql(table, table, max_error_share)}")
 
 
-def _select_list(con: duckdb.DuckDBPyConnection, src: str, t: MartTable) -> str:
-    """Cast each declared column; a column missing from the files becomes NULL."""
-    present = {r[0] for r in con.execute(f"describe select * from {src}").fetchall()}
+def _select_list(con: duckdb.DuckDBPyConnection, src: str, t: MartTable, files: list[str]) -> str:
+    """Cast each declared column; a column missing from the files becomes NULL. ``src`` reads the
+    ``files`` bound as its one parameter."""
+    desc = con.execute(f"select * from {src} limit 0", [files]).description or []
+    present = {d[0] for d in desc}
     return ", ".join(f"cast({c} as {typ})" if c in present else f"cast(null as {typ})" for c, typ in t.columns)
 
 

@@ -192,7 +192,7 @@ def write_chunk(path: Path, rows: Sequence[Mapping[str, Any]] | pd.DataFrame, fp
     ``path`` (if any) is untouched, and an ``OSError`` names the chunk and the cause."""
     df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows), columns=list(columns) if columns else None)
     partition_cols = {p.split("=", 1)[0] for p in path.parent.parts if "=" in p}
-    df = df.drop(columns=[c for c in df.columns if c in partition_cols])
+    df = _utf8_safe(df.drop(columns=[c for c in df.columns if c in partition_cols]))
     if schema is None:  # the table's declared schema (store.schema), so no chunk types a column null
         table_name = next((p.name for p in path.parents if table_columns(p.name) is not None), None)
         if table_name is not None:
@@ -214,6 +214,28 @@ def write_chunk(path: Path, rows: Sequence[Mapping[str, Any]] | pd.DataFrame, fp
         if tmp.exists():
             tmp.unlink()
     return len(df)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _utf8_safe(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with surrogates in its string cells replaced by U+FFFD: Parquet stores UTF-8, which
+    cannot hold a lone surrogate (an API answer may), and one such cell would fail the whole chunk.
+    The trackers flag the answers they changed themselves; this is the last line of defence."""
+    out = df
+    for col in df.columns:
+        if df[col].dtype != object:
+            continue
+        bad = [i for i, v in enumerate(df[col].array) if isinstance(v, str) and _SURROGATE.search(v)]
+        if bad:
+            if out is df:
+                out = df.copy()
+            values = out[col].to_numpy(dtype=object, copy=True)
+            for i in bad:
+                values[i] = _SURROGATE.sub("\ufffd", values[i])
+            out[col] = values
+    return out
 
 
 def _fsync(path: Path) -> None:

@@ -48,6 +48,9 @@ Columns (SQL types in :data:`VLM_COLUMNS`):
   NULL when no judge ran. ``correct`` is always the rule-based score.
 - ``n_options``: the answer options the multiple-choice item offered (its chance level is
   1/``n_options``); NULL for the other tasks (and for rows written before the column existed).
+- ``sanitized``: characters of the answer were replaced by U+FFFD before it was stored (lone
+  surrogates, NUL, ESC and other control characters an API returned); NULL without an answer
+  (and for rows written before the column existed).
 
 ``taxonomy``: The ``taxonomy_results`` row schema ("Consistent but Dangerous" per-sample taxonomy).
 
@@ -116,6 +119,7 @@ VLM_COLUMNS: tuple[tuple[str, str], ...] = (
     ("error", "VARCHAR"), ("judge_model", "VARCHAR"), ("judge_outcome", "VARCHAR"), ("judge_parsed", "VARCHAR"),
     ("judge_correct", "DOUBLE"), ("n_options", "INTEGER"),
     ("bleu_4_raw", "DOUBLE"), ("rouge_l_raw", "DOUBLE"), ("cider_raw", "DOUBLE"), ("truncated", "BOOLEAN"),
+    ("sanitized", "BOOLEAN"),
 )
 VLM_COLUMN_NAMES: tuple[str, ...] = tuple(c for c, _ in VLM_COLUMNS)
 PRIMARY_METRIC: dict[str, str] = {"vqa_mc": "accuracy", "vqa_yesno": "accuracy", "vqa_open": "accuracy",

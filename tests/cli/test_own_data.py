@@ -148,6 +148,21 @@ def test_a_claim_of_an_earlier_run_refuses_another_name(tmp_path: Path) -> None:
     check_isolation(load_suite(_suite(tmp_path / "c.yaml", name="gamma")), tmp_path / "c.yaml", home)
 
 
+def test_a_symlink_does_not_hide_another_suites_folder(tmp_path: Path) -> None:
+    """Issue 44, finding 8: ``results_dir: var/alias/results`` with ``var/alias -> sa`` is suite sa's
+    folder: the isolation check resolves links (it used to compare the unresolved paths)."""
+    home = _project(tmp_path)
+    first = load_suite(_suite(tmp_path / "a.yaml", name="sa", results_dir="var/sa/results",
+                              mart_path="var/sa/m.duckdb"))
+    record_claim(first, tmp_path / "a.yaml", home)
+    (home / "var" / "sa").mkdir(parents=True, exist_ok=True)
+    (home / "var" / "alias").symlink_to(home / "var" / "sa", target_is_directory=True)
+    other = load_suite(_suite(tmp_path / "b.yaml", name="sb", results_dir="var/alias/results",
+                              mart_path="var/sb/m.duckdb"))
+    with pytest.raises(ValueError, match=r"suites 'sb' .* and 'sa' .* both write"):
+        check_isolation(other, tmp_path / "b.yaml", home)
+
+
 # --- validate ------------------------------------------------------------------------------------
 
 def _validate(home: Path, p: Path) -> tuple[int, list[str]]:

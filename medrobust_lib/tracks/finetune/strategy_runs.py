@@ -378,20 +378,42 @@ def register_version(folder: str | Path, name: str, tags: dict[str, str], *, run
     returned and nothing changes (re-running a deterministic fine-tune does not pile up versions).
     The first version of a model also becomes ``champion`` (the baseline the gate compares new
     candidates with). Without a ``run``, the registration gets its own run in ``experiment`` (a
-    suite's is ``paths.experiment_name(suite, "registry")``). Returns ``(version, created)``."""
+    suite's is ``paths.experiment_name(suite, "registry")``). A version found by checksum whose
+    registration was interrupted before its aliases were set gets them now (:func:`_finish_aliases`).
+    Returns ``(version, created)``."""
 
     digest = file_sha256(Path(folder) / "model.safetensors")
     try:
         for v in model_registry.list_versions(name, mlruns_dir):
             if v["tags"].get("checkpoint_sha256") == digest:
+                _finish_aliases(name, int(v["version"]), v["tags"].get(ALIASES_SET_TAG) == "true", mlruns_dir)
                 return int(v["version"]), False
     except model_registry.RegistryError:
         pass
     rv = model_registry.register_checkpoint(folder, name, tags={**tags, "checkpoint_sha256": digest}, run=run,
                                       experiment=experiment, mlruns_dir=mlruns_dir, alias="candidate")
-    if model_registry.get_alias_version(name, "champion", mlruns_dir) is None:
-        model_registry.set_alias(name, "champion", rv.version, mlruns_dir)
+    _finish_aliases(name, rv.version, False, mlruns_dir)
     return rv.version, True
+
+
+ALIASES_SET_TAG = "medrobust.aliases_set"
+"""Version tag written (``true``) once a registration has set its aliases: a version without it was
+interrupted between ``create_model_version`` and the alias writes."""
+
+
+def _finish_aliases(name: str, version: int, done: bool, mlruns_dir: str | Path | None) -> None:
+    """Give ``version`` the aliases its registration sets, idempotently, so a registration killed
+    between creating the version and writing its aliases is finished by the next run (which finds
+    the version by checksum): ``candidate`` when the model has none, or when this registration never
+    completed (``done`` False) and ``candidate`` points at an older version; ``champion`` when the
+    model has none. A completed registration leaves a hand-moved ``candidate`` alone."""
+    candidate = model_registry.get_alias_version(name, "candidate", mlruns_dir)
+    if candidate is None or (not done and candidate < version):
+        model_registry.set_alias(name, "candidate", version, mlruns_dir)
+    if model_registry.get_alias_version(name, "champion", mlruns_dir) is None:
+        model_registry.set_alias(name, "champion", version, mlruns_dir)
+    if not done:
+        model_registry.set_version_tag(name, version, ALIASES_SET_TAG, "true", mlruns_dir)
 
 
 def reuse_rows(results_dir: str | Path, src_model: str, dst_model: str, checkpoint: str) -> int:

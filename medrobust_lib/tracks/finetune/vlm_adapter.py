@@ -26,6 +26,7 @@ from medrobust_lib.config.common import LoraSettings
 from medrobust_lib.config.vlm import VLMModelConfig, adapter_box_scale, vlm_model
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.finetune.vlm_train import VLMExample, adapter_train_config
+from medrobust_lib.models.remote_code import refuse_remote_code
 from medrobust_lib.tracks.vlm.items import VLMItem, box_in_sample, load_items, prompt_for
 from medrobust_lib.tracks.vlm.model_runner import TRAINING_META, checkpoint_dir
 
@@ -151,8 +152,9 @@ def finetune_adapter(suite: Suite, model_id: str, log: Callable[[str], None] | N
                          f"{', '.join(list_adapters('vlm', lora_finetunable=True))})")
     ft = suite.vlm.finetune
     source = resolve_source(suite, m)
-    model = AutoModelForImageTextToText.from_pretrained(source, local_files_only=True)
-    proc = AutoProcessor.from_pretrained(source, local_files_only=True)
+    refuse_remote_code(source)
+    model = AutoModelForImageTextToText.from_pretrained(source, local_files_only=True, trust_remote_code=False)
+    proc = AutoProcessor.from_pretrained(source, local_files_only=True, trust_remote_code=False)
     items = load_items(suite).items
     by_split = samples_by_split(suite)
     ts = suite.vlm.train  # the base's answer format (box grid) and augmentation

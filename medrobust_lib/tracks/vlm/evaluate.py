@@ -112,7 +112,8 @@ def n_options(item: VLMItem) -> int | None:
 def _with_answer(r: dict[str, Any], a: Answer, scored: dict[str, Any]) -> dict[str, Any]:
     r.update(scored)
     r.update(latency_s=a.latency_s, cache_hit=a.cache_hit, error=a.error,
-             truncated=None if a.text is None or r.get("source") == "logprobs" else a.truncated)
+             truncated=None if a.text is None or r.get("source") == "logprobs" else a.truncated,
+             sanitized=None if a.text is None else a.sanitized)
     if a.outcome == ERROR_OUTCOME:
         r.update(dict.fromkeys(_ERROR_CLEARED), outcome=ERROR_OUTCOME, prediction=None)
     elif a.text is None and a.outcome == "refused":

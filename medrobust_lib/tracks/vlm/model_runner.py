@@ -27,6 +27,7 @@ from medrobust_lib.lru import LRU, FileStamp, file_stamp
 from medrobust_lib.models.base import VisionLanguageEndpoint
 from medrobust_lib.models.factory import VLMInputs, build_vlm
 from medrobust_lib.paths import suite_paths
+from medrobust_lib.tracks.upstream import MissingUpstream
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,9 @@ class Answer:
     cache_hit: bool = False
     error: str | None = None
     truncated: bool | None = None
+    sanitized: bool = False
+    """Characters of the text were replaced (lone surrogates, control characters: an API model's
+    ``ApiResult.sanitized``)."""
 
 
 def checkpoint_dir(suite: Suite, model_id: str) -> Path:
@@ -54,7 +58,8 @@ def resolve_source(suite: Suite, m: VLMModelConfig) -> str:
     if m.source == "trained":
         folder = checkpoint_dir(suite, m.id)
         if not (folder / "config.json").is_file():
-            raise FileNotFoundError(f"no trained VLM for {m.id!r} at {folder}: materialize '{m.id}/base_checkpoint' first")
+            raise MissingUpstream(f"no trained VLM for {m.id!r} at {folder}: materialize '{m.id}/base_checkpoint' first",
+                                  f"{m.id}/base_checkpoint")
         return str(folder)
     if m.source is None:
         raise ValueError(f"VLM {m.id!r} names no source (a local model folder or a cached hub id)")
@@ -299,10 +304,12 @@ def guarded_batch(fn: Callable[[Sequence[Any], Sequence[str]], Sequence[Any]], i
 
 def _from_api(r: Any) -> Answer:
     if r.outcome == "ok":
-        return Answer(r.text, "ok", r.latency_s, r.cache_hit, truncated=getattr(r, "truncated", None))
+        return Answer(r.text, "ok", r.latency_s, r.cache_hit, truncated=getattr(r, "truncated", None),
+                      sanitized=bool(getattr(r, "sanitized", False)))
     outcome = "refused" if r.outcome == "refused" else "error"
     return Answer(r.text if outcome == "refused" else None, outcome, r.latency_s, r.cache_hit,
-                  f"{r.outcome}: {r.error}" if r.error else r.outcome)
+                  f"{r.outcome}: {r.error}" if r.error else r.outcome,
+                  sanitized=outcome == "refused" and bool(getattr(r, "sanitized", False)))
 
 
 def _folder_hash(source: str) -> str:
