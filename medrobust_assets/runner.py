@@ -232,7 +232,7 @@ def _error_line(data: Any) -> str:
 
 
 USER_ERRORS = frozenset({"CheckpointMismatch", "SampleError", "GateInputError", "RegistryError", "ValidationError",
-                         "QueryRefused", "NotConvertible", "MissingUpstream"})
+                         "QueryRefused", "NotConvertible", "MissingUpstream", "NotOurs"})
 """Project (and pydantic) exceptions that mean bad input, by class name (as Dagster records it)."""
 INTERRUPTED = frozenset({"DagsterExecutionInterruptedError", "KeyboardInterrupt"})
 

@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+from medrobust_lib import ownership
 from medrobust_lib.config import Suite
 from medrobust_lib.demo.layouts import LAYOUTS, write_dataset
 from medrobust_lib.demo.manifest import MANIFEST_NAME, DemoManifest
@@ -44,14 +45,39 @@ def _complete(root: Path, seed: int, n: int, real_labels: bool = False) -> DemoM
     return man
 
 
-def clean_demo(root: str | Path) -> None:
-    """Remove what a build writes under ``root`` (only the demo's own folders and files)."""
+OWNER_NAME = ".medrobust-demo"
+"""Written first by a build: the folder's demo entries are the demo's (a build killed before its
+stamp still owns them)."""
+
+
+def own_entries() -> list[str]:
+    """The names a build writes directly under the demo root (folders and files)."""
+    from medrobust_lib.demo.real import REAL_FILES, WHEEL_DATASETS
+
+    return ([spec.folder for spec in LAYOUTS.values()] + ["records"] + [s.folder for s in REAL_FILES]
+            + [w.folder for w in WHEEL_DATASETS] + [MANIFEST_NAME])
+
+
+def check_demo_root(root: str | Path) -> None:
+    """Refuse (:class:`medrobust_lib.ownership.NotOurs`, one line) a demo root that holds entries of
+    the demo's names which a demo build did not write (no stamp, no owner mark): the build would
+    delete them (issue 44, finding 3)."""
     root = Path(root)
+    if (root / OWNER_NAME).is_file():
+        return
+    ownership.check_demo_root(root, own_entries(), STAMP_NAME)
+
+
+def clean_demo(root: str | Path) -> None:
+    """Remove what a build writes under ``root`` (only the demo's own folders and files); refused for
+    a root whose entries the demo did not write (:func:`check_demo_root`)."""
+    root = Path(root)
+    check_demo_root(root)
     for spec in LAYOUTS.values():
         shutil.rmtree(root / spec.folder, ignore_errors=True)
     shutil.rmtree(root / "records", ignore_errors=True)
     clean_real(root)
-    for name in (MANIFEST_NAME, STAMP_NAME):
+    for name in (MANIFEST_NAME, STAMP_NAME, OWNER_NAME):
         (root / name).unlink(missing_ok=True)
 
 
@@ -82,6 +108,8 @@ def build_demo(
             return existing
     clean_demo(root)
     root.mkdir(parents=True, exist_ok=True)
+    (root / OWNER_NAME).write_text("written by medrobust's demo build: the demo folders here are its own\n",
+                                   encoding="utf-8")
     datasets = tuple(write_dataset(m, root, seed, n_per_modality) for m in ALL_MODALITIES)
     samples = [s for d in datasets for s in d.samples]
     records = write_records(root, samples, seed)

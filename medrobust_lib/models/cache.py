@@ -42,6 +42,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from medrobust_lib.ownership import check_cache_target
+
 logger = logging.getLogger(__name__)
 
 JOURNAL_MODES: tuple[str, ...] = ("WAL", "DELETE", "TRUNCATE", "PERSIST")
@@ -94,6 +96,7 @@ class ResponseCache:
     def __init__(self, path: str | Path, *, journal_mode: str | None = None, busy_timeout_s: float = 30.0,
                  reopen_after_s: float = 60.0) -> None:
         self.path = Path(path)
+        check_cache_target(self.path)  # never move aside or overwrite a file that is not a cache (NotOurs)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.journal_mode = (journal_mode or default_journal_mode()).upper()
         if self.journal_mode not in JOURNAL_MODES:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import duckdb
 
+from medrobust_lib.ownership import check_mart_target
 from medrobust_lib.processes import pid_alive
 from medrobust_lib.store.completeness import (
     COMPLETENESS_COLUMNS,
@@ -63,6 +64,7 @@ def build_mart(results_dir: str | Path, mart_path: str | Path,
 def _build_mart(results_dir: str | Path, mart_path: str | Path, max_error_share: float,
                 include_off_band: bool = False) -> dict[str, int]:
     mart = Path(mart_path)
+    check_mart_target(mart)  # NotOurs: never replace a file that is not a mart (issue 44, finding 3)
     mart.parent.mkdir(parents=True, exist_ok=True)
     _remove_orphaned_temps(mart)
     tmp = mart.with_name(f".{mart.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")

@@ -38,6 +38,7 @@ from medrobust_lib.models.litemedsam_package import (
     packaged_checkpoint,
     verify_packaged_checkpoint,
 )
+from medrobust_lib.ownership import NotOurs, check_cache_target, check_mart_target
 from medrobust_lib.project import in_project, project_root
 from medrobust_lib.tracks.datasets import resolve_datasets
 
@@ -357,4 +358,22 @@ def validate_suite(path: str | Path, n_load: int = 3, root: Path | None = None) 
     report.datasets = [_check_dataset(c, n_load, root) for c in configs]
     report.errors.extend(_weights_errors(suite, root))
     report.errors.extend(_arch_errors(suite, root))
+    report.errors.extend(_output_errors(suite, root))
     return report
+
+
+def _output_errors(suite: Suite, root: Path) -> list[str]:
+    """Output paths that exist and are not the project's (issue 44, finding 3): the run would refuse
+    them, so validate does too (:mod:`medrobust_lib.ownership`). The demo root is checked by the demo
+    build itself, first thing (the demo's folder names live in the demo package, which the tracks
+    do not import)."""
+    errors = []
+    checks: list[tuple[Any, Any]] = [(check_mart_target, in_project(suite.mart_path, root))]
+    checks += [(check_cache_target, in_project(v.api.cache_path, root)) for v in suite.vlm.models
+               if v.api is not None and v.api.cache_path]
+    for check, path in checks:
+        try:
+            check(path)
+        except NotOurs as exc:
+            errors.append(str(exc))
+    return errors

