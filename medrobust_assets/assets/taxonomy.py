@@ -12,6 +12,7 @@ from medrobust_assets.assets.perturbed import PERTURBED_SAMPLES
 from medrobust_assets.checks import ERROR_SHARE_CHECK, error_share_result, error_share_spec
 from medrobust_assets.metadata import image_md, markdown_table
 from medrobust_assets.partitions import SuitePartitions, by_modality, modality_and_level
+from medrobust_assets.progress import reporter
 from medrobust_assets.resources import SuiteResource, TrackingResource
 from medrobust_assets.tags import GPU_OP_TAGS
 from medrobust_lib.paths import suite_paths
@@ -74,7 +75,7 @@ def taxonomy_family(config_id: str, parts: SuitePartitions, *, trained: bool, up
 
         s = suite.load()
         with tracking.run(context, s, "taxonomy", {"config": config_id, "step": "baselines"}) as run:
-            n = compute_baselines(s, config_id, context.partition_key)
+            n = compute_baselines(s, config_id, context.partition_key, progress=reporter(context))
             tracking.log_metrics(run, {"n_rows": n})
         return dg.MaterializeResult(metadata={"n_rows": n})
 
@@ -92,7 +93,7 @@ def taxonomy_family(config_id: str, parts: SuitePartitions, *, trained: bool, up
 
         s = suite.load()
         with tracking.run(context, s, "taxonomy", {"config": config_id, "condition": "clean"}) as run:
-            meta = _meta(evaluate(s, config_id, context.partition_key, 0))
+            meta = _meta(evaluate(s, config_id, context.partition_key, 0, progress=reporter(context)))
             tracking.log_metrics(run, meta)
         check = error_share_result(s, TAXONOMY_TABLE, clean_key, {"config": config_id, "run": "clean",
                                                                   "modality": context.partition_key, "level": 0})
@@ -122,7 +123,7 @@ def taxonomy_family(config_id: str, parts: SuitePartitions, *, trained: bool, up
                                                    passed=True, metadata={"skipped": "no rows"})])
         with tracking.run(context, s, "taxonomy", {"config": config_id, "condition": "perturbation",
                                                 "level": level}) as run:
-            meta = _meta(evaluate(s, config_id, modality, level))
+            meta = _meta(evaluate(s, config_id, modality, level, progress=reporter(context)))
             tracking.log_metrics(run, meta)
         check = error_share_result(s, TAXONOMY_TABLE, perturbed_key, {"config": config_id, "run": "perturbation",
                                                                       "modality": modality, "level": level})

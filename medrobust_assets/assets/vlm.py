@@ -10,6 +10,7 @@ from medrobust_assets.assets.perturbed import PERTURBED_SAMPLES
 from medrobust_assets.checks import error_share_result, error_share_spec
 from medrobust_assets.metadata import markdown_table
 from medrobust_assets.partitions import SuitePartitions, by_modality, modality_and_level
+from medrobust_assets.progress import reporter
 from medrobust_assets.resources import SuiteResource, TrackingResource
 from medrobust_assets.tags import GPU_OP_TAGS
 from medrobust_lib.store.schema import VLM_TABLE
@@ -109,7 +110,7 @@ def vlm_family(model_id: str, parts: SuitePartitions, *, trained: bool, finetune
 
         s = suite.load()
         with tracking.run(context, s, "vlm_eval", {"model": model_id, "condition": "clean"}) as run:
-            meta = _eval_meta(evaluate_clean(s, model_id, context.partition_key))
+            meta = _eval_meta(evaluate_clean(s, model_id, context.partition_key, progress=reporter(context)))
             tracking.log_metrics(run, meta)
         check = error_share_result(s, VLM_TABLE, clean_key, {"model": model_id, "run": "clean",
                                                              "modality": context.partition_key, "level": 0})
@@ -133,7 +134,7 @@ def vlm_family(model_id: str, parts: SuitePartitions, *, trained: bool, finetune
         s = suite.load()
         with tracking.run(context, s, "vlm_eval", {"model": model_id, "condition": "perturbation",
                                                    "level": level}) as run:
-            meta = _eval_meta(evaluate_perturbed(s, model_id, modality, level))
+            meta = _eval_meta(evaluate_perturbed(s, model_id, modality, level, progress=reporter(context)))
             tracking.log_metrics(run, meta)
         check = error_share_result(s, VLM_TABLE, perturbed_key, {"model": model_id, "run": "perturbation",
                                                                  "modality": modality, "level": level})

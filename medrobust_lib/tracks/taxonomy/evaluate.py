@@ -41,6 +41,7 @@ from medrobust_lib.config import Suite
 from medrobust_lib.config.taxonomy import TaxonomyConfigEntry
 from medrobust_lib.config.vlm import VLMModelConfig, vlm_model
 from medrobust_lib.data.sample import Sample
+from medrobust_lib.progress import Progress, counted, finish
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store import rerun, results
 from medrobust_lib.store.completeness import ERROR_OUTCOME
@@ -61,6 +62,9 @@ BASELINE_COLUMNS: tuple[str, ...] = column_names(BASELINE_TABLE)
 VERSION = 1
 ROW_KEY: tuple[str, ...] = ("dataset", "record_id", "perturbation", "image_mode")
 """Identifies a ``taxonomy_results`` row within its partition (config, modality, level)."""
+PROGRESS_WHAT = "samples"
+"""The unit of a taxonomy partition's progress: images (samples) scored, every variant of every
+yes/no record of the image with it."""
 
 
 def config_entry(suite: Suite, config_id: str) -> TaxonomyConfigEntry:
@@ -201,11 +205,12 @@ def _yes_no_items(loaded: LoadedItems, samples: Collection[tuple[str, str]]) -> 
     return [it for it in loaded.items if it.task == "vqa_yesno" and (it.dataset, it.sample_id) in samples]
 
 
-def compute_baselines(suite: Suite, config_id: str, modality: str, log: Callable[[str], None] | None = None
-                      ) -> int:
+def compute_baselines(suite: Suite, config_id: str, modality: str, log: Callable[[str], None] | None = None,
+                      progress: Progress | None = None) -> int:
     """Text-only (and blank / noise image) answers to every original question of the modality's
     usable evaluation samples, for every configured image mode; returns the row count. (A sample
-    that cannot be used now has none: :func:`evaluate` writes its ``error`` rows.)"""
+    that cannot be used now has none: :func:`evaluate` writes its ``error`` rows.) ``progress``:
+    told of the yes/no records answered (``records``), one at a time."""
     from medrobust_lib.tracks.datasets import load_eval_samples
 
     tc = suite.taxonomy
@@ -214,7 +219,7 @@ def compute_baselines(suite: Suite, config_id: str, modality: str, log: Callable
     samples = load_eval_samples(suite, modality, tc.split).samples
     rows: list[dict[str, Any]] = []
     items = _yes_no_items(load_items(suite), samples)
-    for it in items:
+    for it in counted(items, progress, len(items), "records"):
         s = samples[(it.dataset, it.sample_id)]
         for mode in tc.image_modes:
             img = removed_image(mode, s.image, (it.dataset, it.sample_id), suite.seed)
@@ -235,6 +240,7 @@ def compute_baselines(suite: Suite, config_id: str, modality: str, log: Callable
             except Exception as exc:  # counted, never fatal
                 r.update(outcome="error", error=f"{type(exc).__name__}: {exc}"[:300])
             rows.append(r)
+    finish(progress, len(items), "records")
     part = {"config": config_id, "modality": modality}
     fp = results.fingerprint([VERSION, scorer.runner.checkpoint, scorer.runner.adapter, tc.model_dump(), len(rows)])
     _write_rows(suite, BASELINE_TABLE, part, rows, fp, BASELINE_COLUMNS)
@@ -359,13 +365,15 @@ def _classify_rows(suite: Suite, entry: TaxonomyConfigEntry, scorer: _Scorer, it
 
 
 def evaluate(suite: Suite, config_id: str, modality: str, level: int,
-             log: Callable[[str], None] | None = None) -> TaxonomySummary:
+             log: Callable[[str], None] | None = None, progress: Progress | None = None) -> TaxonomySummary:
     """``taxonomy_results`` rows for one modality: clean (``level`` 0) or every perturbed image
     of the (modality, level) manifest partition. A sample of the evaluation split that cannot be
     used now (missing, unreadable, quarantined since the clean index or manifest was built) gives
     ``error`` rows with the reason; only samples of another split are skipped. A yes/no record of
     an evaluation image that its reader quarantined (image file gone, malformed entry) gives
-    ``error`` rows with its own reason (``missing: <image path>``, ``quarantined:<reason>: ...``)."""
+    ``error`` rows with its own reason (``missing: <image path>``, ``quarantined:<reason>: ...``).
+    ``progress``: told of the images scored (:data:`PROGRESS_WHAT`, every variant of every yes/no
+    record of the image), one at a time, of the partition's total."""
     import pandas as pd
 
     from medrobust_lib.perturb.regen_cache import regenerate_cached
@@ -402,10 +410,16 @@ def evaluate(suite: Suite, config_id: str, modality: str, level: int,
     def done(items: list[VLMItem], perturbation: str) -> bool:
         return all((it.dataset, it.record_id, perturbation, mode) in kept for it in items for mode in tc.image_modes)
 
+    def scored(mr: Mapping[str, Any]) -> bool:
+        """The manifest row's image is scored below (the last branch of the loop over the manifest)."""
+        key = (str(mr["dataset"]), str(mr["sample_id"]))
+        return (key not in unusable and bool(by.get(key)) and not done(by[key], str(mr["perturbation"]))
+                and mr["status"] == "ok")
+
     if manifest is None:
-        for key, items in sorted(by.items()):
-            if done(items, "clean"):
-                continue
+        todo = [(key, items) for key, items in sorted(by.items()) if not done(items, "clean")]
+        total = len(todo)
+        for key, items in counted(todo, progress, total, PROGRESS_WHAT):
             rows.extend(_classify_rows(suite, entry, scorer, items, _Cond(samples[key], samples[key].image), base,
                                        variants))
             n_images += 1
@@ -418,8 +432,11 @@ def evaluate(suite: Suite, config_id: str, modality: str, level: int,
             rows.extend(_dropped_rows(suite, scorer, [d for d in dropped if not done([d.as_item()], "clean")],
                                       _Cond(stand_in, stand_in.image)))
     else:
-        for rec in manifest.to_dict("records"):
-            mr = {str(k): v for k, v in rec.items()}
+        records = [{str(k): v for k, v in rec.items()} for rec in manifest.to_dict("records")]
+        total = sum(1 for mr in records if scored(mr))
+        if progress is not None:
+            progress(0, total, PROGRESS_WHAT)
+        for mr in records:
             key = (str(mr["dataset"]), str(mr["sample_id"]))
             perturbation = str(mr["perturbation"])
             items = by.get(key) or by_unusable.get(key, [])
@@ -441,6 +458,9 @@ def evaluate(suite: Suite, config_id: str, modality: str, level: int,
             cond = dataclasses.replace(cond, image=regenerate_cached(mr, s).image)
             rows.extend(_classify_rows(suite, entry, scorer, by[key], cond, base, variants))
             n_images += 1
+            if progress is not None and n_images < total:
+                progress(n_images, total, PROGRESS_WHAT)
+    finish(progress, total, PROGRESS_WHAT)
     rows = rerun.merge_rows(kept, rows, ROW_KEY)
     _write_rows(suite, TAXONOMY_TABLE, part, rows, fp, COLUMN_NAMES)
     df = pd.DataFrame(rows)

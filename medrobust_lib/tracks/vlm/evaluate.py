@@ -34,6 +34,7 @@ from medrobust_lib.config import Suite
 from medrobust_lib.config.vlm import VLMProtocol, vlm_model
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.metrics.caption_raw import RAW_COLUMNS, raw_caption_rows
+from medrobust_lib.progress import Progress, finish
 from medrobust_lib.store import rerun, results
 from medrobust_lib.store.completeness import ERROR_OUTCOME
 from medrobust_lib.store.schema import VLM_COLUMN_NAMES as COLUMN_NAMES
@@ -51,7 +52,7 @@ from medrobust_lib.tracks.vlm.items import (
     prompt_for,
     records_config,
 )
-from medrobust_lib.tracks.vlm.model_runner import Answer, Runner
+from medrobust_lib.tracks.vlm.model_runner import Answer, Runner, chunked, progress_chunk
 
 EVAL_VERSION = 1
 ROW_KEY: tuple[str, ...] = ("task", "dataset", "sample_id", "record_id", "prompt_id", "image_mode", "perturbation")
@@ -179,16 +180,68 @@ def _judge(judge: Runner, pairs: list[tuple[VLMItem, dict[str, Any]]]) -> None:
                  judge_correct=None if v.letter is None else float(v.letter == it.answer))
 
 
+PROGRESS_WHAT = "model answers"
+"""The unit of a VLM partition's progress: prompts answered by the evaluated model (judge calls
+not counted)."""
+
+
+class _Tally:
+    """The partition's :data:`~medrobust_lib.progress.Progress` over a known ``total`` of prompts:
+    ``(0, total)`` at once, ``(done, total)`` after each chunk, ``(total, total)`` at :meth:`close`."""
+
+    def __init__(self, progress: Progress | None, total: int) -> None:
+        self.progress, self.total, self.done = progress, total, 0
+        if progress is not None:
+            progress(0, total, PROGRESS_WHAT)
+
+    def tick(self, n: int) -> None:
+        self.done = min(self.total, self.done + n)
+        if self.progress is not None and self.done < self.total:
+            self.progress(self.done, self.total, PROGRESS_WHAT)
+
+    def close(self) -> None:
+        finish(self.progress, self.total, PROGRESS_WHAT)
+
+
+def _n_asked(items: Iterable[VLMItem], perturbation: str, done: Collection[tuple[str, ...]], open_vqa: bool) -> int:
+    """Prompts :func:`ask` sends the evaluated model for ``items`` of one image under
+    ``perturbation`` (grounding boxes moved out of view included: :func:`ask` counts them off)."""
+    n = 0
+    for it in items:
+        if open_vqa and it.task == "vqa_mc" and _item_key(dataclasses.replace(it, task=OPEN_TASK),
+                                                          perturbation) not in done:
+            n += 1
+        if not (done and _item_key(it, perturbation) in done):
+            n += 1
+    return n
+
+
+def _generate(runner: Runner, images: Sequence[np.ndarray | None], prompts: Sequence[str], max_new_tokens: int,
+              tally: _Tally | None) -> list[Answer]:
+    """``runner.generate``, reported to ``tally`` per chunk (:func:`chunked`)."""
+    tick = tally.tick if tally is not None and tally.progress is not None else None
+    return chunked(lambda i, p: runner.generate(i, p, max_new_tokens), images, prompts, progress_chunk(runner), tick)
+
+
+def _yes_no(runner: Runner, images: Sequence[np.ndarray | None], prompts: Sequence[str], tally: _Tally | None
+            ) -> list[tuple[dict[str, float] | None, Answer]]:
+    """``runner.yes_no``, reported to ``tally`` per chunk (:func:`chunked`)."""
+    tick = tally.tick if tally is not None and tally.progress is not None else None
+    return chunked(runner.yes_no, images, prompts, progress_chunk(runner), tick)
+
+
 def ask(items_by_sample: dict[tuple[str, str], list[VLMItem]], conditions: Sequence[Condition], runner: Runner,
         caption_df_refs: Mapping[str, Sequence[str]], summary: VLMEvalSummary,
         judge: Runner | None = None, done: Collection[tuple[str, ...]] = frozenset(),
-        protocol: VLMProtocol | None = None, open_judge: Runner | None = None) -> list[dict[str, Any]]:
+        protocol: VLMProtocol | None = None, open_judge: Runner | None = None,
+        tally: _Tally | None = None) -> list[dict[str, Any]]:
     """Every item of every condition's sample, batched per task across conditions, except those
     whose row key (:func:`_item_key`) is in ``done`` (kept from a previous run). ``judge``: the
     optional LLM judge for unparseable multiple-choice answers (recorded separately). ``protocol``:
     the reference-protocol options (caption prompt, raw caption scores, grounding parse);
     ``open_judge``: the judge of ``protocol.open_vqa_judge`` (multiple-choice questions also asked
-    alone, rows of task ``vqa_open``)."""
+    alone, rows of task ``vqa_open``). ``tally``: the partition's progress, told of every chunk of
+    prompts answered (:func:`_n_asked` counts them)."""
     proto = protocol or VLMProtocol()
 
     m = runner.m
@@ -206,24 +259,27 @@ def ask(items_by_sample: dict[tuple[str, str], list[VLMItem]], conditions: Seque
                 r = _row(it, c, runner)
                 r.update(outcome="excluded:box_out_of_view", error="the perturbation moved the box out of the image")
                 rows.append(r)
+                if tally is not None:
+                    tally.tick(1)  # counted by _n_asked, not sent
                 continue
             jobs[it.task].append((it, c))
     t0 = time.perf_counter()
     mc = jobs["vqa_mc"]
-    answers = runner.generate([c.image for _, c in mc], [prompt_for(it) for it, _ in mc], m.max_new_tokens)
+    answers = _generate(runner, [c.image for _, c in mc], [prompt_for(it) for it, _ in mc], m.max_new_tokens, tally)
     mc_rows = [_with_answer(_row(it, c, runner), a, score_mc(a.text, it.options, it.answer))
                for (it, c), a in zip(mc, answers, strict=True)]
     if judge is not None:
         _judge(judge, [(it, r) for (it, _), r in zip(mc, mc_rows, strict=True) if r["outcome"] == "unparseable"])
     rows.extend(mc_rows)
     if open_judge is not None and open_jobs:
-        rows.extend(_open_rows(open_jobs, runner, open_judge, proto.open_vqa_max_new_tokens))
+        rows.extend(_open_rows(open_jobs, runner, open_judge, proto.open_vqa_max_new_tokens, tally))
     yn = jobs["vqa_yesno"]
-    scored = runner.yes_no([c.image for _, c in yn], [prompt_for(it, 0) for it, _ in yn])
+    scored = _yes_no(runner, [c.image for _, c in yn], [prompt_for(it, 0) for it, _ in yn], tally)
     for (it, c), (lp, a) in zip(yn, scored, strict=True):
         rows.append(_with_answer(_row(it, c, runner), a, score_yes_no(a.text, it.answer, lp)))
     gr = jobs["grounding"]
-    answers = runner.generate([c.image for _, c in gr], [prompt_for(it) for it, _ in gr], m.grounding_max_new_tokens)
+    answers = _generate(runner, [c.image for _, c in gr], [prompt_for(it) for it, _ in gr],
+                        m.grounding_max_new_tokens, tally)
     for (it, c), a in zip(gr, answers, strict=True):
         box = c.boxes[it.record_id]
         assert box is not None
@@ -232,8 +288,8 @@ def ask(items_by_sample: dict[tuple[str, str], list[VLMItem]], conditions: Seque
              score_grounding(a.text, box[0].tolist(), c.image.shape[:2], runner.box_scale))
         rows.append(_with_answer(_row(it, c, runner), a, s))
     cap = jobs["caption"]
-    answers = runner.generate([c.image for _, c in cap], [proto.caption_prompt or prompt_for(it) for it, _ in cap],
-                              m.caption_max_new_tokens)
+    answers = _generate(runner, [c.image for _, c in cap],
+                        [proto.caption_prompt or prompt_for(it) for it, _ in cap], m.caption_max_new_tokens, tally)
     if cap:
         keys = [f"{k}" for k in range(len(cap))]
         per = score_captions({k: a.text for k, a in zip(keys, answers, strict=True)},
@@ -252,11 +308,12 @@ OPEN_TASK = "vqa_open"
 
 
 def _open_rows(jobs: list[tuple[VLMItem, Condition]], runner: Runner, judge: Runner,
-               max_new_tokens: int) -> list[dict[str, Any]]:
+               max_new_tokens: int, tally: _Tally | None = None) -> list[dict[str, Any]]:
     """The multiple-choice questions asked alone and judged (:mod:`medrobust_lib.tasks.judge_open`):
     ``correct`` = judge score >= 0.5, ``parsed`` and ``judge_parsed`` the score. A judge failure or
-    a reply without a score is an ``error`` row (not scored, retried by the next run)."""
-    answers = runner.generate([c.image for _, c in jobs], [it.question for it, _ in jobs], max_new_tokens)
+    a reply without a score is an ``error`` row (not scored, retried by the next run). ``tally``: as
+    in :func:`ask`."""
+    answers = _generate(runner, [c.image for _, c in jobs], [it.question for it, _ in jobs], max_new_tokens, tally)
     texts = [a.text or "" for a in answers]
     truths = [it.options[LETTERS.index(it.answer.upper())] if it.answer else "" for it, _ in jobs]
     verdicts = judge_open(judge.api, [it.question for it, _ in jobs], texts, truths) if judge.api else []
@@ -423,12 +480,13 @@ def _fingerprint(runner: Runner, suite: Suite, extra: list[Any]) -> str:
 
 
 def evaluate_clean(suite: Suite, model_id: str, modality: str, runner: Runner | None = None,
-                   log: Callable[[str], None] | None = None) -> VLMEvalSummary:
+                   log: Callable[[str], None] | None = None, progress: Progress | None = None) -> VLMEvalSummary:
     """Clean rows for every record of the modality's evaluation samples; records whose image is
     not in the clean index at all are written as ``excluded:image_not_indexed`` rows (in the
     partition of their record's modality); records of an image the clean index lists as ok that
     cannot be used now are ``error`` rows with the reason; records of an evaluation image that their
-    reader quarantined are ``error`` rows with the reader's reason."""
+    reader quarantined are ``error`` rows with the reader's reason. ``progress``: told of the
+    :data:`PROGRESS_WHAT` per chunk of ``batch_size`` prompts, of the partition's total."""
     from medrobust_lib.tracks.datasets import load_eval_samples, placeholder_sample
 
     t0 = time.perf_counter()
@@ -445,8 +503,11 @@ def evaluate_clean(suite: Suite, model_id: str, modality: str, runner: Runner | 
     summary = VLMEvalSummary(n_reused=len(kept))
     judge = _judge_runner(suite)
     open_judge = _open_judge_runner(suite)
+    tally = _Tally(progress, sum(_n_asked(by.get((c.sample.dataset, c.sample.sample_id), []), "clean", kept.keys(),
+                                          open_judge is not None) for c in conds))
     rows = ask(by, conds, runner, df_refs, summary, judge, done=kept.keys(), protocol=vc.protocol,
-                       open_judge=open_judge)
+               open_judge=open_judge, tally=tally)
+    tally.close()
     for key, reason in sorted(ev.unusable.items()):
         stand_in = placeholder_sample(key, modality)
         rows += _unusable_rows(by.get(key, []), Condition(stand_in, stand_in.image), runner, reason)
@@ -462,10 +523,11 @@ def evaluate_clean(suite: Suite, model_id: str, modality: str, runner: Runner | 
 
 
 def evaluate_perturbed(suite: Suite, model_id: str, modality: str, level: int, runner: Runner | None = None,
-                       log: Callable[[str], None] | None = None) -> VLMEvalSummary:
+                       log: Callable[[str], None] | None = None, progress: Progress | None = None) -> VLMEvalSummary:
     """Rows for every record of every perturbed image of one (modality, level) manifest partition;
     a manifest row of the evaluation split whose sample cannot be used now gives ``error`` rows, and
-    so does every record of its image that the reader quarantined (with the reader's reason)."""
+    so does every record of its image that the reader quarantined (with the reader's reason).
+    ``progress``: as in :func:`evaluate_clean`."""
     from medrobust_lib.perturb.regen_cache import regenerate_cached
     from medrobust_lib.tracks.datasets import load_eval_samples, placeholder_sample
     from medrobust_lib.tracks.perturbed import manifest_keys, read_manifest
@@ -487,6 +549,7 @@ def evaluate_perturbed(suite: Suite, model_id: str, modality: str, level: int, r
     rows: list[dict[str, Any]] = []
     conds: list[Condition] = []
     chunk = 64
+    todo: list[tuple[dict[str, Any], tuple[str, str], Sample, Condition]] = []
     for rec in manifest.to_dict("records"):
         mr = {str(k): v for k, v in rec.items()}
         key = (str(mr["dataset"]), str(mr["sample_id"]))
@@ -506,6 +569,11 @@ def evaluate_perturbed(suite: Suite, model_id: str, modality: str, level: int, r
                 r.update(outcome=excluded_outcome(str(mr["status"])), error=str(mr.get("error")))
                 rows.append(r)
             continue
+        todo.append((mr, key, s, base))  # asked below, once the partition's total is known
+    open_vqa = open_judge is not None
+    tally = _Tally(progress, sum(_n_asked(by[key], base.perturbation, kept.keys(), open_vqa)
+                                 for _, key, _, base in todo))
+    for mr, key, s, base in todo:
         try:
             gt = _grounding_boxes(by[key], s)
             out = regenerate_cached(mr, s)  # shared with the other models of this process
@@ -517,14 +585,16 @@ def evaluate_perturbed(suite: Suite, model_id: str, modality: str, level: int, r
                     r.update(outcome=ERROR_OUTCOME, error=f"regenerating the image failed: {type(exc).__name__}: "
                                                           f"{exc}"[:300])
                     rows.append(r)
+            tally.tick(_n_asked(by[key], base.perturbation, kept.keys(), open_vqa))  # not asked
             continue
         conds.append(dataclasses.replace(base, image=out.image, boxes=moved))
         if len(conds) >= chunk:
             rows.extend(ask(by, conds, runner, df_refs, summary, judge, done=kept.keys(), protocol=vc.protocol,
-                       open_judge=open_judge))
+                            open_judge=open_judge, tally=tally))
             conds = []
     rows.extend(ask(by, conds, runner, df_refs, summary, judge, done=kept.keys(), protocol=vc.protocol,
-                       open_judge=open_judge))
+                    open_judge=open_judge, tally=tally))
+    tally.close()
     rows = _merge(kept, rows)
     _write(suite, model_id, "perturbation", modality, level, rows, fp)
     return _summarize(rows, summary, t0, runner)

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -28,6 +28,8 @@ from medrobust_lib.models.base import VisionLanguageEndpoint
 from medrobust_lib.models.factory import VLMInputs, build_vlm
 from medrobust_lib.paths import suite_paths
 from medrobust_lib.tracks.upstream import MissingUpstream
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -211,6 +213,35 @@ class Runner:
                 else:
                     res.append((lp, Answer(max(lp, key=lambda k: lp[k]), "ok", dt)))
         return res
+
+
+def progress_chunk(runner: Any) -> int:
+    """Prompts per progress report of ``runner`` (:func:`chunked`): the model's ``batch_size``; for
+    an endpoint that sends ``concurrency`` requests at a time, that rounded up to a multiple of
+    ``concurrency``, so every chunk but the last keeps all its request slots busy."""
+    bs = max(1, int(runner.m.batch_size))
+    api = getattr(runner, "api", None)
+    conc = getattr(getattr(api, "config", None), "concurrency", None) if api is not None else None
+    if isinstance(conc, int) and conc > 1:
+        return conc * -(-bs // conc)
+    return bs
+
+
+def chunked(call: Callable[[Sequence[Any], Sequence[str]], Sequence[T]], images: Sequence[Any],
+            prompts: Sequence[str], size: int, tick: Callable[[int], None] | None) -> list[T]:
+    """``call(images, prompts)`` made ``size`` prompts at a time, ``tick(n)`` after each chunk of
+    ``n`` prompts (None: one call, nothing reported). Each prompt's answer is independent of the
+    others in its call (a local model's batches are ``batch_size`` prompts either way; an
+    endpoint's requests are one per prompt), so the answers are those of one call."""
+    if tick is None or len(prompts) <= 0:
+        return list(call(images, prompts))
+    out: list[T] = []
+    step = max(1, size)
+    for s in range(0, len(prompts), step):
+        ps = prompts[s : s + step]
+        out.extend(call(images[s : s + step], ps))
+        tick(len(ps))
+    return out
 
 
 LOCAL_MODEL_BUDGET = 2 << 30
