@@ -199,7 +199,10 @@ def _check_official(model: LiteMedSamSegmenter, items: list[Item], official: dic
         mask = torch.sigmoid(torch.from_numpy(full)).numpy() > 0.5
         assert np.array_equal(mask, official_mask(official, k)), f"{it.name}: masks differ"
         got = full.ravel()[official["logit_index"][k]]
-        np.testing.assert_allclose(got, official["logit_value"][k], rtol=0, atol=1e-4, err_msg=it.name)
+        # 1e-4 absolute, plus 1e-5 relative for logits far from the boundary: at |logit| 40 the fp32
+        # matmuls of another SIMD path (this fixture: AVX2; an AMX / AVX512 CPU) differ by 1.3e-4
+        # (4.8e-6 relative) while every mask stays identical (measured on 2026-12-07, at 5f05c99 too)
+        np.testing.assert_allclose(got, official["logit_value"][k], rtol=1e-5, atol=1e-4, err_msg=it.name)
         odd += it.name.startswith("odd/")
     assert odd >= 5
 
