@@ -8,9 +8,6 @@ mart reports equals what LiteMedSAM's official inference script gives on the sam
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,23 +15,14 @@ import pytest
 import yaml
 
 from medrobust_lib.demo.data_wheels import DataWheelError
+from tests.cli_runs import cli_env, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
-CLI = ROOT / "medrobust_cli.py"
 FIXTURE = ROOT / "tests" / "models" / "fixtures" / "litemedsam_official_real.npz"
 N_SLICES = 3
 pytestmark = pytest.mark.slow  # about 65 s (Dagster run in a subprocess): .ci/run runs the slow tests after make test
 
 
-def _env(home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "MEDROBUST_DEBUG")}
-    env.update({"MEDROBUST_HOME": str(home), "PYTHONPATH": str(ROOT)})
-    return env
-
-
-def _cli(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(CLI), *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=900, check=False)
 
 
 def _official_union_dice(dataset: str) -> dict[str, float]:
@@ -67,13 +55,13 @@ def test_lits_slices_validate_run_and_query_equal_the_official_inference(tmp_pat
         "segmentation": {"models": [{"id": "litemedsam", "family": "litemedsam", "checkpoint": "package"}],
                          "split": "all", "attacks": {"kinds": ["fgsm"], "max_samples": 1}},
     }))
-    env = _env(home)
-    res = _cli(["validate", "--suite", str(suite)], work, env)
+    env = cli_env(home)
+    res = run_cli(["validate", "--suite", str(suite)], work, env)
     assert res.returncode == 0, res.stdout + res.stderr
-    res = _cli(["run", "--suite", str(suite), "--select", "datasets", "--select", "perturbations", "--select", "segmentation",
+    res = run_cli(["run", "--suite", str(suite), "--select", "datasets", "--select", "perturbations", "--select", "segmentation",
                 "--select", "marts"], work, env)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    res = _cli(["query", "--suite", str(suite), "--format", "json",
+    res = run_cli(["query", "--suite", str(suite), "--format", "json",
                 "select sample_id, dice, condition, perturbation from segmentation_results where model = 'litemedsam'"],
                work, env)
     assert res.returncode == 0, res.stderr

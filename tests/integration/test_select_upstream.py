@@ -4,10 +4,7 @@ with what it depends on, and that command, run as printed, works."""
 
 from __future__ import annotations
 
-import os
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import cv2
@@ -15,20 +12,11 @@ import numpy as np
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-CLI = ROOT / "medrobust_cli.py"
+from tests.cli_runs import cli_env, run_cli
+
 pytestmark = pytest.mark.slow  # two Dagster runs in subprocesses (about a minute)
 
 
-def _env(home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "MEDROBUST_DEBUG")}
-    env.update({"MEDROBUST_HOME": str(home), "PYTHONPATH": str(ROOT)})
-    return env
-
-
-def _cli(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(CLI), *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=900, check=False)
 
 
 def test_select_a_track_names_the_command_with_its_upstream_and_that_command_works(tmp_path: Path) -> None:
@@ -54,8 +42,8 @@ def test_select_a_track_names_the_command_with_its_upstream_and_that_command_wor
         "segmentation": {"models": [{"id": "lite", "family": "litemedsam", "checkpoint": "package", "batch_size": 1,
                                      "attacks": False}], "split": "all"},
     }))
-    env = _env(home)
-    res = _cli(["run", "--suite", str(suite), "--select", "segmentation"], work, env)
+    env = cli_env(home)
+    res = run_cli(["run", "--suite", str(suite), "--select", "segmentation"], work, env)
     assert res.returncode == 2, res.stdout + res.stderr
     errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and "no clean sample index for modality 'ct': materialize 'clean_samples' first; run " \
@@ -63,7 +51,7 @@ def test_select_a_track_names_the_command_with_its_upstream_and_that_command_wor
     command = errors[0].rsplit("`", 2)[-2]
     argv = [a for a in shlex.split(command) if not a.startswith("MEDROBUST_HOME=")]
     assert argv[:2] == ["medrobust", "run"] and argv[-2:] == ["--select", "+segmentation"], command
-    res = _cli(argv[1:], work, env)
+    res = run_cli(argv[1:], work, env)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     out = res.stdout + res.stderr  # progress lines go to stderr
     assert "lite/clean_predictions[ct]" in out and "lite/perturbed_predictions[ct|2]" in out, out

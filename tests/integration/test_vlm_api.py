@@ -8,7 +8,7 @@ import json
 import threading
 from collections import Counter
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from medrobust_lib.store.marts import build_mart, connect_readonly
 from medrobust_lib.store.schema import VLM_TABLE
 from medrobust_lib.tracks.datasets import build_clean_index
 from medrobust_lib.tracks.vlm.evaluate import ROW_KEY, evaluate_clean, evaluate_perturbed
+from tests.http_fakes import send_json, serving
 from tests.suite_helpers import write_suite
 
 
@@ -75,26 +76,13 @@ class _Fake(BaseHTTPRequestHandler):
                       else "CT image of the chest showing a small lesion.")
             payload = {"choices": [{"index": 0, "finish_reason": "stop",
                                     "message": {"role": "assistant", "content": answer}}]}
-        raw = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
+        send_json(self, payload, status)
 
 
 @pytest.fixture
 def endpoint() -> Iterator[str]:
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Fake)
-    httpd.daemon_threads = True
-    t = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    t.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        t.join(timeout=5)
+    with serving(_Fake) as url:
+        yield url
 
 
 @pytest.fixture

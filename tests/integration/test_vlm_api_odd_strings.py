@@ -15,7 +15,7 @@ import json
 import shutil
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from medrobust_lib.store.marts import build_mart, connect_readonly
 from medrobust_lib.store.schema import VLM_TABLE
 from medrobust_lib.tracks.datasets import build_clean_index
 from medrobust_lib.tracks.vlm.evaluate import evaluate_clean
+from tests.http_fakes import send_json, serving
 from tests.suite_helpers import write_suite
 
 ODD = ["a\udcff", "B\x00", "\x1b[31mYes\x1b[0m", "C\ud800\udc00x", "\x07\x08 box \u2028[0.1, 0.1, 0.5, 0.5]",
@@ -50,27 +51,14 @@ class _Odd(BaseHTTPRequestHandler):
             n = _Odd.hits
             _Odd.hits += 1
         # json.dumps escapes lone surrogates as \udcff: the body is valid JSON of an invalid string
-        raw = json.dumps({"choices": [{"index": 0, "finish_reason": "stop",
-                                       "message": {"role": "assistant", "content": ODD[n % len(ODD)]}}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
+        send_json(self, {"choices": [{"index": 0, "finish_reason": "stop",
+                                      "message": {"role": "assistant", "content": ODD[n % len(ODD)]}}]})
 
 
 @pytest.fixture
 def odd_endpoint() -> Iterator[str]:
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Odd)
-    httpd.daemon_threads = True
-    t = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    t.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        t.join(timeout=5)
+    with serving(_Odd) as url:
+        yield url
 
 
 @pytest.fixture

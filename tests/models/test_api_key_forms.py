@@ -16,10 +16,9 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
-import threading
 import urllib.parse
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ import pytest
 
 from medrobust_lib.config.vlm import ApiSettings
 from medrobust_lib.models.api_vlm import ApiVLM
+from tests.http_fakes import send_json, serving
 
 KEY = "sk-proj-Hq7Wz2Rk9XLm4Vb8Nt3Cy6Jd"
 ENV = "MEDROBUST_TEST_FORMS_KEY"
@@ -85,26 +85,13 @@ class _Echo(BaseHTTPRequestHandler):
                                     "message": {"role": "assistant", "content": text}}]}
         else:
             payload = {"error": {"message": text}}
-        raw = json.dumps(payload).encode()
-        self.send_response(int(status))
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
+        send_json(self, payload, int(status))
 
 
 @pytest.fixture
 def echo_url() -> Iterator[str]:
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
-    httpd.daemon_threads = True
-    t = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    t.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        t.join(timeout=5)
+    with serving(_Echo) as url:
+        yield url
 
 
 def _make(url: str, **kw: Any) -> ApiVLM:
