@@ -54,4 +54,4 @@ def test_ui_no_start_writes_the_location_and_prints_its_workspace(tmp_path: Path
     assert res.exit_code == 0, res.output
     workspace = Path(res.stdout.strip())
     assert workspace == root / "var" / "locations" / "mine" / "workspace.yaml" and workspace.is_file()
-    assert f'"{suite.resolve()}"' in (workspace.parent / "location.py").read_text()
+    assert f"SUITE = {str(suite.resolve())!r}" in (workspace.parent / "location.py").read_text()
