@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -495,10 +496,11 @@ def query(
     loc = _suite_locations(suite)
     mart_file = _project_path(mart, str(loc.mart) if loc else "var/marts.duckdb")
     if output is not None:
-        from medrobust_lib.paths import refuse_input
+        from medrobust_lib.paths import refuse_input, refuse_inside
 
         refuse_input(output, [mart_file, mart_file.with_name(mart_file.name + ".wal")]
                      + ([_suite_file(suite)] if suite is not None else []))
+        refuse_inside(output, loc.results if loc else project_root() / "var" / "results", "the results folder")
     try:
         df = run_query(mart_file, sql)
     except (FileNotFoundError, ValueError) as exc:  # no mart; QueryRefused by the sandbox
@@ -516,19 +518,41 @@ def query(
         _echo(f"wrote {len(df)} rows to {output} ({fmt.value})")
         return
     if fmt is OutFormat.table:
-        text = df.to_string(index=False) if len(df) else "(no rows)"
+        text = _printable(df).to_string(index=False) if len(df) else "(no rows)"
     elif fmt is OutFormat.csv:
         text = df.to_csv(index=False)
     elif fmt is OutFormat.json:
         text = frame_to_json(df)
     else:
-        text = df.to_markdown(index=False)
+        text = _printable(df, markdown=True).to_markdown(index=False)
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(text)
         _echo(f"wrote {len(df)} rows to {output} ({fmt.value})")
     else:
         typer.echo(text.rstrip("\n"))
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _printable(df: Any, *, markdown: bool = False) -> Any:
+    """``df`` with control characters in its text cells shown escaped (``\\x1b``, ``\\n``): a value
+    can neither drive the terminal (ESC sequences) nor break a table row; in Markdown a line break
+    becomes ``<br>`` and ``|`` is escaped (issue 44, finding 12)."""
+
+    def clean(v: Any) -> Any:
+        if not isinstance(v, str):
+            return v
+        if markdown:
+            v = v.replace("|", "\\|").replace("\r\n", "<br>").replace("\n", "<br>")
+        return _CONTROL.sub(lambda m: repr(m.group())[1:-1], v)
+
+    out = df.copy()
+    for c in out.columns:
+        if out[c].dtype == object:
+            out[c] = out[c].map(clean)
+    return out
 
 
 @app.command("list-perturbations")

@@ -94,6 +94,14 @@ def refuse_input(out: Path, inputs: list[Path]) -> None:
             raise ValueError(f"refusing to write {out}: it is the input {src} (choose another output)")
 
 
+def refuse_inside(out: Path, folder: Path, what: str) -> None:
+    """Raise ValueError when ``out`` lies inside ``folder`` (links resolved): e.g. a query result
+    written among the result chunks would replace one (issue 44, finding 12)."""
+    o, f = Path(os.path.realpath(out)), Path(os.path.realpath(folder))
+    if o == f or f in o.parents:
+        raise ValueError(f"refusing to write {out}: it is inside {what} {folder} (choose another output)")
+
+
 RECORD_FILES: dict[str, str] = {
     "omnimedvqa": "records/omnimedvqa.json",
     "yesno_paraphrases": "records/yesno_paraphrases.jsonl",

@@ -75,6 +75,8 @@ def perturb_file(
 
     if not input_path.is_file():
         raise FileNotFoundError(f"input image not found: {input_path}")
+    if mask_path is not None and not mask_path.is_file():  # a FIFO or a device would block the read forever
+        raise ValueError(f"--mask {mask_path} is not a regular file")
     if (output is None) == (output_dir is None):
         raise ValueError("give exactly one of --output FILE or --output-dir DIR")
     inputs = [input_path] + ([mask_path] if mask_path is not None else [])

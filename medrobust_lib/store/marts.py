@@ -198,7 +198,10 @@ def connect_readonly(mart_path: str | Path) -> duckdb.DuckDBPyConnection:
     if not p.is_file():
         raise FileNotFoundError(f"no mart at {p}: build it with `medrobust run --suite SUITE.yaml` (your suite; "
                                 "then pass --suite) or `medrobust demo` (the demo's)")
-    return duckdb.connect(str(p), read_only=True)
+    try:
+        return duckdb.connect(str(p), read_only=True)
+    except duckdb.IOException as exc:  # README.md given as --mart: bad input (exit 2), not an internal error
+        raise ValueError(f"{p} is not a DuckDB mart ({str(exc).splitlines()[0]})") from None
 
 
 __all__ = ["MART_TABLES", "MART_VIEWS", "MartBuildError", "build_mart", "connect_readonly", "mart_views"]

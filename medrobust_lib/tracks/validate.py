@@ -284,7 +284,9 @@ def _arch_errors(suite: Suite, root: Path) -> list[str]:
         if m.checkpoint in (None, DEMO_TRAINED, PACKAGE_CHECKPOINT) or m.checkpoint.startswith("models:/"):
             continue
         p = in_project(m.checkpoint, root)
-        if p.exists():
+        if p.exists() and not (p.is_file() or p.is_dir()):  # a FIFO or a device: reading it would block
+            errors.append(f"segmentation model {m.id!r}: checkpoint {p} is not a regular file")
+        elif p.exists():
             err = checkpoint_arch_error(m.id, m.arch, p)
             if err is not None:
                 errors.append(err)
