@@ -206,16 +206,35 @@ _PATCH = "image_encoder.patch_embed.proj.weight"
 _BLOCKS = "image_encoder.blocks."
 
 
+SAFETENSORS_DTYPE_BYTES: dict[str, int] = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4,
+                                          "I16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
 def _safetensors_shapes(path: Path) -> dict[str, list[int]]:
-    """Tensor name -> shape from a .safetensors header (8-byte length, then JSON), no tensor read."""
+    """Tensor name -> shape from a .safetensors header (8-byte length, then JSON), no tensor read.
+    The header must describe the file: each tensor's ``data_offsets`` span exactly its shape x dtype
+    bytes and lie inside the file (a file with lying offsets is refused here, as at load)."""
+    size = path.stat().st_size
     with path.open("rb") as fh:
         head = fh.read(8)
         if len(head) != 8:
             raise ValueError(f"{path}: not a safetensors file (too short)")
         (n,) = struct.unpack("<Q", head)
-        if n > 100_000_000:
+        if n > 100_000_000 or 8 + n > size:
             raise ValueError(f"{path}: not a safetensors file (header of {n} bytes)")
         meta = json.loads(fh.read(n))
+    data = size - 8 - n
+    for k, v in meta.items():
+        if k == "__metadata__" or not isinstance(v, dict):
+            continue
+        begin, end = (int(x) for x in v.get("data_offsets", (0, -1)))
+        count = 1
+        for d in v.get("shape", []):
+            count *= int(d)
+        width = SAFETENSORS_DTYPE_BYTES.get(str(v.get("dtype")))
+        if not 0 <= begin <= end <= data or (width is not None and end - begin != count * width):
+            raise ValueError(f"{path}: tensor {k!r} has data_offsets [{begin}, {end}] that do not fit its shape "
+                             f"{v.get('shape')} / dtype {v.get('dtype')} in {data} data bytes")
     return {k: list(v["shape"]) for k, v in meta.items() if isinstance(v, dict) and "shape" in v}
 
 

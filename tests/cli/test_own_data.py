@@ -256,6 +256,31 @@ def test_validate_compares_the_checkpoints_architecture_with_arch(tmp_path: Path
     assert checkpoint_arch_error("m", "tiny", tmp_path / "w1" / "tiny.safetensors") is None
 
 
+def test_a_safetensors_file_with_lying_offsets_fails_validate(tmp_path: Path) -> None:
+    """Issue 44, finding 12: the header's data_offsets must span each tensor's shape x dtype inside the
+    file (validate read only the shapes, so a file refused at load passed)."""
+    import struct
+
+    import torch
+    from safetensors.torch import save_file
+
+    good = tmp_path / "good.safetensors"
+    save_file({"image_encoder.patch_embed.proj.weight": torch.zeros(64, 3, 16, 16),
+               "image_encoder.blocks.0.norm1.weight": torch.zeros(64),
+               "image_encoder.blocks.1.norm1.weight": torch.zeros(64)}, str(good))
+    assert checkpoint_arch_error("m", "tiny", good) is None
+    raw = good.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + n])
+    entry = header["image_encoder.blocks.0.norm1.weight"]
+    entry["data_offsets"] = [entry["data_offsets"][0], entry["data_offsets"][1] + 10_000_000]  # past the end
+    text = json.dumps(header).encode()
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(struct.pack("<Q", len(text)) + text + raw[8 + n :])
+    err = checkpoint_arch_error("m", "tiny", bad) or ""
+    assert "cannot read checkpoint" in err and "data_offsets" in err, err
+
+
 def test_validate_of_the_committed_tiny_sam_weights() -> None:
     w = ROOT / "medrobust_lib" / "demo" / "weights" / "tiny-sam"
     ck = next(p for p in w.iterdir() if p.suffix in (".pth", ".safetensors"))
