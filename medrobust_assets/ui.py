@@ -135,9 +135,35 @@ def run(cmd: Sequence[str], grace_s: float = GRACE_S) -> int:
             signal.signal(s, h)
 
 
+def port_taken(host: str, port: int) -> bool:
+    """Whether something already listens on ``host:port`` (a second UI would start its daemon and then
+    find no port for its webserver, leaving the daemon running alone: issue 44, finding 12)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.settimeout(0.5)
+        return probe.connect_ex((host, port)) == 0
+
+
+def _option(args: Sequence[str], short: str, long: str, default: str) -> str:
+    for i, a in enumerate(args):
+        if a in (short, long) and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(long + "="):
+            return a.split("=", 1)[1]
+    return default
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m medrobust_assets.ui [dagster dev options]``."""
-    return run(dagster_command(list(sys.argv[1:] if argv is None else argv)))
+    """``python -m medrobust_assets.ui [dagster dev options]``. A port already in use is refused in one
+    line (exit 2) before anything starts."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    host, port = _option(args, "-h", "--host", "127.0.0.1"), _option(args, "-p", "--port", "3000")
+    if port.isdigit() and port_taken(host, int(port)):
+        print(f"error: {host}:{port} is already in use (another UI?); stop it or choose another port",
+              file=sys.stderr)
+        return 2
+    return run(dagster_command(args))
 
 
 if __name__ == "__main__":
