@@ -496,7 +496,7 @@ class ApiVLM:
                 if status == 200:
                     try:
                         body = json.loads(raw)
-                    except ValueError:
+                    except (ValueError, RecursionError):  # nested past the parser's depth: a bad body too
                         body = None
                     outcome, text, err, lps = parse_completion(body)
                     if body is None:
