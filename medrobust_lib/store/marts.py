@@ -24,7 +24,7 @@ from medrobust_lib.store.completeness import (
     PARTITION_KEYS,
     error_share_sql,
 )
-from medrobust_lib.store.results import CorruptChunkError, verify_chunk
+from medrobust_lib.store.results import TABLE_KEY, CorruptChunkError, verify_chunk
 from medrobust_lib.store.schema import MART_TABLES, MartTable
 from medrobust_lib.store.views import MART_VIEWS, mart_views
 from medrobust_lib.store.writer_lock import suite_writer_lock
@@ -116,11 +116,16 @@ def _verify_chunks(table: str, folder: Path) -> None:
     before DuckDB reads them; :class:`MartBuildError` naming table, file and partition."""
     for f in sorted(folder.rglob("*.parquet")):
         try:
-            verify_chunk(f)
+            chunk = verify_chunk(f)
         except CorruptChunkError as exc:
             raise MartBuildError(f"mart not rebuilt (the previous one is kept): {exc}; re-materialise that "
                                  f"partition of the asset that writes {table!r} (or delete the file), then "
                                  "rebuild the mart") from None
+        written_for = (chunk.schema.metadata or {}).get(TABLE_KEY)
+        if written_for is not None and written_for.decode(errors="replace") != table:
+            raise MartBuildError(f"mart not rebuilt (the previous one is kept): chunk {f} was written for table "
+                                 f"{written_for.decode(errors='replace')!r}, not {table!r} (a file copied into the "
+                                 "wrong folder); move or delete it, then rebuild the mart")
 
 
 def _chunk_error(table: str, folder: Path, exc: duckdb.Error) -> MartBuildError:

@@ -37,6 +37,9 @@ from medrobust_lib.store.schema import conform, table_columns
 FINGERPRINT_KEY = b"medrobust.fingerprint"
 CONTENT_HASH_KEY = b"medrobust.content_sha256"
 """File-metadata key of the SHA-256 of a chunk's decoded content (see :func:`content_hash`)."""
+TABLE_KEY = b"medrobust.table"
+"""File-metadata key of the declared table a chunk was written for: the mart refuses a chunk found
+under another table's folder (a valid file copied there would add rows of NULLs)."""
 _SAFE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
@@ -193,13 +196,14 @@ def write_chunk(path: Path, rows: Sequence[Mapping[str, Any]] | pd.DataFrame, fp
     df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows), columns=list(columns) if columns else None)
     partition_cols = {p.split("=", 1)[0] for p in path.parent.parts if "=" in p}
     df = _utf8_safe(df.drop(columns=[c for c in df.columns if c in partition_cols]))
-    if schema is None:  # the table's declared schema (store.schema), so no chunk types a column null
-        table_name = next((p.name for p in path.parents if table_columns(p.name) is not None), None)
-        if table_name is not None:
-            df, schema = conform(df, table_name)
+    table_name = next((p.name for p in path.parents if table_columns(p.name) is not None), None)
+    if schema is None and table_name is not None:  # the declared schema, so no chunk types a column null
+        df, schema = conform(df, table_name)
     table = pa.Table.from_pandas(df, schema=schema, preserve_index=False)
-    table = table.replace_schema_metadata({**(table.schema.metadata or {}), FINGERPRINT_KEY: fp.encode(),
-                                           CONTENT_HASH_KEY: content_hash(table).encode()})
+    meta = {**(table.schema.metadata or {}), FINGERPRINT_KEY: fp.encode(), CONTENT_HASH_KEY: content_hash(table).encode()}
+    if table_name is not None:
+        meta[TABLE_KEY] = table_name.encode()
+    table = table.replace_schema_metadata(meta)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
