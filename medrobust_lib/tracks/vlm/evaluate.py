@@ -25,7 +25,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -180,6 +180,8 @@ def _judge(judge: Runner, pairs: list[tuple[VLMItem, dict[str, Any]]]) -> None:
                  judge_correct=None if v.letter is None else float(v.letter == it.answer))
 
 
+T = TypeVar("T")
+
 PROGRESS_WHAT = "model answers"
 """The unit of a VLM partition's progress: prompts answered by the evaluated model (judge calls
 not counted)."""
@@ -203,31 +205,32 @@ class _Tally:
         finish(self.progress, self.total, PROGRESS_WHAT)
 
 
+def _asked(it: VLMItem, perturbation: str, done: Collection[tuple[str, ...]], open_vqa: bool) -> tuple[bool, bool]:
+    """Whether :func:`ask` asks ``it`` under ``perturbation`` alone (the open-VQA twin of a
+    multiple-choice item, when ``open_vqa``) and as itself: each unless its row is ``done`` (kept
+    from a previous run). The one rule for what :func:`ask` sends and :func:`_n_asked` counts."""
+    alone = (open_vqa and it.task == "vqa_mc"
+             and _item_key(dataclasses.replace(it, task=OPEN_TASK), perturbation) not in done)
+    return alone, not (done and _item_key(it, perturbation) in done)
+
+
 def _n_asked(items: Iterable[VLMItem], perturbation: str, done: Collection[tuple[str, ...]], open_vqa: bool) -> int:
     """Prompts :func:`ask` sends the evaluated model for ``items`` of one image under
     ``perturbation`` (grounding boxes moved out of view included: :func:`ask` counts them off)."""
-    n = 0
-    for it in items:
-        if open_vqa and it.task == "vqa_mc" and _item_key(dataclasses.replace(it, task=OPEN_TASK),
-                                                          perturbation) not in done:
-            n += 1
-        if not (done and _item_key(it, perturbation) in done):
-            n += 1
-    return n
+    return sum(sum(_asked(it, perturbation, done, open_vqa)) for it in items)
+
+
+def _reported(call: Callable[[Sequence[Any], Sequence[str]], Sequence[T]], runner: Runner,
+              images: Sequence[np.ndarray | None], prompts: Sequence[str], tally: _Tally | None) -> list[T]:
+    """``call(images, prompts)`` (the runner's ``generate`` or ``yes_no``), reported to ``tally`` per
+    chunk (:func:`chunked`)."""
+    tick = tally.tick if tally is not None and tally.progress is not None else None
+    return chunked(call, images, prompts, progress_chunk(runner), tick)
 
 
 def _generate(runner: Runner, images: Sequence[np.ndarray | None], prompts: Sequence[str], max_new_tokens: int,
               tally: _Tally | None) -> list[Answer]:
-    """``runner.generate``, reported to ``tally`` per chunk (:func:`chunked`)."""
-    tick = tally.tick if tally is not None and tally.progress is not None else None
-    return chunked(lambda i, p: runner.generate(i, p, max_new_tokens), images, prompts, progress_chunk(runner), tick)
-
-
-def _yes_no(runner: Runner, images: Sequence[np.ndarray | None], prompts: Sequence[str], tally: _Tally | None
-            ) -> list[tuple[dict[str, float] | None, Answer]]:
-    """``runner.yes_no``, reported to ``tally`` per chunk (:func:`chunked`)."""
-    tick = tally.tick if tally is not None and tally.progress is not None else None
-    return chunked(runner.yes_no, images, prompts, progress_chunk(runner), tick)
+    return _reported(lambda i, p: runner.generate(i, p, max_new_tokens), runner, images, prompts, tally)
 
 
 def ask(items_by_sample: dict[tuple[str, str], list[VLMItem]], conditions: Sequence[Condition], runner: Runner,
@@ -250,10 +253,10 @@ def ask(items_by_sample: dict[tuple[str, str], list[VLMItem]], conditions: Seque
     open_jobs: list[tuple[VLMItem, Condition]] = []
     for c in conditions:
         for it in items_by_sample.get((c.sample.dataset, c.sample.sample_id), []):
-            if (open_judge is not None and it.task == "vqa_mc"
-                    and _item_key(dataclasses.replace(it, task=OPEN_TASK), c.perturbation) not in done):
+            alone, itself = _asked(it, c.perturbation, done, open_judge is not None)
+            if alone:
                 open_jobs.append((it, c))
-            if done and _item_key(it, c.perturbation) in done:
+            if not itself:
                 continue
             if it.task == "grounding" and c.boxes.get(it.record_id) is None:
                 r = _row(it, c, runner)
@@ -274,7 +277,7 @@ def ask(items_by_sample: dict[tuple[str, str], list[VLMItem]], conditions: Seque
     if open_judge is not None and open_jobs:
         rows.extend(_open_rows(open_jobs, runner, open_judge, proto.open_vqa_max_new_tokens, tally))
     yn = jobs["vqa_yesno"]
-    scored = _yes_no(runner, [c.image for _, c in yn], [prompt_for(it, 0) for it, _ in yn], tally)
+    scored = _reported(runner.yes_no, runner, [c.image for _, c in yn], [prompt_for(it, 0) for it, _ in yn], tally)
     for (it, c), (lp, a) in zip(yn, scored, strict=True):
         rows.append(_with_answer(_row(it, c, runner), a, score_yes_no(a.text, it.answer, lp)))
     gr = jobs["grounding"]
