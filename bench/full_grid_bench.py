@@ -260,7 +260,7 @@ def attack_grid(model: Any, samples: list[Sample], levels: Sequence[int], batch_
 
     from medrobust_lib.attacks.linf import AttackSetting, fgsm, pgd, torch_generator_for
     from medrobust_lib.models.sam import to_tensor_batch
-    from medrobust_lib.tracks.segmentation.evaluate import _GrayView
+    from medrobust_lib.tracks.segmentation.attack_views import GrayView
 
     prompt = PromptConfig()
     device = getattr(model, "device", "cpu")
@@ -274,7 +274,7 @@ def attack_grid(model: Any, samples: list[Sample], levels: Sequence[int], batch_
                 batch = samples[start : start + batch_size]
                 x = to_tensor_batch([s.image for s in batch]).to(device)
                 gray = batch[0].image.ndim == 2
-                target = _GrayView(model) if gray else model
+                target = GrayView(model) if gray else model
                 if gray:
                     x = x[:, :1].contiguous()
                 boxes = torch.as_tensor(np.concatenate([prompt_boxes(s, prompt) for s in batch])).to(device)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -138,8 +139,6 @@ def run(cmd: Sequence[str], grace_s: float = GRACE_S) -> int:
 def port_taken(host: str, port: int) -> bool:
     """Whether something already listens on ``host:port`` (a second UI would start its daemon and then
     find no port for its webserver, leaving the daemon running alone: issue 44, finding 12)."""
-    import socket
-
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.settimeout(0.5)
         return probe.connect_ex((host, port)) == 0

@@ -13,7 +13,7 @@ Threat model and conventions:
   no ``.grad`` and their ``requires_grad`` flags are left alone. A model may take that gradient
   itself with ``input_grad(images, boxes, targets)`` (the gradient of the same loss, e.g. summed
   over chunks of images or boxes to bound the memory the autograd graph holds:
-  :class:`medrobust_lib.tracks.segmentation.evaluate.AttackChunks`).
+  :class:`medrobust_lib.tracks.segmentation.attack_views.AttackChunks`).
 * Eval mode: the attacked ``torch.nn.Module`` (the model itself, or its module attributes such as
   ``SamSegmenter.sam``) is put in eval mode for the attack, so dropout and other train-time
   behaviour is never active, and every submodule's training flag is restored afterwards (a model

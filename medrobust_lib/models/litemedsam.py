@@ -260,7 +260,7 @@ class LiteMedSamSegmenter(SamSegmenter):
         """Resident bytes of one attack gradient's autograd state (measured on a CPU in fp32,
         rounded up): per image, the checkpointed encoder and the differentiable preprocessing at
         H x W; per box prompt, the mask decoder and the logits at H x W
-        (:class:`~medrobust_lib.tracks.segmentation.evaluate.AttackChunks`)."""
+        (:class:`~medrobust_lib.tracks.segmentation.attack_views.AttackChunks`)."""
         return ENCODER_GRAD_BYTES + 96 * h * w, DECODER_GRAD_BYTES_PER_BOX + 48 * h * w
 
     def preprocess(self, images: torch.Tensor) -> torch.Tensor:

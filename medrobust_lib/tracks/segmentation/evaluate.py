@@ -26,6 +26,7 @@ from medrobust_lib.prompts import PromptTargets, prompt_targets
 from medrobust_lib.store import model_registry, pred_masks, results
 from medrobust_lib.store.completeness import ERROR_OUTCOME
 from medrobust_lib.store.schema import SEG_NO_MASK, SEG_NOT_APPLICABLE, SEG_OK, column_names, seg_failed
+from medrobust_lib.tracks.segmentation.attack_views import AttackChunks, GrayView, ImageChunks, MultiBoxView
 from medrobust_lib.tracks.upstream import MissingUpstream
 
 RESULTS_TABLE = "segmentation_results"
@@ -625,7 +626,8 @@ def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str
     ``kinds``: a subset of the suite's ``attacks.kinds``, None: all of them). Samples with one box
     are attacked ``eval_batch_size`` at a time (one PGD random start per batch, drawn from its first
     sample's key), a sample with instances alone; each gradient is summed over chunks of images and
-    boxes that fit :data:`ATTACK_GRAD_BUDGET` (:class:`AttackChunks`). Without ``attacks.max_samples``, a sample of the split that cannot be used now (the clean index
+    boxes that fit a memory budget (:class:`~medrobust_lib.tracks.segmentation.attack_views.AttackChunks`).
+    Without ``attacks.max_samples``, a sample of the split that cannot be used now (the clean index
     lists it as ok) is an ``error`` row per attack. ``reuse``, ``progress``: as in :func:`evaluate_clean`."""
     from medrobust_lib.attacks.linf import AttackSetting
     from medrobust_lib.tracks.feed import clean_samples, eval_samples
@@ -711,7 +713,7 @@ def _attack_batch(suite: Suite, model: Any, batch: list[Sample], kind: str, leve
     tgts = [prompt_targets(s, sc.prompt) for s in batch]
     x = to_tensor_batch([s.image for s in batch]).to(device)
     gray = batch[0].image.ndim == 2
-    target: Any = _GrayView(model) if gray else model
+    target: Any = GrayView(model) if gray else model
     if gray:  # attack the single stored channel, not three diverging copies of it
         x = x[:, :1].contiguous()
     boxes = torch.as_tensor(np.concatenate([t.boxes for t in tgts])).to(device)
@@ -719,11 +721,11 @@ def _attack_batch(suite: Suite, model: Any, batch: list[Sample], kind: str, leve
     if tgts[0].instances is not None:
         t = tgts[0]
         assert t.instances is not None
-        target = _MultiBoxView(target, torch.zeros(len(t.ids), dtype=torch.long, device=device), chunks.boxes)
+        target = MultiBoxView(target, torch.zeros(len(t.ids), dtype=torch.long, device=device), chunks.boxes)
         y_np = (t.instances[None] == t.ids[:, None, None]).astype(np.float32)
     else:
         if len(batch) > chunks.images:
-            target = _ImageChunks(target, chunks.images)
+            target = ImageChunks(target, chunks.images)
         y_np = np.stack([np.asarray(s.mask) for s in batch]).astype(np.float32)
     y = torch.from_numpy(y_np)[:, None].to(device)
     if kind == "fgsm":
@@ -734,146 +736,3 @@ def _attack_batch(suite: Suite, model: Any, batch: list[Sample], kind: str, leve
     adv_h = adv.detach().cpu()
     imgs = [a[0].numpy().copy() if gray else a.permute(1, 2, 0).numpy().copy() for a in adv_h]
     return imgs, tgts
-
-
-ATTACK_GRAD_BUDGET = 1536 * 2**20
-"""Bytes of autograd state one attack gradient may hold: with the rest of the process (torch, the
-weights, images, clean scores) an attack then stays within 4 GB resident. Compared with the
-model's own estimate ``grad_bytes(h, w)`` (:meth:`medrobust_lib.models.sam.SamSegmenter.grad_bytes`)."""
-
-
-@dataclass(frozen=True)
-class AttackChunks:
-    """How an attack's gradient is split to keep its autograd graph within :data:`ATTACK_GRAD_BUDGET`:
-    ``images`` per backward pass over a batch of one-box samples; ``boxes`` per decoder pass of a
-    sample with many box prompts (its image encoded once, that graph kept for the whole gradient).
-
-    The loss is a mean over prompts of per-prompt terms (:func:`medrobust_lib.models.losses.dice_bce_loss`:
-    soft Dice averaged per prompt, BCE over equally sized masks), so the gradient of a batch's loss
-    is the sum over chunks of ``n_chunk / n`` times each chunk's loss gradient: the same gradient of
-    the same batches (same PGD random starts); only floating-point summation order and the
-    kernels' batch shapes differ. A batch that fits one chunk runs the attack's single pass."""
-
-    images: int
-    boxes: int
-
-    @classmethod
-    def for_model(cls, model: Any, h: int, w: int, budget: int = ATTACK_GRAD_BUDGET) -> AttackChunks:
-        """Chunks for ``model`` on H x W images; a model without ``grad_bytes`` is not chunked."""
-        est = getattr(model, "grad_bytes", None)
-        if est is None:
-            return cls(_UNCHUNKED, _UNCHUNKED)
-        per_image, per_box = est(h, w)
-        return cls(max(1, budget // max(1, per_image)), max(1, (budget - per_image) // max(1, per_box)))
-
-
-_UNCHUNKED = 1 << 30
-
-
-def _chunked_grad(loss: Callable[[Any, slice], Any], x: Any, n: int, size: int) -> Any:
-    """d/dx of the mean over ``n`` prompts, as the sum over chunks ``c`` of ``size`` prompts of
-    ``len(c) / n * d loss(x, c) / dx`` (``loss``: the chunk's mean loss; ``x`` a leaf, each chunk's
-    graph freed before the next is built)."""
-    import torch
-
-    total = None
-    for i in range(0, n, size):
-        c = slice(i, min(n, i + size))
-        with torch.enable_grad():
-            part = loss(x, c) * ((c.stop - c.start) / n)
-        (g,) = torch.autograd.grad(part, x)
-        total = g if total is None else total + g
-    return total
-
-
-class _ImageChunks:
-    """A segmenter attacked on a batch of one-box images, its input gradient taken ``size`` images
-    at a time (:class:`AttackChunks`)."""
-
-    def __init__(self, model: Any, size: int) -> None:
-        self._model = model
-        self._size = size
-        self.sam = model.sam  # visible to attacks.linf.eval_mode, which scans module attributes
-
-    def input_grad(self, images: Any, boxes: Any, targets: Any) -> Any:
-        import torch
-
-        n = int(images.shape[0])
-        parts = []
-        for i in range(0, n, self._size):
-            c = slice(i, min(n, i + self._size))
-            x = images[c].detach().requires_grad_(True)  # one leaf per chunk: its graph goes with it
-            with torch.enable_grad():
-                logits = self._model.forward_logits(x, boxes[c])
-                loss = self._model.loss(logits, targets[c].to(logits.device)) * ((c.stop - c.start) / n)
-            (g,) = torch.autograd.grad(loss, x)
-            parts.append(g)
-        return torch.cat(parts)
-
-    def forward_logits(self, images: Any, boxes: Any) -> Any:
-        return self._model.forward_logits(images, boxes)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._model, name)
-
-
-class _MultiBoxView:
-    """A segmenter seen with several box prompts on one image: ``forward_logits(images (1, C, H, W),
-    boxes (M, 4))`` encodes the image once and decodes all M boxes -> (M, 1, H, W), so an attack
-    (``prompt_owner``: the image of each box) takes every instance's loss in one gradient. With more
-    than ``box_chunk`` boxes, ``input_grad`` keeps the encoder's graph once and decodes the boxes
-    ``box_chunk`` at a time, accumulating the gradient at the image embedding (:class:`AttackChunks`)."""
-
-    def __init__(self, model: Any, owner: Any, box_chunk: int = _UNCHUNKED) -> None:
-        self._model = model
-        self.prompt_owner = owner
-        self.sam = model.sam  # visible to attacks.linf.eval_mode, which scans module attributes
-        self._box_chunk = box_chunk
-        if len(owner) > box_chunk:
-            self.input_grad = self._input_grad
-
-    def _inner(self) -> Any:
-        return self._model._model if isinstance(self._model, _GrayView) else self._model
-
-    def forward_logits(self, images: Any, boxes: Any) -> Any:
-        _, c, h, w = images.shape
-        x = images.expand(-1, 3, -1, -1) if c == 1 else images
-        inner = self._inner()
-        emb = inner.embed(x).index_select(0, self.prompt_owner)
-        return inner.decode_batch(emb, boxes, h, w)
-
-    def _input_grad(self, images: Any, boxes: Any, targets: Any) -> Any:
-        import torch
-
-        _, c, h, w = images.shape
-        inner = self._inner()
-        x = images.detach().requires_grad_(True)
-        with torch.enable_grad():
-            emb = inner.embed(x.expand(-1, 3, -1, -1) if c == 1 else x)
-        e = emb.detach().requires_grad_(True)  # the decoder chunks' graphs end here
-
-        def loss(es: Any, ch: slice) -> Any:
-            logits = inner.decode_batch(es.expand(ch.stop - ch.start, -1, -1, -1), boxes[ch], h, w)
-            return inner.loss(logits, targets[ch].to(logits.device))
-
-        g_emb = _chunked_grad(loss, e, int(boxes.shape[0]), self._box_chunk)
-        (g,) = torch.autograd.grad(emb, x, grad_outputs=g_emb)
-        return g
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._model, name)
-
-
-class _GrayView:
-    """A segmenter seen through a one-channel input: (B, 1, H, W) is replicated to three channels
-    inside the differentiable path, so attacks perturb the grayscale image itself."""
-
-    def __init__(self, model: Any) -> None:
-        self._model = model
-        self.sam = model.sam  # visible to attacks.linf.eval_mode, which scans module attributes
-
-    def forward_logits(self, images: Any, boxes: Any) -> Any:
-        return self._model.forward_logits(images.expand(-1, 3, -1, -1), boxes)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._model, name)
