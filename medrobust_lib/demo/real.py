@@ -116,9 +116,9 @@ def config(spec: RealFile, root: Path) -> dict[str, Any]:
 def _report_fields(dataset: str) -> dict[str, Any]:
     """``description`` (:func:`describe`) and ``reference_dice`` (the official LiteMedSAM inference's
     clean Dice on the dataset, :mod:`medrobust_lib.demo.official`) of a real demo dataset."""
-    from medrobust_lib.demo.official import OFFICIAL_FAMILY, load_official_real
+    from medrobust_lib.demo.official import OFFICIAL_FAMILY, shipped_official_real
 
-    official = load_official_real()
+    official = shipped_official_real()
     out: dict[str, Any] = {"description": describe(dataset)}
     entry = official.datasets.get(dataset)
     if entry is not None:

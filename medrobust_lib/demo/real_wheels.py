@@ -19,6 +19,7 @@ from pathlib import Path
 import mrcfile
 import numpy as np
 
+from medrobust_lib.data.imageio import atomic_write
 from medrobust_lib.demo.data_wheels import read_member
 
 LITS_IMAGE = "liver_ct_segmentation_package/data/img_117.mrc"
@@ -52,13 +53,6 @@ def lits_volumes() -> tuple[np.ndarray, np.ndarray]:
     return image, label
 
 
-def _atomic_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def _write_nifti(path: Path, array: np.ndarray, affine: np.ndarray | None = None) -> None:
     import nibabel as nib
 
@@ -66,7 +60,7 @@ def _write_nifti(path: Path, array: np.ndarray, affine: np.ndarray | None = None
     buf = io.BytesIO()
     fm = nib.Nifti1Image.make_file_map({"image": buf, "header": buf})
     img.to_file_map(fm)
-    _atomic_bytes(path, buf.getvalue())
+    atomic_write(path, buf.getvalue())
 
 
 def write_lits117(folder: Path) -> None:
@@ -82,30 +76,27 @@ def write_lits117(folder: Path) -> None:
 def write_dsb2018(folder: Path) -> None:
     """``images/dsb2018_img2d.tif`` and ``masks/dsb2018_img2d.tif``: byte copies of the 16-bit
     image and its 16-bit instance labels."""
-    _atomic_bytes(folder / "images" / "dsb2018_img2d.tif", read_member("stardist", DSB_IMAGE))
-    _atomic_bytes(folder / "masks" / "dsb2018_img2d.tif", read_member("stardist", DSB_MASK))
+    atomic_write(folder / "images" / "dsb2018_img2d.tif", read_member("stardist", DSB_IMAGE))
+    atomic_write(folder / "masks" / "dsb2018_img2d.tif", read_member("stardist", DSB_MASK))
 
 
-def mni152_volumes() -> tuple[bytes, np.ndarray, np.ndarray]:
-    """The template's ``.nii.gz`` bytes, its uint8 (197, 233, 189) array, and the derived uint8
-    brain mask (:data:`MNI_MASK_THRESHOLD` of the maximum)."""
+def mni152_volumes() -> tuple[bytes, np.ndarray, np.ndarray, np.ndarray]:
+    """The template's ``.nii.gz`` bytes, its uint8 (197, 233, 189) array, the derived uint8 brain
+    mask (:data:`MNI_MASK_THRESHOLD` of the maximum) and the template's 4 x 4 affine."""
     import nibabel as nib
 
     raw = read_member("nilearn", MNI_T1)
     img = nib.Nifti1Image.from_bytes(gzip.decompress(raw))
     t1 = np.asarray(img.dataobj)
     mask = (t1.astype(np.float32) / np.float32(t1.max()) > MNI_MASK_THRESHOLD).astype(np.uint8)
-    return raw, t1, mask
+    return raw, t1, mask, np.asarray(img.affine)
 
 
 def write_mni152(folder: Path) -> None:
     """``imagesTr/mni152_t1.nii.gz`` (byte copy of nilearn's template) and
     ``labelsTr/mni152_t1.nii`` (the derived brain mask, the template's affine)."""
-    import nibabel as nib
-
-    raw, _, mask = mni152_volumes()
-    affine = nib.Nifti1Image.from_bytes(gzip.decompress(raw)).affine
-    _atomic_bytes(folder / "imagesTr" / "mni152_t1.nii.gz", raw)
+    raw, _, mask, affine = mni152_volumes()
+    atomic_write(folder / "imagesTr" / "mni152_t1.nii.gz", raw)
     _write_nifti(folder / "labelsTr" / "mni152_t1.nii", mask, affine)
 
 
