@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import pytest
 from medrobust_lib.config.vlm import ApiSettings, is_loopback
 from medrobust_lib.models.api_vlm import ApiVLM
 from medrobust_lib.models.cache import JOURNAL_MODE_ENV, ResponseCache, cache_key
+from tests.http_fakes import serving
 
 ENV = "MEDROBUST_TEST_FAULT_KEY"
 
@@ -62,14 +62,8 @@ class _Handler(BaseHTTPRequestHandler):
 @pytest.fixture()
 def url() -> Iterator[str]:
     _Handler.hits = 0
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    t = threading.Thread(target=httpd.serve_forever, daemon=True)
-    t.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+    with serving(_Handler) as base:
+        yield base
 
 
 def _vlm(url: str, **kw: Any) -> ApiVLM:

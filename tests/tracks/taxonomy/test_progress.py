@@ -15,6 +15,7 @@ from medrobust_lib.config import Suite
 from medrobust_lib.store import results
 from medrobust_lib.store.schema import TAXONOMY_TABLE
 from medrobust_lib.tracks.taxonomy import evaluate as tx
+from tests.progress_helpers import Recorder, check_progress
 from tests.tracks.unusable_helpers import LEVEL, SPLIT, broken_suite
 
 CONFIG = "demo-image-reliant"
@@ -57,21 +58,6 @@ def suites(tmp_path_factory: pytest.TempPathFactory, demo_root: Path) -> tuple[S
             broken_suite(tmp_path_factory.mktemp("tax_progress_b"), demo_root, deleted=False, taxonomy=tax))
 
 
-class _Recorder:
-    def __init__(self) -> None:
-        self.calls: list[tuple[int, int, str]] = []
-
-    def __call__(self, done: int, total: int, what: str) -> None:
-        self.calls.append((done, total, what))
-
-
-def _check(calls: list[tuple[int, int, str]], total: int, what: str) -> None:
-    assert calls and {w for _, _, w in calls} == {what} and {t for _, t, _ in calls} == {total}
-    dones = [d for d, _, _ in calls]
-    assert dones == sorted(dones) and dones[0] == 0 and dones[-1] == total
-    assert all(d < total for d in dones[:-1])
-
-
 def _rows(suite: Suite, level: int) -> pd.DataFrame:
     df = results.read_partition(suite.results_dir, TAXONOMY_TABLE, {
         "config": CONFIG, "run": "clean" if level == 0 else "perturbation", "modality": "ct", "level": level})
@@ -80,10 +66,10 @@ def _rows(suite: Suite, level: int) -> pd.DataFrame:
 
 def test_baselines_report_their_records(suites: tuple[Suite, Suite]) -> None:
     plain, watched = suites
-    rec = _Recorder()
+    rec = Recorder()
     n = tx.compute_baselines(watched, CONFIG, "ct", progress=rec)
     tx.compute_baselines(plain, CONFIG, "ct")
-    _check(rec.calls, n // len(MODES), "records")
+    check_progress(rec.calls, n // len(MODES), "records")
 
 
 @pytest.mark.parametrize("level", [0, LEVEL])
@@ -92,13 +78,13 @@ def test_partition_progress_counts_the_samples_and_changes_no_row(suites: tuple[
     for s in suites:
         tx.compute_baselines(s, CONFIG, "ct")
     tx.evaluate(plain, CONFIG, "ct", level)
-    rec = _Recorder()
+    rec = Recorder()
     before = CountingScorer.images
     out = tx.evaluate(watched, CONFIG, "ct", level, progress=rec)
     scored = CountingScorer.images - before
     assert scored == out.n_images > 0
-    _check(rec.calls, scored, tx.PROGRESS_WHAT)
+    check_progress(rec.calls, scored, tx.PROGRESS_WHAT)
     pd.testing.assert_frame_equal(_rows(plain, level), _rows(watched, level))
-    rec2 = _Recorder()
+    rec2 = Recorder()
     again = tx.evaluate(watched, CONFIG, "ct", level, progress=rec2)  # every row kept: nothing to score
     assert again.n_images == 0 and rec2.calls[-1][:2] == (0, 0)

@@ -21,24 +21,10 @@ from medrobust_lib.store import results
 from medrobust_lib.store.schema import VLM_TABLE
 from medrobust_lib.tracks.vlm.evaluate import PROGRESS_WHAT, evaluate_clean, evaluate_perturbed
 from medrobust_lib.tracks.vlm.model_runner import Answer, Runner, chunked, progress_chunk
+from tests.progress_helpers import Recorder, check_progress
 from tests.tracks.unusable_helpers import LEVEL, SPLIT, broken_suite
 
 BATCH = 2
-
-
-class _Recorder:
-    def __init__(self) -> None:
-        self.calls: list[tuple[int, int, str]] = []
-
-    def __call__(self, done: int, total: int, what: str) -> None:
-        self.calls.append((done, total, what))
-
-
-def _check(calls: list[tuple[int, int, str]], total: int, what: str) -> None:
-    assert calls and {w for _, _, w in calls} == {what} and {t for _, t, _ in calls} == {total}
-    dones = [d for d, _, _ in calls]
-    assert dones == sorted(dones) and dones[0] == 0 and dones[-1] == total
-    assert all(d < total for d in dones[:-1])
 
 
 # ---- the runner: one call of N prompts == the same prompts in chunks ------------------------------
@@ -184,14 +170,14 @@ def test_partition_progress_counts_the_prompts_and_changes_no_row(suites: tuple[
     run = (lambda s, r, **kw: evaluate_clean(s, "fake", "ct", r, **kw)) if level == 0 else \
         (lambda s, r, **kw: evaluate_perturbed(s, "fake", "ct", level, r, **kw))
     r0, r1 = CountingRunner(), CountingRunner()
-    rec = _Recorder()
+    rec = Recorder()
     run(plain, r0)
     run(watched, r1, progress=rec)
     assert r1.prompts == r0.prompts > 0
-    _check(rec.calls, r1.prompts, PROGRESS_WHAT)
+    check_progress(rec.calls, r1.prompts, PROGRESS_WHAT)
     assert max(r1.calls) <= BATCH  # sent in chunks of the batch size
     pd.testing.assert_frame_equal(_rows(plain, level), _rows(watched, level))
-    rec2 = _Recorder()
+    rec2 = Recorder()
     r2 = CountingRunner()
     run(watched, r2, progress=rec2)  # a re-run asks only the error rows again: its total says so
     assert rec2.calls[-1][:2] == (r2.prompts, r2.prompts)
