@@ -233,7 +233,7 @@ def _real_label_figures(con: duckdb.DuckDBPyConnection, models: list[str] | None
     if cells.empty:
         return []
     where, params = pt.where_in("model", pt.real_models(con, models))
-    clean = con.execute(f"select * from ({segmentation_real_labels(include_off_band, pt._band_rows(con))}) "
+    clean = con.execute(f"select * from ({segmentation_real_labels(include_off_band, pt.band_rows(con))}) "
                         f"where {where}", params).df()
     paths = real_label_bars(cells, clean, fig_dir, _stored_bands(con), prefix=real_labels_table.FIGURE_PREFIX)
     return [(p, f"{p.stem.removeprefix(real_labels_table.FIGURE_PREFIX)}: mean Dice drop (clean - perturbed, "

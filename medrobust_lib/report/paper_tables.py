@@ -94,7 +94,7 @@ def where_in(column: str, ids: Sequence[str] | None) -> tuple[str, list[object]]
     return f"list_contains(?, {column})", [list(ids)]
 
 
-def _identity_columns(df: pd.DataFrame, key: str, extra: Sequence[tuple[str, str]]) -> list[Column]:
+def identity_columns(df: pd.DataFrame, key: str, extra: Sequence[tuple[str, str]]) -> list[Column]:
     """Display columns for identity fields (``(column, header)`` pairs) that vary within a value of
     ``key``: a checkpoint hash is noise unless one model has several."""
     cols = []
@@ -104,7 +104,7 @@ def _identity_columns(df: pd.DataFrame, key: str, extra: Sequence[tuple[str, str
     return cols
 
 
-def _band_rows(con: duckdb.DuckDBPyConnection) -> str:
+def band_rows(con: duckdb.DuckDBPyConnection) -> str:
     """The manifest's band flags, or no rows for a database without ``perturbation_manifest``."""
     has = relation_exists(con, "perturbation_manifest") and "band_reached" in relation_columns(
         con, "perturbation_manifest")
@@ -129,7 +129,7 @@ def segmentation_summary(con: duckdb.DuckDBPyConnection, models: Sequence[str] |
     flagged ``floor_effect`` (greyed). The rows are the ``segmentation_model_summary`` view's."""
     where, params = where_in("model", models)
     df = con.execute(f"""
-        select * from ({model_summary_sql("$include_floor", "$include_off_band", _band_rows(con))})
+        select * from ({model_summary_sql("$include_floor", "$include_off_band", band_rows(con))})
         where {where.replace("?", "$ids")} order by model, strategy, checkpoint""",
                      {"include_floor": include_floor, "include_off_band": include_off_band, **_named(params)}).df()
     if df.empty:
@@ -138,7 +138,7 @@ def segmentation_summary(con: duckdb.DuckDBPyConnection, models: Sequence[str] |
               "n_conditions",
               "n_floor_datasets"):
         df[c] = df[c].astype("int64")
-    cols = [Column("Model", "model"), *_identity_columns(df, "model", [("strategy", "Strategy"),
+    cols = [Column("Model", "model"), *identity_columns(df, "model", [("strategy", "Strategy"),
                                                                       ("checkpoint", "Checkpoint")]),
             Column("Levels", "levels"), Column("Cond.", "n_conditions", "int"),
             Column("IoU", "clean_iou", "float"),
@@ -210,7 +210,7 @@ def segmentation_level_means(con: duckdb.DuckDBPyConnection, models: Sequence[st
     cell's rows whose perturbed output missed its SSIM band."""
     where, params = where_in("model", models)
     df = con.execute(f"""
-        select * from ({level_means_sql("$include_floor", "$include_off_band", _band_rows(con))})
+        select * from ({level_means_sql("$include_floor", "$include_off_band", band_rows(con))})
         where {where.replace("?", "$ids")} order by model, strategy, checkpoint, condition, perturbation, level""",
                      {"include_floor": include_floor, "include_off_band": include_off_band, **_named(params)}).df()
     return df
@@ -254,7 +254,7 @@ def segmentation_by_level(con: duckdb.DuckDBPyConnection, models: Sequence[str] 
         df = con.execute(f"select {cols_sql}, {floor} from {view} where {where} {order}", params).df()
     if df.empty:
         return "no segmentation_by_level rows for the selected models"
-    cols = [Column("Model", "model"), *_identity_columns(df, "model", [("strategy", "Strategy"),
+    cols = [Column("Model", "model"), *identity_columns(df, "model", [("strategy", "Strategy"),
                                                                       ("checkpoint", "Checkpoint")]),
             Column("Kind", "kind"), Column("Perturbation", "perturbation"), Column("Level", "level", "int"),
             Column("n", "n", "int"), Column("IoU", "iou", "float"),
@@ -388,7 +388,7 @@ def vlm_task_drops(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None)
              "n_truncated", "floor_effect"]]
     for c in ("n_unparseable", "n_error", "n_truncated"):
         df[c] = df[c].astype("Int64")
-    cols = [Column("Model", "model"), *_identity_columns(df, "model", [("checkpoint", "Checkpoint"),
+    cols = [Column("Model", "model"), *identity_columns(df, "model", [("checkpoint", "Checkpoint"),
                                                                       ("adapter", "Adapter")]),
             Column("Task", "task"), Column("Metric", "metric"), Column("Perturbation", "perturbation"),
             Column("Clean", "clean", "float"), Column("Perturbed", "perturbed", "float"),
@@ -491,7 +491,7 @@ def _add_share_ci(con: duckdb.DuckDBPyConnection, df: pd.DataFrame, where: str, 
     if not relation_exists(con, "taxonomy_results"):
         return df
     complete = relation_exists(con, COMPLETENESS_TABLE)
-    sql = quadrant_images_sql(complete, include_off_band, _band_rows(con))
+    sql = quadrant_images_sql(complete, include_off_band, band_rows(con))
     counts = con.execute(f"select * from ({sql}) where {where}", params).df()
     if counts.empty:
         return df
@@ -699,7 +699,7 @@ def _synthetic_type_ranks(con: duckdb.DuckDBPyConnection, real: Sequence[str], d
     rows left out unless asked) restricted to them, as (ranks, per-modality means) in the columns of
     ``segmentation_type_ranks`` and ``segmentation_by_modality``. ``n`` counts every row of a cell,
     the means and the CI (``min_n`` images or more) take its ok rows."""
-    ctes = seg_rows_ctes(include_floor, "list_contains($datasets, r.dataset)", include_off_band, _band_rows(con))
+    ctes = seg_rows_ctes(include_floor, "list_contains($datasets, r.dataset)", include_off_band, band_rows(con))
     rows = con.execute(f"""
         with {ctes}
         select model, level, perturbation, modality, status, iou, iou_drop, clean_iou

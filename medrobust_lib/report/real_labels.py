@@ -72,7 +72,7 @@ def real_label_type_stats(con: duckdb.DuckDBPyConnection, models: Sequence[str] 
     real = pt.real_models(con, models)
     if not real or pt.label_kinds_missing(con) is not None:
         return pd.DataFrame()
-    band = pt._band_rows(con)
+    band = pt.band_rows(con)
     where, params = pt.where_in("model", real)
     cells = con.execute(f"select * from ({segmentation_real_label_types(include_off_band, band)}) where {where}",
                         params).df()
@@ -140,7 +140,7 @@ def real_labels(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None, se
     if why is not None:
         return why
     where, params = pt.where_in("model", real)
-    clean = con.execute(f"select * from ({segmentation_real_labels(include_off_band, pt._band_rows(con))}) "
+    clean = con.execute(f"select * from ({segmentation_real_labels(include_off_band, pt.band_rows(con))}) "
                         f"where {where}", params).df()
     if clean.empty:
         return ("no rows of a real-architecture model on a dataset with real labels (clean_samples.synthetic_labels "
@@ -174,7 +174,7 @@ def real_labels(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None, se
              "dice_drop", "dice_drop_ci_low", "dice_drop_ci_high", "iou_drop", "iou_drop_ci_low", "iou_drop_ci_high",
              "n_ok", "band_miss"]
     df = df.reindex(columns=[*front, *[c for c in df.columns if c not in front]])
-    cols = [Column("Model", "model"), *pt._identity_columns(df, "model", [("strategy", "Strategy"),
+    cols = [Column("Model", "model"), *pt.identity_columns(df, "model", [("strategy", "Strategy"),
                                                                          ("checkpoint", "Checkpoint")]),
             Column("Dataset", "dataset"), Column("Clean Dice (n)", "clean_cell")]
     shown_instances = bool((df["instance_cell"] != "").any())
