@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture()
 def installed() -> Path:
     folder = dw.wheel_dir()
-    if not all((folder / w.filename).is_file() for w in dw.DATA_WHEELS):
-        pytest.skip(f"the data wheels are not in {folder}: make setup fetches them")
+    if not all((folder / w.filename).is_file() for w in dw.DATA_WHEELS):  # a checkout without `make setup`;
+        pytest.skip(f"the data wheels are not in {folder}: make setup fetches them")  # make test fetches first
     return folder
 
 
