@@ -21,7 +21,7 @@ from medrobust_assets.assets.segmentation import segmentation_family, segmentati
 from medrobust_assets.assets.taxonomy import taxonomy_family, taxonomy_report
 from medrobust_assets.assets.vlm import vlm_family, vlm_report
 from medrobust_assets.partitions import SuitePartitions, partitions_for
-from medrobust_assets.resources import SuiteResource, TrackingResource
+from medrobust_assets.resources import SuiteResource, TrackingResource, pin_location
 from medrobust_assets.sensors import (
     mart_after_evaluation,
     marts_job,
@@ -157,7 +157,11 @@ def definitions_for(suite: Suite, *, suite_path: str | Path | None = None, mlrun
                           resources=build_resources(path, mlruns_dir=mlruns_dir, workers=workers, retrain=retrain))
 
 
-def definitions_for_file(suite_path: str | Path, **kwargs: Any) -> dg.Definitions:
-    """:func:`definitions_for` of the suite YAML at ``suite_path`` (parsed once per process)."""
+def definitions_for_file(suite_path: str | Path, *, pin: bool = False, **kwargs: Any) -> dg.Definitions:
+    """:func:`definitions_for` of the suite YAML at ``suite_path`` (parsed once per process).
+    ``pin``: the code-location modules set it, so runs of this process cannot be pointed at another
+    suite file or MLflow store by launch config (:func:`medrobust_assets.resources.pin_location`)."""
     path = Path(suite_path).resolve()
+    if pin:
+        pin_location(path, kwargs.get("mlruns_dir", "mlruns"))
     return definitions_for(runtime.load_suite(path), suite_path=path, **kwargs)

@@ -1,7 +1,7 @@
 """Code locations for suites other than the demo: ``medrobust ui --suite my.yaml`` (and the
 deploy recipes) write one here.
 
-A location is a Python file of two lines, ``defs = definitions_for_file("<suite path>")``, and a
+A location is a Python file of two lines, ``defs = definitions_for_file("<suite path>", pin=True)``, and a
 Dagster workspace file that loads it with the project root as working directory, both under
 ``var/locations/<suite name>/`` of the project. The suite is named in the file, never in an
 environment variable. Plain standard library: importing this module imports no Dagster.
@@ -34,7 +34,7 @@ def location_source(suite_path: Path) -> str:
     return ('"""Code location of one suite (written by `medrobust ui --suite`; regenerated on every call)."""\n\n'
             "from medrobust_assets.definitions import definitions_for_file\n\n"
             f"SUITE = {str(suite_path)!r}\n"
-            "defs = definitions_for_file(SUITE)\n")
+            "defs = definitions_for_file(SUITE, pin=True)\n")
 
 
 def write_location(suite_path: str | Path, suite_name: str, root: Path) -> Path:

@@ -14,6 +14,34 @@ from medrobust_lib.config import Suite
 from medrobust_lib.paths import experiment_name
 from medrobust_lib.store import tracking
 
+_PINNED: dict[str, Path] = {}
+"""The paths a code location pins (:func:`pin_location`): resource config from a launch (the UI's
+launchpad, a GraphQL ``launchRun``) may not point a run at another suite or MLflow store."""
+
+
+def pin_location(suite_path: str | Path, mlruns_dir: str | Path) -> None:
+    """Pin this process's runs to the suite at ``suite_path`` and the MLflow store ``mlruns_dir``
+    (relative paths from the working directory; both resolved, symlinks included). Called by the
+    code-location modules (:mod:`medrobust_assets.location` and the generated ones), which every
+    Dagster process of a location imports (code server, run workers), so a run whose resource
+    config names other paths fails before it reads or writes anything (issue 44, finding 4).
+    Workers, retrain and torch threads stay configurable: they change no path."""
+    _PINNED["suite_path"] = Path(suite_path).resolve()
+    _PINNED["mlruns_dir"] = Path(mlruns_dir).resolve()
+
+
+def unpin() -> None:
+    """Forget the pins (tests)."""
+    _PINNED.clear()
+
+
+def check_pinned(field: str, value: str) -> None:
+    """Raise ValueError when ``field`` is pinned and ``value`` names another path."""
+    pinned = _PINNED.get(field)
+    if pinned is not None and Path(value).resolve() != pinned:
+        raise ValueError(f"resource config {field}={value!r} refused: this code location pins it to {pinned} "
+                         "(launch config cannot move a suite's inputs or outputs; docs/security.md)")
+
 
 class SuiteResource(dg.ConfigurableResource):  # type: ignore[misc]
     """Which suite YAML to run; paths inside it are relative to the working directory. Set by
@@ -31,6 +59,7 @@ class SuiteResource(dg.ConfigurableResource):  # type: ignore[misc]
         if not self.suite_path:
             raise ValueError("these Definitions were built from a suite without its file: build them with "
                              "definitions_for(suite, suite_path=...) or definitions_for_file(path)")
+        check_pinned("suite_path", self.suite_path)
         runtime.configure(torch_threads=self.torch_threads)
         suite = runtime.load_suite(self.suite_path)
         if self.workers:
@@ -63,6 +92,7 @@ class TrackingResource(dg.ConfigurableResource):  # type: ignore[misc]
         if not self.enabled:
             yield None
             return
+        check_pinned("mlruns_dir", self.mlruns_dir)
 
         asset = context.asset_key.to_user_string()
         partition = context.partition_key if context.has_partition_key else ""

@@ -16,6 +16,10 @@ dagster.yaml); its results are idempotent, so re-materialising it loses nothing.
 dev`` exits by itself, the supervisor exits with its return code (after stopping any process it
 left in the group).
 
+The webserver itself listens on a private loopback port under a secret path prefix; the user's
+port is served by the UI guard (:mod:`medrobust_assets.ui_guard`), which refuses cross-site
+requests, DNS-rebinding hosts and GraphQL sent by GET (issue 44, finding 4).
+
 Usage (the Makefile's ``ui`` target)::
 
     python -m medrobust_assets.ui -h 127.0.0.1 -p 3000 -w workspace.yaml
@@ -31,9 +35,11 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
+
+from medrobust_assets.ui_guard import Guard, new_prefix
 
 GRACE_S = 5.0
 """Seconds the ``dagster dev`` group gets after the forwarded SIGTERM before it is killed."""
@@ -108,10 +114,11 @@ class _Stop(Exception):
         self.signum = signum
 
 
-def run(cmd: Sequence[str], grace_s: float = GRACE_S) -> int:
-    """Run ``cmd`` in a new session (its own process group) until it exits or this process gets
-    SIGINT / SIGTERM; then stop the group (:func:`stop`). Returns the exit status: the command's
-    own, or 128 + the signal number when a signal stopped it."""
+def run(cmd: Sequence[str], grace_s: float = GRACE_S, env: Mapping[str, str] | None = None) -> int:
+    """Run ``cmd`` (with environment ``env``, default this process's) in a new session (its own
+    process group) until it exits or this process gets SIGINT / SIGTERM; then stop the group
+    (:func:`stop`). Returns the exit status: the command's own, or 128 + the signal number when a
+    signal stopped it."""
 
     def _handler(signum: int, _frame: FrameType | None) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the first signal decides; repeats change nothing
@@ -121,7 +128,7 @@ def run(cmd: Sequence[str], grace_s: float = GRACE_S) -> int:
     old = {s: signal.signal(s, _handler) for s in (signal.SIGINT, signal.SIGTERM)}
     proc: subprocess.Popen[bytes] | None = None
     try:
-        proc = subprocess.Popen(list(cmd), start_new_session=True)
+        proc = subprocess.Popen(list(cmd), start_new_session=True, env=None if env is None else dict(env))
         code = proc.wait()
         stop(proc, grace_s=0.0)  # whatever it left behind in its group
         return code
@@ -153,16 +160,65 @@ def _option(args: Sequence[str], short: str, long: str, default: str) -> str:
     return default
 
 
+def _without(args: Sequence[str], options: Sequence[str]) -> list[str]:
+    """``args`` without the ``options`` (``-x VALUE`` or ``--xx=VALUE`` forms) and their values."""
+    out: list[str] = []
+    skip = False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in options:
+            skip = True
+        elif not any(a.startswith(o + "=") for o in options if o.startswith("--")):
+            out.append(a)
+    return out
+
+
+def free_loopback_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (the OS picks it): the webserver's private port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+LOOPBACK = ("127.0.0.1", "localhost")
+HOST_OPTIONS = ("-h", "--host", "--dagit-host")
+PORT_OPTIONS = ("-p", "--port", "--dagit-port")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m medrobust_assets.ui [dagster dev options]``. A port already in use is refused in one
-    line (exit 2) before anything starts."""
+    """``python -m medrobust_assets.ui [dagster dev options]``: ``dagster dev`` on a private port
+    under a secret path prefix, behind the UI guard (:mod:`medrobust_assets.ui_guard`) on the
+    requested ``-h``/``-p`` (loopback only). A port already in use, or a host other than the
+    loopback, is refused in one line (exit 2) before anything starts."""
     args = list(sys.argv[1:] if argv is None else argv)
     host, port = _option(args, "-h", "--host", "127.0.0.1"), _option(args, "-p", "--port", "3000")
-    if port.isdigit() and port_taken(host, int(port)):
+    if host not in LOOPBACK:
+        print(f"error: the UI binds to the loopback only (127.0.0.1), not {host!r}; see docs/security.md",
+              file=sys.stderr)
+        return 2
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        print(f"error: bad port {port!r}", file=sys.stderr)
+        return 2
+    if port_taken("127.0.0.1", int(port)):
         print(f"error: {host}:{port} is already in use (another UI?); stop it or choose another port",
               file=sys.stderr)
         return 2
-    return run(dagster_command(args))
+    upstream, prefix = free_loopback_port(), new_prefix()
+    guard = Guard("127.0.0.1", int(port), upstream, prefix)
+    try:
+        guard.start()
+    except OSError as e:
+        print(f"error: cannot listen on 127.0.0.1:{port}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    print(f"medrobust ui: open http://127.0.0.1:{port} (the Dagster webserver's own port is private; "
+          "docs/security.md)", file=sys.stderr, flush=True)
+    dagster_args = [*_without(args, (*HOST_OPTIONS, *PORT_OPTIONS)), "-h", "127.0.0.1", "-p", str(upstream)]
+    env = {**os.environ, "DAGSTER_WEBSERVER_PATH_PREFIX": prefix}
+    try:
+        return run(dagster_command(dagster_args), env=env)
+    finally:
+        guard.close()
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import cv2
@@ -45,3 +47,13 @@ def demo_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("demo")
     build_demo(root, seed=0, n_per_modality=4)
     return root
+
+
+@pytest.fixture(autouse=True)
+def _no_location_pin() -> Iterator[None]:
+    """Importing a code-location module (medrobust_assets.location) pins this process's resource
+    paths (issue 44, finding 4); the pin would leak into later tests, so it is dropped after each."""
+    yield
+    resources = sys.modules.get("medrobust_assets.resources")
+    if resources is not None:
+        resources.unpin()

@@ -67,7 +67,8 @@ def test_dagster_dev_lists_every_asset_and_stops(tmp_path: Path) -> None:
     port = free_port()
     env = {**os.environ, "DAGSTER_HOME": str(home),
            "MLFLOW_DISABLE_TELEMETRY": "true", "PYTHONDONTWRITEBYTECODE": "1"}
-    cmd = [str(Path(sys.executable).parent / "dagster"), "dev", "-h", HOST, "-p", str(port),
+    # as `make ui` starts it: dagster dev on a private port behind the UI guard (issue 44, finding 4)
+    cmd = [sys.executable, "-m", "medrobust_assets.ui", "-h", HOST, "-p", str(port),
            "-w", str(ROOT / "workspace.yaml")]
     log = tmp_path / "dagster_dev.log"
     # The code server inherits this working directory: relative paths that running sensors read
@@ -89,6 +90,17 @@ def test_dagster_dev_lists_every_asset_and_stops(tmp_path: Path) -> None:
         assert {"datasets", "perturbations", "marts"} <= groups
         repos = _graphql(http, port, REPOSITORIES_QUERY)["repositoriesOrError"]["nodes"]
         assert {s["name"] for r in repos for s in r["sensors"]} == {s.name for s in repo.sensor_defs}
+        # what another site's page could send never reaches the webserver
+        mutation = "mutation { launchRun(executionParams: {}) { __typename } }"
+        r = http.get(f"http://{HOST}:{port}/graphql", params={"query": mutation})
+        assert r.status_code == 405, r.text
+        r = http.post(f"http://{HOST}:{port}/graphql", json={"query": mutation},
+                      headers={"Origin": "https://evil.example"})
+        assert r.status_code == 403, r.text
+        r = http.get(f"http://{HOST}:{port}/", headers={"Sec-Fetch-Mode": "navigate"})
+        assert r.status_code == 307 and r.headers["location"].startswith("/ui-")
+        page = http.get(f"http://{HOST}:{port}{r.headers['location']}")
+        assert page.status_code == 200 and r.headers["location"].rstrip("/") in page.text  # assets under the prefix
         other_ip = non_loopback_ip()
         if other_ip:  # bound to loopback only: the same port refuses on another interface
             with pytest.raises((httpx.ConnectError, httpx.ConnectTimeout)):
