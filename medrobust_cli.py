@@ -441,10 +441,28 @@ def validate(
     load_suite(suite_path)  # a file that is no suite at all: one line, exit 2
     root = _enter_project(suite_path)
     report = validate_suite(suite_path, n_load=load, root=root)
+    report.errors.extend(_demo_root_errors(load_suite(suite_path), root))
     for line in report.lines():
         typer.echo(line)
     if not report.ok:
         raise typer.Exit(2)
+
+
+def _demo_root_errors(suite: Any, root: Path) -> list[str]:
+    """The demo root's ownership check (issue 44, finding 3), as the demo build makes it first thing:
+    a root holding folders the demo did not build is refused by ``validate`` too. (Here, not in the
+    tracks' validate_suite: the demo's folder names live in the demo package, which the tracks do not
+    import.)"""
+    if not suite.demo.enabled:
+        return []
+    from medrobust_lib.demo.build import check_demo_root
+    from medrobust_lib.ownership import NotOurs
+
+    try:
+        check_demo_root(in_project(suite.demo.root, root))
+    except NotOurs as exc:
+        return [str(exc)]
+    return []
 
 
 @app.command()
@@ -892,6 +910,10 @@ def report(
     _echo(f"wrote {len(summary.tables)} tables x 3 formats and {len(summary.figures)} figures in "
           f"{summary.seconds:.1f} s" + (f"; MLflow run {summary.mlflow_run_id}" if summary.mlflow_run_id else ""))
     typer.echo(str(summary.html))
+    if summary.mlflow_error:
+        _echo(f"error: the report is written, but logging it to MLflow failed ({summary.mlflow_error}); "
+              "free space and rerun, or rerun with --no-mlflow")
+        raise typer.Exit(1)
 
 
 convert_app = typer.Typer(no_args_is_help=True, help="Convert released checkpoints to loadable layouts.")

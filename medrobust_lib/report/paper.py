@@ -60,7 +60,8 @@ class ReportSummary:
     """What :func:`build_report` did. ``files``: every file written (sorted, absolute);
     ``tables``: names of the tables written; ``figures``: PNGs written; ``skipped``: table or
     figure name -> why it was not produced; ``models``: track -> ids shown (all of the track's
-    ids without ``--models``); ``seconds``: wall time; ``mlflow_run_id``: None without MLflow."""
+    ids without ``--models``); ``seconds``: wall time; ``mlflow_run_id``: None without MLflow;
+    ``mlflow_error``: one line when logging to MLflow failed (the files are written all the same)."""
 
     out_dir: Path
     html: Path
@@ -71,6 +72,7 @@ class ReportSummary:
     models: dict[str, tuple[str, ...]] = field(default_factory=dict)
     seconds: float = 0.0
     mlflow_run_id: str | None = None
+    mlflow_error: str | None = None
 
 
 def parse_models(text: str | None) -> list[str] | None:
@@ -365,13 +367,19 @@ def build_report(mart_path: str | Path = "var/marts.duckdb", out_dir: str | Path
     (out / MANIFEST).write_text(json.dumps({"files": sorted(p.relative_to(out).as_posix() for p in written)},
                                            indent=1) + "\n")
 
-    run_id = None
+    run_id = mlflow_error = None
     if log_mlflow:
-        run_id = _log_mlflow(out, written, mart, models, mlruns_dir, time.perf_counter() - t0, experiment)
+        try:
+            run_id = _log_mlflow(out, written, mart, models, mlruns_dir, time.perf_counter() - t0, experiment)
+        except Exception as exc:  # noqa: BLE001 - any tracking-store fault (disk full, locked SQLite,
+            # a server error) leaves the written report intact; it becomes one line, not a traceback
+            # chained through MLflow's own failed end_run (issue 44, finding 12)
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            mlflow_error = f"{type(exc).__name__}: {first}"
     return ReportSummary(out_dir=out.resolve(), html=html_path.resolve(),
                          files=tuple(sorted(p.resolve() for p in written)), tables=tuple(t.name for t in tables),
                          figures=tuple(p.resolve() for p, _ in figures), skipped=all_skipped, models=shown,
-                         seconds=time.perf_counter() - t0, mlflow_run_id=run_id)
+                         seconds=time.perf_counter() - t0, mlflow_run_id=run_id, mlflow_error=mlflow_error)
 
 
 def _log_mlflow(out: Path, files: Sequence[Path], mart: Path, models: Sequence[str] | None,

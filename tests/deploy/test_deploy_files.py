@@ -330,6 +330,39 @@ def test_k8s_job_executor_run_config_validates() -> None:
     assert not validate_config(k8s_job_executor.config_schema.config_type, bad).success
 
 
+def _k8s_job(launcher_security: dict[str, Any] | None, pod_spec: dict[str, Any],
+             container: dict[str, Any]) -> Any:
+    """The Kubernetes Job dagster-k8s builds from these settings (as the run launcher / executor do)."""
+    from dagster_k8s.job import DagsterK8sJobConfig, UserDefinedDagsterK8sConfig, construct_dagster_k8s_job
+
+    cfg = DagsterK8sJobConfig(job_image="img", dagster_home="/opt/dagster/dagster_home",
+                              security_context=launcher_security)
+    user = UserDefinedDagsterK8sConfig(pod_spec_config=pod_spec, container_config=container)
+    return construct_dagster_k8s_job(cfg, ["dagster"], "job-x", user_defined_k8s_config=user)
+
+
+def _assert_restricted(job: Any) -> None:
+    pod, ctr = job.spec.template.spec.security_context, job.spec.template.spec.containers[0].security_context
+    assert pod.run_as_non_root is True and pod.run_as_user == 1000 and pod.seccomp_profile.type == "RuntimeDefault"
+    assert ctr.allow_privilege_escalation is False and ctr.capabilities.drop == ["ALL"]
+
+
+def test_every_pod_runs_non_root_without_privilege_escalation(helm: dict[str, Any]) -> None:
+    """Issue 44, finding 12: the chart's pods (webserver, daemon, code location) and the run and step
+    pods dagster-k8s builds get a restricted security context; the run/step ones are parsed by
+    dagster-k8s itself into the Job it would submit."""
+    [deployment] = helm["dagster-user-deployments"]["deployments"]
+    for component in (helm["dagsterWebserver"], helm["dagsterDaemon"], deployment):
+        pod, ctr = component["podSecurityContext"], component["securityContext"]
+        assert pod["runAsNonRoot"] is True and pod["runAsUser"] > 0 and pod["seccompProfile"]["type"] == "RuntimeDefault"
+        assert ctr["allowPrivilegeEscalation"] is False and ctr["capabilities"]["drop"] == ["ALL"]
+    launcher = helm["runLauncher"]["config"]["k8sRunLauncher"]
+    _assert_restricted(_k8s_job(launcher["securityContext"], launcher["runK8sConfig"]["podSpecConfig"],
+                                launcher["runK8sConfig"]["containerConfig"]))
+    step = _yaml(DEPLOY / "helm" / "k8s_job_executor.yaml")["execution"]["config"]["step_k8s_config"]
+    _assert_restricted(_k8s_job(None, step["pod_spec_config"], step["container_config"]))
+
+
 def test_gpu_op_tags_request_one_gpu() -> None:
     @dg.asset(op_tags=GPU_OP_TAGS, pool="gpu")
     def gpu_asset() -> None: ...

@@ -783,3 +783,28 @@ def test_strategy_models_get_the_comparison_figure_not_their_own(tmp_path: Path)
     assert "--models" in rep.skipped["per-strategy curves and heatmaps"]
     named = build_report(mart, tmp_path / "named", parse_models("sam_b"), log_mlflow=False)
     assert "sam_b_iou_curves.png" in {p.name for p in named.figures}
+
+
+def test_a_full_disk_while_logging_to_mlflow_is_one_line_and_keeps_the_report(
+        mart: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 44, finding 12: a tracking store that fails mid-way (disk full) used to print two chained
+    tracebacks (91 lines); now the written report stays and the failure is one line, exit 1."""
+    from typer.testing import CliRunner
+
+    import medrobust_lib.report.paper as paper
+    from medrobust_cli import app
+
+    def disk_full(*_a: object, **_k: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(paper, "log_artifact", disk_full)
+    rep = build_report(mart, tmp_path / "out", ["sam_a"], mlruns_dir=tmp_path / "mlruns")
+    assert rep.mlflow_run_id is None and rep.mlflow_error == "OSError: [Errno 28] No space left on device"
+    assert rep.html.is_file() and all(f.is_file() for f in rep.files)
+
+    res = CliRunner().invoke(app, ["report", "--mart", str(mart), "--out", str(tmp_path / "cli"),
+                                   "--mlruns", str(tmp_path / "mlruns2"), "--models", "sam_a"])
+    errors = [line for line in res.output.splitlines() if line.startswith("error")]
+    assert res.exit_code == 1, res.output
+    assert len(errors) == 1 and "No space left on device" in errors[0] and "Traceback" not in res.output
+    assert (tmp_path / "cli" / "index.html").is_file()

@@ -90,3 +90,22 @@ def test_validate_reports_an_output_path_that_is_not_ours(tmp_path: Path) -> Non
                                                    "root": str(tmp_path / "data"), "options": {"mask_dir": None}}]}))
     report = validate_suite(suite, n_load=0, root=tmp_path)
     assert any("mart_path" in e and "did not create it" in e for e in report.errors), report.errors
+
+
+def test_validate_refuses_a_demo_root_holding_foreign_folders(tmp_path: Path) -> None:
+    """``medrobust validate`` makes the demo build's own first check (the demo root), so a suite whose
+    demo.root would delete a user's ``records/`` fails validate, not the run."""
+    from typer.testing import CliRunner
+
+    from medrobust_cli import app
+
+    root = tmp_path / "mine"
+    (root / "records").mkdir(parents=True)
+    (root / "records" / "notes.txt").write_text("my notes")
+    suite = tmp_path / "s.yaml"
+    suite.write_text(yaml.safe_dump({"name": "own", "modalities": ["ct"],
+                                     "demo": {"enabled": True, "root": str(root)}}))
+    res = CliRunner().invoke(app, ["validate", "--suite", str(suite), "--load", "0"])
+    assert res.exit_code == 2, res.output
+    assert "holds records, which the demo did not build" in res.output
+    assert (root / "records" / "notes.txt").read_text() == "my notes"
