@@ -34,10 +34,10 @@ demo: $(STAMP) data-wheels
 	$(VENV)/bin/medrobust demo
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check medrobust_lib medrobust_assets medrobust_cli.py tests bench
+	$(VENV)/bin/ruff check medrobust_lib medrobust_assets medrobust_cli.py tests bench tools
 
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy medrobust_lib medrobust_assets
+	$(VENV)/bin/mypy medrobust_lib medrobust_assets medrobust_cli.py tools
 
 test: $(STAMP) data-wheels lint typecheck
 	$(VENV)/bin/pytest -q
@@ -65,7 +65,7 @@ mlflow-ui: $(STAMP)
 # Benchmarks need the reference implementations (imagecorruptions) only here.
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
-	$(PY) bench/perturb_bench.py
+	$(PY) -m bench.perturb_bench
 
 clean:
 	rm -rf var mlruns/mlflow.db mlruns/artifacts mlruns/.cache

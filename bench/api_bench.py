@@ -1,6 +1,7 @@
-"""API adapter benchmark. Run: .venv/bin/python bench/api_bench.py [--n 200] [--delay-ms 20]
+"""API adapter benchmark. Run from the repository root: .venv/bin/python -m bench.api_bench [--n 200] [--delay-ms 20]
 
-Starts a local OpenAI-compatible stub (127.0.0.1, port 0) that answers every chat completion after
+Starts a local OpenAI-compatible stub (127.0.0.1, port 0; the tests' fake endpoint,
+:mod:`tests.http_fakes`) that answers every chat completion after
 ``--delay-ms`` (a stand-in for model latency), then prints requests/s of ``ApiVLM.generate`` at
 concurrency 1 and 8 (64x64 RGB images, so PNG encoding is included), and the number of HTTP calls
 the server saw during a second identical run with the response cache on (expected: 0).
@@ -10,22 +11,20 @@ No network beyond loopback.
 from __future__ import annotations
 
 import argparse
-import json
 import socket
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from medrobust_lib.config.vlm import ApiSettings
 from medrobust_lib.models.api_vlm import ApiVLM
 from medrobust_lib.seeding import rng_for
+from tests.http_fakes import FakeEndpoint, completion, prompt_of, read_json, send_json, serving
 
 
 class _Counter:
@@ -39,44 +38,22 @@ def stub_server(delay_s: float = 0.02) -> Iterator[tuple[str, _Counter]]:
     """A local chat-completions stub; yields (base_url, hit counter) and stops it on exit."""
     counter = _Counter()
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
+    class Handler(FakeEndpoint):
         def setup(self) -> None:
             super().setup()
             # http.server writes headers and body separately; without NODELAY, Nagle plus delayed
             # ACK adds ~40 ms per keep-alive response (real servers such as uvicorn set it too)
             self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-            pass
-
         def do_POST(self) -> None:  # noqa: N802 - stdlib name
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+            body = read_json(self)
             with counter.lock:
                 counter.hits += 1
             time.sleep(delay_s)
-            content = body["messages"][-1]["content"]
-            prompt = content if isinstance(content, str) else content[-1]["text"]
-            out = json.dumps({"choices": [{"index": 0, "finish_reason": "stop",
-                                           "message": {"role": "assistant", "content": f"answer:{prompt}"}}]})
-            data = out.encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            send_json(self, completion(f"answer:{prompt_of(body)}"))
 
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    httpd.daemon_threads = True
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1", counter
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(timeout=5)
+    with serving(Handler) as url:
+        yield url, counter
 
 
 def _inputs(n: int) -> tuple[list[np.ndarray | None], list[str]]:

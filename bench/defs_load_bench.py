@@ -1,4 +1,4 @@
-"""Definitions load benchmark. Run: .venv/bin/python bench/defs_load_bench.py [--reps 5] [--goal-s 5]
+"""Definitions load benchmark. Run: .venv/bin/python -m bench.defs_load_bench [--reps 5] [--goal-s 5]
 
 Times loading ``medrobust_assets.location`` (the demo's Definitions) in a fresh interpreter (import, build the
 repository, resolve every asset spec: what ``dagster dev``, a sensor tick or a run worker pays

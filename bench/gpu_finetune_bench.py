@@ -4,7 +4,7 @@ random weights, the training step of ``finetune.train.train_segmenter`` (forward
 Prints trainable parameters, s/step, the bf16 speed-up and peak memory per strategy, then runs
 ``train_segmenter`` itself for a few steps on CUDA (its AMP path) when OpenCV is importable.
 
-Run on a CUDA machine: ``python bench/gpu_finetune_bench.py [--batch 2] [--steps 8]``."""
+Run on a CUDA machine: ``python -m bench.gpu_finetune_bench [--batch 2] [--steps 8]``."""
 
 from __future__ import annotations
 

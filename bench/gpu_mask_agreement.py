@@ -4,21 +4,17 @@ and mask IoU >= 0.99). Random weights with non-zero relative-position tables (as
 ``tests/models/test_sam_fast.py``) at ViT-B 1024 px and a small SAM-Med2D with adapters; random
 images and boxes. Prints one table.
 
-Run on a CUDA machine: ``python bench/gpu_mask_agreement.py``.
+Run on a CUDA machine, from the repository root: ``python -m bench.gpu_mask_agreement``.
 """
 
 from __future__ import annotations
 
 import copy
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from medrobust_lib.models.sam import ARCHS, SamArch, SamSegmenter, build_sam  # noqa: E402
+from medrobust_lib.models.sam import ARCHS, SamArch, SamSegmenter, build_sam
 
 SMALL = replace(ARCHS["vit_b"], encoder_embed_dim=64, encoder_depth=2, encoder_num_heads=2,
                 encoder_global_attn_indexes=(1,), image_size=128, window_size=3, prompt_embed_dim=64,

@@ -2,7 +2,7 @@
 SAM setting), random weights (speed does not depend on them). Prints a table of ratios against
 the fp32 run in the same process, plus the max |difference| of the mask logits.
 
-Run on a CUDA machine: ``python bench/gpu_sam_bench.py [--batch 8] [--iters 10]``."""
+Run on a CUDA machine: ``python -m bench.gpu_sam_bench [--batch 8] [--iters 10]``."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ batch (bf16 there is CPU autocast; compiled rows only with ``--compile``), so it
 same bf16 bound, fp32 and bf16 autocast, on the CPU also ``channels_last`` and thread-count
 variants, and PGD-10 img/s through ``attacks.linf.pgd``.
 
-Run: ``.venv/bin/python bench/gpu_seg_bench.py [--batch 16] [--iters 5] [--archs tiny,vit_b]
+Run from the repository root: ``.venv/bin/python -m bench.gpu_seg_bench [--batch 16] [--iters 5] [--archs tiny,vit_b]
 [--models sam,litemedsam]``.
 """
 
@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import copy
 import resource
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -39,31 +38,9 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/litemedsam_bench.py
-
-from medrobust_lib.attacks.linf import pgd, torch_generator_for  # noqa: E402
-from medrobust_lib.models.sam import SamSegmenter, arch_for, build_sam  # noqa: E402
-
-
-def sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def timed(fn: Callable[[], Any], dev: torch.device, iters: int, warmup: int = 1) -> float:
-    """Seconds per call after ``warmup`` calls: the fastest of ``iters`` timed calls (the least
-    disturbed by other load on a shared machine)."""
-    for _ in range(warmup):
-        fn()
-    best = float("inf")
-    for _ in range(iters):
-        sync(dev)
-        t0 = time.perf_counter()
-        fn()
-        sync(dev)
-        best = min(best, time.perf_counter() - t0)
-    return best
+from bench.timing import sync, timed
+from medrobust_lib.attacks.linf import pgd, torch_generator_for
+from medrobust_lib.models.sam import SamSegmenter, arch_for, build_sam
 
 
 def matmul_bound(dev: torch.device, dtype: torch.dtype) -> float:
@@ -359,7 +336,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"| regeneration alone, in one process (what the feed workers must keep up with) | {e['regen_ips']:.2f} | |")
         print(f"| PGD-10 (fast, batch {batch}) | {pgd_rate(arch, dev, batch):.3f} | |")
     if "litemedsam" in models:
-        from litemedsam_bench import litemedsam_table
+        from bench.litemedsam_bench import litemedsam_table
 
         cores = torch.get_num_threads()
         lite_batches = [int(b) for b in (args.lite_batches or ("1,16,64" if cuda else "1,8")).split(",")]

@@ -1,6 +1,6 @@
 """Mart benchmark (issue 7): DuckDB SQL over Parquet vs pandas, on synthetic segmentation results.
 
-Run: .venv/bin/python bench/mart_bench.py [--rows 10000000] [--threads N] [--seed 0]
+Run: .venv/bin/python -m bench.mart_bench [--rows 10000000] [--threads N] [--seed 0]
 
 Generates ``--rows`` rows shaped like the ``segmentation_results`` table (model, strategy, dataset,
 modality, sample_id, condition, perturbation, level, iou, dice, iou_drop, dice_drop, status) with a

@@ -1,4 +1,4 @@
-"""Perturbation benchmark (issues 2 and 34). Run: make bench  (or .venv/bin/python bench/perturb_bench.py)
+"""Perturbation benchmark (issues 2 and 34). Run: make bench  (or .venv/bin/python -m bench.perturb_bench)
 
 Table 1, per type over the demo images (test split, all 5 levels), through the engine
 (:func:`medrobust_lib.perturb.engine.run_chunk`): milliseconds per 256x256 output including

@@ -8,7 +8,7 @@ daemon (``dagster-daemon run -w workspace.yaml``, the project's ``dagster.yaml``
 clear the backlog it finds (versions its cursor has not seen), then registers the LoRA recipe
 retrained with a new seed and polls the mart. Prints the timeline and a table of the phases.
 
-Run after ``make demo``: ``python bench/registry_loop_bench.py [--seed-offset 2] [--timeout 900]``."""
+Run after ``make demo``: ``python -m bench.registry_loop_bench [--seed-offset 2] [--timeout 900]``."""
 
 from __future__ import annotations
 

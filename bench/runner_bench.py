@@ -1,4 +1,4 @@
-"""Runner overhead benchmark. Run: .venv/bin/python bench/runner_bench.py [--assets 5] [--partitions 8]
+"""Runner overhead benchmark. Run: .venv/bin/python -m bench.runner_bench [--assets 5] [--partitions 8]
 
 What a Dagster run costs the runner beyond the work itself, in the same process on the same
 instance type as ``medrobust run`` (SQLite storage under a temporary ``DAGSTER_HOME``, compute

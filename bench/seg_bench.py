@@ -1,5 +1,5 @@
 """Segmentation pipeline benchmark (issue 3 figures). Needs `make demo` (or the demo suite's
-perturbed manifests and the tiny-sam checkpoint) first. Run: .venv/bin/python bench/seg_bench.py
+perturbed manifests and the tiny-sam checkpoint) first. Run: .venv/bin/python -m bench.seg_bench
 
 Prints: pipeline overhead = end-to-end evaluate_perturbed wall time / the model's own work on the
 same regenerated images held in memory (``score``: batched forward, thresholding and IoU/Dice on

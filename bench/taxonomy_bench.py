@@ -1,4 +1,4 @@
-"""Taxonomy scoring benchmark. Run: .venv/bin/python bench/taxonomy_bench.py [--n 40] [--paraphrases 5]
+"""Taxonomy scoring benchmark. Run: .venv/bin/python -m bench.taxonomy_bench [--n 40] [--paraphrases 5]
 
 For ``--n`` random images with one yes/no question and ``--paraphrases`` paraphrases each, scores
 every (image, variant) pair three ways with a tiny LLaVA loaded through the public adapter:

@@ -1,4 +1,4 @@
-"""Local VLM generation benchmark. Run: .venv/bin/python bench/vlm_bench.py [--n 64] [--max-new-tokens 16]
+"""Local VLM generation benchmark. Run: .venv/bin/python -m bench.vlm_bench [--n 64] [--max-new-tokens 16]
 
 Builds a tiny LLaVA (``medrobust_lib.models.tiny_vlm``: random weights, locally built tokenizer),
 saves it with ``save_pretrained`` and loads it through the public adapter

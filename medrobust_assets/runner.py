@@ -7,113 +7,39 @@ What runs and in which order comes from the Definitions' own asset graph (:func:
 asset selection and its topological levels), never from a hand-written list. The Definitions are
 those of the suite being run (:func:`medrobust_assets.definitions.definitions_for`), so every
 partition they hold is one the suite asks for; a partition outside them is refused in one line
-(:class:`PartitionRefused`)."""
+(:class:`PartitionRefused`).
+
+The instance the runs are recorded in and the runner's run tags (orphaned runs marked failed):
+:mod:`medrobust_assets.instance`. The demo's registry loop: :mod:`medrobust_lib.demo.registry_loop`,
+driven by :func:`run_demo` with this runner's step passed in (:mod:`medrobust_assets.registry_demo`)."""
 
 from __future__ import annotations
 
 import builtins
-import os
-import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
 from medrobust_assets.definitions import definitions_for
-from medrobust_assets.locations import suite_instance_home
+from medrobust_assets.instance import clear_orphaned_runs, get_instance, runner_tags
 from medrobust_assets.partitions import describe
 from medrobust_assets.progress import Terminal, terminal
-from medrobust_assets.resources import TrackingResource
+from medrobust_assets.registry_demo import REGISTRY_SENSOR_CURSOR, loop_steps
 from medrobust_assets.tags import SUITE_NAME_TAG, run_job_name, run_tags
 from medrobust_lib import runtime
 from medrobust_lib.config import Suite
-from medrobust_lib.paths import experiment_name, suite_paths
-from medrobust_lib.processes import pid_alive
+from medrobust_lib.demo.registry_loop import run_registry_loop
+from medrobust_lib.paths import suite_paths
 from medrobust_lib.progress import duration
-from medrobust_lib.store import model_registry
 from medrobust_lib.store.left_out import left_out, summary_lines
 from medrobust_lib.store.writer_lock import suite_writer_lock
-from medrobust_lib.tracks.finetune.strategy_runs import (
-    degrade_checkpoint,
-    finetune_strategy,
-    register_version,
-    require_finetune,
-    strategy_dir,
-)
 
 # Progress is printed by run_demo; Dagster's own event stream (a failed step's traceback included)
 # stays in the instance and the UI: the console logger prints nothing below CRITICAL.
 QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
-
-
-def get_instance(suite: Suite | None = None) -> dg.DagsterInstance:
-    """The persistent instance the UI shows. ``suite``: that suite's own instance
-    (:func:`medrobust_assets.locations.suite_instance_home`: ``$DAGSTER_HOME`` when it names a
-    folder other than the project root, the current folder, else ``var/<suite name>/dagster``).
-    Without: ``$DAGSTER_HOME`` when set, else the current folder
-    (the project root: the CLI changes into it) when it has a dagster.yaml, else ``var/dagster``
-    under it (Dagster's default SQLite storage). Never an ephemeral instance."""
-    if suite is not None:
-        return dg.DagsterInstance.from_config(str(suite_instance_home(suite, Path.cwd())))
-    if not os.environ.get("DAGSTER_HOME"):
-        here = Path.cwd().resolve()
-        home = here if (here / "dagster.yaml").is_file() else here / "var" / "dagster"
-        home.mkdir(parents=True, exist_ok=True)
-        if not (home / "dagster.yaml").is_file():  # Dagster's defaults (SQLite under home), quietly
-            (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-        os.environ["DAGSTER_HOME"] = str(home)
-    return dg.DagsterInstance.get()
-
-
-SOURCE_TAG = "medrobust/source"
-PID_TAG = "medrobust/pid"
-HOST_TAG = "medrobust/host"
-RUNNER_SOURCES = ("medrobust demo", "medrobust run")
-"""``medrobust/source`` of the runs this runner starts (``medrobust demo`` / ``medrobust run``)."""
-_UNFINISHED = (dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED,
-               dg.DagsterRunStatus.CANCELING)
-
-
-def mark_orphaned_runs(inst: dg.DagsterInstance) -> list[str]:
-    """Mark failed the runs this runner started whose process is gone (a SIGKILL or a crash leaves
-    them NOT_STARTED / STARTED forever; the UI would show them as pending). Only runs tagged
-    ``medrobust/source`` = ``medrobust demo`` or ``medrobust run`` are touched: those with ``medrobust/pid`` on this host
-    whose process no longer exists, and older ones without the tag (they predate it, so their
-    process is certainly gone when this one starts). Runs of the daemon, the UI or another
-    host are left to Dagster's run monitoring (dagster.yaml). Returns the run ids marked."""
-    host = socket.gethostname()
-    marked: list[str] = []
-    runs = [r for src in RUNNER_SOURCES
-            for r in inst.get_runs(filters=dg.RunsFilter(statuses=list(_UNFINISHED), tags={SOURCE_TAG: src}))]
-    for run in runs:
-        pid_s = run.tags.get(PID_TAG)
-        if pid_s is not None:
-            if run.tags.get(HOST_TAG) != host or not pid_s.isdigit():
-                continue
-            pid = int(pid_s)
-            if pid == os.getpid() or pid_alive(pid):
-                continue
-            why = f"its runner process {pid} on {host} is gone (killed or crashed)"
-        else:
-            why = "it was started by an earlier runner that no longer runs"
-        inst.report_run_failed(run, message=f"marked failed by medrobust: {why}; the run never finished. "
-                                            "Re-materialize its assets (results are idempotent).")
-        marked.append(run.run_id)
-    return marked
-
-
-def _own_tags(source: str, suite_path: str) -> dict[str, str]:
-    return {SOURCE_TAG: source, PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname(),
-            "medrobust/suite": suite_path, SUITE_NAME_TAG: runtime.load_suite(suite_path).name}
-
-
-def _start(inst: dg.DagsterInstance, log: Callable[[str], None]) -> None:
-    orphaned = mark_orphaned_runs(inst)
-    if orphaned:
-        log(f"  marked {len(orphaned)} run(s) of a killed earlier runner as failed: {', '.join(orphaned)}")
 
 
 @dataclass(frozen=True)
@@ -390,7 +316,7 @@ def _run_plan(steps: list[Step], *, suite_path: str, instance: dg.DagsterInstanc
         if groups != shown:
             shown = groups
             log(f"== {groups}  [{n_done}/{n_all} steps done, {duration(t0 - t_start)} elapsed]")
-        res = jobs.materialize([st.key for st in run], partition, instance, _own_tags(source, suite_path))
+        res = jobs.materialize([st.key for st in run], partition, instance, runner_tags(source, suite_path))
         wall = time.perf_counter() - t0
         n_done += len(run)
         own = {jobs.asset_of_step(k): v for k, v in _step_seconds(res).items()}
@@ -433,7 +359,7 @@ def run_suite(suite_path: str, select: list[str] | None = None, *, workers: int 
     with suite_writer_lock(suite.results_dir, log=log):  # one writer per suite: SuiteBusyError otherwise
         inst = instance or get_instance(suite)
         steps = plan(selection, definitions, inst, partitions)
-        _start(inst, log)
+        clear_orphaned_runs(inst, log)
         run_plan(steps, suite_path=suite_path, instance=inst, definitions=definitions, log=log, live=live)
     for line in summary_lines(left_out(suite.results_dir)):
         log(line)
@@ -444,7 +370,8 @@ def run_demo(suite_path: str, *, workers: int = 0, log: Callable[[str], None] = 
              instance: dg.DagsterInstance | None = None, mlruns_dir: str = "mlruns", retrain: bool = False,
              live: Callable[[str], None] | None = None) -> str:
     """The offline demo: every asset of the suite's graph in dependency order (as
-    :func:`run_suite`), then the registry loop as the daemon would run it, then the mart again.
+    :func:`run_suite`), then the registry loop (:func:`medrobust_lib.demo.registry_loop.run_registry_loop`)
+    with the sensor evaluated as the daemon would and each of its runs materialized here, then the mart again.
     ``retrain``: train the demo models instead of copying the committed weights
     (``demo.retrain``). Returns the mart path. Holds the suite's writer lock throughout
     (:class:`SuiteBusyError` when another process writes)."""
@@ -461,15 +388,15 @@ def _run_demo(suite: Suite, suite_path: str, *, workers: int, log: Callable[[str
     definitions = definitions_for(suite, suite_path=suite_path, mlruns_dir=mlruns_dir, workers=workers,
                                   retrain=retrain)
     steps = plan(dg.AssetSelection.all(), definitions, inst)
-    _start(inst, log)
+    clear_orphaned_runs(inst, log)
     seconds = run_plan(steps, suite_path=suite_path, instance=inst, definitions=definitions, log=log,
                        source="medrobust demo", live=live)
     jobs = StepJobs(definitions)
 
-    def step(asset: str, partition: str | None = None) -> dg.ExecuteInProcessResult:
+    def step(asset: str, partition: str | None) -> dg.ExecuteInProcessResult:
         t0 = time.perf_counter()
         st = Step(dg.AssetKey.from_user_string(asset), partition, "registry")
-        res = jobs.materialize([st.key], partition, inst, _own_tags("medrobust demo", suite_path))
+        res = jobs.materialize([st.key], partition, inst, runner_tags("medrobust demo", suite_path))
         if not res.success:
             f = next(iter(_failures(res).values()), Failure("the run failed before its steps ran", "", ""))
             raise StepFailed(st.label, f.cause, res.run_id, asset=asset, cls_name=f.cls_name, traceback=f.traceback)
@@ -479,109 +406,10 @@ def _run_demo(suite: Suite, suite_path: str, *, workers: int, log: Callable[[str
 
     if suite.segmentation.finetune is not None:
         t0 = time.perf_counter()
-        run_registry_demo(suite, inst, step, log, mlruns_dir)
+        cursor_file = suite_paths(suite).dagster_state / REGISTRY_SENSOR_CURSOR
+        run_registry_loop(suite, loop_steps(inst, mlruns_dir, cursor_file, step), log, mlruns_dir)
         seconds["registry loop"] = time.perf_counter() - t0
     log("== " + stage_line(seconds))
     for line in summary_lines(left_out(suite.results_dir)):
         log(line)
     return suite.mart_path
-
-
-def _sensor_tick(inst: dg.DagsterInstance, mlruns_dir: str, cursor_file: Path) -> list[str]:
-    """One evaluation of the registry sensor, as the daemon would run it; the cursor lives in
-    ``cursor_file`` (the daemon keeps its own). Returns the requested partition keys."""
-    from medrobust_assets.sensors import registry_sensor
-
-    cursor = cursor_file.read_text() if cursor_file.is_file() else None
-    with dg.build_sensor_context(instance=inst, cursor=cursor,
-                                 resources={"tracking": TrackingResource(mlruns_dir=mlruns_dir)}) as ctx:
-        out = registry_sensor(ctx)
-    assert isinstance(out, dg.SensorResult)
-    for req in out.dynamic_partitions_requests or []:
-        if isinstance(req, dg.AddDynamicPartitionsRequest):
-            inst.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
-    cursor_file.parent.mkdir(parents=True, exist_ok=True)
-    cursor_file.write_text(out.cursor or "")
-    return [r.partition_key for r in out.run_requests or [] if r.partition_key]
-
-
-def _gate(res: dg.ExecuteInProcessResult) -> tuple[bool, str]:
-    evs = [e for e in res.get_asset_check_evaluations() if e.check_name == "robustness_gate"]
-    if not evs:
-        return True, "no gate result"
-    md = evs[0].metadata
-    text = md["verdict"].value if "verdict" in md else md.get("note", dg.MetadataValue.text("")).value
-    return evs[0].passed, str(text)
-
-
-def run_registry_demo(suite: Any, inst: dg.DagsterInstance, step: Callable[..., dg.ExecuteInProcessResult],
-                      log: Callable[[str], None], mlruns_dir: str) -> None:
-    """The registry loop on the demo, with no daemon: the sensor's evaluation is run here.
-
-    1. A sensor tick launches ``registry_evaluation`` for every version not seen yet (the six
-       strategy checkpoints: their rows are reused).
-    2. A passing candidate: the LoRA recipe retrained with another seed is registered (alias
-       ``candidate``); the tick evaluates it and the ``robustness_gate`` check compares it with the
-       champion; then the mart is rebuilt. The time from registration to rows in the mart is the
-       sensor-to-results latency (without the daemon's polling interval).
-    3. A deliberately degraded candidate (seeded noise, 0.5 sd, on the mask decoder) must FAIL the gate.
-    Raises RuntimeError when the degraded candidate passes, and when the retrained one fails while the
-    base is a model the demo trained itself (the tiny SAM: a self-check of the loop). Fine-tuned from a
-    released checkpoint (``--full``: LiteMedSAM), a retrained candidate that fails is a finding about
-    seed variance, logged and kept in the registry tag, not an error."""
-
-    ft = require_finetune(suite)
-    strategy = "lora" if "lora" in ft.strategies else ft.strategies[0]
-    name = model_registry.seg_model_name(ft.base, strategy)
-    cursor_file = suite_paths(suite).dagster_state / "registry_sensor_cursor.json"
-    log("== registry loop: sensor -> registry_evaluation -> robustness_gate")
-
-    def evaluate_new() -> None:
-        for key in _sensor_tick(inst, mlruns_dir, cursor_file):
-            passed, text = _gate(step("registry_evaluation", key))
-            log(f"    robustness_gate {key}: {'passed' if passed else 'FAILED'} ({text})")
-
-    evaluate_new()
-    root = strategy_dir(suite, ft.base, strategy)
-    base_tags = {"strategy": strategy, "suite": suite.name, "dataset": ",".join(suite.modalities), "base_model": ft.base}
-    retrained = finetune_strategy(suite, strategy, seed=suite.seed + 1, out_dir=root.with_name(root.name + "-seed1"))
-    t_reg = time.perf_counter()
-    experiment = experiment_name(suite, "registry")
-    v2, created = register_version(Path(retrained.checkpoint).parent, name,
-                                   {**base_tags, "role": "retrained (seed + 1)", "val_dice": f"{retrained.val_dice:.4f}"},
-                                   mlruns_dir=mlruns_dir, experiment=experiment)
-    evaluate_new()
-    if created:
-        step("marts")
-        log(f"  sensor-to-results latency for {name} v{v2}: {time.perf_counter() - t_reg:.1f} s "
-            "(sensor tick + registry_evaluation + gate + mart rebuild; the daemon adds up to its 30 s interval)")
-    degraded = degrade_checkpoint(root, root.with_name(root.name + "-degraded"), noise=0.5, seed=suite.seed,
-                                  prefix="mask_decoder.")
-    v3, _ = register_version(degraded.parent, name, {**base_tags, "role": "degraded (mask-decoder noise 0.5 sd)"},
-                             mlruns_dir=mlruns_dir, experiment=experiment)
-    evaluate_new()
-    verdicts = {v: model_registry.version_tags(name, v, mlruns_dir).get("medrobust.gate", "") for v in (v2, v3)}
-    log(f"  gate verdicts: retrained v{v2}: {verdicts[v2]}; degraded v{v3}: {verdicts[v3]}")
-    base_trained = any(m.id == ft.base and m.checkpoint == "trained" for m in suite.segmentation.models)
-    finding = check_gate_verdicts(name, (v2, verdicts[v2]), (v3, verdicts[v3]), base_trained=base_trained)
-    if finding:
-        log("  finding: " + finding)
-
-
-def check_gate_verdicts(name: str, retrained: tuple[int, str], degraded: tuple[int, str], *,
-                        base_trained: bool) -> str | None:
-    """The registry loop's expected verdicts (``medrobust.gate`` tags) of the seed + 1 retrain and the
-    degraded copy. Returns a finding to log (a retrained fine-tune of a released model that fails:
-    seed variance, not a pipeline error), else None.
-
-    Raises:
-        RuntimeError: the degraded copy is not FAILed, or the retrain is not PASSed while the base is a
-            model the demo trained itself (the loop's self-check)."""
-    (v2, t2), (v3, t3) = retrained, degraded
-    if t3.startswith("FAIL") and not t2.startswith("PASS") and not base_trained:
-        return (f"{name} retrained with seed + 1 (v{v2}: {t2 or 'not gated'}) did not pass the gate against "
-                "the champion: fine-tuning this released model is not reproducible across seeds at this recipe")
-    if not t2.startswith("PASS") or not t3.startswith("FAIL"):
-        raise RuntimeError(f"the regression gate did not behave as expected on the demo: retrained v{v2} "
-                           f"{t2 or 'not gated'}, degraded v{v3} {t3 or 'not gated'}")
-    return None

@@ -60,6 +60,12 @@ def suite_paths(suite: _HasLocations, base: Path | None = None) -> SuitePaths:
                       dagster_state=root / "dagster", pred_masks=root / "pred_masks")
 
 
+def checkpoint_dir(suite: _HasLocations, model_id: str) -> Path:
+    """The folder of a model's local weights: ``<suite root>/checkpoints/<model id>/`` (a trained
+    or installed demo model, a fine-tuned VLM adapter under ``adapter/``)."""
+    return suite_paths(suite).checkpoints / model_id
+
+
 def default_locations(name: str) -> tuple[str, str]:
     """``(results_dir, mart_path)`` of a suite that names neither: ``var/<name>/results`` and
     ``var/<name>/marts.duckdb``."""

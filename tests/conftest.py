@@ -23,6 +23,12 @@ def gray_image() -> np.ndarray:
 
 
 @pytest.fixture(scope="session")
+def camera() -> np.ndarray:
+    """float32 (256, 256) in [0, 1]: skimage's camera (the perturbation behaviour tests' image)."""
+    return _resize(data.camera().astype(np.float32) / 255.0, 256)
+
+
+@pytest.fixture(scope="session")
 def rgb_image() -> np.ndarray:
     """float32 (128, 128, 3) in [0, 1]: skimage's retina crop."""
     return _resize(data.retina()[100:900, 100:900].astype(np.float32) / 255.0, 128)

@@ -243,7 +243,8 @@ def build_corpus(n_generated: int = 700, n_soup: int = 250, seed: int = 12) -> l
         samples.append({"id": f"s{i:04d}", "prediction": _soup(rng), "references": refs})
     bad = "\r\x0b\x0c\x85\u2028\u2029"
     for smp in samples:
-        for text in [smp["prediction"], *smp["references"]]:  # type: ignore[list-item]
+        smp_refs = smp["references"]
+        assert isinstance(smp_refs, list) and 1 <= len(smp_refs) <= 5, smp
+        for text in [smp["prediction"], *smp_refs]:
             assert isinstance(text, str) and not any(c in text for c in bad), text
-        assert 1 <= len(smp["references"]) <= 5, smp  # type: ignore[arg-type]
     return samples

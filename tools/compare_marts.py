@@ -1,4 +1,4 @@
-"""Compare two marts table by table: ``python tools/compare_marts.py OLD.duckdb NEW.duckdb``.
+"""Compare two marts table by table: ``python -m tools.compare_marts OLD.duckdb NEW.duckdb``.
 
 For every base table of either mart: row counts, the set of key tuples (the table's VARCHAR and
 integer identity columns that both marts have, e.g. model, dataset, sample_id, perturbation,

@@ -5,7 +5,7 @@ nothing is trained) on every modality's clean test images, writes ``taxonomy_res
 ``taxonomy_quadrant_stats`` and ``taxonomy_screening_stats`` under ``--work`` and prints the
 screening per configuration pooled over the datasets (and per dataset with ``--per-dataset``).
 
-    PYTHONPATH=. python tools/demo_taxonomy_screening.py --work /tmp/screening [--demo-root DIR]
+    python -m tools.demo_taxonomy_screening --work /tmp/screening [--demo-root DIR]
         [--configs demo-shortcut,demo-image-reliant] [--modalities ct,mri]
 
 ``--demo-root``: an existing demo build of ``configs/demo.yaml`` (else one is built under --work).
@@ -14,16 +14,14 @@ screening per configuration pooled over the datasets (and per dataset with ``--p
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from medrobust_lib.config import load_suite
 
-from medrobust_lib.config import load_suite  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,5 @@
 """A small synthetic mart shaped like the demo's, for looking at the report's figures and tables
-without running the demo: ``python tools/figure_mart.py OUT_DIR [--report]``.
+without running the demo: ``python -m tools.figure_mart OUT_DIR [--report]``.
 
 Segmentation: ``tiny-sam`` at levels 1-5 on 14 corruption types (4 families) and FGSM/PGD, over
 two datasets, one of which (``demo_us``) has a clean IoU near 0 (a floor effect), plus the

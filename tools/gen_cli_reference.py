@@ -1,6 +1,6 @@
 """Generate the CLI reference (docs/cli.md) from the CLI itself.
 
-``python tools/gen_cli_reference.py`` rewrites the part of docs/cli.md between the markers
+``python -m tools.gen_cli_reference`` rewrites the part of docs/cli.md between the markers
 ``<!-- cli-reference:start -->`` and ``<!-- cli-reference:end -->`` with the ``--help`` text of
 every ``medrobust`` command (plain click formatting, 100 columns); ``--check`` only compares and
 exits 1 when they differ. ``tests/cli/test_cli_reference.py`` fails when docs/cli.md and the CLI drift.
@@ -34,13 +34,11 @@ def _help(cmd: Any, name: str, parent: Any) -> str:
 
 def cli_reference() -> str:
     """The Markdown of the reference: the group's help, then one ``####`` block per command."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
     from medrobust_cli import app
 
     group: Any = typer.main.get_command(app)  # a click Group (typer's vendored click)
     root_ctx = _ctx(group, "medrobust")
-    parts = ["Generated from the CLI by `python tools/gen_cli_reference.py` (a test fails when this "
+    parts = ["Generated from the CLI by `python -m tools.gen_cli_reference` (a test fails when this "
              "section and the CLI drift).", "", "```text", _help(group, "medrobust", None), "```"]
     for name in group.list_commands(root_ctx):
         cmd = group.get_command(root_ctx, name)
@@ -66,7 +64,7 @@ def main() -> int:
         print("docs/cli.md is up to date")
         return 0
     if a.check:
-        print("docs/cli.md differs from the CLI: run python tools/gen_cli_reference.py")
+        print("docs/cli.md differs from the CLI: run python -m tools.gen_cli_reference")
         return 1
     head, rest = text.split(START, 1)
     tail = rest.split(END, 1)[1]

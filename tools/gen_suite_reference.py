@@ -1,6 +1,6 @@
 """Generate docs/suite.md, the reference of every suite key, from the pydantic config models.
 
-``python tools/gen_suite_reference.py`` rewrites docs/suite.md; ``--check`` only compares and exits 1
+``python -m tools.gen_suite_reference`` rewrites docs/suite.md; ``--check`` only compares and exits 1
 when it differs. ``tests/config/test_suite_reference.py`` fails when the file and the models drift.
 
 Every key of :class:`medrobust_lib.config.Suite` is listed with its type, its default and its
@@ -136,8 +136,6 @@ def _table(rows: list[tuple[str, str, str, str]]) -> list[str]:
 
 def suite_reference() -> str:
     """The Markdown of docs/suite.md."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
     from medrobust_lib.config import Suite
     from medrobust_lib.data.dataset import DatasetConfig
     from medrobust_lib.data.formats import READERS
@@ -197,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     text = suite_reference()
     if args.check:
         same = OUT.is_file() and OUT.read_text(encoding="utf-8") == text
-        print("docs/suite.md is up to date" if same else "docs/suite.md differs: run python tools/gen_suite_reference.py")
+        print("docs/suite.md is up to date" if same else "docs/suite.md differs: run python -m tools.gen_suite_reference")
         return 0 if same else 1
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(text, encoding="utf-8")

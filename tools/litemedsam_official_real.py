@@ -5,7 +5,7 @@ The official script is ``CVPR24_LiteMedSAM_infer.py`` of ``bowang-lab/MedSAM`` (
 ``git archive`` of it: ``git --git-dir=<bare> archive <commit> | tar -x -C /tmp/medsam_lite``) and
 run, from the project root with the project's virtualenv::
 
-    .venv/bin/python tools/litemedsam_official_real.py --repo /tmp/medsam_lite --commit <sha>
+    .venv/bin/python -m tools.litemedsam_official_real --repo /tmp/medsam_lite --commit <sha>
 
 (``--commit`` only records which commit the checkout is; a git clone is asked with ``git rev-parse``
 when it is left out.) The script is executed as it is published, as
@@ -47,17 +47,16 @@ import hashlib
 import json
 import runpy
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from litemedsam_official_script import load_official
+
+from tools.litemedsam_official_script import load_official
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 DATASETS = ("lits117_liver", "lits117_tumour", "dsb2018_nuclei", "mni152_brain")
 FIXTURE = ROOT / "tests/models/fixtures/litemedsam_official_real.npz"
@@ -206,7 +205,7 @@ def main() -> None:
     box_ds = np.repeat(ds, n_boxes)
     summary: dict[str, Any] = {
         "fixture": str(args.out.relative_to(ROOT)) if args.out.is_relative_to(ROOT) else str(args.out),
-        "produced_by": f".venv/bin/python tools/litemedsam_official_real.py --repo <checkout> --commit {commit}",
+        "produced_by": f".venv/bin/python -m tools.litemedsam_official_real --repo <checkout> --commit {commit}",
         "source": source,
         "datasets": {},
         "skipped": skipped,

@@ -5,7 +5,7 @@ Reads pydicom-data's MR-SIEMENS-DICOM-WithOverlays.dcm through the ``dicom`` rea
 LiteMedSAM (official inference, fp32, CPU) with the tight box of the mask, prints Dice and IoU, and
 writes a side-by-side crop (image | ground-truth outline green, prediction red) to ``--out``.
 
-Run: ``PYTHONPATH=. .venv/bin/python tools/litemedsam_real_overlay_figure.py [--out FILE.png]``.
+Run: ``.venv/bin/python -m tools.litemedsam_real_overlay_figure [--out FILE.png]``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+import numpy.typing as npt
 
 from medrobust_lib.data.dataset import DatasetConfig, index_dataset, load_sample
 from medrobust_lib.demo.real import REAL_FILES, installed_file
@@ -41,7 +42,7 @@ def main() -> None:
                             options={"image_dir": "dicom", "overlay_mask": True})
         s = load_sample(cfg, index_dataset(cfg)[0][0])
         assert s.mask is not None and s.boxes is not None
-        pred = (seg.predict([s.image], [s.boxes])[0] > 0.5).any(axis=0)
+        pred: npt.NDArray[np.bool_] = np.asarray((seg.predict([s.image], [s.boxes])[0] > 0.5).any(axis=0), dtype=bool)
         print(f"size {s.image.shape}: box {s.boxes.tolist()}, mask {int(s.mask.sum())} px, prediction "
               f"{int(pred.sum())} px, Dice {dice(pred, s.mask):.4f}, IoU {iou(pred, s.mask):.4f}")
         if size is None:

@@ -4,7 +4,7 @@ data (``medrobust_lib/demo/weights/<model id>/`` with ``SHA256SUMS``).
 Run from the project root after the demo datasets exist (``medrobust run --suite configs/demo.yaml
 --select datasets``)::
 
-    python tools/train_demo_weights.py --step-bound [--suite configs/demo.yaml] [--only tiny-sam ...]
+    python -m tools.train_demo_weights --step-bound [--suite configs/demo.yaml] [--only tiny-sam ...]
 
 It trains exactly what ``medrobust demo --retrain`` trains (same functions, same suite settings),
 then copies each trained folder into the package with the fingerprint of its inputs. The demo
@@ -15,14 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from medrobust_lib.config import load_suite  # noqa: E402
-from medrobust_lib.demo import committed  # noqa: E402
+from medrobust_lib.config import load_suite
+from medrobust_lib.demo import committed
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,7 @@ validation accuracy of each attribute (modality, side, height, size, brightness)
 Run from the project root after the demo datasets exist (``medrobust run --suite
 configs/demo.yaml --select datasets``)::
 
-    python tools/vlm_attribute_probe.py [--lr 5e-4] [--steps 1500] [--image-size 64] [--patch-size 16]
+    python -m tools.vlm_attribute_probe [--lr 5e-4] [--steps 1500] [--image-size 64] [--patch-size 16]
                                         [--hidden 64] [--corpus N] [--position-std S] [--tower-steps N] [--threads 2]
 
 ``--corpus N`` adds the synthetic corpus of N images per modality (:mod:`medrobust_lib.demo.corpus`)
@@ -17,16 +17,13 @@ that is what the tiny LLaVA does without the tower stage (see docs/vlm.md).
 from __future__ import annotations
 
 import argparse
-import sys
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from medrobust_lib.config import load_suite  # noqa: E402
-from medrobust_lib.demo.alignment import ATTRIBUTE_QUESTIONS, attribute_examples, demo_truth  # noqa: E402
-from medrobust_lib.demo.corpus import load_corpus  # noqa: E402
-from medrobust_lib.finetune.vlm_train import VLMExample  # noqa: E402
+from medrobust_lib.config import load_suite
+from medrobust_lib.demo.alignment import ATTRIBUTE_QUESTIONS, attribute_examples, demo_truth
+from medrobust_lib.demo.corpus import load_corpus
+from medrobust_lib.finetune.vlm_train import VLMExample
 
 
 def attribute_of(example: VLMExample) -> str:

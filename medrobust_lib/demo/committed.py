@@ -13,15 +13,15 @@ otherwise (or with ``demo.retrain``) they train, exactly as before. ``tools/trai
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from medrobust_lib.hashing import file_sha256
-from medrobust_lib.paths import RECORD_FILES
+from medrobust_lib.config.common import by_id
+from medrobust_lib.hashing import digest, files_digest, tree_sha256
+from medrobust_lib.paths import RECORD_FILES, checkpoint_dir
 
 if TYPE_CHECKING:
     from medrobust_lib.config import Suite
@@ -33,22 +33,14 @@ MANIFEST = "SHA256SUMS"
 
 def folder_hashes(folder: Path) -> dict[str, str]:
     """sha256 of every file under ``folder`` (relative POSIX paths, sorted), the manifest excluded."""
-    return {p.relative_to(folder).as_posix(): file_sha256(p)
-            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MANIFEST}
+    return tree_sha256(folder, exclude=(MANIFEST,))
 
 
 def fingerprint_digest(fingerprint: dict[str, Any]) -> str:
-    """sha256 (hex) of the canonical JSON of a fingerprint."""
-    return hashlib.sha256(json.dumps(fingerprint, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def files_digest(paths: list[Path]) -> str:
-    """sha256 (hex) over the names and contents of ``paths`` (missing files count as absent)."""
-    h = hashlib.sha256()
-    for p in paths:
-        h.update(p.name.encode())
-        h.update(file_sha256(p).encode() if p.is_file() else b"missing")
-    return h.hexdigest()
+    """The recorded ``fingerprint_sha256`` of a fingerprint: :func:`medrobust_lib.hashing.digest`, the
+    one canonical form of every fingerprint. (Until issue 45 the manifests hashed JSON with its default
+    separators; the committed ones were rewritten then, their files and fingerprints unchanged.)"""
+    return digest(fingerprint)
 
 
 def write_manifest(folder: Path, fingerprint: dict[str, Any]) -> Path:
@@ -152,9 +144,7 @@ def _demo_inputs(suite: Suite, *record_keys: str) -> dict[str, Any]:
 
 def sam_fingerprint(suite: Suite, model_id: str) -> dict[str, Any]:
     """Inputs of the tiny SAM's training: architecture, training settings, seeds, demo size, splits."""
-    m = next((m for m in suite.segmentation.models if m.id == model_id), None)
-    if m is None:
-        raise KeyError(f"no segmentation model {model_id!r} in suite {suite.name!r}")
+    m = by_id(suite.segmentation.models, model_id, "segmentation model")
     return {"kind": "segmentation", "family": m.family, "arch": m.arch,
             "train": _settings(suite.segmentation.train), **_demo_inputs(suite, "splits")}
 
@@ -174,23 +164,17 @@ def adapter_fingerprint(suite: Suite) -> dict[str, Any]:
 
 def install_sam(suite: Suite, model_id: str) -> Installed:
     """The committed tiny SAM into ``var/checkpoints/<id>/`` (see :func:`install`)."""
-    from medrobust_lib.tracks.segmentation.evaluate import checkpoint_dir
-
     return install(model_id, checkpoint_dir(suite, model_id), sam_fingerprint(suite, model_id),
                    retrain=suite.demo.retrain)
 
 
 def install_vlm(suite: Suite, model_id: str) -> Installed:
     """The committed tiny LLaVA into ``var/checkpoints/<id>/`` (see :func:`install`)."""
-    from medrobust_lib.tracks.vlm.model_runner import checkpoint_dir
-
     return install(model_id, checkpoint_dir(suite, model_id), vlm_fingerprint(suite), retrain=suite.demo.retrain)
 
 
 def install_adapter(suite: Suite, model_id: str) -> Installed:
     """The committed LoRA adapter into ``var/checkpoints/<id>/adapter`` (see :func:`install`)."""
-    from medrobust_lib.tracks.vlm.model_runner import checkpoint_dir
-
     return install(model_id, checkpoint_dir(suite, model_id) / "adapter", adapter_fingerprint(suite),
                    retrain=suite.demo.retrain)
 
@@ -198,8 +182,8 @@ def install_adapter(suite: Suite, model_id: str) -> Installed:
 def taxonomy_fingerprint(suite: Suite, config_id: str) -> dict[str, Any]:
     """Inputs of a taxonomy known-answer model: its kind, the taxonomy training settings, the
     paraphrase minimum, seeds, demo size and record files (a LoRA config: also its base's)."""
-    entry = next((c for c in suite.taxonomy.configs if c.id == config_id), None)
-    if entry is None or entry.demo_training is None:
+    entry = by_id(suite.taxonomy.configs, config_id, "taxonomy configuration")
+    if entry.demo_training is None:
         raise KeyError(f"no demo-trained taxonomy config {config_id!r} in suite {suite.name!r}")
     fp: dict[str, Any] = {"kind": f"taxonomy:{entry.demo_training}", "train": _settings(suite.taxonomy.train),
                           "min_paraphrases": suite.taxonomy.min_paraphrases, **_demo_inputs(suite, *_VLM_RECORDS)}
@@ -210,8 +194,6 @@ def taxonomy_fingerprint(suite: Suite, config_id: str) -> dict[str, Any]:
 
 def install_taxonomy(suite: Suite, config_id: str) -> Installed:
     """The committed known-answer model of a taxonomy configuration (a LoRA one: its adapter)."""
-    from medrobust_lib.tracks.vlm.model_runner import checkpoint_dir
-
-    entry = next(c for c in suite.taxonomy.configs if c.id == config_id)
+    entry = by_id(suite.taxonomy.configs, config_id, "taxonomy configuration")
     dest = checkpoint_dir(suite, config_id) / ("adapter" if entry.demo_training == "consistency_lora" else "")
     return install(config_id, dest, taxonomy_fingerprint(suite, config_id), retrain=suite.demo.retrain)

@@ -37,12 +37,13 @@ mni152_brain        mri      nifti  MNI ICBM152 2009 T1 template (``nilearn`` 0.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from medrobust_lib.hashing import file_sha256
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ def installed_file(spec: RealFile) -> Path:
     path = Path(str(dist.locate_file(spec.package_path)))
     if not path.is_file():
         raise RealDataMissing(f"{spec.dataset}: {spec.distribution} {dist.version} has no {spec.package_path}")
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    digest = file_sha256(path)
     if digest != spec.sha256:
         raise RealDataMissing(f"{spec.dataset}: {path} has sha256 {digest}, expected {spec.sha256} "
                               f"({spec.distribution}=={spec.version}); reinstall with `make setup`")

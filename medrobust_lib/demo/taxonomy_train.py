@@ -32,12 +32,13 @@ from medrobust_lib.data.sample import Sample
 from medrobust_lib.demo.alignment import alignment_sets, mixed_in, run_alignment
 from medrobust_lib.demo.tiny_llava_train import vocabulary_texts
 from medrobust_lib.finetune.vlm_train import VLMExample
+from medrobust_lib.hashing import folder_hash
 from medrobust_lib.models.remote_code import refuse_remote_code
+from medrobust_lib.paths import checkpoint_dir
 from medrobust_lib.seeding import stable_fraction
 from medrobust_lib.tracks.finetune.vlm_adapter import samples_by_split
 from medrobust_lib.tracks.taxonomy.evaluate import config_entry, variants_of
 from medrobust_lib.tracks.vlm.items import YESNO_SUFFIX, VLMItem, load_items
-from medrobust_lib.tracks.vlm.model_runner import checkpoint_dir
 
 
 def shortcut_answer(question: str, seed: int) -> str:
@@ -100,7 +101,6 @@ def train_taxonomy_model(suite: Suite, config_id: str, log: Callable[[str], None
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
         from medrobust_lib.finetune.vlm_lora import finetune_lora
-        from medrobust_lib.tracks.vlm.model_runner import _folder_hash
 
         assert entry.base is not None
         source = checkpoint_dir(suite, entry.base)
@@ -112,7 +112,7 @@ def train_taxonomy_model(suite: Suite, config_id: str, log: Callable[[str], None
                               time_budget_s=ts["time_budget_s"], seed=suite.seed,
                               select_on="first_token_accuracy")
         res = finetune_lora(model, proc, train, val, LoraSettings(), lcfg, checkpoint_dir(suite, config_id) / "adapter",
-                            base_model_hash=_folder_hash(str(source)), log=log)
+                            base_model_hash=folder_hash(str(source)), log=log)
         return TaxonomyTrainSummary(config_id, kind, str(res.adapter_dir), time.perf_counter() - t0, res.train.steps,
                                     res.train.best_val_loss, len(train), {"n_trainable": res.n_trainable,
                                                                           "adapter_hash": res.adapter_hash})

@@ -20,10 +20,10 @@ from medrobust_lib.demo.corpus import TOWER_CORPUS_FOLDER, Corpus, load_corpus
 from medrobust_lib.demo.manifest import DemoSample
 from medrobust_lib.demo.vision_pretrain import pretrain_tower
 from medrobust_lib.finetune.vlm_train import VLMExample, VLMTrainConfig
+from medrobust_lib.paths import checkpoint_dir
 from medrobust_lib.tasks.scoring import score_mc
 from medrobust_lib.tracks.finetune.vlm_adapter import examples_for, samples_by_split
 from medrobust_lib.tracks.vlm.items import VLMItem, load_items, prompt_for
-from medrobust_lib.tracks.vlm.model_runner import checkpoint_dir
 
 SELECTION_TASKS = ("vqa_yesno", "vqa_mc")
 """Model selection uses the validation loss of the closed-answer tasks (captions overfit first)."""

@@ -64,7 +64,6 @@ original groups prompts by length); padding is masked and positions follow the m
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import warnings
@@ -78,6 +77,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from medrobust_lib.hashing import short_file_hash
 from medrobust_lib.models.base import GenerateFromCapped, VisionLanguageModel
 from medrobust_lib.models.convert_llava import VICUNA_V1_SYSTEM, NotConvertible, _text_config, load_weights
 from medrobust_lib.models.hf_vlm import ModelNotAvailable, batch_groups, first_token_ids, option_log_probs
@@ -314,11 +314,7 @@ def _lora_weights(files: LlavaRadFiles, lm: nn.Module) -> tuple[nn.Module, dict[
     if missing or unexpected:
         raise ValueError(f"{weights_file.name}: {len(missing)} missing LoRA tensors {missing[:3]}, "
                          f"{len(unexpected)} unexpected {unexpected[:3]}")
-    h = hashlib.sha256()
-    with weights_file.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return peft_model.merge_and_unload(), proj, h.hexdigest()[:16]
+    return peft_model.merge_and_unload(), proj, short_file_hash(weights_file)
 
 
 def _to_pil(image: np.ndarray) -> Any:

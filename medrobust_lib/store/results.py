@@ -3,7 +3,8 @@
 Layout: ``<results_dir>/<table>/<key>=<value>/.../<chunk>.parquet``. A partition is a folder; a
 chunk is one file in it, written to a temporary name and renamed into place, so a reader (or a
 killed run) only ever sees whole chunks. Each chunk records a fingerprint of its inputs in the
-Parquet metadata: a resumed run skips chunks whose fingerprint matches and recomputes the rest,
+Parquet metadata (:func:`medrobust_lib.hashing.digest` of a track's inputs,
+:mod:`medrobust_lib.tracks.partition`): a resumed run skips chunks whose fingerprint matches and recomputes the rest,
 and :func:`finalize_partition` removes chunks that are no longer expected. Re-running a partition
 therefore never duplicates or loses rows.
 
@@ -41,12 +42,6 @@ TABLE_KEY = b"medrobust.table"
 """File-metadata key of the declared table a chunk was written for: the mart refuses a chunk found
 under another table's folder (a valid file copied there would add rows of NULLs)."""
 _SAFE = re.compile(r"^[A-Za-z0-9_.\-]+$")
-
-
-def fingerprint(payload: Any) -> str:
-    """Stable SHA-256 of a JSON-serialisable payload (sorted keys)."""
-    blob = json.dumps(payload, sort_keys=True, default=str, separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def partition_dir(results_dir: str | Path, table: str, partition: Mapping[str, object]) -> Path:

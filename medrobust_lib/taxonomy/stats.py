@@ -89,13 +89,6 @@ def _groups(df: pd.DataFrame, columns: Sequence[str]) -> dict[Key, pd.DataFrame]
     return {_key(k): g for k, g in df.groupby(list(columns), sort=True, dropna=False)}
 
 
-def _floats(values: pd.Series) -> npt.NDArray[np.float64]:
-    """Finite values of a column as float64 (None/NaN dropped)."""
-    a: npt.NDArray[np.float64] = np.asarray(pd.to_numeric(values, errors="coerce"), dtype=np.float64)
-    keep: npt.NDArray[np.float64] = a[np.isfinite(a)]
-    return keep
-
-
 def _bools(values: pd.Series | npt.NDArray[Any]) -> npt.NDArray[np.bool_]:
     """A boolean column (object dtype with None / NaN allowed) as bool; None and NaN read False."""
     return np.fromiter((v is not None and v == v and bool(v) for v in values), dtype=bool, count=len(values))

@@ -23,23 +23,27 @@ from medrobust_lib.progress import Progress, finish
 from medrobust_lib.store import results
 from medrobust_lib.store.schema import column_names
 from medrobust_lib.tracks.datasets import load_clean_samples
+from medrobust_lib.tracks.partition import PartitionInputs, added, sample_hashes
 
 MANIFEST_TABLE = "perturbation_manifest"
 MANIFEST_COLUMNS: tuple[str, ...] = column_names(MANIFEST_TABLE)
 """The columns of a manifest chunk, in the declared order (:mod:`medrobust_lib.store.schema`)."""
 
-MANIFEST_TABLE = "perturbation_manifest"
-CALIBRATION_VERSION = 2
+CALIBRATION_VERSION = 3
+"""Bumped when the calibration algorithm changes (3: issue 47, the warm start aims at the stretch most
+subset images have in band), so manifest chunks of an older algorithm are recomputed, not reused."""
 
 
-def selected_types(suite: Suite, modality: str, n_channels: int) -> list[str]:
+def selected_types(suite: Suite, modality: str, n_channels: int, dataset: str | None = None) -> list[str]:
     """Registered types for this modality and channel count, filtered by the suite's
-    include/exclude globs and, when the modality is listed there, ``types_by_modality``."""
+    include/exclude globs and then by ``types_by_dataset[dataset]`` when ``dataset`` is listed
+    there, else by ``types_by_modality`` when the modality is listed there."""
     cfg = suite.perturbations
     names = list_perturbations(modality=modality, n_channels=n_channels)
     keep = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in cfg.include)]
     keep = [n for n in keep if not any(fnmatch.fnmatchcase(n, p) for p in cfg.exclude)]
-    only = (cfg.types_by_modality or {}).get(modality)
+    only = cfg.types_by_dataset.get(dataset) if dataset is not None and dataset in cfg.types_by_dataset else \
+        (cfg.types_by_modality or {}).get(modality)
     return keep if only is None else [n for n in keep if any(fnmatch.fnmatchcase(n, p) for p in only)]
 
 
@@ -68,7 +72,25 @@ class PerturbSummary:
         return self.n_reachable_reached / self.n_reachable_rows if self.n_reachable_rows else float("nan")
 
 
-def chunk_fingerprint(ch: ChunkSpec, samples: list[Sample]) -> str:
+@dataclass(frozen=True, kw_only=True)
+class ChunkInputs(PartitionInputs):
+    """What one manifest chunk (a dataset under one type at one level) depends on, by name
+    (:mod:`medrobust_lib.tracks.partition`). Build with :func:`chunk_inputs` (the chunk of loaded
+    samples) or :func:`error_chunk_inputs` (every sample of the dataset failed to load)."""
+
+    PAYLOAD = "mapping"
+    version: int = CALIBRATION_VERSION
+    chunk: dict[str, Any]
+    """:func:`_chunk_fields`: dataset, modality, type, level, band, seed, calibration subset and mode."""
+    spec: list[Any] | None = added(None)
+    """The type's calibration-relevant settings (:func:`_spec_key`)."""
+    samples: list[tuple[str, str]] | None = added(None)
+    """(sample id, content hash) of the chunk's samples."""
+    errors: list[dict[str, Any]] | None = added(None)
+    """The rows of a chunk whose samples all failed to load (then no spec, no samples)."""
+
+
+def _spec_key(ch: ChunkSpec, samples: list[Sample]) -> list[Any]:
     spec = get_perturbation(ch.perturbation)
     key: list[object] = [spec.strength_range, spec.levels, spec.inverse, spec.integer, spec.geometry]
     if spec.strength_is_intensity:
@@ -77,10 +99,32 @@ def chunk_fingerprint(ch: ChunkSpec, samples: list[Sample]) -> str:
         key.append(["scales_with_size", REFERENCE_SIZE])  # the range of these samples depends on their size
         if spec.smoothing:
             key.append(CAP_RULE)  # issue 30: a smoothing type's cap grows faster than linearly
-    return results.fingerprint({
-        "version": CALIBRATION_VERSION, "chunk": _chunk_fields(ch), "spec": key,
-        "samples": sorted((s.sample_id, s.content_hash()) for s in samples),
-    })
+    return key
+
+
+def chunk_inputs(ch: ChunkSpec, samples: list[Sample]) -> ChunkInputs:
+    """The inputs of the chunk ``ch`` over ``samples`` (the dataset's loaded samples)."""
+    return ChunkInputs(chunk=_chunk_fields(ch), spec=_spec_key(ch, samples), samples=sample_hashes(samples),
+                       errors=None)
+
+
+def error_chunk_inputs(ch: ChunkSpec, rows: list[dict[str, Any]]) -> ChunkInputs:
+    """The inputs of the chunk ``ch`` of a dataset whose every sample failed to load (``rows``: their
+    ``error`` rows)."""
+    return ChunkInputs(chunk=_chunk_fields(ch), spec=None, samples=None, errors=rows)
+
+
+def chunk_spec(suite: Suite, dataset: str, modality: str, perturbation: str, level: int) -> ChunkSpec:
+    """The chunk of ``dataset`` under ``perturbation`` at ``level``: the level's SSIM band, the suite
+    seed, the calibration subset and the dataset's calibration mode."""
+    cfg = suite.perturbations
+    return ChunkSpec(dataset, modality, perturbation, level, cfg.bands[level], suite.seed, cfg.calibration_subset,
+                     cfg.mode_for(dataset))
+
+
+def chunk_fingerprint(ch: ChunkSpec, samples: list[Sample]) -> str:
+    """The fingerprint stored in the chunk ``ch`` over ``samples`` (:func:`chunk_inputs`)."""
+    return chunk_inputs(ch, samples).fingerprint
 
 
 def _chunk_fields(ch: ChunkSpec) -> dict[str, Any]:
@@ -111,7 +155,6 @@ def build_perturbed(
     chunk written; ``report``: (chunks done, chunks of the partition) per chunk written
     (:mod:`medrobust_lib.progress`)."""
     cfg = suite.perturbations
-    band = cfg.bands[level]
     part = {"modality": modality, "level": level}
     load_errors: list[tuple[str, SampleRef, Exception]] = []
     samples_by_ds = load_clean_samples(
@@ -126,14 +169,14 @@ def build_perturbed(
     for ds, samples in sorted(samples_by_ds.items()):
         if not samples:
             if any(d == ds for d, _, _ in load_errors):
-                failed_only[ds] = dataset_types(suite, modality, _index_channels(suite, modality, ds))
+                failed_only[ds] = dataset_types(suite, modality, _index_channels(suite, modality, ds), ds)
                 types_seen.update(failed_only[ds])
                 expected.extend(f"{ds}__{t}" for t in failed_only[ds])
             continue
-        types = modality_types(suite, modality)  # an RGB-only type on grayscale data: not_applicable rows
+        types = modality_types(suite, modality, ds)  # an RGB-only type on grayscale data: not_applicable rows
         types_seen.update(types)
         for t in types:
-            ch = ChunkSpec(ds, modality, t, level, band, suite.seed, cfg.calibration_subset, cfg.mode_for(ds))
+            ch = chunk_spec(suite, ds, modality, t, level)
             name = f"{ds}__{t}"
             expected.append(name)
             path = results.chunk_path(suite.results_dir, MANIFEST_TABLE, part, name)
@@ -163,9 +206,9 @@ def build_perturbed(
     for ds, types in failed_only.items():  # every sample failed: the error rows still reach the mart
         errs = [(ref, exc) for d, ref, exc in load_errors if d == ds]
         for t in types:
-            ch = ChunkSpec(ds, modality, t, level, band, suite.seed, cfg.calibration_subset, cfg.mode_for(ds))
+            ch = chunk_spec(suite, ds, modality, t, level)
             rows = [_error_row(ch, ref, exc) for ref, exc in errs]
-            fp = results.fingerprint({"version": CALIBRATION_VERSION, "chunk": _chunk_fields(ch), "errors": rows})
+            fp = error_chunk_inputs(ch, rows).fingerprint
             path = results.chunk_path(suite.results_dir, MANIFEST_TABLE, part, f"{ds}__{t}")
             results.write_chunk(path, rows, fp, columns=MANIFEST_COLUMNS)
             summary.chunks_computed += 1
@@ -176,16 +219,17 @@ def build_perturbed(
     return summary
 
 
-def modality_types(suite: Suite, modality: str) -> list[str]:
-    """Every type the suite selects for ``modality``, whatever the channel count, sorted."""
-    return dataset_types(suite, modality, {1, 3})
+def modality_types(suite: Suite, modality: str, dataset: str | None = None) -> list[str]:
+    """Every type the suite selects for ``modality`` (for ``dataset``, when given:
+    ``perturbations.types_by_dataset``), whatever the channel count, sorted."""
+    return dataset_types(suite, modality, {1, 3}, dataset)
 
 
-def dataset_types(suite: Suite, modality: str, channel_counts: set[int]) -> list[str]:
+def dataset_types(suite: Suite, modality: str, channel_counts: set[int], dataset: str | None = None) -> list[str]:
     """The selected types applying to any of the channel counts present in a dataset, sorted."""
     out: set[str] = set()
     for n in channel_counts or {1}:
-        out.update(selected_types(suite, modality, n))
+        out.update(selected_types(suite, modality, n, dataset))
     return sorted(out)
 
 

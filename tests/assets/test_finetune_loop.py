@@ -175,7 +175,7 @@ def test_strategies_registry_loop_and_gate(tmp_path: Path, demo_root: Path, monk
     # the gate compared version 2 with the champion (version 1) on the same samples. This 20-step
     # model barely segments, so its degraded copy cannot be significantly worse here: the failing
     # verdict is asserted on synthetic rows in tests/tracks/finetune/test_gate.py and on the trained demo
-    # model by `medrobust demo` (runner.run_registry_demo raises if the degraded candidate passes).
+    # model by `medrobust demo` (registry_loop.run_registry_loop raises if the degraded candidate passes).
     (check,) = r.get_asset_check_evaluations()
     assert check.severity == dg.AssetCheckSeverity.ERROR and check.metadata["champion_version"].value == 1
     assert "| group" in check.metadata["differences"].value and "clean" in check.metadata["differences"].value

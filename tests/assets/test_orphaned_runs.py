@@ -4,17 +4,15 @@ runs failed (with the reason) before it starts, and leaves other runs alone."""
 from __future__ import annotations
 
 import os
-import signal
 import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import dagster as dg
 import pytest
 
-from medrobust_assets.runner import HOST_TAG, PID_TAG, RUNNER_SOURCES, SOURCE_TAG, mark_orphaned_runs
+from medrobust_assets.instance import HOST_TAG, PID_TAG, RUNNER_SOURCES, SOURCE_TAG, mark_orphaned_runs
+from tests.process_helpers import kill_at_marker
 
 RUNNER_SOURCE = RUNNER_SOURCES[0]
 
@@ -44,19 +42,8 @@ def _instance_home(tmp_path: Path) -> Path:
 
 def _kill_mid_run(home: Path, tmp_path: Path, source: str) -> None:
     marker = tmp_path / f"running-{source.replace(' ', '_')}"
-    proc = subprocess.Popen([sys.executable, "-c", _SCRIPT, str(marker), source],
-                            env={**os.environ, "DAGSTER_HOME": str(home)})
-    try:
-        deadline = time.monotonic() + 180
-        while not marker.exists():
-            assert proc.poll() is None, "the materialization ended early"
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    kill_at_marker([sys.executable, "-c", _SCRIPT, str(marker), source], marker,
+                   env={**os.environ, "DAGSTER_HOME": str(home)}, timeout_s=180)
 
 
 @pytest.mark.slow

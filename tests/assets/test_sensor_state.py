@@ -14,8 +14,8 @@ import pytest
 
 import medrobust_assets.sensors as sensors
 from medrobust_assets.assets.finetune import REGISTERED_VERSIONS, version_key
+from medrobust_assets.registry_demo import sensor_tick
 from medrobust_assets.resources import TrackingResource
-from medrobust_assets.runner import _sensor_tick
 from medrobust_assets.sensors import (
     REGISTRY_EVALUATION_KEY,
     evaluated_versions,
@@ -59,7 +59,7 @@ def test_a_fresh_daemon_after_the_demo_launches_nothing(tmp_path: Path, monkeypa
     snap = _snap([1, 2, 3], 3)
     monkeypatch.setattr(sensors, "snapshot", lambda prefix, mlruns: snap)
     # the demo's registry loop: its own tick (cursor in a file), then the evaluations it requested
-    requested = _sensor_tick(instance, str(tmp_path / "mlruns"), tmp_path / "cursor.json")
+    requested = sensor_tick(instance, str(tmp_path / "mlruns"), tmp_path / "cursor.json")
     assert requested == [version_key(NAME, v) for v in (1, 2, 3)]
     _materialize(instance, requested)
     assert evaluated_versions(instance) == set(requested)

@@ -1,7 +1,7 @@
 """Every bench/ script at a tiny size, so a bench cannot silently break again (issue 34).
 
-Each script runs as ``make bench`` / the README run it: ``python bench/<script>.py`` in a fresh
-interpreter with the repository first on ``sys.path``, at the smallest sizes its arguments allow;
+Each script runs as ``make bench`` / the docs run it: ``python -m bench.<script>`` from the repository
+root in a fresh interpreter, at the smallest sizes its arguments allow;
 the test checks its exit status and a line of its output. Scripts that need a CUDA device are run
 on their CPU path where they have one (``gpu_seg_bench``), and otherwise checked for their
 argument parsing and their clear "no CUDA device" exit. Two scripts need a finished ``make demo``
@@ -36,9 +36,9 @@ except ImportError:  # pragma: no cover - torch is a core dependency
 def run_script(name: str, *args: str, cwd: Path | None = None, timeout: float = 600,
                check: bool = True) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run([sys.executable, str(BENCH / name), *args], cwd=cwd or ROOT, env=env, text=True,
-                          capture_output=True, timeout=timeout)
+           "PYTHONUNBUFFERED": "1"}  # the root on the path: ``cwd`` may be elsewhere
+    proc = subprocess.run([sys.executable, "-m", f"bench.{Path(name).stem}", *args], cwd=cwd or ROOT, env=env,
+                          text=True, capture_output=True, timeout=timeout)
     if check:
         assert proc.returncode == 0, f"{name} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
@@ -56,12 +56,14 @@ def _load(name: str) -> ModuleType:
 
 SMOKED_ELSEWHERE = {"litemedsam_bench.py": "tests/bench/test_gpu_seg_bench_litemedsam.py"}
 """Bench modules whose smoke test lives in another file (the LiteMedSAM rows of gpu_seg_bench.py)."""
+NOT_SCRIPTS = {"__init__.py", "timing.py"}
+"""The package and its shared helpers (``timing``: run by gpu_seg_bench's and litemedsam_bench's smoke tests)."""
 
 
 def test_every_bench_script_has_a_smoke_test() -> None:
     names = set(re.findall(r'"(\w+\.(?:py|sh))"', Path(__file__).read_text()))
     names |= {n for n, f in SMOKED_ELSEWHERE.items() if (Path(__file__).parents[2] / f).is_file()}
-    scripts = {p.name for p in BENCH.iterdir() if p.suffix in (".py", ".sh")}
+    scripts = {p.name for p in BENCH.iterdir() if p.suffix in (".py", ".sh")} - NOT_SCRIPTS
     assert scripts <= names, f"bench scripts without a smoke test: {sorted(scripts - names)}"
 
 
@@ -94,6 +96,19 @@ def test_full_grid_bench_tiny() -> None:
                   "fgsm (levels [1])", "pgd (levels [1])"):
         assert out.count(f"| {stage} |") == 2
     assert "extrapolated to 1000 images" in out and "host total for 1000 images" in out
+
+
+def test_full_grid_bench_torch_engine_tiny() -> None:
+    """``--engine torch`` on the CPU: device types calibrated by the device engine, the host-only
+    type by the host engine, the perturbed stage fed as device batches."""
+    out = run_script("full_grid_bench.py", "--n-images", "2", "--size", "48", "--model", "sam-tiny",
+                     "--levels", "2", "--types", "gaussian_noise", "rotation", "jpeg_compression", "--batch-size", "2",
+                     "--device", "cpu", "--engine", "torch", "--engine-batch", "3").stdout
+    assert "calibration (torch engine on cpu): 2 device types, 4 outputs" in out
+    assert "1 host types (jpeg_compression), 2 outputs" in out
+    for stage in ("calibration (torch on cpu)", "perturbed: regenerate (device engine) + forward + score"):
+        assert f"| {stage} | 6 |" in out
+    assert "on one device for 1000 images" in out
 
 
 def test_full_grid_feed_workers_give_the_in_process_outputs() -> None:
@@ -186,7 +201,9 @@ def test_demo_state_benches_parse_their_arguments(name: str) -> None:
 def test_gpu_session_script_is_valid_bash_naming_existing_benches() -> None:
     script = BENCH / "gpu_session.sh"
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
-    named = re.findall(r"(bench/\w+\.py|tests/[\w/]+\.py)", script.read_text())
+    text = script.read_text()
+    named = re.findall(r"(bench/\w+\.py|tests/[\w/]+\.py)", text)
+    named += [f"bench/{m}.py" for m in re.findall(r"-m bench\.(\w+)", text)]  # python -m bench.<name>
     assert named and all((ROOT / n).is_file() for n in named)
 
 

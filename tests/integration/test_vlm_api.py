@@ -4,11 +4,9 @@ denominator; a re-run keeps the answered rows and retries only the failed ones."
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import Counter
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +21,11 @@ from medrobust_lib.store.marts import build_mart, connect_readonly
 from medrobust_lib.store.schema import VLM_TABLE
 from medrobust_lib.tracks.datasets import build_clean_index
 from medrobust_lib.tracks.vlm.evaluate import ROW_KEY, evaluate_clean, evaluate_perturbed
-from tests.http_fakes import send_json, serving
+from tests.http_fakes import FakeEndpoint, completion, prompt_of, read_json, send_json, serving
 from tests.suite_helpers import write_suite
 
 
-class _Fake(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _Fake(FakeEndpoint):
     hits = 0
     organ_fails = True
     """Whether the anatomy questions ("Which organ ...") get HTTP 500 (an outage of part of the service)."""
@@ -37,45 +34,34 @@ class _Fake(BaseHTTPRequestHandler):
     """Requests with an image whose text contains this string get HTTP 500."""
     lock = threading.Lock()
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        pass
-
     def do_POST(self) -> None:  # noqa: N802 - stdlib name
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+        body = read_json(self)
         with _Fake.lock:
             _Fake.hits += 1
-        content = body["messages"][-1]["content"]
-        text = next(p["text"] for p in content if p["type"] == "text") if isinstance(content, list) else content
+        with_image = isinstance(body["messages"][-1]["content"], list)
+        text = prompt_of(body)
         status, payload = 200, None
-        if _Fake.fail_with_image is not None and isinstance(content, list) and _Fake.fail_with_image in text:
+        if _Fake.fail_with_image is not None and with_image and _Fake.fail_with_image in text:
             status, payload = 500, {"error": "overloaded"}
         elif text.startswith("A model answered a multiple-choice question"):
-            payload = {"choices": [{"index": 0, "finish_reason": "stop",
-                                    "message": {"role": "assistant", "content": "C"}}]}
+            payload = completion("C")
         elif "In which part" in text:  # lesion-location MC: an answer the rules cannot parse
-            payload = {"choices": [{"index": 0, "finish_reason": "stop",
-                                    "message": {"role": "assistant", "content": "somewhere near the edge"}}]}
+            payload = completion("somewhere near the edge")
         elif text.startswith("Rewrite the following yes/no question"):
             q = text.split("Question: ", 1)[1].strip()
             lines = [f"In this image, {q[0].lower()}{q[1:]}", "What is shown here?", f"Honestly, {q[0].lower()}{q[1:]}"]
-            payload = {"choices": [{"index": 0, "finish_reason": "stop",
-                                    "message": {"role": "assistant", "content": "\n".join(lines)}}]}
+            payload = completion("\n".join(lines))
         elif "Which organ" in text and _Fake.organ_fails:
             with _Fake.lock:
                 _Fake.organ_hits += 1
             status, payload = 500, {"error": "overloaded"}  # every anatomy MC question fails
         elif "yes or no" in text:
-            choice: dict[str, Any] = {"index": 0, "finish_reason": "stop",
-                                      "message": {"role": "assistant", "content": "Yes"}}
-            if body.get("logprobs"):
-                top = [{"token": "Yes", "logprob": -0.2}, {"token": "No", "logprob": -1.8}]
-                choice["logprobs"] = {"content": [{"token": "Yes", "logprob": -0.2, "top_logprobs": top}]}
-            payload = {"choices": [choice]}
+            top = [{"token": "Yes", "logprob": -0.2}, {"token": "No", "logprob": -1.8}]
+            lp = {"content": [{"token": "Yes", "logprob": -0.2, "top_logprobs": top}]}
+            payload = completion("Yes", logprobs=lp if body.get("logprobs") else None)
         else:
-            answer = ("B" if "letter" in text else "[0.1, 0.1, 0.5, 0.5]" if "box" in text
-                      else "CT image of the chest showing a small lesion.")
-            payload = {"choices": [{"index": 0, "finish_reason": "stop",
-                                    "message": {"role": "assistant", "content": answer}}]}
+            payload = completion("B" if "letter" in text else "[0.1, 0.1, 0.5, 0.5]" if "box" in text
+                                 else "CT image of the chest showing a small lesion.")
         send_json(self, payload, status)
 
 

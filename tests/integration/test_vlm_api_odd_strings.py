@@ -11,13 +11,10 @@ zero requests (every answer a cache hit)."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -27,7 +24,7 @@ from medrobust_lib.store.marts import build_mart, connect_readonly
 from medrobust_lib.store.schema import VLM_TABLE
 from medrobust_lib.tracks.datasets import build_clean_index
 from medrobust_lib.tracks.vlm.evaluate import evaluate_clean
-from tests.http_fakes import send_json, serving
+from tests.http_fakes import FakeEndpoint, completion, read_json, send_json, serving
 from tests.suite_helpers import write_suite
 
 ODD = ["a\udcff", "B\x00", "\x1b[31mYes\x1b[0m", "C\ud800\udc00x", "\x07\x08 box \u2028[0.1, 0.1, 0.5, 0.5]",
@@ -37,22 +34,17 @@ not), NUL, ANSI escapes, BEL/BS, a line separator, noncharacters; one clean answ
 break and a tab (kept as they are)."""
 
 
-class _Odd(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _Odd(FakeEndpoint):
     hits = 0
     lock = threading.Lock()
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        pass
-
     def do_POST(self) -> None:  # noqa: N802 - stdlib name
-        json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+        read_json(self)
         with _Odd.lock:
             n = _Odd.hits
             _Odd.hits += 1
         # json.dumps escapes lone surrogates as \udcff: the body is valid JSON of an invalid string
-        send_json(self, {"choices": [{"index": 0, "finish_reason": "stop",
-                                      "message": {"role": "assistant", "content": ODD[n % len(ODD)]}}]})
+        send_json(self, completion(ODD[n % len(ODD)]))
 
 
 @pytest.fixture

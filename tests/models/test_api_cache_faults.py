@@ -18,7 +18,7 @@ import pytest
 from medrobust_lib.config.vlm import ApiSettings, is_loopback
 from medrobust_lib.models.api_vlm import ApiVLM
 from medrobust_lib.models.cache import JOURNAL_MODE_ENV, ResponseCache, cache_key
-from tests.http_fakes import serving
+from tests.http_fakes import completion, prompt_of, read_json, send_bytes, send_json, serving
 
 ENV = "MEDROBUST_TEST_FAULT_KEY"
 
@@ -30,12 +30,10 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def do_POST(self) -> None:  # noqa: N802 - stdlib name
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        content = body["messages"][-1]["content"]
-        prompt = content if isinstance(content, str) else next(p["text"] for p in content if p["type"] == "text")
+        prompt = prompt_of(read_json(self))
         type(self).hits += 1
         if prompt.startswith("big"):
-            payload = json.dumps({"choices": [{"message": {"content": "x" * 200_000}}]}).encode()
+            send_json(self, completion("x" * 200_000))
         elif prompt.startswith("drip"):  # headers at once, then the body a byte at a time, slowly
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -44,19 +42,10 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.write(bytes([b]))
                 self.wfile.flush()
                 time.sleep(0.05)
-            return
         elif prompt.startswith("e500"):
-            self.send_response(500)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
+            send_bytes(self, b"", 500)
         else:
-            payload = json.dumps({"choices": [{"message": {"content": f"answer:{prompt}"}}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
+            send_json(self, completion(f"answer:{prompt}"))
 
 
 @pytest.fixture()

@@ -9,7 +9,7 @@ import pytest
 
 from medrobust_lib.config.vlm import ApiSettings
 from medrobust_lib.models.api_vlm import ApiVLM
-from tests.http_fakes import serving
+from tests.http_fakes import send_bytes, serving
 
 ENV = "MEDROBUST_TEST_DEEP_KEY"
 DEPTH = 1_000_000
@@ -21,12 +21,7 @@ class _Deep(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
         self.rfile.read(int(self.headers.get("Content-Length", "0")))
-        raw = b"[" * DEPTH + b"]" * DEPTH
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
+        send_bytes(self, b"[" * DEPTH + b"]" * DEPTH)
 
 
 def test_a_body_nested_too_deep_is_a_bad_response_after_one_attempt(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,7 +18,6 @@ import logging
 import sqlite3
 import urllib.parse
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ import pytest
 
 from medrobust_lib.config.vlm import ApiSettings
 from medrobust_lib.models.api_vlm import ApiVLM
-from tests.http_fakes import send_json, serving
+from tests.http_fakes import FakeEndpoint, completion, read_json, send_json, serving
 
 KEY = "sk-proj-Hq7Wz2Rk9XLm4Vb8Nt3Cy6Jd"
 ENV = "MEDROBUST_TEST_FORMS_KEY"
@@ -68,24 +67,14 @@ def _echo_bodies(key: str) -> dict[str, str]:
     }
 
 
-class _Echo(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _Echo(FakeEndpoint):
     key = KEY
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        pass
-
     def do_POST(self) -> None:  # noqa: N802 - stdlib name
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
-        content = body["messages"][-1]["content"]
-        status, _, form = str(content).partition(":")
+        body = read_json(self)
+        status, _, form = str(body["messages"][-1]["content"]).partition(":")
         text = _echo_bodies(self.key)[form]
-        if status == "200":
-            payload = {"choices": [{"index": 0, "finish_reason": "stop",
-                                    "message": {"role": "assistant", "content": text}}]}
-        else:
-            payload = {"error": {"message": text}}
-        send_json(self, payload, int(status))
+        send_json(self, completion(text) if status == "200" else {"error": {"message": text}}, int(status))
 
 
 @pytest.fixture

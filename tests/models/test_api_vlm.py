@@ -18,7 +18,6 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ from medrobust_lib.models.api_vlm import (
 )
 from medrobust_lib.models.cache import ResponseCache
 from medrobust_lib.seeding import rng_for
+from tests.http_fakes import FakeEndpoint, completion, prompt_of, read_json, send_bytes, serving
 
 SECRET = "sk-test-SECRET-do-not-leak-1234567890"
 ENV = "MEDROBUST_TEST_API_KEY"
@@ -51,45 +51,16 @@ class _State:
         self.paths: list[str] = []
 
 
-def _prompt_of(body: dict[str, Any]) -> str:
-    content = body["messages"][-1]["content"]
-    if isinstance(content, str):
-        return content
-    return next(p["text"] for p in content if p.get("type") == "text")
-
-
-def _completion(text: str, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
-    choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                              "finish_reason": "stop"}
-    if logprobs is not None:
-        choice["logprobs"] = logprobs
-    return {"id": "c1", "object": "chat.completion", "choices": [choice]}
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _Handler(FakeEndpoint):
     state: _State
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        pass
-
     def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            for k, v in (headers or {}).items():
-                self.send_header(k, v)
-            self.end_headers()
-            self.wfile.write(body)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the client gave up (timeout test)
+        send_bytes(self, body, status, headers)  # a client that gave up (timeout test) is ignored there
 
     def do_POST(self) -> None:  # noqa: N802 - stdlib name
         st = self.state
-        raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-        body = json.loads(raw)
-        prompt = _prompt_of(body)
+        body = read_json(self)
+        prompt = prompt_of(body)
         kind, _, tag = prompt.partition(":")
         with st.lock:
             st.hits += 1
@@ -107,7 +78,7 @@ class _Handler(BaseHTTPRequestHandler):
                 st.inflight -= 1
 
     def _respond(self, kind: str, tag: str, n_seen: int) -> None:
-        ok = json.dumps(_completion(f"answer:{tag}")).encode()
+        ok = json.dumps(completion(f"answer:{tag}")).encode()
         if kind == "ok":
             time.sleep(0.03)
             self._send(200, ok)
@@ -143,13 +114,11 @@ class _Handler(BaseHTTPRequestHandler):
             top = [{"token": "Yes", "logprob": -0.1}, {"token": " yes", "logprob": -3.0},
                    {"token": "No", "logprob": -2.5}, {"token": "Maybe", "logprob": -6.0}]
             lp = {"content": [{"token": "Yes", "logprob": -0.1, "top_logprobs": top}]}
-            self._send(200, json.dumps(_completion("Yes", lp)).encode())
+            self._send(200, json.dumps(completion("Yes", logprobs=lp)).encode())
         elif kind == "nolp":
-            self._send(200, json.dumps(_completion("Yes")).encode())
+            self._send(200, json.dumps(completion("Yes")).encode())
         elif kind == "cut":  # the answer stopped at max_tokens
-            body = _completion("The finding is a")
-            body["choices"][0]["finish_reason"] = "length"
-            self._send(200, json.dumps(body).encode())
+            self._send(200, json.dumps(completion("The finding is a", finish_reason="length")).encode())
         else:
             self._send(404, b'{"error": "unknown script"}')
 
@@ -157,17 +126,8 @@ class _Handler(BaseHTTPRequestHandler):
 @pytest.fixture
 def server() -> Iterator[tuple[str, _State]]:
     state = _State()
-    handler = type("H", (_Handler,), {"state": state})
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    httpd.daemon_threads = True
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1", state
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(timeout=5)
+    with serving(type("H", (_Handler,), {"state": state})) as url:
+        yield url, state
 
 
 @pytest.fixture(autouse=True)
@@ -206,7 +166,7 @@ def test_normal_answers_map_to_inputs_and_image_format(server: tuple[str, _State
     assert [r.text for r in res] == ["answer:a", "answer:b", "answer:c"]
     assert all(r.outcome == "ok" and r.status_code == 200 and r.attempts == 1 and not r.cache_hit for r in res)
     assert set(st.paths) == {"/v1/chat/completions"}
-    by_prompt = {_prompt_of(b): b for b in st.requests}
+    by_prompt = {prompt_of(b): b for b in st.requests}
     parts = by_prompt["ok:a"]["messages"][0]["content"]
     assert parts[0]["type"] == "image_url"
     assert parts[0]["image_url"]["url"].startswith("data:image/png;base64,")

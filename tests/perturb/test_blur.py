@@ -7,7 +7,6 @@ import math
 import cv2
 import numpy as np
 import pytest
-from skimage import data
 
 from medrobust_lib.perturb.families.blur import disk_kernel, motion_kernel
 from medrobust_lib.perturb.spec import get_perturbation
@@ -15,12 +14,6 @@ from medrobust_lib.perturb.ssim import ssim
 from medrobust_lib.seeding import rng_for
 
 TYPES = ["gaussian_blur", "motion_blur", "defocus_blur"]
-
-
-@pytest.fixture(scope="module")
-def camera() -> np.ndarray:
-    return np.asarray(cv2.resize(data.camera().astype(np.float32) / 255.0, (256, 256),
-                                 interpolation=cv2.INTER_AREA), np.float32)
 
 
 def _impulse(n: int = 81) -> np.ndarray:

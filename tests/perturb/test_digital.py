@@ -20,11 +20,6 @@ def _resize(img: np.ndarray) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def camera() -> np.ndarray:
-    return _resize(data.camera())
-
-
-@pytest.fixture(scope="module")
 def astronaut() -> np.ndarray:
     return _resize(data.astronaut())
 

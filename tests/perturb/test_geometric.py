@@ -9,7 +9,6 @@ from typing import cast
 import cv2
 import numpy as np
 import pytest
-from skimage import data
 
 from medrobust_lib.data.boxes import mask_to_boxes
 from medrobust_lib.perturb.spec import get_perturbation, identity_maps
@@ -19,12 +18,6 @@ from medrobust_lib.seeding import rng_for
 TYPES = ["rotation", "scaling", "translation"]
 N = 128
 C = (N - 1) / 2.0  # image centre in pixel-centre coordinates
-
-
-@pytest.fixture(scope="module")
-def camera() -> np.ndarray:
-    return np.asarray(cv2.resize(data.camera().astype(np.float32) / 255.0, (256, 256),
-                                 interpolation=cv2.INTER_AREA), np.float32)
 
 
 @pytest.fixture()

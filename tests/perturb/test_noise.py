@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-import cv2
 import numpy as np
 import pytest
-from skimage import data
 
 from medrobust_lib.perturb.spec import get_perturbation
 from medrobust_lib.perturb.ssim import ssim
 from medrobust_lib.seeding import rng_for
 
 TYPES = ["gaussian_noise", "salt_pepper_noise", "speckle_noise"]
-
-
-@pytest.fixture(scope="module")
-def camera() -> np.ndarray:
-    return np.asarray(cv2.resize(data.camera().astype(np.float32) / 255.0, (256, 256),
-                                 interpolation=cv2.INTER_AREA), np.float32)
 
 
 def _flat(value: float, shape: tuple[int, ...] = (256, 256)) -> np.ndarray:

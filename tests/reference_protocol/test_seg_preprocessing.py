@@ -102,7 +102,7 @@ def test_pipeline_options_enter_the_result_fingerprint() -> None:
     from medrobust_lib.config.segmentation import SegModelConfig
     from medrobust_lib.tracks.segmentation.evaluate import _pipeline
 
-    assert _pipeline(SegModelConfig(id="a", family="medsam")) == []  # defaults: earlier results stay current
-    assert _pipeline(SegModelConfig(id="a", family="medsam", preprocess="hf_processor")) != []
+    assert _pipeline(SegModelConfig(id="a", family="medsam")) is None  # defaults: earlier results stay current
+    assert _pipeline(SegModelConfig(id="a", family="medsam", preprocess="hf_processor")) is not None
     assert _pipeline(SegModelConfig(id="b", family="sam_med2d", color="rgb")) != _pipeline(
         SegModelConfig(id="b", family="sam_med2d", resize="bilinear"))

@@ -7,9 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +17,7 @@ import pytest
 
 from medrobust_lib.store import marts, results
 from medrobust_lib.store.marts import MartBuildError, build_mart
+from tests.process_helpers import kill_at_marker
 
 ROW = {"model": "sam", "strategy": "pretrained", "dataset": "ds", "sample_id": "a", "condition": "perturbation",
        "perturbation": "noise", "iou": 0.5, "dice": 0.25, "status": "ok"}
@@ -152,20 +151,9 @@ def test_sigkill_during_the_mart_build_keeps_the_previous_mart(store: tuple[Path
     _write(res, 2, "b", 0.75)
     marker = tmp_path / "building"
     root = Path(__file__).resolve().parents[2]
-    proc = subprocess.Popen([sys.executable, "-c", _KILL_SCRIPT, str(res), str(mart), str(marker)], cwd=root,
-                            env={**os.environ, "PYTHONPATH": str(root)})
-    try:
-        deadline = time.monotonic() + 120
-        while not marker.exists():
-            assert proc.poll() is None, "the build process ended early"
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == -signal.SIGKILL
+    status = kill_at_marker([sys.executable, "-c", _KILL_SCRIPT, str(res), str(mart), str(marker)], marker,
+                            cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, poll_s=0.05)
+    assert status == -signal.SIGKILL
     assert _seg_rows(mart) == [("a", 0.5)]  # readers still see the previous, complete mart
     orphan = Path(marker.read_text())
     assert orphan.exists()  # SIGKILL cannot clean up ...

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from medrobust_lib.config import Suite
+from medrobust_lib.hashing import digest
 from medrobust_lib.metrics.segmentation import iou
 from medrobust_lib.prompts import prompt_boxes
 from medrobust_lib.store import results
@@ -95,7 +96,7 @@ def write_examples(suite: Suite, top: int = DEFAULT_TOP) -> pd.DataFrame:
         model = load_model(suite, m)
         written += [_example(suite, model, {str(k): v for k, v in r.items()}) for r in cells.to_dict("records")]
     out = pd.DataFrame(written)
-    fp = results.fingerprint(["examples", [(r["model"], r["perturbation"], r["level"], r["dataset"], r["sample_id"],
+    fp = digest(["examples", [(r["model"], r["perturbation"], r["level"], r["dataset"], r["sample_id"],
                                             r["clean_iou"], r["iou"]) for r in written]])
     results.write_per_key(suite.results_dir, EXAMPLES_TABLE, out, "model", fp, chunk="examples")
     return out

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from medrobust_lib.config.common import DEFAULT_MIN_N
+from medrobust_lib.hashing import digest
 from medrobust_lib.metrics.stats import benjamini_hochberg, bootstrap_ci, wilcoxon_paired
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store import results
@@ -126,7 +127,7 @@ def write_segmentation_stats(results_dir: str | Path, seed: int = 0, min_n: int 
     the results' ``perturbation_manifest``."""
     df = results.read_table(results_dir, "segmentation_results")
     stats = segmentation_stats(df, seed, min_n, results.read_table(results_dir, MANIFEST_TABLE))
-    results.write_per_key(results_dir, STATS_TABLE, stats, "model", results.fingerprint(["stats", len(stats)]))
+    results.write_per_key(results_dir, STATS_TABLE, stats, "model", digest(["stats", len(stats)]))
     return stats
 
 
@@ -138,5 +139,5 @@ def write_model_stats(results_dir: str | Path, model: str, seed: int = 0, min_n:
                                results.read_table(results_dir, MANIFEST_TABLE))
     if len(stats):
         results.write_chunk(results.chunk_path(results_dir, STATS_TABLE, {"model": model}, "stats"), stats,
-                            results.fingerprint(["stats", len(stats)]))
+                            digest(["stats", len(stats)]))
     return stats

@@ -35,15 +35,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from medrobust_lib.adapters import adapter_entry, list_adapters
 from medrobust_lib.config import Suite
+from medrobust_lib.config.common import by_id
 from medrobust_lib.config.taxonomy import TaxonomyConfigEntry
 from medrobust_lib.config.vlm import VLMModelConfig, vlm_model
 from medrobust_lib.data.sample import Sample
+from medrobust_lib.paths import checkpoint_dir
 from medrobust_lib.progress import Progress, counted, finish
 from medrobust_lib.seeding import rng_for
-from medrobust_lib.store import rerun, results
+from medrobust_lib.store import rerun
 from medrobust_lib.store.completeness import ERROR_OUTCOME
 from medrobust_lib.store.schema import (
     TAXONOMY_BASELINES_TABLE,
@@ -55,11 +58,19 @@ from medrobust_lib.store.schema import TAXONOMY_COLUMN_NAMES as COLUMN_NAMES
 from medrobust_lib.tasks.vqa import extract_yes_no
 from medrobust_lib.taxonomy.paraphrase import api_paraphrases, template_paraphrases
 from medrobust_lib.taxonomy.quadrants import classify, classify_labels
+from medrobust_lib.tracks.partition import (
+    Condition,
+    Partition,
+    PartitionInputs,
+    added,
+    error_row,
+    manifest_hashes,
+    outcome_counts,
+)
 from medrobust_lib.tracks.vlm.items import YESNO_SUFFIX, DroppedRecord, LoadedItems, VLMItem, load_items
 
 BASELINE_TABLE = TAXONOMY_BASELINES_TABLE
 BASELINE_COLUMNS: tuple[str, ...] = column_names(BASELINE_TABLE)
-VERSION = 1
 ROW_KEY: tuple[str, ...] = ("dataset", "record_id", "perturbation", "image_mode")
 """Identifies a ``taxonomy_results`` row within its partition (config, modality, level)."""
 PROGRESS_WHAT = "samples"
@@ -68,17 +79,12 @@ yes/no record of the image with it."""
 
 
 def config_entry(suite: Suite, config_id: str) -> TaxonomyConfigEntry:
-    for c in suite.taxonomy.configs:
-        if c.id == config_id:
-            return c
-    raise KeyError(f"unknown taxonomy configuration {config_id!r}")
+    return by_id(suite.taxonomy.configs, config_id, "taxonomy configuration")
 
 
 def model_for(suite: Suite, entry: TaxonomyConfigEntry) -> VLMModelConfig:
     """The VLM behind a configuration: a configured ``vlm.models`` entry, or the demo-trained
     weights under ``var/checkpoints/<config>/`` (plus ``adapter/`` for consistency_lora)."""
-    from medrobust_lib.tracks.vlm.model_runner import checkpoint_dir
-
     if entry.model is not None:
         return vlm_model(suite, entry.model)
     owner = entry.base if entry.base is not None else entry.id
@@ -163,6 +169,59 @@ def removed_image(mode: str, like: np.ndarray, key: tuple[str, ...], seed: int) 
     raise ValueError(f"unknown image mode {mode!r}; valid: none, blank, noise")
 
 
+@dataclass(frozen=True, kw_only=True)
+class TaxonomyInputs(PartitionInputs):
+    """What a taxonomy partition's rows depend on (:mod:`medrobust_lib.tracks.partition`). Build with
+    :func:`taxonomy_inputs` (``taxonomy_results``) or :func:`baseline_inputs` (``taxonomy_baselines``)."""
+
+    checkpoint: str
+    """The configuration's base weights (``Runner.checkpoint``)."""
+    adapter: str | None
+    """Its LoRA adapter's hash (None: none)."""
+    taxonomy: dict[str, Any]
+    """The whole ``taxonomy`` section (configurations, image modes, paraphrases, negations, split, ...)."""
+    level: int | None = added(None)
+    """The partition's level (None: the baselines, computed once per modality)."""
+    images: list[Any] | None = added(None)
+    """Clean: ((dataset, sample id), content hash) of every usable evaluation sample; perturbed:
+    [the manifest partition's output hashes]."""
+    n_rows: int | None = added(None)
+    """The baselines: their row count."""
+    model: dict[str, Any] | None = added(None)
+    """The configured ``vlm.models`` entry of a configuration that names one (token caps, API
+    settings, ...); None for the demo-trained ones (their weights are all there is)."""
+    records: dict[str, Any] = added({})
+    """``vlm.records`` as configured (the yes/no files), when set."""
+    seed: int = added(0)
+    """The suite seed where it is read (the ``noise`` image mode's pixels, an endpoint model's
+    requests); 0 otherwise."""
+
+
+def _tax_head(suite: Suite, config_id: str, checkpoint: str, adapter: str | None) -> dict[str, Any]:
+    entry = config_entry(suite, config_id)
+    named = vlm_model(suite, entry.model) if entry.model is not None else None
+    seeded = "noise" in suite.taxonomy.image_modes or (named is not None
+                                                       and adapter_entry(named.kind, "vlm").is_endpoint)
+    return {"checkpoint": checkpoint, "adapter": adapter, "taxonomy": suite.taxonomy.model_dump(),
+            "model": named.model_dump() if named is not None else None,
+            "records": {k: v for k, v in suite.vlm.records.model_dump().items() if v is not None},
+            "seed": suite.seed if seeded else 0}
+
+
+def taxonomy_inputs(suite: Suite, config_id: str, checkpoint: str, adapter: str | None, level: int,
+                    samples: Mapping[tuple[str, str], Sample], manifest: pd.DataFrame | None) -> TaxonomyInputs:
+    """The inputs of a ``taxonomy_results`` partition: clean (``manifest`` None; ``samples``: the
+    usable evaluation samples by key) or perturbed (``level`` and its ``manifest``)."""
+    images: list[Any] = (sorted((k, s.content_hash()) for k, s in samples.items()) if manifest is None
+                         else [manifest_hashes(manifest)])
+    return TaxonomyInputs(**_tax_head(suite, config_id, checkpoint, adapter), level=level, images=images, n_rows=None)
+
+
+def baseline_inputs(suite: Suite, config_id: str, checkpoint: str, adapter: str | None, n_rows: int) -> TaxonomyInputs:
+    """The inputs recorded with a ``taxonomy_baselines`` partition (always computed again)."""
+    return TaxonomyInputs(**_tax_head(suite, config_id, checkpoint, adapter), level=None, images=None, n_rows=n_rows)
+
+
 @dataclass
 class TaxonomySummary:
     n_rows: int = 0
@@ -242,25 +301,24 @@ def compute_baselines(suite: Suite, config_id: str, modality: str, log: Callable
             rows.append(r)
     finish(progress, len(items), "records")
     part = {"config": config_id, "modality": modality}
-    fp = results.fingerprint([VERSION, scorer.runner.checkpoint, scorer.runner.adapter, tc.model_dump(), len(rows)])
-    _write_rows(suite, BASELINE_TABLE, part, rows, fp, BASELINE_COLUMNS)
+    fp = baseline_inputs(suite, config_id, scorer.runner.checkpoint, scorer.runner.adapter, len(rows)).fingerprint
+    _partition(suite, BASELINE_TABLE, part, BASELINE_COLUMNS).write(rows, fp)
     _, audit = paraphrase_sets(suite, items)
     for a in audit:
         a.update(config=config_id, accepted=bool(a.get("accepted")))
-    _write_rows(suite, PARAPHRASE_TABLE, part, audit, fp, PARAPHRASE_COLUMNS)  # none: stale chunks removed
+    _partition(suite, PARAPHRASE_TABLE, part, PARAPHRASE_COLUMNS).write(audit, fp)  # none: stale chunks removed
     return len(rows)
 
 
-def _write_rows(suite: Suite, table: str, part: Mapping[str, object], rows: list[dict[str, Any]], fp: str,
-                columns: Sequence[str]) -> None:
-    results.write_rows_by_dataset(
-        suite.results_dir, table, part, rows, fp, columns,
-        sort_key=lambda r: (str(r.get("perturbation", "")), str(r["record_id"]), str(r.get("image_mode", "")),
-                            str(r.get("candidate", ""))))
+def _partition(suite: Suite, table: str, keys: Mapping[str, object], columns: Sequence[str]) -> Partition:
+    """A partition of a taxonomy table; rows sorted by type, record, image mode and candidate."""
+    return Partition(suite.results_dir, table, keys, columns,
+                     lambda r: (str(r.get("perturbation", "")), str(r["record_id"]), str(r.get("image_mode", "")),
+                                str(r.get("candidate", ""))))
 
 
 def _baselines(suite: Suite, config_id: str, modality: str) -> dict[tuple[str, str], dict[str, Any]]:
-    df = results.read_partition(suite.results_dir, BASELINE_TABLE, {"config": config_id, "modality": modality})
+    df = _partition(suite, BASELINE_TABLE, {"config": config_id, "modality": modality}, BASELINE_COLUMNS).read()
     if df.empty:
         raise FileNotFoundError(f"no text-only baselines for {config_id!r} / {modality}: materialize "
                                 f"'{config_id}/text_only_baselines' first")
@@ -268,17 +326,7 @@ def _baselines(suite: Suite, config_id: str, modality: str) -> dict[tuple[str, s
             for r in df.to_dict("records")}
 
 
-@dataclass(frozen=True)
-class _Cond:
-    sample: Sample
-    image: np.ndarray
-    perturbation: str = "clean"
-    level: int = 0
-    strength: float | None = None
-    ssim: float | None = None
-
-
-def _unasked_rows(suite: Suite, scorer: _Scorer, items: list[VLMItem], cond: _Cond, reason: str,
+def _unasked_rows(suite: Suite, scorer: _Scorer, items: list[VLMItem], cond: Condition, reason: str,
                   outcome: str = ERROR_OUTCOME) -> list[dict[str, Any]]:
     """Unscored rows (every image mode) for the items of an image that was not asked about:
     ``error`` for a sample that cannot be used now (flags NULL, counted, retried by the next run),
@@ -291,13 +339,12 @@ def _unasked_rows(suite: Suite, scorer: _Scorer, items: list[VLMItem], cond: _Co
             r.update(config=scorer.entry.id, checkpoint=scorer.runner.checkpoint, adapter=scorer.runner.adapter,
                      dataset=it.dataset, modality=cond.sample.modality, sample_id=it.sample_id,
                      record_id=it.record_id, perturbation=cond.perturbation, level=cond.level,
-                     strength=cond.strength, ssim=cond.ssim, image_mode=mode, answer=it.answer or None,
-                     outcome=outcome, error=reason)
-            rows.append(r)
+                     strength=cond.strength, ssim=cond.ssim, image_mode=mode, answer=it.answer or None)
+            rows.append(error_row(r, reason, outcome=outcome))
     return rows
 
 
-def _dropped_rows(suite: Suite, scorer: _Scorer, dropped: Sequence[DroppedRecord], cond: _Cond
+def _dropped_rows(suite: Suite, scorer: _Scorer, dropped: Sequence[DroppedRecord], cond: Condition
                   ) -> list[dict[str, Any]]:
     """``error`` rows (every image mode; ``answer`` NULL) for the yes/no records of ``cond``'s image
     that their reader quarantined, each with its own reason (:attr:`DroppedRecord.error`)."""
@@ -315,7 +362,7 @@ def _items_by_sample(items: Sequence[VLMItem], keys: Collection[tuple[str, str]]
 
 
 def _classify_rows(suite: Suite, entry: TaxonomyConfigEntry, scorer: _Scorer, items: list[VLMItem],
-                   cond: _Cond, base: dict[tuple[str, str], dict[str, Any]],
+                   cond: Condition, base: dict[tuple[str, str], dict[str, Any]],
                    variants: dict[str, tuple[tuple[str, int], ...]]) -> list[dict[str, Any]]:
     """Rows for every yes/no item of one (possibly perturbed) image: all variants of all items
     are scored in one vision-once call."""
@@ -374,8 +421,6 @@ def evaluate(suite: Suite, config_id: str, modality: str, level: int,
     ``error`` rows with its own reason (``missing: <image path>``, ``quarantined:<reason>: ...``).
     ``progress``: told of the images scored (:data:`PROGRESS_WHAT`, every variant of every yes/no
     record of the image), one at a time, of the partition's total."""
-    import pandas as pd
-
     from medrobust_lib.perturb.regen_cache import regenerate_cached
     from medrobust_lib.tracks.datasets import load_eval_samples, placeholder_sample
     from medrobust_lib.tracks.perturbed import manifest_keys, read_manifest
@@ -399,13 +444,11 @@ def evaluate(suite: Suite, config_id: str, modality: str, level: int,
     v0 = scorer.vision_calls
     rows: list[dict[str, Any]] = []
     n_images = 0
-    fp_extra: list[Any] = (sorted((k, s.content_hash()) for k, s in samples.items()) if manifest is None
-                           else [sorted(manifest["sha256"].dropna()) if len(manifest) else []])
-    part = {"config": config_id, "run": "clean" if level == 0 else "perturbation", "modality": modality,
-            "level": level}
-    fp = results.fingerprint([VERSION, scorer.runner.checkpoint, scorer.runner.adapter, tc.model_dump(), level,
-                              fp_extra])
-    kept = rerun.reusable_rows(suite.results_dir, TAXONOMY_TABLE, part, fp, COLUMN_NAMES, ROW_KEY)
+    fp = taxonomy_inputs(suite, config_id, scorer.runner.checkpoint, scorer.runner.adapter, level, samples,
+                         manifest).fingerprint
+    part = _partition(suite, TAXONOMY_TABLE, {"config": config_id, "run": "clean" if level == 0 else "perturbation",
+                                              "modality": modality, "level": level}, COLUMN_NAMES)
+    kept = part.kept_rows(fp, ROW_KEY)
 
     def done(items: list[VLMItem], perturbation: str) -> bool:
         return all((it.dataset, it.record_id, perturbation, mode) in kept for it in items for mode in tc.image_modes)
@@ -420,17 +463,17 @@ def evaluate(suite: Suite, config_id: str, modality: str, level: int,
         todo = [(key, items) for key, items in sorted(by.items()) if not done(items, "clean")]
         total = len(todo)
         for key, items in counted(todo, progress, total, PROGRESS_WHAT):
-            rows.extend(_classify_rows(suite, entry, scorer, items, _Cond(samples[key], samples[key].image), base,
+            rows.extend(_classify_rows(suite, entry, scorer, items, Condition(samples[key], samples[key].image), base,
                                        variants))
             n_images += 1
         for key, items in sorted(by_unusable.items()):
             if not done(items, "clean"):
                 stand_in = placeholder_sample(key, modality)
-                rows.extend(_unasked_rows(suite, scorer, items, _Cond(stand_in, stand_in.image), unusable[key]))
+                rows.extend(_unasked_rows(suite, scorer, items, Condition(stand_in, stand_in.image), unusable[key]))
         for key, dropped in sorted(lost.items()):
             stand_in = placeholder_sample(key, modality)
             rows.extend(_dropped_rows(suite, scorer, [d for d in dropped if not done([d.as_item()], "clean")],
-                                      _Cond(stand_in, stand_in.image)))
+                                      Condition(stand_in, stand_in.image)))
     else:
         records = [{str(k): v for k, v in rec.items()} for rec in manifest.to_dict("records")]
         total = sum(1 for mr in records if scored(mr))
@@ -444,7 +487,7 @@ def evaluate(suite: Suite, config_id: str, modality: str, level: int,
             if not items and not dropped:
                 continue  # another split, or no yes/no record asks about this image
             s = samples.get(key) or placeholder_sample(key, modality)
-            cond = _Cond(s, s.image, perturbation, level, mr.get("strength"), mr.get("ssim"))
+            cond = Condition(s, s.image, perturbation, level, mr.get("strength"), mr.get("ssim"))
             rows.extend(_dropped_rows(suite, scorer, dropped, cond))
             if not items or done(items, perturbation):
                 continue  # no readable yes/no record, or every row is kept from the last run
@@ -462,12 +505,11 @@ def evaluate(suite: Suite, config_id: str, modality: str, level: int,
                 progress(n_images, total, PROGRESS_WHAT)
     finish(progress, total, PROGRESS_WHAT)
     rows = rerun.merge_rows(kept, rows, ROW_KEY)
-    _write_rows(suite, TAXONOMY_TABLE, part, rows, fp, COLUMN_NAMES)
+    part.write(rows, fp)
     df = pd.DataFrame(rows)
     out = TaxonomySummary(n_rows=len(rows), n_images=n_images, n_vision_calls=scorer.vision_calls - v0,
                           seconds=time.perf_counter() - t0)
     if len(df):
-        out.outcomes = {str(k): int(v) for k, v in df["outcome"].value_counts().items()}
-        ok = df[df["outcome"] == "ok"]
-        out.quadrants = {str(k): int(v) for k, v in ok["quadrant"].value_counts().items()}
+        out.outcomes = outcome_counts(df)
+        out.quadrants = outcome_counts(df[df["outcome"] == "ok"], "quadrant")
     return out

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from medrobust_lib.hashing import digest
 from medrobust_lib.store import results
 from medrobust_lib.store.completeness import DEFAULT_MAX_ERROR_SHARE, complete_rows
 from medrobust_lib.store.schema import TAXONOMY_SCREENING_TABLE, TAXONOMY_TABLE, column_names
@@ -26,7 +27,7 @@ def write_screening_stats(results_dir: str | Path, *, keep: float = KEEP_IDEAL,
     path = results.chunk_path(results_dir, TAXONOMY_SCREENING_TABLE, SCREENING_PARTITION, "stats")
     if len(stats):
         stats["level"] = pd.to_numeric(stats["level"]).astype(int)
-        results.write_chunk(path, stats, results.fingerprint(["taxonomy_screening", keep, len(df), len(stats)]))
+        results.write_chunk(path, stats, digest(["taxonomy_screening", keep, len(df), len(stats)]))
     elif path.is_file():
         path.unlink()
     return stats

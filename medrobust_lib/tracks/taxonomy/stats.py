@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from medrobust_lib.config.common import DEFAULT_MIN_N
+from medrobust_lib.hashing import digest
 from medrobust_lib.store import results
 from medrobust_lib.store.completeness import DEFAULT_MAX_ERROR_SHARE, complete_rows
 from medrobust_lib.store.schema import (
@@ -81,7 +82,7 @@ def write_taxonomy_stats(results_dir: str | Path, seed: int = 0, abstention_tau:
     if len(corr) and "level" in corr.columns:
         corr["level"] = pd.to_numeric(corr["level"]).astype("Int64")
 
-    fp = results.fingerprint(["taxonomy_stats", seed, tau, len(df), len(quad), len(corr), include_off_band])
+    fp = digest(["taxonomy_stats", seed, tau, len(df), len(quad), len(corr), include_off_band])
     results.write_per_key(results_dir, QUADRANT_STATS_TABLE, quad, "config", fp)
 
     keep: set[str] = set()

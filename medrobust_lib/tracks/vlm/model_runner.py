@@ -9,7 +9,6 @@ cache, down to single prompts; only a single prompt that still does not fit beco
 from __future__ import annotations
 
 import gc
-import hashlib
 import json
 import sys
 import time
@@ -23,10 +22,11 @@ import numpy as np
 from medrobust_lib.adapters import adapter_entry
 from medrobust_lib.config import Suite
 from medrobust_lib.config.vlm import VLMModelConfig, adapter_box_scale, vlm_model
+from medrobust_lib.hashing import folder_hash
 from medrobust_lib.lru import LRU, FileStamp, file_stamp
 from medrobust_lib.models.base import VisionLanguageEndpoint
 from medrobust_lib.models.factory import VLMInputs, build_vlm
-from medrobust_lib.paths import suite_paths
+from medrobust_lib.paths import checkpoint_dir, suite_paths
 from medrobust_lib.tracks.upstream import MissingUpstream
 
 T = TypeVar("T")
@@ -47,10 +47,6 @@ class Answer:
     sanitized: bool = False
     """Characters of the text were replaced (lone surrogates, control characters: an API model's
     ``ApiResult.sanitized``)."""
-
-
-def checkpoint_dir(suite: Suite, model_id: str) -> Path:
-    return suite_paths(suite).checkpoints / model_id
 
 
 def resolve_source(suite: Suite, m: VLMModelConfig) -> str:
@@ -135,8 +131,11 @@ class Runner:
             self.adapter = None
         else:
             self.hf = model
-            self.checkpoint = _folder_hash(inputs.source) if inputs.source is not None else f"{m.kind}:{m.id}"
+            self.checkpoint = folder_hash(inputs.source) if inputs.source is not None else f"{m.kind}:{m.id}"
             self.adapter = getattr(self.hf, "adapter_hash", None)
+        api_seed = m.api.seed if m.api is not None and "seed" in m.api.model_fields_set else suite.seed
+        self.decoding: dict[str, Any] = {**m.decoding(), "decode_seed": api_seed if m.samples() else None}
+        """The decoding settings its rows record (:func:`medrobust_lib.tracks.vlm.evaluate.decoding_columns`)."""
         self.box_scale = declared_box_scale(suite, m, inputs.adapter)
         """The scale this model's grounding answers are read in (:func:`declared_box_scale`)."""
         self._vision0 = int(getattr(self.hf, "n_vision_calls", 0))  # the model may be shared: count from here
@@ -341,18 +340,3 @@ def _from_api(r: Any) -> Answer:
     return Answer(r.text if outcome == "refused" else None, outcome, r.latency_s, r.cache_hit,
                   f"{r.outcome}: {r.error}" if r.error else r.outcome,
                   sanitized=outcome == "refused" and bool(getattr(r, "sanitized", False)))
-
-
-def _folder_hash(source: str) -> str:
-    """Hash of a model folder (first 16 hex): names, sizes and the first MiB of every weight and
-    config file, so multi-gigabyte checkpoints are not read whole; a hub id is returned as is."""
-
-    p = Path(source)
-    if not p.is_dir():
-        return source
-    h = hashlib.sha256()
-    for f in sorted(p.glob("*.safetensors")) + sorted(p.glob("*.json")):
-        h.update(f"{f.name}:{f.stat().st_size}".encode())
-        with f.open("rb") as fh:
-            h.update(fh.read(1 << 20))
-    return h.hexdigest()[:16]

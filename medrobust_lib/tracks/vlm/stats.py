@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from medrobust_lib.config.common import DEFAULT_MIN_N
+from medrobust_lib.hashing import digest
 from medrobust_lib.metrics.stats import (
     benjamini_hochberg,
     bootstrap_ci,
@@ -201,7 +202,7 @@ def write_vlm_stats(results_dir: str | Path, seed: int = 0,
     if not include_off_band and len(rows):
         rows = rows[~off_band(rows, results.read_table(results_dir, MANIFEST_TABLE))]
     stats = vlm_stats(rows, seed, min_n)
-    results.write_per_key(results_dir, STATS_TABLE, stats, "model", results.fingerprint(["vlm_stats", seed, len(stats)]))
+    results.write_per_key(results_dir, STATS_TABLE, stats, "model", digest(["vlm_stats", seed, len(stats)]))
     return stats
 
 

@@ -1,12 +1,12 @@
-"""The registry loop's expected gate verdicts (runner.check_gate_verdicts): a degraded copy must fail;
-a seed + 1 retrain must pass when the demo trained the base itself, and is a logged finding when the
-base is a released model (LiteMedSAM in ``demo --full``)."""
+"""The registry loop's expected gate verdicts (``registry_loop.check_gate_verdicts``): a degraded copy
+must fail; a seed + 1 retrain must pass when the demo trained the base itself, and is a logged finding
+when the base is a released model (LiteMedSAM in ``demo --full``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from medrobust_assets.runner import check_gate_verdicts
+from medrobust_lib.demo.registry_loop import check_gate_verdicts
 
 NAME = "medrobust-seg-litemedsam-lora"
 
