@@ -24,8 +24,15 @@ demo architecture), ``litemedsam`` (the packaged LiteMedSAM release, ``precision
 the SamSegmenter interface (``score``, ``forward_logits``, ``loss``, ``device``). Random weights:
 the timing of a forward pass does not depend on the weights.
 
+``--engine torch`` (issue 48) calibrates on the device perturbation engine
+(:mod:`medrobust_lib.perturb.torch_engine`: every type with a device port, all levels and images of a
+type in lock-step batches, on ``--device``; the types it keeps on the host run the host engine as
+above) and feeds the perturbed stage from the device: outputs regenerated as device tensor batches
+and scored without a host round trip. The calibration line then reports outputs/s of both parts.
+
 Runs on CPU at small N anywhere; on a CUDA host the model stages run on the GPU. Run:
     .venv/bin/python bench/full_grid_bench.py --n-images 4 --size 256 --model sam-tiny
+    .venv/bin/python bench/full_grid_bench.py --n-images 2 --size 128 --engine torch --skip-model
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ import numpy as np
 from medrobust_lib.config.segmentation import PromptConfig
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.perturb.calibrate import DEFAULT_BANDS
-from medrobust_lib.perturb.engine import ChunkSpec, regenerate, run_chunks
+from medrobust_lib.perturb.engine import ChunkSpec, perturbation_key, regenerate, run_chunks
 from medrobust_lib.perturb.spec import get_perturbation, list_perturbations
 from medrobust_lib.prompts import prompt_boxes
 from medrobust_lib.seeding import rng_for
@@ -183,8 +190,81 @@ def calibrate_grid(samples_by_ds: dict[str, list[Sample]], types: Sequence[str],
     st.fixed_seconds = st.seconds * n_warm / max(1, n_warm + n_evals)
     hit = float(np.mean([r["band_reached"] for r, _ in pairs])) if pairs else float("nan")
     print(f"calibration: {len(chunks)} chunks, {st.items} outputs, {n_evals / max(1, st.items):.3f} SSIM evals "
-          f"per output (+{n_warm} for the warm starts), in band {hit:.3f}")
+          f"per output (+{n_warm} for the warm starts), in band {hit:.3f}, "
+          f"{st.items / max(st.seconds, 1e-9):.1f} outputs/s ({max(1, workers)} proc)")
     return st, pairs
+
+
+def calibrate_grid_torch(samples_by_ds: dict[str, list[Sample]], types: Sequence[str], levels: Sequence[int],
+                         subset: int, device: str, max_batch: int, seed: int = 0
+                         ) -> tuple[Stage, list[tuple[dict[str, Any], Sample]]]:
+    """Stage 1 on the device engine: per type, every level and image in lock-step
+    (:func:`medrobust_lib.perturb.torch_engine.calibrate_levels`, warm starts included); the types
+    without a device port (``HOST_ONLY``) on the host engine in this process. Returns the stage and
+    (manifest-like row, clean sample) pairs as :func:`calibrate_grid` does."""
+    import torch
+
+    from medrobust_lib.perturb import torch_engine
+
+    st = Stage(f"calibration (torch on {device})")
+    pairs: list[tuple[dict[str, Any], Sample]] = []
+    host_types = [t for t in types if not torch_engine.supports(t)]
+    dev_types = [t for t in types if torch_engine.supports(t)]
+    n_evals = n_warm = 0
+    per_type: list[tuple[float, str, int]] = []
+    t0, c0 = time.perf_counter(), time.process_time()
+    for name in dev_types:
+        spec = get_perturbation(name)
+        ds = f"{DATASET}_{type_modality(name)}"
+        t_type = time.perf_counter()
+        res = torch_engine.calibrate_levels(spec, samples_by_ds[ds], levels, seed, subset, device=device,
+                                            max_batch=max_batch)
+        per_type.append((time.perf_counter() - t_type, name, sum(len(v) for v in res.results.values())))
+        by_id = {s.sample_id: s for s in samples_by_ds[ds]}
+        for lv in levels:
+            n_warm += res.warm[lv].n_evals
+            for sid, c in zip(res.sample_ids, res.results[lv], strict=True):
+                row = {"sample_id": sid, "dataset": ds, "perturbation": name, "level": lv, "status": "ok",
+                       "strength": c.strength, "ssim": c.ssim, "band_reached": c.band_reached,
+                       "n_ssim_evals": c.n_ssim_evals, "seed_key": perturbation_key(seed, ds, sid, name)}
+                pairs.append((row, by_id[sid]))
+                n_evals += c.n_ssim_evals
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    dev_s = time.perf_counter() - t0
+    n_dev = len(pairs)
+    host_stage, host_pairs = (calibrate_grid(samples_by_ds, host_types, levels, 1, subset, seed)
+                              if host_types else (Stage("host"), []))
+    pairs += host_pairs
+    st.seconds, st.cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
+    st.items = len(pairs)
+    st.fixed_seconds = dev_s * n_warm / max(1, n_warm + n_evals) + host_stage.fixed_seconds
+    hit = float(np.mean([r["band_reached"] for r, _ in pairs])) if pairs else float("nan")
+    print(f"calibration (torch engine on {device}): {len(dev_types)} device types, {n_dev} outputs in {dev_s:.2f} s "
+          f"({n_dev / max(dev_s, 1e-9):.1f} outputs/s, {n_evals / max(1, n_dev):.3f} SSIM evals per output "
+          f"+{n_warm} for the warm starts); {len(host_types)} host types ({', '.join(host_types) or 'none'}), "
+          f"{len(host_pairs)} outputs in {host_stage.seconds:.2f} s; in band {hit:.3f}")
+    slowest = ", ".join(f"{name} {n / max(t, 1e-9):.1f}" for t, name, n in sorted(per_type, reverse=True)[:8])
+    print(f"slowest device types (outputs/s, prepare and warm start included): {slowest}")
+    return st, pairs
+
+
+def regenerate_feed_device(pairs: list[tuple[dict[str, Any], Sample]], device: str, batch_size: int
+                           ) -> Iterator[tuple[Sample, Any, Any]]:
+    """(clean sample, perturbed image, mask) for every pair: device types regenerated by the device
+    engine as device tensors (image (C, H, W), mask (H, W)), host types by the host engine."""
+    from medrobust_lib.perturb import torch_engine
+
+    on_device = [(r, s) for r, s in pairs if torch_engine.supports(str(r["perturbation"]))]
+    on_host = [(r, s) for r, s in pairs if not torch_engine.supports(str(r["perturbation"]))]
+    samples = {(s.dataset, s.sample_id): s for _, s in on_device}
+    for rows, out in torch_engine.regenerate_batches([r for r, _ in on_device], samples, device=device,
+                                                     batch_size=batch_size):
+        for i, r in enumerate(rows):
+            s = samples[(str(r["dataset"]), str(r["sample_id"]))]
+            mask = out.masks[i] if out.masks is not None else s.mask
+            yield s, out.images[i], mask
+    yield from regenerate_feed(on_host, 1)
 
 
 def _regenerate_task(task: tuple[Sample, list[dict[str, Any]]]) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -232,20 +312,28 @@ def regenerate_feed(pairs: list[tuple[dict[str, Any], Sample]], workers: int,
 
 
 def evaluate_outputs(model: Any, samples: list[Sample], pairs: list[tuple[dict[str, Any], Sample]],
-                     batch_size: int, workers: int = 1) -> tuple[Stage, Stage]:
+                     batch_size: int, workers: int = 1, engine: str = "host") -> tuple[Stage, Stage]:
     """Stage 2: clean images, then every calibrated output regenerated from its row (by
-    ``workers`` processes, :func:`regenerate_feed`), scored."""
+    ``workers`` processes, :func:`regenerate_feed`; ``engine`` torch: by the device engine as
+    device tensors, :func:`regenerate_feed_device`), scored."""
     prompt = PromptConfig()
     clean = Stage("clean forward + score")
     t0, c0 = time.perf_counter(), time.process_time()
     res = model.score(((s.image, prompt_boxes(s, prompt), s.mask) for s in samples), batch_size=batch_size)
     clean.seconds, clean.cpu_seconds, clean.items = time.perf_counter() - t0, time.process_time() - c0, len(res.iou)
 
-    def items() -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    def items() -> Iterator[tuple[Any, np.ndarray, Any]]:
+        if engine == "torch":
+            for s, image, mask in regenerate_feed_device(pairs, str(getattr(model, "device", "cpu")), batch_size):
+                # a mask a spatial type moved is on the device: its box prompt needs it on the host
+                host_mask = mask.cpu().numpy() if hasattr(mask, "cpu") else mask
+                yield image, prompt_boxes(s, prompt, mask=host_mask), mask
+            return
         for s, image, mask in regenerate_feed(pairs, workers):
             yield image, prompt_boxes(s, prompt, mask=mask), mask
 
-    pert = Stage(f"perturbed: regenerate ({max(1, workers)} proc) + forward + score")
+    how = "device engine" if engine == "torch" else f"{max(1, workers)} proc"
+    pert = Stage(f"perturbed: regenerate ({how}) + forward + score")
     t0, c0 = time.perf_counter(), time.process_time()
     res = model.score(items(), batch_size=batch_size)
     pert.seconds, pert.cpu_seconds, pert.items = time.perf_counter() - t0, time.process_time() - c0, len(res.iou)
@@ -319,6 +407,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     ap.add_argument("--extrapolate", type=int, default=1000)
     ap.add_argument("--skip-model", action="store_true", help="calibration only")
+    ap.add_argument("--engine", choices=("host", "torch"), default="host",
+                    help="perturbation engine: host (CPU workers) or torch (the device engine on --device; "
+                         "types without a device port stay on the host)")
+    ap.add_argument("--engine-batch", type=int, default=32, help="items per device evaluation (--engine torch)")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="time the extrapolation uses: wall (a dedicated host) or cpu (a shared machine; with "
                          "--workers 1 the CPU time of every stage)")
@@ -334,7 +426,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     started = warm_pools(args.workers)
     if started:
         print(f"worker pools started in {started:.1f} s ({args.workers} workers each; not counted below)")
-    cal, pairs = calibrate_grid(samples_by_ds, types, args.levels, args.workers, args.calibration_subset)
+    if args.engine == "torch":
+        cal, pairs = calibrate_grid_torch(samples_by_ds, types, args.levels, args.calibration_subset, device,
+                                          args.engine_batch)
+    else:
+        cal, pairs = calibrate_grid(samples_by_ds, types, args.levels, args.workers, args.calibration_subset)
     names = [m for m in args.model.split(",") if m] if not args.skip_model else []
     if not names:
         report([cal], args)
@@ -342,7 +438,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         model = build_model(name, device)
         # the model stages see one modality's images (a real dataset has one); gray unless RGB-only
         eval_samples = samples_by_ds[f"{DATASET}_{modalities[0]}"]
-        clean, pert = evaluate_outputs(model, eval_samples, pairs, args.batch_size, args.workers)
+        clean, pert = evaluate_outputs(model, eval_samples, pairs, args.batch_size, args.workers, args.engine)
         print(f"\n## model {name} on {device}")
         report([cal, clean, pert, *attack_grid(model, eval_samples, args.levels, args.batch_size)], args)
         del model
@@ -362,13 +458,17 @@ def report(stages: list[Stage], args: argparse.Namespace) -> None:
         t = st.seconds if clock == "wall" else st.cpu_seconds
         print(f"| {st.name} | {st.items} | {st.seconds:.2f} | {st.cpu_seconds:.2f} | {1000 * t / max(1, st.items):.1f} "
               f"| {extrapolate(st, n, target, clock):.0f} |")
-    cal_x = extrapolate(cal, n, target, clock) * max(1, args.workers) / max(1, args.host_cores)
+    cal_x = extrapolate(cal, n, target, clock)
+    if getattr(args, "engine", "host") != "torch":  # the device engine calibrates in one process on the device
+        cal_x *= max(1, args.workers) / max(1, args.host_cores)
     model_x = sum(extrapolate(st, n, target, clock) for st in stages[1:])
     # with worker processes the parent's CPU time misses theirs: count wall x workers core-seconds
     core_s = cal.cpu_seconds if args.workers <= 1 else cal.seconds * args.workers
     how = "CPU time" if args.workers <= 1 else f"core time (wall x {args.workers} workers)"
+    where = ("on one device" if getattr(args, "engine", "host") == "torch"
+             else f"spread over {args.host_cores} cores")
     print(f"\ncalibration {how} {core_s:.1f} s ({1000 * core_s / max(1, cal.items):.1f} ms "
-          f"per output per core); spread over {args.host_cores} cores for {target} images: {cal_x / 60:.1f} min")
+          f"per output per core); {where} for {target} images: {cal_x / 60:.1f} min")
     if stages[1:]:
         print(f"model stages on one device for {target} images: {model_x / 60:.1f} min")
         print(f"host total for {target} images: {max(cal_x, model_x) / 60:.1f} min with the CPUs feeding the "

@@ -7,8 +7,8 @@ Model. In severity coordinates ``t = (s - weakest) / (strongest - weakest)`` (0 
 1 = strongest, whatever the type's unit or direction) the distortion ``d = log(1 - SSIM)`` of one
 image is modelled as ``d = a_image + slope * log(t)``: one shape parameter per (dataset, type,
 level), one offset per image. :func:`warm_start` fits the slope on the calibration subset (pooled
-within-image regression over the strengths their searches evaluated) and picks the strength that
-puts the subset's median image at the band's centre.
+within-image regression over the strengths their searches evaluated) and picks the strength in the
+stretch of severity that the most subset images have in band (:func:`fit_warm_start`).
 
 Search (:func:`calibrate`). The first strength is the warm start. On a miss, the model predicts the
 strength for the band's centre from the image's own SSIM (its offset) and the fitted slope; that
@@ -29,7 +29,7 @@ The clean image's half of SSIM is computed once per search (:class:`SSIMReferenc
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -119,33 +119,58 @@ def calibrate(
         mask, boxes: ground truth moved along with spatial types.
     """
     spec = spec.for_shape(image.shape)  # a type in pixels searches the image's own (stretched) range
-    lo, hi = band
-    target = 0.5 * (lo + hi)
-    slope = warm.slope if warm is not None else DEFAULT_SLOPE
     reference = SSIMReference(image)
     evals: dict[float, tuple[float, PerturbOutput]] = {}
-
     shape = image.shape  # the range of a type in pixels grows with the image (spec.scales_with_size)
 
     def run(s: float) -> float:
-        s = spec.clamp(s, shape)
         if s not in evals:
             out = spec.apply(image, s, rng_for(*key), mask=mask, boxes=boxes)
             evals[s] = (reference(out.image), out)
         return evals[s][0]
 
-    def done(s: float, reached: bool) -> Calibrated:
-        s = spec.clamp(s, shape)
-        value, out = evals[s]
-        return Calibrated(s, value, reached, len(evals), out, tuple((k, v[0]) for k, v in evals.items()))
+    steps = search(spec, band, first_strength(spec, band, start, warm), warm.slope if warm is not None else DEFAULT_SLOPE,
+                   max_evals, shape)
+    s = next(steps)
+    try:
+        while True:
+            s = steps.send(run(s))
+    except StopIteration as stop:
+        s, reached = stop.value
+    s = spec.clamp(s, shape)
+    value, out = evals[s]
+    return Calibrated(s, value, reached, len(evals), out, tuple((k, v[0]) for k, v in evals.items()))
 
+
+def first_strength(spec: PerturbationSpec, band: Band, start: float | None, warm: WarmStart | None) -> float:
+    """The first strength :func:`calibrate` tries: the warm start's, else ``start``, else the type's
+    default for the band's level (the mid-range when the band is not a default one); clamped."""
     if warm is not None:
-        s0 = spec.clamp(warm.strength)
-    else:
-        s0 = spec.clamp(start if start is not None else _default_start(spec, band))
-    f0 = run(s0)
+        return spec.clamp(warm.strength)
+    return spec.clamp(start if start is not None else _default_start(spec, band))
+
+
+def search(spec: PerturbationSpec, band: Band, s0: float, slope: float = DEFAULT_SLOPE, max_evals: int = MAX_EVALS,
+           shape: tuple[int, ...] | None = None) -> Generator[float, float, tuple[float, bool]]:
+    """The band search of :func:`calibrate` as a generator, apart from how the SSIM is computed, so
+    the CPU engine and the device engine (which runs many searches in lock-step,
+    :mod:`medrobust_lib.perturb.torch_engine`) take the same steps: it yields each strength to
+    evaluate (clamped for an image of ``shape``, never one yielded before), is sent that
+    strength's SSIM, and returns ``(strength, band_reached)`` (the strength is one it yielded).
+    ``spec`` is the type as seen on the image (``spec.for_shape(shape)``)."""
+    lo, hi = band
+    target = 0.5 * (lo + hi)
+    evals: dict[float, float] = {}
+
+    def run(s: float) -> Generator[float, float, float]:
+        s = spec.clamp(s, shape)
+        if s not in evals:
+            evals[s] = yield s
+        return evals[s]
+
+    f0 = yield from run(s0)
     if lo <= f0 <= hi:
-        return done(s0, True)
+        return spec.clamp(s0, shape), True
     # The bracket in severity: the weak end (SSIM above the band; the weakest strength, not
     # evaluated, is the initial one) and the strong end (SSIM below the band), as (t, SSIM).
     weak: tuple[float, float] = (0.0, 1.0)
@@ -162,7 +187,7 @@ def calibrate(
         if strong is None:  # too weak so far: extrapolate once by the model, then the strongest
             tw, fw = weak
             if tw >= 1.0:
-                return done(spec.strongest, False)  # the strongest strength cannot reach the band
+                return spec.clamp(spec.strongest, shape), False  # the strongest strength cannot reach the band
             t = 1.0
             if not extrapolated and tw > 0.0:
                 t = min(predict_severity(tw, fw, target, slope), 1.0)
@@ -179,9 +204,9 @@ def calibrate(
             break
         if s in evals:  # nothing new to learn (a rounding or clamping fixed point)
             break
-        f = run(s)
+        f = yield from run(s)
         if lo <= f <= hi:
-            return done(s, True)
+            return spec.clamp(s, shape), True
         t = severity(spec, s)
         bisect = False
         if f > hi:
@@ -193,8 +218,7 @@ def calibrate(
             bisect = moved == -1
             moved = -1
     # No evaluated strength lies in the band: report the closer side, flagged.
-    best = min(evals, key=lambda s: _distance(evals[s][0], band))
-    return done(best, False)
+    return min(evals, key=lambda s: _distance(evals[s], band)), False
 
 
 def miss_reason(spec: PerturbationSpec, shape: tuple[int, ...], c: Calibrated, band: Band) -> str | None:
@@ -287,18 +311,56 @@ def warm_start(
     if not images:
         return WarmStart(spec.clamp(start) if start is not None else spec.levels[0], DEFAULT_SLOPE, 0)
     spec = spec.for_shape(max((image.shape for image, _ in images), key=lambda sh: max(sh[:2])))
-    target = 0.5 * (band[0] + band[1])
     runs = [calibrate(spec, image, band, key, start=start) for image, key in images]
-    slope = fit_slope([c.points for c in runs], spec)
-    predicted = []
-    for c in runs:
-        usable = [(severity(spec, s), v) for s, v in c.points if severity(spec, s) > 0.0]
+    return fit_warm_start(spec, [(c.strength, c.points, c.n_ssim_evals) for c in runs], band)
+
+
+def fit_warm_start(spec: PerturbationSpec, runs: Sequence[tuple[float, Sequence[tuple[float, float]], int]],
+                   band: Band) -> WarmStart:
+    """The fit of :func:`warm_start` from the calibration subset's searches, each given as (its
+    calibrated strength, its evaluated (strength, SSIM) points, its SSIM evaluations); ``spec`` is
+    the type as seen on the subset's largest image. Shared by the CPU and the device engine.
+
+    Each subset image's in-band interval of severity is predicted from its point nearest the
+    band's centre and the fitted slope; the first strength is the geometric middle of the stretch
+    that the most intervals cover (ties: the stretch nearest the median of the images' predicted
+    centres), so the first evaluation lands in band for as many subset images as the model allows
+    (the median of the centres alone can fall outside the narrow bands of every image)."""
+    lo, hi = band
+    target = 0.5 * (lo + hi)
+    slope = fit_slope([points for _, points, _ in runs], spec)
+    centres: list[float] = []
+    intervals: list[tuple[float, float]] = []
+    for strength, points, _ in runs:
+        usable = [(severity(spec, s), v) for s, v in points if severity(spec, s) > 0.0]
         if not usable:
-            predicted.append(severity(spec, c.strength))
+            centres.append(severity(spec, strength))
             continue
         t, v = min(usable, key=lambda p: abs(distortion(p[1]) - distortion(target)))
-        predicted.append(min(predict_severity(t, v, target, slope), 1.0))
-    return WarmStart(strength_at(spec, float(np.median(predicted))), slope, sum(c.n_ssim_evals for c in runs))
+        centres.append(min(predict_severity(t, v, target, slope), 1.0))
+        a, b = predict_severity(t, v, hi, slope), predict_severity(t, v, lo, slope)
+        if a < 1.0:
+            intervals.append((math.log(max(a, 1e-12)), math.log(min(b, 1.0))))
+    median = float(np.median(centres))
+    best = _most_covered(intervals, math.log(median)) if median > 0.0 and len(intervals) >= 2 else None
+    t0 = math.exp(best) if best is not None else median
+    return WarmStart(strength_at(spec, t0), slope, sum(n for _, _, n in runs))
+
+
+def _most_covered(intervals: Sequence[tuple[float, float]], prefer: float) -> float | None:
+    """The middle of the stretch covered by the most of ``intervals`` (log severity), the stretch
+    nearest ``prefer`` among equals; None when no two intervals overlap (then the median rules)."""
+    edges = sorted({e for iv in intervals for e in iv})
+    best: tuple[int, float, float] | None = None
+    for a, b in zip(edges, edges[1:], strict=False):
+        mid = 0.5 * (a + b)
+        n = sum(1 for x, y in intervals if x <= mid <= y)
+        score = (n, -min(abs(prefer - a), abs(prefer - b)) if not a <= prefer <= b else 0.0)
+        if best is None or score > best[:2]:
+            best = (*score, mid)
+    if best is None or best[0] < 2:
+        return None
+    return best[2]
 
 
 def fit_slope(points: Sequence[Sequence[tuple[float, float]]], spec: PerturbationSpec) -> float:

@@ -14,8 +14,9 @@ require 1e-4). :func:`ssim` is ``SSIMReference(a)(b)``, bit for bit, so a record
 recomputed from the two images alone.
 
 :func:`ssim_torch` is the same definition on torch tensors (any device; several candidate
-images against one clean image in one call); on CPU it agrees with :func:`ssim` to better than
-1e-6 (tests).
+images against one clean image in one call), :func:`ssim_nchw` on batches of (clean, candidate)
+pairs (the device perturbation engine); on CPU they agree with :func:`ssim` to better than 1e-6
+(tests).
 """
 
 from __future__ import annotations
@@ -119,7 +120,6 @@ def ssim_torch(a: torch.Tensor, b: torch.Tensor, data_range: float = 1.0,
         float64 tensor: a scalar for one image, (N,) for a batch.
     """
     import torch
-    import torch.nn.functional as F
 
     _check_size(tuple(a.shape))
     single = tuple(b.shape) == tuple(a.shape)
@@ -132,7 +132,22 @@ def ssim_torch(a: torch.Tensor, b: torch.Tensor, data_range: float = 1.0,
         x, y = x[None], y[:, None]  # (1, H, W), (N, 1, H, W)
     else:
         x, y = x.permute(2, 0, 1), y.permute(0, 3, 1, 2)  # (C, H, W), (N, C, H, W)
-    x = x[None].expand_as(y)
+    per_image = ssim_nchw(x[None].expand_as(y), y, data_range, dt)
+    return per_image[0] if single else per_image
+
+
+def ssim_nchw(x: torch.Tensor, y: torch.Tensor, data_range: float = 1.0, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """SSIM of image pairs on torch: ``x`` and ``y`` (N, C, H, W) (H, W >= 7), pair ``i`` being
+    ``(x[i], y[i])``; computed in ``dtype`` (default float64). Returns float64 (N,): the same
+    definition as :func:`ssim` (mean over the valid windows per channel, then over channels)."""
+    import torch
+    import torch.nn.functional as F
+
+    if tuple(x.shape) != tuple(y.shape) or x.ndim != 4:
+        raise ValueError(f"SSIM pairs need equal (N, C, H, W) shapes, got {tuple(x.shape)} and {tuple(y.shape)}")
+    _check_size(tuple(x.shape[2:]))
+    dt = dtype or torch.float64
+    x, y = x.to(dtype=dt), y.to(device=x.device, dtype=dt)
 
     def box(z: torch.Tensor) -> torch.Tensor:
         return F.avg_pool2d(z, WIN, stride=1)
@@ -143,5 +158,4 @@ def ssim_torch(a: torch.Tensor, b: torch.Tensor, data_range: float = 1.0,
     vy = _COV_NORM * (box(y * y) - uy * uy)
     vxy = _COV_NORM * (box(x * y) - ux * uy)
     s = ((2 * ux * uy + c1) * (2 * vxy + c2)) / ((ux * ux + uy * uy + c1) * (vx + vy + c2))
-    per_image = s.to(torch.float64).mean(dim=(2, 3)).mean(dim=1)
-    return per_image[0] if single else per_image
+    return s.to(torch.float64).mean(dim=(2, 3)).mean(dim=1)

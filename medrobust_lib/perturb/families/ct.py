@@ -123,14 +123,35 @@ def metal_streaks(image: FloatImage, strength: float, rng: np.random.Generator) 
     units, [0, 1]); the metal itself is added with weight ``4 * strength``, saturating early.
     """
     h, w = image.shape[:2]
+    draws = metal_draws(rng, h, w)
+    if strength <= 0.0:
+        return image.copy()
+    lines, core = metal_fields(image, draws)
+    field = strength * lines + 4.0 * strength * core
+    return (image + per_pixel(field, image)).astype(np.float32)
+
+
+MetalDraws = tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def metal_draws(rng: np.random.Generator, h: int, w: int) -> MetalDraws:
+    """The drawn metal objects of :func:`metal_streaks`: how many are on, their position quantiles,
+    radii (pixels), streak angles and signed streak amplitudes (a fixed number of draws)."""
     k = _scale(h, w)
     n_on = int(rng.integers(1, METAL_MAX + 1))
     u = rng.random(METAL_MAX)
     radius = rng.uniform(2.0, 5.0, size=METAL_MAX) * k
     angles = rng.uniform(0.0, np.pi, size=(METAL_MAX, METAL_STREAKS))
     amps = rng.normal(0.0, 1.0, size=(METAL_MAX, METAL_STREAKS))
-    if strength <= 0.0:
-        return image.copy()
+    return n_on, u, radius, angles, amps
+
+
+def metal_fields(image: FloatImage, draws: MetalDraws) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+    """The softened streak field and metal cores of :func:`metal_streaks` for unit strength,
+    float32 (H, W) each: the output is ``image + s * lines + 4 s * core``."""
+    h, w = image.shape[:2]
+    k = _scale(h, w)
+    n_on, u, radius, angles, amps = draws
     pos = metal_positions(image, u)[:n_on]
     streaks = np.zeros((h, w), np.float32)
     core = np.zeros((h, w), np.float32)
@@ -155,8 +176,8 @@ def metal_streaks(image: FloatImage, strength: float, rng: np.random.Generator) 
     for j, (r, c) in enumerate(pos):
         cv2.circle(core, (int(c) * fix, int(r) * fix), int(radius[j] * fix), 1.0, -1, cv2.LINE_8, shift)
     sigma = 0.8 * k
-    field = strength * cv2.GaussianBlur(streaks, (0, 0), sigma) + 4.0 * strength * cv2.GaussianBlur(core, (0, 0), sigma)
-    return (image + per_pixel(field, image)).astype(np.float32)
+    return (np.asarray(cv2.GaussianBlur(streaks, (0, 0), sigma), np.float32),
+            np.asarray(cv2.GaussianBlur(core, (0, 0), sigma), np.float32))
 
 
 # ---------------------------------------------------------------------------------------------

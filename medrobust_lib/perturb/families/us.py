@@ -77,6 +77,17 @@ def acoustic_shadowing(image: FloatImage, strength: float, rng: np.random.Genera
     geometry = shadow_geometry(rng, h, w)
     if strength <= 0.0:
         return image.copy()
+    atten, surface = shadow_fields(geometry, h, w)
+    transmit = np.exp(np.float32(-strength) * atten)
+    echo = np.float32(1.0 - np.exp(-strength)) * surface
+    out = image * per_pixel(transmit, image)
+    return (out + per_pixel(echo, image) * (1.0 - out)).astype(np.float32)
+
+
+def shadow_fields(geometry: list[tuple[int, int, np.ndarray, np.ndarray]], h: int, w: int
+                  ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+    """The attenuation (nepers per unit strength) and surface-echo fields, float32 (H, W), of the
+    reflectors of :func:`shadow_geometry` (:func:`acoustic_shadowing`)."""
     atten = np.zeros((h, w), np.float32)
     surface = np.zeros((h, w), np.float32)
     y = np.arange(h, dtype=np.float32)[:, None]
@@ -87,10 +98,7 @@ def acoustic_shadowing(image: FloatImage, strength: float, rng: np.random.Genera
         atten[:, c0:c1] += onset * lateral * (1.0 + np.maximum(below, 0.0) * inv_h)
         hat = np.maximum(1.0 - np.abs(below) * np.float32(0.25), 0.0) * lateral
         np.maximum(surface[:, c0:c1], hat, out=surface[:, c0:c1])
-    transmit = np.exp(np.float32(-strength) * atten)
-    echo = np.float32(1.0 - np.exp(-strength)) * surface
-    out = image * per_pixel(transmit, image)
-    return (out + per_pixel(echo, image) * (1.0 - out)).astype(np.float32)
+    return atten, surface
 
 
 # ---------------------------------------------------------------------------------------------

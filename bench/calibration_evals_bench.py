@@ -1,0 +1,131 @@
+"""SSIM evaluations per calibrated output in the demo's manifest (issue 47, item 5).
+
+Run: .venv/bin/python -m bench.calibration_evals_bench [--work DIR] [--workers N] [--save-rows F] [--compare-rows F]
+
+Builds the demo's data (``configs/demo.yaml``: its modalities, ``n_per_modality``, real labelled
+datasets) into a temporary folder (or ``--work``), indexes it, and runs the perturbed stage exactly
+as the demo does (:func:`medrobust_lib.tracks.perturbed.build_perturbed` for every modality and
+every level of the suite, the suite's workers), without the models. Then, from the manifest chunks:
+
+* SSIM evaluations per calibrated output: the rows' ``n_ssim_evals`` summed over the ``ok`` rows,
+  divided by their number (the figure the issue names); and the same with the warm starts'
+  evaluations (the calibration subset's searches, a fixed cost per chunk) added;
+* the in-band share among reachable outputs (``miss_reason != 'unreachable'``), and over all;
+* wall time of the perturbed stage (the demo build and indexing excluded).
+
+``--save-rows`` writes the per-output rows (dataset, sample, type, level, strength, SSIM, hash);
+``--compare-rows`` checks the current rows against such a file: an output whose strength did not
+change must have the same bytes (hash), and every changed output is reported with its band flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from medrobust_lib.config import load_suite
+from medrobust_lib.demo.build import ensure_demo
+from medrobust_lib.tracks import perturbed as perturbed_track
+from medrobust_lib.tracks.datasets import build_clean_index
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def demo_suite(work: Path, workers: int | None, config: Path) -> Path:
+    """The demo suite with its results, mart and demo data under ``work``."""
+    cfg = yaml.safe_load(config.read_text())
+    cfg["results_dir"] = str(work / "results")
+    cfg["mart_path"] = str(work / "marts.duckdb")
+    cfg["demo"]["root"] = str(work / "demo")
+    if workers is not None:
+        cfg["workers"] = workers
+    path = work / "suite.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def run(work: Path, workers: int | None, config: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
+    suite = load_suite(demo_suite(work, workers, config))
+    ensure_demo(suite)
+    for m in suite.modalities:
+        build_clean_index(suite, m)
+    shutil.rmtree(Path(suite.results_dir) / perturbed_track.MANIFEST_TABLE, ignore_errors=True)  # no reuse
+    evals = 0
+    t0 = time.perf_counter()
+    for m in suite.modalities:
+        for lv in suite.perturbations.levels:
+            s = perturbed_track.build_perturbed(suite, m, lv)
+            evals += s.calibration_evals
+    wall = time.perf_counter() - t0
+    df = perturbed_track.read_manifest(suite)
+    return df, {"wall_s": wall, "warm_start_evals": evals, "workers": suite.workers}
+
+
+def figures(df: pd.DataFrame, warm_evals: int) -> dict[str, float]:
+    ok = df[df["status"] == "ok"]
+    reachable = ok[ok["miss_reason"] != "unreachable"]
+    n = len(ok)
+    return {
+        "outputs": n,
+        "evals_per_output": float(ok["n_ssim_evals"].sum() / n),
+        "evals_per_output_with_warm_starts": float((ok["n_ssim_evals"].sum() + warm_evals) / n),
+        "first_eval_in_band": float(((ok["n_ssim_evals"] == 1) & ok["band_reached"]).mean()),
+        "in_band_reachable": float(reachable["band_reached"].mean()),
+        "reachable_misses": int((~reachable["band_reached"]).sum()),
+        "in_band_all": float(ok["band_reached"].mean()),
+    }
+
+
+def compare(before: pd.DataFrame, after: pd.DataFrame) -> dict[str, int]:
+    key = ["dataset", "sample_id", "perturbation", "level"]
+    m = before.merge(after, on=key, suffixes=("_b", "_a"))
+    same = m["strength_b"] == m["strength_a"]
+    return {
+        "outputs compared": len(m),
+        "same strength": int(same.sum()),
+        "same strength, same bytes": int((same & (m["sha256_b"] == m["sha256_a"])).sum()),
+        "same strength, different bytes": int((same & (m["sha256_b"] != m["sha256_a"])).sum()),
+        "strength changed": int((~same).sum()),
+        "strength changed, in band now": int((~same & m["band_reached_a"]).sum()),
+        "strength changed, in band before": int((~same & m["band_reached_b"]).sum()),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--work", type=Path, default=None, help="folder for the demo data and results (default: a temp dir)")
+    ap.add_argument("--config", type=Path, default=ROOT / "configs" / "demo.yaml")
+    ap.add_argument("--workers", type=int, default=None, help="worker processes (default: the suite's)")
+    ap.add_argument("--save-rows", type=Path, default=None)
+    ap.add_argument("--compare-rows", type=Path, default=None)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="calib-bench-") as tmp:
+        work = args.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        df, info = run(work, args.workers, args.config)
+    ok = df[df["status"] == "ok"]
+    fig = figures(df, info["warm_start_evals"])
+    print(f"perturbed stage, {info['workers']} worker(s): wall {info['wall_s']:.1f} s")
+    for k, v in fig.items():
+        print(f"  {k}: {v:.4f}" if isinstance(v, float) else f"  {k}: {v}")
+    by_type = ok.groupby("perturbation")["n_ssim_evals"].mean().sort_values(ascending=False)
+    print("dearest types (evals per output):", ", ".join(f"{t} {v:.2f}" for t, v in by_type.head(8).items()))
+    cols = ["dataset", "sample_id", "perturbation", "level", "strength", "ssim", "sha256", "band_reached",
+            "n_ssim_evals"]
+    if args.save_rows:
+        ok[cols].to_parquet(args.save_rows)
+        print(f"rows written to {args.save_rows}")
+    if args.compare_rows:
+        for k, v in compare(pd.read_parquet(args.compare_rows), ok[cols]).items():
+            print(f"  {k}: {v}")
+
+
+if __name__ == "__main__":
+    main()
