@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import click
 import typer
@@ -93,13 +93,17 @@ def guard_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+_Command = TypeVar("_Command", bound=Callable[..., Any])
+"""A command function (Typer's ``CommandFunctionType``): the decorator returns it unchanged."""
+
+
 class _GuardedTyper(typer.Typer):
     """A Typer whose every command runs inside :func:`guard_errors`."""
 
-    def command(self, *args: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def command(self, *args: Any, **kwargs: Any) -> Callable[[_Command], _Command]:
         register = super().command(*args, **kwargs)
 
-        def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def decorator(fn: _Command) -> _Command:
             register(guard_errors(fn))
             return fn
 
@@ -201,6 +205,13 @@ def _suite_locations(suite: str | None) -> SuitePaths | None:
 
     path = _suite_file(suite)
     return suite_paths(load_suite(path), base=project_root(path))
+
+
+def _suite_mce_baseline(path: Path) -> str | None:
+    """The suite's ``segmentation.mce_baseline`` (the report's mCE baseline; None when unset)."""
+    from medrobust_lib.runtime import load_suite  # parsed once per process
+
+    return load_suite(path).segmentation.mce_baseline
 
 
 def _report_experiment(suite: str | None) -> str:
@@ -331,7 +342,7 @@ def demo(
     assert loc is not None
     rep = build_report(mart, loc.reports, None, mlruns_dir=Path("mlruns"), log_mlflow=True,
                        experiment=_report_experiment(str(suite_path)),
-                       workers=workers or _suite_workers(suite_path))
+                       workers=workers or _suite_workers(suite_path), mce_baseline=_suite_mce_baseline(suite_path))
     _echo(f"== report  {time.perf_counter() - t1:6.1f} s  ({len(rep.tables)} tables, {len(rep.figures)} figures)")
     default = suite is None or suite_path == in_project("configs/demo.yaml", root)
     with_suite = "" if default else f" --suite {_shell_quote(str(suite_path))}"
@@ -887,6 +898,10 @@ def report(
                                                    "missed their level's band in the segmentation averages and "
                                                    "figures (default: left out, counted as band_miss)")] = False,
     workers: Annotated[int, typer.Option(min=1, help="processes drawing the figure files (same bytes as 1)")] = 1,
+    mce_baseline: Annotated[str | None, typer.Option(help="segmentation model id the mce table (MedMNIST-C's mCE "
+                                                          "and relative mCE) normalises by [default: the suite's "
+                                                          "segmentation.mce_baseline; none: the table is skipped]",
+                                                     show_default=False)] = None,
 ) -> None:
     """Paper-ready tables (CSV, Markdown, LaTeX), figures (PNG 300 dpi, PDF, SVG) and one index.html
     from the mart; logged as artifacts of one MLflow run in the suite's experiment '<suite>/reports'
@@ -895,13 +910,15 @@ def report(
 
     try:
         loc = _suite_locations(suite)
+        if mce_baseline is None and suite is not None:
+            mce_baseline = _suite_mce_baseline(_suite_file(suite))
         summary = build_report(_project_path(mart, str(loc.mart) if loc else "var/marts.duckdb"),
                                _project_path(out, str(loc.reports) if loc else "var/reports"),
                                parse_models(models), mlruns_dir=_project_path(mlruns, str(in_project(
                                    "mlruns", project_root(_suite_file(suite) if suite is not None else None)))),
                                log_mlflow=not no_mlflow, include_floor=include_floor,
                                experiment=_report_experiment(suite), workers=workers,
-                               include_off_band=include_off_band)
+                               include_off_band=include_off_band, mce_baseline=mce_baseline)
     except (FileNotFoundError, ValueError) as exc:
         _echo(f"error: {exc}")
         raise typer.Exit(2) from None

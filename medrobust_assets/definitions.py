@@ -54,7 +54,8 @@ def _segmentation_assets(suite: Suite, parts: SuitePartitions) -> list[dg.Assets
     assets: list[dg.AssetsDefinition] = []
     for m in suite.segmentation.models:
         assets.extend(segmentation_family(m.id, parts, trained=m.checkpoint == "trained", attacks=m.attacks,
-                                          levels=suite.levels_for(f"segmentation.{m.id}")))
+                                          levels=suite.levels_for(f"segmentation.{m.id}"),
+                                          attack_levels=suite.attack_levels_for(m.id)))
     return assets
 
 

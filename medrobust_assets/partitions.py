@@ -3,8 +3,9 @@
 Built from the suite object (:func:`partitions_for`), never from fixed lists: an asset is
 partitioned over exactly the modalities and severity levels the suite evaluates it at (the
 perturbed data and the VLMs over ``perturbations.levels``, the taxonomy over
-``taxonomy.levels``, a segmentation model over its own ``levels``), so Dagster itself refuses a
-partition outside them (the UI does not offer it; the runner refuses it in one line)."""
+``taxonomy.levels``, a segmentation model over its own ``levels``, its attacks over the suite's
+attack levels, :meth:`~medrobust_lib.config.suite.Suite.attack_levels_for`), so Dagster itself
+refuses a partition outside them (the UI does not offer it; the runner refuses it in one line)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 import dagster as dg
 
 from medrobust_lib.config import Suite
+from medrobust_lib.types import ATTACK_EPSILONS
 
 MODALITY = "modality"
 SEVERITY = "severity"
@@ -45,6 +47,20 @@ class SuitePartitions:
         if unknown or not want:
             raise ValueError(f"levels {list(levels or ())} are not among the suite's perturbed levels "
                              f"{list(self.levels)}")
+        return self._grid(want)
+
+    def attack_grid(self, levels: Sequence[int]) -> dg.MultiPartitionsDefinition:
+        """Modality x severity over attack ``levels`` (1-5, ascending): perturbed by the suite or
+        not, since an attack reads only the clean images. The same object as :meth:`grid` where the
+        levels are the same, so an attack partition runs with the perturbed ones of its level."""
+        want = tuple(sorted(set(int(lv) for lv in levels)))
+        bad = [lv for lv in want if lv not in ATTACK_EPSILONS]
+        if bad or not want:
+            raise ValueError(f"attack levels {list(levels)} are not among {list(ATTACK_EPSILONS)}")
+        perturbed = tuple(lv for lv in self.levels if lv in set(want))
+        return self._grid(perturbed if sorted(perturbed) == list(want) else want)
+
+    def _grid(self, want: tuple[int, ...]) -> dg.MultiPartitionsDefinition:
         held = self._grids.get(want)
         if held is None:
             held = self._grids[want] = dg.MultiPartitionsDefinition({

@@ -53,7 +53,8 @@ def finetune_family(base_id: str, strategies: list[str], base_checkpoint: Any) -
         key=[base_id, "finetuned_checkpoint"], group_name="finetune", kinds={"pytorch", "safetensors", "mlflow"},
         partitions_def=by_strategy, deps=[*upstream, CLEAN_SAMPLES], pool="gpu", op_tags=GPU_OP_TAGS,
         description=f"{base_id} fine-tuned with one strategy (full, decoder_only, decoder_prompt, encoder_partial, "
-                    "lora, adapter) on the train split, selected on val, test Dice reported; safetensors + "
+                    "lora, adapter, lora_plus_encoder, lora_plus_decoder) on the train split, selected on val (or "
+                    "the last weights: finetune.train.select), test Dice reported; safetensors + "
                     f"config.json logged to MLflow and registered as medrobust-seg-{base_id}-<strategy> with the "
                     "'candidate' alias (the first version is also 'champion'). Resumes from its train_state.pt.",
     )

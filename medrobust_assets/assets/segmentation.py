@@ -6,7 +6,7 @@ import dagster as dg
 
 from medrobust_assets.assets.datasets import CLEAN_SAMPLES
 from medrobust_assets.assets.perturbed import PERTURBED_SAMPLES
-from medrobust_assets.metadata import image_md, markdown_table
+from medrobust_assets.metadata import image_md, install_or_train, markdown_table
 from medrobust_assets.partitions import SuitePartitions, by_modality, modality_and_level
 from medrobust_assets.progress import reporter
 from medrobust_assets.resources import SuiteResource, TrackingResource
@@ -36,11 +36,14 @@ def _run_partition(context: dg.AssetExecutionContext, suite: SuiteResource, trac
 
 
 def segmentation_family(model_id: str, parts: SuitePartitions, *, trained: bool, attacks: bool = True,
-                        levels: list[int] | None = None) -> list[dg.AssetsDefinition]:
+                        levels: list[int] | None = None,
+                        attack_levels: list[int] | None = None) -> list[dg.AssetsDefinition]:
     """Assets for one model: [base_checkpoint], clean_predictions (by the suite's modalities),
-    perturbed_predictions and [attack_predictions] (by modality x severity over the model's
-    ``levels``; None: every perturbed level of the suite)."""
+    perturbed_predictions (by modality x severity over the model's ``levels``; None: every
+    perturbed level of the suite) and [attack_predictions] (by modality x severity over
+    ``attack_levels``, perturbed or not; None: the same levels as perturbed_predictions)."""
     grid = parts.grid(levels)
+    attack_grid = grid if attack_levels is None else parts.attack_grid(attack_levels)
     out: list[dg.AssetsDefinition] = []
     deps_clean: list[Any] = [CLEAN_SAMPLES]
     if trained:
@@ -57,24 +60,25 @@ def segmentation_family(model_id: str, parts: SuitePartitions, *, trained: bool,
 
             s = suite.load()
             inst = install_sam(s, model_id)
-            if inst.used:  # the committed weights (sha256-verified); test Dice measured again here
+
+            def committed() -> dict[str, Any]:  # test Dice of the committed weights measured again here
                 dice = committed_test_dice(s, model_id)
                 with tracking.run(context, s, "segmentation_training",
                                   {"model": model_id, "weights": "committed"}) as run:
                     tracking.log_metrics(run, {"test_dice": dice})
-                return dg.MaterializeResult(metadata={
-                    "weights": "committed (sha256 verified; medrobust demo --retrain trains them)", "test_dice": dice,
-                    "val_dice": inst.meta.get("val_dice"), "steps": inst.meta.get("best_step"),
-                    "checkpoint": dg.MetadataValue.path(inst.folder)})
-            context.log.info(f"training {model_id}: {inst.reason}")
-            with tracking.run(context, s, "segmentation_training", {"model": model_id}) as run:
-                r = train_base_checkpoint(s, model_id, log=context.log.info)
-                tracking.log_metrics(run, {"val_dice": r.val_dice, "test_dice": r.test_dice, "steps": r.steps,
-                                           "train_seconds": r.seconds})
-                tracking.log_artifact(run, r.checkpoint, "checkpoint")
-            return dg.MaterializeResult(metadata={"val_dice": r.val_dice, "test_dice": r.test_dice, "steps": r.steps,
-                                                  "seconds": r.seconds, "n_train": r.n_train,
-                                                  "checkpoint": dg.MetadataValue.path(r.checkpoint)})
+                return {"test_dice": dice, "val_dice": inst.meta.get("val_dice"), "steps": inst.meta.get("best_step"),
+                        "checkpoint": dg.MetadataValue.path(inst.folder)}
+
+            def train() -> dict[str, Any]:
+                with tracking.run(context, s, "segmentation_training", {"model": model_id}) as run:
+                    r = train_base_checkpoint(s, model_id, log=context.log.info)
+                    tracking.log_metrics(run, {"val_dice": r.val_dice, "test_dice": r.test_dice, "steps": r.steps,
+                                               "train_seconds": r.seconds})
+                    tracking.log_artifact(run, r.checkpoint, "checkpoint")
+                return {"val_dice": r.val_dice, "test_dice": r.test_dice, "steps": r.steps, "seconds": r.seconds,
+                        "n_train": r.n_train, "checkpoint": dg.MetadataValue.path(r.checkpoint)}
+
+            return install_or_train(context, inst, what=f"training {model_id}", committed=committed, train=train)
 
         out.append(base_checkpoint)
         deps_clean.append(base_checkpoint)
@@ -111,10 +115,11 @@ def segmentation_family(model_id: str, parts: SuitePartitions, *, trained: bool,
 
     @dg.asset(
         key=[model_id, "attack_predictions"], group_name="segmentation", kinds={"pytorch", "parquet"},
-        partitions_def=grid, pool="gpu", op_tags=GPU_OP_TAGS,
+        partitions_def=attack_grid, pool="gpu", op_tags=GPU_OP_TAGS,
         deps=[dg.AssetDep(clean_predictions, partition_mapping=by_modality)],
-        description=f"{model_id}: L-inf FGSM and PGD in pixel space (eps = 2, 4, 6, 8, 10 /255 by severity; PGD "
-                    "steps 3, 5, 7, 10, 15), model in eval mode, fixed box prompt, seeded random start.",
+        description=f"{model_id}: L-inf FGSM and PGD in pixel space on the clean images (eps = 2, 4, 6, 8, 10 /255 "
+                    "by attack level, segmentation.attacks.levels; PGD steps 3, 5, 7, 10, 15), model in eval mode, "
+                    "fixed box prompt, seeded random start.",
     )
     def attack_predictions(context: dg.AssetExecutionContext, suite: SuiteResource,
                            tracking: TrackingResource) -> dg.MaterializeResult:

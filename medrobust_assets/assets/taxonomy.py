@@ -10,7 +10,7 @@ import dagster as dg
 from medrobust_assets.assets.datasets import CLEAN_SAMPLES
 from medrobust_assets.assets.perturbed import PERTURBED_SAMPLES
 from medrobust_assets.checks import ERROR_SHARE_CHECK, error_share_result, error_share_spec
-from medrobust_assets.metadata import image_md, markdown_table
+from medrobust_assets.metadata import image_md, install_or_train, markdown_table
 from medrobust_assets.partitions import SuitePartitions, by_modality, modality_and_level
 from medrobust_assets.progress import reporter
 from medrobust_assets.resources import SuiteResource, TrackingResource
@@ -45,22 +45,20 @@ def taxonomy_family(config_id: str, parts: SuitePartitions, *, trained: bool, up
             from medrobust_lib.demo.taxonomy_train import train_taxonomy_model
 
             s = suite.load()
-            inst = install_taxonomy(s, config_id)
-            if inst.used:  # the committed weights (sha256-verified) of the same inputs
-                return dg.MaterializeResult(metadata={
-                    "weights": "committed (sha256 verified; medrobust demo --retrain trains them)",
-                    "steps": inst.meta.get("steps"), "folder": dg.MetadataValue.path(inst.folder)})
-            context.log.info(f"training {config_id}: {inst.reason}")
-            with tracking.run(context, s, "taxonomy_training", {"config": config_id}) as run:
-                r = train_taxonomy_model(s, config_id, log=context.log.info)
-                meta = {"kind": r.kind, "seconds": r.seconds, "steps": r.steps, "best_val_loss": r.best_val_loss,
-                        "n_train": r.n_train, **r.extra}
-                tracking.log_metrics(run, meta)
-                meta["registered_version"] = tracking.log_and_register(run, r.folder, "model",
-                                                                       f"medrobust-taxonomy-{config_id}",
-                                                                       {"kind": r.kind})
-            meta = {k: v for k, v in meta.items() if v is not None}  # no version when tracking is off
-            return dg.MaterializeResult(metadata={**meta, "folder": dg.MetadataValue.path(r.folder)})
+            inst = install_taxonomy(s, config_id)  # committed weights only when trained from the same inputs
+
+            def train() -> dict[str, Any]:
+                with tracking.run(context, s, "taxonomy_training", {"config": config_id}) as run:
+                    r = train_taxonomy_model(s, config_id, log=context.log.info)
+                    meta: dict[str, Any] = {"kind": r.kind, "seconds": r.seconds, "steps": r.steps,
+                                            "best_val_loss": r.best_val_loss, "n_train": r.n_train, **r.extra}
+                    tracking.log_metrics(run, meta)
+                    meta["registered_version"] = tracking.log_and_register(
+                        run, r.folder, "model", f"medrobust-taxonomy-{config_id}", {"kind": r.kind})
+                return {**meta, "folder": dg.MetadataValue.path(r.folder)}
+
+            return install_or_train(context, inst, what=f"training {config_id}", train=train, committed=lambda: {
+                "steps": inst.meta.get("steps"), "folder": dg.MetadataValue.path(inst.folder)})
 
         out.append(taxonomy_model)
         deps.append(taxonomy_model)

@@ -8,7 +8,7 @@ import dagster as dg
 from medrobust_assets.assets.datasets import CLEAN_SAMPLES
 from medrobust_assets.assets.perturbed import PERTURBED_SAMPLES
 from medrobust_assets.checks import error_share_result, error_share_spec
-from medrobust_assets.metadata import markdown_table
+from medrobust_assets.metadata import install_or_train, markdown_table
 from medrobust_assets.partitions import SuitePartitions, by_modality, modality_and_level
 from medrobust_assets.progress import reporter
 from medrobust_assets.resources import SuiteResource, TrackingResource
@@ -45,21 +45,23 @@ def vlm_family(model_id: str, parts: SuitePartitions, *, trained: bool, finetune
 
             s = suite.load()
             inst = install_vlm(s, model_id)
-            if inst.used:  # the committed weights (sha256-verified); held-out scores as recorded with them
-                return dg.MaterializeResult(metadata={
-                    "weights": "committed (sha256 verified; medrobust demo --retrain trains them)",
-                    **{f"trained_{k}": v for k, v in inst.meta.get("heldout", {}).items()},
-                    "steps": inst.meta.get("steps"), "folder": dg.MetadataValue.path(inst.folder)})
-            context.log.info(f"training {model_id}: {inst.reason}")
-            with tracking.run(context, s, "vlm_training", {"model": model_id}) as run:
-                r = train_base_vlm(s, model_id, log=context.log.info)
-                meta: dict[str, Any] = {"seconds": r.seconds, "steps": r.steps, "best_step": r.best_step,
-                        "best_val_loss": r.best_val_loss, "n_train": r.n_train, "n_val": r.n_val, **r.heldout}
-                tracking.log_metrics(run, meta)
-                meta["registered_version"] = tracking.log_and_register(
-                    run, r.folder, "model", f"medrobust-vlm-{model_id}", {"task": "all", "kind": "base"})
-            meta = {k: v for k, v in meta.items() if v is not None}  # no version when tracking is off
-            return dg.MaterializeResult(metadata={**meta, "folder": dg.MetadataValue.path(r.folder)})
+
+            def committed() -> dict[str, Any]:  # held-out scores as recorded with the committed weights
+                return {**{f"trained_{k}": v for k, v in inst.meta.get("heldout", {}).items()},
+                        "steps": inst.meta.get("steps"), "folder": dg.MetadataValue.path(inst.folder)}
+
+            def train() -> dict[str, Any]:
+                with tracking.run(context, s, "vlm_training", {"model": model_id}) as run:
+                    r = train_base_vlm(s, model_id, log=context.log.info)
+                    meta: dict[str, Any] = {"seconds": r.seconds, "steps": r.steps, "best_step": r.best_step,
+                                            "best_val_loss": r.best_val_loss, "n_train": r.n_train, "n_val": r.n_val,
+                                            **r.heldout}
+                    tracking.log_metrics(run, meta)
+                    meta["registered_version"] = tracking.log_and_register(
+                        run, r.folder, "model", f"medrobust-vlm-{model_id}", {"task": "all", "kind": "base"})
+                return {**meta, "folder": dg.MetadataValue.path(r.folder)}
+
+            return install_or_train(context, inst, what=f"training {model_id}", committed=committed, train=train)
 
         out.append(base_checkpoint)
         deps.append(base_checkpoint)
@@ -74,24 +76,23 @@ def vlm_family(model_id: str, parts: SuitePartitions, *, trained: bool, finetune
             from medrobust_lib.tracks.finetune.vlm_adapter import finetune_adapter
 
             s = suite.load()
-            inst = install_adapter(s, model_id)
-            if inst.used:  # the committed adapter (sha256-verified), trained on the committed base
-                return dg.MaterializeResult(metadata={
-                    "weights": "committed (sha256 verified; medrobust demo --retrain trains them)",
-                    "folder": dg.MetadataValue.path(inst.folder)})
-            context.log.info(f"fine-tuning {model_id}: {inst.reason}")
-            with tracking.run(context, s, "vlm_finetuning", {"model": model_id}) as run:
-                r = finetune_adapter(s, model_id, log=context.log.info)
-                meta: dict[str, Any] = {"task": r.task, "adapter_hash": r.adapter_hash,
-                                        "initial_val_loss": r.initial_val_loss,
+            inst = install_adapter(s, model_id)  # the committed adapter was trained on the committed base
+
+            def train() -> dict[str, Any]:
+                with tracking.run(context, s, "vlm_finetuning", {"model": model_id}) as run:
+                    r = finetune_adapter(s, model_id, log=context.log.info)
+                    meta: dict[str, Any] = {
+                        "task": r.task, "adapter_hash": r.adapter_hash, "initial_val_loss": r.initial_val_loss,
                         "best_val_loss": r.best_val_loss, "steps": r.steps, "seconds": r.seconds,
                         "n_trainable": r.n_trainable, "n_total": r.n_total, "n_target_modules": len(r.target_modules)}
-                tracking.log_metrics(run, meta)
-                meta["registered_version"] = tracking.log_and_register(
-                    run, r.folder, "adapter", f"medrobust-vlm-{model_id}",
-                    {"task": r.task, "kind": "lora", "adapter_hash": r.adapter_hash})
-            meta = {k: v for k, v in meta.items() if v is not None}  # no version when tracking is off
-            return dg.MaterializeResult(metadata={**meta, "folder": dg.MetadataValue.path(r.folder)})
+                    tracking.log_metrics(run, meta)
+                    meta["registered_version"] = tracking.log_and_register(
+                        run, r.folder, "adapter", f"medrobust-vlm-{model_id}",
+                        {"task": r.task, "kind": "lora", "adapter_hash": r.adapter_hash})
+                return {**meta, "folder": dg.MetadataValue.path(r.folder)}
+
+            return install_or_train(context, inst, what=f"fine-tuning {model_id}",
+                                    committed=lambda: {"folder": dg.MetadataValue.path(inst.folder)}, train=train)
 
         out.append(finetuned_adapter)
         deps.append(finetuned_adapter)

@@ -3,7 +3,37 @@ attribute-naming (alignment) stage."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from collections.abc import Iterable
+from typing import Any, ClassVar, Protocol, TypeVar
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
+
+
+class AddedKeys(BaseModel):
+    """Base of a settings model that gained keys after results were fingerprinted from its dumps:
+    the fields named in ``ADDED_KEYS`` are left out of ``model_dump`` / ``model_dump_json`` while
+    they hold their default, so a suite that does not set them keeps every fingerprint (recipes of
+    fine-tuned checkpoints, committed demo weights, resumable partitions) it had before they
+    existed. A key set to anything else is dumped, and so changes the fingerprints it enters."""
+
+    ADDED_KEYS: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _omit_added_defaults(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if isinstance(data, dict):
+            fields = type(self).model_fields
+            for name in self.ADDED_KEYS:
+                if name in data and getattr(self, name) == fields[name].get_default(call_default_factory=True):
+                    del data[name]
+        return data
 
 
 class TrainBudget(BaseModel):
@@ -105,3 +135,24 @@ class StatsConfig(BaseModel):
     min_n: int = Field(default=DEFAULT_MIN_N, ge=2, description=(
         "smallest n (images, pairs, samples or points) a cell needs for a bootstrap CI, a p / q value or a rank "
         "among the fine-tuning strategies; below it the mean is shown without them and the table says why"))
+
+
+class _HasId(Protocol):
+    @property
+    def id(self) -> str: ...
+
+
+_T = TypeVar("_T", bound=_HasId)
+
+
+def by_id(entries: Iterable[_T], entry_id: str, what: str) -> _T:
+    """The entry of ``entries`` (models, taxonomy configurations, ...) whose ``id`` is ``entry_id``.
+
+    Raises:
+        KeyError: none has it; the message names ``what`` and the configured ids.
+    """
+    listed = list(entries)
+    for e in listed:
+        if e.id == entry_id:
+            return e
+    raise KeyError(f"unknown {what} {entry_id!r}; configured: {[e.id for e in listed]}")

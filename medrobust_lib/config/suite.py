@@ -13,13 +13,13 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from medrobust_lib.adapters import adapter_entry
-from medrobust_lib.config.common import StatsConfig
+from medrobust_lib.config.common import AddedKeys, StatsConfig
 from medrobust_lib.config.datasets import DatasetConfig
 from medrobust_lib.config.safe_yaml import load_yaml
 from medrobust_lib.config.segmentation import SegmentationConfig, SegModelConfig
@@ -73,10 +73,18 @@ REFERENCE_MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
     "sam_med2d": {"mask_selection": "single", "color": "rgb", "resize": "bilinear"},
     "hf": {"caption_max_new_tokens": 512},
     "llava_rad": {"caption_max_new_tokens": 512},
-    "api": {"caption_max_new_tokens": 512},
+    "api": {"caption_max_new_tokens": 512, "system_prompt": "You are an expert medical imaging specialist."},
 }
 """``protocol: reference``: per model family (segmentation) or kind (VLM), the reference
-benchmark's settings, applied to every model that does not set the field itself."""
+benchmark's settings, applied to every model that does not set the field itself. A local VLM's
+system prompt and sampling differ per model there (MedGemma: the system prompt, greedy; LLaVA-Med:
+no system turn, temperature 0.2), which its kind cannot tell: set them on the model."""
+
+REFERENCE_API_DEFAULTS: dict[str, Any] = {"temperature": 0.2, "max_tokens": 512}
+"""``protocol: reference``: the ``api`` settings of an endpoint VLM that does not set them
+(``eval_vlm_perturbation.py`` CONFIG ``gpt4v`` / ``gemini``: temperature 0.2, 512 new tokens for every
+task; an endpoint's ``max_tokens`` caps every task, so the per-task caps that ``protocol: reference``
+gives local models would not reach it)."""
 
 
 class PerturbationConfig(BaseModel):
@@ -101,6 +109,10 @@ class PerturbationConfig(BaseModel):
     types_by_modality: dict[str, list[str]] | None = Field(
         default=None, description="modality -> the only types (fnmatch globs) generated for it, after include/exclude; "
         "a modality not listed keeps every selected type (the reference's per-dataset subsets)")
+    types_by_dataset: dict[str, list[str]] = Field(
+        default_factory=dict, description="dataset name -> the only types (fnmatch globs) generated for it, instead of "
+        "its modality's types_by_modality (still after include/exclude, and only types registered for its modality): "
+        "the reference's VLM sets, e.g. REFERENCE_VLM_TYPES['omnimedvqa'] for an OmniMedVQA dataset")
     split: str = Field(default="test", description="which split to perturb: train, val, test or all")
     max_samples: int | None = Field(default=None, ge=1, description="cap per dataset, after the split filter")
     include_off_band: bool = Field(default=False, description=(
@@ -142,13 +154,43 @@ class PerturbationConfig(BaseModel):
         return v
 
 
-class Suite(BaseModel):
+class SplitFractions(BaseModel):
+    """The shares of the train / val / test splits (:func:`medrobust_lib.data.splits.split_for`):
+    every sample of a dataset that is not ``evaluation_only`` goes to one split by a hash of
+    (dataset, sample id), cut at these cumulative shares, so a sample's split depends on nothing
+    else (not the suite seed, not the dataset's order). They must sum to 1; a share may be 0 (the
+    reference benchmark's 80/20 has no validation split: its trainers then keep their last weights)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    train: float = Field(default=0.60, ge=0, le=1, description="share of the train split")
+    val: float = Field(default=0.15, ge=0, le=1, description="share of the validation split (model selection)")
+    test: float = Field(default=0.25, ge=0, le=1, description="share of the test split")
+
+    @model_validator(mode="after")
+    def _sum_to_one(self) -> SplitFractions:
+        total = self.train + self.val + self.test
+        if abs(total - 1.0) > 1e-9:
+            raise ValueError(f"split shares must sum to 1, got {self.train} + {self.val} + {self.test} = {total:g}")
+        if self.test <= 0:
+            raise ValueError("the test split may not be empty (test > 0)")
+        return self
+
+    def as_tuple(self) -> tuple[tuple[str, float], ...]:
+        """``(("train", share), ("val", share), ("test", share))``, as ``data.splits`` takes them."""
+        return (("train", self.train), ("val", self.val), ("test", self.test))
+
+    def is_default(self) -> bool:
+        return self == SplitFractions()
+
+
+class Suite(AddedKeys):
     """A whole evaluation suite. Unknown keys are errors (at every level). Outside the demo
     (``demo.enabled: false``) every model must name its weights: a segmentation model its
     ``checkpoint``, a local VLM its ``source`` (or a ``base``); ``trained`` (weights the demo trains)
     is demo-only."""
 
     model_config = ConfigDict(extra="forbid")
+    ADDED_KEYS: ClassVar[tuple[str, ...]] = ("splits",)
     name: str = Field(default="demo", description=(
         "the suite's name: 1-64 characters of a-z, 0-9, '_' and '-', starting with a letter or digit. It keys "
         "the suite's output folder var/<name>/ and its MLflow experiments <name>/...; two suite files with one "
@@ -173,6 +215,10 @@ class Suite(BaseModel):
     datasets: list[DatasetConfig] = Field(default_factory=list, description=(
         "your datasets, one entry each (see 'datasets[]' below); each entry's reader options are checked "
         "against its format's reader when the suite loads"))
+    splits: SplitFractions = Field(default_factory=lambda: SplitFractions(), description=(
+        "the shares of the train / val / test splits of every dataset (a hash of dataset and sample id decides a "
+        "sample's split; evaluation_only datasets are all test). The reference benchmark splits 80/20 (train 0.8, "
+        "val 0, test 0.2; configs/reference_protocol.yaml)"))
     perturbations: PerturbationConfig = Field(default_factory=lambda: PerturbationConfig(), description=(
         "which corruptions to generate and at which SSIM-calibrated levels"))
     segmentation: SegmentationConfig = Field(default_factory=lambda: SegmentationConfig(), description=(
@@ -240,6 +286,19 @@ class Suite(BaseModel):
             return list(self.perturbations.levels)
         raise ValueError(f"unknown levels tag {tag!r}")
 
+    def attack_levels(self) -> list[int]:
+        """The suite's attack levels: ``segmentation.attacks.levels``, else every perturbed level
+        (what a fine-tuned checkpoint is attacked at unless its ``finetune.eval.attack_levels`` says)."""
+        wanted = self.segmentation.attacks.levels
+        return list(wanted) if wanted is not None else list(self.perturbations.levels)
+
+    def attack_levels_for(self, model_id: str) -> list[int]:
+        """The levels segmentation model ``model_id`` is attacked at: ``segmentation.attacks.levels``
+        when the suite sets them (perturbed or not: an attack needs only the clean images), else the
+        model's perturbed levels (:meth:`levels_for`), the attack level following the corruption level."""
+        wanted = self.segmentation.attacks.levels
+        return list(wanted) if wanted is not None else self.levels_for(f"segmentation.{model_id}")
+
     @model_validator(mode="after")
     def _model_levels_perturbed(self) -> Suite:
         for track, models in (("segmentation", self.segmentation.models), ("vlm", self.vlm.models)):
@@ -265,6 +324,11 @@ class Suite(BaseModel):
                 for key, value in REFERENCE_MODEL_DEFAULTS.get(family, {}).items():
                     if key in type(m).model_fields and key not in m.model_fields_set:
                         setattr(m, key, value)
+                api = getattr(m, "api", None)
+                if api is not None:
+                    update = {k: v for k, v in REFERENCE_API_DEFAULTS.items() if k not in api.model_fields_set}
+                    if update:
+                        m.api = api.model_copy(update=update)  # type: ignore[union-attr]
         return self
 
     @model_validator(mode="after")

@@ -28,12 +28,19 @@ from __future__ import annotations
 
 import ipaddress
 import urllib.parse
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from medrobust_lib.adapters import adapter_entry, list_adapters
-from medrobust_lib.config.common import AlignmentStage, LoraSettings, TrainBudget, WeightStorage
+from medrobust_lib.config.common import (
+    AddedKeys,
+    AlignmentStage,
+    LoraSettings,
+    TrainBudget,
+    WeightStorage,
+    by_id,
+)
 
 if TYPE_CHECKING:
     from medrobust_lib.config import Suite
@@ -50,7 +57,7 @@ def is_loopback(url: str) -> bool:
         return False
 
 
-class ApiSettings(BaseModel):
+class ApiSettings(AddedKeys):
     """The endpoint of a ``kind: api`` VLM (any OpenAI-compatible ``/chat/completions``), read by
     :class:`medrobust_lib.models.api_vlm.ApiVLM`. Holds the *name* of the key's environment
     variable, never the key.
@@ -66,9 +73,11 @@ class ApiSettings(BaseModel):
     ``request_logprobs``: ask for the first token's top log-probabilities. ``seed``: the request
     seed and the backoff jitter's (unset: the suite's seed). ``deadline_s``: the whole
     life of one request, retries and waits included, seconds. ``max_response_bytes``: largest
-    response body accepted."""
+    response body accepted. ``top_p``: nucleus sampling mass sent with each request (null: not
+    sent, the endpoint's default). With ``temperature`` > 0 the request also carries ``seed``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    ADDED_KEYS: ClassVar[tuple[str, ...]] = ("top_p",)
     model: str = Field(min_length=1)
     base_url: str = "https://api.openai.com/v1"
     api_key_env: str | None = "OPENAI_API_KEY"
@@ -85,6 +94,7 @@ class ApiSettings(BaseModel):
     seed: int = 0
     deadline_s: float = Field(default=600.0, gt=0)
     max_response_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    top_p: float | None = Field(default=None, gt=0, le=1)
 
     @model_validator(mode="after")
     def _url(self) -> ApiSettings:
@@ -97,7 +107,7 @@ class ApiSettings(BaseModel):
         return self
 
 
-class VLMModelConfig(BaseModel):
+class VLMModelConfig(AddedKeys):
     """One VLM of the suite. ``source``: a local folder or cached hub id, or ``trained`` (the demo
     ``base_checkpoint`` asset trains a tiny LLaVA). ``base``: take the weights of another configured
     model. ``adapter``: a LoRA adapter folder, or ``finetuned`` (this model's own
@@ -108,9 +118,12 @@ class VLMModelConfig(BaseModel):
     folder with ``adapter`` the LoRA release) or api (an OpenAI-compatible endpoint). ``device``: torch device. ``batch_size``: prompts per
     generation batch. ``max_new_tokens``: generated tokens per answer. ``caption_max_new_tokens``:
     generated tokens per caption. ``api``: the endpoint of a ``kind: api`` model (required there,
-    refused for ``kind: hf``; see ``vlm.models[].api``)."""
+    refused for ``kind: hf``; see ``vlm.models[].api``). ``system_prompt``, ``temperature``,
+    ``top_p``: decoding (greedy without a system turn by default; an endpoint samples with its
+    ``api.temperature`` / ``api.top_p``)."""
 
     model_config = ConfigDict(extra="forbid")
+    ADDED_KEYS: ClassVar[tuple[str, ...]] = ("system_prompt", "temperature", "top_p")
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9_\-]*$")
     kind: Literal["hf", "llava_rad", "api"] = "hf"
     source: str | None = None
@@ -128,6 +141,38 @@ class VLMModelConfig(BaseModel):
     levels: list[int] | None = Field(
         default=None, description="perturbation levels this model is evaluated at (None: every level of the suite)")
     api: ApiSettings | None = None
+    system_prompt: str | None = Field(default=None, description=(
+        "a system turn before every question (kind hf: the chat template's system role; kind api: a system "
+        "message); null: none. The reference: 'You are an expert medical imaging specialist.' for MedGemma and "
+        "the API models, none for LLaVA-Med (mistral_instruct's system is empty)"))
+    temperature: float = Field(default=0.0, ge=0, description=(
+        "kind hf: sampling temperature (0: greedy, the default); with > 0 each batch is sampled from a generator "
+        "seeded by the suite seed and the batch's prompts. kind api: set api.temperature instead"))
+    top_p: float = Field(default=1.0, gt=0, le=1, description=(
+        "kind hf: nucleus sampling mass when temperature > 0 (1: off). kind api: set api.top_p instead"))
+
+    @model_validator(mode="after")
+    def _decoding(self) -> VLMModelConfig:
+        entry = adapter_entry(self.kind, "vlm")
+        if entry.is_endpoint and ("temperature" in self.model_fields_set or "top_p" in self.model_fields_set):
+            raise ValueError(f"VLM {self.id!r} (kind: {self.kind}): set the endpoint's sampling in 'api' "
+                             "(api.temperature, api.top_p), not temperature / top_p")
+        if entry.fixed_decoding and (self.system_prompt is not None or self.temperature > 0 or self.top_p < 1):
+            raise ValueError(f"VLM {self.id!r} (kind: {self.kind}): its prompt has a fixed system turn and it "
+                             "decodes greedily; system_prompt, temperature and top_p are for kind hf and api")
+        return self
+
+    def decoding(self) -> dict[str, Any]:
+        """The decoding settings its rows record: ``system_prompt``, ``temperature``, ``top_p``
+        (an endpoint's from ``api``; None where not sent)."""
+        if self.api is not None:
+            return {"system_prompt": self.system_prompt, "temperature": self.api.temperature, "top_p": self.api.top_p}
+        return {"system_prompt": self.system_prompt, "temperature": self.temperature,
+                "top_p": self.top_p if self.temperature > 0 else None}
+
+    def samples(self) -> bool:
+        """Whether it decodes by sampling (temperature > 0), so that its answers depend on a seed."""
+        return (self.api.temperature if self.api is not None else self.temperature) > 0
 
     @model_validator(mode="after")
     def _api_for_api_kind(self) -> VLMModelConfig:
@@ -224,10 +269,12 @@ class VLMTrainSettings(TrainBudget, AlignmentStage, WeightStorage):
                                             "for a from-scratch tower to tell left from right)")
 
 
-class VLMFinetuneSettings(TrainBudget, LoraSettings):
+class VLMFinetuneSettings(TrainBudget, LoraSettings, AddedKeys):
     """LoRA fine-tuning (``adapter: finetuned``): task, LoRA shape, training budget.
 
     ``task``: the task the adapter is trained on (grounding, vqa_mc, vqa_yesno, caption)."""
+
+    ADDED_KEYS: ClassVar[tuple[str, ...]] = ("lr_schedule",)
 
     task: Literal["grounding", "vqa_mc", "vqa_yesno", "caption"] = "grounding"
     max_steps: int = 400
@@ -243,13 +290,56 @@ class VLMFinetuneSettings(TrainBudget, LoraSettings):
     warmup_steps: int = Field(default=30, ge=0, description="linear learning-rate warm-up steps")
     warmup_ratio: float | None = Field(default=None, ge=0, lt=1, description="warmup as a share of the optimizer "
                                        "steps (overrides warmup_steps)")
+    lr_schedule: Literal["cosine", "linear"] = Field(
+        default="cosine", description="learning-rate decay after the warmup: cosine, or linear (the reference's "
+        "transformers get_linear_schedule_with_warmup)")
+
+
+REFERENCE_TYPE_NAMES: dict[str, tuple[str, ...]] = {
+    "gaussian_noise": ("gaussian_noise",), "salt_pepper_noise": ("salt_pepper_noise",),
+    "speckle_noise": ("speckle_noise",), "gaussian_blur": ("gaussian_blur",), "motion_blur": ("motion_blur",),
+    "brightness_contrast": ("brightness", "contrast"), "compression_artifacts": ("jpeg_compression",),
+    "pixelate": ("pixelate",), "rotation": ("rotation",), "scale": ("scaling",), "translation": ("translation",),
+    "xray_scatter": ("scatter",), "xray_underexposure": ("underexposure",), "xray_overexposure": ("overexposure",),
+    "xray_grid_artifact": ("grid_lines",), "window_level": ("window_shift",),
+}
+"""The reference VLM generator's type names (``VLM/generate_perturbation.py``) -> medrobust's: its one
+``brightness_contrast`` draw is two types here; ``window_level`` is ``window_shift`` (registered for CT
+only: on an X-ray image its rows are ``not_applicable``)."""
+
+REFERENCE_VLM_BASE = ("gaussian_noise", "salt_pepper_noise", "speckle_noise", "gaussian_blur", "motion_blur",
+                      "brightness_contrast", "compression_artifacts", "pixelate", "rotation", "scale", "translation")
+"""``MedicalPerturbationGenerator.base_perturbations``: the 11 types of every VLM dataset."""
+REFERENCE_VLM_XRAY = ("xray_scatter", "xray_underexposure", "xray_overexposure", "xray_grid_artifact", "window_level")
+"""``modality_perturbations['XRAY']``: added for every ROCO image (the generator calls them all X-ray)."""
+
+
+def reference_vlm_types(record_file: str) -> list[str]:
+    """The medrobust types the reference perturbs the images of a VLM record file with (a
+    ``perturbations.types_by_dataset`` entry): the 11 base types for OmniMedVQA and MeCoVQA
+    (``omnimedvqa``, ``mecovqa_grounding``), those plus the 5 X-ray types for ROCO
+    (``roco_captions``; ``generate_perturbations``)."""
+    if record_file not in ("omnimedvqa", "roco_captions", "mecovqa_grounding"):
+        raise ValueError(f"unknown record file {record_file!r}; valid: omnimedvqa, roco_captions, mecovqa_grounding")
+    ref = REFERENCE_VLM_BASE + (REFERENCE_VLM_XRAY if record_file == "roco_captions" else ())
+    return [n for r in ref for n in REFERENCE_TYPE_NAMES[r]]
+
+
+class RecordSample(BaseModel):
+    """A seeded random draw of ``n`` records per task, as the reference draws them
+    (``random.seed(seed); random.sample(records, n)`` over the readable records in file order,
+    every record when there are at most ``n``): the same records are drawn from the same file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    n: int = Field(ge=1, description="records drawn per task (all when there are at most n)")
+    seed: int = Field(default=42, description="seed of Python's random.sample (the reference: 42)")
 
 
 REFERENCE_CAPTION_PROMPT = "Describe this medical image in detail."
 """The caption prompt of the reference benchmark (``eval_vlm_perturbation.py``)."""
 
 
-class VLMProtocol(BaseModel):
+class VLMProtocol(AddedKeys):
     """Where the VLM track may ask and score as the reference benchmark does (all off by default;
     ``configs/reference_protocol.yaml`` turns them on; docs/differences-from-reference.md).
 
@@ -261,14 +351,20 @@ class VLMProtocol(BaseModel):
     - ``open_vqa_judge``: a ``kind: api`` model id (any OpenAI-compatible endpoint): every
       multiple-choice question is also asked alone (``open_vqa_max_new_tokens``) and the answer
       scored by that judge with the reference's rubric (0 / 0.5 / 1, correct at >= 0.5), in rows of
-      task ``vqa_open`` beside the lettered ``vqa_mc`` rows."""
+      task ``vqa_open`` beside the lettered ``vqa_mc`` rows;
+    - ``caption_judge``: a ``kind: api`` model id (the same kind of judge client): every caption is
+      also scored by that judge with the reference's caption rubric (a number from 0 to 1, read as
+      the reference reads it), in the ``caption_judge_score`` column of the caption rows (NULL when
+      the reply held no number; a failed call makes the row an ``error``, retried by the next run)."""
 
     model_config = ConfigDict(extra="forbid")
+    ADDED_KEYS: ClassVar[tuple[str, ...]] = ("caption_judge",)
     caption_prompt: str | None = None
     caption_raw_scores: bool = False
     grounding_parse: Literal["house", "reference"] = "house"
     open_vqa_judge: str | None = None
     open_vqa_max_new_tokens: int = Field(default=512, ge=1)
+    caption_judge: str | None = None
 
     def is_default(self) -> bool:
         return self == VLMProtocol()
@@ -278,7 +374,8 @@ class VLMConfig(BaseModel):
     """``models``: the VLMs evaluated (see ``vlm.models[]``). ``records``: the record files of the VLM
     tasks. ``split``: which split is evaluated. ``train``: training of the demo's tiny VLM.
     ``finetune``: LoRA fine-tuning of a model with ``adapter: finetuned``. ``max_records_per_task``:
-    cap on records per task (null: all)."""
+    cap on records per task and partition, the first ones (null: all). ``record_sample``: a seeded
+    random draw of records per task (:class:`RecordSample`)."""
 
     model_config = ConfigDict(extra="forbid")
     protocol: VLMProtocol = Field(default_factory=lambda: VLMProtocol(), description=(
@@ -290,6 +387,9 @@ class VLMConfig(BaseModel):
     train: VLMTrainSettings = Field(default_factory=lambda: VLMTrainSettings())
     finetune: VLMFinetuneSettings = Field(default_factory=lambda: VLMFinetuneSettings())
     max_records_per_task: int | None = None
+    record_sample: RecordSample | None = Field(default=None, description=(
+        "a seeded random draw of n records per task before anything else (the reference: n 100, seed 42; "
+        "configs/reference_protocol.yaml); null: every record (max_records_per_task still caps them, first first)"))
     judge: str | None = None
     """Optional LLM judge (a ``kind: api`` model id) for multiple-choice answers the rules cannot
     parse; recorded in separate columns, never replacing the rule-based ``correct``."""
@@ -324,7 +424,5 @@ def adapter_box_scale(suite: Suite, m: VLMModelConfig) -> str:
 
 
 def vlm_model(suite: Suite, model_id: str) -> VLMModelConfig:
-    for m in suite.vlm.models:
-        if m.id == model_id:
-            return m
-    raise KeyError(f"unknown VLM {model_id!r}; configured: {[m.id for m in suite.vlm.models]}")
+    """The suite's VLM ``model_id`` (KeyError naming the configured ids)."""
+    return by_id(suite.vlm.models, model_id, "VLM")

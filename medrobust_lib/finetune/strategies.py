@@ -15,10 +15,14 @@ exactly the strategy's parameters train. Strategies:
 * ``encoder_partial``: the last ``encoder_blocks`` image-encoder blocks (default 4, the reference
   code's example on ViT-B; the tiny demo encoder has 2 blocks and uses 1) plus the mask decoder and
   the prompt encoder. The encoder's patch embedding, position embedding and neck stay
-  frozen.
+  frozen. ``encoder_partial_adapters``: also every image-encoder parameter whose name contains
+  ``adapter`` (any case), as the reference trains SAM-Med2D's ``encoder_partial`` (its adapters in
+  every block, not only in the last N); a model without adapters is unaffected.
 * ``lora``: LoRA (peft ``inject_adapter_in_model``, so the model stays a plain ``Sam`` module whose
   parameter names keep their prefixes) on the ``nn.Linear`` modules whose full name matches
-  ``lora.target_regex`` (full match, peft's semantics for a string target). The default,
+  ``lora.target_regex`` (full match, peft's semantics for a string target; ``nn.Conv2d`` modules
+  are wrapped too when the regex names them, as peft's suffix match does for the reference's
+  SAM-Med2D ``["qkv", "proj"]``, which also reaches ``image_encoder.patch_embed.proj``). The default,
   :data:`DEFAULT_LORA_TARGETS`, covers the image encoder's attention (``blocks.{i}.attn.qkv`` and
   ``blocks.{i}.attn.proj``, the real names in segment-anything's ``ImageEncoderViT``) and every
   attention projection of the mask decoder's two-way transformer (``q_proj``, ``k_proj``,
@@ -26,6 +30,15 @@ exactly the strategy's parameters train. Strategies:
   ``cross_attn_image_to_token`` and ``final_attn_token_to_image``). Only the LoRA matrices train.
   This deliberately avoids the published MedSAM "LoRA" defect: targeting ``q_proj``/``v_proj`` only
   adapts the decoder, because the vision encoder has no such modules.
+* ``lora_plus_encoder`` / ``lora_plus_decoder``: LoRA+ (Hayou et al. 2024, as the reference
+  benchmark's ``finetune_utils.py`` runs it): LoRA layers on the ``nn.Linear`` modules of one
+  component (default targets: :data:`DEFAULT_LORA_PLUS_TARGETS`, the encoder or the decoder half of
+  :data:`DEFAULT_LORA_TARGETS`), trained with the ``B`` matrices at ``lora_plus_lr_ratio`` (16) times
+  the learning rate (:func:`medrobust_lib.finetune.train.param_groups`). Besides the LoRA matrices,
+  ``lora_plus_encoder`` trains the mask decoder and the prompt encoder in full and
+  ``lora_plus_decoder`` the prompt encoder in full, as the reference does. ``lora_modules=False``:
+  no LoRA layer at all (the reference's MedSAM ``lora_plus_encoder``, whose ``q_proj``/``v_proj``
+  search finds nothing in a vision encoder that names its attention ``qkv``/``proj``).
 * ``adapter``: SAM-Med2D's bottleneck adapters in every encoder block
   (:func:`medrobust_lib.models.sam_med2d.insert_adapters`, ratio ``adapter_ratio``), inserted
   when the encoder has none (vanilla SAM, MedSAM); a SAM-Med2D model keeps its own. The adapter
@@ -65,32 +78,48 @@ import torch
 from torch import nn
 
 from medrobust_lib.config.common import LoraSettings
+from medrobust_lib.config.segmentation import FINETUNE_STRATEGIES, LORA_FINETUNE_STRATEGIES
 from medrobust_lib.models import tinyvit_adapters
 from medrobust_lib.models.sam import SamSegmenter
 from medrobust_lib.seeding import scoped_torch_seed
 
-STRATEGIES = ("full", "decoder_only", "decoder_prompt", "encoder_partial", "lora", "adapter")
+STRATEGIES = FINETUNE_STRATEGIES
+LORA_STRATEGIES = LORA_FINETUNE_STRATEGIES
+"""The strategies that add LoRA layers (merged into the base weights when a checkpoint is saved)."""
+LORA_PLUS_LR_RATIO = 16.0
+"""LoRA+'s learning-rate ratio of the ``B`` matrices to the ``A`` matrices (the LoRA+ paper's
+recommendation and the reference benchmark's ``LORA_PLUS_LR_RATIO``)."""
 
 _DECODER_ATTN = r"(?:layers\.\d+\.(?:self_attn|cross_attn_token_to_image|cross_attn_image_to_token)|final_attn_token_to_image)"
 #: Default LoRA targets (full match over module names of ``Sam``): image-encoder attention
 #: ``qkv``/``proj`` in every block, and all mask-decoder transformer attention projections.
-DEFAULT_LORA_TARGETS = (
-    r"image_encoder\.(?:layers\.\d+\.)?blocks\.\d+\.attn\.(?:qkv|proj)"
-    rf"|mask_decoder\.transformer\.{_DECODER_ATTN}\.(?:q_proj|k_proj|v_proj|out_proj)"
-)
+_ENCODER_TARGETS = r"image_encoder\.(?:layers\.\d+\.)?blocks\.\d+\.attn\.(?:qkv|proj)"
+_DECODER_TARGETS = rf"mask_decoder\.transformer\.{_DECODER_ATTN}\.(?:q_proj|k_proj|v_proj|out_proj)"
+DEFAULT_LORA_TARGETS = f"{_ENCODER_TARGETS}|{_DECODER_TARGETS}"
+#: Default LoRA+ targets per strategy: the encoder half and the decoder half of the LoRA default.
+DEFAULT_LORA_PLUS_TARGETS = {"lora_plus_encoder": _ENCODER_TARGETS, "lora_plus_decoder": _DECODER_TARGETS}
+#: What each LoRA+ strategy trains in full besides its LoRA matrices (the reference's ``setup_*_finetune``).
+LORA_PLUS_FULL = {"lora_plus_encoder": ("mask_decoder.", "prompt_encoder."), "lora_plus_decoder": ("prompt_encoder.",)}
 _LORA_PARAM = re.compile(r"\.lora_[A-Za-z_]+(?:\..*)?$")
 
 
 @dataclass(frozen=True)
 class StrategyConfig:
-    """Which strategy and its settings. ``encoder_blocks`` is used by ``encoder_partial``; the
-    ``lora`` settings by ``lora`` (``lora.target_regex=None``: :data:`DEFAULT_LORA_TARGETS`);
-    ``adapter_ratio`` (hidden width / embed dim) by ``adapter`` when adapters are inserted."""
+    """Which strategy and its settings. ``encoder_blocks`` and ``encoder_partial_adapters`` are
+    used by ``encoder_partial``; the ``lora`` settings by ``lora`` (``lora.target_regex=None``:
+    :data:`DEFAULT_LORA_TARGETS`) and by the LoRA+ strategies (``lora.target_regex=None``: their
+    :data:`DEFAULT_LORA_PLUS_TARGETS`; ``lora_modules=False``: no LoRA layer);
+    ``lora_plus_lr_ratio`` is the LoRA+ ``B``-matrix learning-rate ratio (applied by the trainer,
+    recorded here); ``adapter_ratio`` (hidden width / embed dim) by ``adapter`` when adapters are
+    inserted."""
 
     name: str
     encoder_blocks: int = 4
     lora: LoraSettings = field(default_factory=LoraSettings)
     adapter_ratio: float = 0.25
+    encoder_partial_adapters: bool = False
+    lora_plus_lr_ratio: float = LORA_PLUS_LR_RATIO
+    lora_modules: bool = True
 
 
 @dataclass(frozen=True)
@@ -109,7 +138,8 @@ class StrategyReport:
     ``"image_encoder.blocks.0.attn.qkv.lora"`` etc.; ``adapter`` lists
     ``"image_encoder.blocks.{i}.Adapter"``, ``"mask_decoder"`` and ``"prompt_encoder"``.
 
-    ``targets``: for ``lora``, the names of the wrapped modules (in module order); else empty.
+    ``targets``: for ``lora`` and the LoRA+ strategies, the names of the wrapped modules (in
+    module order); else empty.
     ``param_names``: every trainable parameter name (``named_parameters`` of ``segmenter.sam``).
     ``adapters_inserted``: ``adapter`` added adapters (False when the encoder already had them).
     """
@@ -149,19 +179,21 @@ def _lora_layers(model: nn.Module) -> dict[str, Any]:
     return {n: m for n, m in model.named_modules() if isinstance(m, LoraLayer)}
 
 
-def lora_target_names(model: nn.Module, regex: str = DEFAULT_LORA_TARGETS) -> list[str]:
-    """Names of the ``nn.Linear`` modules of ``model`` whose full name matches ``regex`` (full
-    match, as peft applies a string ``target_modules``), in module order.
+def lora_target_names(model: nn.Module, regex: str = DEFAULT_LORA_TARGETS, *, conv: bool = True) -> list[str]:
+    """Names of the ``nn.Linear`` (and, with ``conv``, ``nn.Conv2d``) modules of ``model`` whose
+    full name matches ``regex`` (full match, as peft applies a string ``target_modules``), in
+    module order. ``conv=False``: linear modules only (the reference's ``LoRAPlusLinear``).
 
     Raises:
-        ValueError: the regex is invalid or matches no ``nn.Linear`` module.
+        ValueError: the regex is invalid or matches no such module.
     """
     try:
         pattern = re.compile(regex)
     except re.error as exc:
         raise ValueError(f"invalid LoRA target regex {regex!r}: {exc}") from None
+    kinds: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv2d) if conv else (nn.Linear,)
+    names = [n for n, m in model.named_modules() if isinstance(m, kinds) and pattern.fullmatch(n)]
     linear = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
-    names = [n for n in linear if pattern.fullmatch(n)]
     if not names:
         raise ValueError(
             f"LoRA target regex {regex!r} matches no nn.Linear module of {type(model).__name__} "
@@ -208,7 +240,8 @@ def apply_strategy(segmenter: SamSegmenter, cfg: StrategyConfig, seed: int = 0) 
 
     Raises:
         ValueError: unknown strategy; ``encoder_blocks`` outside 1..depth; LoRA targets that
-            match nothing (or an already LoRA-wrapped model); invalid LoRA/adapter settings.
+            match nothing (or an already LoRA-wrapped model); invalid LoRA/adapter settings;
+            ``lora_modules=False`` for ``lora``.
     """
     if cfg.name not in STRATEGIES:
         raise ValueError(f"unknown fine-tuning strategy {cfg.name!r}; valid: {', '.join(STRATEGIES)}")
@@ -225,9 +258,17 @@ def apply_strategy(segmenter: SamSegmenter, cfg: StrategyConfig, seed: int = 0) 
         _set_trainable(sam, lambda n: n.startswith(("mask_decoder.", "prompt_encoder.")))
     elif cfg.name == "encoder_partial":
         prefixes = _last_block_prefixes(encoder, cfg.encoder_blocks)
-        _set_trainable(sam, lambda n: n.startswith(("mask_decoder.", "prompt_encoder.", *prefixes)))
+        adapters = cfg.encoder_partial_adapters
+        _set_trainable(sam, lambda n: n.startswith(("mask_decoder.", "prompt_encoder.", *prefixes))
+                       or (adapters and n.startswith("image_encoder.") and "adapter" in n.lower()))
     elif cfg.name == "lora":
+        if not cfg.lora_modules:
+            raise ValueError("the lora strategy needs LoRA modules (lora_modules=False leaves nothing to train)")
         targets = tuple(_apply_lora(sam, cfg, seed))
+    elif cfg.name in LORA_PLUS_FULL:
+        targets = tuple(_apply_lora(sam, cfg, seed)) if cfg.lora_modules else ()
+        full = LORA_PLUS_FULL[cfg.name]
+        _set_trainable(sam, lambda n: _LORA_PARAM.search(n) is not None or n.startswith(full))
     elif tinyvit_adapters.is_tinyvit(encoder):  # adapter on LiteMedSAM's TinyViT
         if not tinyvit_adapters.has_adapters(encoder):
             if cfg.adapter_ratio <= 0:
@@ -284,10 +325,12 @@ def _apply_lora(sam: nn.Module, cfg: StrategyConfig, seed: int) -> list[str]:
     if _lora_layers(sam):
         raise ValueError("this model already has LoRA layers; apply the lora strategy to a fresh model")
     lora = cfg.lora  # r >= 1 and dropout in [0, 1) are checked by LoraSettings
-    regex = lora.target_regex if lora.target_regex is not None else DEFAULT_LORA_TARGETS
-    names = lora_target_names(sam, regex)  # a clear error before peft's
+    default = DEFAULT_LORA_PLUS_TARGETS.get(cfg.name, DEFAULT_LORA_TARGETS)
+    regex = lora.target_regex if lora.target_regex is not None else default
+    # peft wraps every module the regex names; LoRA+ wraps linear modules only (LoRAPlusLinear)
+    names = lora_target_names(sam, regex, conv=cfg.name == "lora")  # a clear error before peft's
     peft_cfg = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                          target_modules=regex, bias="none")
+                          target_modules=names if cfg.name != "lora" else regex, bias="none")
     with scoped_torch_seed(seed, "strategy-init", "lora", module=sam):
         inject_adapter_in_model(peft_cfg, sam)
     wrapped = list(_lora_layers(sam))

@@ -1,8 +1,18 @@
 """Supervised training of a promptable segmentation model with box prompts.
 
-AdamW, linear warmup then cosine decay, gradient clipping, true batching, AMP on CUDA, model
-selection and early stopping on the validation split (never on test). All randomness (shuffling,
-box jitter, initialisation) comes from generators derived from the seed.
+AdamW, linear warmup then cosine (or linear) decay, gradient clipping, true batching, AMP on CUDA
+(bf16, or fp16 with a gradient scaler), model selection and early stopping on the validation split
+(never on test; or the last weights, when a split has no validation part). All randomness
+(shuffling, augmentation, box jitter, initialisation) comes from generators derived from the seed.
+
+Augmentation sets (``augment_set``, training batches only, when ``augment``):
+
+* ``project``: a random dihedral transform, a gain / offset change and a zoom / shift
+  (:func:`augment`), with box-prompt jitter ``box_jitter``;
+* ``reference``: the reference benchmark's ``SegmentationDataset._augment`` (``finetune.py``):
+  horizontal flip (p 0.5), vertical flip (p 0.5), brightness / contrast ``alpha * x + beta`` with
+  alpha in [0.8, 1.2] and beta in [-20, 20] / 255 (p 0.3) (:func:`augment_reference`); the box is
+  the tight box of the moved mask, unjittered (set ``box_jitter`` 0).
 """
 
 from __future__ import annotations
@@ -13,15 +23,17 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import cv2
 import numpy as np
 import torch
+from pydantic import Field
 
-from medrobust_lib.config.common import TrainLoop
+from medrobust_lib.config.common import AddedKeys, TrainLoop
 from medrobust_lib.config.segmentation import PromptConfig
 from medrobust_lib.data.sample import Sample
+from medrobust_lib.finetune.schedule import linear_with_warmup
 from medrobust_lib.hashing import file_sha256
 from medrobust_lib.metrics.segmentation import dice
 from medrobust_lib.models.losses import dice_bce_loss
@@ -30,11 +42,15 @@ from medrobust_lib.prompts import prompt_boxes
 from medrobust_lib.seeding import rng_for
 
 
-class TrainConfig(TrainLoop):
+class TrainConfig(TrainLoop, AddedKeys):
     """The segmentation trainer's settings (:func:`train_segmenter`): the loop of
     :class:`~medrobust_lib.config.common.TrainLoop` plus the loss weights ``w_dice`` / ``w_bce``,
-    ``box_jitter`` (box-prompt jitter, fraction of the box size), ``augment`` (dihedral, gain and
-    zoom augmentation) and the reference's epoch-based budget."""
+    ``box_jitter`` (box-prompt jitter, fraction of the box size), ``augment`` (the ``augment_set``
+    augmentation), the reference's epoch-based budget and its recipe switches (``amp``,
+    ``lr_schedule``, ``select``, ``lora_b_lr_factor``; left out of :func:`config_dict` at their
+    defaults, so recipes fingerprinted before they existed keep their fingerprints)."""
+
+    ADDED_KEYS: ClassVar[tuple[str, ...]] = ("augment_set", "amp", "lr_schedule", "select", "lora_b_lr_factor")
 
     max_steps: int = 400
     batch_size: int = 8
@@ -54,6 +70,18 @@ class TrainConfig(TrainLoop):
     """Learning-rate factor of the trainable parameters whose name contains ``encoder`` (the
     reference's ``build_optimizer`` for ``encoder_partial`` and ``full``: 0.1; its substring test
     also catches the prompt encoder)."""
+    augment_set: Literal["project", "reference"] = "project"
+    """Which augmentation ``augment`` applies (module docstring)."""
+    amp: Literal["bf16", "fp16", "off"] = "bf16"
+    """Mixed precision on CUDA (a CPU always trains in float32): ``bf16`` autocast; ``fp16``
+    autocast with a gradient scaler (the reference's ``--use_amp``: ``torch.cuda.amp``); ``off``."""
+    lr_schedule: Literal["cosine", "linear"] = "cosine"
+    """After the warmup: ``cosine`` decay to 0 (the reference's ``build_scheduler``) or ``linear``
+    decay to 0 (transformers' ``get_linear_schedule_with_warmup``, warmup included)."""
+    select: Literal["best_val", "last"] = "best_val"
+    """The weights kept: the best validation Dice, or the last step's (no validation split)."""
+    lora_b_lr_factor: float = Field(default=1.0, gt=0)
+    """Learning-rate factor of the LoRA ``B`` matrices (``.lora_B.`` in the name): LoRA+'s ratio."""
 
 
 @dataclass
@@ -67,9 +95,12 @@ class TrainResult:
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warmup to cfg.lr (from ``lr / warmup_steps`` at step 0), then cosine decay to 0 at
-    max_steps; no warmup when ``warmup_steps`` is 0. The reference's ``build_scheduler`` has the
-    same shape (it uses 3.14159 for pi)."""
+    """``lr_schedule`` cosine: linear warmup to cfg.lr (from ``lr / warmup_steps`` at step 0), then
+    cosine decay to 0 at max_steps; no warmup when ``warmup_steps`` is 0. The reference's
+    ``build_scheduler`` has the same shape (it uses 3.14159 for pi). ``linear``: transformers'
+    ``get_linear_schedule_with_warmup`` (:func:`linear_with_warmup`)."""
+    if cfg.lr_schedule == "linear":
+        return cfg.lr * linear_with_warmup(step, cfg.warmup_steps, cfg.max_steps)
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     t = (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps)
@@ -114,6 +145,32 @@ def augment(sample: Sample, rng: np.random.Generator) -> Sample:
     return replace(sample, image=np.ascontiguousarray(img), mask=np.ascontiguousarray(mask), boxes=None)
 
 
+def augment_reference(sample: Sample, rng: np.random.Generator) -> Sample:
+    """The reference benchmark's training augmentation (``SegmentationDataset._augment``):
+    horizontal flip (p 0.5), vertical flip (p 0.5), then with p 0.3 ``alpha * x + beta`` with alpha
+    uniform in [0.8, 1.2] and beta uniform in [-20, 20] on the 0-255 scale (here / 255), clipped.
+    The reference applies it to uint8 images and truncates the result to uint8; here it stays
+    float32 in [0, 1]. The prompt box is re-derived from the moved mask: the tight box (the reference
+    flips its stored tight box as x -> w - x, one pixel beyond the flipped mask's edge)."""
+    assert sample.mask is not None
+    img, mask = sample.image, sample.mask
+    if rng.random() < 0.5:
+        img, mask = img[:, ::-1], mask[:, ::-1]
+    if rng.random() < 0.5:
+        img, mask = img[::-1], mask[::-1]
+    if rng.random() < 0.3:
+        alpha = 0.8 + rng.random() * 0.4
+        beta = (-20 + rng.random() * 40) / 255.0
+        img = np.clip(alpha * img + beta, 0.0, 1.0)
+    return replace(sample, image=np.ascontiguousarray(img, dtype=np.float32), mask=np.ascontiguousarray(mask),
+                   boxes=None)
+
+
+AUGMENTATIONS: dict[str, Callable[[Sample, np.random.Generator], Sample]] = {
+    "project": augment, "reference": augment_reference}
+"""``augment_set`` -> the augmentation applied to a training sample."""
+
+
 def _save_state(path: Path, state: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     torch.save(state, tmp)
@@ -142,13 +199,24 @@ def resolve_budget(cfg: TrainConfig, train: Sequence[Sample]) -> TrainConfig:
 
 def param_groups(named: Sequence[tuple[str, torch.nn.Parameter]], cfg: TrainConfig) -> list[dict[str, Any]]:
     """AdamW parameter groups: with ``encoder_lr_factor != 1`` the parameters whose name contains
-    ``encoder`` (any case) train at ``lr x factor``, the others at ``lr``; otherwise one group."""
-    if cfg.encoder_lr_factor == 1.0:
+    ``encoder`` (any case) train at ``lr x factor``, the others at ``lr``; with
+    ``lora_b_lr_factor != 1`` the LoRA ``B`` matrices (``.lora_B.`` in the name) train at
+    ``lr x lora_b_lr_factor`` (LoRA+: the reference's ``build_optimizer`` gives its ``lora_B``
+    group ``lr x ratio`` and every other parameter ``lr``); otherwise one group."""
+    if cfg.encoder_lr_factor == 1.0 and cfg.lora_b_lr_factor == 1.0:
         return [{"params": [p for _, p in named], "lr": cfg.lr}]
-    enc = [p for n, p in named if "encoder" in n.lower()]
-    other = [p for n, p in named if "encoder" not in n.lower()]
-    groups = [{"params": enc, "lr": cfg.lr * cfg.encoder_lr_factor}] if enc else []
-    return groups + ([{"params": other, "lr": cfg.lr}] if other else [])
+    by_lr: dict[float, list[torch.nn.Parameter]] = {}
+    for n, p in named:
+        if ".lora_B." in n:
+            factor = cfg.lora_b_lr_factor
+        else:
+            factor = cfg.encoder_lr_factor if "encoder" in n.lower() else 1.0
+        by_lr.setdefault(cfg.lr * factor, []).append(p)
+    if cfg.lora_b_lr_factor == 1.0:  # the encoder split alone: encoder group first (as before)
+        order = sorted(by_lr, key=lambda lr: lr != cfg.lr * cfg.encoder_lr_factor)
+    else:
+        order = list(by_lr)
+    return [{"params": by_lr[lr], "lr": lr} for lr in order]
 
 
 def train_segmenter(
@@ -174,12 +242,19 @@ def train_segmenter(
         p.requires_grad_(trainable is None or trainable(n))
     opt = torch.optim.AdamW(param_groups(named, cfg), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_at(s, cfg) / cfg.lr)
-    use_amp = model.device.type == "cuda"
+    use_amp = model.device.type == "cuda" and cfg.amp != "off"
+    amp_dtype = torch.float16 if cfg.amp == "fp16" else torch.bfloat16
+    # fp16 needs loss scaling (the reference: torch.cuda.amp.GradScaler); bf16 has float32's range
+    scaler = torch.amp.GradScaler("cuda") if use_amp and cfg.amp == "fp16" else None
     eval_prompt = PromptConfig()
     train_prompt = PromptConfig(jitter=cfg.box_jitter, seed=cfg.seed)
     usable = [s for s in train if s.mask is not None and s.mask.any()]
     if not usable:
         raise ValueError("no training samples with a non-empty mask")
+    if cfg.select == "best_val" and not val:
+        raise ValueError("no validation samples to select the best step on: split off a validation part, or "
+                         "keep the last weights (select: last)")
+    augmenter = AUGMENTATIONS[cfg.augment_set]
     best = (-1.0, 0)
     best_state = {k: v.detach().clone() for k, v in model.sam.state_dict().items()}
     history: list[dict[str, float]] = []
@@ -191,7 +266,7 @@ def train_segmenter(
     stopped = False
     spath = Path(state_path) if state_path is not None else None
     # a resume file from another configuration (or other data / trainable set) is not resumed
-    run_key = json.dumps([cfg.model_dump(), sorted(n for n, p in model.sam.named_parameters() if p.requires_grad),
+    run_key = json.dumps([config_dict(cfg), sorted(n for n, p in model.sam.named_parameters() if p.requires_grad),
                           sorted((s.dataset, s.sample_id) for s in usable)], sort_keys=True, default=str)
     st = torch.load(spath, map_location=model.device, weights_only=True) if spath and spath.is_file() else None
     if st is not None and st.get("run_key") != run_key:
@@ -203,6 +278,8 @@ def train_segmenter(
         best_state = st["best_state"]
         opt.load_state_dict(st["optimizer"])
         sched.load_state_dict(st["scheduler"])
+        if scaler is not None and "scaler" in st:
+            scaler.load_state_dict(st["scaler"])
         step, epoch, skip = int(st["step"]), int(st["epoch"]), int(st["batch_pos"])
         best, bad_evals = (float(st["best_val"]), int(st["best_step"])), int(st["bad_evals"])
         history = list(st["history"])
@@ -221,28 +298,38 @@ def train_segmenter(
                 continue
             batch = [usable[i] for i in batches[bi]]
             if cfg.augment:
-                batch = [augment(s, rng_for(cfg.seed, "augment", step, s.dataset, s.sample_id)) for s in batch]
+                batch = [augmenter(s, rng_for(cfg.seed, "augment", step, s.dataset, s.sample_id)) for s in batch]
             model.sam.train()
             x = to_tensor_batch([s.image for s in batch]).to(model.device)
             boxes = torch.as_tensor(np.stack([prompt_boxes(s, train_prompt, salt=f"e{epoch}")[0] for s in batch]))
             y = torch.from_numpy(np.stack([np.asarray(s.mask) for s in batch]).astype(np.float32))[:, None].to(model.device)
-            with torch.autocast(device_type=model.device.type, dtype=torch.bfloat16, enabled=use_amp):
+            with torch.autocast(device_type=model.device.type, dtype=amp_dtype, enabled=use_amp):
                 logits = model.forward_logits(x, boxes)
             loss = dice_bce_loss(logits.float(), y, cfg.w_dice, cfg.w_bce)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_([p for _, p in named], cfg.grad_clip)
-            opt.step()
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_([p for _, p in named], cfg.grad_clip)
+                scaler.step(opt)
+                scaler.update()
+            else:
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_([p for _, p in named], cfg.grad_clip)
+                opt.step()
             sched.step()
             step += 1
             out_of_time = cfg.time_budget_s is not None and time.perf_counter() - t0 > cfg.time_budget_s
             if step % cfg.eval_every == 0 or step >= cfg.max_steps or out_of_time:
                 model.sam.eval()
-                vd = evaluate_dice(model, val, eval_prompt)
+                vd = evaluate_dice(model, val, eval_prompt) if val else float("nan")
                 history.append({"step": step, "loss": float(loss.detach()), "val_dice": vd})
                 if log:
                     log(f"step {step} loss {float(loss.detach()):.4f} val_dice {vd:.4f}")
-                if vd > best[0]:
+                if cfg.select == "last":  # no selection: every evaluation keeps the current weights
+                    best = (vd, step)
+                    best_state = {k: v.detach().clone() for k, v in model.sam.state_dict().items()}
+                elif vd > best[0]:
                     best = (vd, step)
                     best_state = {k: v.detach().clone() for k, v in model.sam.state_dict().items()}
                     bad_evals = 0
@@ -259,7 +346,8 @@ def train_segmenter(
                         "scheduler": sched.state_dict(), "step": step, "epoch": epoch + 1 if last else epoch,
                         "batch_pos": 0 if last else pos + 1, "best_val": best[0], "best_step": best[1],
                         "bad_evals": bad_evals, "history": history, "stopped": stopped, "run_key": run_key,
-                        "torch_rng": torch.get_rng_state()})
+                        "torch_rng": torch.get_rng_state(),
+                        **({"scaler": scaler.state_dict()} if scaler is not None else {})})
             if step >= cfg.max_steps or stopped:
                 break
         epoch += 1
@@ -288,4 +376,5 @@ def save_checkpoint(model: SamSegmenter, folder: str | Path, meta: dict[str, Any
 
 
 def config_dict(cfg: TrainConfig) -> dict[str, Any]:
+    """The settings as recorded and fingerprinted (``ADDED_KEYS`` left out at their defaults)."""
     return cfg.model_dump()

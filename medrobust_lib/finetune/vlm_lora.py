@@ -130,16 +130,19 @@ def finetune_lora(model: Any, processor: Any, train_examples: Sequence[VLMExampl
                   out_dir: str | Path, *, base_model_hash: str | None = None,
                   log: Callable[[str], None] | None = None) -> LoraResult:
     """Apply LoRA to ``model`` (in place), train it on ``train_examples`` with early stopping on
-    ``val_examples``, and save the adapter (safetensors) and ``training.json`` under ``out_dir``."""
-    if not train_examples or not val_examples:
-        raise ValueError("LoRA fine-tuning needs training and validation examples")
+    ``val_examples``, and save the adapter (safetensors) and ``training.json`` under ``out_dir``.
+    No ``val_examples`` (a suite whose ``splits`` have no validation share, as the reference's
+    80/20): every step is trained and the last weights are kept."""
+    if not train_examples:
+        raise ValueError("LoRA fine-tuning needs training examples")
     peft_model = apply_lora(model, settings, seed=train_cfg.seed)
     summary = trainable_summary(peft_model)
     model_type = getattr(getattr(_base(model), "config", None), "model_type", None)
     train_set = encode_examples(processor, train_examples, model_type)
     val_set = encode_examples(processor, val_examples, model_type)
     pad_id = int(processor.tokenizer.pad_token_id)
-    initial = mean_loss(peft_model, val_set, pad_id)  # LoRA B starts at zero: the base model's loss
+    # LoRA B starts at zero: the base model's loss (nan without a validation set)
+    initial = mean_loss(peft_model, val_set, pad_id) if len(val_set) else float("nan")
     with scoped_torch_seed(train_cfg.seed, "lora-train", module=peft_model):
         result = train_vlm(peft_model, processor, train_set, val_set, train_cfg, log=log)
     peft_model.eval()

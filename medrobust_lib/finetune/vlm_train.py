@@ -20,12 +20,13 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
 
-from medrobust_lib.config.common import TrainLoop
+from medrobust_lib.config.common import AddedKeys, TrainLoop
+from medrobust_lib.finetune.schedule import linear_with_warmup
 from medrobust_lib.models.vlm_conventions import CONVENTIONS, conventions_for, encode_prompts, prompt_text
 from medrobust_lib.seeding import rng_for
 
@@ -44,10 +45,12 @@ class VLMExample:
     task: str = ""
 
 
-class VLMTrainConfig(TrainLoop):
+class VLMTrainConfig(TrainLoop, AddedKeys):
     """The VLM trainer's settings (:func:`train_vlm`): the loop of
     :class:`~medrobust_lib.config.common.TrainLoop` plus how the best step is selected, per-parameter
-    learning-rate factors and gradient accumulation."""
+    learning-rate factors, gradient accumulation and the learning-rate schedule."""
+
+    ADDED_KEYS: ClassVar[tuple[str, ...]] = ("lr_schedule",)
 
     max_steps: int = 600
     batch_size: int = 32
@@ -60,6 +63,9 @@ class VLMTrainConfig(TrainLoop):
     matching prefix learns at factor x the scheduled learning rate (1 for the rest)."""
     grad_accumulation: int = 1
     """Micro-batches of ``batch_size`` whose mean gradient makes one optimizer step."""
+    lr_schedule: Literal["cosine", "linear"] = "cosine"
+    """After the warmup: ``cosine`` decay to 0, or ``linear``: transformers'
+    ``get_linear_schedule_with_warmup`` (warmup from 0 included), as the reference trains its VLM LoRA."""
 
 
 def adapter_train_config(ft: Any, n_train: int, seed: int) -> VLMTrainConfig:
@@ -71,7 +77,8 @@ def adapter_train_config(ft: Any, n_train: int, seed: int) -> VLMTrainConfig:
     warmup = ft.warmup_steps if ft.warmup_ratio is None else int(ft.warmup_ratio * steps)
     return VLMTrainConfig(max_steps=steps, batch_size=ft.batch_size, lr=ft.lr, weight_decay=ft.weight_decay,
                           warmup_steps=warmup, eval_every=ft.eval_every, patience=ft.patience,
-                          time_budget_s=ft.time_budget_s, seed=seed, grad_accumulation=ft.grad_accumulation)
+                          time_budget_s=ft.time_budget_s, seed=seed, grad_accumulation=ft.grad_accumulation,
+                          lr_schedule=ft.lr_schedule)
 
 
 SEQ_KEYS = ("token_type_ids", "mm_token_type_ids", "cross_attention_mask")
@@ -282,6 +289,8 @@ def mean_loss(model: Any, data: EncodedSet, pad_id: int, batch_size: int = 64) -
 
 
 def _lr_at(step: int, cfg: VLMTrainConfig) -> float:
+    if cfg.lr_schedule == "linear":
+        return cfg.lr * linear_with_warmup(step, cfg.warmup_steps, cfg.max_steps)
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     frac = (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps)
@@ -290,7 +299,8 @@ def _lr_at(step: int, cfg: VLMTrainConfig) -> float:
 
 def train_vlm(model: Any, processor: Any, train: EncodedSet, val: EncodedSet, cfg: VLMTrainConfig,
               log: Callable[[str], None] | None = None) -> VLMTrainResult:
-    """Train the parameters of ``model`` that require grad; restores the best-on-val weights."""
+    """Train the parameters of ``model`` that require grad; restores the best-on-val weights (an
+    empty ``val``, a suite whose ``splits`` have no validation share: the last weights)."""
     pad_id = int(processor.tokenizer.pad_token_id)
     groups: dict[float, list[torch.nn.Parameter]] = {}
     for name, p in model.named_parameters():
@@ -328,6 +338,13 @@ def train_vlm(model: Any, processor: Any, train: EncodedSet, val: EncodedSet, cf
         step += 1
         out_of_time = cfg.time_budget_s is not None and time.perf_counter() - t0 > cfg.time_budget_s
         if step % cfg.eval_every == 0 or step == cfg.max_steps or out_of_time:
+            if not len(val):  # no validation split (e.g. 80/20): the last weights are kept
+                best = (float("nan"), step)
+                history.append({"step": step, "train_loss": float(loss.detach()), "seconds": time.perf_counter() - t0})
+                if out_of_time:
+                    stopped = True
+                    break
+                continue
             vl, va = evaluate_set(model, val, pad_id)
             history.append({"step": step, "train_loss": float(loss.detach()), "val_loss": vl,
                             "val_first_token_acc": va, "seconds": time.perf_counter() - t0})

@@ -197,11 +197,13 @@ def sanitize_text(text: str) -> tuple[str, bool]:
     return out, out != text
 
 
-def build_messages(data_url: str | None, prompt: str) -> list[dict[str, Any]]:
-    """One user message: image part then text part, or plain-string content when text-only."""
+def build_messages(data_url: str | None, prompt: str, system: str | None = None) -> list[dict[str, Any]]:
+    """One user message: image part then text part, or plain-string content when text-only;
+    after a system message when ``system`` is given."""
+    head: list[dict[str, Any]] = [] if system is None else [{"role": "system", "content": system}]
     if data_url is None:
-        return [{"role": "user", "content": prompt}]
-    return [{
+        return [*head, {"role": "user", "content": prompt}]
+    return [*head, {
         "role": "user",
         "content": [
             {"type": "image_url", "image_url": {"url": data_url}},
@@ -338,8 +340,10 @@ class ApiVLM:
         *,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
+        system_prompt: str | None = None,
     ) -> None:
         self.config = config
+        self.system_prompt = system_prompt
         self.model_id = config.model
         self._sleep = sleep
         self._clock = clock
@@ -374,7 +378,7 @@ class ApiVLM:
         settings = m.api.model_copy(update=update)
         if settings.cache_path:
             Path(settings.cache_path).parent.mkdir(parents=True, exist_ok=True)
-        return cls(settings)
+        return cls(settings, system_prompt=m.system_prompt)
 
     def __repr__(self) -> str:
         return f"ApiVLM(model={self.config.model!r}, base_url={self.config.base_url!r})"
@@ -396,7 +400,8 @@ class ApiVLM:
     def generate(self, images: Sequence[np.ndarray | None], prompts: Sequence[str]) -> list[ApiResult]:
         """One :class:`ApiResult` per (image, prompt), in input order; never raises for a failed
         request. ``images[i]`` is float32 [0, 1] (H, W) or (H, W, 3), or ``None`` (text-only)."""
-        settings: dict[str, Any] = {"temperature": self.config.temperature, "max_tokens": self.config.max_tokens}
+        settings: dict[str, Any] = {"temperature": self.config.temperature, "max_tokens": self.config.max_tokens,
+                                    **self._sampling()}
         if self.config.request_logprobs:
             settings.update(logprobs=True, top_logprobs=TOP_LOGPROBS)
         return self._run(self._prepare(images, prompts, settings))
@@ -427,6 +432,17 @@ class ApiVLM:
             return None
         return option_logprobs(result.logprobs, options)
 
+    def _sampling(self) -> dict[str, Any]:
+        """What a generation request adds for sampling: ``top_p`` when set; ``seed`` when it samples
+        (temperature > 0; OpenAI's best-effort reproducibility). Nothing for greedy requests, so
+        their bodies and cache keys stay as before."""
+        out: dict[str, Any] = {}
+        if self.config.top_p is not None:
+            out["top_p"] = self.config.top_p
+        if self.config.temperature > 0:
+            out["seed"] = self.config.seed
+        return out
+
     def _prepare(
         self, images: Sequence[np.ndarray | None], prompts: Sequence[str], settings: dict[str, Any]
     ) -> list[_Prepared]:
@@ -434,6 +450,8 @@ class ApiVLM:
             raise ValueError(f"images and prompts differ in length: {len(images)} != {len(prompts)}")
         prepared = []
         key_settings = {**settings, "base_url": self.config.base_url}
+        if self.system_prompt is not None:
+            key_settings["system_prompt"] = self.system_prompt
         for img, prompt in zip(images, prompts, strict=True):
             if not isinstance(prompt, str):
                 raise ValueError(f"prompts must be str, got {type(prompt).__name__}")
@@ -442,7 +460,8 @@ class ApiVLM:
                 pixels = quantize_image(img)
                 ihash = image_hash(pixels)
                 url = png_data_url(pixels)
-            payload = {"model": self.config.model, "messages": build_messages(url, prompt), **settings}
+            payload = {"model": self.config.model, "messages": build_messages(url, prompt, self.system_prompt),
+                       **settings}
             prepared.append(_Prepared(payload, cache_key(ihash, prompt, self.config.model, key_settings)))
         return prepared
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from medrobust_lib.hashing import file_sha256
+from medrobust_lib.hashing import digest, file_sha256
 from medrobust_lib.models.base import GenerateFromCapped, VisionLanguageModel
 from medrobust_lib.models.remote_code import refuse_remote_code
 from medrobust_lib.models.shared_image import shared_image
@@ -84,13 +84,15 @@ class HFVisionLanguageModel(GenerateFromCapped):
 
     def __init__(self, source: str | Path, *, model_id: str | None = None, device: str = "cpu",
                  dtype: torch.dtype | None = None, revision: str | None = None,
-                 adapter: str | Path | None = None) -> None:
+                 adapter: str | Path | None = None, system_prompt: str | None = None, temperature: float = 0.0,
+                 top_p: float = 1.0, seed: int = 0) -> None:
         from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # one "Loading weights" bar per partition drowns the logs
 
         self.adapter_hash: str | None = None
+        self.system_prompt, self.temperature, self.top_p, self.seed = system_prompt, float(temperature), float(top_p), seed
         adapter_weights = self._adapter_weights(adapter) if adapter is not None else None
         src = str(source)
         local = Path(src).is_dir()
@@ -140,7 +142,8 @@ class HFVisionLanguageModel(GenerateFromCapped):
         if inputs.source is None:
             raise ValueError(f"VLM {m.id!r} names no source (a local model folder or a cached hub id)")
         kw: dict[str, Any] = {"adapter": inputs.adapter} if inputs.adapter else {}
-        return cls(inputs.source, model_id=m.id, device=m.device, **kw)
+        return cls(inputs.source, model_id=m.id, device=m.device, system_prompt=m.system_prompt,
+                   temperature=m.temperature, top_p=m.top_p, seed=inputs.seed, **kw)
 
     @staticmethod
     def _adapter_weights(adapter: str | Path) -> Path:
@@ -215,7 +218,8 @@ class HFVisionLanguageModel(GenerateFromCapped):
         if text is None:
             if len(self._prompts) >= _PROMPT_MEMO:
                 self._prompts.clear()
-            text = self._prompts[key] = prompt_text(self.processor, self.conventions, question, with_image)
+            text = self._prompts[key] = prompt_text(self.processor, self.conventions, question, with_image,
+                                                    self.system_prompt)
         return text
 
     def _inputs(self, images: Sequence[np.ndarray | None], prompts: Sequence[str]) -> Any:
@@ -239,14 +243,24 @@ class HFVisionLanguageModel(GenerateFromCapped):
         out: list[tuple[str, bool]] = [("", False)] * len(prompts)
         for idx in batch_groups(images, batch_size):
             batch = self._inputs([images[i] for i in idx], [prompts[i] for i in idx])
-            gen = self.model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False,
-                                      pad_token_id=self.processor.tokenizer.pad_token_id)
+            gen = self.model.generate(**batch, max_new_tokens=max_new_tokens,
+                                      pad_token_id=self.processor.tokenizer.pad_token_id,
+                                      **self._sampling([prompts[i] for i in idx]))
             new = gen[:, batch["input_ids"].shape[1]:]
             texts = self.processor.tokenizer.batch_decode(new, skip_special_tokens=True)
             for row, (i, text) in enumerate(zip(idx, texts, strict=True)):
                 ids = new[row].tolist()
                 out[i] = (text.strip(), len(ids) >= max_new_tokens and not stops.intersection(ids))
         return out
+
+    def _sampling(self, prompts: Sequence[str]) -> dict[str, Any]:
+        """``generate``'s decoding arguments: greedy at temperature 0; else sampling at the
+        temperature and top-p, torch's generator seeded from (seed, the batch's prompts) first, so a
+        rerun of the same batch draws the same answers."""
+        if self.temperature <= 0:
+            return {"do_sample": False}
+        torch.manual_seed(int(digest(["hf_vlm.sample", self.seed, list(prompts)])[:15], 16))
+        return {"do_sample": True, "temperature": self.temperature, "top_p": self.top_p}
 
     def _stop_ids(self) -> set[int]:
         """Token ids that end an answer: the generation config's end-of-sequence id(s), else the

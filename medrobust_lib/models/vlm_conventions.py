@@ -115,18 +115,25 @@ def conventions_for(model_type: str) -> VLMConventions:
     return known
 
 
-def prompt_text(processor: Any, conv: VLMConventions, question: str, with_image: bool) -> str:
+def prompt_text(processor: Any, conv: VLMConventions, question: str, with_image: bool,
+                system: str | None = None) -> str:
     """The generation prompt for one user turn: the processor's chat template with one image slot
     (``with_image``) and the question; for a family without a chat template (PaliGemma) the
     processor's own layout (``<image>`` + question, expanded by the processor, or ``<bos>`` +
-    question + newline for a text-only prompt)."""
+    question + newline for a text-only prompt). ``system``: a system turn before the user's (the
+    chat template's ``system`` role; a family without a chat template has none: ValueError)."""
     if not conv.chat_template:
+        if system is not None:
+            raise ValueError("this model family has no chat template, so no system turn: leave system_prompt unset")
         tok = processor.tokenizer
         image_token = getattr(processor, "image_token", None) or getattr(tok, "image_token", "<image>")
         return f"{image_token}{question}" if with_image else f"{tok.bos_token or ''}{question}\n"
     content: list[dict[str, str]] = [{"type": "image"}] if with_image else []
     content.append({"type": "text", "text": question})
-    return str(processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True))
+    turns: list[dict[str, Any]] = [] if system is None else [
+        {"role": "system", "content": [{"type": "text", "text": system}]}]
+    turns.append({"role": "user", "content": content})
+    return str(processor.apply_chat_template(turns, add_generation_prompt=True))
 
 
 def encode_prompts(processor: Any, conv: VLMConventions, texts: Sequence[str],

@@ -24,13 +24,15 @@ from medrobust_lib.store.views.common import ALL_SUFFIX
 @dataclass(frozen=True)
 class ReportSettings:
     """What every table builder may read: the read-only mart connection, the bootstrap ``seed``, the
-    report's ``include_floor`` / ``include_off_band`` flags and the ids per track in the mart."""
+    report's ``include_floor`` / ``include_off_band`` flags, the ids per track in the mart and
+    ``mce_baseline`` (the segmentation model id the ``mce`` table normalises by; None: no table)."""
 
     con: duckdb.DuckDBPyConnection
     seed: int = 0
     include_floor: bool = False
     include_off_band: bool = False
     available: dict[str, list[str]] = field(default_factory=dict)
+    mce_baseline: str | None = None
 
 
 Builder = Callable[[ReportSettings, "list[str] | None"], pt.TableResult]
@@ -80,6 +82,12 @@ REPORT_TABLES: list[ReportEntry] = [
                 lambda s, ids: pt.segmentation_summary(s.con, ids, s.include_floor, s.include_off_band)),
     ReportEntry("segmentation_by_level", "segmentation",
                 lambda s, ids: pt.segmentation_by_level(s.con, ids, s.include_floor, s.include_off_band)),
+    ReportEntry("modality_share", "segmentation",
+                lambda s, ids: pt.modality_share(s.con, ids, s.include_floor, s.include_off_band)),
+    ReportEntry("iou_dice_agreement", "segmentation",
+                lambda s, ids: pt.iou_dice_agreement(s.con, ids, s.include_floor, s.include_off_band)),
+    ReportEntry("mce", "segmentation",
+                lambda s, ids: pt.mce(s.con, ids, s.mce_baseline, s.include_floor, s.include_off_band)),
     ReportEntry("strategy_ranking", "strategies",
                 lambda s, ids: pt.strategy_ranking(s.con, ids, s.include_floor), needs=pt.STRATEGY_VIEW),
     ReportEntry("vlm_task_drops", "vlm", lambda s, ids: pt.vlm_task_drops(s.con, ids)),

@@ -6,7 +6,8 @@ Layout under ``out_dir``::
 
     index.html                 every table (HTML) and figure (relative <img>), header with mart/time/models
     tables/<name>.csv|.md|.tex real_labels, real_model_worst_types, segmentation_summary,
-                               segmentation_by_level, strategy_ranking, vlm_task_drops, taxonomy_quadrants,
+                               segmentation_by_level, modality_share, iou_dice_agreement, mce,
+                               strategy_ranking, vlm_task_drops, taxonomy_quadrants,
                                taxonomy_correlation, taxonomy_screening
     figures/*.png|.pdf|.svg   every figure as PNG (300 dpi) and vector PDF/SVG, 3.5 or 7.2 in wide
     .medrobust_report.json     the files of the last run; they are removed before the next run writes,
@@ -129,10 +130,10 @@ def _clear_previous(out: Path) -> None:
 
 
 def _tables(con: duckdb.DuckDBPyConnection, sel: dict[str, list[str] | None], available: dict[str, list[str]],
-            seed: int, include_floor: bool = False,
-            include_off_band: bool = False) -> tuple[list[ReportTable], dict[str, str]]:
+            seed: int, include_floor: bool = False, include_off_band: bool = False,
+            mce_baseline: str | None = None) -> tuple[list[ReportTable], dict[str, str]]:
     """Every table of :data:`~medrobust_lib.report.entries.REPORT_TABLES` for the selection."""
-    return build_tables(ReportSettings(con, seed, include_floor, include_off_band, available), sel)
+    return build_tables(ReportSettings(con, seed, include_floor, include_off_band, available, mce_baseline), sel)
 
 
 def _stored_bands(con: duckdb.DuckDBPyConnection) -> dict[int, tuple[float, float]]:
@@ -199,6 +200,15 @@ def _figures(con: duckdb.DuckDBPyConnection, tables: dict[str, ReportTable], sel
                                "and evaluated level (columns); orange = worse than clean." + band_note))
     else:
         skipped["robustness curves and heatmaps"] = "no segmentation_by_level table"
+    summary = tables.get("segmentation_summary")
+    tradeoff = figs.tradeoff_scatter(summary.data, fig_dir) if summary is not None else []
+    if tradeoff:
+        out += [(p, "Performance-robustness trade-off: clean score (x) vs mean drop under corruptions (y; the mean "
+                    "over types of each type's mean paired drop) per model and strategy, IoU left, Dice right; hollow "
+                    "markers: the mean attack drop. Lower right: accurate and robust.") for p in tradeoff]
+    else:
+        skipped["trade-off figure"] = ("no segmentation_summary table" if summary is None
+                                       else "no model with both a clean score and a corruption drop")
     strat = tables.get("strategy_ranking")
     if strat is not None:
         out += [(p, "Mean IoU drop per fine-tuning strategy, corruptions vs attacks, bootstrap 95% CI.")
@@ -298,7 +308,8 @@ def _families(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
 def build_report(mart_path: str | Path = "var/marts.duckdb", out_dir: str | Path = "var/reports",
                  models: Sequence[str] | None = None, *, mlruns_dir: str | Path = "mlruns",
                  log_mlflow: bool = True, seed: int = 0, include_floor: bool = False,
-                 experiment: str = EXPERIMENT, workers: int = 1, include_off_band: bool = False) -> ReportSummary:
+                 experiment: str = EXPERIMENT, workers: int = 1, include_off_band: bool = False,
+                 mce_baseline: str | None = None) -> ReportSummary:
     """Write the report for ``models`` (model / configuration ids; None = all) into ``out_dir``.
 
     Raises FileNotFoundError without a mart and ValueError for unknown ids (listing the available
@@ -310,6 +321,8 @@ def build_report(mart_path: str | Path = "var/marts.duckdb", out_dir: str | Path
     ``experiment``: the MLflow experiment of the run (the CLI passes the suite's ``<suite>/reports``).
     ``workers``: processes that draw the figure files (:func:`~medrobust_lib.report.figures.style.
     parallel_saves`; 1 = in this process); the files are the same bytes either way.
+    ``mce_baseline``: the segmentation model id the ``mce`` table (MedMNIST-C's mCE and relative mCE)
+    normalises by (the CLI passes the suite's ``segmentation.mce_baseline``); None: the table is skipped.
     """
     t0 = time.perf_counter()
     mart = Path(mart_path)
@@ -318,7 +331,7 @@ def build_report(mart_path: str | Path = "var/marts.duckdb", out_dir: str | Path
     try:
         available = available_models(con)
         sel = select_models(available, list(models) if models is not None else None)
-        tables, skipped = _tables(con, sel, available, seed, include_floor, include_off_band)
+        tables, skipped = _tables(con, sel, available, seed, include_floor, include_off_band, mce_baseline)
         out.mkdir(parents=True, exist_ok=True)
         _clear_previous(out)
         fig_dir = out / "figures"
@@ -352,6 +365,8 @@ def build_report(mart_path: str | Path = "var/marts.duckdb", out_dir: str | Path
             else "all models except registry evaluations (<name>-v<version>: name them with --models)"),
     }
     meta["Left out (error share above max_error_share; re-run them)"] = incomplete
+    if mce_baseline is not None:
+        meta["mCE baseline"] = mce_baseline
     all_skipped = {**skipped, **fig_skipped}
     shown_figures = []
     for p, cap in figures:

@@ -28,10 +28,17 @@ from medrobust_lib.report.table import FLOOR_MARK, Column, ReportTable
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store.completeness import COMPLETENESS_TABLE, complete_filter_sql
 from medrobust_lib.store.schema import QUADRANTS, RANKING_VIEW
+from medrobust_lib.store.views.analyses import (
+    TOP_K,
+    segmentation_iou_dice_agreement,
+    segmentation_mce_summary,
+    segmentation_modality_share,
+)
 from medrobust_lib.store.views.common import (
     ALL_SUFFIX,
     BAND_ROWS_SQL,
     CHANCE_TOL,
+    GENERIC_FAMILIES,
     NO_BAND_ROWS_SQL,
     SEG_FLOOR,
     SEGMENTATION_FLOOR_SQL,
@@ -116,7 +123,8 @@ def segmentation_summary(con: duckdb.DuckDBPyConnection, models: Sequence[str] |
     """Per (model, checkpoint, strategy): ``clean_iou`` / ``clean_dice`` (mean over clean images, in
     [0, 1]); ``corruption_iou_drop`` / ``corruption_dice_drop``: the mean over corruption types of
     each type's mean paired drop (clean - perturbed; positive = worse; the mart's ``Delta`` row);
-    ``attack_*_drop``: the same mean over the attack types (FGSM, PGD; all eps levels);
+    ``corruption_*_drop_pooled``: the reference's Delta (clean mean minus the mean over every perturbed
+    row pooled); ``attack_*_drop``: the same mean over the attack types (FGSM, PGD; all eps levels);
     ``n_corruption_types``, ``n_attack_types``; ``n_images`` (clean rows), ``n`` (all result rows,
     every condition), ``n_failed`` (rows that failed), ``n_not_applicable`` and ``n_no_mask`` (rows
     that are neither scored nor failures; :data:`~medrobust_lib.store.schema.SEG_NOT_SCORED`).
@@ -144,6 +152,7 @@ def segmentation_summary(con: duckdb.DuckDBPyConnection, models: Sequence[str] |
             Column("IoU", "clean_iou", "float"),
             Column("ΔIoU corr.", "corruption_iou_drop", "float"),
             Column("rel. corr.", "corruption_iou_rel_drop", "float"),
+            Column("ΔIoU pooled", "corruption_iou_drop_pooled", "float"),
             Column("ΔIoU att.", "attack_iou_drop", "float"),
             Column("rel. att.", "attack_iou_rel_drop", "float"),
             Column("Dice", "clean_dice", "float"),
@@ -159,8 +168,10 @@ def segmentation_summary(con: duckdb.DuckDBPyConnection, models: Sequence[str] |
              "perturbed (positive = worse), paired per image; rel.: the IoU drop divided by the clean IoU (empty "
              "when that is 0; the Dice relative drops are in the CSV); "
              "corruption drops (corr.) are the mean "
-             "over corruption types of each type's mean drop, attack drops (att.) the mean over FGSM and PGD at all "
-             "eps. "
+             "over corruption types of each type's mean drop (the project's rule), attack drops (att.) the mean over FGSM "
+             "and PGD at all eps; pooled: the reference's Delta (MedFM-Robust), the clean mean minus the mean over every "
+             "perturbed row pooled (a type weighs by its rows; the two means may cover different images; the Dice one "
+             "is in the CSV). "
              "Levels: the evaluated severity levels; Cond.: perturbed conditions (type x level). n counts every "
              "result row (images x conditions); Failed: rows that failed (error, perturbation error, mask moved out "
              "of view); Not applicable (shown when there are any): a type that does not apply to the image (e.g. "
@@ -730,3 +741,109 @@ def _synthetic_type_ranks(con: duckdb.DuckDBPyConnection, real: Sequence[str], d
            .agg(iou_drop=("iou_drop", "mean"), n_ok=("iou_drop", "size")).reset_index())
     return df[["model", "level", "perturbation", "n", "iou_drop", "iou_drop_ci_low", "iou_drop_ci_high",
                "clean_iou", "iou", "rank"]], mod
+
+
+def _analysis_rows(con: duckdb.DuckDBPyConnection, sql: str, models: Sequence[str] | None,
+                   needs: Sequence[str] = ("segmentation_results",), where_extra: str = "true",
+                   extra_params: dict[str, object] | None = None) -> pd.DataFrame | str:
+    """The rows of an analysis view's SQL (run with the report's settings) for the selected models,
+    or why there are none to read (a relation missing, a mart too old for the SQL)."""
+    missing = [r for r in needs if not relation_exists(con, r)]
+    if missing:
+        return f"the mart has no {', '.join(missing)}"
+    where, params = where_in("model", models)
+    try:
+        return con.execute(f"select * from ({sql}) where {where.replace('?', '$ids')} and {where_extra}",
+                           {**_named(params), **(extra_params or {})}).df()
+    except duckdb.Error as exc:  # a mart built before the tables had the columns the SQL reads
+        return f"the mart's tables lack what the view needs ({str(exc).splitlines()[0][:200]})"
+
+
+def modality_share(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None, include_floor: bool = False,
+                   include_off_band: bool = False) -> TableResult:
+    """The ``segmentation_modality_share`` view (its ``_all`` variant with ``include_floor``): per
+    (model, strategy, levels) and k, how many of the k corruption types with the largest mean IoU
+    drop are modality-specific (MedFM-Robust: "9 of 15")."""
+    df = _analysis_rows(con, segmentation_modality_share(include_floor, include_off_band), models,
+                        ("segmentation_results", "perturbation_manifest"))
+    if isinstance(df, str):
+        return df
+    if df.empty:
+        return "no ranked corruption types for the selected models"
+    for c in ("k", "n_types", "n_top", "n_specific", "n_generic", "n_unknown"):
+        df[c] = df[c].astype("int64")
+    df["specific_of_top"] = [f"{s} of {n}" for s, n in zip(df["n_specific"], df["n_top"], strict=True)]
+    cols = [Column("Model", "model"), *identity_columns(df, "model", [("strategy", "Strategy"), ("levels", "Levels")]),
+            Column("k", "k", "int"), Column("Modality-specific", "specific_of_top"),
+            Column("Share", "share", "float"), Column("Types ranked", "n_types", "int"),
+            Column("Modality-specific types (by rank)", "specific_types")]
+    if int(df["n_unknown"].sum()):
+        cols.insert(5, Column("Unknown", "n_unknown", "int"))
+    return ReportTable(
+        "modality_share", "Modality-specific types among the worst corruptions", df, tuple(cols),
+        f"Per model, the corruption types ranked 1 to k by mean IoU drop (segmentation_top_corruptions; k = "
+        f"{', '.join(map(str, TOP_K))}; ties at the k-th place all kept, so the count can exceed k, and a model with "
+        f"fewer types counts them all) and how many are modality-specific: registered for some modalities only, "
+        f"i.e. not of the generic families {', '.join(GENERIC_FAMILIES)}. Share = modality-specific / types of "
+        "known family. MedFM-Robust reports 9 of the top 15.",
+        group_by=("model",))
+
+
+def iou_dice_agreement(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None, include_floor: bool = False,
+                       include_off_band: bool = False) -> TableResult:
+    """The ``segmentation_iou_dice_agreement`` view: per (model, checkpoint, strategy) Spearman's rank
+    correlation of the corruption types' IoU and Dice drops, with the worst type by each."""
+    df = _analysis_rows(con, segmentation_iou_dice_agreement(include_floor, include_off_band), models)
+    if isinstance(df, str):
+        return df
+    if df.empty:
+        return "no corruption rows for the selected models"
+    df["n_types"] = df["n_types"].astype("int64")
+    cols = (Column("Model", "model"), *identity_columns(df, "model", [("strategy", "Strategy"),
+                                                                       ("checkpoint", "Checkpoint")]),
+            Column("Levels", "levels"), Column("Types", "n_types", "int"),
+            Column("Spearman ρ", "spearman_rho", "float"), Column("Worst by IoU", "worst_by_iou"),
+            Column("Worst by Dice", "worst_by_dice"))
+    return ReportTable(
+        "iou_dice_agreement", "IoU vs Dice: do they rank the corruption types alike?", df, cols,
+        "Spearman's rank correlation between the corruption types' mean IoU drops and mean Dice drops (each type's "
+        "mean over its images and levels; tied drops share their mean rank, as scipy.stats.spearmanr). 1: both "
+        "metrics order the types the same; empty: one of the drops is the same for every type.")
+
+
+def mce(con: duckdb.DuckDBPyConnection, models: Sequence[str] | None, baseline: str | None,
+        include_floor: bool = False, include_off_band: bool = False) -> TableResult:
+    """The ``segmentation_mce_summary`` view's rows of ``baseline`` (a segmentation model id): per
+    (model, checkpoint, strategy) MedMNIST-C's mCE (mBE) and relative mCE (mRBE) for IoU and Dice;
+    why there is no table when no baseline is named or the mart has no rows of it."""
+    if baseline is None:
+        return ("no mCE baseline named: set segmentation.mce_baseline in the suite or give medrobust report "
+                "--mce-baseline <segmentation model id> (the mart's segmentation_mce_summary has every pair)")
+    df = _analysis_rows(con, segmentation_mce_summary(include_floor, include_off_band), models,
+                        where_extra="baseline = $baseline", extra_params={"baseline": baseline})
+    if isinstance(df, str):
+        return df
+    if df.empty:
+        known = distinct_ids(con, "segmentation_results", "model")
+        if baseline not in known:
+            return f"the mCE baseline {baseline!r} has no segmentation rows in the mart (models: {', '.join(known)})"
+        return f"no corruption type shared with the mCE baseline {baseline!r} at a common level"
+    for c in ("n_types", "n_undefined"):
+        df[c] = df[c].astype("int64")
+    cols = [Column("Model", "model"), *identity_columns(df, "model", [("strategy", "Strategy"),
+                                                                      ("checkpoint", "Checkpoint")]),
+            *identity_columns(df, "baseline", [("baseline_strategy", "Baseline strategy"),
+                                               ("baseline_checkpoint", "Baseline checkpoint")]),
+            Column("Levels", "levels"), Column("Types", "n_types", "int"),
+            Column("mCE IoU", "mce_iou", "float"), Column("rel. mCE IoU", "relative_mce_iou", "float"),
+            Column("mCE Dice", "mce_dice", "float"), Column("rel. mCE Dice", "relative_mce_dice", "float")]
+    if int(df["n_undefined"].sum()):
+        cols.append(Column("Undefined", "n_undefined", "int"))
+    return ReportTable(
+        "mce", f"Mean corruption error relative to {baseline} (MedMNIST-C)", df, tuple(cols),
+        f"As MedMNIST-C defines them (medmnistc/eval.py), with error = 1 - IoU (1 - Dice): per corruption type c, "
+        f"E_c = the mean over levels of the error; BE_c = E_c / E_c({baseline}); relative "
+        f"RBE_c = (E_c - E_clean) / (E_c({baseline}) - E_clean({baseline})); mCE = mean BE_c, rel. mCE = mean "
+        "RBE_c over the types both models have, at the levels both have. 1 = the baseline's; lower is more "
+        "robust. E_clean is the clean error of the type's own images (a type covers only its modalities). "
+        "Per type: the mart's segmentation_mce view.")

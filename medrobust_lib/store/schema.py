@@ -41,7 +41,11 @@ Columns (SQL types in :data:`VLM_COLUMNS`):
   reference set) and BLEU sufficient statistics ``bleu_c1..4``, ``bleu_g1..4``, ``hyp_len``,
   ``ref_len`` (sum them over any group for that group's corpus BLEU); with
   ``vlm.protocol.caption_raw_scores`` also ``bleu_4_raw``, ``rouge_l_raw``, ``cider_raw`` (raw,
-  untokenised strings as the reference benchmark scores them; NULL otherwise).
+  untokenised strings as the reference benchmark scores them; NULL otherwise); with
+  ``vlm.protocol.caption_judge`` also ``caption_judge_score``, the judge's score of the caption
+  (the reference's rubric, a number from 0 to 1 read as the reference reads it, not clamped; NULL
+  when the reply held no number, when no caption judge ran, and for rows written before the column
+  existed; ``judge_model`` / ``judge_outcome`` name the judge and how its call went).
 - ``latency_s`` (per answer, batch time divided by batch size), ``cache_hit`` (API cache).
 - Optional LLM judge (``vlm.judge``, off by default): for multiple-choice answers the rules could
   not parse, ``judge_model``, ``judge_outcome``, ``judge_parsed`` (letter) and ``judge_correct``;
@@ -51,6 +55,9 @@ Columns (SQL types in :data:`VLM_COLUMNS`):
 - ``sanitized``: characters of the answer were replaced by U+FFFD before it was stored (lone
   surrogates, NUL, ESC and other control characters an API returned); NULL without an answer
   (and for rows written before the column existed).
+- Decoding (``vlm.models[]``): ``system_prompt`` (NULL: none), ``temperature`` (0: greedy),
+  ``top_p`` (NULL: not used) and ``decode_seed`` (the seed of a sampling model, NULL when greedy);
+  all NULL for rows written before the columns existed.
 
 ``taxonomy``: The ``taxonomy_results`` row schema ("Consistent but Dangerous" per-sample taxonomy).
 
@@ -119,7 +126,8 @@ VLM_COLUMNS: tuple[tuple[str, str], ...] = (
     ("error", "VARCHAR"), ("judge_model", "VARCHAR"), ("judge_outcome", "VARCHAR"), ("judge_parsed", "VARCHAR"),
     ("judge_correct", "DOUBLE"), ("n_options", "INTEGER"),
     ("bleu_4_raw", "DOUBLE"), ("rouge_l_raw", "DOUBLE"), ("cider_raw", "DOUBLE"), ("truncated", "BOOLEAN"),
-    ("sanitized", "BOOLEAN"),
+    ("sanitized", "BOOLEAN"), ("system_prompt", "VARCHAR"), ("temperature", "DOUBLE"), ("top_p", "DOUBLE"),
+    ("decode_seed", "BIGINT"), ("caption_judge_score", "DOUBLE"),
 )
 VLM_COLUMN_NAMES: tuple[str, ...] = tuple(c for c, _ in VLM_COLUMNS)
 PRIMARY_METRIC: dict[str, str] = {"vqa_mc": "accuracy", "vqa_yesno": "accuracy", "vqa_open": "accuracy",
@@ -249,7 +257,8 @@ MART_TABLES: list[MartTable] = [
         ("n_prompts", "INTEGER"), ("n_instances", "INTEGER"), ("instance_iou", "DOUBLE"), ("instance_dice", "DOUBLE"),
         ("pred_mask_sha256", "VARCHAR"),
     ), "one row per (model, image, condition): IoU/Dice and signed drops vs clean; precision: the model's "
-       "arithmetic (fp32, bf16-autocast); family / arch: the adapter family and architecture (arch 'tiny': "
+       "arithmetic and what ran it (fp32, bf16-autocast: PyTorch; fp32-onnxruntime, fp32-openvino: the exported "
+       "graphs, models.onnx_engine); family / arch: the adapter family and architecture (arch 'tiny': "
        "the demo's from-scratch SAM; every other arch is a real architecture). iou / dice: the union of the "
        "masks of the image's box prompts against its whole mask; n_prompts: the box prompts given (one per "
        "instance for a dataset with instances, else one); for a sample with instances (per_component_boxes or "

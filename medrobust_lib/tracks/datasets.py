@@ -14,7 +14,8 @@ import pandas as pd
 from medrobust_lib.config import Suite
 from medrobust_lib.data.dataset import DatasetConfig, index_dataset, load_sample
 from medrobust_lib.data.sample import Sample, SampleError, SampleRef
-from medrobust_lib.data.splits import split_of
+from medrobust_lib.data.splits import SPLIT_FRACTIONS, split_of
+from medrobust_lib.hashing import digest
 from medrobust_lib.store import results
 from medrobust_lib.tracks.upstream import MissingUpstream
 
@@ -71,15 +72,18 @@ def build_clean_index(suite: Suite, modality: str) -> CleanIndexSummary:
     n_ok = n_q = 0
     reasons: dict[str, int] = {}
     cfgs = datasets_for(suite, modality)
+    fractions = suite.splits.as_tuple()
     for cfg in cfgs:
-        rows = clean_rows(cfg)
+        rows = clean_rows(cfg, fractions)
         df = pd.DataFrame(rows)
         n_ok += int((df["status"] == "ok").sum()) if len(df) else 0
         for r in rows:
             if r["status"] != "ok":
                 n_q += 1
                 reasons[r["reason"]] = reasons.get(r["reason"], 0) + 1
-        fp = results.fingerprint([CLEAN_VERSION, cfg.model_dump()])
+        # the suite's split shares enter only when they are not the default (earlier indexes stay current)
+        fp = digest([CLEAN_VERSION, cfg.model_dump(),
+                                  *([] if suite.splits.is_default() else [list(fractions)])])
         results.write_chunk(results.chunk_path(suite.results_dir, INFO_TABLE, part, cfg.name), info_rows(cfg), fp)
         results.write_chunk(results.chunk_path(suite.results_dir, CLEAN_TABLE, part, cfg.name), df, fp)
     results.finalize_partition(suite.results_dir, INFO_TABLE, part, [c.name for c in cfgs])
@@ -98,24 +102,27 @@ def info_rows(cfg: DatasetConfig) -> list[dict[str, Any]]:
     return [{**base, **r} for r in refs] or [{**base, **empty}]
 
 
-def clean_rows(cfg: DatasetConfig) -> list[dict[str, Any]]:
+def clean_rows(cfg: DatasetConfig, fractions: tuple[tuple[str, float], ...] = SPLIT_FRACTIONS) -> list[dict[str, Any]]:
+    """The clean index rows of a dataset; ``split`` from :func:`split_of` with ``fractions`` (the
+    suite's ``splits``)."""
     refs, quarantined = index_dataset(cfg)
     rows: list[dict[str, Any]] = []
     for q in quarantined:
-        rows.append(_row(cfg, q.sample_id, q.path, status="quarantined", reason=q.reason, detail=q.detail))
+        rows.append(_row(cfg, fractions, q.sample_id, q.path, status="quarantined", reason=q.reason,
+                         detail=q.detail))
     for ref in refs:
         try:
             s = load_sample(cfg, ref)
         except SampleError as exc:
-            rows.append(_row(cfg, ref.sample_id, ref.image_path, status="quarantined", reason=exc.reason,
+            rows.append(_row(cfg, fractions, ref.sample_id, ref.image_path, status="quarantined", reason=exc.reason,
                              detail=exc.detail))
             continue
         except Exception as exc:  # any decoder failure is a counted quarantine, never a crash
-            rows.append(_row(cfg, ref.sample_id, ref.image_path, status="quarantined",
+            rows.append(_row(cfg, fractions, ref.sample_id, ref.image_path, status="quarantined",
                              reason="unreadable", detail=f"{type(exc).__name__}: {exc}"[:500]))
             continue
         rows.append(_row(
-            cfg, s.sample_id, ref.image_path, status="ok", height=s.image.shape[0], width=s.image.shape[1],
+            cfg, fractions, s.sample_id, ref.image_path, status="ok", height=s.image.shape[0], width=s.image.shape[1],
             channels=s.n_channels, mask_area=None if s.mask is None else int(s.mask.sum()),
             n_boxes=None if s.boxes is None else len(s.boxes), sha256=s.content_hash(),
         ))
@@ -123,10 +130,12 @@ def clean_rows(cfg: DatasetConfig) -> list[dict[str, Any]]:
     return rows
 
 
-def _row(cfg: DatasetConfig, sample_id: str, path: str, **kw: Any) -> dict[str, Any]:
+def _row(cfg: DatasetConfig, fractions: tuple[tuple[str, float], ...], sample_id: str, path: str,
+         **kw: Any) -> dict[str, Any]:
     base: dict[str, Any] = {
         "sample_id": sample_id, "dataset": cfg.name, "modality": cfg.modality,
-        "split": split_of(cfg.name, sample_id, cfg.evaluation_only), "image_path": str(path), "height": None, "width": None,
+        "split": split_of(cfg.name, sample_id, cfg.evaluation_only, fractions), "image_path": str(path),
+        "height": None, "width": None,
         "channels": None, "mask_area": None, "n_boxes": None, "sha256": None, "status": None,
         "reason": None, "detail": None, "synthetic_labels": cfg.synthetic_labels,
     }
@@ -180,13 +189,15 @@ class EvalSamples:
     used now: the reader no longer finds them (``missing: <path>``) or loading them fails
     (``quarantined:<reason>: <detail>``, e.g. ``changed_on_disk``). An evaluation writes an
     ``error`` row with this reason for each of them instead of dropping it. ``evaluation_only``:
-    names of the datasets whose samples are all in the test split (``DatasetConfig.evaluation_only``)."""
+    names of the datasets whose samples are all in the test split (``DatasetConfig.evaluation_only``).
+    ``fractions``: the suite's split shares (``splits``)."""
 
     split: str
     samples: dict[SampleKey, Sample]
     quarantined: dict[SampleKey, str]
     unusable: dict[SampleKey, str]
     evaluation_only: frozenset[str] = frozenset()
+    fractions: tuple[tuple[str, float], ...] = SPLIT_FRACTIONS
 
     def reason(self, key: SampleKey) -> str | None:
         """Why the sample ``key`` (named by a manifest row) cannot be evaluated now; None when it is
@@ -197,7 +208,7 @@ class EvalSamples:
             return self.unusable[key]
         if key in self.quarantined:
             return self.quarantined[key]
-        if self.split != "all" and split_of(*key, key[0] in self.evaluation_only) != self.split:
+        if self.split != "all" and split_of(*key, key[0] in self.evaluation_only, self.fractions) != self.split:
             return None
         return f"missing: {key[0]}/{key[1]} is not a sample of the clean index"
 
@@ -238,7 +249,7 @@ def load_eval_samples(suite: Suite, modality: str, split: str) -> EvalSamples:
         elif key not in samples:
             unusable[key] = failures.get(key, f"missing: {r['image_path']}")
     evaluation_only = frozenset(c.name for c in datasets_for(suite, modality) if c.evaluation_only)
-    return EvalSamples(split, samples, quarantined, unusable, evaluation_only)
+    return EvalSamples(split, samples, quarantined, unusable, evaluation_only, suite.splits.as_tuple())
 
 
 def _failure_reason(exc: Exception) -> str:

@@ -61,9 +61,9 @@ def partition_checks(suite: Suite, modality: str, level: int, summary: PerturbSu
         sel = index[index["status"] == "ok"]
         if suite.perturbations.split != "all":
             sel = sel[sel["split"] == suite.perturbations.split]
-        for (_ds, ch), grp in sel.groupby(["dataset", "channels"]):
+        for (ds, ch), grp in sel.groupby(["dataset", "channels"]):
             n = len(grp) if suite.perturbations.max_samples is None else min(len(grp), suite.perturbations.max_samples)
-            expected += n * len(selected_types(suite, modality, int(str(ch))))
+            expected += n * len(selected_types(suite, modality, int(str(ch)), str(ds)))
     df = df[df["status"] != "not_applicable"]  # counted rows of mixed-channel datasets, not outputs
     n_err = int((df["status"] != "ok").sum())
     out.results.append(CheckOutcome(

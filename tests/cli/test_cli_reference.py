@@ -17,7 +17,7 @@ def _generator() -> ModuleType:
 def test_docs_cli_reference_matches_the_cli() -> None:
     gen = _generator()
     section = gen.page_section((ROOT / "docs" / "cli.md").read_text(encoding="utf-8"))
-    assert section == gen.cli_reference(), "docs/cli.md drifted from the CLI: run python tools/gen_cli_reference.py"
+    assert section == gen.cli_reference(), "docs/cli.md drifted from the CLI: run python -m tools.gen_cli_reference"
 
 
 def test_reference_covers_every_command_and_option() -> None:

@@ -20,7 +20,7 @@ def _generator() -> ModuleType:
 
 def test_docs_suite_md_matches_the_config_models() -> None:
     text = (ROOT / "docs" / "suite.md").read_text(encoding="utf-8")
-    assert text == _generator().suite_reference(), "docs/suite.md drifted: run python tools/gen_suite_reference.py"
+    assert text == _generator().suite_reference(), "docs/suite.md drifted: run python -m tools.gen_suite_reference"
 
 
 def _keys(cls: type[BaseModel], prefix: str, gen: ModuleType) -> set[str]:

@@ -13,6 +13,7 @@ from medrobust_lib.config.common import LoraSettings
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.finetune.strategies import (
     DEFAULT_LORA_TARGETS,
+    LORA_STRATEGIES,
     STRATEGIES,
     StrategyConfig,
     StrategyReport,
@@ -76,7 +77,7 @@ def test_counts(name: str) -> None:
         assert rep.trainable_modules == ("image_encoder", "mask_decoder", "prompt_encoder")
     else:
         assert 0 < rep.n_trainable < rep.n_total
-    assert bool(rep.targets) == (name == "lora")
+    assert bool(rep.targets) == (name in LORA_STRATEGIES)
     assert rep.summary()["n_trainable"] == rep.n_trainable
 
 
@@ -165,7 +166,7 @@ def test_adapter_inserted_in_vanilla_sam() -> None:
 @pytest.mark.parametrize("name", STRATEGIES)
 def test_steps_change_only_trainable(name: str) -> None:
     seg, rep = _applied(name)
-    if name == "lora":
+    if name in LORA_STRATEGIES:
         _perturb_lora_b(seg)  # so lora_A receives a gradient as well
     before = {n: p.detach().clone() for n, p in seg.sam.named_parameters()}
     x, boxes, y = _batch()

@@ -39,3 +39,17 @@ def test_lr_scales_scale_the_update_of_the_matching_parameters() -> None:
             torch.testing.assert_close(scaled[n], 0.5 * plain[n], rtol=1e-4, atol=1e-6)  # deltas of float32 weights near 1
         else:
             torch.testing.assert_close(scaled[n], plain[n], rtol=0, atol=0)
+
+
+def test_without_a_validation_set_every_step_trains_and_the_last_weights_stay() -> None:
+    """A suite whose ``splits`` have no validation share (the reference's 80/20): nothing to select
+    on, so no early stop and the last step's weights are kept."""
+    torch.set_num_threads(1)
+    model, proc = build_tiny_llava(build_tokenizer(TEXTS), seed=2)
+    ex = [VLMExample(f"img{i}", rng_for("no-val", i).random((64, 64), dtype=np.float32), TEXTS[0],
+                     "yes" if i % 2 else "no") for i in range(4)]
+    data, empty = encode_examples(proc, ex), encode_examples(proc, [])
+    cfg = VLMTrainConfig(max_steps=3, batch_size=4, lr=1e-2, eval_every=1, patience=1, seed=0)
+    res = train_vlm(model, proc, data, empty, cfg)
+    assert (res.steps, res.best_step, res.stopped_early) == (3, 3, False) and np.isnan(res.best_val_loss)
+    assert [h["step"] for h in res.history] == [1, 2, 3] and "val_loss" not in res.history[0]

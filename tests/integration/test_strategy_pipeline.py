@@ -21,7 +21,7 @@ from tests.suite_helpers import write_suite
 
 SEG = {"models": [{"id": "tiny-sam", "family": "sam", "arch": "tiny", "checkpoint": "trained"}],
        "train": {"max_steps": 20, "eval_every": 10, "time_budget_s": 60}, "split": "all",
-       "finetune": {"base": "tiny-sam", "encoder_blocks": 1,
+       "finetune": {"base": "tiny-sam", "encoder_blocks": 1, "strategies": list(STRATEGIES),
                     "train": {"max_steps": 4, "eval_every": 2, "batch_size": 4, "time_budget_s": 30}}}
 
 

@@ -256,3 +256,18 @@ def test_training_prompt_is_the_evaluation_prompt(twin_folders: dict[str, Path],
         for key, v in enc.seq_extras[i].items():
             assert v.shape[0] == len(enc.ids[i]), key
     assert enc.image_row == [0, 1, 2, -1]
+
+
+def test_system_prompt_and_seeded_sampling(twin_folders: dict[str, Path]) -> None:
+    """``system_prompt`` goes through the chat template's system role (Gemma 3 folds it into the
+    user turn); temperature > 0 samples, the same batch twice the same answers (seeded from the
+    seed and the prompts); the default stays greedy."""
+    sys_text = "You are an expert medical imaging specialist."
+    vlm = HFVisionLanguageModel(twin_folders["gemma3"], system_prompt=sys_text, temperature=5.0, top_p=0.95, seed=1)
+    assert sys_text in vlm.chat_prompt(Q, with_image=True) and sys_text not in _vlm(twin_folders, "gemma3").chat_prompt(
+        Q, with_image=True)
+    img = _images()[0]
+    first = vlm.generate_capped([img, img], [Q, Q], max_new_tokens=6)
+    assert vlm.generate_capped([img, img], [Q, Q], max_new_tokens=6) == first
+    assert vlm._sampling([Q]) == {"do_sample": True, "temperature": 5.0, "top_p": 0.95}
+    assert _vlm(twin_folders, "gemma3")._sampling([Q]) == {"do_sample": False}

@@ -64,10 +64,13 @@ def test_vlm_adapter_budget_in_epochs() -> None:
 
 
 def test_reference_lora_targets_adapt_only_the_mask_decoder() -> None:
+    """MedSAM's (and every non-SAM-Med2D model's) LoRA in the overlay: the decoder's q/v projections
+    (SAM-Med2D's: tests/reference_protocol/test_finetune_strategies_reference.py)."""
     import yaml
 
     over = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" / "reference_protocol.yaml").read_text())
-    lora = over["segmentation"]["finetune?"]["lora"]
+    ft = over["segmentation"]["finetune?"]
+    lora = {**ft["lora"], "target_regex": ft["lora_targets"]["lora"]["*"]}
     seg = SamSegmenter(build_sam(arch_for("tiny", "sam"), seed=0), "sam", "tiny", "0")
     report = apply_strategy(seg, StrategyConfig(name="lora", lora=LoraSettings(**lora)))
     trained = [n for n, _ in seg.sam.named_parameters() if report.is_trainable(n)]

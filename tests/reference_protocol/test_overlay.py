@@ -39,7 +39,16 @@ def test_overlay_sets_the_reference_protocol(tmp_path: Path) -> None:
     ft = s.segmentation.finetune
     assert ft is not None and ft.base == "medsam" and ft.encoder_blocks == 2
     assert (ft.lora.r, ft.lora.alpha, ft.train.epochs, ft.train.lr, ft.train.encoder_lr_factor) == (16, 32, 20, 1e-5, 0.1)
-    assert (s.vlm.finetune.r, s.vlm.finetune.alpha, s.vlm.finetune.epochs) == (128, 256, 3)
+    assert (s.vlm.finetune.r, s.vlm.finetune.alpha, s.vlm.finetune.epochs) == (128, 256, 20)
+    assert s.vlm.finetune.lr_schedule == "linear"
+    assert (s.splits.train, s.splits.val, s.splits.test) == (0.8, 0.0, 0.2)
+    assert s.segmentation.split == "all" and ft.eval.split == "test"
+    assert (ft.train.augmentation, ft.train.amp, ft.train.lr_schedule, ft.train.select) == (
+        "reference", "fp16", "cosine", "last")
+    assert ft.encoder_partial_adapters and ft.lora_plus_lr_ratio == 16
+    assert ft.lora_for("lora", "sam_med2d")[0].target_regex == r".*\.(qkv|proj)"
+    assert ft.lora_for("lora", "medsam")[0].target_regex == r".*\.(q_proj|v_proj)"
+    assert ft.lora_for("lora_plus_encoder", "medsam")[1] is False  # no LoRA layer (the reference finds none)
     assert s.vlm.protocol.grounding_parse == "reference" and s.vlm.protocol.caption_raw_scores
     assert selected_types(s, "ultrasound", 1) == sorted(
         ["gaussian_noise", "speckle_noise", "gaussian_blur", "motion_blur", "acoustic_shadowing", "reverberation"])
@@ -55,6 +64,13 @@ def test_default_suites_keep_the_corrected_protocol() -> None:
     s = load_suite(ROOT / "configs" / "example_real.yaml")
     assert s.protocol == "corrected" and s.perturbations.calibration_mode == "per_image"
     assert s.vlm.protocol.is_default()
+    assert s.splits.is_default() and s.vlm.finetune.lr_schedule == "cosine"
+    demo = load_suite(ROOT / "configs" / "demo.yaml")
+    ft = demo.segmentation.finetune
+    assert ft is not None and demo.splits.is_default() and ft.eval.split is None and not ft.lora_targets
+    assert (ft.train.augmentation, ft.train.amp, ft.train.lr_schedule, ft.train.select) == (
+        "project", "bf16", "cosine", "best_val")
+    assert not ft.encoder_partial_adapters
 
 
 def test_bad_overlays_are_refused(tmp_path: Path) -> None:

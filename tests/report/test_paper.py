@@ -35,8 +35,9 @@ SEG_MODELS = ("sam_a", "sam_b")
 VLM_MODELS = ("vlm_a", "vlm_b")
 CONFIGS = ("cfg_a", "cfg_b", "cfg_c")
 TYPES = ("gaussian_noise", "motion_blur")
-ALL_TABLES = ("real_model_worst_types", "segmentation_summary", "segmentation_by_level", "strategy_ranking",
-              "vlm_task_drops", "taxonomy_quadrants", "taxonomy_correlation", "taxonomy_screening")
+ALL_TABLES = ("real_model_worst_types", "segmentation_summary", "segmentation_by_level", "modality_share",
+              "iou_dice_agreement", "strategy_ranking", "vlm_task_drops", "taxonomy_quadrants",
+              "taxonomy_correlation", "taxonomy_screening")
 
 
 # --- the test mart ---------------------------------------------------------------------------
@@ -206,7 +207,9 @@ def _latex_rows(tex: str) -> list[str]:
 # --- tests -----------------------------------------------------------------------------------
 
 def test_writes_every_table_in_three_formats_and_the_figures(report: ReportSummary) -> None:
-    assert report.tables == ALL_TABLES and list(report.skipped) == ["real_labels"]  # no real-label datasets here
+    # no real-label datasets here, and no mCE baseline named
+    assert report.tables == ALL_TABLES and list(report.skipped) == ["real_labels", "mce"]
+    assert "no mCE baseline named" in report.skipped["mce"]
     for name in ALL_TABLES:
         for ext in ("csv", "md", "tex"):
             assert (report.out_dir / "tables" / f"{name}.{ext}") in report.files
@@ -214,7 +217,7 @@ def test_writes_every_table_in_three_formats_and_the_figures(report: ReportSumma
     for m in SEG_MODELS:
         assert {f"{m}_iou_curves.png", f"{m}_iou_drop_by_family.png", f"{m}_iou_drop_heatmap.png",
                 f"{m}_dice_drop_heatmap.png"} <= names
-    assert {"strategy_iou_drop.png", "taxonomy_flip_vs_dangerous.png", "taxonomy_quadrants_clean_none.png",
+    assert {"strategy_iou_drop.png", "tradeoff_clean_vs_drop.png", "taxonomy_flip_vs_dangerous.png", "taxonomy_quadrants_clean_none.png",
             "taxonomy_quadrants_by_level_none.png", f"worst_sam_a_{TYPES[1]}_L2.png"} <= names
 
 
@@ -276,11 +279,11 @@ def test_segmentation_by_level_csv_equals_the_view(report: ReportSummary, mart: 
 
 def test_markdown_and_latex_render_the_same_rows(report: ReportSummary) -> None:
     md = (report.out_dir / "tables" / "segmentation_summary.md").read_text()
-    header = ("| Model | Levels | Cond. | IoU | ΔIoU corr. | rel. corr. | ΔIoU att. | rel. att. | Dice | ΔDice corr. "
+    header = ("| Model | Levels | Cond. | IoU | ΔIoU corr. | rel. corr. | ΔIoU pooled | ΔIoU att. | rel. att. | Dice | ΔDice corr. "
               "| ΔDice att. | Images | n | Failed |")
     lines = md.splitlines()
     assert lines[0] == "**Segmentation robustness per model**" and lines[2] == header
-    assert lines[3] == "|---|---|" + "---:|" * 12
+    assert lines[3] == "|---|---|" + "---:|" * 13
     csv_rows = _csv(report, "segmentation_summary")
     first = csv_rows.iloc[0]
     assert lines[4].startswith(f"| sam_a | 1,2 | 6 | {fmt_float(first['clean_iou'])} | "
@@ -455,7 +458,8 @@ def test_html_shows_every_table_and_figure(report: ReportSummary, mart: Path) ->
     assert page.count("<tr>") == n_rows + len(ALL_TABLES)  # data rows + one header row per table
     assert str(mart.resolve()) in page and "Generated" in page and "sam_a" in page
     assert "<script" not in page and "http://" not in page and "https://" not in page
-    assert page.count("<li><b>") == 1 and "<li><b>real_labels</b>" in page  # the one not produced: no real labels
+    # the ones not produced: no real labels, no mCE baseline named
+    assert page.count("<li><b>") == 2 and "<li><b>real_labels</b>" in page and "<li><b>mce</b>" in page
 
 
 def test_models_filter_every_table_and_figure(mart: Path, tmp_path: Path) -> None:
@@ -481,7 +485,8 @@ def test_models_filter_every_table_and_figure(mart: Path, tmp_path: Path) -> Non
     assert "sam_b" not in page and "cfg_c" not in page
 
     only_seg = build_report(mart, tmp_path / "seg", ["sam_b"], log_mlflow=False)
-    assert set(only_seg.tables) == {"segmentation_summary", "segmentation_by_level", "strategy_ranking"}
+    assert set(only_seg.tables) == {"segmentation_summary", "segmentation_by_level", "modality_share",
+                                    "iou_dice_agreement", "strategy_ranking"}
     assert "vlm_task_drops" in only_seg.skipped and "taxonomy_quadrants" in only_seg.skipped
 
     with pytest.raises(ValueError, match="unknown model id") as err:

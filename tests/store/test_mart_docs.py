@@ -198,6 +198,6 @@ def test_view_list_is_generated_from_the_registered_views() -> None:
 
     gen = load_tool("gen_mart_schema")
     page = PAGE.read_text(encoding="utf-8")
-    assert gen.render(page) == page, "docs/mart-schema.md is out of date: run python tools/gen_mart_schema.py"
+    assert gen.render(page) == page, "docs/mart-schema.md is out of date: run python -m tools.gen_mart_schema"
     changed = page.replace("- `quarantine`", "- `quarantined`", 1)
     assert gen.render(changed) != changed  # the comparison notices an edited item

@@ -117,8 +117,9 @@ def test_a_view_shown_in_the_report_is_one_entry(mart: Path) -> None:
     finally:
         con.close()
     assert [e.name for e in REPORT_TABLES] == [
-        "real_labels", "real_model_worst_types", "segmentation_summary", "segmentation_by_level", "strategy_ranking",
-        "vlm_task_drops", "taxonomy_quadrants", "taxonomy_correlation", "taxonomy_screening"]
+        "real_labels", "real_model_worst_types", "segmentation_summary", "segmentation_by_level", "modality_share",
+        "iou_dice_agreement", "mce", "strategy_ranking", "vlm_task_drops", "taxonomy_quadrants",
+        "taxonomy_correlation", "taxonomy_screening"]
 
 
 def test_report_summary_reads_the_view(mart: Path) -> None:

@@ -299,3 +299,59 @@ def strategy_bars(ranking: pd.DataFrame, out_dir: Path) -> list[Path]:
             ax.grid(axis="x", alpha=0.3)
             ax.legend(loc="lower right")
         return [_save(fig, out_dir / "strategy_iou_drop.png")]
+
+
+TRADEOFF_STEM = "tradeoff_clean_vs_drop"
+"""File stem of the performance-robustness trade-off figure."""
+
+
+def tradeoff_scatter(summary: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """``tradeoff_clean_vs_drop.png`` (two-column width): the performance-robustness trade-off, one
+    panel per metric (IoU, then Dice): x = the clean score, y = the mean corruption drop (the mean over
+    corruption types of each type's mean paired drop, ``segmentation_model_summary``), one point per
+    (model, checkpoint, strategy) row of ``summary`` (filled; a hollow twin at its mean attack drop
+    where it was attacked), told apart by colour and marker and named in the legend below. Rows with
+    ``floor_effect`` are grey. A point up and right is accurate but fragile, down and right accurate
+    and robust. [] when no row has both a clean score and a corruption drop."""
+    need = {"model", "clean_iou", "corruption_iou_drop", "clean_dice", "corruption_dice_drop"}
+    if summary.empty or not need <= set(summary.columns):
+        return []
+    rows = summary.dropna(subset=["clean_iou", "corruption_iou_drop"]).reset_index(drop=True)
+    if rows.empty:
+        return []
+    strategies = rows["strategy"].astype(object).where(rows["strategy"].notna(), None) \
+        if "strategy" in rows.columns else pd.Series([None] * len(rows))
+    several = rows["model"].duplicated(keep=False)
+    labels = [f"{m} ({s})" if dup and s else str(m)
+              for m, s, dup in zip(rows["model"], strategies, several, strict=True)]
+    floor = rows["floor_effect"].fillna(False).astype(bool) if "floor_effect" in rows.columns \
+        else pd.Series(False, index=rows.index)
+    attack = {m: (pd.to_numeric(rows[f"attack_{m}_drop"], errors="coerce").to_numpy(np.float64)
+                  if f"attack_{m}_drop" in rows.columns else np.full(len(rows), np.nan)) for m in ("iou", "dice")}
+    attacked = bool(np.isfinite(attack["iou"]).any())
+    with style.paper_style() as plt:
+        fig, axes = plt.subplots(1, 2, figsize=(style.TWO_COLUMN, 2.9), squeeze=False, layout="constrained")
+        handles = []
+        for ax, metric in zip(axes[0], ("iou", "dice"), strict=True):
+            for i, label in enumerate(labels):
+                st = style.series_style(i)
+                col = style.FLOOR_GREY if floor.iloc[i] else st["color"]
+                x, y = rows.at[i, f"clean_{metric}"], rows.at[i, f"corruption_{metric}_drop"]
+                h = ax.scatter([x], [y], marker=st["marker"], color=col, s=18, zorder=3,
+                               label=label + (" (floor)" if floor.iloc[i] else ""))
+                if metric == "iou":
+                    handles.append(h)
+                a = attack[metric][i]
+                if np.isfinite(a):
+                    ax.scatter([x], [a], marker=st["marker"], facecolors="none", edgecolors=col, s=18, lw=0.7,
+                               zorder=3)
+            ax.axhline(0, color="k", lw=0.4)
+            ax.set_xlabel(f"clean {_label(metric)}")
+            ax.set_ylabel(f"mean {_label(metric)} drop (clean - perturbed)")
+            ax.set_title(f"{_label(metric)}: clean score vs robustness")
+            ax.grid(alpha=0.3)
+        ncol = min(4, len(handles))
+        fig.legend(handles=handles, loc="outside lower center", ncol=ncol, handletextpad=0.3, columnspacing=1.0)
+        if attacked:
+            fig.suptitle("Filled: corruptions (mean over types); hollow: attacks (FGSM/PGD, mean over eps)")
+        return [_save(fig, out_dir / f"{TRADEOFF_STEM}.png")]

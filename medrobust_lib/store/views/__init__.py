@@ -10,6 +10,7 @@ the report selects from them (:func:`view_sql`), so a new view is one entry in i
 from __future__ import annotations
 
 from medrobust_lib.store.views import (
+    analyses,
     completeness,
     coverage,
     finetune,
@@ -21,7 +22,7 @@ from medrobust_lib.store.views import (
 )
 from medrobust_lib.store.views.common import ALL_SUFFIX, View
 
-VIEW_MODULES = (perturbations, vlm, taxonomy, completeness, segmentation, real_labels, finetune, coverage)
+VIEW_MODULES = (perturbations, vlm, taxonomy, completeness, segmentation, analyses, real_labels, finetune, coverage)
 """The modules whose ``VIEWS`` the mart creates, in this order."""
 
 

@@ -64,6 +64,22 @@ def rank_note(partition: str, ranked: str) -> str:
 
 
 
+GENERIC_FAMILIES: tuple[str, ...] = ("blur", "digital", "geometric", "noise")
+"""Perturbation families whose types apply to every modality (the *generic* types, as
+``medrobust perturb --type all`` and MedFM-Robust's base set call them); every type of another family
+is *modality-specific* (registered for some modalities only). The store may not import the
+perturbation registry, so the rule is this list, read against the manifest's ``family``;
+tests/store/test_analysis_views.py checks it against the registry (a type is generic exactly when its
+family is listed here)."""
+
+PERTURBATION_KINDS_SQL = f"""
+        select perturbation, any_value(family) as family,
+               any_value(family) in ({", ".join(f"'{f}'" for f in GENERIC_FAMILIES)}) as generic
+        from perturbation_manifest where family is not null group by perturbation"""
+"""Per perturbation type of the manifest: its ``family`` and ``generic`` (its family is one of
+:data:`GENERIC_FAMILIES`; false: modality-specific). A type the manifest does not list has no row."""
+
+
 SEG_FLOOR = 0.1
 """Clean IoU or Dice below this: the segmentation drop is at the floor (not informative)."""
 VLM_CHANCE: dict[str, float] = {"vqa_yesno": 0.5, "vqa_mc": 0.25, "grounding": 0.0}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from medrobust_lib.store.views.common import View, static
+from medrobust_lib.store.views.common import GENERIC_FAMILIES, PERTURBATION_KINDS_SQL, View, static
 
 PERTURBATION_SUMMARY_SQL = """
         select modality, perturbation, any_value(family) as family, level,
@@ -28,6 +28,11 @@ level) with `family`, `n`, `n_error` (status `error`), `n_not_applicable` (statu
 `not_applicable`: the type does not apply to the sample, not a failure), `mean_strength` (type's unit),
 `mean_ssim` / `min_ssim` / `max_ssim`, `band_hit_rate` (share of ok rows with `band_reached`,
 unreachable outputs included), `n_unreachable`, `mean_ssim_evals`."""),
+    View("perturbation_types", static(PERTURBATION_KINDS_SQL + " order by perturbation"),
+         doc=f"""(from `perturbation_manifest`): one row per perturbation type the manifest lists:
+`family` and `generic` (true: a generic type, one of the families {", ".join(f"`{f}`" for f in GENERIC_FAMILIES)}
+that apply to every modality; false: a modality-specific type). `segmentation_modality_share` counts
+the modality-specific types among each model's worst corruptions with it."""),
     View("quarantine", static(QUARANTINE_SQL),
          doc="""(from `clean_samples`): one row per sample whose status is not ok: `dataset`,
 `modality`, `sample_id`, `image_path`, `reason`, `detail`."""),

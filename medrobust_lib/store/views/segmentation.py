@@ -232,6 +232,9 @@ def segmentation_model_summary(include_floor: bool | str, include_off_band: bool
     """Per (model, checkpoint, strategy), the report's summary table: ``clean_iou`` / ``clean_dice``
     (mean over clean images, [0, 1]); ``corruption_iou_drop`` / ``corruption_dice_drop``: the mean
     over corruption types of each type's mean paired drop (clean - perturbed; positive = worse);
+    ``corruption_iou_drop_pooled`` / ``corruption_dice_drop_pooled``: the reference's Delta (MedFM-Robust),
+    the clean mean minus the mean over every perturbed row pooled (types weighted by their rows, clean and
+    perturbed means over different images where a type covers only some of them);
     ``attack_*_drop``: the same over the attack types; relative drops (drop / clean score, NULL when
     that is 0); ``n_corruption_types``, ``n_attack_types``; ``n_images`` (clean rows), ``n`` (all
     rows), ``n_failed``, ``n_not_applicable``, ``n_no_mask``; ``levels`` and ``n_conditions``
@@ -257,6 +260,10 @@ def segmentation_model_summary(include_floor: bool | str, include_off_band: bool
                    count(*) filter (where kind = 'corruption') as n_corruption_types,
                    count(*) filter (where kind = 'attack') as n_attack_types
             from per_type group by model, checkpoint, strategy),
+        pooled as (
+            -- the reference's rule (MedFM-Robust): every perturbed row pooled, whatever its type
+            select model, checkpoint, strategy, avg(iou) as iou, avg(dice) as dice
+            from kept where condition = 'perturbation' group by model, checkpoint, strategy),
         clean as (
             select model, checkpoint, strategy, avg(iou) as clean_iou, avg(dice) as clean_dice,
                    bool_or(floor_effect) as floor_effect
@@ -277,9 +284,11 @@ def segmentation_model_summary(include_floor: bool | str, include_off_band: bool
             from segmentation_results group by model, checkpoint, strategy)
         select c.model, c.checkpoint, c.strategy, cl.clean_iou, p.corruption_iou_drop,
                p.corruption_iou_drop / nullif(cl.clean_iou, 0) as corruption_iou_rel_drop,
+               cl.clean_iou - po.iou as corruption_iou_drop_pooled,
                p.attack_iou_drop, p.attack_iou_drop / nullif(cl.clean_iou, 0) as attack_iou_rel_drop,
                cl.clean_dice, p.corruption_dice_drop,
                p.corruption_dice_drop / nullif(cl.clean_dice, 0) as corruption_dice_rel_drop,
+               cl.clean_dice - po.dice as corruption_dice_drop_pooled,
                p.attack_dice_drop, p.attack_dice_drop / nullif(cl.clean_dice, 0) as attack_dice_rel_drop,
                coalesce(p.n_corruption_types, 0) as n_corruption_types,
                coalesce(p.n_attack_types, 0) as n_attack_types, c.n_images, c.n, c.n_failed,
@@ -288,6 +297,7 @@ def segmentation_model_summary(include_floor: bool | str, include_off_band: bool
                coalesce(nfl.n_floor_datasets, 0) as n_floor_datasets,
                coalesce(cl.floor_effect, false) as floor_effect
         from counts c left join per p using (model, checkpoint, strategy)
+        left join pooled po using (model, checkpoint, strategy)
         left join clean cl using (model, checkpoint, strategy)
         left join cov cv using (model, checkpoint, strategy)
         left join nfl using (model, checkpoint, strategy)
@@ -384,9 +394,11 @@ a row is not ranked, or that its model mixes levels; else NULL).""",
 every row ranked."""),
     *_floor_pair("segmentation_model_summary", segmentation_model_summary,
                  """: one row per (model, checkpoint, strategy), the report's summary table:
-`clean_iou`, `corruption_iou_drop` (the mean over corruption types of each type's mean paired drop),
-`corruption_iou_rel_drop`, `attack_iou_drop` (the same over FGSM / PGD at every eps),
-`attack_iou_rel_drop`, the same five for Dice, `n_corruption_types`, `n_attack_types`, `n_images`
+`clean_iou`, `corruption_iou_drop` (the mean over corruption types of each type's mean paired drop:
+the project's rule), `corruption_iou_rel_drop`, `corruption_iou_drop_pooled` (the reference's Delta:
+`clean_iou` minus the mean IoU over every perturbed row pooled, so a type weighs by its rows and the
+two means may cover different images), `attack_iou_drop` (the same as `corruption_iou_drop` over
+FGSM / PGD at every eps), `attack_iou_rel_drop`, the same six for Dice, `n_corruption_types`, `n_attack_types`, `n_images`
 (clean rows), `n` (every row), `n_failed`, `n_not_applicable`, `n_no_mask`, `levels` and
 `n_conditions` (distinct non-clean (condition, perturbation, level)) over every row,
 `n_floor_datasets` and `floor_effect`; floor datasets and off-band rows left out of the scores and

@@ -91,8 +91,6 @@ GROUP_KEY: tuple[str, ...] = ("condition", "perturbation", "level")
 ATTACK_CONDITIONS: frozenset[str] = frozenset({"fgsm", "pgd"})
 REQUIRED_COLUMNS: tuple[str, ...] = PAIR_KEY + ("iou", "dice", "iou_drop", "dice_drop", "status")
 METRICS: tuple[str, ...] = ("iou", "dice")
-CHECKPOINT_HASH_LEN = 16
-"""``SamSegmenter.checkpoint_hash`` is ``file_sha256(checkpoint)[:16]`` (``models.sam.load_segmenter``)."""
 _HEX = re.compile(r"^[0-9a-f]{8,64}$")
 
 

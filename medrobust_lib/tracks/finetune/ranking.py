@@ -50,6 +50,7 @@ import numpy as np
 import pandas as pd
 
 from medrobust_lib.config.common import DEFAULT_MIN_N
+from medrobust_lib.hashing import digest
 from medrobust_lib.metrics.stats import benjamini_hochberg, bootstrap_ci, paired_bootstrap_ci, wilcoxon_paired
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store import results
@@ -279,7 +280,7 @@ def write_strategy_ranking(results_dir: str | Path, models: Mapping[str, tuple[s
         df = df[~off_band(df, results.read_table(results_dir, MANIFEST_TABLE))]
     table = strategy_ranking(df, models, n_trainable, seed, min_n=min_n)
     both = pd.concat([table, _with_floor_variant(df, models, n_trainable, seed, table, min_n)], ignore_index=True)
-    results.write_per_key(results_dir, RANKING_TABLE, both, "model", results.fingerprint(["ranking", len(both)]))
+    results.write_per_key(results_dir, RANKING_TABLE, both, "model", digest(["ranking", len(both)]))
     return table
 
 

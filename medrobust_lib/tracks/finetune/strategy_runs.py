@@ -8,11 +8,14 @@ Suite YAML (``segmentation.finetune``)::
     segmentation:
       finetune:
         base: tiny-sam                       # a segmentation.models id
-        strategies: [full, decoder_only, decoder_prompt, encoder_partial, lora, adapter]
+        strategies: [full, decoder_only, decoder_prompt, encoder_partial, lora, adapter,
+                     lora_plus_encoder, lora_plus_decoder]
         encoder_blocks: 4                    # encoder_partial (the last N blocks; ViT-B has 12)
-        lora: {r: 8, alpha: 16, dropout: 0.05, targets: null}
+        lora: {r: 8, alpha: 16, dropout: 0.05, target_regex: null}
+        lora_targets: {}                     # per strategy and base family (the reference overlay sets them)
+        lora_plus_lr_ratio: 16
         train: {max_steps: 200, lr: 0.0005, batch_size: 8, eval_every: 25, patience: 3, time_budget_s: 30}
-        eval: {levels: [1, 3, 5], perturbations: null, attack_levels: [1, 3, 5]}   # null: all
+        eval: {levels: [1, 3, 5], perturbations: null, attack_levels: [1, 3, 5], split: null}   # null: all
         gate: {max_iou_drop_increase: 0.01, max_dice_drop_increase: 0.01, alpha: 0.05, min_pairs: 5}
 
 Model ids: a strategy checkpoint is evaluated as ``<base>-<strategy>`` (e.g. ``tiny-sam-lora``), a
@@ -31,11 +34,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from medrobust_lib.config import Suite
-from medrobust_lib.config.segmentation import FinetuneConfig, FinetuneEval, SegModelConfig
-from medrobust_lib.hashing import file_sha256
+from medrobust_lib.config.segmentation import (
+    LORA_FINETUNE_STRATEGIES,
+    FinetuneConfig,
+    FinetuneEval,
+    SegModelConfig,
+)
+from medrobust_lib.hashing import digest, file_sha256
 from medrobust_lib.paths import suite_paths
 from medrobust_lib.seeding import rng_for, scoped_torch_seed
-from medrobust_lib.store import model_registry, results
+from medrobust_lib.store import model_registry
 
 if TYPE_CHECKING:
     from medrobust_lib.data.sample import Sample
@@ -128,11 +136,21 @@ class ModelEvalSummary:
     mean_iou: dict[str, float] = field(default_factory=dict)  # clean / perturbed / attack, mean of partitions
 
 
+def evaluation_suite(suite: Suite, ev: FinetuneEval) -> Suite:
+    """``suite`` as a fine-tuned checkpoint is evaluated: on ``ev.split`` when it names one (the
+    reference evaluates its base models on every image and its fine-tunes on the test split),
+    else unchanged."""
+    if ev.split is None or ev.split == suite.segmentation.split:
+        return suite
+    return suite.model_copy(update={"segmentation": suite.segmentation.model_copy(update={"split": ev.split})})
+
+
 def evaluate_model(suite: Suite, m: SegModelConfig, ev: FinetuneEval | None = None,
                    log: Callable[[str], None] | None = None) -> ModelEvalSummary:
     """Clean, perturbed and attack rows for one model over every modality of the suite, restricted
-    by ``ev`` (default: the suite's ``finetune.eval``); the model is loaded once. Rows go to the
-    ordinary segmentation partitions of ``m.id``, so a re-run replaces them (no duplicates)."""
+    by ``ev`` (default: the suite's ``finetune.eval``; its ``split`` replaces
+    ``segmentation.split``); the model is loaded once. Rows go to the ordinary segmentation
+    partitions of ``m.id``, so a re-run replaces them (no duplicates)."""
     from medrobust_lib.tracks.segmentation.evaluate import (
         evaluate_attacks,
         evaluate_clean,
@@ -144,8 +162,9 @@ def evaluate_model(suite: Suite, m: SegModelConfig, ev: FinetuneEval | None = No
     if ev is None:
         ft = suite.segmentation.finetune
         ev = ft.eval if ft is not None else FinetuneEval()
+    suite = evaluation_suite(suite, ev)
     levels = ev.levels if ev.levels is not None else list(suite.perturbations.levels)
-    attack_levels = ev.attack_levels if ev.attack_levels is not None else list(suite.perturbations.levels)
+    attack_levels = ev.attack_levels if ev.attack_levels is not None else suite.attack_levels()
     model = load_model(suite, m)
     out = ModelEvalSummary(m.id, model.checkpoint_hash)
     ious: dict[str, list[float]] = {}
@@ -245,7 +264,8 @@ FINETUNE_VERSION = 1
 so that checkpoints trained before are trained again."""
 
 
-EVAL_ONLY = ("id", "batch_size", "levels", "max_perturbed_per_modality", "max_perturbed_per_dataset", "attacks")
+EVAL_ONLY = ("id", "batch_size", "levels", "max_perturbed_per_modality", "max_perturbed_per_dataset", "attacks",
+             "runtime")
 """Base-model settings that only say how the model is evaluated: changing them retrains nothing."""
 
 
@@ -255,10 +275,15 @@ def _recipe(base: SegModelConfig, base_hash: str, strategy: StrategyConfig, trai
     (those that change its forward pass: not its evaluation-only ``EVAL_ONLY`` fields) and weights
     (``base_hash``), the strategy's settings, the training loop's, the seed, the prompt protocol and
     the content of the train / val / test samples."""
-    settings = {"name": strategy.name, "encoder_blocks": strategy.encoder_blocks,
-                "lora": strategy.lora.model_dump(mode="json"), "adapter_ratio": strategy.adapter_ratio}
+    settings: dict[str, Any] = {"name": strategy.name, "encoder_blocks": strategy.encoder_blocks,
+                                "lora": strategy.lora.model_dump(mode="json"), "adapter_ratio": strategy.adapter_ratio}
+    # settings added later enter only when they matter, so earlier recipes keep their fingerprints
+    if strategy.encoder_partial_adapters:
+        settings["encoder_partial_adapters"] = True
+    if strategy.name.startswith("lora_plus"):
+        settings.update(lora_plus_lr_ratio=strategy.lora_plus_lr_ratio, lora_modules=strategy.lora_modules)
     model = base.model_dump(mode="json", exclude=set(EVAL_ONLY))
-    return results.fingerprint([FINETUNE_VERSION, model, base_hash, settings, train,
+    return digest([FINETUNE_VERSION, model, base_hash, settings, train,
                                 seed, prompt, {name: sorted([s.dataset, s.sample_id, s.content_hash()] for s in ss)
                                                for name, ss in sorted(splits.items())}])
 
@@ -296,11 +321,48 @@ class StrategyRecipe:
     fingerprint: str
 
 
+AUGMENTATION_SETTINGS: dict[str, dict[str, Any]] = {
+    "project": {},  # TrainConfig's defaults: dihedral / gain / zoom, boxes jittered by 5 %
+    "reference": {"augment_set": "reference", "box_jitter": 0.0},
+    "none": {"augment": False, "box_jitter": 0.0},
+}
+"""``finetune.train.augmentation`` -> the :class:`~medrobust_lib.finetune.train.TrainConfig` settings."""
+
+
+def strategy_config(ft: FinetuneConfig, strategy: str, family: str) -> StrategyConfig:
+    """The :class:`~medrobust_lib.finetune.strategies.StrategyConfig` of one strategy on a base of
+    ``family`` from the suite's ``finetune`` section (LoRA targets resolved per strategy and family:
+    :meth:`~medrobust_lib.config.segmentation.FinetuneConfig.lora_for`)."""
+    from medrobust_lib.finetune.strategies import StrategyConfig
+
+    lora, lora_modules = ft.lora_for(strategy, family)
+    return StrategyConfig(name=strategy, encoder_blocks=ft.encoder_blocks, lora=lora, adapter_ratio=ft.adapter_ratio,
+                          encoder_partial_adapters=ft.encoder_partial_adapters,
+                          lora_plus_lr_ratio=ft.lora_plus_lr_ratio, lora_modules=lora_modules)
+
+
+def train_config(ft: FinetuneConfig, strategy: str, seed: int) -> TrainConfig:
+    """The :class:`~medrobust_lib.finetune.train.TrainConfig` of one strategy from the suite's
+    ``finetune`` section: the batch size of ``full`` (``batch_size_full``), the encoder
+    learning-rate factor for ``encoder_partial`` and ``full``, LoRA+'s ``B``-matrix ratio for the
+    LoRA+ strategies (the reference's ``build_optimizer``), and the recipe switches."""
+    from medrobust_lib.finetune.train import TrainConfig
+
+    tc = ft.train
+    return TrainConfig(max_steps=tc.max_steps, lr=tc.lr, eval_every=tc.eval_every,
+                       batch_size=tc.batch_size_full if strategy == "full" and tc.batch_size_full else tc.batch_size,
+                       patience=tc.patience, time_budget_s=tc.time_budget_s, seed=seed, warmup_steps=tc.warmup_steps,
+                       weight_decay=tc.weight_decay, epochs=tc.epochs, warmup_epochs=tc.warmup_epochs,
+                       encoder_lr_factor=tc.encoder_lr_factor if strategy in ("encoder_partial", "full") else 1.0,
+                       lora_b_lr_factor=ft.lora_plus_lr_ratio if strategy.startswith("lora_plus") else 1.0,
+                       amp=tc.amp, lr_schedule=tc.lr_schedule, select=tc.select,
+                       **AUGMENTATION_SETTINGS[tc.augmentation])
+
+
 def strategy_recipe(suite: Suite, strategy: str, seed: int | None = None) -> StrategyRecipe:
     """The recipe of fine-tuning the suite's ``finetune.base`` with ``strategy`` (``seed``: default
     the suite's). Raises ValueError for a strategy the suite does not configure."""
-    from medrobust_lib.finetune.strategies import StrategyConfig
-    from medrobust_lib.finetune.train import TrainConfig, config_dict
+    from medrobust_lib.finetune.train import config_dict
     from medrobust_lib.models.sam import checkpoint_file_hash
     from medrobust_lib.tracks.segmentation.evaluate import model_config, resolve_checkpoint, seg_splits
 
@@ -309,15 +371,9 @@ def strategy_recipe(suite: Suite, strategy: str, seed: int | None = None) -> Str
         raise ValueError(f"strategy {strategy!r} is not configured; configured: {ft.strategies}")
     base = model_config(suite, ft.base)
     splits = seg_splits(suite)
-    scfg = StrategyConfig(name=strategy, encoder_blocks=ft.encoder_blocks, lora=ft.lora,
-                          adapter_ratio=ft.adapter_ratio)
+    scfg = strategy_config(ft, strategy, base.family)
     seed = suite.seed if seed is None else seed
-    tc = ft.train
-    cfg = TrainConfig(max_steps=tc.max_steps, lr=tc.lr, eval_every=tc.eval_every,
-                      batch_size=tc.batch_size_full if strategy == "full" and tc.batch_size_full else tc.batch_size,
-                      patience=tc.patience, time_budget_s=tc.time_budget_s, seed=seed, warmup_steps=tc.warmup_steps,
-                      weight_decay=tc.weight_decay, epochs=tc.epochs, warmup_epochs=tc.warmup_epochs,
-                      encoder_lr_factor=tc.encoder_lr_factor if strategy in ("encoder_partial", "full") else 1.0)
+    cfg = train_config(ft, strategy, seed)
     # the weights' hash from the file: no model is loaded only to fingerprint it
     fp = _recipe(base, checkpoint_file_hash(resolve_checkpoint(suite, base)), scfg, config_dict(cfg), seed,
                  suite.segmentation.prompt.protocol, splits)
@@ -359,7 +415,7 @@ def finetune_strategy(suite: Suite, strategy: str, log: Callable[[str], None] | 
                               state_path=state)
     prepare_for_eval(model)  # dropout (LoRA included) off for every number below
     test_dice = evaluate_dice(model, splits["test"], prompt)
-    if strategy == "lora":
+    if strategy in LORA_FINETUNE_STRATEGIES:
         merge_lora(model)  # plain SAM weights: the ordinary loader reads them
     meta = {"family": base.family, "arch": base.arch, "model_id": f"{ft.base}-{strategy}", "strategy": strategy,
             "base_model": ft.base, "base_checkpoint_sha256": model.checkpoint_hash, "train": config_dict(cfg),

@@ -26,9 +26,11 @@ from medrobust_lib.config.common import LoraSettings
 from medrobust_lib.config.vlm import VLMModelConfig, adapter_box_scale, vlm_model
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.finetune.vlm_train import VLMExample, adapter_train_config
+from medrobust_lib.hashing import folder_hash
 from medrobust_lib.models.remote_code import refuse_remote_code
+from medrobust_lib.paths import checkpoint_dir
 from medrobust_lib.tracks.vlm.items import VLMItem, box_in_sample, load_items, prompt_for
-from medrobust_lib.tracks.vlm.model_runner import TRAINING_META, checkpoint_dir
+from medrobust_lib.tracks.vlm.model_runner import TRAINING_META
 
 
 def samples_by_split(suite: Suite) -> dict[str, dict[tuple[str, str], Sample]]:
@@ -143,7 +145,7 @@ def finetune_adapter(suite: Suite, model_id: str, log: Callable[[str], None] | N
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     from medrobust_lib.finetune.vlm_lora import finetune_lora
-    from medrobust_lib.tracks.vlm.model_runner import _folder_hash, resolve_source
+    from medrobust_lib.tracks.vlm.model_runner import resolve_source
 
     t0 = time.perf_counter()
     m = vlm_model(suite, model_id)
@@ -165,15 +167,17 @@ def finetune_adapter(suite: Suite, model_id: str, log: Callable[[str], None] | N
     settings = LoraSettings.model_validate(ft.model_dump(include=set(LoraSettings.model_fields)))
     cfg = adapter_train_config(ft, len(train), suite.seed)  # steps, or epochs as the reference counts them
     res = finetune_lora(model, proc, train, val, settings, cfg, adapter_folder(suite, model_id),
-                        base_model_hash=_folder_hash(source), log=log)
-    write_training_meta(Path(res.adapter_dir), m, ft.task, scale)
+                        base_model_hash=folder_hash(source), log=log)
+    write_training_meta(Path(res.adapter_dir), m, ft.task, scale, selected_on="val" if val else "last")
     return AdapterSummary(str(res.adapter_dir), res.adapter_hash, ft.task, res.initial_val_loss,
                           res.train.best_val_loss, res.train.steps, time.perf_counter() - t0, res.n_trainable,
                           res.n_total, res.target_modules, box_scale=scale)
 
 
-def write_training_meta(folder: Path, m: VLMModelConfig, task: str, box_scale: str) -> None:
+def write_training_meta(folder: Path, m: VLMModelConfig, task: str, box_scale: str, *,
+                        selected_on: str = "val") -> None:
     """:data:`~medrobust_lib.tracks.vlm.model_runner.TRAINING_META` in the adapter folder: what the adapter
-    was taught (task, box scale) and on which splits."""
-    meta = {"model": m.id, "task": task, "box_scale": box_scale, "trained_on": "train", "selected_on": "val"}
+    was taught (task, box scale) and on which splits (``selected_on``: ``val``, or ``last`` when the
+    suite's ``splits`` have no validation share and the last weights were kept)."""
+    meta = {"model": m.id, "task": task, "box_scale": box_scale, "trained_on": "train", "selected_on": selected_on}
     (folder / TRAINING_META).write_text(json.dumps(meta, indent=2) + "\n")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -13,25 +13,33 @@ import numpy as np
 import pandas as pd
 
 from medrobust_lib.config import Suite
+from medrobust_lib.config.common import by_id
 from medrobust_lib.config.segmentation import PACKAGE_CHECKPOINT, PromptConfig, SegModelConfig
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.lru import LRU, file_stamp
 from medrobust_lib.metrics.segmentation import EMPTY_GT_POLICY, dice, iou
 from medrobust_lib.models.factory import build_segmenter
 from medrobust_lib.models.litemedsam_package import packaged_checkpoint, verify_packaged_checkpoint
-from medrobust_lib.paths import suite_paths
+from medrobust_lib.paths import checkpoint_dir, suite_paths
 from medrobust_lib.perturb.engine import NOT_APPLICABLE
 from medrobust_lib.progress import Progress, counted, finish
 from medrobust_lib.prompts import PromptTargets, prompt_targets
-from medrobust_lib.store import model_registry, pred_masks, results
-from medrobust_lib.store.completeness import ERROR_OUTCOME
+from medrobust_lib.store import model_registry, pred_masks
 from medrobust_lib.store.schema import SEG_NO_MASK, SEG_NOT_APPLICABLE, SEG_OK, column_names, seg_failed
+from medrobust_lib.tracks.partition import (
+    Partition,
+    PartitionInputs,
+    added,
+    error_row,
+    manifest_hashes,
+    sample_hashes,
+    unusable_state,
+)
 from medrobust_lib.tracks.segmentation.attack_views import AttackChunks, GrayView, ImageChunks, MultiBoxView
 from medrobust_lib.tracks.upstream import MissingUpstream
 
 RESULTS_TABLE = "segmentation_results"
 INSTANCES_TABLE = "segmentation_instances"
-EVAL_VERSION = 1
 RESULT_COLUMNS: tuple[str, ...] = column_names(RESULTS_TABLE)
 """The ``segmentation_results`` columns in declared order (:mod:`medrobust_lib.store.schema`)."""
 INSTANCE_COLUMNS: tuple[str, ...] = column_names(INSTANCES_TABLE)
@@ -45,14 +53,7 @@ def model_config(suite: Suite, model_id: str | SegModelConfig) -> SegModelConfig
     strategy checkpoints and registry versions are evaluated without being listed in the suite)."""
     if isinstance(model_id, SegModelConfig):
         return model_id
-    for m in suite.segmentation.models:
-        if m.id == model_id:
-            return m
-    raise KeyError(f"unknown segmentation model {model_id!r}; configured: {[m.id for m in suite.segmentation.models]}")
-
-
-def checkpoint_dir(suite: Suite, model_id: str) -> Path:
-    return suite_paths(suite).checkpoints / model_id
+    return by_id(suite.segmentation.models, model_id, "segmentation model")
 
 
 _SPLITS: LRU[tuple[Any, ...], dict[str, list[Sample]]] = LRU(max_items=1, name="segmentation.splits")
@@ -111,13 +112,14 @@ def load_model(suite: Suite, m: SegModelConfig, *, fresh: bool = False) -> Any:
     one, which is never cached. The adapter class is the one registered for ``m.family``
     (:mod:`medrobust_lib.models.factory`)."""
     path = resolve_checkpoint(suite, m)
+    exports = suite_paths(suite).cache / "exports"  # exported inference graphs (models.onnx_engine)
     if fresh:
-        return build_segmenter(m, path)
+        return build_segmenter(m, path, cache_dir=exports)
     key = (file_stamp(path) if Path(path).is_file() else str(Path(path).resolve()), m.model_dump_json())
     model = _MODELS.get(key)
     if model is None:
         _MODELS.make_room()  # the oldest model goes before this one loads
-        model = build_segmenter(m, path)
+        model = build_segmenter(m, path, cache_dir=exports)
         _MODELS.put(key, model)
     return model
 
@@ -242,9 +244,8 @@ def _error_row(m: SegModelConfig, ckpt: str, key: tuple[str, str], modality: str
     index or manifest was built): no scores, counted in ``n_failed``, ``error`` says why."""
     from medrobust_lib.tracks.datasets import placeholder_sample
 
-    r = _base_row(m, ckpt, placeholder_sample(key, modality), condition, prompt, precision)
-    r.update(status=ERROR_OUTCOME, error=reason)
-    return r
+    return error_row(_base_row(m, ckpt, placeholder_sample(key, modality), condition, prompt, precision), reason,
+                     column="status")
 
 
 def _precision(model: Any) -> str:
@@ -354,31 +355,148 @@ def _keep_masks(suite: Suite) -> bool:
     return bool(getattr(suite.segmentation, "store_masks", False))
 
 
-def _pipeline(m: SegModelConfig) -> list[dict[str, Any]]:
-    """The model's preprocessing and mask-selection settings for a result fingerprint; empty when
+def _pipeline(m: SegModelConfig) -> dict[str, Any] | None:
+    """The model's preprocessing and mask-selection settings for a result fingerprint; None when
     they are all defaults (so results written before these options existed stay current)."""
     keys = {"preprocess": m.preprocess or "default", "mask_selection": m.mask_selection, "color": m.color,
             "resize": m.resize}
-    return [] if keys == {"preprocess": "default", "mask_selection": None, "color": None, "resize": None} else [keys]
+    return None if keys == {"preprocess": "default", "mask_selection": None, "color": None, "resize": None} else keys
 
 
-def _partition(m: SegModelConfig, run: str, modality: str, level: int) -> dict[str, object]:
-    """Partition folders: model / run (clean, perturbation, attack) / modality / level. ``run``
-    is not a result column: an attack partition holds both the 'fgsm' and 'pgd' conditions."""
-    return {"model": m.id, "run": run, "modality": modality, "level": level}
+# ---- what a partition's rows depend on -----------------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class SegInputs(PartitionInputs):
+    """What every segmentation partition's rows depend on (:mod:`medrobust_lib.tracks.partition`);
+    each run adds its own fields. Build with :func:`clean_inputs`, :func:`perturbed_inputs` or
+    :func:`attack_inputs`."""
+
+    checkpoint: str
+    """The weights: ``model.checkpoint_hash`` (it fixes the arch: ``medrobust validate`` checks it)."""
+    prompt: str
+    """The box-prompt protocol (:attr:`PromptConfig.protocol`: margin, jitter, seed)."""
+    pipeline: dict[str, Any] | None = added(None)
+    """:func:`_pipeline`: preprocessing and mask selection when not all defaults."""
+    family: str = added("sam")
+    """The family: its pre-processing and mask choice (sam and medsam share checkpoints)."""
+    strategy: str = added("pretrained")
+    """The ``strategy`` column of every row."""
+    store_masks: bool = added(True)
+    """Whether rows carry ``pred_mask_sha256`` (``segmentation.store_masks``)."""
 
 
-def _write(suite: Suite, part: dict[str, object], rows: list[dict[str, Any]], fp: str,
-           columns: tuple[str, ...] = RESULT_COLUMNS, instances: list[dict[str, Any]] | None = None) -> None:
-    """One chunk per dataset (rows sorted by type and sample id); stale chunks are removed. The
-    partition's ``segmentation_instances`` rows (per box prompt of samples with instances) are
-    written first under the same partition keys, so a results chunk never exists without them."""
-    if instances is not None:
-        results.write_rows_by_dataset(suite.results_dir, INSTANCES_TABLE, part, instances, fp, INSTANCE_COLUMNS,
-                                      sort_key=lambda r: (str(r["perturbation"]), str(r["sample_id"]),
-                                                          int(r["instance"])))
-    results.write_rows_by_dataset(suite.results_dir, RESULTS_TABLE, part, rows, fp, columns,
-                                  sort_key=lambda r: (str(r["perturbation"]), str(r["sample_id"])))
+@dataclass(frozen=True, kw_only=True)
+class SegCleanInputs(SegInputs):
+    samples: list[tuple[str, str]]
+    """(sample id, content hash) of every usable evaluation sample."""
+    precision: str
+    """The arithmetic that ran (``model.precision``; a config's ``auto`` resolves per machine)."""
+    unusable: list[Any]
+    """:func:`~medrobust_lib.tracks.partition.unusable_state`: the samples given ``error`` rows, and why."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SegPerturbedInputs(SegInputs):
+    level: int
+    manifest: list[str]
+    """The manifest partition's output hashes (every perturbed image, its strength and seed)."""
+    perturbations: list[str] | None
+    """The type globs evaluated (None: every type of the manifest)."""
+    covered: list[tuple[str, str]] | None
+    """The samples the model's ``max_perturbed_per_*`` caps keep (None: no cap)."""
+    precision: str
+    evaluated: list[list[Any]]
+    """[[dataset, sample id], content hash] of every covered usable sample (the clean references)."""
+    unusable: list[Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SegAttackInputs(SegInputs):
+    level: int
+    attacks: dict[str, Any]
+    """``segmentation.attacks`` (kinds, step size factor, sample cap) without its ``levels``: which
+    attack partitions exist, not what one holds (``level`` is the input)."""
+    samples: list[tuple[str, str]]
+    """(sample id, content hash) of every attacked sample."""
+    precision: str
+    kinds: list[str] | None = added(None)
+    """The attacks run when a subset was asked for (fine-tuned checkpoints); None: all configured."""
+    unusable: list[Any]
+    seed: int = added(0)
+    """The suite seed when PGD runs (its random start); 0 otherwise."""
+
+
+def _seg_head(suite: Suite, m: SegModelConfig, checkpoint: str) -> dict[str, Any]:
+    sc = suite.segmentation
+    return {"checkpoint": checkpoint, "prompt": sc.prompt.protocol, "pipeline": _pipeline(m), "family": m.family,
+            "strategy": m.strategy, "store_masks": _keep_masks(suite)}
+
+
+def clean_inputs(suite: Suite, m: SegModelConfig, checkpoint: str, precision: str, samples: Iterable[Sample],
+                 unusable: Mapping[tuple[str, str], str]) -> SegCleanInputs:
+    """The inputs of a clean partition: the usable evaluation ``samples`` and the ``unusable`` ones."""
+    return SegCleanInputs(**_seg_head(suite, m, checkpoint), samples=sample_hashes(samples), precision=precision,
+                          unusable=unusable_state(unusable))
+
+
+def perturbed_inputs(suite: Suite, m: SegModelConfig, checkpoint: str, precision: str, level: int,
+                     manifest: pd.DataFrame, perturbations: Sequence[str] | None,
+                     samples: Mapping[tuple[str, str], Sample],
+                     unusable: Mapping[tuple[str, str], str]) -> SegPerturbedInputs:
+    """The inputs of a perturbed partition: the (filtered) ``manifest``, the type globs, the usable
+    evaluation ``samples`` by key and the ``unusable`` ones (each kept when the model's caps cover it)."""
+    covered = perturbed_keys(m, set(samples) | set(unusable))
+    evaluated = [[list(k), s.content_hash()] for k, s in sorted(samples.items()) if covered is None or k in covered]
+    return SegPerturbedInputs(**_seg_head(suite, m, checkpoint), level=level, manifest=manifest_hashes(manifest),
+                              perturbations=sorted(perturbations) if perturbations is not None else None,
+                              covered=sorted(covered) if covered is not None else None, precision=precision,
+                              evaluated=evaluated, unusable=unusable_state(unusable, covered))
+
+
+def attacked_samples(suite: Suite, m: SegModelConfig, samples: Sequence[Sample]) -> tuple[list[Sample], bool]:
+    """The samples an attack partition attacks, of the split's samples with a non-empty mask:
+    the first ``attacks.max_samples``, then those the model's caps keep; and whether any cap applied
+    (then the split's unusable samples get no rows)."""
+    cap = suite.segmentation.attacks.max_samples
+    kept = list(samples) if cap is None else list(samples)[:cap]
+    keep = perturbed_keys(m, [(s.dataset, s.sample_id) for s in kept])
+    if keep is not None:
+        kept = [s for s in kept if (s.dataset, s.sample_id) in keep]
+    return kept, cap is not None or keep is not None
+
+
+def attack_inputs(suite: Suite, m: SegModelConfig, checkpoint: str, precision: str, level: int,
+                  samples: Sequence[Sample], kinds: Sequence[str] | None,
+                  unusable: Mapping[tuple[str, str], str]) -> SegAttackInputs:
+    """The inputs of an attack partition: the attacked ``samples`` (:func:`attacked_samples`), the
+    kinds asked for and the ``unusable`` samples given rows."""
+    sc = suite.segmentation
+    run_kinds = [str(k) for k in sc.attacks.kinds if kinds is None or k in kinds]
+    return SegAttackInputs(**_seg_head(suite, m, checkpoint), level=level, attacks=sc.attacks.model_dump(exclude={"levels"}),
+                           samples=sample_hashes(samples), precision=precision,
+                           kinds=run_kinds if kinds is not None else None, unusable=unusable_state(unusable),
+                           seed=suite.seed if "pgd" in run_kinds else 0)
+
+
+# ---- the partition shell ---------------------------------------------------------------------------
+
+def _partition(suite: Suite, m: SegModelConfig, run: str, modality: str, level: int,
+               columns: tuple[str, ...] = RESULT_COLUMNS) -> Partition:
+    """A ``segmentation_results`` partition: model / run (clean, perturbation, attack) / modality /
+    level; rows sorted by type and sample id. ``run`` is not a result column: an attack partition
+    holds both the 'fgsm' and 'pgd' conditions."""
+    return Partition(suite.results_dir, RESULTS_TABLE, {"model": m.id, "run": run, "modality": modality, "level": level},
+                     columns, lambda r: (str(r["perturbation"]), str(r["sample_id"])))
+
+
+def _write(part: Partition, rows: list[dict[str, Any]], inputs: SegInputs, instances: list[dict[str, Any]]) -> None:
+    """One chunk per dataset of ``rows``; stale chunks are removed. The partition's
+    ``segmentation_instances`` rows (per box prompt of samples with instances) are written first
+    under the same partition keys, so a results chunk never exists without them."""
+    inst = Partition(part.results_dir, INSTANCES_TABLE, part.keys, INSTANCE_COLUMNS,
+                     lambda r: (str(r["perturbation"]), str(r["sample_id"]), int(r["instance"])))
+    inst.write(instances, inputs.fingerprint)
+    part.write(rows, inputs.fingerprint)
 
 
 def _summarize(rows: list[dict[str, Any]] | pd.DataFrame, s: EvalSummary) -> EvalSummary:
@@ -394,27 +512,16 @@ def _summarize(rows: list[dict[str, Any]] | pd.DataFrame, s: EvalSummary) -> Eva
     return s
 
 
-def _reuse(suite: Suite, part: dict[str, object], datasets: set[str], fp: str, t0: float,
-           reuse: bool) -> EvalSummary | None:
+def _reuse(part: Partition, datasets: set[str], inputs: SegInputs, t0: float, reuse: bool) -> EvalSummary | None:
     """The summary of a partition that a resumed run need not score again: it holds one chunk per
-    dataset of ``datasets`` and no other, each written from the same inputs (fingerprint ``fp``:
-    weights, prompt, pipeline, level, manifest outputs, the samples' content and which samples are
-    unusable and why). None when ``reuse`` is False, when any of that differs, a chunk is missing,
-    or a chunk fails its checksums (the partition is then scored and rewritten)."""
-    if not reuse or not results.chunks_current(suite.results_dir, RESULTS_TABLE, part, datasets, fp):
-        return None
-    try:
-        df = results.read_partition(suite.results_dir, RESULTS_TABLE, part)
-    except results.CorruptChunkError:
+    dataset of ``datasets`` and no other, each written from the same ``inputs``
+    (:meth:`Partition.reusable`). None when ``reuse`` is False or the partition must be scored."""
+    df = part.reusable(inputs.fingerprint, datasets) if reuse else None
+    if df is None:
         return None
     summary = _summarize(df, EvalSummary(reused=True))
     summary.total_seconds = time.perf_counter() - t0
     return summary
-
-
-def _unusable_state(unusable: dict[tuple[str, str], str], keep: set[tuple[str, str]] | None = None) -> list[Any]:
-    """The unusable samples (of ``keep`` when given) and their reasons, sorted: a fingerprint input."""
-    return sorted([list(k), v] for k, v in unusable.items() if keep is None or k in keep)
 
 
 def evaluate_clean(suite: Suite, model_id: str | SegModelConfig, modality: str, model: Any | None = None, *,
@@ -433,11 +540,10 @@ def evaluate_clean(suite: Suite, model_id: str | SegModelConfig, modality: str, 
     summary = EvalSummary()
     ev = eval_samples(suite, modality, sc.split)
     samples = list(ev.samples.values())
-    fp = results.fingerprint([EVAL_VERSION, model.checkpoint_hash, sc.prompt.protocol, *_pipeline(m),
-                              sorted((s.sample_id, s.content_hash()) for s in samples), _precision(model),
-                              _unusable_state(ev.unusable)])
-    part = _partition(m, "clean", modality, 0)
-    reused = _reuse(suite, part, {s.dataset for s in samples} | {k[0] for k in ev.unusable}, fp, t0, reuse)
+    inputs = clean_inputs(suite, m, model.checkpoint_hash, _precision(model), samples, ev.unusable)
+    # the sample hash is the clean-prediction cache key; keep it in the chunk
+    part = _partition(suite, m, "clean", modality, 0, RESULT_COLUMNS + ("sample_sha256",))
+    reused = _reuse(part, {s.dataset for s in samples} | {k[0] for k in ev.unusable}, inputs, t0, reuse)
     if reused is not None:
         return reused
     rows = []
@@ -462,8 +568,7 @@ def evaluate_clean(suite: Suite, model_id: str | SegModelConfig, modality: str, 
         rows.append(r)
     rows += [_error_row(m, model.checkpoint_hash, key, modality, "clean", sc.prompt.protocol, reason, _precision(model))
              for key, reason in sorted(ev.unusable.items())]
-    # the sample hash is the clean-prediction cache key; keep it in the chunk
-    _write(suite, part, rows, fp, RESULT_COLUMNS + ("sample_sha256",), inst_rows)
+    _write(part, rows, inputs, inst_rows)
     summary.clean_cache_misses = len(samples)
     summary.total_seconds = time.perf_counter() - t0
     return _summarize(rows, summary)
@@ -475,7 +580,7 @@ class CleanCache:
 
     def __init__(self, suite: Suite, m: SegModelConfig, modality: str, model: Any, prompt: PromptConfig,
                  summary: EvalSummary) -> None:
-        df = results.read_partition(suite.results_dir, RESULTS_TABLE, _partition(m, "clean", modality, 0))
+        df = _partition(suite, m, "clean", modality, 0).read()
         self.table: dict[tuple[str, str, str], tuple[float, float]] = {}
         if not df.empty and "sample_sha256" in df:
             for r in df[df["sample_sha256"].notna()].itertuples():
@@ -578,15 +683,10 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
             r.update(status=SEG_NO_MASK, error="sample has no ground-truth mask")
         else:
             todo.append((r, mr, s))
-    evaluated = [(k, s) for k, s in sorted(samples.items()) if covered is None or k in covered]
-    fp = results.fingerprint([EVAL_VERSION, model.checkpoint_hash, sc.prompt.protocol, *_pipeline(m), level,
-                              sorted(manifest["sha256"].dropna()) if len(manifest) else [],
-                              sorted(perturbations) if perturbations is not None else None,
-                              sorted(covered) if covered is not None else None, _precision(model),
-                              [[list(k), s.content_hash()] for k, s in evaluated],
-                              _unusable_state(ev.unusable, covered)])
-    part = _partition(m, "perturbation", modality, level)
-    reused = _reuse(suite, part, {str(r["dataset"]) for r in rows}, fp, t0, reuse)
+    inputs = perturbed_inputs(suite, m, model.checkpoint_hash, _precision(model), level, manifest, perturbations,
+                              samples, ev.unusable)
+    part = _partition(suite, m, "perturbation", modality, level)
+    reused = _reuse(part, {str(r["dataset"]) for r in rows}, inputs, t0, reuse)
     if reused is not None:
         return reused
     # one sample's rows together: a feed worker reads each clean sample once (rows are sorted on write)
@@ -614,7 +714,7 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
     for (r, t), x in zip(scored, results_iter, strict=True):
         _fill_scores(r, x, t, suite, inst_rows)
         _with_clean(r, cache.get(samples[(r["dataset"], r["sample_id"])]))
-    _write(suite, part, rows, fp, instances=inst_rows)
+    _write(part, rows, inputs, inst_rows)
     summary.total_seconds = time.perf_counter() - t0
     return _summarize(rows, summary)
 
@@ -622,8 +722,10 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
 def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str, level: int, model: Any | None = None,
                      kinds: Sequence[str] | None = None, *, reuse: bool = True,
                      progress: Progress | None = None) -> EvalSummary:
-    """FGSM and PGD at the level's epsilon on every evaluation sample (conditions 'fgsm', 'pgd';
-    ``kinds``: a subset of the suite's ``attacks.kinds``, None: all of them). Samples with one box
+    """FGSM and PGD at the attack level's epsilon (:class:`~medrobust_lib.attacks.linf.AttackSetting`;
+    any level 1-5: only the clean images are read, the suite need not perturb that level;
+    :meth:`~medrobust_lib.config.suite.Suite.attack_levels_for`) on every evaluation sample (conditions
+    'fgsm', 'pgd'; ``kinds``: a subset of the suite's ``attacks.kinds``, None: all of them). Samples with one box
     are attacked ``eval_batch_size`` at a time (one PGD random start per batch, drawn from its first
     sample's key), a sample with instances alone; each gradient is summed over chunks of images and
     boxes that fit a memory budget (:class:`~medrobust_lib.tracks.segmentation.attack_views.AttackChunks`).
@@ -638,23 +740,15 @@ def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str
     model = model or load_model(suite, m)
     summary = EvalSummary()
     device = getattr(model, "device", "cpu")
-    samples = [s for s in clean_samples(suite, modality, sc.split).values() if s.mask is not None and s.mask.any()]
-    if sc.attacks.max_samples is not None:
-        samples = samples[: sc.attacks.max_samples]
-    keep = perturbed_keys(m, [(s.dataset, s.sample_id) for s in samples])
-    if keep is not None:
-        samples = [s for s in samples if (s.dataset, s.sample_id) in keep]
-    capped = sc.attacks.max_samples is not None or keep is not None
+    samples, capped = attacked_samples(
+        suite, m, [s for s in clean_samples(suite, modality, sc.split).values() if s.mask is not None and s.mask.any()])
     unusable = eval_samples(suite, modality, sc.split).unusable if not capped else {}
     run_kinds = [k for k in sc.attacks.kinds if kinds is None or k in kinds]
     cache = CleanCache(suite, m, modality, model, sc.prompt, summary)
-    fp = results.fingerprint([EVAL_VERSION, model.checkpoint_hash, sc.prompt.protocol, *_pipeline(m), level,
-                              sc.attacks.model_dump(), sorted((s.sample_id, s.content_hash()) for s in samples),
-                              _precision(model)] + ([run_kinds] if kinds is not None else [])
-                             + [_unusable_state(unusable)])
-    part = _partition(m, "attack", modality, level)
+    inputs = attack_inputs(suite, m, model.checkpoint_hash, _precision(model), level, samples, kinds, unusable)
+    part = _partition(suite, m, "attack", modality, level)
     expected = {s.dataset for s in samples} | {k[0] for k in unusable} if run_kinds else set()
-    reused = _reuse(suite, part, expected, fp, t0, reuse)
+    reused = _reuse(part, expected, inputs, t0, reuse)
     if reused is not None:
         return reused
     cache.fill(samples)
@@ -693,7 +787,7 @@ def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str
             r.update(level=level, epsilon=acfg.epsilon)
             rows.append(r)
     finish(progress, n_attacks, "attacked images")
-    _write(suite, part, rows, fp, instances=inst_rows)
+    _write(part, rows, inputs, inst_rows)
     summary.total_seconds = time.perf_counter() - t0
     return _summarize(rows, summary)
 

@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
+import pandas as pd
 
 from medrobust_lib.adapters import adapter_entry, list_adapters
 from medrobust_lib.config import Suite
-from medrobust_lib.config.vlm import VLMProtocol, vlm_model
+from medrobust_lib.config.vlm import VLMModelConfig, VLMProtocol, vlm_model
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.metrics.caption_raw import RAW_COLUMNS, raw_caption_rows
 from medrobust_lib.progress import Progress, finish
@@ -41,9 +42,19 @@ from medrobust_lib.store.schema import VLM_COLUMN_NAMES as COLUMN_NAMES
 from medrobust_lib.store.schema import VLM_TABLE, excluded_outcome
 from medrobust_lib.tasks.grounding_reference import score_grounding_reference
 from medrobust_lib.tasks.judge import judge_mc
+from medrobust_lib.tasks.judge_caption import judge_captions
 from medrobust_lib.tasks.judge_open import judge_open
 from medrobust_lib.tasks.scoring import score_captions, score_grounding, score_mc, score_yes_no
 from medrobust_lib.tasks.vqa import LETTERS
+from medrobust_lib.tracks.partition import (
+    Condition,
+    Partition,
+    PartitionInputs,
+    added,
+    error_row,
+    manifest_hashes,
+    outcome_counts,
+)
 from medrobust_lib.tracks.vlm.items import (
     DroppedRecord,
     VLMItem,
@@ -51,17 +62,17 @@ from medrobust_lib.tracks.vlm.items import (
     load_items,
     prompt_for,
     records_config,
+    sample_records,
 )
 from medrobust_lib.tracks.vlm.model_runner import Answer, Runner, chunked, progress_chunk
 
-EVAL_VERSION = 1
 ROW_KEY: tuple[str, ...] = ("task", "dataset", "sample_id", "record_id", "prompt_id", "image_mode", "perturbation")
 """Identifies a ``vlm_results`` row within its partition (model, modality and level are the partition)."""
 _ERROR_CLEARED: tuple[str, ...] = (
     "parsed", "correct", "iou", "acc_75", "box_scale", "margin", "p_yes", "entropy", "bleu_4", "rouge_l", "cider_d",
     "bleu_c1", "bleu_c2", "bleu_c3", "bleu_c4", "bleu_g1", "bleu_g2", "bleu_g3", "bleu_g4", "hyp_len", "ref_len",
     *RAW_COLUMNS,
-    "truncated",
+    "truncated", "caption_judge_score",
 )
 """Score columns an ``error`` row leaves NULL: it was never answered, so nothing may count it."""
 
@@ -81,27 +92,26 @@ class VLMEvalSummary:
     """Answers that hit their token cap (``truncated``: cut, not finished; scored as they are)."""
 
 
-@dataclass(frozen=True)
-class Condition:
-    """An image to ask about: the (possibly perturbed) pixels, the grounding boxes moved with
-    them (item record id -> (1, 4) box or None when moved out of view), and manifest fields."""
-
-    sample: Sample
-    image: np.ndarray
-    perturbation: str = "clean"
-    level: int = 0
-    strength: float | None = None
-    ssim: float | None = None
-    boxes: dict[str, np.ndarray | None] = field(default_factory=dict)
-
-
 def _row(item: VLMItem, cond: Condition, runner: Runner, prompt_id: int = 0) -> dict[str, Any]:
     r: dict[str, Any] = dict.fromkeys(COLUMN_NAMES)
     r.update(model=runner.m.id, checkpoint=runner.checkpoint, adapter=runner.adapter, task=item.task,
              dataset=item.dataset, modality=cond.sample.modality, sample_id=item.sample_id, record_id=item.record_id,
              prompt_id=prompt_id, image_mode="image", perturbation=cond.perturbation, level=cond.level,
-             strength=cond.strength, ssim=cond.ssim, cache_hit=False, n_options=n_options(item))
+             strength=cond.strength, ssim=cond.ssim, cache_hit=False, n_options=n_options(item),
+             **decoding_columns(runner))
     return r
+
+
+def decoding_columns(runner: Any) -> dict[str, Any]:
+    """The decoding a row's answer came from: ``system_prompt``, ``temperature``, ``top_p`` (None
+    where not used) and ``decode_seed`` (the seed of a sampling model; None when it decodes
+    greedily)."""
+    given = getattr(runner, "decoding", None)
+    if given is not None:
+        return dict(given)
+    of_config = getattr(runner.m, "decoding", None)  # a stand-in runner without a model config: unknown
+    return {**(of_config() if of_config is not None else dict.fromkeys(("system_prompt", "temperature", "top_p"))),
+            "decode_seed": None}
 
 
 def n_options(item: VLMItem) -> int | None:
@@ -128,13 +138,7 @@ def _unusable_rows(items: Iterable[VLMItem], cond: Condition, runner: Runner, re
                    done: Collection[tuple[str, ...]] = frozenset()) -> list[dict[str, Any]]:
     """``error`` rows (nothing scored, retried by the next run) for the items of a sample that
     cannot be used now, except those whose row key is in ``done``."""
-    rows = []
-    for it in items:
-        if _item_key(it, cond.perturbation) not in done:
-            r = _row(it, cond, runner)
-            r.update(outcome=ERROR_OUTCOME, error=reason)
-            rows.append(r)
-    return rows
+    return [error_row(_row(it, cond, runner), reason) for it in items if _item_key(it, cond.perturbation) not in done]
 
 
 def _dropped_rows(dropped: Iterable[DroppedRecord], cond: Condition, runner: Runner,
@@ -158,10 +162,6 @@ def _not_indexed_row(it: VLMItem, modality: str, runner: Runner, why: str = "") 
 def _item_key(it: VLMItem, perturbation: str) -> tuple[str, ...]:
     """:data:`ROW_KEY` of the row an item gets under ``perturbation`` (prompt 0, image mode image)."""
     return (it.task, it.dataset, it.sample_id, it.record_id, "0", "image", perturbation)
-
-
-def _reusable(suite: Suite, partition: Mapping[str, object], fp: str) -> dict[tuple[str, ...], dict[str, Any]]:
-    return rerun.reusable_rows(suite.results_dir, VLM_TABLE, partition, fp, COLUMN_NAMES, ROW_KEY)
 
 
 def _merge(kept: dict[tuple[str, ...], dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -237,14 +237,15 @@ def ask(items_by_sample: dict[tuple[str, str], list[VLMItem]], conditions: Seque
         caption_df_refs: Mapping[str, Sequence[str]], summary: VLMEvalSummary,
         judge: Runner | None = None, done: Collection[tuple[str, ...]] = frozenset(),
         protocol: VLMProtocol | None = None, open_judge: Runner | None = None,
-        tally: _Tally | None = None) -> list[dict[str, Any]]:
+        tally: _Tally | None = None, caption_judge: Runner | None = None) -> list[dict[str, Any]]:
     """Every item of every condition's sample, batched per task across conditions, except those
     whose row key (:func:`_item_key`) is in ``done`` (kept from a previous run). ``judge``: the
     optional LLM judge for unparseable multiple-choice answers (recorded separately). ``protocol``:
     the reference-protocol options (caption prompt, raw caption scores, grounding parse);
     ``open_judge``: the judge of ``protocol.open_vqa_judge`` (multiple-choice questions also asked
     alone, rows of task ``vqa_open``). ``tally``: the partition's progress, told of every chunk of
-    prompts answered (:func:`_n_asked` counts them)."""
+    prompts answered (:func:`_n_asked` counts them). ``caption_judge``: the judge of
+    ``protocol.caption_judge`` (every caption also scored by it: :func:`_judge_captions`)."""
     proto = protocol or VLMProtocol()
 
     m = runner.m
@@ -299,8 +300,11 @@ def ask(items_by_sample: dict[tuple[str, str], list[VLMItem]], conditions: Seque
                              {k: it.references for k, (it, _) in zip(keys, cap, strict=True)}, caption_df_refs or None)
         if proto.caption_raw_scores:
             _add_raw_scores(per, keys, cap, answers, items_by_sample)
-        for k, (it, c), a in zip(keys, cap, answers, strict=True):
-            rows.append(_with_answer(_row(it, c, runner), a, per[k]))
+        cap_rows = [_with_answer(_row(it, c, runner), a, per[k]) for k, (it, c), a in zip(keys, cap, answers, strict=True)]
+        if caption_judge is not None:
+            _judge_captions(caption_judge, [(it, r) for (it, _), r in zip(cap, cap_rows, strict=True)
+                                            if r["outcome"] != ERROR_OUTCOME])
+        rows.extend(cap_rows)
     summary.model_seconds += time.perf_counter() - t0
     summary.n_images += len(conditions)
     return rows
@@ -335,6 +339,22 @@ def _open_rows(jobs: list[tuple[VLMItem, Condition]], runner: Runner, judge: Run
             row["error"] = scored["error"]
         out.append(row)
     return out
+
+
+def _judge_captions(judge: Runner, pairs: list[tuple[VLMItem, dict[str, Any]]]) -> None:
+    """Score answered captions with the caption judge (:mod:`medrobust_lib.tasks.judge_caption`):
+    ``caption_judge_score`` as the reference reads the reply (NULL when it holds no number; the row
+    keeps its outcome and its other scores). The judge sees the record's first reference caption
+    (the reference has one per record). A failed judge call makes the row an ``error`` (nothing
+    scored, retried by the next run)."""
+    if not pairs or judge.api is None:
+        return
+    verdicts = judge_captions(judge.api, [str(r["prediction"] or "") for _, r in pairs],
+                              [it.references[0] if it.references else "" for it, _ in pairs])
+    for (_, r), v in zip(pairs, verdicts, strict=True):
+        r.update(judge_model=judge.m.id, judge_outcome=v.outcome, caption_judge_score=v.score)
+        if v.failed:
+            r.update(dict.fromkeys(_ERROR_CLEARED), outcome=ERROR_OUTCOME, error=f"caption judge: {v.outcome}")
 
 
 def _add_raw_scores(per: dict[str, dict[str, Any]], keys: list[str], cap: list[tuple[VLMItem, Condition]],
@@ -375,6 +395,8 @@ def _items_for(suite: Suite, samples: Collection[tuple[str, str]]) -> _Items:
     reader quarantined."""
     vc = suite.vlm
     loaded = load_items(suite)
+    if vc.record_sample is not None:
+        loaded = sample_records(loaded, vc.record_sample.n, vc.record_sample.seed)
     counts: dict[str, int] = {}
 
     def take(task: str) -> bool:
@@ -419,33 +441,30 @@ def _grounding_boxes(items: list[VLMItem], s: Sample) -> dict[str, np.ndarray | 
             for it in items if it.task == "grounding" and it.box is not None}
 
 
-def _write(suite: Suite, model_id: str, run: str, modality: str, level: int, rows: list[dict[str, Any]],
-           fp: str) -> None:
-    results.write_rows_by_dataset(
-        suite.results_dir, VLM_TABLE, {"model": model_id, "run": run, "modality": modality, "level": level}, rows,
-        fp, COLUMN_NAMES,
-        sort_key=lambda r: (str(r["perturbation"]), str(r["task"]), str(r["record_id"]), int(r["prompt_id"])))
-
-
-def _partition(model_id: str, modality: str, level: int) -> dict[str, object]:
-    return {"model": model_id, "run": "clean" if level == 0 else "perturbation", "modality": modality, "level": level}
+def _partition(suite: Suite, model_id: str, modality: str, level: int) -> Partition:
+    """A ``vlm_results`` partition: model / run (clean at level 0, else perturbation) / modality /
+    level; rows sorted by type, task, record and prompt."""
+    return Partition(suite.results_dir, VLM_TABLE, {"model": model_id, "run": "clean" if level == 0 else "perturbation",
+                                                    "modality": modality, "level": level}, COLUMN_NAMES,
+                     lambda r: (str(r["perturbation"]), str(r["task"]), str(r["record_id"]), int(r["prompt_id"])))
 
 
 def _summarize(rows: list[dict[str, Any]], s: VLMEvalSummary, t0: float, runner: Runner) -> VLMEvalSummary:
-    import pandas as pd
-
     s.n_rows = len(rows)
     s.seconds = time.perf_counter() - t0
     s.n_vision_calls = runner.n_vision_calls
     if not rows:
         return s
     df = pd.DataFrame(rows)
-    s.outcomes = {str(k): int(v) for k, v in df["outcome"].value_counts().items()}
+    s.outcomes = outcome_counts(df)
     s.n_truncated = int(df["truncated"].eq(True).sum()) if "truncated" in df else 0
     scored = df[df["outcome"].isin(("ok", "unparseable", "refused"))]
     for task, g in scored.groupby("task"):
         if task == "caption":
             s.metrics["caption_cider_d"] = float(g["cider_d"].mean())
+            judged = g["caption_judge_score"].dropna() if "caption_judge_score" in g else pd.Series(dtype=float)
+            if len(judged):
+                s.metrics["caption_judge_score"] = float(judged.mean())
         else:
             s.metrics[f"{task}_accuracy"] = float(g["correct"].mean())
         if task == "grounding":
@@ -465,21 +484,75 @@ def _judge_runner(suite: Suite) -> Runner | None:
 
 
 def _open_judge_runner(suite: Suite) -> Runner | None:
-    vc = suite.vlm
-    if vc.protocol.open_vqa_judge is None:
+    return _protocol_judge(suite, "open_vqa_judge")
+
+
+def _caption_judge_runner(suite: Suite) -> Runner | None:
+    return _protocol_judge(suite, "caption_judge")
+
+
+def _protocol_judge(suite: Suite, key: str) -> Runner | None:
+    """The judge client of ``vlm.protocol.<key>`` (an endpoint model; None when unset)."""
+    model_id = getattr(suite.vlm.protocol, key)
+    if model_id is None:
         return None
-    m = vlm_model(suite, vc.protocol.open_vqa_judge)
+    m = vlm_model(suite, model_id)
     if not adapter_entry(m.kind, "vlm").is_endpoint:
-        raise ValueError(f"vlm.protocol.open_vqa_judge {m.id!r} must be an endpoint model (kind: "
+        raise ValueError(f"vlm.protocol.{key} {m.id!r} must be an endpoint model (kind: "
                          f"{' or '.join(list_adapters('vlm', is_endpoint=True))})")
     return Runner(suite, m)
 
 
-def _fingerprint(runner: Runner, suite: Suite, extra: list[Any]) -> str:
+@dataclass(frozen=True, kw_only=True)
+class VLMInputs(PartitionInputs):
+    """What a ``vlm_results`` partition's rows depend on (:mod:`medrobust_lib.tracks.partition`).
+    Build with :func:`vlm_inputs`."""
+
+    checkpoint: str
+    """The base weights (``Runner.checkpoint``: the model folder's hash, ``api:<model>``, ...)."""
+    adapter: str | None
+    """The LoRA adapter's hash (None: none)."""
+    model: dict[str, Any]
+    """The model's whole configuration (its token caps, box scale, API settings, ...)."""
+    records: dict[str, Any]
+    """The record files asked about (:func:`~medrobust_lib.tracks.vlm.items.records_config`)."""
+    max_records_per_task: int | None
+    judge: str | None
+    """The multiple-choice judge model."""
+    modality: str
+    level: int | None = added(None)
+    """The perturbation level (None: the clean partition)."""
+    samples: list[Any] | None = added(None)
+    """Clean: ((dataset, sample id), content hash) of every usable evaluation sample."""
+    manifest: list[str] | None = added(None)
+    """Perturbed: the manifest partition's output hashes."""
+    protocol: dict[str, Any] | None = added(None)
+    """``vlm.protocol`` when not the default."""
+    seed: int = added(0)
+    """The suite seed where the model reads it (an endpoint's requests, unless its ``api`` sets one;
+    a local model that samples); 0 for local models that decode greedily."""
+    split: str = added("test")
+    """``vlm.split``: which samples and records the partition holds."""
+    record_sample: dict[str, Any] | None = added(None)
+    """``vlm.record_sample``: the seeded draw of records (None: every record)."""
+
+
+def vlm_inputs(suite: Suite, checkpoint: str, adapter: str | None, m: VLMModelConfig, modality: str, *,
+               samples: Mapping[tuple[str, str], Sample] | None = None, level: int | None = None,
+               manifest: pd.DataFrame | None = None) -> VLMInputs:
+    """The inputs of a clean partition (``samples``: the usable evaluation samples by key) or a
+    perturbed one (``level`` and its ``manifest``) of model ``m`` with weights ``checkpoint`` /
+    ``adapter``."""
     vc = suite.vlm
-    return results.fingerprint([EVAL_VERSION, runner.checkpoint, runner.adapter, runner.m.model_dump(),
-                                records_config(suite).model_dump(), vc.max_records_per_task, vc.judge, *extra,
-                                *([] if vc.protocol.is_default() else [vc.protocol.model_dump()])])
+    return VLMInputs(checkpoint=checkpoint, adapter=adapter, model=m.model_dump(),
+                     records=records_config(suite).model_dump(), max_records_per_task=vc.max_records_per_task,
+                     judge=vc.judge, modality=modality, level=level,
+                     samples=sorted((k, s.content_hash()) for k, s in samples.items()) if samples is not None else None,
+                     manifest=manifest_hashes(manifest) if manifest is not None else None,
+                     protocol=None if vc.protocol.is_default() else vc.protocol.model_dump(),
+                     seed=suite.seed if adapter_entry(m.kind, "vlm").is_endpoint or m.samples() else 0,
+                     split=vc.split,
+                     record_sample=None if vc.record_sample is None else vc.record_sample.model_dump())
 
 
 def evaluate_clean(suite: Suite, model_id: str, modality: str, runner: Runner | None = None,
@@ -499,17 +572,19 @@ def evaluate_clean(suite: Suite, model_id: str, modality: str, runner: Runner | 
     samples = ev.samples
     its = _items_for(suite, samples.keys() | ev.unusable.keys())
     by, df_refs = its.by, its.df_refs
-    fp = _fingerprint(runner, suite, [modality, sorted((k, s.content_hash()) for k, s in samples.items())])
-    kept = _reusable(suite, _partition(model_id, modality, 0), fp)
+    fp = vlm_inputs(suite, runner.checkpoint, runner.adapter, runner.m, modality, samples=samples).fingerprint
+    part = _partition(suite, model_id, modality, 0)
+    kept = part.kept_rows(fp, ROW_KEY)
     conds = [Condition(s, s.image, boxes=_grounding_boxes(by.get(k, []), s)) for k, s in sorted(samples.items())
              if any(_item_key(it, "clean") not in kept for it in by.get(k, []))]
     summary = VLMEvalSummary(n_reused=len(kept))
     judge = _judge_runner(suite)
     open_judge = _open_judge_runner(suite)
+    caption_judge = _caption_judge_runner(suite)
     tally = _Tally(progress, sum(_n_asked(by.get((c.sample.dataset, c.sample.sample_id), []), "clean", kept.keys(),
                                           open_judge is not None) for c in conds))
     rows = ask(by, conds, runner, df_refs, summary, judge, done=kept.keys(), protocol=vc.protocol,
-               open_judge=open_judge, tally=tally)
+               open_judge=open_judge, tally=tally, caption_judge=caption_judge)
     tally.close()
     for key, reason in sorted(ev.unusable.items()):
         stand_in = placeholder_sample(key, modality)
@@ -521,7 +596,7 @@ def evaluate_clean(suite: Suite, model_id: str, modality: str, runner: Runner | 
     rows += [_not_indexed_row(d.as_item(), modality, runner, d.error) for d in its.dropped_not_indexed
              if d.modality == modality]
     rows = _merge(kept, rows)
-    _write(suite, model_id, "clean", modality, 0, rows, fp)
+    part.write(rows, fp)
     return _summarize(rows, summary, t0, runner)
 
 
@@ -544,11 +619,14 @@ def evaluate_perturbed(suite: Suite, model_id: str, modality: str, level: int, r
     reasons = ev.reasons_for(manifest_keys(manifest))
     its = _items_for(suite, samples.keys() | reasons.keys())
     by, df_refs = its.by, its.df_refs
-    fp = _fingerprint(runner, suite, [modality, level, sorted(manifest["sha256"].dropna()) if len(manifest) else []])
-    kept = _reusable(suite, _partition(model_id, modality, level), fp)
+    fp = vlm_inputs(suite, runner.checkpoint, runner.adapter, runner.m, modality, level=level,
+                    manifest=manifest).fingerprint
+    part = _partition(suite, model_id, modality, level)
+    kept = part.kept_rows(fp, ROW_KEY)
     summary = VLMEvalSummary(n_reused=len(kept))
     judge = _judge_runner(suite)
     open_judge = _open_judge_runner(suite)
+    caption_judge = _caption_judge_runner(suite)
     rows: list[dict[str, Any]] = []
     conds: list[Condition] = []
     chunk = 64
@@ -593,13 +671,13 @@ def evaluate_perturbed(suite: Suite, model_id: str, modality: str, level: int, r
         conds.append(dataclasses.replace(base, image=out.image, boxes=moved))
         if len(conds) >= chunk:
             rows.extend(ask(by, conds, runner, df_refs, summary, judge, done=kept.keys(), protocol=vc.protocol,
-                            open_judge=open_judge, tally=tally))
+                            open_judge=open_judge, tally=tally, caption_judge=caption_judge))
             conds = []
     rows.extend(ask(by, conds, runner, df_refs, summary, judge, done=kept.keys(), protocol=vc.protocol,
-                    open_judge=open_judge, tally=tally))
+                    open_judge=open_judge, tally=tally, caption_judge=caption_judge))
     tally.close()
     rows = _merge(kept, rows)
-    _write(suite, model_id, "perturbation", modality, level, rows, fp)
+    part.write(rows, fp)
     return _summarize(rows, summary, t0, runner)
 
 

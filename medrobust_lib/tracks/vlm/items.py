@@ -21,6 +21,7 @@ evaluations write an ``error`` row for it (``missing: <image path>`` or
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -223,6 +224,22 @@ def load_items(suite: Suite) -> LoadedItems:
                                  box=tuple(float(v) for v in r.box_xyxy),  # type: ignore[arg-type]
                                  image_hw=r.image_hw))
     return LoadedItems(items, quarantine, total, dropped)
+
+
+def sample_records(loaded: LoadedItems, n: int, seed: int) -> LoadedItems:
+    """``n`` records per task drawn as the reference benchmark draws them (``DatasetAdapter.load_data``
+    and ``sample_data``: ``random.seed(seed); random.sample(records, n)``, every record when there
+    are at most ``n``), over the task's readable records in the order their files list them. The
+    reference's population holds only records whose image exists: the quarantined records are left
+    out (no rows; still counted in ``quarantine``). Several yes/no files are one population."""
+    tasks: dict[str, list[VLMItem]] = {}
+    for it in loaded.items:
+        tasks.setdefault(it.task, []).append(it)
+    kept: set[int] = set()
+    for pop in tasks.values():
+        drawn = random.Random(seed).sample(pop, n) if len(pop) > n else pop
+        kept.update(id(it) for it in drawn)
+    return LoadedItems([it for it in loaded.items if id(it) in kept], loaded.quarantine, loaded.n_total, [])
 
 
 def box_in_sample(item: VLMItem, sample_hw: tuple[int, int], original_hw: tuple[int, int] | None) -> np.ndarray:

@@ -82,3 +82,17 @@ def test_strategies_of_different_levels_are_not_ranked_together() -> None:
     a = t[t["kind"] == "attack"]  # both evaluated FGSM at level 2: ranked together, no note
     assert set(a["levels"]) == {"2"} and sorted(a["rank"]) == [1, 2] and a["note"].isna().all()
     assert not t["floor_effect"].any() and set(t["n_floor_excluded"]) == {0} and not t["with_floor"].any()
+
+
+def test_lora_plus_strategies_are_ranked_beside_the_others() -> None:
+    """The reference's LoRA+ strategies rank and pair with ``full`` like any strategy; the published
+    table has no LoRA+ numbers, so the comparison with it leaves them out."""
+    rows = pd.DataFrame(_rows("m-full", "full", 0.0) + _rows("m-lpe", "lora_plus_encoder", 0.01)
+                        + _rows("m-lpd", "lora_plus_decoder", 0.03))
+    models = {"m-full": ("m", "full"), "m-lpe": ("m", "lora_plus_encoder"), "m-lpd": ("m", "lora_plus_decoder")}
+    t = strategy_ranking(rows, models, {"m-lpe": 7}, seed=0, n_boot=200)
+    c = t[t["kind"] == "corruption"].set_index("strategy")
+    assert list(c.sort_values("rank").index) == ["full", "lora_plus_encoder", "lora_plus_decoder"]
+    assert (c.loc["lora_plus_decoder", "ref_strategy"], c.loc["lora_plus_encoder", "n_trainable"]) == ("full", 7)
+    assert c.loc["lora_plus_decoder", "iou_drop_diff"] == pytest.approx(0.03, abs=0.002)
+    assert not compare_published(t)["strategy"].str.startswith("lora_plus").any()
