@@ -21,14 +21,15 @@ Every row is timed as the fastest of ``iters`` calls after one warm-up call.
 from __future__ import annotations
 
 import copy
+import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-from gpu_seg_bench import timed  # bench/ is on sys.path wherever this module is imported
 
+from bench.timing import timed
 from medrobust_lib.attacks.linf import pgd, torch_generator_for
-from medrobust_lib.models.litemedsam import IMAGE_SIZE, LiteMedSamSegmenter, load_litemedsam
+from medrobust_lib.models.litemedsam import IMAGE_SIZE, LiteMedSamSegmenter, exact_inputs, load_litemedsam
 
 
 def encoder_flops(seg: LiteMedSamSegmenter) -> int:
@@ -194,3 +195,161 @@ def litemedsam_table(dev: torch.device, bound: float, *, batches: list[int], ite
     for r in rows:
         lines.append(f"| {r.label} | {r.ips:.3g} | {'-' if r.share != r.share else f'{r.share:.1%}'} |")
     return lines, rows, flops
+
+
+# ---- runtimes (issue 47): PyTorch fp32, bf16 autocast, ONNX Runtime, OpenVINO ----------------------
+
+RUNTIME_ENGINES: tuple[str, ...] = ("pytorch-fp32", "pytorch-bf16", "onnxruntime", "openvino")
+"""The engines :func:`runtime_comparison` measures (``pytorch-bf16`` only where the CPU computes bf16
+natively: emulated bf16 is about 10x slower, :mod:`medrobust_lib.models.precision`)."""
+
+
+@dataclass(frozen=True)
+class RuntimeRow:
+    """One engine at one batch: median seconds per image over the rounds (``sec_per_img``), the
+    median over rounds of PyTorch fp32's time / this engine's time in the same round (``ratio``:
+    a paired ratio, robust to load that changes between rounds), and against PyTorch fp32 on the
+    same items the largest absolute logit difference and the share of mask pixels that differ."""
+
+    engine: str
+    batch: int
+    what: str
+    sec_per_img: float
+    ratio: float
+    max_abs_diff: float
+    mask_diff: float
+
+
+def runtime_models(cache_dir: str | None, engines: tuple[str, ...] = RUNTIME_ENGINES
+                   ) -> tuple[dict[str, LiteMedSamSegmenter], dict[str, float]]:
+    """The packaged release through each available engine, and per exported runtime the seconds of
+    its first preparation (export and check into ``cache_dir`` when not cached there, else loading)."""
+    from medrobust_lib.models.precision import native_bf16
+
+    models: dict[str, LiteMedSamSegmenter] = {"pytorch-fp32": load_litemedsam(runtime="pytorch")}
+    prepare: dict[str, float] = {}
+    if "pytorch-bf16" in engines and native_bf16("cpu"):
+        models["pytorch-bf16"] = load_litemedsam(runtime="pytorch", precision="bf16")
+    for rt in ("onnxruntime", "openvino"):
+        if rt not in engines:
+            continue
+        m = load_litemedsam(runtime=rt, cache_dir=cache_dir)
+        t0 = time.perf_counter()
+        ok = m.engine_ready()
+        prepare[rt] = time.perf_counter() - t0
+        if ok:
+            models[rt] = m
+    return models, prepare
+
+
+def runtime_comparison(models: dict[str, LiteMedSamSegmenter], batches: list[int], rounds: int, size: int = IMAGE_SIZE,
+                       encoder_only: bool = True, many_prompts: int = 0) -> list[RuntimeRow]:
+    """End-to-end ``predict`` (official pre/postprocessing, one box per image) and encoder-only
+    seconds per image of every engine in ``models`` at each batch size, and with ``many_prompts``
+    one image with that many boxes (the decoder's share: the demo's DSB nuclei image has 125).
+    Interleaved: each round times every engine once (the order rotating between rounds) after one
+    untimed warm-up call each, so that the engines share the machine's load; ``rounds`` rounds."""
+    cases: list[tuple[str, int, list[np.ndarray], list[np.ndarray]]] = []
+    for b in batches:
+        images, boxes = demo_items(b, size=size)
+        cases.append(("end to end (predict)", b, images, boxes))
+        if encoder_only:
+            cases.append(("encoder only", b, images, boxes))
+    if many_prompts:
+        images, _ = demo_items(1, size=size, seed=5)
+        g = np.random.default_rng(5)
+        xy = g.uniform(0, 0.85 * size, (many_prompts, 2))  # small boxes all over, like nuclei
+        wh = g.uniform(0.02 * size, 0.15 * size, (many_prompts, 2))
+        cases.append((f"end to end, {many_prompts} box prompts on one image", 1, images,
+                      [np.floor(np.concatenate([xy, xy + wh], axis=1)).astype(np.float32)]))
+    rows: list[RuntimeRow] = []
+    base = "pytorch-fp32"
+    names = list(models)
+    for what, b, images, boxes in cases:
+        x = torch.from_numpy(np.stack([exact_inputs([im])[0].numpy() for im in images]))
+        for m in models.values():
+            _run_once(m, what, x, images, boxes)  # warm-up (first-call allocations, oneDNN primitives)
+        times: dict[str, list[float]] = {n: [] for n in names}
+        for r in range(rounds):
+            order = names[r % len(names):] + names[: r % len(names)]
+            for n in order:
+                t0 = time.perf_counter()
+                _run_once(models[n], what, x, images, boxes)
+                times[n].append((time.perf_counter() - t0) / b)
+        ref = models[base].predict_logits(images, boxes, batch_size=b)
+        for n in names:
+            got = models[n].predict_logits(images, boxes, batch_size=b)
+            diff = max(float(np.abs(g - e).max()) for g, e in zip(got, ref, strict=True))
+            flips = float(np.mean([((g > 0) != (e > 0)).mean() for g, e in zip(got, ref, strict=True)]))
+            paired = [tb / tn for tb, tn in zip(times[base], times[n], strict=True)]
+            rows.append(RuntimeRow(n, b, what, float(np.median(times[n])), float(np.median(paired)), diff, flips))
+    return rows
+
+
+def _run_once(m: LiteMedSamSegmenter, what: str, x: torch.Tensor, images: list[np.ndarray],
+              boxes: list[np.ndarray]) -> None:
+    with torch.no_grad():
+        if what == "encoder only":
+            m.encode(x)
+        else:
+            m.predict(images, boxes, batch_size=len(images))
+
+
+def runtime_table(rows: list[RuntimeRow], prepare: dict[str, float]) -> list[str]:
+    """Markdown lines: one row per (what, batch, engine)."""
+    import platform
+
+    flags = sorted({f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
+                    if f in _cpu_flags()})
+    lines = [f"\n### LiteMedSAM runtimes on the CPU ({torch.get_num_threads()} threads, {platform.processor() or 'cpu'}; "
+             f"flags: {', '.join(flags) or 'unknown'})",
+             "| what | batch | engine | ms/img | img/s | x PyTorch fp32 (paired median) | max abs logit diff | "
+             "mask pixels differing |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.what} | {r.batch} | {r.engine} | {r.sec_per_img * 1e3:.0f} | {1 / r.sec_per_img:.2f} | "
+                     f"{r.ratio:.2f} | {r.max_abs_diff:.2g} | {r.mask_diff:.4%} |")
+    for rt, sec in prepare.items():
+        lines.append(f"\n{rt}: first preparation {sec:.1f} s (export + check when the cache was empty, else loading)")
+    return lines
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``.venv/bin/python -m bench.litemedsam_bench [--batches 1,8] [--rounds 5] [--many-prompts 125]
+    [--cache-dir DIR]``:
+    the runtime table (:func:`runtime_comparison`). The demo evaluates LiteMedSAM at batch 1 (its
+    ``batch_size``, also the family default); 8 is the other families' default batch."""
+    import argparse
+    import tempfile
+
+    ap = argparse.ArgumentParser(description="LiteMedSAM: PyTorch fp32 / bf16 autocast / ONNX Runtime / OpenVINO")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--engines", default=",".join(RUNTIME_ENGINES))
+    ap.add_argument("--cache-dir", default=None, help="export cache (default: a fresh temporary folder, so the "
+                                                      "export time is measured too)")
+    ap.add_argument("--no-encoder-only", action="store_true")
+    ap.add_argument("--many-prompts", type=int, default=0, help="also one image with this many box prompts")
+    ap.add_argument("--threads", type=int, default=None, help="threads of every engine (default: torch's, the cores)")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)  # the exported runtimes take torch's count when they load
+    with tempfile.TemporaryDirectory() as tmp:
+        models, prepare = runtime_models(args.cache_dir or tmp, tuple(args.engines.split(",")))
+        rows = runtime_comparison(models, [int(b) for b in args.batches.split(",")], args.rounds,
+                                  encoder_only=not args.no_encoder_only, many_prompts=args.many_prompts)
+    print("\n".join(runtime_table(rows, prepare)))
+
+
+if __name__ == "__main__":
+    main()

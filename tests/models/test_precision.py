@@ -44,8 +44,12 @@ def test_an_unknown_precision_is_refused() -> None:
 @pytest.mark.parametrize("native", [False, True])
 def test_the_model_records_the_arithmetic_auto_chose(monkeypatch: pytest.MonkeyPatch, native: bool) -> None:
     monkeypatch.setattr(prec, "native_bf16", lambda device: native)
-    m = SegModelConfig(id="lite", family="litemedsam", checkpoint="package", precision="auto")
+    m = SegModelConfig(id="lite", family="litemedsam", checkpoint="package", precision="auto", runtime="pytorch")
     seg = build_segmenter(m, packaged_checkpoint())
     assert isinstance(seg, LiteMedSamSegmenter)
     assert seg.precision == ("bf16-autocast" if native else "fp32")
     assert seg.channels_last is native  # the channels-last encoder comes with autocast only
+    # runtime auto (the default): fp32 goes to the exported graphs on the CPU, bf16 autocast stays in PyTorch
+    seg = build_segmenter(m.model_copy(update={"runtime": "auto"}), packaged_checkpoint())
+    assert seg.runtime == ("pytorch" if native else "onnxruntime")
+    assert seg.autocast_dtype == (torch.bfloat16 if native else None)
