@@ -63,3 +63,31 @@ def _no_location_pin() -> Iterator[None]:
     resources = sys.modules.get("medrobust_assets.resources")
     if resources is not None:
         resources.unpin()
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """torch on one intra-op thread for a module (small tensor ops on a shared 2-core machine are
+    10-100x slower with two threads); the previous count is restored afterwards."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _export_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """LiteMedSAM's ONNX exports of models built without a suite go to $MEDROBUST_EXPORT_CACHE
+    (default ~/.cache/medrobust/exports): tests keep them in one folder of this session's (shared by
+    the tests, and by the processes they start), never the user's cache."""
+    import os
+
+    old = os.environ.get("MEDROBUST_EXPORT_CACHE")
+    os.environ["MEDROBUST_EXPORT_CACHE"] = str(tmp_path_factory.mktemp("exports"))
+    yield
+    if old is None:
+        os.environ.pop("MEDROBUST_EXPORT_CACHE", None)
+    else:
+        os.environ["MEDROBUST_EXPORT_CACHE"] = old

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from medrobust_lib.tasks.judge import TextModel
-from medrobust_lib.tasks.judge_open import parse_score
+from medrobust_lib.tasks.judge_open import judge_scores, parse_score
 
 CAPTION_JUDGE_PROMPT = """Evaluate the quality of the following medical image description.
 
@@ -61,12 +61,4 @@ def judge_captions(model: TextModel, predictions: Sequence[str], truths: Sequenc
     if not predictions:
         return []
     prompts = [caption_judge_prompt(p, t) for p, t in zip(predictions, truths, strict=True)]
-    out: list[CaptionVerdict] = []
-    for r in model.generate([None] * len(prompts), prompts):
-        outcome = getattr(r, "outcome", "ok")
-        if outcome != "ok":
-            out.append(CaptionVerdict(None, f"api_{outcome}"))
-            continue
-        score = read_caption_score(getattr(r, "text", None))
-        out.append(CaptionVerdict(score, "ok" if score is not None else "unreadable"))
-    return out
+    return [CaptionVerdict(score, outcome) for score, outcome in judge_scores(model, prompts)]

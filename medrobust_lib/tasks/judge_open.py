@@ -70,12 +70,19 @@ def judge_open(model: TextModel, questions: Sequence[str], predictions: Sequence
     if not questions:
         return []
     prompts = [open_judge_prompt(q, p, t) for q, p, t in zip(questions, predictions, truths, strict=True)]
-    out: list[OpenVerdict] = []
+    return [OpenVerdict(score, outcome) for score, outcome in judge_scores(model, prompts)]
+
+
+def judge_scores(model: TextModel, prompts: Sequence[str]) -> list[tuple[float | None, str]]:
+    """One ``(score, outcome)`` per prompt, in order (text only; the VQA and caption judges share it):
+    the reference's number reading (:func:`parse_score`); ``outcome`` is ``ok``, ``unreadable`` (the
+    reply held no number; score None) or ``api_<outcome>`` (the call failed; score None)."""
+    out: list[tuple[float | None, str]] = []
     for r in model.generate([None] * len(prompts), prompts):
         outcome = getattr(r, "outcome", "ok")
         if outcome != "ok":
-            out.append(OpenVerdict(None, f"api_{outcome}"))
+            out.append((None, f"api_{outcome}"))
             continue
         score = parse_score(getattr(r, "text", None))
-        out.append(OpenVerdict(score, "ok" if score is not None else "unreadable"))
+        out.append((score, "ok" if score is not None else "unreadable"))
     return out

@@ -14,6 +14,7 @@ checked from the project ``root`` (the path rule of :mod:`medrobust_lib.config.s
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import struct
 import tempfile
@@ -174,6 +175,11 @@ def _package_error(model_id: str) -> str | None:
 def _weights_errors(suite: Suite, root: Path) -> list[str]:
     errors = []
     for m in suite.segmentation.models:
+        if m.runtime in ("onnxruntime", "openvino"):  # named explicitly: the run would fall back to PyTorch
+            missing = [p for p in (m.runtime, "onnx") if importlib.util.find_spec(p) is None]
+            if missing:
+                errors.append(f"segmentation model {m.id!r}: runtime {m.runtime!r} needs {' and '.join(missing)} "
+                              "(make setup installs them; runtime auto or pytorch runs without)")
         if m.checkpoint == PACKAGE_CHECKPOINT:
             if (err := _package_error(m.id)) is not None:
                 errors.append(err)

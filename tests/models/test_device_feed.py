@@ -3,7 +3,6 @@ operation, and perturbed device batches scored by a model without a host round t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import cv2
@@ -22,11 +21,8 @@ from medrobust_lib.perturb.spec import get_perturbation
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def one_thread(one_torch_thread: None) -> None:
+    """Every test of this module on one torch thread (tests/conftest.py)."""
 
 
 @pytest.fixture(scope="module")

@@ -192,3 +192,21 @@ def test_validate_accepts_the_runtimes(tmp_path: Path) -> None:
     (tmp_path / "suite.yaml").write_text(yaml.safe_dump(cfg))
     report = validate_suite(tmp_path / "suite.yaml", n_load=1, root=tmp_path)
     assert report.errors == [], report.errors
+
+
+def test_validate_names_a_runtime_that_is_not_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    import yaml
+
+    from medrobust_lib.tracks.validate import validate_suite
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "openvino" else real(name, *a))
+    cfg = {"name": "lite", "modalities": ["ct"], "demo": {"enabled": True, "root": str(tmp_path / "demo")},
+           "segmentation": {"models": [{"id": "ov", "family": "litemedsam", "checkpoint": "package",
+                                        "runtime": "openvino"}]}}
+    (tmp_path / "suite.yaml").write_text(yaml.safe_dump(cfg))
+    report = validate_suite(tmp_path / "suite.yaml", n_load=1, root=tmp_path)
+    assert report.errors == ["segmentation model 'ov': runtime 'openvino' needs openvino (make setup installs them; "
+                             "runtime auto or pytorch runs without)"]

@@ -10,7 +10,6 @@ protocol against :func:`medrobust_lib.perturb.engine.run_chunk`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import cv2
@@ -40,13 +39,9 @@ DEVICE = list(E.DEVICE_TYPES)
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    """One torch thread: on a loaded two-core machine two threads make the small tensor operations
-    of these tests 10-100 times slower (measured)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def one_thread(one_torch_thread: None) -> None:
+    """One torch thread (tests/conftest.py): on a loaded two-core machine two threads make the small
+    tensor operations of these tests 10-100 times slower (measured)."""
 
 
 @pytest.fixture(scope="module")

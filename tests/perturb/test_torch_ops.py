@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import cv2
 import numpy as np
 import pytest
@@ -16,11 +14,8 @@ BORDERS = {"reflect101": cv2.BORDER_REFLECT_101, "reflect": cv2.BORDER_REFLECT, 
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def one_thread(one_torch_thread: None) -> None:
+    """Every test of this module on one torch thread (tests/conftest.py)."""
 
 
 @pytest.fixture(scope="module")
