@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,7 +103,9 @@ def apply_lora(model: Any, settings: LoraSettings, *, seed: int = 0) -> Any:
     lora_target_modules(model, regex)  # clear error before peft's
     cfg = LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
                      target_modules=regex, bias="none")
-    with scoped_torch_seed(seed, "lora-init", module=model):
+    with scoped_torch_seed(seed, "lora-init", module=model), warnings.catch_warnings():
+        # peft reads a transformers property deprecated in v5 while wrapping (as in models/hf_vlm.py)
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         peft_model = get_peft_model(model, cfg)
     return peft_model
 
