@@ -4,8 +4,9 @@ A :class:`Reader` turns a dataset folder into :class:`~medrobust_lib.data.sample
 entries (``index``: paths only, cheap, plus quarantine records for problems visible from the file
 listing such as a missing mask) and loads one ref into a :class:`~medrobust_lib.data.sample.Sample`
 (``load``: raises :class:`~medrobust_lib.data.sample.SampleError` with a reason code for a bad
-file). Readers are registered in :data:`READERS`; the modules ``readers_folder``,
-``readers_dicom`` and ``readers_nifti`` register the built-in ones when this module is imported.
+file). Readers are registered in :data:`READERS` by the module that defines them
+(``readers_folder``, ``readers_presets``, ``readers_dicom``, ``readers_nifti``, ``readers_npy``);
+:mod:`medrobust_lib.data.formats` imports them all, so read the complete registry from there.
 
 Every reader's ``options`` are a pydantic model with ``extra="forbid"``, so a misspelt option is a
 ``ValueError`` naming the valid ones when the :class:`~medrobust_lib.data.dataset.DatasetConfig`
@@ -424,3 +425,18 @@ def finish_sample(
         metadata=meta,
         instances=inst,
     )
+
+
+def dataset_root(cfg: DatasetSpec, wrappers: Sequence[str], markers: Sequence[str]) -> Path:
+    """The folder of a dataset in its released layout: ``cfg.root`` when it holds one of the
+    ``markers`` sub-folders, else the first folder below it, along the archive's ``wrappers`` folder
+    names (kept on extraction, e.g. ``hyper-kvasir/segmented-images``), that holds one; ``cfg.root``
+    when none does (the reader then reports what is missing). The one root finder of every reader."""
+    root = require_dir(Path(cfg.root).expanduser(), f"dataset root for {cfg.name!r}")
+    frontier = [root]
+    for _ in range(len(wrappers) + 1):
+        for d in frontier:
+            if any(child_dir(d, m) is not None for m in markers):
+                return d
+        frontier = [c for d in frontier for w in wrappers if (c := child_dir(d, w)) is not None]
+    return root

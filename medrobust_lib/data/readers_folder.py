@@ -25,6 +25,7 @@ from medrobust_lib.data.readers import (
     RasterOptions,
     Reader,
     child_dir,
+    dataset_root,
     finish_sample,
     is_hidden,
     make_ref,
@@ -109,19 +110,6 @@ def load_pair(
 
 def _threshold_decoder(opts: MaskOptions) -> MaskDecoder:
     return lambda p: read_binary_mask(p, opts)
-
-
-def _resolve_root(cfg: DatasetSpec, wrapper: str, marker: Sequence[str]) -> Path:
-    """``cfg.root``, or ``cfg.root/wrapper`` when the archive's top folder was kept and the
-    ``marker`` sub-folders live one level down."""
-    root = Path(cfg.root).expanduser()
-    require_dir(root, f"dataset root for {cfg.name!r}")
-    if any(child_dir(root, m) is not None for m in marker):
-        return root
-    nested = child_dir(root, wrapper)
-    if nested is not None and any(child_dir(nested, m) is not None for m in marker):
-        return nested
-    return root
 
 
 # --------------------------------------------------------------------------------------------------
@@ -316,7 +304,7 @@ class KvasirOptions(RasterOptions):
 
 
 def index_kvasir_seg(cfg: DatasetSpec) -> IndexResult:
-    root = _resolve_root(cfg, "Kvasir-SEG", ("images",))
+    root = dataset_root(cfg, ("Kvasir-SEG",), ("images",))
     img_dir = require_dir(child_dir(root, "images") or root / "images", "Kvasir-SEG images folder")
     mask_dir = require_dir(child_dir(root, "masks") or root / "masks", "Kvasir-SEG masks folder")
     refs: list[SampleRef] = []
@@ -389,7 +377,7 @@ def _busi_masks(folder_names: Sequence[str], stem: str) -> tuple[str | None, lis
 
 def index_busi(cfg: DatasetSpec) -> IndexResult:
     opts = options_for(cfg, BusiOptions)
-    root = _resolve_root(cfg, "Dataset_BUSI_with_GT", BUSI_CLASSES)
+    root = dataset_root(cfg, ("Dataset_BUSI_with_GT",), BUSI_CLASSES)
     refs: list[SampleRef] = []
     bad: list[QuarantineRecord] = []
     found = False

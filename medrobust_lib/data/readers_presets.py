@@ -22,6 +22,7 @@ from medrobust_lib.data.readers import (
     RasterOptions,
     Reader,
     child_dir,
+    dataset_root,
     is_hidden,
     make_ref,
     options_for,
@@ -32,19 +33,6 @@ from medrobust_lib.data.readers import (
 from medrobust_lib.data.sample import DatasetSpec, QuarantineRecord, Sample, SampleRef
 
 _JPEG = (".jpg", ".jpeg")
-
-
-def _dataset_root(cfg: DatasetSpec, wrappers: tuple[str, ...], marker: str) -> Path:
-    """``cfg.root``, or the first folder below it, along the archive's wrapper folder names (kept
-    on extraction, e.g. ``hyper-kvasir/segmented-images``), that holds the ``marker`` sub-folder."""
-    root = require_dir(Path(cfg.root).expanduser(), f"dataset root for {cfg.name!r}")
-    frontier = [root]
-    for _ in range(len(wrappers) + 1):
-        for d in frontier:
-            if child_dir(d, marker) is not None:
-                return d
-        frontier = [c for d in frontier for w in wrappers if (c := child_dir(d, w)) is not None]
-    return root
 
 
 def _pair_index(
@@ -102,7 +90,7 @@ def read_hyper_kvasir_boxes(path: Path) -> dict[str, list[list[float]]]:
 
 
 def index_hyper_kvasir(cfg: DatasetSpec) -> IndexResult:
-    root = _dataset_root(cfg, ("hyper-kvasir", "segmented-images"), "images")
+    root = dataset_root(cfg, ("hyper-kvasir", "segmented-images"), ("images",))
     img_dir = require_dir(child_dir(root, "images") or root / "images", "Hyper-Kvasir segmented-images/images folder")
     mask_dir = require_dir(child_dir(root, "masks") or root / "masks", "Hyper-Kvasir segmented-images/masks folder")
     boxes_path = root / HYPER_KVASIR_BOXES
@@ -168,7 +156,7 @@ class BrainTumorOptions(RasterOptions):
 
 
 def index_brain_tumor(cfg: DatasetSpec) -> IndexResult:
-    root = _dataset_root(cfg, ("brain-tumor-segmentation",), "images")
+    root = dataset_root(cfg, ("brain-tumor-segmentation",), ("images",))
     img_dir = require_dir(child_dir(root, "images") or root / "images", "brain tumor images folder")
     mask_dir = require_dir(child_dir(root, "masks") or root / "masks", "brain tumor masks folder")
     return _pair_index(cfg, img_dir, mask_dir, (".png",), ".png")
