@@ -38,9 +38,16 @@ from medrobust_lib.tracks.datasets import build_clean_index
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def demo_suite(work: Path, workers: int | None, config: Path) -> Path:
-    """The demo suite with its results, mart and demo data under ``work``."""
+def demo_suite(work: Path, workers: int | None, config: Path, modalities: list[str] | None = None,
+               include: list[str] | None = None, real_labels: bool = True) -> Path:
+    """The demo suite with its results, mart and demo data under ``work`` (``modalities`` /
+    ``include``: a smaller grid, for the smoke test; ``real_labels``: the real labelled datasets)."""
     cfg = yaml.safe_load(config.read_text())
+    if modalities:
+        cfg["modalities"] = modalities
+    if include:
+        cfg.setdefault("perturbations", {})["include"] = include
+    cfg["demo"]["real_labels"] = real_labels
     cfg["results_dir"] = str(work / "results")
     cfg["mart_path"] = str(work / "marts.duckdb")
     cfg["demo"]["root"] = str(work / "demo")
@@ -51,8 +58,8 @@ def demo_suite(work: Path, workers: int | None, config: Path) -> Path:
     return path
 
 
-def run(work: Path, workers: int | None, config: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
-    suite = load_suite(demo_suite(work, workers, config))
+def run(work: Path, workers: int | None, config: Path, **grid: Any) -> tuple[pd.DataFrame, dict[str, Any]]:
+    suite = load_suite(demo_suite(work, workers, config, **grid))
     ensure_demo(suite)
     for m in suite.modalities:
         build_clean_index(suite, m)
@@ -105,11 +112,15 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=None, help="worker processes (default: the suite's)")
     ap.add_argument("--save-rows", type=Path, default=None)
     ap.add_argument("--compare-rows", type=Path, default=None)
+    ap.add_argument("--modalities", nargs="*", default=None, help="only these modalities (default: the suite's)")
+    ap.add_argument("--include", nargs="*", default=None, help="only these perturbation types / globs")
+    ap.add_argument("--no-real-labels", action="store_true", help="without the real labelled datasets")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="calib-bench-") as tmp:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        df, info = run(work, args.workers, args.config)
+        df, info = run(work, args.workers, args.config, modalities=args.modalities, include=args.include,
+                       real_labels=not args.no_real_labels)
     ok = df[df["status"] == "ok"]
     fig = figures(df, info["warm_start_evals"])
     print(f"perturbed stage, {info['workers']} worker(s): wall {info['wall_s']:.1f} s")

@@ -38,7 +38,6 @@ them, even when their suites keep their exports in different folders.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import logging
@@ -56,7 +55,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from medrobust_lib.hashing import file_sha256
+from medrobust_lib.hashing import digest, file_sha256
 from medrobust_lib.lru import LRU
 
 logger = logging.getLogger(__name__)
@@ -157,8 +156,9 @@ def export_key(source_sha256: str, graph: str, runtime: str, settings: Mapping[s
 
 
 def key_digest(doc: Mapping[str, Any]) -> str:
-    """First 24 hex digits of the SHA-256 of ``doc`` as canonical JSON (sorted keys)."""
-    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:24]
+    """First 24 hex digits of :func:`medrobust_lib.hashing.digest` of ``doc`` (the project's one
+    canonical JSON form)."""
+    return digest(dict(doc))[:24]
 
 
 def export_folder(cache_dir: Path, doc: Mapping[str, Any]) -> Path:

@@ -67,6 +67,13 @@ def test_every_bench_script_has_a_smoke_test() -> None:
     assert scripts <= names, f"bench scripts without a smoke test: {sorted(scripts - names)}"
 
 
+def test_calibration_evals_bench_tiny(tmp_path: Path) -> None:
+    out = run_script("calibration_evals_bench.py", "--work", str(tmp_path / "w"), "--workers", "1",
+                     "--modalities", "ct", "--include", "gaussian_noise", "--no-real-labels").stdout
+    evals = float(re.search(r"evals_per_output: ([0-9.]+)", out).group(1))  # type: ignore[union-attr]
+    assert 1.0 <= evals < 10.0, out
+
+
 def test_perturb_bench_tiny_from_a_fresh_root(tmp_path: Path) -> None:
     # the bench builds and indexes its own demo suite (make bench after a fresh clone)
     out = run_script("perturb_bench.py", "--suite-root", str(tmp_path / "suite"), "--demo-root",
