@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import builtins
+import contextlib
 import importlib.util
 import json
 import re
@@ -49,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -387,24 +389,32 @@ def judge(repo: Path) -> None:
         judge_obj._call_api = lambda prompt: prompt
         prompts.append({"question": q, "prediction": pred, "ground_truth": gt,
                         "prompt": judge_obj.evaluate_vqa(q, pred, gt)})
-    fake_requests = types.ModuleType("requests")
     scores = []
-    real = sys.modules.get("requests")
-    try:
-        sys.modules["requests"] = fake_requests
+    with _fake_requests() as fake_requests:
         caller = ev.DeepSeekEvaluator({"api_key": "not-a-key"})
         for reply in JUDGE_REPLIES:
             fake_requests.post = lambda *a, reply=reply, **k: _FakeResponse(reply)  # type: ignore[attr-defined]
             scores.append({"reply": reply, "score": caller._call_api("prompt")})
+    (OUT / "judge_reference.json").write_text(json.dumps({
+        "generator": "tools/reference_protocol_fixtures.py", "reference": f"{EV_FILE} @ {_git(repo)}",
+        "prompts": prompts, "scores": scores}, indent=1))
+    print(f"judge: {len(prompts)} prompts, {len(scores)} replies")
+
+
+@contextlib.contextmanager
+def _fake_requests() -> Iterator[types.ModuleType]:
+    """A stand-in ``requests`` module in ``sys.modules`` while the block runs (the reference's judge
+    imports it at call time); the real one, if any, is put back afterwards."""
+    fake = types.ModuleType("requests")
+    real = sys.modules.get("requests")
+    sys.modules["requests"] = fake
+    try:
+        yield fake
     finally:
         if real is not None:
             sys.modules["requests"] = real
         else:
             sys.modules.pop("requests", None)
-    (OUT / "judge_reference.json").write_text(json.dumps({
-        "generator": "tools/reference_protocol_fixtures.py", "reference": f"{EV_FILE} @ {_git(repo)}",
-        "prompts": prompts, "scores": scores}, indent=1))
-    print(f"judge: {len(prompts)} prompts, {len(scores)} replies")
 
 
 CAPTION_JUDGE_CASES: tuple[tuple[str, str], ...] = (
@@ -428,11 +438,8 @@ def caption_judge(repo: Path) -> None:
     judge_obj._call_api = lambda prompt: prompt
     prompts = [{"prediction": pred, "ground_truth": gt, "prompt": judge_obj.evaluate_caption(pred, gt)}
                for pred, gt in CAPTION_JUDGE_CASES]
-    fake_requests = types.ModuleType("requests")
     scores = []
-    real = sys.modules.get("requests")
-    try:
-        sys.modules["requests"] = fake_requests
+    with _fake_requests() as fake_requests:
         caller = ev.DeepSeekEvaluator({"api_key": "not-a-key"})
         for reply in CAPTION_JUDGE_REPLIES:
             sent: list[str] = []
@@ -445,11 +452,6 @@ def caption_judge(repo: Path) -> None:
             score = caller.evaluate_caption("a candidate", "a reference")
             assert sent and "a candidate" in sent[0]  # the caption judge's own prompt went out
             scores.append({"reply": reply, "score": score})
-    finally:
-        if real is not None:
-            sys.modules["requests"] = real
-        else:
-            sys.modules.pop("requests", None)
     (OUT / "caption_judge_reference.json").write_text(json.dumps({
         "generator": "tools/reference_protocol_fixtures.py", "reference": f"{EV_FILE} @ {_git(repo)}",
         "function": "DeepSeekEvaluator.evaluate_caption", "prompts": prompts, "scores": scores}, indent=1))
