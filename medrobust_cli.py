@@ -449,10 +449,10 @@ def validate(
     from medrobust_lib.tracks.validate import validate_suite
 
     suite_path = _suite_file(suite)
-    load_suite(suite_path)  # a file that is no suite at all: one line, exit 2
+    loaded = load_suite(suite_path)  # a file that is no suite at all: one line, exit 2
     root = _enter_project(suite_path)
     report = validate_suite(suite_path, n_load=load, root=root)
-    report.errors.extend(_demo_root_errors(load_suite(suite_path), root))
+    report.errors.extend(_demo_root_errors(loaded, root))
     for line in report.lines():
         typer.echo(line)
     if not report.ok:

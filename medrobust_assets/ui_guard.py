@@ -60,6 +60,7 @@ SAFE_SITES = frozenset({"same-origin", "none"})
 SECURITY_HEADERS = (("X-Frame-Options", "DENY"),
                     ("Content-Security-Policy", "frame-ancestors 'none'"),
                     ("Cross-Origin-Resource-Policy", "same-origin"))
+_SECURITY_NAMES = frozenset(k.lower() for k, _ in SECURITY_HEADERS)
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "te", "trailer", "upgrade",
                         "transfer-encoding", "proxy-authorization", "proxy-authenticate"})
 
@@ -177,7 +178,7 @@ def parse_request(head: bytes) -> _Request:
 
 def _response(refusal: Refusal) -> bytes:
     body = (refusal.reason + "\n").encode("utf-8", "replace")
-    head = [f"HTTP/1.1 {refusal.status} {'Refused' if refusal.status != 307 else 'Temporary Redirect'}",
+    head = [f"HTTP/1.1 {refusal.status} Refused",
             "Content-Type: text/plain; charset=utf-8", f"Content-Length: {len(body)}", "Connection: close",
             *(f"{k}: {v}" for k, v in SECURITY_HEADERS)]
     return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
@@ -309,7 +310,7 @@ class Guard:
         out: list[tuple[str, str]] = []
         for k, v in headers:
             name = k.lower()
-            if name in {h.lower() for h, _ in SECURITY_HEADERS}:
+            if name in _SECURITY_NAMES:
                 continue
             if name == "location" and v.startswith(private):
                 v = v[len(private):] or "/"

@@ -326,10 +326,7 @@ def train_segmenter(
                 history.append({"step": step, "loss": float(loss.detach()), "val_dice": vd})
                 if log:
                     log(f"step {step} loss {float(loss.detach()):.4f} val_dice {vd:.4f}")
-                if cfg.select == "last":  # no selection: every evaluation keeps the current weights
-                    best = (vd, step)
-                    best_state = {k: v.detach().clone() for k, v in model.sam.state_dict().items()}
-                elif vd > best[0]:
+                if cfg.select == "last" or vd > best[0]:  # "last": every evaluation keeps the current weights
                     best = (vd, step)
                     best_state = {k: v.detach().clone() for k, v in model.sam.state_dict().items()}
                     bad_evals = 0

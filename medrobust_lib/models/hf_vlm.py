@@ -18,6 +18,7 @@ from __future__ import annotations
 import inspect
 import warnings
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,7 @@ from medrobust_lib.models.base import GenerateFromCapped, VisionLanguageModel
 from medrobust_lib.models.remote_code import refuse_remote_code
 from medrobust_lib.models.shared_image import shared_image
 from medrobust_lib.models.vlm_conventions import conventions_for, encode_prompts, prompt_text
+from medrobust_lib.seeding import scoped_torch_seed
 
 if TYPE_CHECKING:
     from medrobust_lib.config.vlm import VLMModelConfig
@@ -242,10 +244,11 @@ class HFVisionLanguageModel(GenerateFromCapped):
         stops = self._stop_ids()
         out: list[tuple[str, bool]] = [("", False)] * len(prompts)
         for idx in batch_groups(images, batch_size):
-            batch = self._inputs([images[i] for i in idx], [prompts[i] for i in idx])
-            gen = self.model.generate(**batch, max_new_tokens=max_new_tokens,
-                                      pad_token_id=self.processor.tokenizer.pad_token_id,
-                                      **self._sampling([prompts[i] for i in idx]))
+            asked = [prompts[i] for i in idx]
+            batch = self._inputs([images[i] for i in idx], asked)
+            with self._seeded(asked):
+                gen = self.model.generate(**batch, max_new_tokens=max_new_tokens,
+                                          pad_token_id=self.processor.tokenizer.pad_token_id, **self._sampling())
             new = gen[:, batch["input_ids"].shape[1]:]
             texts = self.processor.tokenizer.batch_decode(new, skip_special_tokens=True)
             for row, (i, text) in enumerate(zip(idx, texts, strict=True)):
@@ -253,14 +256,20 @@ class HFVisionLanguageModel(GenerateFromCapped):
                 out[i] = (text.strip(), len(ids) >= max_new_tokens and not stops.intersection(ids))
         return out
 
-    def _sampling(self, prompts: Sequence[str]) -> dict[str, Any]:
-        """``generate``'s decoding arguments: greedy at temperature 0; else sampling at the
-        temperature and top-p, torch's generator seeded from (seed, the batch's prompts) first, so a
-        rerun of the same batch draws the same answers."""
+    def _sampling(self) -> dict[str, Any]:
+        """``generate``'s decoding arguments: greedy at temperature 0, else sampling at the
+        temperature and top-p (under :meth:`_seeded`, which seeds from the batch)."""
         if self.temperature <= 0:
             return {"do_sample": False}
-        torch.manual_seed(int(digest(["hf_vlm.sample", self.seed, list(prompts)])[:15], 16))
         return {"do_sample": True, "temperature": self.temperature, "top_p": self.top_p}
+
+    def _seeded(self, prompts: Sequence[str]) -> AbstractContextManager[None]:
+        """When sampling, torch's generators seeded from (seed, the batch's prompts) for the block and
+        restored after it (:func:`~medrobust_lib.seeding.scoped_torch_seed`), so a rerun of the same
+        batch draws the same answers; greedy decoding draws nothing."""
+        if self.temperature <= 0:
+            return nullcontext()
+        return scoped_torch_seed("hf_vlm.sample", self.seed, digest(list(prompts)), module=self.model)
 
     def _stop_ids(self) -> set[int]:
         """Token ids that end an answer: the generation config's end-of-sequence id(s), else the

@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from medrobust_lib.hashing import digest, file_sha256
+from medrobust_lib.hashing import canonical_json, digest, file_sha256
 from medrobust_lib.lru import LRU
 
 logger = logging.getLogger(__name__)
@@ -258,11 +258,11 @@ def _load_cached(folder: Path, doc: Mapping[str, Any], spec: GraphSpec, runtime:
     (the folder is then moved aside)."""
     try:
         manifest = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))
-        if manifest.get("key") != json.loads(json.dumps(doc, sort_keys=True, default=str)):
+        if manifest.get("key") != json.loads(canonical_json(doc)):  # the key as the manifest stored it
             raise ValueError("its manifest names another key")
-        digest = file_sha256(folder / MODEL_FILE)
-        if digest != manifest.get("sha256"):
-            raise ValueError(f"{MODEL_FILE} has SHA-256 {digest[:16]}..., the manifest recorded "
+        sha = file_sha256(folder / MODEL_FILE)
+        if sha != manifest.get("sha256"):
+            raise ValueError(f"{MODEL_FILE} has SHA-256 {sha[:16]}..., the manifest recorded "
                              f"{str(manifest.get('sha256'))[:16]}...")
         return ExportedGraph(folder / MODEL_FILE, spec, runtime, threads)
     except Exception as exc:  # any fault of a cached file means: do not use it
@@ -283,7 +283,6 @@ def _export(module: torch.nn.Module, example: Inputs, spec: GraphSpec, path: Pat
         torch.onnx.export(module, example, str(path), opset_version=OPSET, dynamo=False, do_constant_folding=True,
                           input_names=list(spec.inputs), output_names=list(spec.outputs),
                           dynamic_axes={k: dict(v) for k, v in spec.dynamic_axes.items()} or None)
-
 
 
 def load_or_export(module: torch.nn.Module, inputs: Callable[[], tuple[Inputs, Sequence[Inputs]]], spec: GraphSpec, *,
@@ -307,14 +306,15 @@ def load_or_export(module: torch.nn.Module, inputs: Callable[[], tuple[Inputs, S
     threads = max(1, torch.get_num_threads())
     doc = export_key(source_sha256, spec.name, runtime, settings)
     folder = export_folder(cache_dir or default_cache_dir(), doc)
-    held = _GRAPHS.get((key_digest(doc), runtime, threads))
+    held_key = (key_digest(doc), runtime, threads)
+    held = _GRAPHS.get(held_key)
     if held is not None:
         return held
     if folder.is_dir():  # only ever renamed into place complete: anything wrong with it means broken
         graph = _load_cached(folder, doc, spec, runtime, threads)
     else:
         graph = _export_into(folder, module, inputs, spec, doc, runtime, threads)
-    _GRAPHS.put((key_digest(doc), runtime, threads), graph)
+    _GRAPHS.put(held_key, graph)
     return graph
 
 

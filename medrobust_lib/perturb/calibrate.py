@@ -136,8 +136,7 @@ def calibrate(
         while True:
             s = steps.send(run(s))
     except StopIteration as stop:
-        s, reached = stop.value
-    s = spec.clamp(s, shape)
+        s, reached = stop.value  # a strength it yielded, so one evaluated
     value, out = evals[s]
     return Calibrated(s, value, reached, len(evals), out, tuple((k, v[0]) for k, v in evals.items()))
 

@@ -215,32 +215,19 @@ def warm_start_batch(spec: PerturbationSpec, subsets: Sequence[Sequence[Prepared
                      ssim_dtype: torch.dtype = torch.float64) -> list[WarmStart]:
     """:func:`medrobust_lib.perturb.calibrate.warm_start` for several (subset, band, start)
     problems at once (e.g. the five levels of one type), their searches in lock-step."""
-    flat_items: list[Prepared] = []
-    flat_bands: list[Band] = []
-    flat_starts: list[float | None] = []
-    flat_specs: list[PerturbationSpec] = []
-    owners: list[int] = []
-    specs = []
-    for j, (subset, band, start) in enumerate(zip(subsets, bands, starts, strict=True)):
-        sp = spec.for_shape(max((it.shape for it in subset), key=lambda sh: max(sh[:2]))) if subset else spec
-        specs.append(sp)
-        for it in subset:
-            flat_items.append(it)
-            flat_bands.append(band)
-            flat_starts.append(start)
-            flat_specs.append(sp)
-            owners.append(j)
+    specs = [spec.for_shape(max((it.shape for it in subset), key=lambda sh: max(sh[:2]))) if subset else spec
+             for subset in subsets]
     # the searches of problems whose search specs agree (the subsets' largest shapes) run together
+    groups: dict[PerturbationSpec, list[tuple[int, Prepared]]] = {}
+    for j, subset in enumerate(subsets):
+        groups.setdefault(specs[j], []).extend((j, it) for it in subset)
     runs: list[list[tuple[float, tuple[tuple[float, float], ...], int]]] = [[] for _ in subsets]
-    groups: dict[PerturbationSpec, list[int]] = {}
-    for k, sp in enumerate(flat_specs):
-        groups.setdefault(sp, []).append(k)
-    for ks in groups.values():
-        res = calibrate_batch(spec, [flat_items[k] for k in ks], [flat_bands[k] for k in ks],
-                              starts=[flat_starts[k] for k in ks], search_spec=flat_specs[ks[0]],
+    for sp, members in groups.items():
+        res = calibrate_batch(spec, [it for _, it in members], [bands[j] for j, _ in members],
+                              starts=[starts[j] for j, _ in members], search_spec=sp,
                               max_batch=max_batch, ssim_dtype=ssim_dtype)
-        for k, c in zip(ks, res, strict=True):
-            runs[owners[k]].append((c.strength, c.points, c.n_ssim_evals))
+        for (j, _), c in zip(members, res, strict=True):
+            runs[j].append((c.strength, c.points, c.n_ssim_evals))
     out = []
     for j, (subset, start) in enumerate(zip(subsets, starts, strict=True)):
         if not subset:

@@ -650,6 +650,11 @@ def _layer_discs(x: torch.Tensor, s: list[float], f: Fields, look: Look) -> torc
     return _identity_where_zero(x, s, out)
 
 
+def _disc_port(name: str, prepare: Prepare, look: Look) -> None:
+    """Register a disc-layering type: :func:`_layer_discs` with the type's ``look``."""
+    port(name, prepare)(lambda x, s, f: _layer_discs(x, s, f, look))
+
+
 def _bubbles_prepare(image: np.ndarray, rng: np.random.Generator) -> dict[str, Any]:
     h, w = image.shape[:2]
     side = float(min(h, w))
@@ -685,9 +690,7 @@ def _bubble_look(x: torch.Tensor, bx: torch.Tensor, by: torch.Tensor, rr: torch.
     return look, edge
 
 
-@port("bubbles", _bubbles_prepare)
-def _bubbles(x: torch.Tensor, s: list[float], f: Fields) -> torch.Tensor:
-    return _layer_discs(x, s, f, _bubble_look)
+_disc_port("bubbles", _bubbles_prepare, _bubble_look)
 
 
 def _blood_prepare(image: np.ndarray, rng: np.random.Generator) -> dict[str, Any]:
@@ -897,9 +900,7 @@ def _slide_bubble_look(x: torch.Tensor, bx: torch.Tensor, by: torch.Tensor, rr: 
     return look, edge
 
 
-@port("slide_bubbles", _slide_bubbles_prepare)
-def _slide_bubbles(x: torch.Tensor, s: list[float], f: Fields) -> torch.Tensor:
-    return _layer_discs(x, s, f, _slide_bubble_look)
+_disc_port("slide_bubbles", _slide_bubbles_prepare, _slide_bubble_look)
 
 
 def _fold_prepare(image: np.ndarray, rng: np.random.Generator) -> dict[str, Any]:
@@ -976,8 +977,3 @@ def _reverberation(x: torch.Tensor, s: list[float], f: Fields) -> torch.Tensor:
 def _depth_gain(x: torch.Tensor, s: list[float], f: Fields) -> torch.Tensor:
     gains = np.stack([(10.0 ** (v * p / 20.0)).astype(F32) for v, p in zip(s, f.v("prof"), strict=True)])
     return x * torch.from_numpy(gains).to(x.device)[:, None, :, None]
-
-
-def device_types() -> list[str]:
-    """The types with a device port, sorted."""
-    return sorted(PORTS)

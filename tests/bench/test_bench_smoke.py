@@ -20,6 +20,7 @@ from pathlib import Path
 from types import ModuleType
 
 import numpy as np
+import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,10 +69,19 @@ def test_every_bench_script_has_a_smoke_test() -> None:
 
 
 def test_calibration_evals_bench_tiny(tmp_path: Path) -> None:
+    rows_path = tmp_path / "rows.parquet"
     out = run_script("calibration_evals_bench.py", "--work", str(tmp_path / "w"), "--workers", "1",
-                     "--modalities", "ct", "--include", "gaussian_noise", "--no-real-labels").stdout
+                     "--modalities", "ct", "--include", "gaussian_noise", "--no-real-labels",
+                     "--save-rows", str(rows_path)).stdout
     evals = float(re.search(r"evals_per_output: ([0-9.]+)", out).group(1))  # type: ignore[union-attr]
+    # every output costs at least one SSIM evaluation; 10 or more means the calibration search regressed
     assert 1.0 <= evals < 10.0, out
+    # the printed figures are those of the grid it built: one ok row per sample and level, all counted
+    n = int(re.search(r"^  outputs: (\d+)$", out, re.M).group(1))  # type: ignore[union-attr]
+    rows = pd.read_parquet(rows_path)
+    assert n == len(rows) > 0 and set(rows["perturbation"]) == {"gaussian_noise"}
+    assert not rows.duplicated(["dataset", "sample_id", "level"]).any()
+    assert abs(rows["n_ssim_evals"].mean() - evals) < 1e-3, out
 
 
 def test_perturb_bench_tiny_from_a_fresh_root(tmp_path: Path) -> None:

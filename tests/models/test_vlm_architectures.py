@@ -269,5 +269,5 @@ def test_system_prompt_and_seeded_sampling(twin_folders: dict[str, Path]) -> Non
     img = _images()[0]
     first = vlm.generate_capped([img, img], [Q, Q], max_new_tokens=6)
     assert vlm.generate_capped([img, img], [Q, Q], max_new_tokens=6) == first
-    assert vlm._sampling([Q]) == {"do_sample": True, "temperature": 5.0, "top_p": 0.95}
-    assert _vlm(twin_folders, "gemma3")._sampling([Q]) == {"do_sample": False}
+    assert vlm._sampling() == {"do_sample": True, "temperature": 5.0, "top_p": 0.95}
+    assert _vlm(twin_folders, "gemma3")._sampling() == {"do_sample": False}

@@ -22,10 +22,10 @@ HOST = "127.0.0.1"
 
 
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
+    """A TCP port free on 127.0.0.1 right now (the OS picks it): the UI supervisor's own finder."""
+    from medrobust_assets.ui import free_loopback_port
+
+    return free_loopback_port()
 
 
 def group_members(pgid: int) -> list[int]:

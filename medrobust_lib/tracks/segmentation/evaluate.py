@@ -655,7 +655,6 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
     ev = eval_samples(suite, modality, sc.split)
     samples = ev.samples
     covered = perturbed_keys(m, set(samples) | set(ev.unusable))
-    cache = CleanCache(suite, m, modality, model, sc.prompt, summary)
     rows: list[dict[str, Any]] = []
     todo: list[tuple[dict[str, Any], dict[str, Any], Sample]] = []
     for rec in manifest.to_dict("records"):
@@ -689,6 +688,7 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
     reused = _reuse(part, {str(r["dataset"]) for r in rows}, inputs, t0, reuse)
     if reused is not None:
         return reused
+    cache = CleanCache(suite, m, modality, model, sc.prompt, summary)  # read the clean partition only when scoring
     # one sample's rows together: a feed worker reads each clean sample once (rows are sorted on write)
     todo = [todo[i] for i in sample_major([mr for _, mr, _ in todo])]
     workers = resolve_workers(sc.feed_workers, getattr(getattr(model, "device", None), "type", "cpu"))
@@ -744,13 +744,13 @@ def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str
         suite, m, [s for s in clean_samples(suite, modality, sc.split).values() if s.mask is not None and s.mask.any()])
     unusable = eval_samples(suite, modality, sc.split).unusable if not capped else {}
     run_kinds = [k for k in sc.attacks.kinds if kinds is None or k in kinds]
-    cache = CleanCache(suite, m, modality, model, sc.prompt, summary)
     inputs = attack_inputs(suite, m, model.checkpoint_hash, _precision(model), level, samples, kinds, unusable)
     part = _partition(suite, m, "attack", modality, level)
     expected = {s.dataset for s in samples} | {k[0] for k in unusable} if run_kinds else set()
     reused = _reuse(part, expected, inputs, t0, reuse)
     if reused is not None:
         return reused
+    cache = CleanCache(suite, m, modality, model, sc.prompt, summary)  # read the clean partition only when scoring
     cache.fill(samples)
     rows: list[dict[str, Any]] = []
     inst_rows: list[dict[str, Any]] = []
