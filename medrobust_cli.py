@@ -23,8 +23,8 @@ from pydantic import ValidationError
 
 from medrobust_lib.paths import SuitePaths, suite_paths
 from medrobust_lib.project import in_project, project_root
-from medrobust_lib.tasks.score_files import score_file
 from medrobust_lib.types import ALL_MODALITIES, parse_modality
+from medrobust_lib.vlm_tasks.score_files import score_file
 
 _DEBUG = {"on": os.environ.get("MEDROBUST_DEBUG", "") not in ("", "0")}
 
@@ -410,7 +410,7 @@ def ui(
     and serves it with the suite's own Dagster instance (var/<suite name>/dagster); without it,
     workspace.yaml of the project (the demo) and the project's instance. Stops within seconds of
     Ctrl-C."""
-    from medrobust_assets.locations import suite_instance_home, write_location
+    from medrobust_assets.location_files import suite_instance_home, write_location
 
     if suite is not None:
         suite_path = _suite_file(suite)

@@ -47,8 +47,8 @@ def main() -> None:
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA device")
-    from medrobust_lib.finetune.strategies import STRATEGIES, StrategyConfig, apply_strategy
     from medrobust_lib.models.sam import SamSegmenter, arch_for, build_sam
+    from medrobust_lib.training.strategies import STRATEGIES, StrategyConfig, apply_strategy
 
     try:
         import peft  # noqa: F401
@@ -89,7 +89,7 @@ def main() -> None:
     import numpy as np
 
     from medrobust_lib.data.sample import Sample
-    from medrobust_lib.finetune.train import TrainConfig, train_segmenter
+    from medrobust_lib.training.train import TrainConfig, train_segmenter
 
     rng = np.random.default_rng(0)
     samples = []

@@ -190,12 +190,8 @@ def end_to_end(arch_name: str, dev: torch.device, batch: int, n_per_modality: in
     from medrobust_lib.tracks.datasets import build_clean_index
     from medrobust_lib.tracks.feed import clean_samples
     from medrobust_lib.tracks.perturbed import build_perturbed, read_manifest
-    from medrobust_lib.tracks.segmentation.evaluate import (
-        evaluate_clean,
-        evaluate_perturbed,
-        load_model,
-        model_config,
-    )
+    from medrobust_lib.tracks.segmentation.evaluate import evaluate_clean, evaluate_perturbed
+    from medrobust_lib.tracks.segmentation.model import load_model, model_config
 
     root = Path(tempfile.mkdtemp(prefix="gpu_seg_bench_"))
     build_demo(root / "demo", seed=0, n_per_modality=n_per_modality)

@@ -32,13 +32,8 @@ from medrobust_lib.perturb.engine import regenerate
 from medrobust_lib.prompts import prompt_boxes
 from medrobust_lib.tracks.feed import clean_samples, regenerate_stream, resolve_workers
 from medrobust_lib.tracks.perturbed import read_manifest
-from medrobust_lib.tracks.segmentation.evaluate import (
-    evaluate_attacks,
-    evaluate_clean,
-    evaluate_perturbed,
-    load_model,
-    model_config,
-)
+from medrobust_lib.tracks.segmentation.evaluate import evaluate_attacks, evaluate_clean, evaluate_perturbed
+from medrobust_lib.tracks.segmentation.model import load_model, model_config
 
 REPEATS = 5
 

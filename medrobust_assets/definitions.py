@@ -4,7 +4,7 @@ Nothing here runs at import and no environment variable shapes the graph: the su
 lists decide the asset families, its modalities and levels the partitions
 (:mod:`medrobust_assets.partitions`). A code location builds its ``defs`` by calling
 :func:`definitions_for` (the demo's: :mod:`medrobust_assets.location`; another suite's: the file
-``medrobust ui --suite`` writes, :mod:`medrobust_assets.locations`)."""
+``medrobust ui --suite`` writes, :mod:`medrobust_assets.location_files`)."""
 
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ from medrobust_assets.sensors import (
     registry_sensor,
 )
 from medrobust_lib import runtime
-from medrobust_lib.adapters import adapter_entry
 from medrobust_lib.config import Suite
+from medrobust_lib.model_table import model_entry
 
 JOBS = [registry_evaluation_job, marts_job]
 SENSORS = [registry_sensor, mart_after_evaluation]
@@ -63,7 +63,7 @@ def _vlm_assets(suite: Suite, parts: SuitePartitions) -> list[dg.AssetsDefinitio
     produced: dict[str, dg.AssetsDefinition] = {}
     assets: list[dg.AssetsDefinition] = []
     for m in sorted(suite.vlm.models, key=lambda m: m.base is not None):  # bases first
-        trained = adapter_entry(m.kind, "vlm").local_weights and m.base is None and m.source == "trained"
+        trained = model_entry(m.kind, "vlm").local_weights and m.base is None and m.source == "trained"
         family = vlm_family(m.id, parts, trained=trained, finetuned=m.adapter == "finetuned",
                             upstream=produced.get(m.base) if m.base else None,
                             levels=suite.levels_for(f"vlm.{m.id}"))

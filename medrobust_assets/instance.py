@@ -1,7 +1,7 @@
 """The Dagster instance the runner records its runs in, and the runner's own run tags.
 
 :func:`get_instance` opens the persistent instance the UI shows (one per suite:
-:func:`medrobust_assets.locations.suite_instance_home`); :func:`runner_tags` are the tags every run
+:func:`medrobust_assets.location_files.suite_instance_home`); :func:`runner_tags` are the tags every run
 the runner starts carries (who started it, its process and host, its suite), which
 :func:`mark_orphaned_runs` reads back to mark failed the runs of a runner process that is gone.
 The planner and executor (:mod:`medrobust_assets.runner`) use both; nothing here runs an asset."""
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from medrobust_assets.locations import suite_instance_home
+from medrobust_assets.location_files import suite_instance_home
 from medrobust_assets.tags import SUITE_NAME_TAG
 from medrobust_lib import runtime
 from medrobust_lib.config import Suite
@@ -24,7 +24,7 @@ from medrobust_lib.processes import pid_alive
 
 def get_instance(suite: Suite | None = None) -> dg.DagsterInstance:
     """The persistent instance the UI shows. ``suite``: that suite's own instance
-    (:func:`medrobust_assets.locations.suite_instance_home`: ``$DAGSTER_HOME`` when it names a
+    (:func:`medrobust_assets.location_files.suite_instance_home`: ``$DAGSTER_HOME`` when it names a
     folder other than the project root, the current folder, else ``var/<suite name>/dagster``).
     Without: ``$DAGSTER_HOME`` when set, else the current folder
     (the project root: the CLI changes into it) when it has a dagster.yaml, else ``var/dagster``

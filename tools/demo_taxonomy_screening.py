@@ -36,11 +36,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from medrobust_lib.demo import build_demo
     from medrobust_lib.demo.committed import install_taxonomy
-    from medrobust_lib.taxonomy.screening import screening_stats
+    from medrobust_lib.taxonomy.confidence_screening import screening_stats
     from medrobust_lib.tracks.datasets import build_clean_index
     from medrobust_lib.tracks.taxonomy import evaluate as tx
-    from medrobust_lib.tracks.taxonomy.screening import write_screening_stats
-    from medrobust_lib.tracks.taxonomy.stats import read_taxonomy_results, write_taxonomy_stats
+    from medrobust_lib.tracks.taxonomy.stats import (
+        read_taxonomy_results,
+        write_screening_stats,
+        write_taxonomy_stats,
+    )
 
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)

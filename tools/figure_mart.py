@@ -20,7 +20,7 @@ import pandas as pd
 
 from medrobust_lib.store.marts import MART_TABLES, MART_VIEWS
 from medrobust_lib.store.schema import TAXONOMY_CORRELATION_STATS_COLUMNS, TAXONOMY_QUADRANT_STATS_COLUMNS
-from medrobust_lib.taxonomy.stats import flip_dangerous_correlation, quadrant_stats
+from medrobust_lib.taxonomy.aggregates import flip_dangerous_correlation, quadrant_stats
 from medrobust_lib.tracks.segmentation.stats import segmentation_stats
 
 FAMILIES = {"noise": ["gaussian_noise", "shot_noise", "speckle_noise", "impulse_noise"],

@@ -334,8 +334,8 @@ def finetune(repo: Path) -> None:
     (20 epochs, 0.1 warmup epoch) multipliers per step."""
     import torch
 
-    from medrobust_lib.finetune.strategies import StrategyConfig, apply_strategy
     from medrobust_lib.models.sam import SamSegmenter, arch_for, build_sam
+    from medrobust_lib.training.strategies import StrategyConfig, apply_strategy
 
     fu = _load(repo / FU_FILE, "reference_finetune_utils")
     groups: dict[str, dict[str, float]] = {}

@@ -46,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     lora_ids = [m.id for m in suite.vlm.models if m.adapter == "finetuned"]
     for mid in sam_ids:
         if want is None or mid in want:
-            from medrobust_lib.tracks.segmentation.evaluate import checkpoint_dir, train_base_checkpoint
+            from medrobust_lib.paths import checkpoint_dir
+            from medrobust_lib.tracks.segmentation.model import train_base_checkpoint
 
             t0 = time.perf_counter()
             r = train_base_checkpoint(suite, mid, log=print)

@@ -23,7 +23,7 @@ from pathlib import Path
 from medrobust_lib.config import load_suite
 from medrobust_lib.demo.alignment import ATTRIBUTE_QUESTIONS, attribute_examples, demo_truth
 from medrobust_lib.demo.corpus import load_corpus
-from medrobust_lib.finetune.vlm_train import VLMExample
+from medrobust_lib.training.vlm_train import VLMExample
 
 
 def attribute_of(example: VLMExample) -> str:
@@ -55,10 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from medrobust_lib.demo.alignment import train_stage
-    from medrobust_lib.finetune.vlm_train import VLMTrainConfig
     from medrobust_lib.models.hf_vlm import HFVisionLanguageModel
     from medrobust_lib.models.tiny_vlm import build_tiny_llava, build_tokenizer, save_tiny
     from medrobust_lib.tracks.finetune.vlm_adapter import samples_by_split as _samples_by_split
+    from medrobust_lib.training.vlm_train import VLMTrainConfig
 
     torch.set_num_threads(args.threads)
     suite = load_suite(args.suite)

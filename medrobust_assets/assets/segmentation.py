@@ -12,6 +12,7 @@ from medrobust_assets.progress import reporter
 from medrobust_assets.resources import SuiteResource, TrackingResource
 from medrobust_assets.tags import GPU_OP_TAGS
 from medrobust_lib.paths import suite_paths
+from medrobust_lib.tracks.segmentation.model import committed_test_dice, train_base_checkpoint
 
 
 def _eval_metadata(summary: Any) -> dict[str, Any]:
@@ -56,7 +57,6 @@ def segmentation_family(model_id: str, parts: SuitePartitions, *, trained: bool,
         def base_checkpoint(context: dg.AssetExecutionContext, suite: SuiteResource,
                             tracking: TrackingResource) -> dg.MaterializeResult:
             from medrobust_lib.demo.committed import install_sam
-            from medrobust_lib.tracks.segmentation.evaluate import committed_test_dice, train_base_checkpoint
 
             s = suite.load()
             inst = install_sam(s, model_id)

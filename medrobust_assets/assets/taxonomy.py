@@ -142,7 +142,7 @@ def taxonomy_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinition:
 
         from medrobust_lib.report.figures import taxonomy as tf
         from medrobust_lib.store import results as res
-        from medrobust_lib.taxonomy.stats import correlation_points
+        from medrobust_lib.taxonomy.aggregates import correlation_points
         from medrobust_lib.tracks.taxonomy import stats as tr
 
         s = suite.load()
@@ -151,15 +151,13 @@ def taxonomy_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinition:
             stats, corr = tr.write_taxonomy_stats(s.results_dir, s.seed, s.taxonomy.abstention_tau,
                                                   max_error_share=s.max_error_share, min_n=s.stats.min_n,
                                                   include_off_band=s.perturbations.include_off_band)
-            from medrobust_lib.tracks.taxonomy.screening import write_screening_stats
-
-            screening = write_screening_stats(s.results_dir, max_error_share=s.max_error_share)
+            screening = tr.write_screening_stats(s.results_dir, max_error_share=s.max_error_share)
             from medrobust_lib.store.completeness import complete_rows
 
             rows = complete_rows(res.read_table(s.results_dir, TAXONOMY_TABLE), TAXONOMY_TABLE, s.max_error_share)
             paths: list[Path] = []
             if len(stats):
-                from medrobust_lib.taxonomy.stats import transitions
+                from medrobust_lib.taxonomy.aggregates import transitions
 
                 ok = rows[rows["outcome"] == "ok"]
                 with parallel_saves(s.workers):  # the figure files are drawn by the suite's workers

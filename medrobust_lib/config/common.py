@@ -71,9 +71,9 @@ class TrainLoop(TrainBudget):
     """What a training loop runs with: a :class:`TrainBudget` plus AdamW ``weight_decay``, a linear
     warm-up of ``warmup_steps``, gradient clipping at ``grad_clip`` (global L2 norm) and the ``seed``
     its generators derive from; no wall-clock limit unless set. Not a suite section: the base of the
-    two trainers' settings, :class:`medrobust_lib.finetune.train.TrainConfig` (a promptable
+    two trainers' settings, :class:`medrobust_lib.training.train.TrainConfig` (a promptable
     segmenter: Dice + BCE weights, box jitter, augmentation, epochs, encoder learning-rate factor) and
-    :class:`medrobust_lib.finetune.vlm_train.VLMTrainConfig` (a VLM: model selection, per-parameter
+    :class:`medrobust_lib.training.vlm_train.VLMTrainConfig` (a VLM: model selection, per-parameter
     learning rates, gradient accumulation), which each add only what their loop has and the other's
     has not. Built by the tracks from the suite's training sections."""
 

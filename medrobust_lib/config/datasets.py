@@ -16,7 +16,7 @@ from medrobust_lib.types import DEFAULT_MAX_PIXELS, parse_modality
 
 READERS_MODULE = "medrobust_lib.data.formats"
 """Where the reader registry lives. Loaded by name when a dataset entry is validated, as the
-adapter table (:mod:`medrobust_lib.adapters`) loads adapter classes: the config (core) names the
+model table (:mod:`medrobust_lib.model_table`) loads model classes: the config (core) names the
 readers (domain) without importing them, so loading a suite needs no codec and no import cycle."""
 
 

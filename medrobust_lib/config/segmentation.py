@@ -28,8 +28,8 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from medrobust_lib.adapters import adapter_entry, list_adapters
 from medrobust_lib.config.common import AddedKeys, LoraSettings, TrainBudget
+from medrobust_lib.model_table import list_models, model_entry
 from medrobust_lib.types import ATTACK_EPSILONS, ATTACK_KINDS, DEFAULT_STEP_SIZE_FACTOR, AttackKind
 
 
@@ -51,7 +51,7 @@ class PromptConfig:
 
 FINETUNE_STRATEGIES: tuple[str, ...] = ("full", "decoder_only", "decoder_prompt", "encoder_partial", "lora", "adapter",
                                         "lora_plus_encoder", "lora_plus_decoder")
-"""The segmentation fine-tuning strategies (:mod:`medrobust_lib.finetune.strategies`)."""
+"""The segmentation fine-tuning strategies (:mod:`medrobust_lib.training.strategies`)."""
 LORA_FINETUNE_STRATEGIES: tuple[str, ...] = ("lora", "lora_plus_encoder", "lora_plus_decoder")
 """The strategies that add LoRA layers (``finetune.lora_targets`` keys)."""
 SEG_FAMILIES: tuple[str, ...] = ("sam", "medsam", "sam_med2d", "litemedsam")
@@ -235,7 +235,7 @@ PACKAGE_CHECKPOINT = "package"
 
 def packaged_families() -> list[str]:
     """The families whose release weights an installed package ships (``checkpoint: package``)."""
-    return list_adapters("segmentation", packaged=True)
+    return list_models("segmentation", packaged=True)
 
 
 class SegModelConfig(AddedKeys):
@@ -310,13 +310,13 @@ class SegModelConfig(AddedKeys):
 
     @property
     def eval_batch_size(self) -> int:
-        """``batch_size``, or the family's default where the suite names none (the adapter table's
-        ``batch_size``, :mod:`medrobust_lib.adapters`)."""
-        return self.batch_size or adapter_entry(self.family, "segmentation").batch_size
+        """``batch_size``, or the family's default where the suite names none (the model table's
+        ``batch_size``, :mod:`medrobust_lib.model_table`)."""
+        return self.batch_size or model_entry(self.family, "segmentation").batch_size
 
     @model_validator(mode="after")
     def _family_rules(self) -> SegModelConfig:
-        entry = adapter_entry(self.family, "segmentation")
+        entry = model_entry(self.family, "segmentation")
         if entry.archs:
             if "arch" not in self.model_fields_set:
                 self.arch = entry.archs[0]
@@ -334,7 +334,7 @@ class SegModelConfig(AddedKeys):
                              f"{', '.join(packaged_families())}; family {self.family!r} needs a local file")
         if self.runtime in ("onnxruntime", "openvino"):
             if not entry.exportable:
-                exportable = list_adapters("segmentation", exportable=True)
+                exportable = list_models("segmentation", exportable=True)
                 raise ValueError(f"segmentation model {self.id!r}: runtime {self.runtime!r} exists for "
                                  f"{' and '.join(exportable)} only (family {self.family!r}: runtime auto or pytorch)")
             if not self.device.startswith("cpu"):
@@ -344,7 +344,7 @@ class SegModelConfig(AddedKeys):
                 raise ValueError(f"segmentation model {self.id!r}: runtime {self.runtime!r} runs fp32 (precision "
                                  "bf16: runtime auto or pytorch)")
         if self.preprocess == "exact" and not entry.exact_preprocess:
-            exact = list_adapters("segmentation", exact_preprocess=True)
+            exact = list_models("segmentation", exact_preprocess=True)
             raise ValueError(f"segmentation model {self.id!r}: preprocess 'exact' exists for {' and '.join(exact)} "
                              f"only (family {self.family!r})")
         return self

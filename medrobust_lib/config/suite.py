@@ -18,13 +18,13 @@ from typing import Any, ClassVar, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from medrobust_lib.adapters import adapter_entry
 from medrobust_lib.config.common import AddedKeys, StatsConfig
 from medrobust_lib.config.datasets import DatasetConfig
 from medrobust_lib.config.safe_yaml import load_yaml
 from medrobust_lib.config.segmentation import SegmentationConfig, SegModelConfig
 from medrobust_lib.config.taxonomy import TaxonomyConfig
 from medrobust_lib.config.vlm import ADAPTER_SEEN_SPLITS, VLMConfig, VLMModelConfig, adapter_box_scale
+from medrobust_lib.model_table import model_entry
 from medrobust_lib.paths import default_locations
 from medrobust_lib.types import (
     ALL_MODALITIES,
@@ -357,7 +357,7 @@ class Suite(AddedKeys):
             for m in self.segmentation.models:
                 m.checkpoint = m.checkpoint or DEMO_TRAINED
             for v in self.vlm.models:
-                if adapter_entry(v.kind, "vlm").local_weights and v.base is None:
+                if model_entry(v.kind, "vlm").local_weights and v.base is None:
                     v.source = v.source or DEMO_TRAINED
             return self
         for m in self.segmentation.models:
@@ -365,7 +365,7 @@ class Suite(AddedKeys):
                 raise ValueError(f"segmentation model {m.id!r} has no checkpoint: set 'checkpoint' to its weights "
                                  f"file ('{DEMO_TRAINED}' is for the demo only)")
         for v in self.vlm.models:
-            if adapter_entry(v.kind, "vlm").local_weights and v.base is None and v.source in (None, DEMO_TRAINED):
+            if model_entry(v.kind, "vlm").local_weights and v.base is None and v.source in (None, DEMO_TRAINED):
                 raise ValueError(f"VLM {v.id!r} has no source: set 'source' to a local model folder or a cached hub "
                                  f"id ('{DEMO_TRAINED}' is for the demo only)")
             if v.adapter == DEMO_TRAINED_ADAPTER and v.base is None:

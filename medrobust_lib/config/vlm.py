@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from medrobust_lib.adapters import adapter_entry, list_adapters
 from medrobust_lib.config.common import (
     AddedKeys,
     AlignmentStage,
@@ -41,6 +40,7 @@ from medrobust_lib.config.common import (
     WeightStorage,
     by_id,
 )
+from medrobust_lib.model_table import list_models, model_entry
 
 if TYPE_CHECKING:
     from medrobust_lib.config import Suite
@@ -153,7 +153,7 @@ class VLMModelConfig(AddedKeys):
 
     @model_validator(mode="after")
     def _decoding(self) -> VLMModelConfig:
-        entry = adapter_entry(self.kind, "vlm")
+        entry = model_entry(self.kind, "vlm")
         if entry.is_endpoint and ("temperature" in self.model_fields_set or "top_p" in self.model_fields_set):
             raise ValueError(f"VLM {self.id!r} (kind: {self.kind}): set the endpoint's sampling in 'api' "
                              "(api.temperature, api.top_p), not temperature / top_p")
@@ -176,13 +176,13 @@ class VLMModelConfig(AddedKeys):
 
     @model_validator(mode="after")
     def _api_for_api_kind(self) -> VLMModelConfig:
-        endpoint = adapter_entry(self.kind, "vlm").is_endpoint
+        endpoint = model_entry(self.kind, "vlm").is_endpoint
         if endpoint and self.api is None:
             raise ValueError(f"VLM {self.id!r} (kind: {self.kind}) needs 'api' with at least its 'model' (the "
                              "endpoint's model name)")
         if not endpoint and self.api is not None:
             raise ValueError(f"VLM {self.id!r}: 'api' settings are for endpoint models (kind: "
-                             f"{', '.join(list_adapters('vlm', is_endpoint=True))}); this one is kind: {self.kind}")
+                             f"{', '.join(list_models('vlm', is_endpoint=True))}); this one is kind: {self.kind}")
         return self
 
 

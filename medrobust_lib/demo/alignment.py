@@ -24,8 +24,8 @@ from medrobust_lib.config.common import AlignmentStage
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.demo.manifest import DemoManifest, DemoSample
 from medrobust_lib.demo.records import NO_BRIGHTNESS, target_noun
-from medrobust_lib.finetune.vlm_train import VLMExample, VLMTrainConfig
 from medrobust_lib.seeding import rng_for
+from medrobust_lib.training.vlm_train import VLMExample, VLMTrainConfig
 
 ATTRIBUTE_QUESTIONS: dict[str, str] = {
     "modality": "What kind of image is this?",
@@ -102,7 +102,7 @@ def train_stage(model: Any, processor: Any, train: list[VLMExample], val: list[V
     """Train a fixed stage of ``steps`` (no early stop; the best validation first-token accuracy is
     kept) with the main loop's batch, learning rate (and its per-parameter factors), cadence and
     seed. Returns a summary for ``training.json``."""
-    from medrobust_lib.finetune.vlm_train import encode_examples, train_vlm
+    from medrobust_lib.training.vlm_train import encode_examples, train_vlm
 
     cfg = VLMTrainConfig(max_steps=steps, batch_size=main.batch_size, lr=main.lr, eval_every=main.eval_every,
                          patience=steps, seed=main.seed, select_on="first_token_accuracy", lr_scales=main.lr_scales)

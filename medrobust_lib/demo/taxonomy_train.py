@@ -31,7 +31,6 @@ from medrobust_lib.config.common import LoraSettings
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.demo.alignment import alignment_sets, mixed_in, run_alignment
 from medrobust_lib.demo.tiny_llava_train import vocabulary_texts
-from medrobust_lib.finetune.vlm_train import VLMExample
 from medrobust_lib.hashing import folder_hash
 from medrobust_lib.models.remote_code import refuse_remote_code
 from medrobust_lib.paths import checkpoint_dir
@@ -39,6 +38,7 @@ from medrobust_lib.seeding import stable_fraction
 from medrobust_lib.tracks.finetune.vlm_adapter import samples_by_split
 from medrobust_lib.tracks.taxonomy.evaluate import config_entry, variants_of
 from medrobust_lib.tracks.vlm.items import YESNO_SUFFIX, VLMItem, load_items
+from medrobust_lib.training.vlm_train import VLMExample
 
 
 def shortcut_answer(question: str, seed: int) -> str:
@@ -75,7 +75,7 @@ class TaxonomyTrainSummary:
 def train_taxonomy_model(suite: Suite, config_id: str, log: Callable[[str], None] | None = None
                          ) -> TaxonomyTrainSummary:
     """Train the demo model of one taxonomy configuration (see the module docstring)."""
-    from medrobust_lib.finetune.vlm_train import VLMTrainConfig, encode_examples, train_vlm
+    from medrobust_lib.training.vlm_train import VLMTrainConfig, encode_examples, train_vlm
 
     t0 = time.perf_counter()
     entry = config_entry(suite, config_id)
@@ -100,7 +100,7 @@ def train_taxonomy_model(suite: Suite, config_id: str, log: Callable[[str], None
     if kind == "consistency_lora":
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
-        from medrobust_lib.finetune.vlm_lora import finetune_lora
+        from medrobust_lib.training.vlm_lora import finetune_lora
 
         assert entry.base is not None
         source = checkpoint_dir(suite, entry.base)

@@ -19,11 +19,11 @@ from medrobust_lib.demo.alignment import alignment_sets, demo_truth, mixed_in, r
 from medrobust_lib.demo.corpus import TOWER_CORPUS_FOLDER, Corpus, load_corpus
 from medrobust_lib.demo.manifest import DemoSample
 from medrobust_lib.demo.vision_pretrain import pretrain_tower
-from medrobust_lib.finetune.vlm_train import VLMExample, VLMTrainConfig
 from medrobust_lib.paths import checkpoint_dir
-from medrobust_lib.tasks.scoring import score_mc
 from medrobust_lib.tracks.finetune.vlm_adapter import examples_for, samples_by_split
 from medrobust_lib.tracks.vlm.items import VLMItem, load_items, prompt_for
+from medrobust_lib.training.vlm_train import VLMExample, VLMTrainConfig
+from medrobust_lib.vlm_tasks.scoring import score_mc
 
 SELECTION_TASKS = ("vqa_yesno", "vqa_mc")
 """Model selection uses the validation loss of the closed-answer tasks (captions overfit first)."""
@@ -86,8 +86,8 @@ def train_base_vlm(suite: Suite, model_id: str, log: Callable[[str], None] | Non
     (``yesno_steps``), then every task (``max_steps``)."""
     import torch
 
-    from medrobust_lib.finetune.vlm_train import encode_examples, train_vlm
     from medrobust_lib.models.tiny_vlm import build_tiny_llava, build_tokenizer, save_tiny
+    from medrobust_lib.training.vlm_train import encode_examples, train_vlm
 
     t0 = time.perf_counter()
     vc = suite.vlm

@@ -75,7 +75,7 @@ def tower_set(processor: Any, samples: dict[tuple[str, str], Sample], truth: dic
     as it is; ``h``, ``v``, ``hv``: flipped)."""
     import torch
 
-    from medrobust_lib.finetune.vlm_train import _rgb_u8
+    from medrobust_lib.training.vlm_train import _rgb_u8
 
     pics, patches, images = [], [], []
     for key, s in sorted(samples.items()):

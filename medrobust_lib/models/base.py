@@ -6,9 +6,9 @@ three channels). Boxes are pixel XYXY (end exclusive) in the coordinates of the 
 Outputs are foreground probabilities in [0, 1] at the input resolution; a pixel is foreground
 when its probability is > 0.5.
 
-Which adapter class serves a configured segmentation family or VLM kind is in
-:mod:`medrobust_lib.models.factory`; every adapter satisfies one of these protocols (checked
-statically by mypy beside each adapter, and at run time on tiny real models by the tests).
+Which model class serves a configured segmentation family or VLM kind is in
+:mod:`medrobust_lib.models.factory`; every model class satisfies one of these protocols (checked
+statically by mypy beside each model class, and at run time on tiny real models by the tests).
 """
 
 from __future__ import annotations
@@ -55,9 +55,9 @@ class VisionLanguageModel(Protocol):
 
     Images: float32 in [0, 1], (H, W) or (H, W, 3), or None for a text-only prompt (the
     image-removal baseline). Decoding is greedy. Local models implement this directly
-    (:class:`medrobust_lib.models.hf_vlm.HFVisionLanguageModel`); the API adapter is a
+    (:class:`medrobust_lib.models.hf_vlm.HFVisionLanguageModel`); the API model class is a
     :class:`VisionLanguageEndpoint` (per-request results: outcome, latency, cache hit) and the
-    evaluation's runner (:class:`medrobust_lib.tracks.vlm.model_runner.Runner`) maps both onto one
+    evaluation's runner (:class:`medrobust_lib.tracks.vlm.model.Runner`) maps both onto one
     interface."""
 
     model_id: str

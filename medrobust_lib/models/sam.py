@@ -48,9 +48,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from medrobust_lib.adapters import list_adapters
 from medrobust_lib.hashing import SHORT_HASH_LEN, short_file_hash
 from medrobust_lib.metrics.segmentation import THRESHOLD, dice_from_counts, iou_from_counts
+from medrobust_lib.model_table import list_models
 from medrobust_lib.models.base import SegmentationModel
 from medrobust_lib.types import Boxes, FloatImage
 
@@ -249,9 +249,9 @@ def to_tensor_batch(images: Sequence[FloatImage]) -> torch.Tensor:
     return torch.from_numpy(np.stack(arrs).astype(np.float32)).permute(0, 3, 1, 2).contiguous()
 
 
-EXACT_FAMILIES: tuple[str, ...] = tuple(list_adapters("segmentation", exact_preprocess=True))
+EXACT_FAMILIES: tuple[str, ...] = tuple(list_models("segmentation", exact_preprocess=True))
 """Families with a host-side ``preprocess: exact`` mode (their official inference script's uint8 steps;
-the adapter table's ``exact_preprocess``)."""
+the model table's ``exact_preprocess``)."""
 MaskSelection = Literal["single", "best_iou"]
 Preprocess = Literal["default", "exact", "hf_processor"]
 MASK_SELECTIONS: tuple[str, ...] = ("single", "best_iou")

@@ -527,7 +527,7 @@ def taxonomy_points(con: duckdb.DuckDBPyConnection, configs: Sequence[str] | Non
     perturbation, level, image_mode) with ``flip_rate``, ``dangerous_share`` (both in [0, 1]), ``n``
     and ``n_error``. ``clean_only`` (default): the headline points, clean, one per (config,
     dataset)."""
-    from medrobust_lib.taxonomy.stats import correlation_points
+    from medrobust_lib.taxonomy.aggregates import correlation_points
 
     if not relation_exists(con, "taxonomy_results"):
         return correlation_points(pd.DataFrame())
@@ -547,7 +547,7 @@ def taxonomy_correlation(con: duckdb.DuckDBPyConnection, configs: Sequence[str] 
     pooled perturbed analysis is not the headline and stays in the mart (scope
     ``pooled_perturbed``). When ``configs`` selects a strict subset of ``all_configs``, r is
     recomputed over the selected configurations' clean points with the library's
-    :func:`~medrobust_lib.taxonomy.stats.flip_dangerous_correlation` (same bootstrap keys and
+    :func:`~medrobust_lib.taxonomy.aggregates.flip_dangerous_correlation` (same bootstrap keys and
     ``n_boot`` as the mart), and ``source`` says so."""
     subset = configs is not None and set(configs) != set(all_configs)
     if not subset:
@@ -583,7 +583,7 @@ _CORR_COLUMNS: tuple[str, ...] = ("scope", "perturbation", "image_mode", "n_poin
 
 
 def _recomputed_correlation(con: duckdb.DuckDBPyConnection, configs: list[str], seed: int) -> pd.DataFrame:
-    from medrobust_lib.taxonomy.stats import HEADLINE, flip_dangerous_correlation
+    from medrobust_lib.taxonomy.aggregates import HEADLINE, flip_dangerous_correlation
 
     where, params = where_in("config", configs)
     rows = con.execute(f"""

@@ -439,7 +439,7 @@ def conform(df: pd.DataFrame, name: str) -> tuple[pd.DataFrame, pa.Schema | None
     return out, pa.schema(fields)
 
 
-# --- taxonomy confidence screening (medrobust_lib.taxonomy.screening) ---
+# --- taxonomy confidence screening (medrobust_lib.taxonomy.confidence_screening) ---
 TAXONOMY_SCREENING_TABLE = "taxonomy_screening_stats"
 TAXONOMY_SCREENING_COLUMNS: tuple[tuple[str, str], ...] = (
     ("config", "VARCHAR"), ("dataset", "VARCHAR"), ("perturbation", "VARCHAR"), ("level", "INTEGER"),

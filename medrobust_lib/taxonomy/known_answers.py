@@ -10,7 +10,7 @@ Dangerous: the oracle Dangerous floor). The checks, per image-removal mode:
 * ``demo-image-reliant``: image-reliant share >= 0.9 x (1 - its text-only accuracy), i.e. at least
   90 % of the samples an accurate, image-reliant model can show as reliant.
 
-Input: ``taxonomy_quadrant_stats`` rows (:func:`medrobust_lib.taxonomy.stats.quadrant_stats`).
+Input: ``taxonomy_quadrant_stats`` rows (:func:`medrobust_lib.taxonomy.aggregates.quadrant_stats`).
 Error rows are in no denominator (the stats already leave them out).
 """
 

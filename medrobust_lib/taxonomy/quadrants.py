@@ -8,7 +8,7 @@ Definitions follow :mod:`medrobust_lib.store.schema`:
 * ``consistent`` (the paper's definition): the answers to the original question and its +1
   paraphrases are all identical; negations never enter it. A sample is *flipped* when it is not
   consistent, and the ``flip_rate`` of a group is the share of its flipped samples (see
-  :mod:`medrobust_lib.taxonomy.stats`). ``pairwise_disagreement``: share of the K(K-1)/2
+  :mod:`medrobust_lib.taxonomy.aggregates`). ``pairwise_disagreement``: share of the K(K-1)/2
   unordered pairs of +1 variants whose answers differ, in [0, 1] (0 for K = 1).
 * Negation robustness (separate, only with negations): ``negation_consistent`` is true when every
   negation's answer, inverted ("polarity-normalised"), equals the original question's answer;
@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from medrobust_lib.tasks.vqa import yes_no_from_logprobs
+from medrobust_lib.vlm_tasks.vqa import yes_no_from_logprobs
 
 _LABELS = ("yes", "no")
 
@@ -147,7 +147,7 @@ def classify(variant_logprobs: Sequence[Mapping[str, float]], polarities: Sequen
     variant scored with the image, original first. ``polarities``: +1/-1 per variant, the first
     +1; -1 variants (negations) feed only ``negation_consistent``, never ``consistent``. ``answer``: ``yes``/``no``, the expected answer to the original. ``removed_logprobs``: the
     original question scored with the image removed. Labels, margins, p(yes) and entropy come from
-    :func:`medrobust_lib.tasks.vqa.yes_no_from_logprobs` (a tie reads yes). Raises ValueError on
+    :func:`medrobust_lib.vlm_tasks.vqa.yes_no_from_logprobs` (a tie reads yes). Raises ValueError on
     malformed input.
     """
     _check_polarities(polarities, len(variant_logprobs))

@@ -25,7 +25,6 @@ from typing import Any
 
 import yaml
 
-from medrobust_lib.adapters import adapter_entry
 from medrobust_lib.config import Suite, load_suite
 from medrobust_lib.config.isolation import check_isolation
 from medrobust_lib.config.safe_yaml import read_yaml_file
@@ -34,6 +33,7 @@ from medrobust_lib.config.suite import DEMO_TRAINED
 from medrobust_lib.config.vlm import yesno_files
 from medrobust_lib.data.dataset import DatasetConfig, index_dataset, load_sample
 from medrobust_lib.data.sample import QuarantineRecord, SampleError, SampleRef
+from medrobust_lib.model_table import model_entry
 from medrobust_lib.models.litemedsam_package import (
     PackagedCheckpointError,
     packaged_checkpoint,
@@ -189,7 +189,7 @@ def _weights_errors(suite: Suite, root: Path) -> list[str]:
     for v in suite.vlm.models:
         src = v.source
         # "org/name" may be a cached hub id; only an explicit path (absolute, ./ or ../) must exist
-        if adapter_entry(v.kind, "vlm").local_weights and src is not None and src.startswith(("/", "./", "../", "~")) \
+        if model_entry(v.kind, "vlm").local_weights and src is not None and src.startswith(("/", "./", "../", "~")) \
                 and (gone := _missing(src, root)) is not None:
             errors.append(f"VLM {v.id!r}: source folder not found: {gone}")
         if v.adapter not in (None, "finetuned") and (gone := _missing(v.adapter, root)) is not None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from medrobust_assets.locations import location_source
+from medrobust_assets.location_files import location_source
 
 HOSTILE = ['inj""";import os;os.system("touch PWNED_UI");"""x.yaml', "a'b\nimport os\nos.system('x')\n.yaml",
            'back\\slash";__import__("os").system("touch P").yaml', "uni\u2028code\x00.yaml"]

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from medrobust_assets.locations import write_location
+from medrobust_assets.location_files import write_location
 
 
 def _suite(tmp_path: Path) -> Path:

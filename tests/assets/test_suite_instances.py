@@ -16,7 +16,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from medrobust_assets.locations import suite_instance_home
+from medrobust_assets.location_files import suite_instance_home
 from medrobust_assets.runner import run_suite
 from medrobust_assets.tags import SELECTION_TAG, SUITE_NAME_TAG, run_job_name
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from medrobust_cli import app
-from medrobust_lib.tasks.score_files import score_file
+from medrobust_lib.vlm_tasks.score_files import score_file
 
 runner = CliRunner()
 

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from medrobust_cli import app
-from medrobust_lib.tasks.score_files import score_file
+from medrobust_lib.vlm_tasks.score_files import score_file
 
 runner = CliRunner()
 

@@ -12,9 +12,9 @@ import pytest
 from medrobust_lib.config import Suite, load_suite
 from medrobust_lib.config.vlm import ADAPTER_SEEN_SPLITS, ApiSettings, adapter_box_scale
 from medrobust_lib.data.dataset import DatasetConfig
-from medrobust_lib.tasks.scoring import score_grounding
 from medrobust_lib.tracks.finetune.vlm_adapter import box_text
-from medrobust_lib.tracks.vlm.model_runner import TRAINING_META, declared_box_scale
+from medrobust_lib.tracks.vlm.model import TRAINING_META, declared_box_scale
+from medrobust_lib.vlm_tasks.scoring import score_grounding
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted(p.name for p in (ROOT / "configs").glob("*.yaml") if p.name != "reference_protocol.yaml")

@@ -36,7 +36,7 @@ HEAVY = ("torch", "torchvision", "transformers", "peft", "segment_anything", "ml
 CORE = ("medrobust_lib.types", "medrobust_lib.seeding", "medrobust_lib.registry", "medrobust_lib.paths", "medrobust_lib.progress",
         "medrobust_lib.ownership",
         "medrobust_lib.config", "medrobust_lib.lru", "medrobust_lib.processes", "medrobust_lib.hashing",
-        "medrobust_lib.adapters")
+        "medrobust_lib.model_table")
 
 
 @dataclass(frozen=True)

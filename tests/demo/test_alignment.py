@@ -10,7 +10,7 @@ import pytest
 
 from medrobust_lib.config import load_suite
 from medrobust_lib.demo.alignment import ATTRIBUTE_QUESTIONS, attribute_examples, demo_truth, mixed_in
-from medrobust_lib.finetune.vlm_train import VLMExample
+from medrobust_lib.training.vlm_train import VLMExample
 from tests.suite_helpers import write_suite
 
 

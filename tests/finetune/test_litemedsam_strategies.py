@@ -14,15 +14,15 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from medrobust_lib.finetune.strategies import (
+from medrobust_lib.models.litemedsam import LiteMedSamSegmenter, build_litemedsam, load_litemedsam
+from medrobust_lib.models.tinyvit_adapters import encoder_blocks
+from medrobust_lib.training.strategies import (
     StrategyConfig,
     apply_strategy,
     merge_lora,
     prepare_for_eval,
     state_dict_for_save,
 )
-from medrobust_lib.models.litemedsam import LiteMedSamSegmenter, build_litemedsam, load_litemedsam
-from medrobust_lib.models.tinyvit_adapters import encoder_blocks
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -143,8 +143,8 @@ def test_a_saved_strategy_checkpoint_builds_as_the_registry_builds_it(tmp_path: 
     import json
 
     from medrobust_lib.config.segmentation import SegModelConfig
-    from medrobust_lib.finetune.train import save_checkpoint
     from medrobust_lib.models.factory import build_segmenter
+    from medrobust_lib.training.train import save_checkpoint
 
     m = _model()
     apply_strategy(m, StrategyConfig("adapter"))

@@ -9,7 +9,9 @@ import torch
 
 from medrobust_lib.config.common import LoraSettings
 from medrobust_lib.config.segmentation import FinetuneConfig
-from medrobust_lib.finetune.strategies import (
+from medrobust_lib.models.sam import SamSegmenter, arch_for, build_sam, load_into
+from medrobust_lib.tracks.finetune.strategy_runs import strategy_config, train_config
+from medrobust_lib.training.strategies import (
     LORA_PLUS_LR_RATIO,
     StrategyConfig,
     apply_strategy,
@@ -17,9 +19,7 @@ from medrobust_lib.finetune.strategies import (
     prepare_for_eval,
     state_dict_for_save,
 )
-from medrobust_lib.finetune.train import TrainConfig, param_groups
-from medrobust_lib.models.sam import SamSegmenter, arch_for, build_sam, load_into
-from medrobust_lib.tracks.finetune.strategy_runs import strategy_config, train_config
+from medrobust_lib.training.train import TrainConfig, param_groups
 
 ENCODER_ATTN = [f"image_encoder.blocks.{i}.attn.{m}" for i in range(2) for m in ("qkv", "proj")]
 
@@ -161,7 +161,7 @@ def test_new_settings_stay_out_of_the_dumps_at_their_defaults() -> None:
     """Fingerprints of suites that do not set them (the demo's recipes, its committed weights) are
     unchanged: the dumps that enter them have exactly the keys they had before."""
     from medrobust_lib.config.vlm import VLMFinetuneSettings
-    from medrobust_lib.finetune.train import config_dict
+    from medrobust_lib.training.train import config_dict
 
     assert set(FinetuneConfig(base="b").model_dump()) == {
         "base", "strategies", "encoder_blocks", "adapter_ratio", "lora", "train", "eval", "gate"}

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from medrobust_lib.data.sample import Sample
-from medrobust_lib.finetune.schedule import linear_with_warmup
-from medrobust_lib.finetune.train import TrainConfig, augment_reference, lr_at, train_segmenter
 from medrobust_lib.models.sam import SamSegmenter, arch_for, build_sam
 from medrobust_lib.seeding import rng_for
+from medrobust_lib.training.schedule import linear_with_warmup
+from medrobust_lib.training.train import TrainConfig, augment_reference, lr_at, train_segmenter
 
 
 @pytest.mark.parametrize("warmup,total", [(0, 10), (3, 20), (5, 5), (1, 1)])
@@ -28,7 +28,7 @@ def test_linear_schedule_is_transformers(warmup: int, total: int) -> None:
 
 def test_vlm_linear_schedule() -> None:
     from medrobust_lib.config.vlm import VLMFinetuneSettings
-    from medrobust_lib.finetune.vlm_train import _lr_at, adapter_train_config
+    from medrobust_lib.training.vlm_train import _lr_at, adapter_train_config
 
     cfg = adapter_train_config(VLMFinetuneSettings(lr_schedule="linear", max_steps=40, warmup_steps=4), 100, 0)
     assert cfg.lr_schedule == "linear"

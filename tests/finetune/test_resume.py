@@ -11,10 +11,10 @@ import torch
 
 from medrobust_lib.config.common import LoraSettings
 from medrobust_lib.data.sample import Sample
-from medrobust_lib.finetune.strategies import StrategyConfig, apply_strategy
-from medrobust_lib.finetune.train import TrainConfig, TrainResult, train_segmenter
 from medrobust_lib.models.sam import SamSegmenter, arch_for, build_sam
 from medrobust_lib.seeding import scoped_torch_seed
+from medrobust_lib.training.strategies import StrategyConfig, apply_strategy
+from medrobust_lib.training.train import TrainConfig, TrainResult, train_segmenter
 
 
 class Interrupt(Exception):

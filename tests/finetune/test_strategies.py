@@ -11,7 +11,8 @@ import torch
 
 from medrobust_lib.config.common import LoraSettings
 from medrobust_lib.data.sample import Sample
-from medrobust_lib.finetune.strategies import (
+from medrobust_lib.models.sam import SamSegmenter, arch_for, build_sam, load_into
+from medrobust_lib.training.strategies import (
     DEFAULT_LORA_TARGETS,
     LORA_STRATEGIES,
     STRATEGIES,
@@ -23,8 +24,7 @@ from medrobust_lib.finetune.strategies import (
     state_dict_for_save,
     trainable_state_dict,
 )
-from medrobust_lib.finetune.train import TrainConfig, train_segmenter
-from medrobust_lib.models.sam import SamSegmenter, arch_for, build_sam, load_into
+from medrobust_lib.training.train import TrainConfig, train_segmenter
 
 BLOCK_ATTN = [f"image_encoder.blocks.{i}.attn.{m}" for i in range(2) for m in ("qkv", "proj")]
 

@@ -7,9 +7,9 @@ import copy
 import numpy as np
 import torch
 
-from medrobust_lib.finetune.vlm_train import VLMExample, VLMTrainConfig, encode_examples, train_vlm
 from medrobust_lib.models.tiny_vlm import build_tiny_llava, build_tokenizer
 from medrobust_lib.seeding import rng_for
+from medrobust_lib.training.vlm_train import VLMExample, VLMTrainConfig, encode_examples, train_vlm
 
 TEXTS = ["is there a lesion ?", "yes", "no"]
 

@@ -13,14 +13,8 @@ from medrobust_lib.store import results
 from medrobust_lib.store.marts import build_mart, connect_readonly
 from medrobust_lib.tracks.datasets import build_clean_index, load_clean_samples
 from medrobust_lib.tracks.perturbed import build_perturbed, read_manifest
-from medrobust_lib.tracks.segmentation.evaluate import (
-    evaluate_attacks,
-    evaluate_clean,
-    evaluate_perturbed,
-    load_model,
-    model_config,
-    train_base_checkpoint,
-)
+from medrobust_lib.tracks.segmentation.evaluate import evaluate_attacks, evaluate_clean, evaluate_perturbed
+from medrobust_lib.tracks.segmentation.model import load_model, model_config, train_base_checkpoint
 from medrobust_lib.tracks.segmentation.stats import write_segmentation_stats
 from tests.suite_helpers import write_suite
 

@@ -11,12 +11,12 @@ import pytest
 
 from medrobust_lib.config import Suite, load_suite
 from medrobust_lib.config.segmentation import PromptConfig
-from medrobust_lib.finetune.strategies import STRATEGIES
 from medrobust_lib.models.sam import load_segmenter
 from medrobust_lib.prompts import prompt_boxes
 from medrobust_lib.tracks.datasets import build_clean_index
 from medrobust_lib.tracks.finetune.strategy_runs import finetune_strategy
-from medrobust_lib.tracks.segmentation.evaluate import seg_splits, train_base_checkpoint
+from medrobust_lib.tracks.segmentation.model import seg_splits, train_base_checkpoint
+from medrobust_lib.training.strategies import STRATEGIES
 from tests.suite_helpers import write_suite
 
 SEG = {"models": [{"id": "tiny-sam", "family": "sam", "arch": "tiny", "checkpoint": "trained"}],
@@ -63,7 +63,7 @@ def _with_lr(suite: Suite, lr: float) -> Suite:
 def test_a_checkpoint_of_the_same_recipe_is_kept(ft_suite: Suite, monkeypatch: pytest.MonkeyPatch) -> None:
     """A resumed run keeps a checkpoint trained from the same recipe instead of training it again;
     another recipe (here the learning rate) or weights that are not the recorded ones train again."""
-    from medrobust_lib.finetune import train
+    from medrobust_lib.training import train
 
     first = finetune_strategy(ft_suite, "decoder_only")  # trained here, or by the test above
     path = Path(first.checkpoint)

@@ -15,8 +15,8 @@ import pytest
 from medrobust_lib.config import Suite, load_suite
 from medrobust_lib.store import results
 from medrobust_lib.store.schema import TAXONOMY_TABLE
+from medrobust_lib.taxonomy.aggregates import transitions
 from medrobust_lib.taxonomy.known_answers import clean_summary, demo_checks
-from medrobust_lib.taxonomy.stats import transitions
 from medrobust_lib.tracks.datasets import build_clean_index
 from medrobust_lib.tracks.perturbed import build_perturbed, read_manifest
 from medrobust_lib.tracks.taxonomy import evaluate as tx

@@ -23,11 +23,11 @@ from medrobust_lib.report.screening_table import taxonomy_screening
 from medrobust_lib.store import results
 from medrobust_lib.store.marts import build_mart, connect_readonly
 from medrobust_lib.store.schema import TAXONOMY_TABLE
-from medrobust_lib.taxonomy.screening import SIGNALS
-from medrobust_lib.taxonomy.stats import HEADLINE, flip_dangerous_correlation
+from medrobust_lib.taxonomy.aggregates import HEADLINE, flip_dangerous_correlation
+from medrobust_lib.taxonomy.confidence_screening import SIGNALS
 from medrobust_lib.tracks.datasets import CLEAN_TABLE, build_clean_index
 from medrobust_lib.tracks.taxonomy import evaluate as tx
-from medrobust_lib.tracks.taxonomy.screening import write_screening_stats
+from medrobust_lib.tracks.taxonomy.stats import write_screening_stats
 from medrobust_lib.tracks.vlm.items import YESNO_SUFFIX, load_items
 
 MIMIC = [("10000032", "50414267"), ("10000032", "53189527"), ("10000764", "57375967"), ("11000011", "51029426")]

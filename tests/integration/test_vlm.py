@@ -22,7 +22,7 @@ from medrobust_lib.tracks.finetune.vlm_adapter import finetune_adapter
 from medrobust_lib.tracks.perturbed import build_perturbed, read_manifest
 from medrobust_lib.tracks.vlm.evaluate import _move_box, evaluate_clean, evaluate_perturbed
 from medrobust_lib.tracks.vlm.items import load_items, records_config
-from medrobust_lib.tracks.vlm.model_runner import Runner, trained_box_scale
+from medrobust_lib.tracks.vlm.model import Runner, trained_box_scale
 from medrobust_lib.tracks.vlm.stats import write_vlm_stats
 from tests.suite_helpers import write_suite
 

@@ -249,7 +249,7 @@ def test_taxonomy_rerun_retries_only_the_images_with_errors(api_suite: Suite) ->
     assert partition_error_share(s.results_dir, TAXONOMY_TABLE, part, s.max_error_share).complete
     assert tx.evaluate(s, "fake", "ct", 0).n_images == 0  # nothing left to retry
     # the endpoint returns top log-probabilities: the API model's rows carry the screening signals
-    from medrobust_lib.taxonomy.screening import NOT_AVAILABLE, screening_stats
+    from medrobust_lib.taxonomy.confidence_screening import NOT_AVAILABLE, screening_stats
 
     screening = screening_stats(df2)
     assert len(screening) and (screening["n_no_signal"] == 0).all() and NOT_AVAILABLE not in set(screening["status"])

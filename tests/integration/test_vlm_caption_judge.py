@@ -16,10 +16,10 @@ import pytest
 from medrobust_lib.config import Suite, load_suite
 from medrobust_lib.store import results
 from medrobust_lib.store.schema import VLM_TABLE
-from medrobust_lib.tasks.judge_caption import caption_judge_prompt
 from medrobust_lib.tracks.datasets import build_clean_index
 from medrobust_lib.tracks.vlm.evaluate import evaluate_clean
 from medrobust_lib.tracks.vlm.items import load_items
+from medrobust_lib.vlm_tasks.judge_caption import caption_judge_prompt
 from tests.http_fakes import FakeEndpoint, completion, prompt_of, read_json, send_json, serving
 from tests.suite_helpers import write_suite
 

@@ -107,7 +107,7 @@ def test_suites_that_name_no_usable_checkpoint_are_refused_with_the_model_id(
 
 
 def test_a_suite_names_the_release_as_package(tmp_path: Path) -> None:
-    from medrobust_lib.tracks.segmentation.evaluate import resolve_checkpoint
+    from medrobust_lib.tracks.segmentation.model import resolve_checkpoint
 
     suite = load_suite(_suite(tmp_path, {"id": "lite", "family": "litemedsam", "checkpoint": "package",
                                          "precision": "bf16"}))

@@ -20,12 +20,12 @@ import pytest
 import torch
 
 from medrobust_lib.config.common import LoraSettings
-from medrobust_lib.finetune.vlm_lora import finetune_lora
-from medrobust_lib.finetune.vlm_train import VLMExample, VLMTrainConfig
 from medrobust_lib.models.hf_vlm import HFVisionLanguageModel
 from medrobust_lib.models.shared_image import shared_image
 from medrobust_lib.models.vlm_conventions import conventions_for, encode_prompts
 from medrobust_lib.seeding import rng_for
+from medrobust_lib.training.vlm_lora import finetune_lora
+from medrobust_lib.training.vlm_train import VLMExample, VLMTrainConfig
 from tests.models.vlm_twins import ARCHS, build_twin
 
 Q = "is there a lesion in the left half of the image ?"
@@ -241,7 +241,7 @@ def test_lora_trains_the_language_model_and_reloads(twin_folders: dict[str, Path
 def test_training_prompt_is_the_evaluation_prompt(twin_folders: dict[str, Path], arch: str) -> None:
     """The trainer's prompt tokens (image placeholder expanded for that image's size) equal what the
     evaluation adapter feeds the model, and the sequence-aligned extras cover prompt + answer."""
-    from medrobust_lib.finetune.vlm_train import IGNORE, encode_examples
+    from medrobust_lib.training.vlm_train import IGNORE, encode_examples
 
     vlm = _vlm(twin_folders, arch)
     imgs = _images()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from medrobust_lib.finetune.vlm_train import EncodedSet, _stack_padded, collate
 from medrobust_lib.models.vlm_conventions import CONVENTIONS, LM_PROJ_REGEX, VLMConventions, conventions_for
+from medrobust_lib.training.vlm_train import EncodedSet, _stack_padded, collate
 
 
 def test_every_model_type_has_one_entry() -> None:

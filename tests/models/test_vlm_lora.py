@@ -13,7 +13,10 @@ import pytest
 import torch
 
 from medrobust_lib.config.common import LoraSettings
-from medrobust_lib.finetune.vlm_lora import (
+from medrobust_lib.models.hf_vlm import HFVisionLanguageModel, ModelNotAvailable
+from medrobust_lib.models.tiny_vlm import build_tiny_llava, build_tokenizer, save_tiny
+from medrobust_lib.seeding import rng_for
+from medrobust_lib.training.vlm_lora import (
     LM_PROJ_REGEX,
     LoraResult,
     adapter_hash,
@@ -23,10 +26,7 @@ from medrobust_lib.finetune.vlm_lora import (
     lora_target_modules,
     trainable_summary,
 )
-from medrobust_lib.finetune.vlm_train import VLMExample, VLMTrainConfig
-from medrobust_lib.models.hf_vlm import HFVisionLanguageModel, ModelNotAvailable
-from medrobust_lib.models.tiny_vlm import build_tiny_llava, build_tokenizer, save_tiny
-from medrobust_lib.seeding import rng_for
+from medrobust_lib.training.vlm_train import VLMExample, VLMTrainConfig
 
 TEXTS = ["is there a lesion ?", "is the lesion bright ?", "yes", "no"]
 QUESTION = "is there a lesion ?"

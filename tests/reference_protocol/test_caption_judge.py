@@ -15,10 +15,10 @@ import pytest
 from medrobust_lib.config.vlm import VLMModelConfig, VLMProtocol
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.store.schema import VLM_COLUMN_NAMES
-from medrobust_lib.tasks.judge_caption import caption_judge_prompt, judge_captions, read_caption_score
 from medrobust_lib.tracks.vlm.evaluate import Condition, VLMEvalSummary, ask
 from medrobust_lib.tracks.vlm.items import VLMItem
-from medrobust_lib.tracks.vlm.model_runner import Answer
+from medrobust_lib.tracks.vlm.model import Answer
+from medrobust_lib.vlm_tasks.judge_caption import caption_judge_prompt, judge_captions, read_caption_score
 
 DATA = json.loads((Path(__file__).parent / "fixtures" / "caption_judge_reference.json").read_text())
 

@@ -21,9 +21,9 @@ import yaml
 from medrobust_lib.config import Suite, load_suite
 from medrobust_lib.config.segmentation import PromptConfig
 from medrobust_lib.data.sample import Sample
-from medrobust_lib.finetune.train import augment_reference
 from medrobust_lib.prompts import prompt_boxes
 from medrobust_lib.tracks.finetune.strategy_runs import strategy_config, train_config
+from medrobust_lib.training.train import augment_reference
 
 ROOT = Path(__file__).resolve().parents[2]
 REF = json.loads((Path(__file__).parent / "fixtures" / "finetune_recipe_reference.json").read_text())

@@ -13,9 +13,9 @@ import pytest
 
 from medrobust_lib.config.common import LoraSettings
 from medrobust_lib.data.sample import Sample
-from medrobust_lib.finetune.strategies import StrategyConfig, apply_strategy
-from medrobust_lib.finetune.train import TrainConfig, batches_per_epoch, lr_at, param_groups, resolve_budget
 from medrobust_lib.models.sam import SamSegmenter, arch_for, build_sam
+from medrobust_lib.training.strategies import StrategyConfig, apply_strategy
+from medrobust_lib.training.train import TrainConfig, batches_per_epoch, lr_at, param_groups, resolve_budget
 
 DATA = json.loads((Path(__file__).parent / "fixtures" / "finetune_reference.json").read_text())
 
@@ -52,7 +52,7 @@ def test_epochs_resolve_to_steps() -> None:
 
 def test_vlm_adapter_budget_in_epochs() -> None:
     from medrobust_lib.config.vlm import VLMFinetuneSettings
-    from medrobust_lib.finetune.vlm_train import adapter_train_config
+    from medrobust_lib.training.vlm_train import adapter_train_config
 
     ft = VLMFinetuneSettings(r=128, alpha=256, lr=2e-4, epochs=3, batch_size=64, grad_accumulation=4,
                              weight_decay=0.0, warmup_ratio=0.03)

@@ -30,10 +30,10 @@ import yaml
 
 from medrobust_lib.config import load_suite
 from medrobust_lib.config.segmentation import FinetuneConfig
-from medrobust_lib.finetune.strategies import apply_strategy
-from medrobust_lib.finetune.train import param_groups
 from medrobust_lib.models.sam import SamSegmenter, arch_for, build_sam
 from medrobust_lib.tracks.finetune.strategy_runs import strategy_config, train_config
+from medrobust_lib.training.strategies import apply_strategy
+from medrobust_lib.training.train import param_groups
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = json.loads((Path(__file__).parent / "fixtures" / "finetune_strategies_reference.json").read_text())

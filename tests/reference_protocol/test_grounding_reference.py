@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from medrobust_lib.tasks.grounding_reference import (
+from medrobust_lib.vlm_tasks.grounding_reference import (
     iou_reference,
     mask_box_reference,
     parse_box_reference,

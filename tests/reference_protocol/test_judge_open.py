@@ -14,10 +14,10 @@ import pytest
 
 from medrobust_lib.config.vlm import VLMModelConfig, VLMProtocol
 from medrobust_lib.data.sample import Sample
-from medrobust_lib.tasks.judge_open import open_judge_prompt, parse_score
 from medrobust_lib.tracks.vlm.evaluate import Condition, VLMEvalSummary, ask
 from medrobust_lib.tracks.vlm.items import VLMItem
-from medrobust_lib.tracks.vlm.model_runner import Answer
+from medrobust_lib.tracks.vlm.model import Answer
+from medrobust_lib.vlm_tasks.judge_open import open_judge_prompt, parse_score
 
 DATA = json.loads((Path(__file__).parent / "fixtures" / "judge_reference.json").read_text())
 

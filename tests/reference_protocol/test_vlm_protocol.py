@@ -15,7 +15,7 @@ from medrobust_lib.data.sample import Sample
 from medrobust_lib.metrics.caption_raw import raw_caption_scores
 from medrobust_lib.tracks.vlm.evaluate import Condition, VLMEvalSummary, ask
 from medrobust_lib.tracks.vlm.items import CAPTION_PROMPT, VLMItem
-from medrobust_lib.tracks.vlm.model_runner import Answer
+from medrobust_lib.tracks.vlm.model import Answer
 
 CAPTIONS = json.loads((Path(__file__).parent / "fixtures" / "caption_raw_reference.json").read_text())
 

@@ -27,8 +27,8 @@ from medrobust_lib.store.schema import (
     TAXONOMY_QUADRANT_STATS_COLUMNS,
     TAXONOMY_SCREENING_COLUMNS,
 )
-from medrobust_lib.taxonomy.screening import screening_stats
-from medrobust_lib.taxonomy.stats import flip_dangerous_correlation, quadrant_stats
+from medrobust_lib.taxonomy.aggregates import flip_dangerous_correlation, quadrant_stats
+from medrobust_lib.taxonomy.confidence_screening import screening_stats
 from medrobust_lib.tracks.segmentation.stats import segmentation_stats
 
 SEG_MODELS = ("sam_a", "sam_b")

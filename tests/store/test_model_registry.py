@@ -148,7 +148,7 @@ def test_runs_source_is_copied_to_cache_and_remote_refused(store: Store, tmp_pat
 def test_suite_checkpoint_resolves_through_registry(store: Store, tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     from medrobust_lib.config import load_suite
-    from medrobust_lib.tracks.segmentation.evaluate import model_config, resolve_checkpoint
+    from medrobust_lib.tracks.segmentation.model import model_config, resolve_checkpoint
 
     suite_yaml = tmp_path / "suite.yaml"
     suite_yaml.write_text(

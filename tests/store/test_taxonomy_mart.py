@@ -25,7 +25,7 @@ from medrobust_lib.store import results
 from medrobust_lib.store.marts import build_mart, connect_readonly
 from medrobust_lib.store.schema import QUADRANTS, TAXONOMY_TABLE
 from medrobust_lib.store.schema import TAXONOMY_COLUMN_NAMES as COLUMN_NAMES
-from medrobust_lib.taxonomy.stats import correlation_points
+from medrobust_lib.taxonomy.aggregates import correlation_points
 from medrobust_lib.tracks.taxonomy.stats import (
     CORRELATION_STATS_COLUMNS,
     QUADRANT_STATS_COLUMNS,
@@ -112,14 +112,14 @@ def fake_correlation(df: pd.DataFrame, seed: int = 0, min_n: int = 5) -> pd.Data
 
 @pytest.fixture()
 def fake_stats(monkeypatch: pytest.MonkeyPatch) -> None:
-    from medrobust_lib.taxonomy.stats import GROUP_COLUMNS, condition_points
+    from medrobust_lib.taxonomy.aggregates import GROUP_COLUMNS, condition_points
 
-    mod = types.ModuleType("medrobust_lib.taxonomy.stats")
+    mod = types.ModuleType("medrobust_lib.taxonomy.aggregates")
     mod.condition_points = condition_points  # type: ignore[attr-defined]  # the scatter's points stay real
     mod.GROUP_COLUMNS = GROUP_COLUMNS  # type: ignore[attr-defined]
     mod.quadrant_stats = fake_quadrant_stats  # type: ignore[attr-defined]
     mod.flip_dangerous_correlation = fake_correlation  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "medrobust_lib.taxonomy.stats", mod)
+    monkeypatch.setitem(sys.modules, "medrobust_lib.taxonomy.aggregates", mod)
 
 
 @pytest.fixture()
@@ -214,7 +214,7 @@ def test_write_stats_chunks_per_config_and_stale_removed(tmp_path: Path, fake_st
 
 
 def test_write_stats_with_real_module(tmp_path: Path) -> None:
-    stats = pytest.importorskip("medrobust_lib.taxonomy.stats")
+    stats = pytest.importorskip("medrobust_lib.taxonomy.aggregates")
     res = tmp_path / "results"
     write_results(res, all_rows())
     quad, corr = write_taxonomy_stats(res, seed=0, max_error_share=0.2)

@@ -18,8 +18,8 @@ from medrobust_lib.store import results
 from medrobust_lib.store.marts import build_mart, connect_readonly
 from medrobust_lib.store.schema import VLM_COLUMN_NAMES as COLUMN_NAMES
 from medrobust_lib.store.schema import VLM_TABLE
-from medrobust_lib.tasks.scoring import score_captions
 from medrobust_lib.tracks.vlm.stats import vlm_stats, vlm_task_drops_wide, write_vlm_stats
+from medrobust_lib.vlm_tasks.scoring import score_captions
 
 MODEL = "m1"
 N_MC = 12

@@ -7,9 +7,9 @@ import math
 import pandas as pd
 import pytest
 
+from medrobust_lib.taxonomy.aggregates import quadrant_stats
 from medrobust_lib.taxonomy.known_answers import clean_summary, demo_checks
 from medrobust_lib.taxonomy.quadrants import classify
-from medrobust_lib.taxonomy.stats import quadrant_stats
 
 
 def _lp(label: str, confidence: float = 0.9) -> dict[str, float]:

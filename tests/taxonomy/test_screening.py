@@ -14,8 +14,7 @@ from sklearn.metrics import roc_auc_score
 
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store.schema import TAXONOMY_SCREENING_TABLE, column_names
-from medrobust_lib.tasks.vqa import yes_no_from_logprobs
-from medrobust_lib.taxonomy.screening import (
+from medrobust_lib.taxonomy.confidence_screening import (
     NOT_AVAILABLE,
     SIGNALS,
     auroc,
@@ -23,6 +22,7 @@ from medrobust_lib.taxonomy.screening import (
     screen,
     screening_stats,
 )
+from medrobust_lib.vlm_tasks.vqa import yes_no_from_logprobs
 
 
 @pytest.mark.parametrize("case", range(6))

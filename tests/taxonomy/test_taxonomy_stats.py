@@ -14,8 +14,7 @@ from scipy import stats as sps
 from medrobust_lib.metrics.stats import pearson_with_ci
 from medrobust_lib.seeding import rng_for
 from medrobust_lib.store.schema import QUADRANTS
-from medrobust_lib.taxonomy.quadrants import classify
-from medrobust_lib.taxonomy.stats import (
+from medrobust_lib.taxonomy.aggregates import (
     GROUP_COLUMNS,
     TRANSITION_COLUMNS,
     cluster_bootstrap_r,
@@ -24,6 +23,7 @@ from medrobust_lib.taxonomy.stats import (
     quadrant_stats,
     transitions,
 )
+from medrobust_lib.taxonomy.quadrants import classify
 from medrobust_lib.tracks.taxonomy.stats import QUADRANT_STATS_COLUMNS as STORED_COLUMNS
 
 CONFIGS = ("c1", "c2", "c3", "c4")

@@ -13,7 +13,7 @@ import pytest
 from medrobust_lib.config import Suite
 from medrobust_lib.config.common import DEFAULT_MIN_N, MIN_X_POSITIONS
 from medrobust_lib.store.schema import VLM_COLUMN_NAMES
-from medrobust_lib.taxonomy.stats import flip_dangerous_correlation, quadrant_stats
+from medrobust_lib.taxonomy.aggregates import flip_dangerous_correlation, quadrant_stats
 from medrobust_lib.tracks.finetune.ranking import SMALL_N_NOTE, TIE_NOTE, strategy_ranking, tie_groups
 from medrobust_lib.tracks.segmentation.stats import segmentation_stats
 from medrobust_lib.tracks.vlm.stats import vlm_stats

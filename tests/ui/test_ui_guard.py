@@ -278,7 +278,7 @@ def test_launch_config_cannot_move_the_suite_or_the_mlflow_store(tmp_path: Path)
 
 
 def test_the_code_location_modules_pin() -> None:
-    from medrobust_assets.locations import location_source
+    from medrobust_assets.location_files import location_source
 
     assert "definitions_for_file(SUITE, pin=True)" in location_source(Path("/x/s.yaml"))
     text = (Path(__file__).resolve().parents[2] / "medrobust_assets" / "location.py").read_text()

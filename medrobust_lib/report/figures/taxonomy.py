@@ -2,7 +2,7 @@
 ``taxonomy_quadrants`` view), clean -> perturbed quadrant transition heatmaps
 (:func:`transition_heatmaps`, from ``taxonomy_transitions``) and the flip rate vs Dangerous share
 scatter of the headline (:func:`flip_vs_dangerous_scatter`: clean points from
-:func:`medrobust_lib.taxonomy.stats.correlation_points`, r from the ``headline`` correlation rows).
+:func:`medrobust_lib.taxonomy.aggregates.correlation_points`, r from the ``headline`` correlation rows).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pandas as pd
 
 from medrobust_lib.report.figures import style
 from medrobust_lib.store.schema import QUADRANTS
-from medrobust_lib.taxonomy.stats import POINT_KEYS
+from medrobust_lib.taxonomy.aggregates import POINT_KEYS
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

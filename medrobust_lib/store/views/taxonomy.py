@@ -57,7 +57,7 @@ TAXONOMY_CORRELATION_SQL = """
         select * from taxonomy_correlation_stats
         order by case scope when 'headline' then 0 when 'condition' then 1 else 2 end,
                  perturbation nulls first, level nulls first, image_mode nulls first"""
-# taxonomy_screening: taxonomy_screening_stats (medrobust_lib.taxonomy.screening) in a fixed order, the signals
+# taxonomy_screening: taxonomy_screening_stats (medrobust_lib.taxonomy.confidence_screening) in a fixed order, the signals
 # max_p, margin, entropy within each group
 TAXONOMY_SCREENING_SQL = """
         select * from taxonomy_screening_stats

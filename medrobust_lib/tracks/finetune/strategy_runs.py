@@ -44,11 +44,12 @@ from medrobust_lib.hashing import digest, file_sha256
 from medrobust_lib.paths import suite_paths
 from medrobust_lib.seeding import rng_for, scoped_torch_seed
 from medrobust_lib.store import model_registry
+from medrobust_lib.tracks.segmentation.model import load_model, model_config, resolve_checkpoint, seg_splits
 
 if TYPE_CHECKING:
     from medrobust_lib.data.sample import Sample
-    from medrobust_lib.finetune.strategies import StrategyConfig
-    from medrobust_lib.finetune.train import TrainConfig
+    from medrobust_lib.training.strategies import StrategyConfig
+    from medrobust_lib.training.train import TrainConfig
 
 
 def strategy_dir(suite: Suite, base: str, strategy: str) -> Path:
@@ -64,7 +65,6 @@ def require_finetune(suite: Suite) -> FinetuneConfig:
 
 def strategy_model_config(suite: Suite, strategy: str) -> SegModelConfig:
     """The evaluation config of the checkpoint :func:`finetune_strategy` saves for ``strategy``."""
-    from medrobust_lib.tracks.segmentation.evaluate import model_config
 
     ft = require_finetune(suite)
     base = model_config(suite, ft.base)
@@ -117,7 +117,6 @@ def _evaluation_template(suite: Suite, family: str, arch: str) -> SegModelConfig
     ``max_perturbed_per_modality``, ``attacks``), so that its rows cover the same samples as the
     models it is compared with: the fine-tuning base when it matches, else the first suite model
     of that family and architecture; None when there is none (then the defaults)."""
-    from medrobust_lib.tracks.segmentation.evaluate import model_config
 
     ft = suite.segmentation.finetune
     candidates = [model_config(suite, ft.base)] if ft is not None else []
@@ -155,7 +154,6 @@ def evaluate_model(suite: Suite, m: SegModelConfig, ev: FinetuneEval | None = No
         evaluate_attacks,
         evaluate_clean,
         evaluate_perturbed,
-        load_model,
     )
 
     t0 = time.perf_counter()
@@ -326,14 +324,14 @@ AUGMENTATION_SETTINGS: dict[str, dict[str, Any]] = {
     "reference": {"augment_set": "reference", "box_jitter": 0.0},
     "none": {"augment": False, "box_jitter": 0.0},
 }
-"""``finetune.train.augmentation`` -> the :class:`~medrobust_lib.finetune.train.TrainConfig` settings."""
+"""``finetune.train.augmentation`` -> the :class:`~medrobust_lib.training.train.TrainConfig` settings."""
 
 
 def strategy_config(ft: FinetuneConfig, strategy: str, family: str) -> StrategyConfig:
-    """The :class:`~medrobust_lib.finetune.strategies.StrategyConfig` of one strategy on a base of
+    """The :class:`~medrobust_lib.training.strategies.StrategyConfig` of one strategy on a base of
     ``family`` from the suite's ``finetune`` section (LoRA targets resolved per strategy and family:
     :meth:`~medrobust_lib.config.segmentation.FinetuneConfig.lora_for`)."""
-    from medrobust_lib.finetune.strategies import StrategyConfig
+    from medrobust_lib.training.strategies import StrategyConfig
 
     lora, lora_modules = ft.lora_for(strategy, family)
     return StrategyConfig(name=strategy, encoder_blocks=ft.encoder_blocks, lora=lora, adapter_ratio=ft.adapter_ratio,
@@ -342,11 +340,11 @@ def strategy_config(ft: FinetuneConfig, strategy: str, family: str) -> StrategyC
 
 
 def train_config(ft: FinetuneConfig, strategy: str, seed: int) -> TrainConfig:
-    """The :class:`~medrobust_lib.finetune.train.TrainConfig` of one strategy from the suite's
+    """The :class:`~medrobust_lib.training.train.TrainConfig` of one strategy from the suite's
     ``finetune`` section: the batch size of ``full`` (``batch_size_full``), the encoder
     learning-rate factor for ``encoder_partial`` and ``full``, LoRA+'s ``B``-matrix ratio for the
     LoRA+ strategies (the reference's ``build_optimizer``), and the recipe switches."""
-    from medrobust_lib.finetune.train import TrainConfig
+    from medrobust_lib.training.train import TrainConfig
 
     tc = ft.train
     return TrainConfig(max_steps=tc.max_steps, lr=tc.lr, eval_every=tc.eval_every,
@@ -362,9 +360,8 @@ def train_config(ft: FinetuneConfig, strategy: str, seed: int) -> TrainConfig:
 def strategy_recipe(suite: Suite, strategy: str, seed: int | None = None) -> StrategyRecipe:
     """The recipe of fine-tuning the suite's ``finetune.base`` with ``strategy`` (``seed``: default
     the suite's). Raises ValueError for a strategy the suite does not configure."""
-    from medrobust_lib.finetune.train import config_dict
     from medrobust_lib.models.sam import checkpoint_file_hash
-    from medrobust_lib.tracks.segmentation.evaluate import model_config, resolve_checkpoint, seg_splits
+    from medrobust_lib.training.train import config_dict
 
     ft = require_finetune(suite)
     if strategy not in ft.strategies:
@@ -390,9 +387,8 @@ def finetune_strategy(suite: Suite, strategy: str, log: Callable[[str], None] | 
     records it) is kept instead of trained again (``reused``), so a resumed run does not repeat
     hours of training (``reuse=False``: always train, as a benchmark must); an interrupted training
     resumes from its ``train_state.pt``."""
-    from medrobust_lib.finetune.strategies import apply_strategy, merge_lora, prepare_for_eval
-    from medrobust_lib.finetune.train import config_dict, evaluate_dice, save_checkpoint, train_segmenter
-    from medrobust_lib.tracks.segmentation.evaluate import load_model
+    from medrobust_lib.training.strategies import apply_strategy, merge_lora, prepare_for_eval
+    from medrobust_lib.training.train import config_dict, evaluate_dice, save_checkpoint, train_segmenter
 
     t0 = time.perf_counter()
     ft = require_finetune(suite)

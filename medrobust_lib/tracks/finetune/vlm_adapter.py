@@ -2,7 +2,7 @@
 suite's records on the train split, selection on val (test is never seen), the adapter saved as
 safetensors under ``var/checkpoints/<id>/adapter``. Works on any Hugging Face image-text-to-text
 model (a real VLM or the demo's tiny LLaVA); the training loop is
-:func:`medrobust_lib.finetune.vlm_lora.finetune_lora`.
+:func:`medrobust_lib.training.vlm_lora.finetune_lora`.
 
 Grounding answers are taught in the box scale the adapted model is scored in
 (:func:`adapter_box_scale`): a model declared ``box_scale: "0-1000"`` learns ``[x0, y0, x1, y1]``
@@ -20,17 +20,17 @@ from pathlib import Path
 
 import numpy as np
 
-from medrobust_lib.adapters import adapter_entry, list_adapters
 from medrobust_lib.config import Suite
 from medrobust_lib.config.common import LoraSettings
 from medrobust_lib.config.vlm import VLMModelConfig, adapter_box_scale, vlm_model
 from medrobust_lib.data.sample import Sample
-from medrobust_lib.finetune.vlm_train import VLMExample, adapter_train_config
 from medrobust_lib.hashing import folder_hash
+from medrobust_lib.model_table import list_models, model_entry
 from medrobust_lib.models.remote_code import refuse_remote_code
 from medrobust_lib.paths import checkpoint_dir
 from medrobust_lib.tracks.vlm.items import VLMItem, box_in_sample, load_items, prompt_for
-from medrobust_lib.tracks.vlm.model_runner import TRAINING_META
+from medrobust_lib.tracks.vlm.model import TRAINING_META
+from medrobust_lib.training.vlm_train import VLMExample, adapter_train_config
 
 
 def samples_by_split(suite: Suite) -> dict[str, dict[tuple[str, str], Sample]]:
@@ -144,14 +144,14 @@ def finetune_adapter(suite: Suite, model_id: str, log: Callable[[str], None] | N
     scale of the taught boxes: :func:`adapter_box_scale`, splits seen)."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from medrobust_lib.finetune.vlm_lora import finetune_lora
-    from medrobust_lib.tracks.vlm.model_runner import resolve_source
+    from medrobust_lib.tracks.vlm.model import resolve_source
+    from medrobust_lib.training.vlm_lora import finetune_lora
 
     t0 = time.perf_counter()
     m = vlm_model(suite, model_id)
-    if not adapter_entry(m.kind, "vlm").lora_finetunable:
+    if not model_entry(m.kind, "vlm").lora_finetunable:
         raise ValueError(f"{model_id}: kind {m.kind!r} cannot be LoRA fine-tuned here (kinds that can: "
-                         f"{', '.join(list_adapters('vlm', lora_finetunable=True))})")
+                         f"{', '.join(list_models('vlm', lora_finetunable=True))})")
     ft = suite.vlm.finetune
     source = resolve_source(suite, m)
     refuse_remote_code(source)
@@ -176,7 +176,7 @@ def finetune_adapter(suite: Suite, model_id: str, log: Callable[[str], None] | N
 
 def write_training_meta(folder: Path, m: VLMModelConfig, task: str, box_scale: str, *,
                         selected_on: str = "val") -> None:
-    """:data:`~medrobust_lib.tracks.vlm.model_runner.TRAINING_META` in the adapter folder: what the adapter
+    """:data:`~medrobust_lib.tracks.vlm.model.TRAINING_META` in the adapter folder: what the adapter
     was taught (task, box scale) and on which splits (``selected_on``: ``val``, or ``last`` when the
     suite's ``splits`` have no validation share and the last weights were kept)."""
     meta = {"model": m.id, "task": task, "box_scale": box_scale, "trained_on": "train", "selected_on": selected_on}

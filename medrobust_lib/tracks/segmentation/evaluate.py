@@ -3,28 +3,23 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from medrobust_lib.config import Suite
-from medrobust_lib.config.common import by_id
-from medrobust_lib.config.segmentation import PACKAGE_CHECKPOINT, PromptConfig, SegModelConfig
+from medrobust_lib.config.segmentation import PromptConfig, SegModelConfig
 from medrobust_lib.data.sample import Sample
-from medrobust_lib.lru import LRU, file_stamp
 from medrobust_lib.metrics.segmentation import EMPTY_GT_POLICY, dice, iou
-from medrobust_lib.models.factory import build_segmenter
-from medrobust_lib.models.litemedsam_package import packaged_checkpoint, verify_packaged_checkpoint
-from medrobust_lib.paths import checkpoint_dir, suite_paths
+from medrobust_lib.paths import suite_paths
 from medrobust_lib.perturb.engine import NOT_APPLICABLE
 from medrobust_lib.progress import Progress, counted, finish
 from medrobust_lib.prompts import PromptTargets, prompt_targets
-from medrobust_lib.store import model_registry, pred_masks
+from medrobust_lib.store import pred_masks
 from medrobust_lib.store.schema import SEG_NO_MASK, SEG_NOT_APPLICABLE, SEG_OK, column_names, seg_failed
 from medrobust_lib.tracks.partition import (
     Partition,
@@ -36,7 +31,11 @@ from medrobust_lib.tracks.partition import (
     unusable_state,
 )
 from medrobust_lib.tracks.segmentation.attack_views import AttackChunks, GrayView, ImageChunks, MultiBoxView
-from medrobust_lib.tracks.upstream import MissingUpstream
+from medrobust_lib.tracks.segmentation.model import (
+    load_model,
+    model_config,
+    model_precision,
+)
 
 RESULTS_TABLE = "segmentation_results"
 INSTANCES_TABLE = "segmentation_instances"
@@ -46,133 +45,6 @@ INSTANCE_COLUMNS: tuple[str, ...] = column_names(INSTANCES_TABLE)
 """The ``segmentation_instances`` columns (one row per box prompt of a sample with instances)."""
 Item = tuple[np.ndarray, np.ndarray, np.ndarray, "tuple[np.ndarray, np.ndarray] | None"]
 """(image, boxes (K, 4), bool mask (H, W), (instance map, ids (K,)) or None) as the models score them."""
-
-
-def model_config(suite: Suite, model_id: str | SegModelConfig) -> SegModelConfig:
-    """The suite's model ``model_id``; a :class:`SegModelConfig` is returned as it is (fine-tuned
-    strategy checkpoints and registry versions are evaluated without being listed in the suite)."""
-    if isinstance(model_id, SegModelConfig):
-        return model_id
-    return by_id(suite.segmentation.models, model_id, "segmentation model")
-
-
-_SPLITS: LRU[tuple[Any, ...], dict[str, list[Sample]]] = LRU(max_items=1, name="segmentation.splits")
-"""Per-process cache of :func:`seg_splits` (the fine-tuning strategies of one run share it)."""
-
-
-def seg_splits(suite: Suite) -> dict[str, list[Sample]]:
-    """Train / val / test samples with a non-empty mask over every modality (hash-based split),
-    for training the base model and the fine-tuning strategies. Loaded and checked against their
-    recorded hashes once per process while the clean index and the suite's settings stay the same
-    (:func:`medrobust_lib.tracks.feed.index_signature`); the lists are new on every call, the
-    samples shared: callers must not change them."""
-    from medrobust_lib.tracks.datasets import load_clean_samples
-    from medrobust_lib.tracks.feed import index_signature
-
-    key = tuple(index_signature(suite, m) for m in suite.modalities)
-    held = _SPLITS.get(key)
-    if held is None:
-        held = {"train": [], "val": [], "test": []}
-        for modality in suite.modalities:
-            for name in held:
-                for items in load_clean_samples(suite, modality, split=name).values():
-                    held[name].extend(s for s in items if s.mask is not None and s.mask.any())
-        _SPLITS.put(key, held)
-    return {name: list(samples) for name, samples in held.items()}
-
-
-# ---- models ---------------------------------------------------------------------------------
-
-def resolve_checkpoint(suite: Suite, m: SegModelConfig) -> Path:
-    """The local checkpoint file for a model config (clear errors when missing). ``models:/...``
-    URIs resolve through the local MLflow registry in ``$MEDROBUST_MLRUNS`` (default ``mlruns``)."""
-    if m.checkpoint == "trained":
-        p = checkpoint_dir(suite, m.id) / "model.safetensors"
-        if not p.is_file():
-            raise MissingUpstream(f"no trained checkpoint for {m.id!r} at {p}: materialize '{m.id}/base_checkpoint' first",
-                                  f"{m.id}/base_checkpoint")
-        return p
-    if m.checkpoint is None:
-        raise ValueError(f"segmentation model {m.id!r} names no checkpoint")
-    if m.checkpoint == PACKAGE_CHECKPOINT:
-        return verify_packaged_checkpoint(packaged_checkpoint())
-    if m.checkpoint.startswith("models:/"):
-        return model_registry.resolve_model_uri(m.checkpoint, model_registry.mlruns_dir())
-    return Path(m.checkpoint)
-
-
-_MODELS: LRU[tuple[Any, ...], Any] = LRU(max_items=2, name="segmentation.models")
-
-
-def load_model(suite: Suite, m: SegModelConfig, *, fresh: bool = False) -> Any:
-    """The segmenter of a model config. Kept per process (keyed on the checkpoint file's path,
-    size and mtime and the config), so partitions evaluated in one process share one model and,
-    with ``compile``, one compiled encoder. The shared model is for inference only: a caller that
-    changes the model (fine-tuning applies a strategy and trains it in place) asks for a ``fresh``
-    one, which is never cached. The adapter class is the one registered for ``m.family``
-    (:mod:`medrobust_lib.models.factory`)."""
-    path = resolve_checkpoint(suite, m)
-    exports = suite_paths(suite).cache / "exports"  # exported inference graphs (models.onnx_engine)
-    if fresh:
-        return build_segmenter(m, path, cache_dir=exports)
-    key = (file_stamp(path) if Path(path).is_file() else str(Path(path).resolve()), m.model_dump_json())
-    model = _MODELS.get(key)
-    if model is None:
-        _MODELS.make_room()  # the oldest model goes before this one loads
-        model = build_segmenter(m, path, cache_dir=exports)
-        _MODELS.put(key, model)
-    return model
-
-
-@dataclass
-class BaseTrainSummary:
-    val_dice: float
-    test_dice: float
-    steps: int
-    seconds: float
-    n_train: int
-    n_val: int
-    n_test: int
-    checkpoint: str
-    history: list[dict[str, float]] = field(default_factory=list)
-
-
-def train_base_checkpoint(suite: Suite, model_id: str, log: Callable[[str], None] | None = None) -> BaseTrainSummary:
-    """Train the configured architecture from scratch on the train split of every modality
-    (selection on val), save safetensors + config.json, and report test Dice."""
-    from medrobust_lib.finetune.train import (
-        TrainConfig,
-        config_dict,
-        evaluate_dice,
-        save_checkpoint,
-        train_segmenter,
-    )
-    from medrobust_lib.models.sam import SamSegmenter, arch_for, build_sam, state_dict_hash
-
-    m = model_config(suite, model_id)
-    tc = suite.segmentation.train
-    splits = seg_splits(suite)
-    model = SamSegmenter(build_sam(arch_for(m.arch, m.family), seed=suite.seed), m.family, m.id, "untrained", m.device)
-    cfg = TrainConfig(max_steps=tc.max_steps, batch_size=tc.batch_size, lr=tc.lr, warmup_steps=tc.warmup_steps,
-                      eval_every=tc.eval_every, patience=tc.patience, time_budget_s=tc.time_budget_s,
-                      box_jitter=tc.box_jitter, seed=suite.seed)
-    res = train_segmenter(model, splits["train"], splits["val"], cfg, log=log)
-    test_dice = evaluate_dice(model, splits["test"], suite.segmentation.prompt)
-    meta = {"family": m.family, "arch": m.arch, "model_id": m.id, "train": config_dict(cfg),
-            "val_dice": res.best_val_dice, "best_step": res.best_step, "test_dice": test_dice,
-            "state_sha256": state_dict_hash(model.sam), "n_train": len(splits["train"])}
-    path = save_checkpoint(model, checkpoint_dir(suite, m.id), meta)
-    return BaseTrainSummary(res.best_val_dice, test_dice, res.steps, res.seconds, len(splits["train"]),
-                            len(splits["val"]), len(splits["test"]), str(path), res.history)
-
-
-def committed_test_dice(suite: Suite, model_id: str) -> float:
-    """Mean test Dice (evaluation prompt) of the checkpoint now in ``var/checkpoints/<id>/``: the
-    demo measures the committed tiny SAM again instead of trusting the number recorded with it."""
-    from medrobust_lib.finetune.train import evaluate_dice
-
-    m = model_config(suite, model_id)
-    return evaluate_dice(load_model(suite, m), seg_splits(suite)["test"], suite.segmentation.prompt)
 
 
 # ---- evaluation -------------------------------------------------------------------------------
@@ -246,11 +118,6 @@ def _error_row(m: SegModelConfig, ckpt: str, key: tuple[str, str], modality: str
 
     return error_row(_base_row(m, ckpt, placeholder_sample(key, modality), condition, prompt, precision), reason,
                      column="status")
-
-
-def _precision(model: Any) -> str:
-    """The model's ``precision`` (``fp32`` for a model that does not say)."""
-    return str(getattr(model, "precision", "fp32"))
 
 
 def perturbed_keys(m: SegModelConfig, keys: Iterable[tuple[str, str]]) -> set[tuple[str, str]] | None:
@@ -540,7 +407,7 @@ def evaluate_clean(suite: Suite, model_id: str | SegModelConfig, modality: str, 
     summary = EvalSummary()
     ev = eval_samples(suite, modality, sc.split)
     samples = list(ev.samples.values())
-    inputs = clean_inputs(suite, m, model.checkpoint_hash, _precision(model), samples, ev.unusable)
+    inputs = clean_inputs(suite, m, model.checkpoint_hash, model_precision(model), samples, ev.unusable)
     # the sample hash is the clean-prediction cache key; keep it in the chunk
     part = _partition(suite, m, "clean", modality, 0, RESULT_COLUMNS + ("sample_sha256",))
     reused = _reuse(part, {s.dataset for s in samples} | {k[0] for k in ev.unusable}, inputs, t0, reuse)
@@ -557,7 +424,7 @@ def evaluate_clean(suite: Suite, model_id: str | SegModelConfig, modality: str, 
                       strict=True))
     finish(progress, len(with_mask), "clean images")
     for s in samples:
-        r = _base_row(m, model.checkpoint_hash, s, "clean", sc.prompt.protocol, _precision(model))
+        r = _base_row(m, model.checkpoint_hash, s, "clean", sc.prompt.protocol, model_precision(model))
         r["sample_sha256"] = s.content_hash()
         if s.mask is None:
             r.update(status=SEG_NO_MASK, error="sample has no ground-truth mask")
@@ -566,7 +433,7 @@ def evaluate_clean(suite: Suite, model_id: str | SegModelConfig, modality: str, 
             r["clean_iou"], r["clean_dice"] = r["iou"], r["dice"]
             r["iou_drop"] = r["dice_drop"] = 0.0
         rows.append(r)
-    rows += [_error_row(m, model.checkpoint_hash, key, modality, "clean", sc.prompt.protocol, reason, _precision(model))
+    rows += [_error_row(m, model.checkpoint_hash, key, modality, "clean", sc.prompt.protocol, reason, model_precision(model))
              for key, reason in sorted(ev.unusable.items())]
     _write(part, rows, inputs, inst_rows)
     summary.clean_cache_misses = len(samples)
@@ -667,11 +534,11 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
             reason = ev.reason(key)
             if reason is None:
                 continue  # the manifest covers another split than this evaluation
-            r = _error_row(m, model.checkpoint_hash, key, modality, "perturbation", sc.prompt.protocol, reason, _precision(model))
+            r = _error_row(m, model.checkpoint_hash, key, modality, "perturbation", sc.prompt.protocol, reason, model_precision(model))
             r.update(perturbation=mr["perturbation"], level=level, strength=mr["strength"], ssim=mr["ssim"])
             rows.append(r)
             continue
-        r = _base_row(m, model.checkpoint_hash, s, "perturbation", sc.prompt.protocol, _precision(model))
+        r = _base_row(m, model.checkpoint_hash, s, "perturbation", sc.prompt.protocol, model_precision(model))
         r.update(perturbation=mr["perturbation"], level=level, strength=mr["strength"], ssim=mr["ssim"])
         rows.append(r)
         if mr["status"] == NOT_APPLICABLE:  # the type does not apply to this sample: not a failure
@@ -682,7 +549,7 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
             r.update(status=SEG_NO_MASK, error="sample has no ground-truth mask")
         else:
             todo.append((r, mr, s))
-    inputs = perturbed_inputs(suite, m, model.checkpoint_hash, _precision(model), level, manifest, perturbations,
+    inputs = perturbed_inputs(suite, m, model.checkpoint_hash, model_precision(model), level, manifest, perturbations,
                               samples, ev.unusable)
     part = _partition(suite, m, "perturbation", modality, level)
     reused = _reuse(part, {str(r["dataset"]) for r in rows}, inputs, t0, reuse)
@@ -744,7 +611,7 @@ def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str
         suite, m, [s for s in clean_samples(suite, modality, sc.split).values() if s.mask is not None and s.mask.any()])
     unusable = eval_samples(suite, modality, sc.split).unusable if not capped else {}
     run_kinds = [k for k in sc.attacks.kinds if kinds is None or k in kinds]
-    inputs = attack_inputs(suite, m, model.checkpoint_hash, _precision(model), level, samples, kinds, unusable)
+    inputs = attack_inputs(suite, m, model.checkpoint_hash, model_precision(model), level, samples, kinds, unusable)
     part = _partition(suite, m, "attack", modality, level)
     expected = {s.dataset for s in samples} | {k[0] for k in unusable} if run_kinds else set()
     reused = _reuse(part, expected, inputs, t0, reuse)
@@ -774,7 +641,7 @@ def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str
                 items = [(im, t.boxes, np.asarray(s.mask), _targets(t)) for im, t, s in zip(imgs, tgts, batch, strict=True)]
                 scores = _score_items(model, items, summary, m.eval_batch_size, keep_masks=keep_masks)
                 for s, t, x in zip(batch, tgts, scores, strict=True):
-                    r = _base_row(m, model.checkpoint_hash, s, kind, sc.prompt.protocol, _precision(model))
+                    r = _base_row(m, model.checkpoint_hash, s, kind, sc.prompt.protocol, model_precision(model))
                     r.update(perturbation=kind, level=level, epsilon=acfg.epsilon)
                     _fill_scores(r, x, t, suite, inst_rows)
                     _with_clean(r, cache.get(s))
@@ -783,7 +650,7 @@ def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str
                 if progress is not None:
                     progress(min(n_attacked, n_attacks - 1), n_attacks, "attacked images")
         for key, reason in sorted(unusable.items()):
-            r = _error_row(m, model.checkpoint_hash, key, modality, kind, sc.prompt.protocol, reason, _precision(model))
+            r = _error_row(m, model.checkpoint_hash, key, modality, kind, sc.prompt.protocol, reason, model_precision(model))
             r.update(level=level, epsilon=acfg.epsilon)
             rows.append(r)
     finish(progress, n_attacks, "attacked images")

@@ -22,6 +22,7 @@ from medrobust_lib.hashing import digest
 from medrobust_lib.metrics.segmentation import iou
 from medrobust_lib.prompts import prompt_boxes
 from medrobust_lib.store import results
+from medrobust_lib.tracks.segmentation.model import load_model
 
 EXAMPLES_TABLE = "segmentation_examples"
 DEFAULT_TOP = 3
@@ -82,7 +83,7 @@ def write_examples(suite: Suite, top: int = DEFAULT_TOP) -> pd.DataFrame:
     """Write the ``segmentation_examples`` rows (one chunk per model) of every real-architecture
     model of the suite that has perturbation rows; models without any are left out (their old
     chunk removed). Returns the rows written (without the PNG bytes' content checked)."""
-    from medrobust_lib.tracks.segmentation.evaluate import RESULTS_TABLE, load_model
+    from medrobust_lib.tracks.segmentation.evaluate import RESULTS_TABLE
 
     df = results.read_table(suite.results_dir, RESULTS_TABLE)
     written: list[dict[str, Any]] = []

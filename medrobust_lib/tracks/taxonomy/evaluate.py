@@ -37,12 +37,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from medrobust_lib.adapters import adapter_entry, list_adapters
 from medrobust_lib.config import Suite
 from medrobust_lib.config.common import by_id
 from medrobust_lib.config.taxonomy import TaxonomyConfigEntry
 from medrobust_lib.config.vlm import VLMModelConfig, vlm_model
 from medrobust_lib.data.sample import Sample
+from medrobust_lib.model_table import list_models, model_entry
 from medrobust_lib.paths import checkpoint_dir
 from medrobust_lib.progress import Progress, counted, finish
 from medrobust_lib.seeding import rng_for
@@ -55,7 +55,6 @@ from medrobust_lib.store.schema import (
     excluded_outcome,
 )
 from medrobust_lib.store.schema import TAXONOMY_COLUMN_NAMES as COLUMN_NAMES
-from medrobust_lib.tasks.vqa import extract_yes_no
 from medrobust_lib.taxonomy.paraphrase import api_paraphrases, template_paraphrases
 from medrobust_lib.taxonomy.quadrants import classify, classify_labels
 from medrobust_lib.tracks.partition import (
@@ -68,6 +67,7 @@ from medrobust_lib.tracks.partition import (
     outcome_counts,
 )
 from medrobust_lib.tracks.vlm.items import YESNO_SUFFIX, DroppedRecord, LoadedItems, VLMItem, load_items
+from medrobust_lib.vlm_tasks.vqa import extract_yes_no
 
 BASELINE_TABLE = TAXONOMY_BASELINES_TABLE
 BASELINE_COLUMNS: tuple[str, ...] = column_names(BASELINE_TABLE)
@@ -130,12 +130,12 @@ def paraphrase_sets(suite: Suite, items: Sequence[VLMItem]) -> tuple[dict[str, t
     tc = suite.taxonomy
     api = None
     if tc.api_paraphraser is not None:
-        from medrobust_lib.tracks.vlm.model_runner import Runner
+        from medrobust_lib.tracks.vlm.model import Runner
 
         m = vlm_model(suite, tc.api_paraphraser)
-        if not adapter_entry(m.kind, "vlm").is_endpoint:
+        if not model_entry(m.kind, "vlm").is_endpoint:
             raise ValueError(f"api_paraphraser {m.id!r} must be an endpoint model (kind: "
-                             f"{' or '.join(list_adapters('vlm', is_endpoint=True))})")
+                             f"{' or '.join(list_models('vlm', is_endpoint=True))})")
         api = Runner(suite, m).api
     out: dict[str, tuple[tuple[str, int], ...]] = {}
     audit: list[dict[str, Any]] = []
@@ -201,7 +201,7 @@ def _tax_head(suite: Suite, config_id: str, checkpoint: str, adapter: str | None
     entry = config_entry(suite, config_id)
     named = vlm_model(suite, entry.model) if entry.model is not None else None
     seeded = "noise" in suite.taxonomy.image_modes or (named is not None
-                                                       and adapter_entry(named.kind, "vlm").is_endpoint)
+                                                       and model_entry(named.kind, "vlm").is_endpoint)
     return {"checkpoint": checkpoint, "adapter": adapter, "taxonomy": suite.taxonomy.model_dump(),
             "model": named.model_dump() if named is not None else None,
             "records": {k: v for k, v in suite.vlm.records.model_dump().items() if v is not None},
@@ -236,7 +236,7 @@ class _Scorer:
     """yes/no log-probabilities for one configuration's model (local: vision once per image)."""
 
     def __init__(self, suite: Suite, entry: TaxonomyConfigEntry) -> None:
-        from medrobust_lib.tracks.vlm.model_runner import Runner
+        from medrobust_lib.tracks.vlm.model import Runner
 
         self.runner = Runner(suite, model_for(suite, entry))
         self.entry = entry

@@ -2,8 +2,11 @@
 
 :func:`write_taxonomy_stats` recomputes the ``taxonomy_quadrant_stats`` and
 ``taxonomy_correlation_stats`` tables from every ``taxonomy_results`` row (the statistics
-themselves live in :mod:`medrobust_lib.taxonomy.stats`; the figures in
-:mod:`medrobust_lib.report.figures.taxonomy`).
+themselves live in :mod:`medrobust_lib.taxonomy.aggregates`; the figures in
+:mod:`medrobust_lib.report.figures.taxonomy`). :func:`write_screening_stats` writes the
+``taxonomy_screening_stats`` table: confidence screening of the Dangerous quadrant
+(:mod:`medrobust_lib.taxonomy.confidence_screening`) over every ``taxonomy_results`` row of the
+complete partitions, one chunk ``taxonomy_screening_stats/batch=all/stats.parquet``.
 """
 
 from __future__ import annotations
@@ -20,11 +23,14 @@ from medrobust_lib.store.schema import (
     DEFAULT_ABSTENTION_TAU,
     TAXONOMY_CORRELATION_STATS_COLUMNS,
     TAXONOMY_QUADRANT_STATS_COLUMNS,
+    TAXONOMY_SCREENING_TABLE,
     TAXONOMY_TABLE,
+    column_names,
 )
 from medrobust_lib.store.schema import (
     TAXONOMY_COLUMN_NAMES as COLUMN_NAMES,
 )
+from medrobust_lib.taxonomy.confidence_screening import KEEP_IDEAL, screening_stats
 from medrobust_lib.tracks.off_band import MANIFEST_TABLE, off_band
 
 QUADRANT_STATS_TABLE = "taxonomy_quadrant_stats"
@@ -33,6 +39,7 @@ CORRELATION_PARTITION: dict[str, object] = {"batch": "all"}
 """The single partition of ``taxonomy_correlation_stats`` (not ``scope``: that is a stored column)."""
 QUADRANT_STATS_COLUMNS: tuple[str, ...] = tuple(c for c, _ in TAXONOMY_QUADRANT_STATS_COLUMNS)
 CORRELATION_STATS_COLUMNS: tuple[str, ...] = tuple(c for c, _ in TAXONOMY_CORRELATION_STATS_COLUMNS)
+SCREENING_PARTITION: dict[str, object] = {"batch": "all"}
 
 
 def read_taxonomy_results(results_dir: str | Path) -> pd.DataFrame:
@@ -61,7 +68,7 @@ def write_taxonomy_stats(results_dir: str | Path, seed: int = 0, abstention_tau:
     ``perturbation_manifest``) are left out of both tables unless ``include_off_band`` (the suite's
     ``perturbations.include_off_band``), as the segmentation and VLM statistics leave them out;
     ``band_miss`` counts them per group (on the group's four rows) either way."""
-    from medrobust_lib.taxonomy.stats import GROUP_COLUMNS, flip_dangerous_correlation, quadrant_stats
+    from medrobust_lib.taxonomy.aggregates import GROUP_COLUMNS, flip_dangerous_correlation, quadrant_stats
 
     tau = DEFAULT_ABSTENTION_TAU if abstention_tau is None else abstention_tau
     df = complete_rows(read_taxonomy_results(results_dir), TAXONOMY_TABLE, max_error_share)  # complete partitions
@@ -97,7 +104,7 @@ def write_taxonomy_stats(results_dir: str | Path, seed: int = 0, abstention_tau:
 def _with_band_miss(quad: pd.DataFrame, misses: pd.DataFrame) -> pd.DataFrame:
     """``quad`` with ``band_miss`` per group: its off-band records (0 when none). ``misses``: the
     group columns and ``band_miss`` of the groups with some."""
-    from medrobust_lib.taxonomy.stats import GROUP_COLUMNS
+    from medrobust_lib.taxonomy.aggregates import GROUP_COLUMNS
 
     quad = quad.drop(columns=["band_miss"], errors="ignore")
     if len(misses):
@@ -116,3 +123,18 @@ def _remove_stale(results_dir: str | Path, table: str, keep: set[str]) -> None:
             for f in d.iterdir():
                 f.unlink()
             d.rmdir()
+
+
+def write_screening_stats(results_dir: str | Path, *, keep: float = KEEP_IDEAL,
+                          max_error_share: float = DEFAULT_MAX_ERROR_SHARE) -> pd.DataFrame:
+    """Recompute ``taxonomy_screening_stats`` from the ``taxonomy_results`` rows of the complete
+    partitions and return it; the chunk is removed when there are no rows."""
+    df = complete_rows(read_taxonomy_results(results_dir), TAXONOMY_TABLE, max_error_share)
+    stats = screening_stats(df, keep).reindex(columns=list(column_names(TAXONOMY_SCREENING_TABLE)))
+    path = results.chunk_path(results_dir, TAXONOMY_SCREENING_TABLE, SCREENING_PARTITION, "stats")
+    if len(stats):
+        stats["level"] = pd.to_numeric(stats["level"]).astype(int)
+        results.write_chunk(path, stats, digest(["taxonomy_screening", keep, len(df), len(stats)]))
+    elif path.is_file():
+        path.unlink()
+    return stats

@@ -30,22 +30,16 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 
-from medrobust_lib.adapters import adapter_entry, list_adapters
 from medrobust_lib.config import Suite
 from medrobust_lib.config.vlm import VLMModelConfig, VLMProtocol, vlm_model
 from medrobust_lib.data.sample import Sample
 from medrobust_lib.metrics.caption_raw import RAW_COLUMNS, raw_caption_rows
+from medrobust_lib.model_table import list_models, model_entry
 from medrobust_lib.progress import Progress, finish
 from medrobust_lib.store import rerun, results
 from medrobust_lib.store.completeness import ERROR_OUTCOME
 from medrobust_lib.store.schema import VLM_COLUMN_NAMES as COLUMN_NAMES
 from medrobust_lib.store.schema import VLM_TABLE, excluded_outcome
-from medrobust_lib.tasks.grounding_reference import score_grounding_reference
-from medrobust_lib.tasks.judge import judge_mc
-from medrobust_lib.tasks.judge_caption import judge_captions
-from medrobust_lib.tasks.judge_open import judge_open
-from medrobust_lib.tasks.scoring import score_captions, score_grounding, score_mc, score_yes_no
-from medrobust_lib.tasks.vqa import LETTERS
 from medrobust_lib.tracks.partition import (
     Condition,
     Partition,
@@ -64,7 +58,13 @@ from medrobust_lib.tracks.vlm.items import (
     records_config,
     sample_records,
 )
-from medrobust_lib.tracks.vlm.model_runner import Answer, Runner, chunked, progress_chunk
+from medrobust_lib.tracks.vlm.model import Answer, Runner, chunked, progress_chunk
+from medrobust_lib.vlm_tasks.grounding_reference import score_grounding_reference
+from medrobust_lib.vlm_tasks.judge import judge_mc
+from medrobust_lib.vlm_tasks.judge_caption import judge_captions
+from medrobust_lib.vlm_tasks.judge_open import judge_open
+from medrobust_lib.vlm_tasks.scoring import score_captions, score_grounding, score_mc, score_yes_no
+from medrobust_lib.vlm_tasks.vqa import LETTERS
 
 ROW_KEY: tuple[str, ...] = ("task", "dataset", "sample_id", "record_id", "prompt_id", "image_mode", "perturbation")
 """Identifies a ``vlm_results`` row within its partition (model, modality and level are the partition)."""
@@ -316,7 +316,7 @@ OPEN_TASK = "vqa_open"
 
 def _open_rows(jobs: list[tuple[VLMItem, Condition]], runner: Runner, judge: Runner,
                max_new_tokens: int, tally: _Tally | None = None) -> list[dict[str, Any]]:
-    """The multiple-choice questions asked alone and judged (:mod:`medrobust_lib.tasks.judge_open`):
+    """The multiple-choice questions asked alone and judged (:mod:`medrobust_lib.vlm_tasks.judge_open`):
     ``correct`` = judge score >= 0.5, ``parsed`` and ``judge_parsed`` the score. A judge failure or
     a reply without a score is an ``error`` row (not scored, retried by the next run). ``tally``: as
     in :func:`ask`."""
@@ -342,7 +342,7 @@ def _open_rows(jobs: list[tuple[VLMItem, Condition]], runner: Runner, judge: Run
 
 
 def _judge_captions(judge: Runner, pairs: list[tuple[VLMItem, dict[str, Any]]]) -> None:
-    """Score answered captions with the caption judge (:mod:`medrobust_lib.tasks.judge_caption`):
+    """Score answered captions with the caption judge (:mod:`medrobust_lib.vlm_tasks.judge_caption`):
     ``caption_judge_score`` as the reference reads the reply (NULL when it holds no number; the row
     keeps its outcome and its other scores). The judge sees the record's first reference caption
     (the reference has one per record). A failed judge call makes the row an ``error`` (nothing
@@ -477,9 +477,9 @@ def _judge_runner(suite: Suite) -> Runner | None:
     if vc.judge is None:
         return None
     m = vlm_model(suite, vc.judge)
-    if not adapter_entry(m.kind, "vlm").is_endpoint:
+    if not model_entry(m.kind, "vlm").is_endpoint:
         raise ValueError(f"vlm.judge {m.id!r} must be an endpoint model (kind: "
-                         f"{' or '.join(list_adapters('vlm', is_endpoint=True))})")
+                         f"{' or '.join(list_models('vlm', is_endpoint=True))})")
     return Runner(suite, m)
 
 
@@ -497,9 +497,9 @@ def _protocol_judge(suite: Suite, key: str) -> Runner | None:
     if model_id is None:
         return None
     m = vlm_model(suite, model_id)
-    if not adapter_entry(m.kind, "vlm").is_endpoint:
+    if not model_entry(m.kind, "vlm").is_endpoint:
         raise ValueError(f"vlm.protocol.{key} {m.id!r} must be an endpoint model (kind: "
-                         f"{' or '.join(list_adapters('vlm', is_endpoint=True))})")
+                         f"{' or '.join(list_models('vlm', is_endpoint=True))})")
     return Runner(suite, m)
 
 
@@ -550,7 +550,7 @@ def vlm_inputs(suite: Suite, checkpoint: str, adapter: str | None, m: VLMModelCo
                      samples=sorted((k, s.content_hash()) for k, s in samples.items()) if samples is not None else None,
                      manifest=manifest_hashes(manifest) if manifest is not None else None,
                      protocol=None if vc.protocol.is_default() else vc.protocol.model_dump(),
-                     seed=suite.seed if adapter_entry(m.kind, "vlm").is_endpoint or m.samples() else 0,
+                     seed=suite.seed if model_entry(m.kind, "vlm").is_endpoint or m.samples() else 0,
                      split=vc.split,
                      record_sample=None if vc.record_sample is None else vc.record_sample.model_dump())
 

@@ -32,7 +32,7 @@ import numpy as np
 from medrobust_lib.config import Suite
 from medrobust_lib.config.vlm import VLMRecordsConfig, yesno_files
 from medrobust_lib.paths import RECORD_FILES
-from medrobust_lib.tasks.vqa import LETTERS, build_mc_prompt
+from medrobust_lib.vlm_tasks.vqa import LETTERS, build_mc_prompt
 
 YESNO_SUFFIX = " Answer with yes or no."
 CAPTION_PROMPT = "Describe the findings in this image in one sentence."

@@ -12,7 +12,7 @@ import pytest
 from medrobust_lib.config import load_suite
 from medrobust_lib.store.model_registry import register_checkpoint
 from medrobust_lib.tracks.finetune.strategy_runs import registry_model_config, strategy_model_config
-from medrobust_lib.tracks.segmentation.evaluate import model_config
+from medrobust_lib.tracks.segmentation.model import model_config
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -17,13 +17,8 @@ from medrobust_assets.runner import plan
 from medrobust_lib.config import Suite, load_suite
 from medrobust_lib.store import results
 from medrobust_lib.tracks.datasets import build_clean_index
-from medrobust_lib.tracks.segmentation.evaluate import (
-    RESULTS_TABLE,
-    evaluate_attacks,
-    load_model,
-    model_config,
-    train_base_checkpoint,
-)
+from medrobust_lib.tracks.segmentation.evaluate import RESULTS_TABLE, evaluate_attacks
+from medrobust_lib.tracks.segmentation.model import load_model, model_config, train_base_checkpoint
 from tests.suite_helpers import write_suite
 
 ROOT = Path(__file__).resolve().parents[3]

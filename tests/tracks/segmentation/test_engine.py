@@ -35,9 +35,8 @@ from medrobust_lib.tracks.segmentation.evaluate import (
     evaluate_attacks,
     evaluate_clean,
     evaluate_perturbed,
-    load_model,
-    model_config,
 )
+from medrobust_lib.tracks.segmentation.model import load_model, model_config
 from tests.suite_helpers import write_suite
 
 

@@ -24,7 +24,7 @@ from medrobust_lib.store.schema import VLM_TABLE
 from medrobust_lib.tracks.datasets import build_clean_index
 from medrobust_lib.tracks.vlm.evaluate import evaluate_clean, evaluate_perturbed
 from medrobust_lib.tracks.vlm.items import load_items, records_config
-from medrobust_lib.tracks.vlm.model_runner import Answer
+from medrobust_lib.tracks.vlm.model import Answer
 from tests.tracks.unusable_helpers import (
     LEVEL,
     MISSING,

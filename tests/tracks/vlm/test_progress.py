@@ -20,7 +20,7 @@ from medrobust_lib.models.api_vlm import ApiVLM
 from medrobust_lib.store import results
 from medrobust_lib.store.schema import VLM_TABLE
 from medrobust_lib.tracks.vlm.evaluate import PROGRESS_WHAT, evaluate_clean, evaluate_perturbed
-from medrobust_lib.tracks.vlm.model_runner import Answer, Runner, chunked, progress_chunk
+from medrobust_lib.tracks.vlm.model import Answer, Runner, chunked, progress_chunk
 from tests.progress_helpers import Recorder, check_progress
 from tests.tracks.unusable_helpers import LEVEL, SPLIT, broken_suite
 

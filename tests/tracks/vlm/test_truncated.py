@@ -17,7 +17,7 @@ from medrobust_lib.store.marts import build_mart, connect_readonly
 from medrobust_lib.store.schema import VLM_TABLE
 from medrobust_lib.tracks.datasets import build_clean_index
 from medrobust_lib.tracks.vlm.evaluate import evaluate_clean
-from medrobust_lib.tracks.vlm.model_runner import Answer
+from medrobust_lib.tracks.vlm.model import Answer
 from medrobust_lib.tracks.vlm.stats import vlm_task_drops_wide
 from tests.suite_helpers import write_suite
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from medrobust_lib.config.vlm import VLMModelConfig
-from medrobust_lib.tracks.vlm.model_runner import Runner, guarded_batch, is_out_of_memory
+from medrobust_lib.tracks.vlm.model import Runner, guarded_batch, is_out_of_memory
 
 
 class OutOfMemoryError(RuntimeError):

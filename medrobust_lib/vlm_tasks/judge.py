@@ -1,6 +1,6 @@
 """The optional LLM judge: a separate, recorded scorer for multiple-choice answers, off by default.
 
-The rule-based scorer (:func:`medrobust_lib.tasks.vqa.extract_choice`) always decides
+The rule-based scorer (:func:`medrobust_lib.vlm_tasks.vqa.extract_choice`) always decides
 ``correct``. When a judge model is configured, answers the rules could not parse are also shown
 to the judge, and its verdict goes to separate columns (``judge_model``, ``judge_letter``,
 ``judge_correct``), so a table never mixes the two scorers silently. A failed judge call is a
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from medrobust_lib.tasks.vqa import LETTERS
+from medrobust_lib.vlm_tasks.vqa import LETTERS
 
 JUDGE_PROMPT = (
     "A model answered a multiple-choice question. Decide which option its answer chooses.\n"

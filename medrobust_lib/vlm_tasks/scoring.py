@@ -27,8 +27,8 @@ from medrobust_lib.metrics.caption import (
     ptb_tokenize,
     rouge_l,
 )
-from medrobust_lib.tasks.grounding import ACC_THRESHOLDS, box_iou, detect_scale, parse_box, to_pixels
-from medrobust_lib.tasks.vqa import extract_choice, extract_yes_no, is_refusal, yes_no_from_logprobs
+from medrobust_lib.vlm_tasks.grounding import ACC_THRESHOLDS, box_iou, detect_scale, parse_box, to_pixels
+from medrobust_lib.vlm_tasks.vqa import extract_choice, extract_yes_no, is_refusal, yes_no_from_logprobs
 
 SCORED_OUTCOMES: tuple[str, ...] = ("ok", "unparseable", "refused", "error")
 

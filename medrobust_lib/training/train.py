@@ -33,13 +33,13 @@ from pydantic import Field
 from medrobust_lib.config.common import AddedKeys, TrainLoop
 from medrobust_lib.config.segmentation import PromptConfig
 from medrobust_lib.data.sample import Sample
-from medrobust_lib.finetune.schedule import linear_with_warmup
 from medrobust_lib.hashing import file_sha256
 from medrobust_lib.metrics.segmentation import dice
 from medrobust_lib.models.losses import dice_bce_loss
 from medrobust_lib.models.sam import SamSegmenter, to_tensor_batch
 from medrobust_lib.prompts import prompt_boxes
 from medrobust_lib.seeding import rng_for
+from medrobust_lib.training.schedule import linear_with_warmup
 
 
 class TrainConfig(TrainLoop, AddedKeys):

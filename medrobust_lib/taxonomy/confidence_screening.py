@@ -2,7 +2,7 @@
 confidence catch the Dangerous samples (consistent across paraphrases, but answered without looking
 at the image)?
 
-Per group of :data:`~medrobust_lib.taxonomy.stats.GROUP_COLUMNS` (configuration, dataset,
+Per group of :data:`~medrobust_lib.taxonomy.aggregates.GROUP_COLUMNS` (configuration, dataset,
 perturbation, level, image mode) and per confidence signal of the answer to the original question
 with the image (``taxonomy_results``: ``p_yes_original``, ``margin_original``,
 ``entropy_original``):
@@ -45,7 +45,7 @@ import numpy.typing as npt
 import pandas as pd
 from scipy.stats import rankdata
 
-from medrobust_lib.taxonomy.stats import DANGEROUS, GROUP_COLUMNS
+from medrobust_lib.taxonomy.aggregates import DANGEROUS, GROUP_COLUMNS
 
 SIGNALS: tuple[str, ...] = ("max_p", "margin", "entropy")
 IDEAL = "Ideal"

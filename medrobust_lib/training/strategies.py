@@ -34,7 +34,7 @@ exactly the strategy's parameters train. Strategies:
   benchmark's ``finetune_utils.py`` runs it): LoRA layers on the ``nn.Linear`` modules of one
   component (default targets: :data:`DEFAULT_LORA_PLUS_TARGETS`, the encoder or the decoder half of
   :data:`DEFAULT_LORA_TARGETS`), trained with the ``B`` matrices at ``lora_plus_lr_ratio`` (16) times
-  the learning rate (:func:`medrobust_lib.finetune.train.param_groups`). Besides the LoRA matrices,
+  the learning rate (:func:`medrobust_lib.training.train.param_groups`). Besides the LoRA matrices,
   ``lora_plus_encoder`` trains the mask decoder and the prompt encoder in full and
   ``lora_plus_decoder`` the prompt encoder in full, as the reference does. ``lora_modules=False``:
   no LoRA layer at all (the reference's MedSAM ``lora_plus_encoder``, whose ``q_proj``/``v_proj``
@@ -62,7 +62,7 @@ are present; those load into ``build_sam(replace(arch, adapter=True, adapter_mlp
 :func:`merge_lora` does the same merge in place and removes the LoRA layers.
 :func:`trainable_state_dict` gives only the trained tensors, for small checkpoints.
 
-Training with :func:`medrobust_lib.finetune.train.train_segmenter`: pass
+Training with :func:`medrobust_lib.training.train.train_segmenter`: pass
 ``trainable=report.is_trainable`` (its default, ``None``, makes every parameter trainable). Note
 that ``train_segmenter`` sets ``requires_grad=True`` on every parameter when it returns, so pass
 the report to :func:`trainable_state_dict` after training.

@@ -19,11 +19,11 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from medrobust_lib.adapters import adapter_entry
 from medrobust_lib.config import Suite
 from medrobust_lib.config.vlm import VLMModelConfig, adapter_box_scale, vlm_model
 from medrobust_lib.hashing import folder_hash
 from medrobust_lib.lru import LRU, FileStamp, file_stamp
+from medrobust_lib.model_table import model_entry
 from medrobust_lib.models.base import VisionLanguageEndpoint
 from medrobust_lib.models.factory import VLMInputs, build_vlm
 from medrobust_lib.paths import checkpoint_dir, suite_paths
@@ -108,7 +108,7 @@ def vlm_inputs(suite: Suite, m: VLMModelConfig) -> VLMInputs:
     weights (``source``, LoRA ``adapter``) when the adapter loads local weights, and always the
     response-cache file ``<cache>/<id>.sqlite`` and the suite seed."""
     cache = str(suite_paths(suite).cache / f"{m.id}.sqlite")
-    if not adapter_entry(m.kind, "vlm").local_weights:
+    if not model_entry(m.kind, "vlm").local_weights:
         return VLMInputs(cache_path=cache, seed=suite.seed)
     adapter = resolve_adapter(suite, m)  # checked first: its error names the asset to materialize
     return VLMInputs(source=resolve_source(suite, m), adapter=adapter, cache_path=cache, seed=suite.seed)
@@ -124,7 +124,7 @@ class Runner:
         self.api: Any = None
         self.hf: Any = None
         inputs = vlm_inputs(suite, m)
-        model = _local_model(m, inputs) if adapter_entry(m.kind, "vlm").local_weights else build_vlm(m, inputs)
+        model = _local_model(m, inputs) if model_entry(m.kind, "vlm").local_weights else build_vlm(m, inputs)
         if isinstance(model, VisionLanguageEndpoint):
             self.api = model
             self.checkpoint = f"api:{model.model_id}"

@@ -3,7 +3,7 @@
 Adapters go on the language model's attention and MLP projections only (q/k/v/o, gate/up/down);
 the vision tower (whose CLIP/SigLIP attention also has ``q_proj``/``k_proj``/``v_proj``), the
 multimodal projector, the embeddings and the LM head stay frozen and unadapted. Training is
-:func:`medrobust_lib.finetune.vlm_train.train_vlm` (answer-only loss, early stopping on the
+:func:`medrobust_lib.training.vlm_train.train_vlm` (answer-only loss, early stopping on the
 validation loss); the adapter is saved with safetensors only, next to a ``training.json`` that
 records the settings and the outcome. Evaluation loads it with
 ``HFVisionLanguageModel(base_folder, adapter=out_dir)``.
@@ -26,7 +26,10 @@ from typing import Any
 import torch
 
 from medrobust_lib.config.common import LoraSettings
-from medrobust_lib.finetune.vlm_train import (
+from medrobust_lib.hashing import file_sha256
+from medrobust_lib.models.vlm_conventions import LM_PROJ_REGEX as _LM_PROJ_REGEX
+from medrobust_lib.seeding import scoped_torch_seed
+from medrobust_lib.training.vlm_train import (
     VLMExample,
     VLMTrainConfig,
     VLMTrainResult,
@@ -34,9 +37,6 @@ from medrobust_lib.finetune.vlm_train import (
     mean_loss,
     train_vlm,
 )
-from medrobust_lib.hashing import file_sha256
-from medrobust_lib.models.vlm_conventions import LM_PROJ_REGEX as _LM_PROJ_REGEX
-from medrobust_lib.seeding import scoped_torch_seed
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"

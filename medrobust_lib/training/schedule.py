@@ -1,5 +1,5 @@
-"""Learning-rate factors shared by the trainers (:mod:`medrobust_lib.finetune.train`,
-:mod:`medrobust_lib.finetune.vlm_train`)."""
+"""Learning-rate factors shared by the trainers (:mod:`medrobust_lib.training.train`,
+:mod:`medrobust_lib.training.vlm_train`)."""
 
 from __future__ import annotations
 

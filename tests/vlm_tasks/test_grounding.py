@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from medrobust_lib.tasks.grounding import box_iou, detect_scale, grounding_metrics, parse_box, to_pixels
+from medrobust_lib.vlm_tasks.grounding import box_iou, detect_scale, grounding_metrics, parse_box, to_pixels
 
 
 @pytest.mark.parametrize(

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from medrobust_lib.tasks.grounding import ACC_THRESHOLDS
 from medrobust_lib.types import BoolMask
+from medrobust_lib.vlm_tasks.grounding import ACC_THRESHOLDS
 
 _N = r"(\d+(?:\.\d+)?)"
 _PATTERNS: tuple[re.Pattern[str], ...] = (
@@ -87,7 +87,7 @@ def iou_reference(a: Sequence[float] | None, b: Sequence[float] | None) -> float
 def score_grounding_reference(prediction: str | None, gt_box: Sequence[float],
                               image_hw: Sequence[int]) -> dict[str, Any]:
     """One grounding answer scored the reference's way against the pixel ground-truth box
-    ``gt_box`` (XYXY, end exclusive): fields as :func:`medrobust_lib.tasks.scoring.score_grounding`
+    ``gt_box`` (XYXY, end exclusive): fields as :func:`medrobust_lib.vlm_tasks.scoring.score_grounding`
     (``box_scale`` is always ``'0-1'``; ``parsed`` the four numbers as JSON)."""
     out: dict[str, Any] = {"prediction": prediction, "parsed": None, "outcome": "error", "correct": 0.0,
                            "iou": 0.0, "acc_75": 0.0, "box_scale": None}

@@ -16,7 +16,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from medrobust_lib.tasks.judge import TextModel
+from medrobust_lib.vlm_tasks.judge import TextModel
 
 OPEN_JUDGE_PROMPT = """Judge whether the following medical VQA prediction answer is correct.
 

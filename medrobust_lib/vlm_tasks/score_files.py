@@ -15,7 +15,7 @@ counted wrong); a prediction whose id is not among the valid references is count
 ``n_unmatched_predictions`` and ignored. Every rate's denominator is ``n``, the number of valid
 references; ``n == n_scored + n_unparseable + n_refused + n_error`` (``n_scored``: outcome ``ok``).
 
-Record fields (per-answer rules: :mod:`medrobust_lib.tasks.scoring`):
+Record fields (per-answer rules: :mod:`medrobust_lib.vlm_tasks.scoring`):
 
 - ``vqa`` references ``{"id", "question_type": "mc"|"yesno", "options": [...] (mc, 2..26),
   "answer": "B" (mc letter) | "yes"/"no"}``; predictions ``{"id", "prediction": text|null}``,
@@ -28,7 +28,7 @@ Record fields (per-answer rules: :mod:`medrobust_lib.tasks.scoring`):
 - ``grounding`` references ``{"id", "box": [x0, y0, x1, y1] (pixels, XYXY, end exclusive),
   "image_hw": [h, w]}``; predictions ``{"id", "prediction": text|null}``, optionally
   ``"scale": "0-1"|"0-1000"|"pixels"``. The box scale is the prediction's ``scale`` if given, else
-  ``declared_scale`` (``--scale``), else detected (:func:`medrobust_lib.tasks.grounding.detect_scale`).
+  ``declared_scale`` (``--scale``), else detected (:func:`medrobust_lib.vlm_tasks.grounding.detect_scale`).
 """
 
 from __future__ import annotations
@@ -41,15 +41,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 from medrobust_lib.metrics.caption import BLEU_N, bleu_from_stats
-from medrobust_lib.tasks.grounding import ACC_THRESHOLDS, SCALES, grounding_metrics
-from medrobust_lib.tasks.scoring import (
+from medrobust_lib.vlm_tasks.grounding import ACC_THRESHOLDS, SCALES, grounding_metrics
+from medrobust_lib.vlm_tasks.scoring import (
     SCORED_OUTCOMES,
     score_captions,
     score_grounding,
     score_mc,
     score_yes_no,
 )
-from medrobust_lib.tasks.vqa import LETTERS, _check_options
+from medrobust_lib.vlm_tasks.vqa import LETTERS, _check_options
 
 Task = Literal["vqa", "caption", "grounding"]
 TASKS: tuple[str, ...] = ("vqa", "caption", "grounding")

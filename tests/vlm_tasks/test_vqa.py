@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from medrobust_lib.tasks.vqa import (
+from medrobust_lib.vlm_tasks.vqa import (
     MC_INSTRUCTION,
     build_mc_prompt,
     extract_choice,

@@ -1,5 +1,5 @@
-"""The model-adapter registry: every family / kind the config accepts has an entry, entries resolve
-lazily to classes, and the adapters built from real tiny models satisfy the protocols of
+"""The model table: every family / kind the config accepts has an entry, entries resolve
+lazily to classes, and the models built from real tiny models satisfy the protocols of
 ``models/base.py`` (the registry is the test matrix)."""
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from medrobust_lib import adapters
-from medrobust_lib.adapters import AdapterEntry
+from medrobust_lib import model_table
 from medrobust_lib.config import Suite
 from medrobust_lib.config.segmentation import SegModelConfig
 from medrobust_lib.config.vlm import VLMModelConfig, vlm_model
+from medrobust_lib.model_table import ModelEntry
 from medrobust_lib.models import base, factory
-from medrobust_lib.models.factory import VLMInputs, build_segmenter, build_vlm, load_adapter_class
+from medrobust_lib.models.factory import VLMInputs, build_segmenter, build_vlm, load_model_class
 
 SEG_FAMILIES: tuple[str, ...] = get_args(SegModelConfig.model_fields["family"].annotation)
 VLM_KINDS: tuple[str, ...] = get_args(VLMModelConfig.model_fields["kind"].annotation)
@@ -41,44 +41,44 @@ def _one_thread() -> Iterator[None]:
 def test_the_config_literals_are_exactly_the_registered_names() -> None:
     """A new Literal value without a registry line (or a line no config can name) fails here."""
     assert SEG_FAMILIES and VLM_KINDS
-    assert sorted(SEG_FAMILIES) == adapters.list_adapters("segmentation")
-    assert sorted(VLM_KINDS) == adapters.list_adapters("vlm")
-    assert adapters.list_adapters() == sorted(SEG_FAMILIES + VLM_KINDS)
+    assert sorted(SEG_FAMILIES) == model_table.list_models("segmentation")
+    assert sorted(VLM_KINDS) == model_table.list_models("vlm")
+    assert model_table.list_models() == sorted(SEG_FAMILIES + VLM_KINDS)
 
 
-@pytest.mark.parametrize("name", adapters.list_adapters())
+@pytest.mark.parametrize("name", model_table.list_models())
 def test_every_entry_resolves_to_a_class_with_from_config(name: str) -> None:
-    entry = adapters.adapter_entry(name)
-    cls = load_adapter_class(name, entry.task)
+    entry = model_table.model_entry(name)
+    cls = load_model_class(name, entry.task)
     assert f"{cls.__module__}:{cls.__qualname__}" == entry.class_path
     assert callable(getattr(cls, "from_config", None))
     assert hasattr(base, entry.protocol)
 
 
 def test_unknown_names_list_the_known_ones() -> None:
-    with pytest.raises(KeyError, match=r"unknown model adapter 'nope'; known: api, hf, litemedsam, llava_rad, medsam, sam, sam_med2d"):
-        load_adapter_class("nope")
-    with pytest.raises(KeyError, match=r"unknown segmentation adapter 'hf'; known: litemedsam, medsam, sam, sam_med2d"):
-        load_adapter_class("hf", "segmentation")  # a VLM kind is no segmentation family
-    with pytest.raises(KeyError, match=r"unknown vlm adapter 'sam'; known: api, hf, llava_rad"):
-        adapters.adapter_entry("sam", "vlm")
+    with pytest.raises(KeyError, match=r"unknown model 'nope'; known: api, hf, litemedsam, llava_rad, medsam, sam, sam_med2d"):
+        load_model_class("nope")
+    with pytest.raises(KeyError, match=r"unknown segmentation model 'hf'; known: litemedsam, medsam, sam, sam_med2d"):
+        load_model_class("hf", "segmentation")  # a VLM kind is no segmentation family
+    with pytest.raises(KeyError, match=r"unknown vlm model 'sam'; known: api, hf, llava_rad"):
+        model_table.model_entry("sam", "vlm")
 
 
 def test_the_entries_carry_what_callers_dispatch_on() -> None:
     """Callers read these fields instead of comparing names (see the next test)."""
-    assert adapters.list_adapters("vlm", is_endpoint=True) == ["api"]
-    assert adapters.list_adapters("vlm", local_weights=True) == ["hf", "llava_rad"]
-    assert adapters.list_adapters("vlm", lora_finetunable=True) == ["hf"]
-    assert adapters.list_adapters("segmentation", packaged=True) == ["litemedsam"]
-    assert adapters.list_adapters("segmentation", exact_preprocess=True) == ["litemedsam", "medsam"]
-    assert adapters.list_adapters("segmentation", demo_trainable=False) == ["litemedsam"]
-    assert adapters.list_adapters("vlm", demo_trainable=False) == ["llava_rad"]
-    assert adapters.adapter_entry("litemedsam").archs == ("tinyvit",) and adapters.adapter_entry("sam").archs == ()
+    assert model_table.list_models("vlm", is_endpoint=True) == ["api"]
+    assert model_table.list_models("vlm", local_weights=True) == ["hf", "llava_rad"]
+    assert model_table.list_models("vlm", lora_finetunable=True) == ["hf"]
+    assert model_table.list_models("segmentation", packaged=True) == ["litemedsam"]
+    assert model_table.list_models("segmentation", exact_preprocess=True) == ["litemedsam", "medsam"]
+    assert model_table.list_models("segmentation", demo_trainable=False) == ["litemedsam"]
+    assert model_table.list_models("vlm", demo_trainable=False) == ["llava_rad"]
+    assert model_table.model_entry("litemedsam").archs == ("tinyvit",) and model_table.model_entry("sam").archs == ()
 
 
 def _name_branches(path: Path, names: set[str]) -> list[str]:
     """``x.kind == "hf"``-like comparisons (also ``!=``, ``in (...)``) of a ``kind`` / ``family``
-    with an adapter name, in one source file."""
+    with a model name, in one source file."""
     import ast
 
     def is_subject(n: ast.AST) -> bool:
@@ -101,40 +101,40 @@ def _name_branches(path: Path, names: set[str]) -> list[str]:
     return hits
 
 
-def test_no_module_branches_on_an_adapter_name() -> None:
-    """Outside the adapter table and the adapter classes themselves (a class serving several
+def test_no_module_branches_on_a_model_name() -> None:
+    """Outside the model table and the model classes themselves (a class serving several
     families, like SamSegmenter, may tell them apart), nothing compares a kind or family with a
     name: the old ``kind == "hf"`` branches in seven modules are fields of the entry now."""
     root = Path(__file__).resolve().parents[2]
-    names = set(adapters.list_adapters())
-    own = {adapters.adapter_entry(n).class_path.split(":")[0] for n in names}
+    names = set(model_table.list_models())
+    own = {model_table.model_entry(n).class_path.split(":")[0] for n in names}
     files = [*sorted((root / "medrobust_lib").rglob("*.py")), *sorted((root / "medrobust_assets").rglob("*.py")),
              root / "medrobust_cli.py"]
     hits = [h for f in files
-            if ".".join(f.relative_to(root).with_suffix("").parts) not in own and f.name != "adapters.py"
+            if ".".join(f.relative_to(root).with_suffix("").parts) not in own and f.name != "model_table.py"
             for h in _name_branches(f, names)]
     assert hits == []
 
 
 def test_entries_are_validated_and_unique() -> None:
     with pytest.raises(ValueError, match="already registered"):
-        adapters.register(adapters.adapter_entry("sam"))
+        model_table.register(model_table.model_entry("sam"))
     with pytest.raises(ValueError, match="class_path must be"):
-        AdapterEntry("x", "vlm", "medrobust_lib.models.hf_vlm.HFVisionLanguageModel", "VisionLanguageModel", True, "")
+        ModelEntry("x", "vlm", "medrobust_lib.models.hf_vlm.HFVisionLanguageModel", "VisionLanguageModel", True, "")
     with pytest.raises(ValueError, match="unknown protocol"):
-        AdapterEntry("x", "vlm", "m:C", "Model", True, "")
+        ModelEntry("x", "vlm", "m:C", "Model", True, "")
 
 
 def test_a_missing_class_is_an_import_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    entry = AdapterEntry("ghost", "vlm", "medrobust_lib.models.base:Ghost", "VisionLanguageModel", True, "")
-    monkeypatch.setitem(adapters.ADAPTERS._entries, "ghost", entry)
+    entry = ModelEntry("ghost", "vlm", "medrobust_lib.models.base:Ghost", "VisionLanguageModel", True, "")
+    monkeypatch.setitem(model_table.MODELS._entries, "ghost", entry)
     with pytest.raises(ImportError, match="has no class 'Ghost'"):
-        load_adapter_class("ghost")
+        load_model_class("ghost")
 
 
-def test_importing_the_registry_imports_no_adapter() -> None:
-    code = ("import sys, medrobust_lib.models.factory, medrobust_lib.adapters as r; r.list_adapters(); "
-            "r.adapter_entry('hf'); "
+def test_importing_the_table_imports_no_model_class() -> None:
+    code = ("import sys, medrobust_lib.models.factory, medrobust_lib.model_table as r; r.list_models(); "
+            "r.model_entry('hf'); "
             "heavy = [m for m in ('torch', 'transformers', 'segment_anything', 'httpx', "
             "'medrobust_lib.models.sam', 'medrobust_lib.models.hf_vlm', 'medrobust_lib.models.api_vlm') "
             "if m in sys.modules]; print(heavy); sys.exit(1 if heavy else 0)")
@@ -173,13 +173,13 @@ def test_segmentation_load_model_goes_through_the_registry(tmp_path: Path, monke
     suite = Suite.model_validate({"name": "t", "results_dir": str(tmp_path / "results"), "segmentation": {
         "models": [{"id": "m", "family": "medsam", "arch": "tiny", "checkpoint": str(path)}]}})
     calls: list[str] = []
-    real = factory.load_adapter_class
+    real = factory.load_model_class
 
     def spy(name: str, task: Any = None) -> type[Any]:
         calls.append(name)
         return real(name, task)
 
-    monkeypatch.setattr(factory, "load_adapter_class", spy)
+    monkeypatch.setattr(factory, "load_model_class", spy)
     seg = evaluate.load_model(suite, suite.segmentation.models[0], fresh=True)
     assert calls == ["medsam"] and isinstance(seg, base.SegmentationModel) and seg.family == "medsam"
 
@@ -192,7 +192,7 @@ def tiny_llava(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_tiny(model, proc, tmp_path_factory.mktemp("tiny_llava"))
 
 
-def test_hf_adapter_is_a_local_vision_language_model(tiny_llava: Path) -> None:
+def test_hf_model_is_a_local_vision_language_model(tiny_llava: Path) -> None:
     vlm = build_vlm(VLMModelConfig(id="tiny", source=str(tiny_llava)), VLMInputs(source=str(tiny_llava)))
     assert isinstance(vlm, base.VisionLanguageModel) and not isinstance(vlm, base.VisionLanguageEndpoint)
     assert vlm.model_id == "tiny"
@@ -202,7 +202,7 @@ def test_hf_adapter_is_a_local_vision_language_model(tiny_llava: Path) -> None:
         build_vlm(VLMModelConfig(id="tiny"), VLMInputs())
 
 
-def test_api_adapter_is_an_endpoint(tmp_path: Path) -> None:
+def test_api_model_is_an_endpoint(tmp_path: Path) -> None:
     cache = tmp_path / "cache" / "remote.sqlite"
     vlm = build_vlm(VLMModelConfig(id="remote", kind="api", api=API), VLMInputs(cache_path=str(cache), seed=7))
     try:
@@ -219,7 +219,7 @@ def test_api_adapter_is_an_endpoint(tmp_path: Path) -> None:
 
 
 def test_the_runner_builds_through_the_registry(tiny_llava: Path, tmp_path: Path) -> None:
-    from medrobust_lib.tracks.vlm.model_runner import Runner
+    from medrobust_lib.tracks.vlm.model import Runner
 
     suite = Suite.model_validate({"name": "t", "seed": 5, "results_dir": str(tmp_path / "results"), "vlm": {
         "models": [{"id": "tiny", "source": str(tiny_llava)}, {"id": "remote", "kind": "api", "api": API}]}})
@@ -241,8 +241,8 @@ def test_runners_share_a_local_model_until_its_weights_or_config_change(tiny_lla
     """Partitions in one process share the loaded model (one load, not one per partition); each
     runner counts only its own vision-encoder calls; new weight files or another configuration
     load afresh; models are kept within a byte budget, the oldest released first."""
-    from medrobust_lib.tracks.vlm import model_runner as runner_mod
-    from medrobust_lib.tracks.vlm.model_runner import Runner
+    from medrobust_lib.tracks.vlm import model as runner_mod
+    from medrobust_lib.tracks.vlm.model import Runner
 
     runner_mod._LOCAL.clear()  # what earlier tests loaded is not this test's
     folder = tmp_path / "weights"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from medrobust_lib.tasks.grounding import (
+from medrobust_lib.vlm_tasks.grounding import (
     SCALES,
     box_iou,
     detect_scale,
@@ -10,7 +10,7 @@ from medrobust_lib.tasks.grounding import (
     parse_box,
     to_pixels,
 )
-from medrobust_lib.tasks.vqa import (
+from medrobust_lib.vlm_tasks.vqa import (
     ChoiceResult,
     build_mc_prompt,
     extract_choice,

@@ -26,9 +26,9 @@ import numpy as np
 import torch
 
 from medrobust_lib.config.common import AddedKeys, TrainLoop
-from medrobust_lib.finetune.schedule import linear_with_warmup
 from medrobust_lib.models.vlm_conventions import CONVENTIONS, conventions_for, encode_prompts, prompt_text
 from medrobust_lib.seeding import rng_for
+from medrobust_lib.training.schedule import linear_with_warmup
 
 IGNORE = -100
 

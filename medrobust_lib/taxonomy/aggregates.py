@@ -454,7 +454,7 @@ def correlation_points(df: pd.DataFrame, clean_only: bool = False) -> pd.DataFra
     """Scatter points from ``taxonomy_results`` rows: one row per (config, dataset, perturbation,
     level, image_mode) with ok rows, ``flip_rate`` (share of samples not consistent across the
     original question and its paraphrases), ``dangerous_share``, ``n`` ok samples and ``n_error``
-    (:func:`medrobust_lib.taxonomy.stats.condition_points`). ``clean_only``: the headline points
+    (:func:`medrobust_lib.taxonomy.aggregates.condition_points`). ``clean_only``: the headline points
     (clean, one per configuration and dataset) only."""
     if df.empty:
         return pd.DataFrame(columns=list(POINT_COLUMNS))

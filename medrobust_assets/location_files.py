@@ -1,5 +1,6 @@
-"""Code locations for suites other than the demo: ``medrobust ui --suite my.yaml`` (and the
-deploy recipes) write one here.
+"""The location files of suites other than the demo (the demo's code location is
+:mod:`medrobust_assets.location`): ``medrobust ui --suite my.yaml`` (and the deploy recipes) write one
+with this module.
 
 A location is a Python file of two lines, ``defs = definitions_for_file("<suite path>", pin=True)``, and a
 Dagster workspace file that loads it with the project root as working directory, both under
@@ -98,7 +99,7 @@ def instance_yaml(template: str, state_dir: Path) -> str:
         if m:
             line = f"{m['lead']}{json.dumps(str(state_dir) + (m['rest'] or ''))}"
         out.append(line)
-    return ("# Dagster instance of one suite, written by medrobust (medrobust_assets/locations.py) from the\n"
+    return ("# Dagster instance of one suite, written by medrobust (medrobust_assets/location_files.py) from the\n"
             "# project's dagster.yaml on every run and `medrobust ui --suite`: edit that file, not this one.\n"
             + "\n".join(out) + "\n")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from medrobust_lib.tasks.judge import judge_mc, judge_prompt, parse_verdict
+from medrobust_lib.vlm_tasks.judge import judge_mc, judge_prompt, parse_verdict
 
 
 @dataclass

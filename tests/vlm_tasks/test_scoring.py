@@ -1,4 +1,4 @@
-"""Per-answer scoring (tasks/scoring.py) and file scoring (tasks/score_files.py) with known answers."""
+"""Per-answer scoring (vlm_tasks/scoring.py) and file scoring (vlm_tasks/score_files.py) with known answers."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from medrobust_lib.metrics.caption import DocumentFrequency, bleu, bleu_from_stats, cider_d, rouge_l
-from medrobust_lib.tasks.score_files import MAX_LISTED_INVALID, score_file
-from medrobust_lib.tasks.scoring import score_captions, score_grounding, score_mc, score_yes_no
+from medrobust_lib.vlm_tasks.score_files import MAX_LISTED_INVALID, score_file
+from medrobust_lib.vlm_tasks.scoring import score_captions, score_grounding, score_mc, score_yes_no
 
 OPTIONS = ["CT", "MRI", "X-ray"]
 

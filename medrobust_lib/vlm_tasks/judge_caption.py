@@ -4,7 +4,7 @@
 The reference (``eval_vlm_perturbation.py``, ``DeepSeekEvaluator.evaluate_caption`` / ``_call_api``)
 shows the ground-truth caption and the model's caption to a text-only LLM judge, asks for a score
 from 0 to 1, and reads the first unsigned number of the stripped reply (the same reading as its VQA
-judge: :func:`medrobust_lib.tasks.judge_open.parse_score`; "8/10" reads 8.0, "-0.3" reads 0.3, no
+judge: :func:`medrobust_lib.vlm_tasks.judge_open.parse_score`; "8/10" reads 8.0, "-0.3" reads 0.3, no
 clamping). A reply without a number has no score; the reference leaves such captions out of its
 mean and median, and so does a NULL here. :data:`CAPTION_JUDGE_PROMPT` and the reading equal the
 reference's (``tests/reference_protocol/test_caption_judge.py``, fixtures made by running its
@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from medrobust_lib.tasks.judge import TextModel
-from medrobust_lib.tasks.judge_open import judge_scores, parse_score
+from medrobust_lib.vlm_tasks.judge import TextModel
+from medrobust_lib.vlm_tasks.judge_open import judge_scores, parse_score
 
 CAPTION_JUDGE_PROMPT = """Evaluate the quality of the following medical image description.
 
