@@ -82,12 +82,12 @@ def _taxonomy_assets(suite: Suite, parts: SuitePartitions,
     levels = suite.taxonomy_levels()
     for c in sorted(suite.taxonomy.configs, key=lambda c: c.base is not None):  # bases first
         upstream: list[Any] = []
-        if c.model is not None:
-            upstream = [a for k, a in by_key.items() if k.startswith(f"{c.model}/") and "predictions" not in k]
+        named = c.model if c.model is not None else c.lora_of  # lora_of: the weights its LoRA goes on
+        if named is not None:
+            upstream = [a for k, a in by_key.items() if k.startswith(f"{named}/") and "predictions" not in k]
         elif c.base is not None and c.base in made:
             upstream = [made[c.base]]
-        family = taxonomy_family(c.id, parts, trained=c.demo_training is not None, upstream=upstream,
-                                 levels=levels)
+        family = taxonomy_family(c.id, parts, trained=c.trains(), upstream=upstream, levels=levels)
         if c.demo_training is not None:
             made[c.id] = family[0]
         assets.extend(family)

@@ -45,6 +45,8 @@ class ModelEntry:
     CPU inference can run exported ONNX graphs (``segmentation.models[].runtime``:
     :mod:`medrobust_lib.models.onnx_engine`). ``fixed_decoding``: a VLM whose prompt has a fixed system
     turn and that decodes greedily (``system_prompt``, ``temperature`` and ``top_p`` are refused).
+    ``lora_refusal``: why it cannot be LoRA fine-tuned (``lora_finetunable`` False), for the
+    validation message of a suite that asks for it (``adapter: finetuned``, ``taxonomy.configs[].lora_of``).
     """
 
     name: str
@@ -61,6 +63,7 @@ class ModelEntry:
     batch_size: int = 8
     exportable: bool = False
     fixed_decoding: bool = False
+    lora_refusal: str = ""
 
     def __post_init__(self) -> None:
         module, sep, attr = self.class_path.partition(":")
@@ -88,6 +91,17 @@ def register(entry: ModelEntry) -> ModelEntry:
     return MODELS.register(entry.name, entry)
 
 
+LLAVA_RAD_LORA_REFUSAL = (
+    "LLaVA-Rad already is a base + LoRA release (microsoft/llava-rad: a peft LoRA over lmsys/vicuna-7b-v1.5 plus "
+    "the projector in non_lora_trainables.bin), loaded by its own loader (medrobust_lib/models/llava_rad.py: an "
+    "open_clip/timm BiomedCLIP-CXR tower, the projector and the LLaMA, images spliced in at the -200 sentinel). "
+    "Its 'adapter' slot holds that release LoRA, merged at load, so a second adapter has nowhere to load; and the "
+    "shared LoRA trainer needs a transformers image-text-to-text model with its AutoProcessor, which neither the "
+    "release nor its merged folder is (the timm tower does not convert to transformers' LLaVA without changing "
+    "its outputs, so `medrobust convert llava` refuses it). Fine-tune it with LLaVA-Rad's own training code and "
+    "evaluate the merged result as a kind: llava_rad source")
+"""Why ``kind: llava_rad`` is not LoRA fine-tuned here (``ModelEntry.lora_refusal``; docs/taxonomy.md)."""
+
 _SAM = "medrobust_lib.models.sam:SamSegmenter"
 register(ModelEntry("sam", "segmentation", _SAM, "SegmentationModel", True,
                       "Segment Anything (ViT-B/L/H, and the tiny demo architecture) through segment-anything"))
@@ -108,10 +122,12 @@ register(ModelEntry("hf", "vlm", "medrobust_lib.models.hf_vlm:HFVisionLanguageMo
 register(ModelEntry("llava_rad", "vlm", "medrobust_lib.models.llava_rad:LlavaRadVLM", "VisionLanguageModel", True,
                       "LLaVA-Rad as its original code runs it: open_clip/timm BiomedCLIP-CXR tower, projector, "
                       "LLaMA; a merged folder, or the base LLaMA (source) plus the LoRA release (adapter)",
-                      demo_trainable=False, lora_finetunable=False, fixed_decoding=True))
+                      demo_trainable=False, lora_finetunable=False, fixed_decoding=True,
+                      lora_refusal=LLAVA_RAD_LORA_REFUSAL))
 register(ModelEntry("api", "vlm", "medrobust_lib.models.api_vlm:ApiVLM", ENDPOINT_PROTOCOL, False,
                       "an OpenAI-compatible chat-completions endpoint (OpenAI, Gemini, vLLM, ...)",
-                      lora_finetunable=False))
+                      lora_finetunable=False,
+                      lora_refusal="an endpoint answers over HTTP and has no local weights to put a LoRA on"))
 
 
 def list_models(task: Task | None = None, **filters: Any) -> list[str]:

@@ -15,6 +15,7 @@ from medrobust_assets.partitions import SuitePartitions, by_modality, modality_a
 from medrobust_assets.progress import reporter
 from medrobust_assets.resources import SuiteResource, TrackingResource
 from medrobust_assets.tags import GPU_OP_TAGS
+from medrobust_lib.config.common import by_id
 from medrobust_lib.paths import suite_paths
 from medrobust_lib.report.figures.style import parallel_saves
 from medrobust_lib.store.schema import TAXONOMY_TABLE
@@ -37,14 +38,17 @@ def taxonomy_family(config_id: str, parts: SuitePartitions, *, trained: bool, up
     if trained:
         @dg.asset(key=[config_id, "taxonomy_model"], group_name="taxonomy", kinds={"pytorch", "safetensors"},
                   deps=list(deps), pool="gpu", op_tags=GPU_OP_TAGS,
-                  description=f"{config_id}: the known-answer demo model of this configuration, trained on the demo "
-                              "yes/no train split (selection on val).")
+                  description=f"{config_id}: the weights of this configuration: the consistency LoRA of its recipe "
+                              "(lora_of; reused while its fingerprint holds), or the demo's known-answer model, "
+                              "trained on the yes/no train split (selection on val).")
         def taxonomy_model(context: dg.AssetExecutionContext, suite: SuiteResource,
                            tracking: TrackingResource) -> dg.MaterializeResult:
+            s = suite.load()
+            if by_id(s.taxonomy.configs, config_id, "taxonomy configuration").lora_of is not None:
+                return _consistency_lora(context, s, config_id, tracking)
             from medrobust_lib.demo.committed import install_taxonomy
             from medrobust_lib.demo.taxonomy_train import train_taxonomy_model
 
-            s = suite.load()
             inst = install_taxonomy(s, config_id)  # committed weights only when trained from the same inputs
 
             def train() -> dict[str, Any]:
@@ -129,6 +133,27 @@ def taxonomy_family(config_id: str, parts: SuitePartitions, *, trained: bool, up
 
     out.append(taxonomy_perturbed)
     return out
+
+
+def _consistency_lora(context: dg.AssetExecutionContext, s: Any, config_id: str,
+                      tracking: TrackingResource) -> dg.MaterializeResult:
+    """The ``taxonomy_model`` body of a ``lora_of`` configuration: train (or reuse) its consistency LoRA."""
+    from medrobust_lib.tracks.taxonomy.lora import train_consistency_lora
+
+    with tracking.run(context, s, "taxonomy_training", {"config": config_id}) as run:
+        r = train_consistency_lora(s, config_id, log=context.log.info)
+        meta: dict[str, Any] = {"kind": "consistency_lora", "lora_of": r.lora_of, "reused": r.reused,
+                                "fingerprint": r.fingerprint, "adapter_hash": r.adapter_hash, "seconds": r.seconds,
+                                "steps": r.steps, "best_val_loss": r.best_val_loss,
+                                "initial_val_loss": r.initial_val_loss, "n_train": r.n_train, "n_val": r.n_val,
+                                "n_trainable": r.n_trainable}
+        tracking.log_metrics(run, meta)
+        if not r.reused:
+            meta["registered_version"] = tracking.log_and_register(
+                run, r.folder, "adapter", f"medrobust-taxonomy-{config_id}",
+                {"kind": "consistency_lora", "lora_of": r.lora_of, "adapter_hash": r.adapter_hash})
+    return dg.MaterializeResult(metadata={**{k: v for k, v in meta.items() if v is not None},
+                                          "folder": dg.MetadataValue.path(r.folder)})
 
 
 def taxonomy_report(upstream: list[dg.AssetsDefinition]) -> dg.AssetsDefinition:

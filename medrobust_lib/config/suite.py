@@ -332,9 +332,32 @@ class Suite(AddedKeys):
         return self
 
     @model_validator(mode="after")
+    def _lora_of_finetunable(self) -> Suite:
+        """A ``taxonomy.configs[].lora_of`` names a configured VLM that the shared LoRA trainer can
+        fine-tune: a local transformers model (``lora_finetunable``) without an adapter of its own."""
+        models = {v.id: v for v in self.vlm.models}
+        for c in self.taxonomy.configs:
+            if c.lora_of is None:
+                continue
+            v = models.get(c.lora_of)
+            if v is None:
+                raise ValueError(f"taxonomy config {c.id!r}: lora_of {c.lora_of!r} is not a vlm.models id; "
+                                 f"configured: {sorted(models)}")
+            entry = model_entry(v.kind, "vlm")
+            if not entry.lora_finetunable:
+                raise ValueError(f"taxonomy config {c.id!r}: lora_of {v.id!r} is kind {v.kind}, which cannot be LoRA "
+                                 f"fine-tuned here: {entry.lora_refusal or 'not LoRA-finetunable'}")
+            if v.adapter is not None:
+                raise ValueError(f"taxonomy config {c.id!r}: lora_of {v.id!r} already carries an adapter "
+                                 f"({v.adapter!r}); a consistency LoRA goes on plain weights: name its base model, "
+                                 "or merge the adapter into a folder of its own")
+        return self
+
+    @model_validator(mode="after")
     def _adapters_held_out(self) -> Suite:
         """An ``adapter: finetuned`` (and the taxonomy's ``consistency_lora``) is trained on the train
-        split and selected on val: a suite evaluating it on a split holding either is refused, and
+        split and selected on val, a ``lora_of`` recipe on its ``train_split`` / ``select_split``: a
+        suite evaluating it on a split holding either is refused, and
         its box scale must be one an adapter can be taught (not pixels)."""
         adapted = {v.id for v in self.vlm.models if v.adapter == DEMO_TRAINED_ADAPTER}
         for v in self.vlm.models:
@@ -344,6 +367,14 @@ class Suite(AddedKeys):
                     raise ValueError(f"VLM {v.id!r} would be evaluated on vlm.split {self.vlm.split!r}, which holds "
                                      "its adapter's training (train) or selection (val) data: set vlm.split: test")
         for c in self.taxonomy.configs:
+            if c.recipe is not None:
+                seen = (*c.recipe.seen_splits(), "all")
+                if self.taxonomy.split in seen:
+                    raise ValueError(f"taxonomy config {c.id!r} (lora_of {c.lora_of!r}) would be evaluated on "
+                                     f"taxonomy.split {self.taxonomy.split!r}, which holds its consistency LoRA's "
+                                     f"training or selection data (recipe train_split {c.recipe.train_split!r}, "
+                                     f"select_split {c.recipe.select_split!r}): evaluate on another split")
+                continue
             if (c.model in adapted or c.demo_training == "consistency_lora") and \
                     self.taxonomy.split in ADAPTER_SEEN_SPLITS:
                 raise ValueError(f"taxonomy config {c.id!r} (model {c.model or c.demo_training!r}) would be evaluated "

@@ -15,7 +15,9 @@ on val; the test split is never seen):
   information about these labels, so the model learns to ignore it: consistent, not image-reliant
   (Dangerous), and confident.
 - ``consistency_lora``: the image-reliant model plus a LoRA adapter trained on every paraphrase,
-  negations included, with true labels: a consistency-oriented fine-tune.
+  negations included, with true labels: a consistency-oriented fine-tune. (A real model gets the
+  same fine-tune from a suite-level recipe: ``taxonomy.configs[].lora_of``,
+  :mod:`medrobust_lib.tracks.taxonomy.lora`.)
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from medrobust_lib.paths import checkpoint_dir
 from medrobust_lib.seeding import stable_fraction
 from medrobust_lib.tracks.finetune.vlm_adapter import samples_by_split
 from medrobust_lib.tracks.taxonomy.evaluate import config_entry, variants_of
-from medrobust_lib.tracks.vlm.items import YESNO_SUFFIX, VLMItem, load_items
+from medrobust_lib.tracks.taxonomy.lora import consistency_examples
+from medrobust_lib.tracks.vlm.items import VLMItem, load_items
 from medrobust_lib.training.vlm_train import VLMExample
 
 
@@ -48,16 +51,14 @@ def shortcut_answer(question: str, seed: int) -> str:
 
 def yes_no_examples(items: list[VLMItem], samples: dict[tuple[str, str], Sample], *, negations: bool,
                     shortcut_seed: int | None, min_paraphrases: int) -> list[VLMExample]:
-    out: list[VLMExample] = []
-    for it in items:
-        s = samples.get((it.dataset, it.sample_id))
-        if s is None or it.task != "vqa_yesno":
-            continue
-        answer = it.answer if shortcut_seed is None else shortcut_answer(it.question, shortcut_seed)
-        for text, pol in variants_of(it, min_paraphrases, negations=negations):
-            ans = answer if pol == 1 else ("no" if answer == "yes" else "yes")
-            out.append(VLMExample(f"{s.dataset}/{s.sample_id}", s.image, text + YESNO_SUFFIX, ans, "vqa_yesno"))
-    return out
+    """Every variant of the yes/no records whose image is in ``samples`` (the examples builder of
+    the suite-level consistency LoRA recipes, :func:`consistency_examples`), labelled with the
+    true answers or, with ``shortcut_seed``, the answers the wording dictates."""
+    pairs = [(it, variants_of(it, min_paraphrases, negations=negations)) for it in items if it.task == "vqa_yesno"]
+    if shortcut_seed is None:
+        return consistency_examples(pairs, samples)
+    seed = shortcut_seed
+    return consistency_examples(pairs, samples, lambda it: shortcut_answer(it.question, seed))
 
 
 @dataclass

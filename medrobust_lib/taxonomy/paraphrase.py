@@ -102,6 +102,16 @@ def template_paraphrases(question: str) -> list[tuple[str, int]]:
     return [(template.format(question=q, lower=lower), polarity) for template, polarity in TEMPLATES]
 
 
+def variant_targets(variants: Sequence[tuple[str, int]], answer: str) -> list[tuple[str, str]]:
+    """(question text, target answer) per yes/no variant: ``answer`` (``yes`` / ``no``) for a
+    polarity +1 variant, the other one for a negated (-1) variant. The targets of a consistency
+    fine-tune (:mod:`medrobust_lib.tracks.taxonomy.lora`, the demo's ``consistency_lora``)."""
+    if answer not in ("yes", "no"):
+        raise ValueError(f"a yes/no target must be 'yes' or 'no', got {answer!r}")
+    flipped = "no" if answer == "yes" else "yes"
+    return [(text, answer if pol == POSITIVE else flipped) for text, pol in variants]
+
+
 def tokens(text: str) -> list[str]:
     """Lower-case word tokens (letters/digits, with an optional ``'suffix`` such as ``n't``)."""
     return _TOKEN.findall(text.lower().replace("\u2019", "'"))

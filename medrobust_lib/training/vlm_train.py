@@ -248,8 +248,16 @@ def collate(data: EncodedSet, idx: Sequence[int], pad_id: int) -> dict[str, torc
     return out
 
 
+def on_model_device(batch: dict[str, torch.Tensor], model: Any) -> dict[str, torch.Tensor]:
+    """``batch`` on the device of ``model``'s first parameter (a model moved to a GPU trains on
+    the CPU-collated batches; on the CPU nothing is copied)."""
+    device = next(model.parameters()).device
+    return {k: v.to(device) for k, v in batch.items()}
+
+
 def example_losses(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Mean next-token cross-entropy over each example's answer tokens: float (B,)."""
+    batch = on_model_device(batch, model)
     kw = {k: v for k, v in batch.items() if k != "labels"}
     logits = model(**kw).logits[:, :-1, :].float()
     target = batch["labels"][:, 1:]
@@ -270,7 +278,7 @@ def evaluate_set(model: Any, data: EncodedSet, pad_id: int, batch_size: int = 64
     hits = 0
     for s in range(0, len(data), batch_size):
         idx = list(range(s, min(len(data), s + batch_size)))
-        batch = collate(data, idx, pad_id)
+        batch = on_model_device(collate(data, idx, pad_id), model)
         kw = {k: v for k, v in batch.items() if k != "labels"}
         logits = model(**kw).logits[:, :-1, :].float()
         target = batch["labels"][:, 1:]
@@ -278,7 +286,7 @@ def evaluate_set(model: Any, data: EncodedSet, pad_id: int, batch_size: int = 64
         valid = target != IGNORE
         total += float((ce.sum(dim=1) / valid.sum(dim=1).clamp(min=1)).sum())
         first = valid.float().argmax(dim=1)
-        rows = torch.arange(len(idx))
+        rows = torch.arange(len(idx), device=logits.device)
         hits += int((logits[rows, first].argmax(dim=-1) == target[rows, first]).sum())
     model.train(was)
     return total / len(data), hits / len(data)

@@ -324,6 +324,66 @@ def test_a_named_model_is_an_input() -> None:
     assert tax_fps(DEMO, manifest=MANIFEST.iloc[:2])["perturbed"] != base["perturbed"]
 
 
+LORA_ENTRY = {"id": "tiny-cons", "lora_of": "tiny-llava"}
+"""A consistency LoRA recipe on the demo's base VLM (``taxonomy.configs[].lora_of``)."""
+TAX_ENTRY_CLASSIFIED: dict[str, str] = {
+    "id": "the partition's folder",
+    "model": "its entry's settings: test_a_named_model_is_an_input",
+    "demo_training": "in the taxonomy dump; the demo weights enter as their hash",
+    "base": "in the taxonomy dump; the base weights enter as their hash",
+    "lora_of": "its entry's settings: test_a_lora_recipe_and_its_model_are_inputs",
+    "recipe": "each field: RECIPE_MOVES",
+}
+RECIPE_MOVES: dict[str, dict[str, Any]] = {
+    "r": {"r": 4}, "alpha": {"alpha": 8}, "dropout": {"dropout": 0.1}, "target_regex": {"target_regex": ".*q_proj"},
+    "max_steps": {"max_steps": 5}, "batch_size": {"batch_size": 2}, "lr": {"lr": 1e-3},
+    "eval_every": {"eval_every": 5}, "patience": {"patience": 2}, "time_budget_s": {"time_budget_s": 10.0},
+    "epochs": {"epochs": 2}, "grad_accumulation": {"grad_accumulation": 2}, "weight_decay": {"weight_decay": 0.1},
+    "warmup_steps": {"warmup_steps": 0}, "warmup_ratio": {"warmup_ratio": 0.1}, "lr_schedule": {"lr_schedule": "linear"},
+    "select_on": {"select_on": "loss"}, "seed": {"seed": 5}, "negations": {"negations": False},
+    "min_paraphrases": {"min_paraphrases": 2}, "select_split": {"select_split": None},
+    "train_split": {"train_split": "val", "select_split": "train"},
+}
+RECIPE_NOT_AN_INPUT = {"kind": "one value (consistency)"}
+
+
+def _with_lora(suite: Suite, recipe: dict[str, Any] | None = None) -> Suite:
+    entry = {**LORA_ENTRY, "recipe": recipe} if recipe is not None else LORA_ENTRY
+    return changed(suite, "taxonomy.configs", [*[c.model_dump() for c in suite.taxonomy.configs], entry])
+
+
+def test_every_taxonomy_config_and_recipe_setting_is_classified() -> None:
+    from medrobust_lib.config.taxonomy import ConsistencyLoraRecipe, TaxonomyConfigEntry
+
+    assert set(TaxonomyConfigEntry.model_fields) == set(TAX_ENTRY_CLASSIFIED), "classify the new config-entry fields"
+    assert set(ConsistencyLoraRecipe.model_fields) == set(RECIPE_MOVES) | set(RECIPE_NOT_AN_INPUT), \
+        "classify the new recipe fields"
+
+
+@pytest.mark.parametrize("field", sorted(RECIPE_MOVES))
+def test_a_recipe_setting_moves_the_runs_of_its_configuration(field: str) -> None:
+    """The recipe is in the taxonomy dump (every configuration's inputs), and the adapter it trains
+    enters as its hash besides."""
+    base = _with_lora(DEMO)
+    assert base.taxonomy.configs[-1].recipe is not None
+    recipe = base.taxonomy.configs[-1].recipe.model_dump()
+    assert {k: recipe[k] for k in RECIPE_MOVES[field]} != RECIPE_MOVES[field]
+    other = _with_lora(DEMO, {**recipe, **RECIPE_MOVES[field]})
+    before, after = tax_fps(base, "tiny-cons"), tax_fps(other, "tiny-cons")
+    assert {r for r in before if before[r] != after[r]} == ALL_TAX
+
+
+def test_a_lora_recipe_and_its_model_are_inputs() -> None:
+    """A ``lora_of`` configuration depends on the named model's settings (as ``model`` does) and on
+    its adapter's hash; adding it leaves a plain suite's dump, hence its fingerprints, alone."""
+    suite = _with_lora(DEMO)
+    assert tax_fps(changed(suite, "vlm.models.0.max_new_tokens", 8), "tiny-cons") != tax_fps(suite, "tiny-cons")
+    ad = tax.taxonomy_inputs(suite, "tiny-cons", "ck", "adapter-hash", 0, SAMPLES, None).fingerprint
+    assert ad != tax_fps(suite, "tiny-cons")["clean"]
+    assert DEMO.taxonomy.model_dump()["configs"] == [{k: v for k, v in c.items() if k not in ("lora_of", "recipe")}
+                                                     for c in DEMO.taxonomy.model_dump()["configs"]]
+
+
 # ---- perturbed datasets --------------------------------------------------------------------------
 
 class _Image:

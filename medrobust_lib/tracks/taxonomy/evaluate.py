@@ -18,6 +18,7 @@ Suite YAML::
     taxonomy:
       configs:
         - {id: llava-med, model: llava-med}                  # a VLM id from vlm.models
+        - {id: llava-med-consistency, lora_of: llava-med, recipe: consistency}  # + a consistency LoRA
         - {id: demo-image-reliant, demo_training: image_reliant}   # demo: trained by its taxonomy_model asset
       image_modes: [none, blank, noise]
       min_paraphrases: 5        # semantically equivalent paraphrases; records with fewer get templates
@@ -66,6 +67,7 @@ from medrobust_lib.tracks.partition import (
     manifest_hashes,
     outcome_counts,
 )
+from medrobust_lib.tracks.upstream import MissingUpstream
 from medrobust_lib.tracks.vlm.items import YESNO_SUFFIX, DroppedRecord, LoadedItems, VLMItem, load_items
 from medrobust_lib.vlm_tasks.vqa import extract_yes_no
 
@@ -83,10 +85,18 @@ def config_entry(suite: Suite, config_id: str) -> TaxonomyConfigEntry:
 
 
 def model_for(suite: Suite, entry: TaxonomyConfigEntry) -> VLMModelConfig:
-    """The VLM behind a configuration: a configured ``vlm.models`` entry, or the demo-trained
-    weights under ``var/checkpoints/<config>/`` (plus ``adapter/`` for consistency_lora)."""
+    """The VLM behind a configuration: a configured ``vlm.models`` entry; a ``lora_of`` one's
+    weights plus the consistency LoRA under ``var/checkpoints/<config>/adapter``
+    (:mod:`medrobust_lib.tracks.taxonomy.lora`); or the demo-trained weights under
+    ``var/checkpoints/<config>/`` (plus ``adapter/`` for consistency_lora)."""
     if entry.model is not None:
         return vlm_model(suite, entry.model)
+    if entry.lora_of is not None:
+        folder = checkpoint_dir(suite, entry.id) / "adapter"
+        if not (folder / "adapter_config.json").is_file():
+            raise MissingUpstream(f"no consistency LoRA for taxonomy config {entry.id!r} at {folder}: materialize "
+                                  f"'{entry.id}/taxonomy_model' first", f"{entry.id}/taxonomy_model")
+        return vlm_model(suite, entry.lora_of).model_copy(update={"id": entry.id, "adapter": str(folder)})
     owner = entry.base if entry.base is not None else entry.id
     folder = checkpoint_dir(suite, owner)
     if not (folder / "config.json").is_file():
@@ -120,14 +130,21 @@ PARAPHRASE_COLUMNS: tuple[str, ...] = column_names(PARAPHRASE_TABLE, without=("m
 """The declared ``taxonomy_paraphrases`` columns but ``modality``, which the partition folder holds."""
 
 
-def paraphrase_sets(suite: Suite, items: Sequence[VLMItem]) -> tuple[dict[str, tuple[tuple[str, int], ...]],
-                                                                    list[dict[str, Any]]]:
-    """Variants per record id (original first) and the audit of every model-written candidate.
+def item_variants(suite: Suite, items: Sequence[VLMItem], *, negations: bool | None = None,
+                  min_paraphrases: int | None = None) -> tuple[list[tuple[VLMItem, tuple[tuple[str, int], ...]]],
+                                                               list[dict[str, Any]]]:
+    """Every item with its variants (original first), and the audit of every model-written
+    candidate: the one paraphrase builder of the taxonomy, for its evaluation
+    (:func:`paraphrase_sets`) and its consistency LoRA's training examples
+    (:mod:`medrobust_lib.tracks.taxonomy.lora`).
 
-    Records with fewer than ``min_paraphrases`` paraphrases get accepted API paraphrases first
-    (when ``api_paraphraser`` is set), then template paraphrases (negations included)."""
+    Records with fewer than ``min_paraphrases`` (None: ``taxonomy.min_paraphrases``) paraphrases
+    get accepted API paraphrases first (when ``api_paraphraser`` is set), then template
+    paraphrases; negated variants only with ``negations`` (None: ``taxonomy.negations``)."""
 
     tc = suite.taxonomy
+    want = tc.min_paraphrases if min_paraphrases is None else min_paraphrases
+    negate = tc.negations if negations is None else negations
     api = None
     if tc.api_paraphraser is not None:
         from medrobust_lib.tracks.vlm.model import Runner
@@ -137,24 +154,31 @@ def paraphrase_sets(suite: Suite, items: Sequence[VLMItem]) -> tuple[dict[str, t
             raise ValueError(f"api_paraphraser {m.id!r} must be an endpoint model (kind: "
                              f"{' or '.join(list_models('vlm', is_endpoint=True))})")
         api = Runner(suite, m).api
-    out: dict[str, tuple[tuple[str, int], ...]] = {}
+    out: list[tuple[VLMItem, tuple[tuple[str, int], ...]]] = []
     audit: list[dict[str, Any]] = []
     try:
         for it in items:
             vs = tuple(it.variants or ((it.question, 1),))
-            need = tc.min_paraphrases - (sum(1 for _, p in vs if p == 1) - 1)
+            need = want - (sum(1 for _, p in vs if p == 1) - 1)
             if need > 0 and api is not None:
                 accepted, records = api_paraphrases(api, vs[0][0], n=need)
                 known = {t for t, _ in vs}
                 vs = vs + tuple(a for a in accepted if a[0] not in known)
                 audit.extend({"dataset": it.dataset, "record_id": it.record_id, "question": vs[0][0],
                               "source": tc.api_paraphraser, **r} for r in records)
-            out[it.record_id] = variants_of(dataclasses.replace(it, variants=vs), tc.min_paraphrases,
-                                            tc.negations)
+            out.append((it, variants_of(dataclasses.replace(it, variants=vs), want, negate)))
     finally:
         if api is not None:
             api.close()
     return out, audit
+
+
+def paraphrase_sets(suite: Suite, items: Sequence[VLMItem]) -> tuple[dict[str, tuple[tuple[str, int], ...]],
+                                                                    list[dict[str, Any]]]:
+    """Variants per record id (original first) and the audit of every model-written candidate
+    (:func:`item_variants` with the taxonomy's own ``min_paraphrases`` and ``negations``)."""
+    pairs, audit = item_variants(suite, items)
+    return {it.record_id: vs for it, vs in pairs}, audit
 
 
 def removed_image(mode: str, like: np.ndarray, key: tuple[str, ...], seed: int) -> np.ndarray | None:
@@ -188,8 +212,9 @@ class TaxonomyInputs(PartitionInputs):
     n_rows: int | None = added(None)
     """The baselines: their row count."""
     model: dict[str, Any] | None = added(None)
-    """The configured ``vlm.models`` entry of a configuration that names one (token caps, API
-    settings, ...); None for the demo-trained ones (their weights are all there is)."""
+    """The configured ``vlm.models`` entry of a configuration that names one (``model``, or the
+    ``lora_of`` model its consistency LoRA goes on: token caps, API settings, ...); None for the
+    demo-trained ones (their weights are all there is)."""
     records: dict[str, Any] = added({})
     """``vlm.records`` as configured (the yes/no files), when set."""
     seed: int = added(0)
@@ -199,7 +224,8 @@ class TaxonomyInputs(PartitionInputs):
 
 def _tax_head(suite: Suite, config_id: str, checkpoint: str, adapter: str | None) -> dict[str, Any]:
     entry = config_entry(suite, config_id)
-    named = vlm_model(suite, entry.model) if entry.model is not None else None
+    named_id = entry.model if entry.model is not None else entry.lora_of
+    named = vlm_model(suite, named_id) if named_id is not None else None
     seeded = "noise" in suite.taxonomy.image_modes or (named is not None
                                                        and model_entry(named.kind, "vlm").is_endpoint)
     return {"checkpoint": checkpoint, "adapter": adapter, "taxonomy": suite.taxonomy.model_dump(),
