@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,6 +54,18 @@ def demo_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("demo")
     build_demo(root, seed=0, n_per_modality=4)
     return root
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``make test`` runs ``-n TEST_WORKERS``) each worker process gets its
+    share of the cores for OpenMP / BLAS / OpenCV / torch (:func:`medrobust_lib.runtime.worker_threads`),
+    set before any test imports torch: two workers each running two threads on two cores wait on
+    each other's spin locks. Results do not change, only how many threads one worker runs."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers and os.environ.get("PYTEST_XDIST_WORKER"):
+        from medrobust_lib import runtime
+
+        runtime.limit_worker_threads(runtime.worker_threads(int(workers)))
 
 
 @pytest.fixture(autouse=True)
