@@ -301,11 +301,12 @@ REFERENCE_TYPE_NAMES: dict[str, tuple[str, ...]] = {
     "brightness_contrast": ("brightness", "contrast"), "compression_artifacts": ("jpeg_compression",),
     "pixelate": ("pixelate",), "rotation": ("rotation",), "scale": ("scaling",), "translation": ("translation",),
     "xray_scatter": ("scatter",), "xray_underexposure": ("underexposure",), "xray_overexposure": ("overexposure",),
-    "xray_grid_artifact": ("grid_lines",), "window_level": ("window_shift",),
+    "xray_grid_artifact": ("grid_lines",), "window_level": ("window_level",),
 }
 """The reference VLM generator's type names (``VLM/generate_perturbation.py``) -> medrobust's: its one
-``brightness_contrast`` draw is two types here; ``window_level`` is ``window_shift`` (registered for CT
-only: on an X-ray image its rows are ``not_applicable``)."""
+``brightness_contrast`` draw is two types here; ``window_level`` is its own type here (its windowing on
+the image's range, registered for X-ray and CT, as the reference lists it for both; ``window_shift``
+is medrobust's CT windowing, not the reference's)."""
 
 REFERENCE_VLM_BASE = ("gaussian_noise", "salt_pepper_noise", "speckle_noise", "gaussian_blur", "motion_blur",
                       "brightness_contrast", "compression_artifacts", "pixelate", "rotation", "scale", "translation")

@@ -21,6 +21,13 @@ strictly inside the bracket, with a bisection step whenever the same end moved t
 (so the bracket at least halves every two steps). Integer strengths bracket the band and report
 the closer side, flagged.
 
+Known points (:func:`calibrate`'s ``known``). SSIM is one function of strength at every level (the
+key has no level), so points already evaluated on the image elsewhere (its calibrated point at the
+suite's previous level, its calibration-subset search) set the first strength
+(:func:`first_strength`: a known strength in the band, else the model's step inside their
+bracket, else the prediction from the nearest with the warm start's ``anchor_slope``) and the
+initial bracket; they are not counted, and the returned output is always one evaluated here.
+
 The perturbation's random field comes from a Generator recreated from the same key at every
 evaluation (common random numbers), so SSIM is a deterministic, monotone function of strength.
 The clean image's half of SSIM is computed once per search (:class:`SSIMReference`).
@@ -65,11 +72,15 @@ class Calibrated:
 @dataclass(frozen=True)
 class WarmStart:
     """The fitted start of one (dataset, type, level): the first strength tried on every image,
-    the model's slope (``d log(1 - SSIM) / d log t``) and the SSIM evaluations the fit cost."""
+    the model's slope (``d log(1 - SSIM) / d log t``) and the SSIM evaluations the fit cost.
+    ``anchor_slope``: the slope that carries an image's own point at the neighbouring, already
+    calibrated level (its anchor) to this band (fitted on the subset's anchors; None without
+    anchors): with it, an image that has an anchor starts from its own predicted strength."""
 
     strength: float
     slope: float
     n_evals: int
+    anchor_slope: float | None = None
 
 
 def severity(spec: PerturbationSpec, s: float) -> float:
@@ -104,6 +115,7 @@ def calibrate(
     mask: BoolMask | None = None,
     boxes: Boxes | None = None,
     max_evals: int = MAX_EVALS,
+    known: Sequence[tuple[float, float]] = (),
 ) -> Calibrated:
     """Find a strength whose SSIM lies in ``band`` for this image.
 
@@ -117,6 +129,11 @@ def calibrate(
         warm: the fitted warm start (:func:`warm_start`): its strength is tried first and its
             slope guides the search.
         mask, boxes: ground truth moved along with spatial types.
+        known: (strength, SSIM) points of this image under the same key already evaluated
+            elsewhere (its anchor at the neighbouring level, its calibration-subset search): SSIM
+            is one function of strength for every level, so they set the first strength
+            (:func:`first_strength`) and the initial bracket; they are not counted in
+            ``n_ssim_evals`` and the returned output is always one evaluated here.
     """
     spec = spec.for_shape(image.shape)  # a type in pixels searches the image's own (stretched) range
     reference = SSIMReference(image)
@@ -129,8 +146,8 @@ def calibrate(
             evals[s] = (reference(out.image), out)
         return evals[s][0]
 
-    steps = search(spec, band, first_strength(spec, band, start, warm), warm.slope if warm is not None else DEFAULT_SLOPE,
-                   max_evals, shape)
+    steps = search(spec, band, first_strength(spec, band, start, warm, known, shape),
+                   warm.slope if warm is not None else DEFAULT_SLOPE, max_evals, shape, known)
     s = next(steps)
     try:
         while True:
@@ -141,22 +158,59 @@ def calibrate(
     return Calibrated(s, value, reached, len(evals), out, tuple((k, v[0]) for k, v in evals.items()))
 
 
-def first_strength(spec: PerturbationSpec, band: Band, start: float | None, warm: WarmStart | None) -> float:
-    """The first strength :func:`calibrate` tries: the warm start's, else ``start``, else the type's
-    default for the band's level (the mid-range when the band is not a default one); clamped."""
+def first_strength(spec: PerturbationSpec, band: Band, start: float | None, warm: WarmStart | None,
+                   known: Sequence[tuple[float, float]] = (), shape: tuple[int, ...] | None = None) -> float:
+    """The first strength :func:`calibrate` tries (clamped). From the image's ``known`` points,
+    when they say something: a known strength in the band (the one nearest its centre); else,
+    with known points on both sides, the bracket's model step; else, from the known point nearest
+    the band, the strength the model predicts for the band's centre (with the warm start's
+    ``anchor_slope``, or its slope). Otherwise the warm start's strength, else ``start``, else the
+    type's default for the band's level (the mid-range when the band is not a default one)."""
+    lo, hi = band
+    target = 0.5 * (lo + hi)
+    pts = {spec.clamp(s, shape): v for s, v in known}  # apply clamps: SSIM at s is SSIM at clamp(s)
+    if pts:
+        inside = [s for s, v in pts.items() if lo <= v <= hi]
+        if inside:
+            return min(inside, key=lambda s: (abs(distortion(pts[s]) - distortion(target)), s))
+        sev = [(severity(spec, s), v) for s, v in pts.items()]
+        weak, strong = _known_bracket(sev, band)
+        slope = DEFAULT_SLOPE if warm is None else warm.anchor_slope or warm.slope
+        if strong is not None and weak[0] > 0.0:
+            return spec.clamp(strength_at(spec, _inside(weak, strong, target, slope, False)), shape)
+        if warm is None or warm.anchor_slope is not None:  # one side only: a prediction over levels
+            usable = [p for p in sev if p[0] > 0.0 and p[1] < 1.0 - _MIN_DISTORTION]
+            if usable:
+                t, v = min(usable, key=lambda p: abs(distortion(p[1]) - distortion(target)))
+                return spec.clamp(strength_at(spec, min(predict_severity(t, v, target, slope), 1.0)), shape)
     if warm is not None:
         return spec.clamp(warm.strength)
     return spec.clamp(start if start is not None else _default_start(spec, band))
 
 
+def _known_bracket(pts: Sequence[tuple[float, float]], band: Band
+                   ) -> tuple[tuple[float, float], tuple[float, float] | None]:
+    """The tightest bracket of the band among known ``(t, SSIM)`` points: the strongest point above
+    the band (else the unevaluated weakest, ``(0, 1)``) and the weakest point below it (None)."""
+    lo, hi = band
+    above = [p for p in pts if p[1] > hi]
+    below = [p for p in pts if p[1] < lo]
+    weak = max(above, key=lambda p: (p[0], -p[1])) if above else (0.0, 1.0)
+    strong = min(below, key=lambda p: (p[0], -p[1])) if below else None
+    return weak, strong
+
+
 def search(spec: PerturbationSpec, band: Band, s0: float, slope: float = DEFAULT_SLOPE, max_evals: int = MAX_EVALS,
-           shape: tuple[int, ...] | None = None) -> Generator[float, float, tuple[float, bool]]:
+           shape: tuple[int, ...] | None = None, known: Sequence[tuple[float, float]] = ()
+           ) -> Generator[float, float, tuple[float, bool]]:
     """The band search of :func:`calibrate` as a generator, apart from how the SSIM is computed, so
     the CPU engine and the device engine (which runs many searches in lock-step,
     :mod:`medrobust_lib.perturb.torch_engine`) take the same steps: it yields each strength to
     evaluate (clamped for an image of ``shape``, never one yielded before), is sent that
     strength's SSIM, and returns ``(strength, band_reached)`` (the strength is one it yielded).
-    ``spec`` is the type as seen on the image (``spec.for_shape(shape)``)."""
+    ``spec`` is the type as seen on the image (``spec.for_shape(shape)``). ``known``: (strength,
+    SSIM) points of the image evaluated elsewhere (:func:`calibrate`); after a miss of the first
+    strength they tighten the bracket (not yielded unless chosen, not counted)."""
     lo, hi = band
     target = 0.5 * (lo + hi)
     evals: dict[float, float] = {}
@@ -172,24 +226,25 @@ def search(spec: PerturbationSpec, band: Band, s0: float, slope: float = DEFAULT
         return spec.clamp(s0, shape), True
     # The bracket in severity: the weak end (SSIM above the band; the weakest strength, not
     # evaluated, is the initial one) and the strong end (SSIM below the band), as (t, SSIM).
-    weak: tuple[float, float] = (0.0, 1.0)
-    strong: tuple[float, float] | None = None
-    t0 = severity(spec, s0)
-    if f0 > hi:
-        weak = (t0, f0)
-    else:
-        strong = (t0, f0)
+    t0 = severity(spec, spec.clamp(s0, shape))
+    seen = [(severity(spec, spec.clamp(s, shape)), v) for s, v in known]
+    weak, strong = _known_bracket([*seen, (t0, f0)], band)
+    # a second known point above the band, weaker than the weak end: the image's own slope (secant)
+    weaker = max((p for p in seen if 0.0 < p[0] < weak[0] and weak[1] < p[1] < 1.0 - _MIN_DISTORTION),
+                 default=None)
     extrapolated = False
     moved = 0  # +1 when the weak end moved last, -1 the strong end
     bisect = False
     while len(evals) < max_evals:
         if strong is None:  # too weak so far: extrapolate once by the model, then the strongest
             tw, fw = weak
-            if tw >= 1.0:
-                return spec.clamp(spec.strongest, shape), False  # the strongest strength cannot reach the band
+            if tw >= 1.0:  # the strongest strength cannot reach the band (known, or just evaluated)
+                s = spec.clamp(spec.strongest, shape)
+                f = yield from run(s)  # a known point is evaluated once here: the output is one evaluated
+                return s, lo <= f <= hi
             t = 1.0
             if not extrapolated and tw > 0.0:
-                t = min(predict_severity(tw, fw, target, slope), 1.0)
+                t = min(predict_severity(tw, fw, target, _secant(weaker, weak) if weaker else slope), 1.0)
                 extrapolated = True
         else:
             t = _inside(weak, strong, target, slope, bisect)
@@ -248,6 +303,16 @@ def _inside(weak: tuple[float, float], strong: tuple[float, float], target: floa
     return min(max(t, lo_t), hi_t)
 
 
+def _secant(a: tuple[float, float], b: tuple[float, float]) -> float:
+    """The model's slope through two (t, SSIM) points (t > 0, distinct), clipped to
+    :data:`SLOPE_RANGE` (:data:`DEFAULT_SLOPE` when they give none)."""
+    dx = math.log(b[0]) - math.log(a[0])
+    dy = distortion(b[1]) - distortion(a[1])
+    if dx == 0.0 or dy / dx <= 0.0:
+        return DEFAULT_SLOPE
+    return float(min(max(dy / dx, SLOPE_RANGE[0]), SLOPE_RANGE[1]))
+
+
 def _integer_inside(spec: PerturbationSpec, s: float, tw: float, ts: float | None) -> float | None:
     """For integer types: ``s`` moved strictly inside the integer bracket between the weak end
     and the strong end (the strongest when there is none yet); None when no integer is left."""
@@ -299,23 +364,36 @@ def warm_start(
     images: Sequence[tuple[FloatImage, Sequence[object]]],
     band: Band,
     start: float | None = None,
+    anchors: Sequence[tuple[float, float] | None] | None = None,
 ) -> WarmStart:
+    """Fit the model on a calibration subset ``[(image, key), ...]`` (:func:`warm_start_runs`)."""
+    return warm_start_runs(spec, images, band, start, anchors)[0]
+
+
+def warm_start_runs(
+    spec: PerturbationSpec,
+    images: Sequence[tuple[FloatImage, Sequence[object]]],
+    band: Band,
+    start: float | None = None,
+    anchors: Sequence[tuple[float, float] | None] | None = None,
+) -> tuple[WarmStart, list[Calibrated]]:
     """Fit the model on a calibration subset ``[(image, key), ...]``: each image is calibrated
-    from ``start`` (the default search); the slope is the pooled within-image regression slope of
-    ``log(1 - SSIM)`` on ``log t`` over the evaluated points (:data:`DEFAULT_SLOPE` when no image
-    has two usable points), clipped to :data:`SLOPE_RANGE`; the strength is the median over the
-    images of the severity predicted for the band's centre from each image's point nearest to it
-    (rounded for integer types). Without images: ``start`` (or level 1's default), no evaluations.
-    """
+    from ``start`` (the default search), or, when ``anchors[i]`` gives the image's calibrated
+    (strength, SSIM) at the neighbouring level, from the strength that point predicts; the fit is
+    :func:`fit_warm_start`. Returns the warm start and the subset's searches (their points are
+    known points of those images for their own searches). Without images: ``start`` (or level 1's
+    default), no evaluations."""
     if not images:
-        return WarmStart(spec.clamp(start) if start is not None else spec.levels[0], DEFAULT_SLOPE, 0)
+        return WarmStart(spec.clamp(start) if start is not None else spec.levels[0], DEFAULT_SLOPE, 0), []
+    anchors = list(anchors) if anchors is not None else [None] * len(images)
     spec = spec.for_shape(max((image.shape for image, _ in images), key=lambda sh: max(sh[:2])))
-    runs = [calibrate(spec, image, band, key, start=start) for image, key in images]
-    return fit_warm_start(spec, [(c.strength, c.points, c.n_ssim_evals) for c in runs], band)
+    runs = [calibrate(spec, image, band, key, start=start, known=(a,) if a is not None else ())
+            for (image, key), a in zip(images, anchors, strict=True)]
+    return fit_warm_start(spec, [(c.strength, c.points, c.n_ssim_evals) for c in runs], band, anchors), runs
 
 
 def fit_warm_start(spec: PerturbationSpec, runs: Sequence[tuple[float, Sequence[tuple[float, float]], int]],
-                   band: Band) -> WarmStart:
+                   band: Band, anchors: Sequence[tuple[float, float] | None] | None = None) -> WarmStart:
     """The fit of :func:`warm_start` from the calibration subset's searches, each given as (its
     calibrated strength, its evaluated (strength, SSIM) points, its SSIM evaluations); ``spec`` is
     the type as seen on the subset's largest image. Shared by the CPU and the device engine.
@@ -324,26 +402,86 @@ def fit_warm_start(spec: PerturbationSpec, runs: Sequence[tuple[float, Sequence[
     band's centre and the fitted slope; the first strength is the geometric middle of the stretch
     that the most intervals cover (ties: the stretch nearest the median of the images' predicted
     centres), so the first evaluation lands in band for as many subset images as the model allows
-    (the median of the centres alone can fall outside the narrow bands of every image)."""
+    (the median of the centres alone can fall outside the narrow bands of every image).
+
+    ``anchors``: each subset image's (strength, SSIM) at the neighbouring level (None where it has
+    none). The anchor slope is chosen the same way: each image admits the interval of slopes that
+    carry its anchor into its in-band interval; the slope is the middle of the stretch (in log
+    slope) the most images admit. None without a usable anchor, or when fewer subset images admit
+    it than have the common first strength in their in-band interval (then every image starts
+    from the common strength)."""
     lo, hi = band
     target = 0.5 * (lo + hi)
     slope = fit_slope([points for _, points, _ in runs], spec)
+    anchors = list(anchors) if anchors is not None else [None] * len(runs)
     centres: list[float] = []
     intervals: list[tuple[float, float]] = []
-    for strength, points, _ in runs:
+    g_centres: list[float] = []  # log(1 / anchor slope) per image: its anchor carried to its centre
+    g_intervals: list[tuple[float, float]] = []
+    for (strength, points, _), anchor in zip(runs, anchors, strict=True):
         usable = [(severity(spec, s), v) for s, v in points if severity(spec, s) > 0.0]
         if not usable:
             centres.append(severity(spec, strength))
             continue
         t, v = min(usable, key=lambda p: abs(distortion(p[1]) - distortion(target)))
-        centres.append(min(predict_severity(t, v, target, slope), 1.0))
+        centre = min(predict_severity(t, v, target, slope), 1.0)
+        centres.append(centre)
         a, b = predict_severity(t, v, hi, slope), predict_severity(t, v, lo, slope)
         if a < 1.0:
             intervals.append((math.log(max(a, 1e-12)), math.log(min(b, 1.0))))
+        gains = _anchor_gains(spec, anchor, target, (centre, a, b))
+        if gains is not None:
+            g_centres.append(gains[0])
+            if gains[1] is not None:
+                g_intervals.append(gains[1])
     median = float(np.median(centres))
     best = _most_covered(intervals, math.log(median)) if median > 0.0 and len(intervals) >= 2 else None
     t0 = math.exp(best) if best is not None else median
-    return WarmStart(strength_at(spec, t0), slope, sum(n for _, _, n in runs))
+    anchor_slope = None
+    if g_centres:
+        g_median = float(np.median(g_centres))
+        g_best = _most_covered(g_intervals, g_median) if len(g_intervals) >= 2 else None
+        g = g_best if g_best is not None else g_median
+        # the anchors serve only where they land at least as many subset images in band as the
+        # common strength does (in a type's severity coordinates the model can fit levels badly,
+        # e.g. JPEG quality, whose strong levels all lie near t = 1)
+        if t0 <= 0.0 or _coverage(g_intervals, g) >= _coverage(intervals, math.log(t0)):
+            anchor_slope = float(min(max(1.0 / math.exp(g), SLOPE_RANGE[0]), SLOPE_RANGE[1]))
+    return WarmStart(strength_at(spec, t0), slope, sum(n for _, _, n in runs), anchor_slope)
+
+
+def _anchor_gains(spec: PerturbationSpec, anchor: tuple[float, float] | None, target: float,
+                  ts: tuple[float, float, float]) -> tuple[float, tuple[float, float] | None] | None:
+    """For one subset image, with its anchor (strength, SSIM) and its predicted (centre, weak edge,
+    strong edge) severities of the band: the log gain (log of 1 / slope) that carries the anchor
+    to the centre, and the interval of log gains that carry it into the band (None when the band's
+    edge is beyond the strongest); None when the anchor is unusable."""
+    if anchor is None:
+        return None
+    ta, fa = severity(spec, spec.clamp(anchor[0])), anchor[1]
+    delta = distortion(target) - distortion(fa)
+    if ta <= 0.0 or fa >= 1.0 - _MIN_DISTORTION or abs(delta) < 1e-9:
+        return None
+    lg_lo, lg_hi = math.log(1.0 / SLOPE_RANGE[1]), math.log(1.0 / SLOPE_RANGE[0])
+
+    def log_gain(t: float) -> float | None:
+        g = (math.log(max(t, 1e-12)) - math.log(ta)) / delta
+        return math.log(g) if g > 0.0 else None
+
+    centre, a, b = ts
+    c = log_gain(centre)
+    if c is None or centre >= 1.0:
+        return None
+    ends = [log_gain(a), log_gain(min(b, 1.0))]
+    if a >= 1.0 or any(e is None for e in ends):
+        return min(max(c, lg_lo), lg_hi), None
+    x, y = sorted(e for e in ends if e is not None)
+    return min(max(c, lg_lo), lg_hi), (max(x, lg_lo), min(y, lg_hi))
+
+
+def _coverage(intervals: Sequence[tuple[float, float]], x: float) -> int:
+    """How many of ``intervals`` contain ``x``."""
+    return sum(1 for a, b in intervals if a <= x <= b)
 
 
 def _most_covered(intervals: Sequence[tuple[float, float]], prefer: float) -> float | None:

@@ -6,7 +6,9 @@ demand from a row with :func:`regenerate`, bit-exactly.
 
 Work is split into chunks of one (dataset, type, level); each chunk is a pure function of the
 samples, the suite seed and the calibration settings, so the result does not depend on the
-processing order or on the number of worker processes.
+processing order or on the number of worker processes. A chunk anchored on the suite's previous
+level (:attr:`ChunkSpec.previous`) reads that level's rows when given them and computes them
+otherwise, so it stays a pure function of the same inputs, whatever order the levels run in.
 """
 
 from __future__ import annotations
@@ -14,12 +16,19 @@ from __future__ import annotations
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from medrobust_lib import runtime
 from medrobust_lib.data.sample import Sample, array_hash
-from medrobust_lib.perturb.calibrate import Band, Calibrated, WarmStart, calibrate, miss_reason, warm_start
+from medrobust_lib.perturb.calibrate import (
+    Band,
+    Calibrated,
+    WarmStart,
+    calibrate,
+    miss_reason,
+    warm_start_runs,
+)
 from medrobust_lib.perturb.calibrate_reference import find_strength
 from medrobust_lib.perturb.spec import PerturbationSpec, PerturbOutput, get_perturbation, strength_warning
 from medrobust_lib.perturb.ssim import ssim
@@ -44,6 +53,33 @@ class ChunkSpec:
     """``per_image`` (the corrected protocol), ``reference`` (the published code's first-image
     bisection, :mod:`medrobust_lib.perturb.calibrate_reference`) or ``fixed`` (each type's default
     strength for the level, no search: the reference's uncalibrated VLM images)."""
+    previous: tuple[tuple[int, Band], ...] = ()
+    """The suite's lower levels with their bands, in order (``per_image`` only). The nearest one is
+    this chunk's anchor level: each image's calibrated (strength, SSIM) there predicts its first
+    strength here (:func:`anchor_chunk`). Empty: no anchor (the suite's lowest level)."""
+
+
+Anchors = dict[str, tuple[float, float]]
+"""Sample id -> its calibrated (strength, SSIM) at the anchor level (ok rows only)."""
+
+
+def chunk_previous(levels: Sequence[int], bands: dict[int, Band], level: int) -> tuple[tuple[int, Band], ...]:
+    """:attr:`ChunkSpec.previous` of ``level`` in a suite of ``levels`` with ``bands``."""
+    return tuple((lv, tuple(bands[lv])) for lv in sorted(levels) if lv < level)  # type: ignore[misc]
+
+
+def anchor_chunk(chunk: ChunkSpec) -> ChunkSpec | None:
+    """The chunk whose rows anchor ``chunk`` (same dataset and type, the nearest lower level of the
+    suite), None without one."""
+    if not chunk.previous or chunk.mode != "per_image":
+        return None
+    (level, band), rest = chunk.previous[-1], chunk.previous[:-1]
+    return replace(chunk, level=level, band=band, previous=rest)
+
+
+def anchors_from_rows(rows: Sequence[dict[str, Any]]) -> Anchors:
+    """The anchors a chunk's manifest rows give: (strength, SSIM) of every ``ok`` row."""
+    return {str(r["sample_id"]): (float(r["strength"]), float(r["ssim"])) for r in rows if r["status"] == "ok"}
 
 
 def perturbation_key(seed: int, dataset: str, sample_id: str, perturbation: str) -> str:
@@ -58,7 +94,8 @@ def calibration_subset(samples: Sequence[Sample], seed: int, k: int) -> list[Sam
     return ranked[:k]
 
 
-def run_chunk(chunk: ChunkSpec, samples: Sequence[Sample]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def run_chunk(chunk: ChunkSpec, samples: Sequence[Sample], anchors: Anchors | None = None
+              ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Calibrate ``chunk.perturbation`` on every sample. Returns (manifest rows sorted by
     sample id, chunk statistics). A failing sample becomes a row with status 'error'; a sample the
     type does not apply to (an RGB-only type on a grayscale image of a mixed-channel dataset, a
@@ -66,11 +103,20 @@ def run_chunk(chunk: ChunkSpec, samples: Sequence[Sample]) -> tuple[list[dict[st
     ``error``), never an exception. ``warning`` is None unless a ``strength_is_intensity`` type's
     strength exceeds the clean image's own value range (:func:`~medrobust_lib.perturb.spec.strength_warning`). The dataset-level warm start is calibrated on applicable
     samples only (NaN when there are none): the strength and the strength-to-SSIM slope fitted on
-    the calibration subset (:func:`medrobust_lib.perturb.calibrate.warm_start`)."""
+    the calibration subset (:func:`medrobust_lib.perturb.calibrate.warm_start`).
+
+    Cross-level warm start: a chunk with an anchor level (:func:`anchor_chunk`) starts each image
+    from the strength its own anchor (its calibrated point there; SSIM is one function of strength
+    at every level, the key has no level) predicts, with the slope fitted on the subset's anchors.
+    ``anchors``: the anchor chunk's rows (:func:`anchors_from_rows`), read from its manifest chunk
+    when that is current; None: the anchor chunk is computed here, so the result never depends
+    on whether or in which order other levels were built (the anchor chunk is a pure function of
+    the same inputs). A subset image starts from its own subset search's points."""
     spec = get_perturbation(chunk.perturbation)
     ordered = sorted(samples, key=lambda s: s.sample_id)
     applicable = [s for s in ordered if spec.applies_to(s.modality, s.n_channels)]
     precomputed: dict[str, Calibrated | Exception] = {}
+    known: dict[str, list[tuple[float, float]]] = {}
     calib_evals = 0
     warm = float("nan")
     ws: WarmStart | None = None
@@ -88,15 +134,23 @@ def run_chunk(chunk: ChunkSpec, samples: Sequence[Sample]) -> tuple[list[dict[st
     elif chunk.mode == "fixed":
         warm = spec.clamp(spec.levels[chunk.level - 1])
     else:  # calibrated: a warm start fitted on the calibration subset, then every image checked in its band
+        prev = anchor_chunk(chunk)
+        if prev is not None and anchors is None:
+            anchors = anchors_from_rows(run_chunk(prev, samples)[0])
+        anchors = anchors if prev is not None and anchors is not None else {}
+        known = {sid: [a] for sid, a in anchors.items()}
         subset = calibration_subset(applicable, chunk.seed, chunk.calibration_subset)
         if subset:
-            ws = warm_start(
+            ws, runs = warm_start_runs(
                 spec,
                 [(s.image, (perturbation_key(chunk.seed, s.dataset, s.sample_id, spec.name),)) for s in subset],
                 chunk.band,
                 start=spec.level_start(chunk.level, subset[0].image.shape),
+                anchors=[anchors.get(s.sample_id) for s in subset],
             )
             warm, calib_evals = ws.strength, ws.n_evals
+            for s, c in zip(subset, runs, strict=True):
+                known[s.sample_id] = [*known.get(s.sample_id, []), *c.points]
     rows = []
     for s in ordered:
         key = perturbation_key(chunk.seed, s.dataset, s.sample_id, spec.name)
@@ -112,7 +166,7 @@ def run_chunk(chunk: ChunkSpec, samples: Sequence[Sample]) -> tuple[list[dict[st
                          "status": NOT_APPLICABLE, "error": not_applicable_reason(spec, s), "warning": None})
             continue
         try:
-            c = _calibrated(chunk, spec, s, key, warm, precomputed, ws)
+            c = _calibrated(chunk, spec, s, key, warm, precomputed, ws, known.get(s.sample_id, ()))
             miss = miss_reason(spec, s.image.shape, c, chunk.band)
             rows.append({**base, "strength": c.strength, "ssim": c.ssim, "band_reached": c.band_reached,
                          "miss_reason": miss, "n_ssim_evals": c.n_ssim_evals,
@@ -128,7 +182,8 @@ def run_chunk(chunk: ChunkSpec, samples: Sequence[Sample]) -> tuple[list[dict[st
 
 
 def _calibrated(chunk: ChunkSpec, spec: PerturbationSpec, s: Sample, key: str, warm: float,
-                precomputed: dict[str, Calibrated | Exception], ws: WarmStart | None = None) -> Calibrated:
+                precomputed: dict[str, Calibrated | Exception], ws: WarmStart | None = None,
+                known: Sequence[tuple[float, float]] = ()) -> Calibrated:
     """One sample's outcome under the chunk's calibration mode (``reference``: the first image's
     own result, or ``warm`` applied; raises when the first image's calibration failed)."""
     if chunk.mode == "reference":
@@ -141,7 +196,7 @@ def _calibrated(chunk: ChunkSpec, spec: PerturbationSpec, s: Sample, key: str, w
         out = spec.apply(s.image, warm, rng_for(key), mask=s.mask, boxes=s.boxes)
         value = ssim(s.image, out.image)
         return Calibrated(warm, value, chunk.band[0] <= value <= chunk.band[1], 1, out)
-    return calibrate(spec, s.image, chunk.band, (key,), warm=ws, mask=s.mask, boxes=s.boxes)
+    return calibrate(spec, s.image, chunk.band, (key,), warm=ws, mask=s.mask, boxes=s.boxes, known=known)
 
 
 NOT_APPLICABLE = "not_applicable"
@@ -180,9 +235,10 @@ def _pool(workers: int) -> ProcessPoolExecutor:
     return runtime.process_pool("perturb", workers)
 
 
-def _run_in_worker(chunk: ChunkSpec, samples: list[Sample]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def _run_in_worker(chunk: ChunkSpec, samples: list[Sample], anchors: Anchors | None = None
+                   ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     try:
-        return run_chunk(chunk, samples)
+        return run_chunk(chunk, samples, anchors)
     except Exception:  # pragma: no cover - surfaced to the parent with the traceback
         raise RuntimeError(f"chunk {chunk} failed:\n{traceback.format_exc()}") from None
 
@@ -193,14 +249,18 @@ def run_chunks(
     *,
     workers: int = 1,
     on_done: Callable[[ChunkSpec, list[dict[str, Any]], dict[str, Any]], None] | None = None,
+    anchors: Sequence[Anchors | None] | None = None,
 ) -> Iterator[tuple[ChunkSpec, list[dict[str, Any]], dict[str, Any]]]:
     """Run chunks in-process (``workers == 1``) or in a process pool, yielding results in the
-    order of ``chunks`` whatever the completion order (so outputs do not depend on ``workers``)."""
+    order of ``chunks`` whatever the completion order (so outputs do not depend on ``workers``).
+    ``anchors[i]``: chunk i's anchor rows when already at hand (:func:`run_chunk`)."""
+    anchors = list(anchors) if anchors is not None else [None] * len(chunks)
     if workers <= 1 or len(chunks) <= 1:
-        results = ((ch, *run_chunk(ch, samples_by_dataset[ch.dataset])) for ch in chunks)
+        results = ((ch, *run_chunk(ch, samples_by_dataset[ch.dataset], a)) for ch, a in zip(chunks, anchors, strict=True))
     else:
         pool = _pool(workers)
-        futures = [pool.submit(_run_in_worker, ch, samples_by_dataset[ch.dataset]) for ch in chunks]
+        futures = [pool.submit(_run_in_worker, ch, samples_by_dataset[ch.dataset], a)
+                   for ch, a in zip(chunks, anchors, strict=True)]
         results = ((ch, *f.result()) for ch, f in zip(chunks, futures, strict=True))
     for ch, rows, stats in results:
         if on_done:

@@ -54,7 +54,7 @@ from medrobust_lib.perturb.torch_ports import HOST_ONLY, PORTS, Fields, Prepared
 from medrobust_lib.seeding import rng_for
 
 __all__ = ["HOST_ONLY", "DEVICE_TYPES", "Prepared", "supports", "default_device", "prepare", "prepare_many", "apply",
-           "calibrate_batch", "warm_start_batch", "calibrate_levels", "perturbed_batch", "regenerate_batches"]
+           "calibrate_batch", "warm_start_batch", "warm_start_runs_batch", "calibrate_levels", "perturbed_batch", "regenerate_batches"]
 
 DEVICE_TYPES: tuple[str, ...] = tuple(sorted(PORTS))
 """The types the device engine runs (every registered type but :data:`HOST_ONLY`)."""
@@ -97,7 +97,8 @@ def prepare(spec: PerturbationSpec, image: np.ndarray, key: Sequence[object],
 
 PREPARE_THREADS = min(8, os.cpu_count() or 1)
 """Host threads that prepare items (the draws and fields are numpy and OpenCV work that releases
-the GIL; measured at 1024 px: about 0.5 s per image for all 46 device types on one core)."""
+the GIL; measured at 1024 px: about 0.5 s per image for the 46 device types before window_level, on
+one core)."""
 
 
 def prepare_many(spec: PerturbationSpec, jobs: Sequence[tuple[np.ndarray, Sequence[object]]],
@@ -167,23 +168,26 @@ class DeviceCalibrated:
 def calibrate_batch(spec: PerturbationSpec, items: Sequence[Prepared], bands: Sequence[Band], *,
                     starts: Sequence[float | None] | None = None, warm: Sequence[WarmStart | None] | None = None,
                     search_spec: PerturbationSpec | None = None, max_batch: int = MAX_BATCH,
-                    max_evals: int = MAX_EVALS, ssim_dtype: torch.dtype = torch.float64) -> list[DeviceCalibrated]:
+                    max_evals: int = MAX_EVALS, ssim_dtype: torch.dtype = torch.float64,
+                    known: Sequence[Sequence[tuple[float, float]]] | None = None) -> list[DeviceCalibrated]:
     """Calibrate ``items[i]`` into ``bands[i]`` (as :func:`medrobust_lib.perturb.calibrate.calibrate`
     with ``start=starts[i]`` / ``warm=warm[i]``), all searches in lock-step: one round evaluates
     every unfinished search's next strength, ``max_batch`` items (of one shape) per device call.
     ``search_spec``: the type as the searches see it (default ``spec.for_shape`` of each image; the
-    warm start passes the subset's largest image's)."""
+    warm start passes the subset's largest image's). ``known[i]``: the known points of item i
+    (``calibrate``'s ``known``)."""
     n = len(items)
     starts = list(starts) if starts is not None else [None] * n
     warms = list(warm) if warm is not None else [None] * n
+    knowns = [tuple(k) for k in known] if known is not None else [()] * n
     gens, pending = [], {}
     points: list[dict[float, float]] = [{} for _ in range(n)]
     results: list[DeviceCalibrated | None] = [None] * n
     for i, (it, band) in enumerate(zip(items, bands, strict=True)):
         sp = search_spec or spec.for_shape(it.shape)
         w = warms[i]
-        g = search(sp, band, first_strength(sp, band, starts[i], w), w.slope if w is not None else DEFAULT_SLOPE,
-                   max_evals, it.shape)
+        g = search(sp, band, first_strength(sp, band, starts[i], w, knowns[i], it.shape),
+                   w.slope if w is not None else DEFAULT_SLOPE, max_evals, it.shape, knowns[i])
         gens.append(g)
         pending[i] = next(g)
     while pending:
@@ -212,29 +216,45 @@ def calibrate_batch(spec: PerturbationSpec, items: Sequence[Prepared], bands: Se
 
 def warm_start_batch(spec: PerturbationSpec, subsets: Sequence[Sequence[Prepared]], bands: Sequence[Band],
                      starts: Sequence[float | None], *, max_batch: int = MAX_BATCH,
-                     ssim_dtype: torch.dtype = torch.float64) -> list[WarmStart]:
+                     ssim_dtype: torch.dtype = torch.float64,
+                     anchors: Sequence[Sequence[tuple[float, float] | None]] | None = None) -> list[WarmStart]:
     """:func:`medrobust_lib.perturb.calibrate.warm_start` for several (subset, band, start)
     problems at once (e.g. the five levels of one type), their searches in lock-step."""
+    return warm_start_runs_batch(spec, subsets, bands, starts, max_batch=max_batch, ssim_dtype=ssim_dtype,
+                                 anchors=anchors)[0]
+
+
+def warm_start_runs_batch(spec: PerturbationSpec, subsets: Sequence[Sequence[Prepared]], bands: Sequence[Band],
+                          starts: Sequence[float | None], *, max_batch: int = MAX_BATCH,
+                          ssim_dtype: torch.dtype = torch.float64,
+                          anchors: Sequence[Sequence[tuple[float, float] | None]] | None = None
+                          ) -> tuple[list[WarmStart], list[list[DeviceCalibrated]]]:
+    """:func:`medrobust_lib.perturb.calibrate.warm_start_runs` for several problems at once:
+    the warm starts and, per problem, its subset's searches. ``anchors[j][i]``: subset image i of
+    problem j's point at the anchor level (None: none)."""
+    anchors = [list(a) for a in anchors] if anchors is not None else [[None] * len(sub) for sub in subsets]
     specs = [spec.for_shape(max((it.shape for it in subset), key=lambda sh: max(sh[:2]))) if subset else spec
              for subset in subsets]
     # the searches of problems whose search specs agree (the subsets' largest shapes) run together
-    groups: dict[PerturbationSpec, list[tuple[int, Prepared]]] = {}
+    groups: dict[PerturbationSpec, list[tuple[int, int, Prepared]]] = {}
     for j, subset in enumerate(subsets):
-        groups.setdefault(specs[j], []).extend((j, it) for it in subset)
-    runs: list[list[tuple[float, tuple[tuple[float, float], ...], int]]] = [[] for _ in subsets]
+        groups.setdefault(specs[j], []).extend((j, i, it) for i, it in enumerate(subset))
+    calibrated: list[list[DeviceCalibrated]] = [[] for _ in subsets]
     for sp, members in groups.items():
-        res = calibrate_batch(spec, [it for _, it in members], [bands[j] for j, _ in members],
-                              starts=[starts[j] for j, _ in members], search_spec=sp,
-                              max_batch=max_batch, ssim_dtype=ssim_dtype)
-        for (j, _), c in zip(members, res, strict=True):
-            runs[j].append((c.strength, c.points, c.n_ssim_evals))
+        res = calibrate_batch(spec, [it for _, _, it in members], [bands[j] for j, _, _ in members],
+                              starts=[starts[j] for j, _, _ in members], search_spec=sp,
+                              max_batch=max_batch, ssim_dtype=ssim_dtype,
+                              known=[[a] if (a := anchors[j][i]) is not None else [] for j, i, _ in members])
+        for (j, _, _), c in zip(members, res, strict=True):
+            calibrated[j].append(c)
     out = []
     for j, (subset, start) in enumerate(zip(subsets, starts, strict=True)):
         if not subset:
             out.append(WarmStart(spec.clamp(start) if start is not None else spec.levels[0], DEFAULT_SLOPE, 0))
         else:
-            out.append(fit_warm_start(specs[j], runs[j], bands[j]))
-    return out
+            out.append(fit_warm_start(specs[j], [(c.strength, c.points, c.n_ssim_evals) for c in calibrated[j]],
+                                      bands[j], anchors[j]))
+    return out, calibrated
 
 
 @dataclass
@@ -252,12 +272,17 @@ class LevelResult:
 def calibrate_levels(spec: PerturbationSpec, samples: Sequence[Sample], levels: Sequence[int], seed: int,
                      calibration_subset_size: int, *, bands: dict[int, Band] | None = None,
                      device: torch.device | str | None = None, max_batch: int = MAX_BATCH,
-                     prepared: dict[str, Prepared] | None = None) -> LevelResult:
+                     prepared: dict[str, Prepared] | None = None, chain: bool = False) -> LevelResult:
     """Calibrate ``spec`` on every applicable sample at every level, as the CPU engine's chunks of
     one (dataset, type, level) do (``mode: per_image``): a warm start fitted on the seeded
     calibration subset (from the level's default strength), then every sample searched from it.
-    Each sample is prepared once for all levels (its key has no level), the warm starts of all
-    levels run in lock-step, then all the samples' searches of all levels."""
+    ``chain``: ``levels`` are the suite's levels, each anchored on the one below it, as a suite's
+    CPU chunks are (their :attr:`~medrobust_lib.perturb.engine.ChunkSpec.previous`, from
+    :func:`~medrobust_lib.perturb.engine.chunk_previous`), so the levels run in ascending order,
+    each level's subset searches and then its samples' searches in lock-step; without it (as
+    chunks built without ``previous``) all levels run in lock-step, none anchored. A subset image starts from its own
+    subset search's points, as on the CPU. Each sample is prepared once for all levels (its key
+    has no level)."""
     bands = bands or DEFAULT_BANDS
     dev = device or default_device()
     ordered = sorted(samples, key=lambda s: s.sample_id)
@@ -267,16 +292,30 @@ def calibrate_levels(spec: PerturbationSpec, samples: Sequence[Sample], levels: 
     jobs = [(s.image, (perturbation_key(seed, s.dataset, s.sample_id, spec.name),)) for s in todo]
     prep.update(zip([s.sample_id for s in todo], prepare_many(spec, jobs, dev), strict=True))
     subset = calibration_subset(applicable, seed, calibration_subset_size)
-    warm_list = warm_start_batch(
-        spec, [[prep[s.sample_id] for s in subset] for _ in levels], [bands[lv] for lv in levels],
-        [spec.level_start(lv, subset[0].image.shape) if subset else None for lv in levels], max_batch=max_batch)
-    warm = dict(zip(levels, warm_list, strict=True))
-    items = [prep[s.sample_id] for _ in levels for s in applicable]
-    res = calibrate_batch(spec, items, [bands[lv] for lv in levels for _ in applicable],
-                          warm=[warm[lv] for lv in levels for _ in applicable], max_batch=max_batch)
-    n = len(applicable)
-    return LevelResult(spec.name, [s.sample_id for s in applicable], warm,
-                       {lv: res[k * n : (k + 1) * n] for k, lv in enumerate(levels)})
+    steps = [[lv] for lv in sorted(levels)] if chain else [list(levels)]
+    warm: dict[int, WarmStart] = {}
+    results: dict[int, list[DeviceCalibrated]] = {}
+    anchors: dict[str, tuple[float, float]] = {}
+    for group in steps:
+        warm_list, runs = warm_start_runs_batch(
+            spec, [[prep[s.sample_id] for s in subset] for _ in group], [bands[lv] for lv in group],
+            [spec.level_start(lv, subset[0].image.shape) if subset else None for lv in group], max_batch=max_batch,
+            anchors=[[anchors.get(s.sample_id) for s in subset] for _ in group])
+        known: list[list[tuple[float, float]]] = []
+        for k, lv in enumerate(group):
+            warm[lv] = warm_list[k]
+            own = {s.sample_id: list(c.points) for s, c in zip(subset, runs[k], strict=True)}
+            known.extend([*([anchors[s.sample_id]] if s.sample_id in anchors else []), *own.get(s.sample_id, [])]
+                         for s in applicable)
+        items = [prep[s.sample_id] for _ in group for s in applicable]
+        res = calibrate_batch(spec, items, [bands[lv] for lv in group for _ in applicable],
+                              warm=[warm[lv] for lv in group for _ in applicable], max_batch=max_batch, known=known)
+        n = len(applicable)
+        for k, lv in enumerate(group):
+            results[lv] = res[k * n : (k + 1) * n]
+        if chain:
+            anchors = {s.sample_id: (c.strength, c.ssim) for s, c in zip(applicable, results[group[-1]], strict=True)}
+    return LevelResult(spec.name, [s.sample_id for s in applicable], warm, {lv: results[lv] for lv in levels})
 
 
 # ---- the feed: perturbed batches as device tensors ---------------------------------------------------

@@ -350,6 +350,25 @@ def _grid_lines(x: torch.Tensor, s: list[float], f: Fields) -> torch.Tensor:
     return x * (1.0 - col(s, x) * f.t("stripes"))
 
 
+def _window_level_prepare(image: np.ndarray, rng: np.random.Generator) -> dict[str, Any]:
+    u, lo, hi = xray.window_level_params(image, rng)
+    return {"u": u, "lo": lo, "hi": hi}
+
+
+@port("window_level", _window_level_prepare)
+def _window_level(x: torch.Tensor, s: list[float], f: Fields) -> torch.Tensor:
+    u, lo, hi = f.v("u"), f.v("lo"), f.v("hi")
+    flat = [v <= 0.0 or b <= a for v, a, b in zip(s, lo, hi, strict=True)]
+    maps = [(0.0, 1.0) if z else xray.window_level_map(v, w, a, b)
+            for v, w, a, b, z in zip(s, u, lo, hi, flat, strict=True)]
+    out = (x - col([m[0] for m in maps], x)) * col([m[1] for m in maps], x) + col(lo, x)
+    out = torch.minimum(torch.maximum(out, col(lo, x)), col(hi, x))
+    keep = [i for i, z in enumerate(flat) if z]  # strength 0 or a constant image: unchanged, as on the CPU
+    if keep:
+        out[keep] = x[keep]
+    return out
+
+
 # ---- CT ------------------------------------------------------------------------------------------
 
 

@@ -11,7 +11,15 @@ import pandas as pd
 
 from medrobust_lib.config import Suite
 from medrobust_lib.data.sample import Sample, SampleRef
-from medrobust_lib.perturb.engine import NOT_APPLICABLE, ChunkSpec, run_chunks
+from medrobust_lib.perturb.engine import (
+    NOT_APPLICABLE,
+    Anchors,
+    ChunkSpec,
+    anchor_chunk,
+    anchors_from_rows,
+    chunk_previous,
+    run_chunks,
+)
 from medrobust_lib.perturb.spec import (
     CAP_RULE,
     REFERENCE_SIZE,
@@ -29,9 +37,11 @@ MANIFEST_TABLE = "perturbation_manifest"
 MANIFEST_COLUMNS: tuple[str, ...] = column_names(MANIFEST_TABLE)
 """The columns of a manifest chunk, in the declared order (:mod:`medrobust_lib.store.schema`)."""
 
-CALIBRATION_VERSION = 3
+CALIBRATION_VERSION = 4
 """Bumped when the calibration algorithm changes (3: issue 47, the warm start aims at the stretch most
-subset images have in band), so manifest chunks of an older algorithm are recomputed, not reused."""
+subset images have in band; 4: issue 47, each image starts from its own point at the suite's
+previous level, a subset image from its own subset search), so manifest chunks of an older
+algorithm are recomputed, not reused."""
 
 
 def selected_types(suite: Suite, modality: str, n_channels: int, dataset: str | None = None) -> list[str]:
@@ -116,10 +126,13 @@ def error_chunk_inputs(ch: ChunkSpec, rows: list[dict[str, Any]]) -> ChunkInputs
 
 def chunk_spec(suite: Suite, dataset: str, modality: str, perturbation: str, level: int) -> ChunkSpec:
     """The chunk of ``dataset`` under ``perturbation`` at ``level``: the level's SSIM band, the suite
-    seed, the calibration subset and the dataset's calibration mode."""
+    seed, the calibration subset, the dataset's calibration mode and (per-image calibration) the
+    suite's lower levels, the nearest of which anchors this one (:func:`~medrobust_lib.perturb.engine.anchor_chunk`)."""
     cfg = suite.perturbations
+    mode = cfg.mode_for(dataset)
+    previous = chunk_previous(cfg.levels, cfg.bands, level) if mode == "per_image" else ()
     return ChunkSpec(dataset, modality, perturbation, level, cfg.bands[level], suite.seed, cfg.calibration_subset,
-                     cfg.mode_for(dataset))
+                     mode, previous)
 
 
 def chunk_fingerprint(ch: ChunkSpec, samples: list[Sample]) -> str:
@@ -133,6 +146,8 @@ def _chunk_fields(ch: ChunkSpec) -> dict[str, Any]:
     d = dict(ch.__dict__)
     if d.get("mode") == "per_image":
         d.pop("mode")
+    if not d.get("previous"):
+        d.pop("previous", None)
     return d
 
 
@@ -163,6 +178,7 @@ def build_perturbed(
     )
     summary = PerturbSummary(modality=modality, level=level)
     todo: list[ChunkSpec] = []
+    todo_anchors: list[Anchors | None] = []
     expected: list[str] = []
     types_seen: set[str] = set()
     failed_only: dict[str, list[str]] = {}
@@ -184,6 +200,7 @@ def build_perturbed(
                 summary.chunks_reused += 1
             else:
                 todo.append(ch)
+                todo_anchors.append(_current_anchors(suite, ch, samples))
 
     def write(ch: ChunkSpec, rows: list[dict[str, Any]], stats: dict[str, Any]) -> None:
         extra = [_error_row(ch, ref, exc) for ds, ref, exc in load_errors if ds == ch.dataset]
@@ -200,7 +217,7 @@ def build_perturbed(
 
     if report is not None:
         report(summary.chunks_reused, len(expected), "perturbation chunks")
-    for _ in run_chunks(todo, samples_by_ds, workers=workers or suite.workers, on_done=write):
+    for _ in run_chunks(todo, samples_by_ds, workers=workers or suite.workers, on_done=write, anchors=todo_anchors):
         pass
     finish(report, len(expected), "perturbation chunks")
     for ds, types in failed_only.items():  # every sample failed: the error rows still reach the mart
@@ -217,6 +234,20 @@ def build_perturbed(
     _summarize(df, summary)
     summary.types = sorted(types_seen)
     return summary
+
+
+def _current_anchors(suite: Suite, ch: ChunkSpec, samples: list[Sample]) -> Anchors | None:
+    """The anchor rows of ``ch`` from its anchor level's manifest chunk when that chunk is current
+    (same inputs, so the same rows the engine would compute); None: the engine computes them (the
+    result is the same either way, whatever order the levels are built in)."""
+    prev = anchor_chunk(ch)
+    if prev is None:
+        return None
+    path = results.chunk_path(suite.results_dir, MANIFEST_TABLE, {"modality": ch.modality, "level": prev.level},
+                              f"{ch.dataset}__{ch.perturbation}")
+    if not results.chunk_is_current(path, chunk_fingerprint(prev, samples)):
+        return None
+    return anchors_from_rows(results.verify_chunk(path).to_pylist())
 
 
 def modality_types(suite: Suite, modality: str, dataset: str | None = None) -> list[str]:

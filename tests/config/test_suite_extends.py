@@ -118,7 +118,7 @@ def test_demo_full_is_demo_with_the_full_grid() -> None:
     assert ft["eval"] == {**fft["eval"], "attack_kinds": None, "perturbations": None,
                           "max_perturbed_per_modality": 3} and ft["gate"] == fft["gate"]
     assert fft["eval"]["max_perturbed_per_modality"] is None  # the fast demo: tiny-sam's own cap (3)
-    assert fft["eval"]["perturbations"] is not None and len(fft["eval"]["perturbations"]) == 38
+    assert fft["eval"]["perturbations"] is not None and len(fft["eval"]["perturbations"]) == 39
 
     vlm, fvlm = full["vlm"], fast["vlm"]
     assert vlm["train"] == fvlm["train"]

@@ -38,4 +38,4 @@ def test_reachable_bands_are_hit_and_the_rest_flagged(demo_root: Path) -> None:
     assert reachable["band_reached"].mean() >= 0.95
     per_type = reachable.groupby("perturbation")["band_reached"].mean()
     assert (per_type >= 0.8).all(), per_type[per_type < 0.8]
-    assert df["perturbation"].nunique() == 48
+    assert df["perturbation"].nunique() == 49

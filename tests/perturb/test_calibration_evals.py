@@ -14,17 +14,19 @@ from medrobust_lib.data.sample import Sample
 from medrobust_lib.demo.manifest import DemoManifest
 from medrobust_lib.perturb import calibrate as cal
 from medrobust_lib.perturb.calibrate import DEFAULT_BANDS
-from medrobust_lib.perturb.engine import ChunkSpec, run_chunk
+from medrobust_lib.perturb.engine import ChunkSpec, chunk_previous, run_chunk
 from medrobust_lib.perturb.spec import get_perturbation
 
 MODALITIES = ("ct", "mri", "dermoscopy", "xray")
 TYPES = ("gaussian_noise", "brightness", "contrast", "gaussian_blur", "jpeg_compression", "rotation",
          "speckle_noise", "pixelate")
 LEVELS = (2, 4)
-EVALS_BOUND = 1.49
+EVALS_BOUND = 1.35
 """Measured on this subset (256 outputs: 4 demo images per modality, seed 0, calibration subset 2):
 1.508 SSIM evaluations per output with the median-centre warm start (CALIBRATION_VERSION 2), 1.473
-with the most-covered aim (3); the bound sits between, so a return to the old aim fails."""
+with the most-covered aim (3); 1.406 when a subset image starts from its own subset search and
+1.285 when level 4 also starts from each image's own level-2 point, as the suite chains them (4);
+the bound sits between the last two, so losing the cross-level start fails."""
 IN_BAND_FLOOR = 0.99
 
 
@@ -45,7 +47,9 @@ def subset_rows(demo_root: Path) -> list[dict[str, object]]:
             if not get_perturbation(t).applies_to(samples[0].modality, samples[0].n_channels):
                 continue
             for lv in LEVELS:
-                out, _ = run_chunk(ChunkSpec(name, samples[0].modality, t, lv, DEFAULT_BANDS[lv], 0, 2), samples)
+                previous = chunk_previous(LEVELS, DEFAULT_BANDS, lv)  # level 4 anchored on level 2, as in a suite
+                out, _ = run_chunk(ChunkSpec(name, samples[0].modality, t, lv, DEFAULT_BANDS[lv], 0, 2, previous=previous),
+                                   samples)
                 rows.extend(r for r in out if r["status"] == "ok")
     return rows
 

@@ -27,13 +27,13 @@ EXPECTED = {
     "vignetting", "light_reflection", "hair", "specular_reflection", "bubbles", "blood", "endoscopy_overexposure",
     "oct_shadow", "oct_blink", "oct_motion", "oct_speckle", "uneven_illumination",
     "stain_variation", "slide_bubbles", "tissue_fold", "scatter", "underexposure", "overexposure", "grid_lines",
-    "haze",
+    "window_level", "haze",
 }
 
 
 def test_catalogue_is_complete() -> None:
     assert set(ALL) == EXPECTED
-    assert len(ALL) == 48
+    assert len(ALL) == 49
     assert set(SPATIAL) == {"rotation", "scaling", "translation", "oct_motion"}
 
 

@@ -23,7 +23,7 @@ from medrobust_lib.demo.manifest import DemoManifest
 from medrobust_lib.perturb import torch_engine as E
 from medrobust_lib.perturb import torch_ops as T
 from medrobust_lib.perturb.calibrate import DEFAULT_BANDS, calibrate, severity
-from medrobust_lib.perturb.engine import ChunkSpec, perturbation_key, regenerate, run_chunk
+from medrobust_lib.perturb.engine import ChunkSpec, chunk_previous, perturbation_key, regenerate, run_chunk
 from medrobust_lib.perturb.spec import get_perturbation, list_perturbations, remap_mask
 from medrobust_lib.perturb.ssim import ssim, ssim_nchw, ssim_torch
 from medrobust_lib.seeding import rng_for
@@ -209,9 +209,17 @@ def _chunk_vs_levels(name: str, demo_root: Path, per_modality: int) -> None:
         samples = sorted((s for s in iter_dataset(cfg) if isinstance(s, Sample)), key=lambda s: s.sample_id)[:per_modality]
         if not spec.applies_to(d.modality, samples[0].n_channels):
             continue
-        res = E.calibrate_levels(spec, samples, [1, 3, 5], 11, 2, device="cpu")
+        res = E.calibrate_levels(spec, samples, [1, 3, 5], 11, 2, device="cpu", chain=True)
+        anchors = None
         for lv in (1, 3, 5):
-            rows, stats = run_chunk(ChunkSpec(d.name, d.modality, name, lv, DEFAULT_BANDS[lv], 11, 2), samples)
+            # chained as calibrate_levels chains them; each level from the device's own anchors, so
+            # the two engines are compared level by level (float rounding in an anchor moves the next
+            # level's first guess a little, and a wiggly type such as pixelate then lands elsewhere
+            # in its band: 3e-4 in SSIM at level 5 from the engines' own chains)
+            previous = chunk_previous([1, 3, 5], DEFAULT_BANDS, lv)
+            rows, stats = run_chunk(ChunkSpec(d.name, d.modality, name, lv, DEFAULT_BANDS[lv], 11, 2,
+                                              previous=previous), samples, anchors)
+            anchors = {sid: (c.strength, c.ssim) for sid, c in zip(res.sample_ids, res.results[lv], strict=True)}
             ok = [r for r in rows if r["status"] == "ok"]
             sp = spec.for_shape(samples[0].image.shape)
             assert abs(severity(sp, res.warm[lv].strength) - severity(sp, stats["dataset_strength"])) <= STRENGTH_TOL
@@ -266,3 +274,17 @@ def test_blood_threshold_is_numpys_quantile() -> None:
         srt = np.sort(a)
         for q in [0.0, 0.5, 1.0, *g.random(200)]:
             assert _quantile(srt, float(q)) == float(np.quantile(a, q))
+
+
+def test_window_level_port_at_strength_zero_and_on_a_flat_image(camera: np.ndarray) -> None:
+    """The port returns the input where the CPU does (strength 0, a constant image), and the CPU's
+    output bit for bit elsewhere, mixed in one batch, gray and RGB."""
+    spec = get_perturbation("window_level")
+    rgb = np.stack([camera, camera[::-1], 0.5 * camera + 0.2], axis=-1)
+    for image in (camera, np.full_like(camera, 0.4), rgb):
+        items = [E.prepare(spec, image, ("wl", k), "cpu") for k in range(3)]
+        strengths = [0.0, 0.7, spec.strongest]
+        got = T.to_images(E.apply(spec, items, strengths).images)
+        for k, (s, out) in enumerate(zip(strengths, got, strict=True)):
+            np.testing.assert_array_equal(out, spec.apply(image, s, rng_for("wl", k)).image)
+        np.testing.assert_array_equal(got[0], image)

@@ -66,6 +66,16 @@ def test_type_sets_per_vlm_dataset_are_the_references(record_file: str, ref_data
     assert len(REF["modality_perturbations"]["XRAY"]) == 5
 
 
+
+def test_window_level_is_the_references_own_type_for_xray_and_ct() -> None:
+    assert REFERENCE_TYPE_NAMES["window_level"] == ("window_level",)
+    assert "window_level" in reference_vlm_types("roco_captions")
+    assert "window_level" not in reference_vlm_types("omnimedvqa")
+    # the reference lists it for X-ray and CT alike
+    listed = {m.lower() for m, types in REF["modality_perturbations"].items() if "window_level" in types}
+    assert listed == {"xray", "ct"} == set(get_perturbation("window_level").modalities)
+
+
 def test_types_by_dataset_replaces_the_modality_subset(tmp_path: Path) -> None:
     s = load_suite(_suite(tmp_path, {"perturbations": {"types_by_dataset": {
         "omni": reference_vlm_types("omnimedvqa"), "roco": reference_vlm_types("roco_captions")}}}))
@@ -73,8 +83,10 @@ def test_types_by_dataset_replaces_the_modality_subset(tmp_path: Path) -> None:
     assert "hair" in selected_types(s, "dermoscopy", 3, "isic")  # another dataset: the modality's subset
     assert "hair" not in selected_types(s, "dermoscopy", 3, "omni")
     xray = selected_types(s, "xray", 1, "roco")
-    assert set(xray) == set(reference_vlm_types("roco_captions")) - {"window_shift"}  # window_shift: CT only
-    assert "window_shift" in selected_types(s, "ct", 1, "roco")
+    assert set(xray) == set(reference_vlm_types("roco_captions"))  # the reference's X-ray types, window_level too
+    assert "window_level" in xray and "window_shift" not in xray
+    ct = selected_types(s, "ct", 1, "roco")  # window_level applies to CT as well (the reference lists it for both)
+    assert "window_level" in ct and "scatter" not in ct
 
 
 def _suite(tmp_path: Path, body: dict[str, Any]) -> Path:
