@@ -43,7 +43,7 @@ typecheck: $(STAMP)
 # load their models once); TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= 2
 test: $(STAMP) data-wheels lint typecheck
-	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 # Dagster UI + daemon on 127.0.0.1:3000, under a supervisor (medrobust_assets/ui.py) that stops the
 # whole dagster dev process group within 5 s of the first Ctrl-C or SIGTERM. The demo's graph

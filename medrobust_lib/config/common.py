@@ -4,7 +4,7 @@ attribute-naming (alignment) stage."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -100,6 +100,24 @@ class LoraSettings(BaseModel):
     alpha: int = Field(default=16, ge=1)
     dropout: float = Field(default=0.05, ge=0, lt=1)
     target_regex: str | None = None
+
+
+class LoraSchedule(BaseModel):
+    """The optimisation schedule of a VLM LoRA fine-tune, shared by ``vlm.finetune`` and the
+    taxonomy's consistency LoRA recipes (``taxonomy.configs[].recipe``; their defaults differ where
+    they say so)."""
+
+    model_config = ConfigDict(extra="forbid")
+    epochs: int | None = Field(default=None, ge=1, description="train this many epochs (optimizer steps of "
+                               "batch_size x grad_accumulation examples) instead of max_steps")
+    grad_accumulation: int = Field(default=1, ge=1, description="micro-batches of batch_size per optimizer step")
+    weight_decay: float = Field(default=0.01, ge=0, description="AdamW weight decay")
+    warmup_steps: int = Field(default=30, ge=0, description="linear learning-rate warm-up steps")
+    warmup_ratio: float | None = Field(default=None, ge=0, lt=1, description="warmup as a share of the optimizer "
+                                       "steps (overrides warmup_steps)")
+    lr_schedule: Literal["cosine", "linear"] = Field(
+        default="cosine", description="learning-rate decay after the warmup: cosine, or linear (the reference's "
+        "transformers get_linear_schedule_with_warmup)")
 
 
 class AlignmentStage(BaseModel):

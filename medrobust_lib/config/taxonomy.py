@@ -8,7 +8,14 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from medrobust_lib.config.common import AddedKeys, AlignmentStage, LoraSettings, TrainBudget, WeightStorage
+from medrobust_lib.config.common import (
+    AddedKeys,
+    AlignmentStage,
+    LoraSchedule,
+    LoraSettings,
+    TrainBudget,
+    WeightStorage,
+)
 
 DEFAULT_ABSTENTION_TAU = math.log(2.0)
 """Abstention band of the sensitivity column: |margin| < ln 2 nats, i.e. p(yes) within [1/3, 2/3]."""
@@ -41,7 +48,7 @@ RECIPE_SPLITS = ("train", "val", "test")
 """Splits a consistency LoRA may train or select on (``all`` would hold every evaluated sample)."""
 
 
-class ConsistencyLoraRecipe(TrainBudget, LoraSettings):
+class ConsistencyLoraRecipe(TrainBudget, LoraSettings, LoraSchedule):
     """The consistency LoRA of a ``taxonomy.configs[]`` entry with ``lora_of``: a LoRA adapter on a
     local VLM, trained on every question variant of the yes/no records (the original, its
     semantically equivalent paraphrases and, with ``negations``, its negated variants) with the
@@ -70,15 +77,8 @@ class ConsistencyLoraRecipe(TrainBudget, LoraSettings):
     eval_every: int = 50
     patience: int = 4
     time_budget_s: float | None = None
-    epochs: int | None = Field(default=None, ge=1, description="train this many epochs over the training examples "
-                               "(optimiser steps of batch_size x grad_accumulation examples) instead of max_steps")
-    grad_accumulation: int = Field(default=1, ge=1, description="micro-batches of batch_size per optimiser step")
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay")
     warmup_steps: int = Field(default=10, ge=0, description="linear learning-rate warm-up steps")
-    warmup_ratio: float | None = Field(default=None, ge=0, lt=1, description="warm-up as a share of the optimiser "
-                                       "steps (overrides warmup_steps)")
-    lr_schedule: Literal["cosine", "linear"] = Field(default="cosine", description="learning-rate decay after the "
-                                                     "warm-up")
     select_on: Literal["loss", "first_token_accuracy"] = Field(
         default="first_token_accuracy", description="how the best validation step is chosen: mean validation loss, "
         "or the yes/no accuracy of the first answer token")

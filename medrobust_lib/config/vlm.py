@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from medrobust_lib.config.common import (
     AddedKeys,
     AlignmentStage,
+    LoraSchedule,
     LoraSettings,
     TrainBudget,
     WeightStorage,
@@ -269,7 +270,7 @@ class VLMTrainSettings(TrainBudget, AlignmentStage, WeightStorage):
                                             "for a from-scratch tower to tell left from right)")
 
 
-class VLMFinetuneSettings(TrainBudget, LoraSettings, AddedKeys):
+class VLMFinetuneSettings(TrainBudget, LoraSettings, LoraSchedule, AddedKeys):
     """LoRA fine-tuning (``adapter: finetuned``): task, LoRA shape, training budget.
 
     ``task``: the task the adapter is trained on (grounding, vqa_mc, vqa_yesno, caption)."""
@@ -283,16 +284,6 @@ class VLMFinetuneSettings(TrainBudget, LoraSettings, AddedKeys):
     eval_every: int = 50
     patience: int = 3
     time_budget_s: float | None = 60.0
-    epochs: int | None = Field(default=None, ge=1, description="train this many epochs (optimizer steps of "
-                               "batch_size x grad_accumulation examples) instead of max_steps")
-    grad_accumulation: int = Field(default=1, ge=1, description="micro-batches of batch_size per optimizer step")
-    weight_decay: float = Field(default=0.01, ge=0, description="AdamW weight decay")
-    warmup_steps: int = Field(default=30, ge=0, description="linear learning-rate warm-up steps")
-    warmup_ratio: float | None = Field(default=None, ge=0, lt=1, description="warmup as a share of the optimizer "
-                                       "steps (overrides warmup_steps)")
-    lr_schedule: Literal["cosine", "linear"] = Field(
-        default="cosine", description="learning-rate decay after the warmup: cosine, or linear (the reference's "
-        "transformers get_linear_schedule_with_warmup)")
 
 
 REFERENCE_TYPE_NAMES: dict[str, tuple[str, ...]] = {

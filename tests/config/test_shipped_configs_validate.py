@@ -40,7 +40,8 @@ def _example_inputs(data: Path, weights: Path) -> None:
 
 
 def test_the_shipped_configs_are_the_ones_checked_here() -> None:
-    assert [p.name for p in CONFIGS] == ["demo.yaml", "demo_full.yaml", "example_real.yaml", "reference_protocol.yaml"]
+    assert [p.name for p in CONFIGS] == ["demo.yaml", "demo_full.yaml", "demo_reference.yaml", "example_real.yaml",
+                                          "reference_protocol.yaml"]
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[p.stem for p in CONFIGS])
