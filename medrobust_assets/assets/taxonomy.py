@@ -1,5 +1,5 @@
 """Safety-taxonomy assets, one family per configuration (key prefix = configuration id):
-[taxonomy_model] (demo training), text_only_baselines (by modality), taxonomy_clean (by modality),
+[taxonomy_model] (demo training, or a lora_of configuration's consistency LoRA), text_only_baselines (by modality), taxonomy_clean (by modality),
 taxonomy_perturbed (modality x severity); then taxonomy_report (quadrant tables, plots)."""
 
 from pathlib import Path
@@ -15,6 +15,7 @@ from medrobust_assets.partitions import SuitePartitions, by_modality, modality_a
 from medrobust_assets.progress import reporter
 from medrobust_assets.resources import SuiteResource, TrackingResource
 from medrobust_assets.tags import GPU_OP_TAGS
+from medrobust_lib.config import Suite
 from medrobust_lib.config.common import by_id
 from medrobust_lib.paths import suite_paths
 from medrobust_lib.report.figures.style import parallel_saves
@@ -135,7 +136,7 @@ def taxonomy_family(config_id: str, parts: SuitePartitions, *, trained: bool, up
     return out
 
 
-def _consistency_lora(context: dg.AssetExecutionContext, s: Any, config_id: str,
+def _consistency_lora(context: dg.AssetExecutionContext, s: Suite, config_id: str,
                       tracking: TrackingResource) -> dg.MaterializeResult:
     """The ``taxonomy_model`` body of a ``lora_of`` configuration: train (or reuse) its consistency LoRA."""
     from medrobust_lib.tracks.taxonomy.lora import train_consistency_lora

@@ -14,7 +14,7 @@ image without looking at their SSIM:
 
 Here the bisection runs over the medrobust type's own ``strength_range`` with its own generator
 (the reference's types and ranges are its own); everything else is as published, which
-``tests/perturb/test_calibrate_reference.py`` checks against fixtures made by running the
+``tests/reference_protocol/test_calibrate_reference.py`` checks against fixtures made by running the
 reference's own functions (``tools/reference_protocol_fixtures.py``). The one departure: an
 exception raised by a perturbation propagates (the reference silently moved the bracket), so it
 becomes the row's counted ``error`` outcome.

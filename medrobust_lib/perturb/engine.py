@@ -14,7 +14,7 @@ otherwise, so it stays a pure function of the same inputs, whatever order the le
 from __future__ import annotations
 
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -94,8 +94,8 @@ def calibration_subset(samples: Sequence[Sample], seed: int, k: int) -> list[Sam
     return ranked[:k]
 
 
-def run_chunk(chunk: ChunkSpec, samples: Sequence[Sample], anchors: Anchors | None = None
-              ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def run_chunk(chunk: ChunkSpec, samples: Sequence[Sample], anchors: Anchors | None = None,
+              lower: Mapping[int, Anchors] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Calibrate ``chunk.perturbation`` on every sample. Returns (manifest rows sorted by
     sample id, chunk statistics). A failing sample becomes a row with status 'error'; a sample the
     type does not apply to (an RGB-only type on a grayscale image of a mixed-channel dataset, a
@@ -111,7 +111,10 @@ def run_chunk(chunk: ChunkSpec, samples: Sequence[Sample], anchors: Anchors | No
     ``anchors``: the anchor chunk's rows (:func:`anchors_from_rows`), read from its manifest chunk
     when that is current; None: the anchor chunk is computed here, so the result never depends
     on whether or in which order other levels were built (the anchor chunk is a pure function of
-    the same inputs). A subset image starts from its own subset search's points."""
+    the same inputs). ``lower``: level -> the rows of this chunk's lower levels that are current
+    on disk (:func:`medrobust_lib.tracks.perturbed.current_lower_rows`); computing an anchor chunk
+    stops at the highest of them instead of going down to the suite's first level. A subset image
+    starts from its own subset search's points."""
     spec = get_perturbation(chunk.perturbation)
     ordered = sorted(samples, key=lambda s: s.sample_id)
     applicable = [s for s in ordered if spec.applies_to(s.modality, s.n_channels)]
@@ -136,7 +139,8 @@ def run_chunk(chunk: ChunkSpec, samples: Sequence[Sample], anchors: Anchors | No
     else:  # calibrated: a warm start fitted on the calibration subset, then every image checked in its band
         prev = anchor_chunk(chunk)
         if prev is not None and anchors is None:
-            anchors = anchors_from_rows(run_chunk(prev, samples)[0])
+            held = (lower or {}).get(prev.level)
+            anchors = held if held is not None else anchors_from_rows(run_chunk(prev, samples, lower=lower)[0])
         anchors = anchors if prev is not None and anchors is not None else {}
         known = {sid: [a] for sid, a in anchors.items()}
         subset = calibration_subset(applicable, chunk.seed, chunk.calibration_subset)
@@ -235,10 +239,10 @@ def _pool(workers: int) -> ProcessPoolExecutor:
     return runtime.process_pool("perturb", workers)
 
 
-def _run_in_worker(chunk: ChunkSpec, samples: list[Sample], anchors: Anchors | None = None
+def _run_in_worker(chunk: ChunkSpec, samples: list[Sample], lower: Mapping[int, Anchors] | None = None
                    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     try:
-        return run_chunk(chunk, samples, anchors)
+        return run_chunk(chunk, samples, lower=lower)
     except Exception:  # pragma: no cover - surfaced to the parent with the traceback
         raise RuntimeError(f"chunk {chunk} failed:\n{traceback.format_exc()}") from None
 
@@ -249,18 +253,19 @@ def run_chunks(
     *,
     workers: int = 1,
     on_done: Callable[[ChunkSpec, list[dict[str, Any]], dict[str, Any]], None] | None = None,
-    anchors: Sequence[Anchors | None] | None = None,
+    lower: Sequence[Mapping[int, Anchors] | None] | None = None,
 ) -> Iterator[tuple[ChunkSpec, list[dict[str, Any]], dict[str, Any]]]:
     """Run chunks in-process (``workers == 1``) or in a process pool, yielding results in the
     order of ``chunks`` whatever the completion order (so outputs do not depend on ``workers``).
-    ``anchors[i]``: chunk i's anchor rows when already at hand (:func:`run_chunk`)."""
-    anchors = list(anchors) if anchors is not None else [None] * len(chunks)
+    ``lower[i]``: the rows of chunk i's lower levels already at hand, by level (:func:`run_chunk`)."""
+    held = list(lower) if lower is not None else [None] * len(chunks)
     if workers <= 1 or len(chunks) <= 1:
-        results = ((ch, *run_chunk(ch, samples_by_dataset[ch.dataset], a)) for ch, a in zip(chunks, anchors, strict=True))
+        results = ((ch, *run_chunk(ch, samples_by_dataset[ch.dataset], lower=a))
+                   for ch, a in zip(chunks, held, strict=True))
     else:
         pool = _pool(workers)
         futures = [pool.submit(_run_in_worker, ch, samples_by_dataset[ch.dataset], a)
-                   for ch, a in zip(chunks, anchors, strict=True)]
+                   for ch, a in zip(chunks, held, strict=True)]
         results = ((ch, *f.result()) for ch, f in zip(chunks, futures, strict=True))
     for ch, rows, stats in results:
         if on_done:

@@ -523,7 +523,7 @@ def _add_share_ci(con: duckdb.DuckDBPyConnection, df: pd.DataFrame, where: str, 
 def taxonomy_points(con: duckdb.DuckDBPyConnection, configs: Sequence[str] | None,
                     clean_only: bool = True) -> pd.DataFrame:
     """Scatter points from ``taxonomy_results`` via
-    :func:`medrobust_lib.tracks.taxonomy.stats.correlation_points`: one row per (config, dataset,
+    :func:`medrobust_lib.taxonomy.aggregates.correlation_points`: one row per (config, dataset,
     perturbation, level, image_mode) with ``flip_rate``, ``dangerous_share`` (both in [0, 1]), ``n``
     and ``n_error``. ``clean_only`` (default): the headline points, clean, one per (config,
     dataset)."""

@@ -37,10 +37,11 @@ MANIFEST_TABLE = "perturbation_manifest"
 MANIFEST_COLUMNS: tuple[str, ...] = column_names(MANIFEST_TABLE)
 """The columns of a manifest chunk, in the declared order (:mod:`medrobust_lib.store.schema`)."""
 
-CALIBRATION_VERSION = 4
+CALIBRATION_VERSION = 5
 """Bumped when the calibration algorithm changes (3: issue 47, the warm start aims at the stretch most
 subset images have in band; 4: issue 47, each image starts from its own point at the suite's
-previous level, a subset image from its own subset search), so manifest chunks of an older
+previous level, a subset image from its own subset search; 5: a miss reports the closer side among
+known points too, evaluated), so manifest chunks of an older
 algorithm are recomputed, not reused."""
 
 
@@ -91,7 +92,8 @@ class ChunkInputs(PartitionInputs):
     PAYLOAD = "mapping"
     version: int = CALIBRATION_VERSION
     chunk: dict[str, Any]
-    """:func:`_chunk_fields`: dataset, modality, type, level, band, seed, calibration subset and mode."""
+    """:func:`_chunk_fields`: dataset, modality, type, level, band, seed, calibration subset, mode and
+    (an anchored chunk) the suite's lower levels with their bands."""
     spec: list[Any] | None = added(None)
     """The type's calibration-relevant settings (:func:`_spec_key`)."""
     samples: list[tuple[str, str]] | None = added(None)
@@ -141,8 +143,9 @@ def chunk_fingerprint(ch: ChunkSpec, samples: list[Sample]) -> str:
 
 
 def _chunk_fields(ch: ChunkSpec) -> dict[str, Any]:
-    """The chunk's fields for its fingerprint; the default mode is left out, so chunks written
-    before modes existed stay current."""
+    """The chunk's fields for its fingerprint; the default mode and an empty ``previous`` (no
+    anchor level) are left out, so chunks written before they existed keep their fields (the
+    calibration version still moves them)."""
     d = dict(ch.__dict__)
     if d.get("mode") == "per_image":
         d.pop("mode")
@@ -178,7 +181,7 @@ def build_perturbed(
     )
     summary = PerturbSummary(modality=modality, level=level)
     todo: list[ChunkSpec] = []
-    todo_anchors: list[Anchors | None] = []
+    todo_lower: list[dict[int, Anchors]] = []
     expected: list[str] = []
     types_seen: set[str] = set()
     failed_only: dict[str, list[str]] = {}
@@ -200,7 +203,7 @@ def build_perturbed(
                 summary.chunks_reused += 1
             else:
                 todo.append(ch)
-                todo_anchors.append(_current_anchors(suite, ch, samples))
+                todo_lower.append(current_lower_rows(suite, ch, samples))
 
     def write(ch: ChunkSpec, rows: list[dict[str, Any]], stats: dict[str, Any]) -> None:
         extra = [_error_row(ch, ref, exc) for ds, ref, exc in load_errors if ds == ch.dataset]
@@ -217,7 +220,7 @@ def build_perturbed(
 
     if report is not None:
         report(summary.chunks_reused, len(expected), "perturbation chunks")
-    for _ in run_chunks(todo, samples_by_ds, workers=workers or suite.workers, on_done=write, anchors=todo_anchors):
+    for _ in run_chunks(todo, samples_by_ds, workers=workers or suite.workers, on_done=write, lower=todo_lower):
         pass
     finish(report, len(expected), "perturbation chunks")
     for ds, types in failed_only.items():  # every sample failed: the error rows still reach the mart
@@ -236,18 +239,21 @@ def build_perturbed(
     return summary
 
 
-def _current_anchors(suite: Suite, ch: ChunkSpec, samples: list[Sample]) -> Anchors | None:
-    """The anchor rows of ``ch`` from its anchor level's manifest chunk when that chunk is current
-    (same inputs, so the same rows the engine would compute); None: the engine computes them (the
-    result is the same either way, whatever order the levels are built in)."""
+def current_lower_rows(suite: Suite, ch: ChunkSpec, samples: list[Sample]) -> dict[int, Anchors]:
+    """Level -> the anchor rows of every lower level of ``ch`` (its anchor chunk, that chunk's anchor
+    chunk, ...) whose manifest chunk is current (same inputs, so the same rows the engine would
+    compute). The engine computes an anchor chunk only below the highest of them; the result is the
+    same either way, whatever order the levels are built in (:func:`medrobust_lib.perturb.engine.run_chunk`)."""
+    held: dict[int, Anchors] = {}
     prev = anchor_chunk(ch)
-    if prev is None:
-        return None
-    path = results.chunk_path(suite.results_dir, MANIFEST_TABLE, {"modality": ch.modality, "level": prev.level},
-                              f"{ch.dataset}__{ch.perturbation}")
-    if not results.chunk_is_current(path, chunk_fingerprint(prev, samples)):
-        return None
-    return anchors_from_rows(results.verify_chunk(path).to_pylist())
+    while prev is not None:
+        path = results.chunk_path(suite.results_dir, MANIFEST_TABLE, {"modality": ch.modality, "level": prev.level},
+                                  f"{ch.dataset}__{ch.perturbation}")
+        if results.chunk_is_current(path, chunk_fingerprint(prev, samples)):
+            held[prev.level] = anchors_from_rows(results.verify_chunk(path).to_pylist())
+            break  # the levels below it are not needed: this one anchors the chain
+        prev = anchor_chunk(prev)
+    return held
 
 
 def modality_types(suite: Suite, modality: str, dataset: str | None = None) -> list[str]:

@@ -239,8 +239,8 @@ RANK = {"core": 0, "domain": 1, "store": 2, "tracks": 3, "report": 4}
 
 
 def _layer(mod: str) -> str | None:
-    """core (:data:`CORE`), domain (data, perturb, models, attacks, metrics, tasks, taxonomy,
-    finetune, prompts, ...), store, tracks, report, demo; None outside ``medrobust_lib``."""
+    """core (:data:`CORE`), domain (data, perturb, models, attacks, metrics, vlm_tasks, taxonomy,
+    training, prompts, ...), store, tracks, report, demo; None outside ``medrobust_lib``."""
     parts = mod.split(".")
     if parts[0] != "medrobust_lib":
         return None

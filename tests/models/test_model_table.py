@@ -165,7 +165,7 @@ def test_segmenters_built_from_tiny_checkpoints_satisfy_the_protocol(family: str
 
 def test_segmentation_load_model_goes_through_the_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from medrobust_lib.models.sam import arch_for, build_sam
-    from medrobust_lib.tracks.segmentation import evaluate
+    from medrobust_lib.tracks.segmentation.model import load_model
 
     path = tmp_path / "model.safetensors"
     sam = build_sam(arch_for("tiny", "medsam"), seed=0)
@@ -180,7 +180,7 @@ def test_segmentation_load_model_goes_through_the_registry(tmp_path: Path, monke
         return real(name, task)
 
     monkeypatch.setattr(factory, "load_model_class", spy)
-    seg = evaluate.load_model(suite, suite.segmentation.models[0], fresh=True)
+    seg = load_model(suite, suite.segmentation.models[0], fresh=True)
     assert calls == ["medsam"] and isinstance(seg, base.SegmentationModel) and seg.family == "medsam"
 
 

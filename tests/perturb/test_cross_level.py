@@ -176,8 +176,60 @@ def test_partitions_are_the_same_whatever_order_the_levels_are_built_in(tmp_path
     a, b = frames[(2, 4)], frames[(4, 2)]
     assert len(a) > 0 and set(a["status"]) == {"ok"}
     pd.testing.assert_frame_equal(a.reset_index(drop=True), b.reset_index(drop=True))
+    # the built level-2 chunk is read back as level 4's anchors (not recomputed): the same rows
+    from medrobust_lib.tracks.datasets import load_clean_samples
+
+    built = _demo_suite(tmp_path / "2-4", demo_root, [2, 4])
+    for ds, samples in load_clean_samples(built, "ct", split="all").items():
+        for t in ("gaussian_noise", "rotation"):
+            ch4 = tp.chunk_spec(built, ds, "ct", t, 4)
+            read = tp.current_lower_rows(built, ch4, samples)
+            prev = anchor_chunk(ch4)
+            assert prev is not None and set(read) == {prev.level}
+            assert read[prev.level] == anchors_from_rows(run_chunk(prev, samples)[0])
     alone = _demo_suite(tmp_path / "alone", demo_root, [4])
     ch_pair = tp.chunk_spec(_demo_suite(tmp_path / "x", demo_root, [2, 4]), "ds", "ct", "rotation", 4)
     ch_alone = tp.chunk_spec(alone, "ds", "ct", "rotation", 4)
     assert ch_pair.previous == ((2, DEFAULT_BANDS[2]),) and ch_alone.previous == ()
     assert tp._chunk_fields(ch_alone) != tp._chunk_fields(ch_pair)
+
+
+def test_a_chain_stops_at_the_highest_current_lower_level(tmp_path: Path, demo_root: Path) -> None:
+    """Levels 2, 3, 4 with only level 2 built: level 4's anchor chain (3, then 2) reads level 2 from
+    disk instead of computing it again, and the rows equal the whole chain computed from scratch."""
+    from medrobust_lib.tracks.datasets import load_clean_samples
+
+    suite = _demo_suite(tmp_path / "chain", demo_root, [2, 3, 4])
+    build_clean_index(suite, "ct")
+    tp.build_perturbed(suite, "ct", 2)
+    for ds, samples in load_clean_samples(suite, "ct", split="all").items():
+        ch4 = tp.chunk_spec(suite, ds, "ct", "gaussian_noise", 4)
+        lower = tp.current_lower_rows(suite, ch4, samples)
+        assert set(lower) == {2}  # level 3 is not built: the chain goes down to level 2, which is
+        from_disk, _ = run_chunk(ch4, samples, lower=lower)
+        scratch, _ = run_chunk(ch4, samples)
+        assert pd.DataFrame(from_disk).equals(pd.DataFrame(scratch))
+        # a wrong level-2 row set is used when given: proof the chain read it instead of recomputing
+        wrong = {sid: (a[0] * 0.5, a[1]) for sid, a in lower[2].items()}
+        moved, _ = run_chunk(ch4, samples, lower={2: wrong})
+        assert not pd.DataFrame(moved).equals(pd.DataFrame(scratch))
+
+
+def test_an_integer_bracket_of_known_points_reports_the_closer_side() -> None:
+    """Both sides of the band already known on two neighbouring integers (no integer between): the
+    search evaluates the first strength (the farther side) and then the closer known one, and
+    reports the closer side, flagged, as an evaluated output."""
+    spec = get_perturbation("jpeg_compression")
+    band = DEFAULT_BANDS[4]
+    a, b = 40.0, 41.0
+    weak_s, strong_s = (a, b) if cal.severity(spec, a) < cal.severity(spec, b) else (b, a)
+    truth = {weak_s: band[1] + 0.01, strong_s: band[0] - 0.05}  # the weak side is 5x closer
+    gen = cal.search(spec, band, strong_s, known=list(truth.items()))
+    asked = [next(gen)]
+    try:
+        while True:
+            asked.append(gen.send(truth[asked[-1]]))
+    except StopIteration as stop:
+        strength, reached = stop.value
+    assert asked == [strong_s, weak_s]
+    assert (strength, reached) == (weak_s, False)

@@ -406,13 +406,15 @@ CHUNK_MOVES: dict[str, Any] = {
     "perturbations.calibration_subset": 2,
     "perturbations.calibration_mode": "fixed",
     "perturbations.calibration_by_dataset": {"dsa": "reference"},
+    "perturbations.levels": [3, 4],  # level 4's anchor level (ChunkSpec.previous): its lower levels and their bands
     "seed": 1,
 }
 CHUNK_STILL: dict[str, Any] = {"workers": 1, "perturbations.include_off_band": True,
-                               "perturbations.calibration_by_dataset": {"other": "reference"}}
+                               "perturbations.calibration_by_dataset": {"other": "reference"},
+                               "perturbations.levels": [2, 4, 5]}  # a higher level anchors nothing below it
 CHUNK_NOT_AN_INPUT: dict[str, str] = {
     "perturbations.include": "which chunks exist", "perturbations.exclude": "which chunks exist",
-    "perturbations.types_by_modality": "which chunks exist", "perturbations.levels": "which partitions exist",
+    "perturbations.types_by_modality": "which chunks exist",
     "perturbations.types_by_dataset": "which chunks exist",
     "perturbations.split": "enters as the chunk's samples", "perturbations.max_samples": "enters as the samples",
 }

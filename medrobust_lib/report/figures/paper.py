@@ -7,7 +7,7 @@ Okabe-Ito colours (:mod:`medrobust_lib.report.figures.style`). The functions ret
 Inputs are mart rows already filtered to the selected models: ``segmentation_by_level`` rows for
 the robustness curves and the heatmap, ``strategy_ranking`` rows for the strategy bars,
 ``taxonomy_quadrants`` rows for the quadrant bars and the points of
-:func:`medrobust_lib.tracks.taxonomy.stats.correlation_points` for the scatter. Level axes show
+:func:`medrobust_lib.taxonomy.aggregates.correlation_points` for the scatter. Level axes show
 only the levels that were evaluated, each labelled with its SSIM band as stored with the
 perturbed rows (``band_low`` / ``band_high``: :func:`stored_bands`; the suite may change the
 default bands) for corruptions and its epsilon for attacks (:func:`level_tick_labels`). Rows flagged ``floor_effect`` (clean score at the floor: a

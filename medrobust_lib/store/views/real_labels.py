@@ -13,7 +13,7 @@ whose clean IoU or Dice is below the floor (its drops are not informative). Off-
 outputs (SSIM outside the level's band) are left out of the means unless the suite's
 ``perturbations.include_off_band``, and counted in ``band_miss``, as in
 :mod:`medrobust_lib.store.views.segmentation`. The bootstrap CIs of these cells are computed by the
-report (:func:`medrobust_lib.report.paper_tables.real_label_type_stats`) from the per-image rows of
+report (:func:`medrobust_lib.report.real_labels.real_label_type_stats`) from the per-image rows of
 :func:`real_label_rows_sql`, the rows the means are taken over.
 """
 

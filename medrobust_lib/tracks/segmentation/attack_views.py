@@ -15,7 +15,8 @@ from typing import Any
 ATTACK_GRAD_BUDGET = 1536 * 2**20
 """Bytes of autograd state one attack gradient may hold: with the rest of the process (torch, the
 weights, images, clean scores) an attack then stays within 4 GB resident. Compared with the
-model's own estimate ``grad_bytes(h, w)`` (:meth:`medrobust_lib.models.sam.SamSegmenter.grad_bytes`)."""
+model's own estimate ``grad_bytes(h, w)`` (:meth:`medrobust_lib.models.litemedsam.LiteMedSamSegmenter.grad_bytes`;
+a model without one is not chunked)."""
 
 
 @dataclass(frozen=True)

@@ -30,9 +30,11 @@ Suite YAML::
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -84,6 +86,22 @@ def config_entry(suite: Suite, config_id: str) -> TaxonomyConfigEntry:
     return by_id(suite.taxonomy.configs, config_id, "taxonomy configuration")
 
 
+RECIPE_FILE = "medrobust_recipe.json"
+"""Written last in a consistency LoRA's adapter folder (:mod:`medrobust_lib.tracks.taxonomy.lora`):
+the recipe fingerprint and what the adapter was trained on; removed before the adapter is trained
+again, so a folder without it holds no finished adapter."""
+
+
+def _recorded_recipe(folder: Path) -> Any:
+    """The recipe settings recorded in an adapter folder's :data:`RECIPE_FILE` (None: none)."""
+    try:
+        rec = json.loads((folder / RECIPE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    inputs = rec.get("inputs") if isinstance(rec, dict) else None
+    return inputs.get("recipe") if isinstance(inputs, dict) else None
+
+
 def model_for(suite: Suite, entry: TaxonomyConfigEntry) -> VLMModelConfig:
     """The VLM behind a configuration: a configured ``vlm.models`` entry; a ``lora_of`` one's
     weights plus the consistency LoRA under ``var/checkpoints/<config>/adapter``
@@ -95,6 +113,13 @@ def model_for(suite: Suite, entry: TaxonomyConfigEntry) -> VLMModelConfig:
         folder = checkpoint_dir(suite, entry.id) / "adapter"
         if not (folder / "adapter_config.json").is_file():
             raise MissingUpstream(f"no consistency LoRA for taxonomy config {entry.id!r} at {folder}: materialize "
+                                  f"'{entry.id}/taxonomy_model' first", f"{entry.id}/taxonomy_model")
+        # an interrupted retraining leaves the previous adapter without its record, and an edited recipe
+        # leaves the old one: neither is this configuration's adapter
+        want = json.loads(json.dumps(entry.recipe.model_dump() if entry.recipe is not None else None))
+        if _recorded_recipe(folder) != want:
+            raise MissingUpstream(f"the consistency LoRA at {folder} was not trained by taxonomy config {entry.id!r}'s "
+                                  f"current recipe (or its training did not finish): materialize "
                                   f"'{entry.id}/taxonomy_model' first", f"{entry.id}/taxonomy_model")
         return vlm_model(suite, entry.lora_of).model_copy(update={"id": entry.id, "adapter": str(folder)})
     owner = entry.base if entry.base is not None else entry.id

@@ -49,12 +49,10 @@ from medrobust_lib.model_table import model_entry
 from medrobust_lib.models.remote_code import refuse_remote_code
 from medrobust_lib.paths import checkpoint_dir
 from medrobust_lib.taxonomy.paraphrase import variant_targets
-from medrobust_lib.tracks.taxonomy.evaluate import config_entry, item_variants
+from medrobust_lib.tracks.taxonomy.evaluate import RECIPE_FILE, config_entry, item_variants
 from medrobust_lib.tracks.vlm.items import YESNO_SUFFIX, VLMItem, load_items
 from medrobust_lib.training.vlm_train import VLMExample, adapter_train_config
 
-RECIPE_FILE = "medrobust_recipe.json"
-"""Written last in the adapter folder: the recipe fingerprint and what the adapter was trained on."""
 TASK = "vqa_yesno"
 
 

@@ -218,6 +218,26 @@ def test_an_untrained_recipe_names_its_asset(tmp_path: Path, demo_root: Path) ->
         tx.model_for(s, tx.config_entry(s, "tiny-cons"))
 
 
+def test_evaluation_refuses_an_adapter_of_another_or_an_unfinished_recipe(tmp_path: Path, demo_root: Path) -> None:
+    """The adapter folder is this configuration's only with the record of its current recipe: an
+    interrupted retraining (record removed, the old weights left) or an edited recipe is refused."""
+    s = _load(tmp_path, demo_root)
+    entry = tx.config_entry(s, "tiny-cons")
+    assert entry.recipe is not None
+    folder = lora_folder(s, "tiny-cons")
+    folder.mkdir(parents=True)
+    (folder / "adapter_config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match=r"current recipe \(or its training did not finish\)"):
+        tx.model_for(s, entry)  # no record: a retraining that did not finish
+    record = {"inputs": {"recipe": {**entry.recipe.model_dump(), "r": 2}}}
+    (folder / RECIPE_FILE).write_text(json.dumps(record))
+    with pytest.raises(FileNotFoundError, match=r"current recipe"):
+        tx.model_for(s, entry)  # trained by another recipe
+    (folder / RECIPE_FILE).write_text(json.dumps({"inputs": {"recipe": entry.recipe.model_dump()}}))
+    m = tx.model_for(s, entry)
+    assert m.id == "tiny-cons" and m.adapter == str(folder)
+
+
 def test_recipe_trains_on_its_models_cuda_device(setup: Setup, tmp_path: Path) -> None:
     """The recipe trains where the ``lora_of`` model's ``device`` says (the trainer moves each
     CPU-collated batch there); the saved adapter is the same kind of file. Runs on CUDA only."""
