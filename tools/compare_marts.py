@@ -5,7 +5,8 @@ integer identity columns that both marts have, e.g. model, dataset, sample_id, p
 level), and the sum of every numeric column both have (absolute tolerance ``--atol`` times the
 row count, relative ``--rtol``). Columns present on one side only are listed, not failed.
 Prints one line per table (``match`` or what differs) and exits 1 when anything differs.
-Views are not compared: they are functions of the tables.
+``--views`` compares the views instead, the same way: each view both marts define (a view the new
+code added or dropped is listed, not failed), so a changed view definition shows on equal tables.
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ NOT_KEYS = {"error", "detail", "answer", "raw", "response", "text", "prediction"
             "judge_outcome", "judge_parsed", "warning"}
 
 
-def _tables(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, str]]:
+def _tables(con: duckdb.DuckDBPyConnection, kind: str = "BASE TABLE") -> dict[str, dict[str, str]]:
+    """Columns and types of every relation of ``kind`` (``BASE TABLE`` or ``VIEW``)."""
     rows = con.execute("select table_name, column_name, data_type from information_schema.columns "
                        "where table_schema = 'main' and table_name in (select table_name from "
-                       "information_schema.tables where table_type = 'BASE TABLE') order by ordinal_position").fetchall()
+                       "information_schema.tables where table_type = ?) order by ordinal_position", [kind]).fetchall()
     out: dict[str, dict[str, str]] = {}
     for t, c, ty in rows:
         out.setdefault(t, {})[c] = ty
@@ -52,16 +54,17 @@ def _sums(con: duckdb.DuckDBPyConnection, table: str, cols: list[str]) -> dict[s
 
 
 def compare(old: Path, new: Path, atol: float = 1e-9, rtol: float = 1e-9,
-            ignore_columns: frozenset[str] = frozenset()) -> list[tuple[str, bool, str]]:
-    """(table, matches, description) for every table of either mart."""
+            ignore_columns: frozenset[str] = frozenset(), views: bool = False) -> list[tuple[str, bool, str]]:
+    """(table, matches, description) for every table (``views``: every view) of either mart."""
     a = duckdb.connect(str(old), read_only=True)
     b = duckdb.connect(str(new), read_only=True)
     try:
-        ta, tb = _tables(a), _tables(b)
+        kind = "VIEW" if views else "BASE TABLE"
+        ta, tb = _tables(a, kind), _tables(b, kind)
         out: list[tuple[str, bool, str]] = []
         for t in sorted(set(ta) | set(tb)):
             if t not in ta or t not in tb:
-                out.append((t, False, f"only in {'old' if t in ta else 'new'}"))
+                out.append((t, views, f"only in {'old' if t in ta else 'new'}"))
                 continue
             notes: list[str] = []
             ok = True
@@ -104,17 +107,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--atol", type=float, default=1e-9, help="absolute tolerance per row of a column sum")
     ap.add_argument("--rtol", type=float, default=1e-9, help="relative tolerance of a column sum")
     ap.add_argument("--ignore-column", action="append", default=[], help="a column left out (repeatable)")
+    ap.add_argument("--views", action="store_true", help="compare the views both marts define instead of the tables")
     args = ap.parse_args(argv)
     for p in (args.old, args.new):
         if not p.is_file():
             print(f"error: no mart at {p}", file=sys.stderr)
             return 2
-    rows = compare(args.old, args.new, args.atol, args.rtol, frozenset(args.ignore_column))
+    rows = compare(args.old, args.new, args.atol, args.rtol, frozenset(args.ignore_column), args.views)
     width = max((len(t) for t, _, _ in rows), default=5)
     for t, ok, text in rows:
         print(f"{t:<{width}}  {'ok  ' if ok else 'DIFF'}  {text}")
     n_bad = sum(not ok for _, ok, _ in rows)
-    print(f"{len(rows) - n_bad} of {len(rows)} tables match")
+    print(f"{len(rows) - n_bad} of {len(rows)} {'views' if args.views else 'tables'} match")
     return 1 if n_bad else 0
 
 

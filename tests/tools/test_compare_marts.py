@@ -53,3 +53,18 @@ def test_extra_column_is_listed_not_failed(tmp_path: Path) -> None:
     [(_, ok, text)] = tool.compare(a, b)
     assert ok and "columns on one side only: rel_drop" in text
     assert tool.main([str(a), str(tmp_path / "missing.duckdb")]) == 2
+
+
+def test_views_compare_a_changed_definition_over_equal_tables(tmp_path: Path) -> None:
+    tool = _tool()
+    a, b = _mart(tmp_path / "a.duckdb", ROWS), _mart(tmp_path / "b.duckdb", ROWS)
+    assert tool.compare(a, b, views=True) == [("v", True, "match")]
+    con = duckdb.connect(str(b))
+    con.execute("create or replace view v as select model, avg(iou) + 0.5 as \"avg(iou)\" from segmentation_results group by all")
+    con.execute("create view added as select 1 as one")
+    con.close()
+    rows = dict((t, (ok, text)) for t, ok, text in tool.compare(a, b, views=True))
+    assert rows["added"] == (True, "only in new")  # a new view is listed, not failed
+    assert not rows["v"][0] and "sum(" in rows["v"][1]
+    assert tool.compare(a, b) == [("segmentation_results", True, "match")]  # the tables are still equal
+    assert tool.main([str(a), str(b), "--views"]) == 1
