@@ -302,6 +302,16 @@ def _modality_option(value: str | None) -> str | None:
         raise typer.BadParameter(str(exc)) from None
 
 
+def _dagster_home(suite_path: Path, root: Path) -> Path:
+    """The Dagster instance folder the runs of ``suite_path`` went to (the demo's summary names it):
+    the suite's own instance home (:func:`medrobust_assets.location_files.suite_instance_home`),
+    whether or not ``$DAGSTER_HOME`` is set (``make`` sets it; ``.venv/bin/medrobust`` may not)."""
+    from medrobust_assets.location_files import suite_instance_home
+    from medrobust_lib.runtime import load_suite
+
+    return suite_instance_home(load_suite(suite_path), root)
+
+
 @app.command()
 def demo(
     suite: Annotated[Path | None, typer.Option(help="a demo suite YAML (demo.enabled: true) [default: "
@@ -351,7 +361,7 @@ def demo(
     typer.echo(f"  mart:     {root / mart}   ({home}medrobust query{with_suite} \"SQL\")")
     typer.echo(f"  report:   {rep.html}   ({home}medrobust report{with_suite} [--models ...] rebuilds it)")
     typer.echo(f"  results:  {loc.results}/<table>/  (Parquet, hive-partitioned)")
-    typer.echo(f"  MLflow:   {root / 'mlruns'}  (make mlflow-ui)      Dagster runs: {os.environ['DAGSTER_HOME']}  "
+    typer.echo(f"  MLflow:   {root / 'mlruns'}  (make mlflow-ui)      Dagster runs: {_dagster_home(suite_path, root)}  "
                "(make ui)")
     typer.echo("\nTry:")
     for q in EXAMPLE_QUERIES:

@@ -99,3 +99,21 @@ def test_debug_flag_reaches_the_commands(tmp_path: Path, monkeypatch: pytest.Mon
     assert isinstance(res.exception, RuntimeError)  # propagates with its traceback
     res = runner.invoke(app, args)
     assert "decoder bug" in _one_error_line(res, code=1)  # and the flag does not stick
+
+
+def test_the_demo_summary_names_the_dagster_instance_without_dagster_home(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``.venv/bin/medrobust demo --suite ...`` outside make has no $DAGSTER_HOME: the summary's
+    "Dagster runs" is the suite's own instance (the demo: the project root; another demo suite:
+    var/<name>/dagster), not a KeyError after a finished run. A copy of the project's dagster.yaml in
+    a temporary root stands for the project (the call writes the suite's instance file)."""
+    import shutil
+
+    import medrobust_cli
+
+    repo = Path(__file__).resolve().parents[2]
+    shutil.copy(repo / "dagster.yaml", tmp_path / "dagster.yaml")
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    assert medrobust_cli._dagster_home(repo / "configs" / "demo.yaml", tmp_path) == tmp_path.resolve()
+    home = medrobust_cli._dagster_home(repo / "configs" / "demo_reference.yaml", tmp_path)
+    assert home == tmp_path.resolve() / "var" / "demo_reference" / "dagster" and (home / "dagster.yaml").is_file()
