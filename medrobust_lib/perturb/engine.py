@@ -137,24 +137,9 @@ def run_chunk(chunk: ChunkSpec, samples: Sequence[Sample], anchors: Anchors | No
     elif chunk.mode == "fixed":
         warm = spec.clamp(spec.levels[chunk.level - 1])
     else:  # calibrated: a warm start fitted on the calibration subset, then every image checked in its band
-        prev = anchor_chunk(chunk)
-        if prev is not None and anchors is None:
-            held = (lower or {}).get(prev.level)
-            anchors = held if held is not None else anchors_from_rows(run_chunk(prev, samples, lower=lower)[0])
-        anchors = anchors if prev is not None and anchors is not None else {}
-        known = {sid: [a] for sid, a in anchors.items()}
-        subset = calibration_subset(applicable, chunk.seed, chunk.calibration_subset)
-        if subset:
-            ws, runs = warm_start_runs(
-                spec,
-                [(s.image, (perturbation_key(chunk.seed, s.dataset, s.sample_id, spec.name),)) for s in subset],
-                chunk.band,
-                start=spec.level_start(chunk.level, subset[0].image.shape),
-                anchors=[anchors.get(s.sample_id) for s in subset],
-            )
+        ws, known = _warm_start(chunk, spec, samples, applicable, anchors, lower)
+        if ws is not None:
             warm, calib_evals = ws.strength, ws.n_evals
-            for s, c in zip(subset, runs, strict=True):
-                known[s.sample_id] = [*known.get(s.sample_id, []), *c.points]
     rows = []
     for s in ordered:
         key = perturbation_key(chunk.seed, s.dataset, s.sample_id, spec.name)
@@ -183,6 +168,34 @@ def run_chunk(chunk: ChunkSpec, samples: Sequence[Sample], anchors: Anchors | No
     stats = {"calibration_evals": calib_evals, "dataset_strength": warm,
              "slope": ws.slope if ws is not None else float("nan")}
     return rows, stats
+
+
+def _warm_start(chunk: ChunkSpec, spec: PerturbationSpec, samples: Sequence[Sample], applicable: Sequence[Sample],
+                anchors: Anchors | None, lower: Mapping[int, Anchors] | None
+                ) -> tuple[WarmStart | None, dict[str, list[tuple[float, float]]]]:
+    """The calibrated mode's start of :func:`run_chunk`: the warm start fitted on the calibration
+    subset (None without applicable samples) and each image's known (strength, SSIM) points (its
+    anchor at the previous level, computed here unless given or held in ``lower``; a subset
+    image's own subset search)."""
+    prev = anchor_chunk(chunk)
+    if prev is not None and anchors is None:
+        held = (lower or {}).get(prev.level)
+        anchors = held if held is not None else anchors_from_rows(run_chunk(prev, samples, lower=lower)[0])
+    anchors = anchors if prev is not None and anchors is not None else {}
+    known = {sid: [a] for sid, a in anchors.items()}
+    subset = calibration_subset(applicable, chunk.seed, chunk.calibration_subset)
+    if not subset:
+        return None, known
+    ws, runs = warm_start_runs(
+        spec,
+        [(s.image, (perturbation_key(chunk.seed, s.dataset, s.sample_id, spec.name),)) for s in subset],
+        chunk.band,
+        start=spec.level_start(chunk.level, subset[0].image.shape),
+        anchors=[anchors.get(s.sample_id) for s in subset],
+    )
+    for s, c in zip(subset, runs, strict=True):
+        known[s.sample_id] = [*known.get(s.sample_id, []), *c.points]
+    return ws, known
 
 
 def _calibrated(chunk: ChunkSpec, spec: PerturbationSpec, s: Sample, key: str, warm: float,
