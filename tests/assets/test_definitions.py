@@ -9,6 +9,7 @@ import dagster as dg
 
 from medrobust_assets.definitions import definitions_for_file
 from medrobust_lib import runtime
+from tests.dagster_helpers import asset_runner
 from tests.suite_helpers import write_suite
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,11 +40,7 @@ def test_small_graph_materializes(tmp_path: Path, demo_root: Path) -> None:
     graph = definitions_for_file(suite, mlruns_dir=str(mlruns))
     instance = dg.DagsterInstance.ephemeral()
 
-    def run(asset: str, partition: str | dg.MultiPartitionKey | None = None) -> dg.ExecuteInProcessResult:
-        res = dg.materialize(list(graph.assets or []), selection=[asset], partition_key=partition, instance=instance,
-                             resources=graph.resources)
-        assert res.success
-        return res
+    run = asset_runner(graph, instance)
 
     run("demo_data")
     r = run("clean_samples", "ct")
@@ -127,11 +124,7 @@ def test_vlm_and_taxonomy_assets_materialize(tmp_path: Path, demo_root: Path) ->
     graph = definitions_for_file(suite, mlruns_dir=str(mlruns))
     instance = dg.DagsterInstance.ephemeral()
 
-    def run(asset: str, partition: str | dg.MultiPartitionKey | None = None) -> dg.ExecuteInProcessResult:
-        res = dg.materialize(list(graph.assets or []), selection=[asset], partition_key=partition, instance=instance,
-                             resources=graph.resources)
-        assert res.success
-        return res
+    run = asset_runner(graph, instance)
 
     ct2 = dg.MultiPartitionKey({"modality": "ct", "severity": "2"})
     run("demo_data")

@@ -20,6 +20,7 @@ from medrobust_cli import app
 from medrobust_lib.config import load_suite
 from medrobust_lib.store import model_registry
 from medrobust_lib.store.marts import connect_readonly
+from tests.dagster_helpers import asset_runner
 from tests.suite_helpers import write_suite
 
 NAME = "medrobust-seg-tiny-sam-lora"
@@ -118,11 +119,7 @@ def test_strategies_registry_loop_and_gate(tmp_path: Path, demo_root: Path, monk
     graph = definitions_for_file(suite_path, mlruns_dir=str(mlruns))
     instance = dg.DagsterInstance.ephemeral()
 
-    def run(asset: str, partition: str | dg.MultiPartitionKey | None = None) -> dg.ExecuteInProcessResult:
-        r = dg.materialize(list(graph.assets or []), selection=[asset], partition_key=partition, instance=instance,
-                           resources=graph.resources)
-        assert r.success
-        return r
+    run = asset_runner(graph, instance)
 
     run("demo_data")
     for m in ("ct", "dermoscopy"):

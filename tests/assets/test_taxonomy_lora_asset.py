@@ -10,6 +10,7 @@ import dagster as dg
 
 from medrobust_assets.definitions import definitions_for_file
 from medrobust_lib import runtime
+from tests.dagster_helpers import asset_runner
 from tests.suite_helpers import write_suite
 from tests.tracks.taxonomy.test_lora_recipe import save_tiny_llava, suite_config
 
@@ -27,11 +28,7 @@ def test_recipe_assets_train_reuse_and_evaluate(tmp_path: Path, demo_root: Path,
     assert dg.AssetKey(["tiny", "taxonomy_model"]) not in repo.get_all_asset_keys()  # a named model trains nothing
     instance = dg.DagsterInstance.ephemeral()
 
-    def run(asset: str, partition: str | None = None) -> dg.ExecuteInProcessResult:
-        res = dg.materialize(list(graph.assets or []), selection=[asset], partition_key=partition, instance=instance,
-                             resources=graph.resources)
-        assert res.success
-        return res
+    run = asset_runner(graph, instance)
 
     run("demo_data")
     for m in ("ct", "xray"):
