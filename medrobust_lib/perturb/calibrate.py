@@ -271,16 +271,21 @@ def search(spec: PerturbationSpec, band: Band, s0: float, slope: float = DEFAULT
             strong = (t, f)
             bisect = moved == -1
             moved = -1
-    # No evaluated strength lies in the band: report the closer side, flagged. A known point closer
-    # to the band than every evaluated one (integer types: both sides known, no integer between)
-    # is evaluated here, so the closer side is reported and the output is one evaluated here.
+    return (yield from _closer_side(run, evals, {spec.clamp(s, shape): v for s, v in known}, band))
+
+
+def _closer_side(run: Callable[[float], Generator[float, float, float]], evals: dict[float, float],
+                 held: dict[float, float], band: Band) -> Generator[float, float, tuple[float, bool]]:
+    """The end of a :func:`search` whose evaluated strengths all missed ``band``: the closer side,
+    flagged. A known point (``held``: clamped strength -> SSIM) closer to the band than every
+    evaluated one (integer types: both sides known, no integer between) is evaluated first, so the
+    closer side is reported and the output is one evaluated in this search."""
     best = min(evals, key=lambda s: _distance(evals[s], band))
-    held = {spec.clamp(s, shape): v for s, v in known}
     nearer = [s for s, v in held.items() if s not in evals and _distance(v, band) < _distance(evals[best], band)]
     if nearer:
         yield from run(min(nearer, key=lambda s: (_distance(held[s], band), s)))
         best = min(evals, key=lambda s: _distance(evals[s], band))
-    return best, lo <= evals[best] <= hi
+    return best, band[0] <= evals[best] <= band[1]
 
 
 def miss_reason(spec: PerturbationSpec, shape: tuple[int, ...], c: Calibrated, band: Band) -> str | None:
