@@ -36,8 +36,7 @@ import yaml
 
 from medrobust_lib.config import load_suite
 from medrobust_lib.demo.build import ensure_demo
-from medrobust_lib.perturb.engine import NOT_APPLICABLE
-from medrobust_lib.seeding import stable_fraction
+from medrobust_lib.perturb.engine import NOT_APPLICABLE, calibration_subset
 from medrobust_lib.tracks import perturbed as perturbed_track
 from medrobust_lib.tracks.datasets import build_clean_index
 
@@ -90,9 +89,9 @@ def in_calibration_subset(df: pd.DataFrame, seed: int, k: int) -> pd.Series:
     flags = pd.Series(False, index=df.index)
     applicable = df[df["status"] != NOT_APPLICABLE]
     for _, g in applicable.groupby(["dataset", "perturbation", "level"]):
-        ranked = sorted(g.index, key=lambda i: (stable_fraction(seed, g.at[i, "dataset"], g.at[i, "sample_id"],
-                                                                "calibration"), g.at[i, "sample_id"]))
-        flags[ranked[:k]] = True
+        # the engine's own choice: it reads only each sample's dataset and sample_id
+        chosen = calibration_subset(list(g.itertuples()), seed, k)  # type: ignore[arg-type]
+        flags[[r.Index for r in chosen]] = True
     return flags
 
 

@@ -57,8 +57,7 @@ class SuitePartitions:
         bad = [lv for lv in want if lv not in ATTACK_EPSILONS]
         if bad or not want:
             raise ValueError(f"attack levels {list(levels)} are not among {list(ATTACK_EPSILONS)}")
-        perturbed = tuple(lv for lv in self.levels if lv in set(want))
-        return self._grid(perturbed if sorted(perturbed) == list(want) else want)
+        return self.grid(want) if set(want) <= set(self.levels) else self._grid(want)
 
     def _grid(self, want: tuple[int, ...]) -> dg.MultiPartitionsDefinition:
         held = self._grids.get(want)

@@ -27,7 +27,7 @@ IMAGE_SIZE = 256
 
 def longest_side_size(h: int, w: int, target: int = IMAGE_SIZE) -> tuple[int, int]:
     """(new_h, new_w) of the official longest-side resize, ``int(side * target / max(h, w) + 0.5)``
-    (:func:`medrobust_lib.models.litemedsam.resized_size`)."""
+    (also :func:`medrobust_lib.models.litemedsam.resized_size`)."""
     scale = target * 1.0 / max(h, w)
     return int(h * scale + 0.5), int(w * scale + 0.5)
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from medrobust_lib.hashing import digest, file_sha256
+from medrobust_lib.hashing import digest, short_file_hash
 from medrobust_lib.models.base import GenerateFromCapped, VisionLanguageModel
 from medrobust_lib.models.remote_code import refuse_remote_code
 from medrobust_lib.models.shared_image import shared_image
@@ -167,13 +167,13 @@ class HFVisionLanguageModel(GenerateFromCapped):
 
         from peft import PeftModel
 
-        digest = file_sha256(weights)
+        adapter_hash = short_file_hash(weights)
 
         with warnings.catch_warnings():  # peft calls a deprecated transformers property while loading
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
             peft_model = PeftModel.from_pretrained(model, str(weights.parent), is_trainable=False)
         merged = peft_model.merge_and_unload()
-        self.adapter_hash = digest[:16]
+        self.adapter_hash = adapter_hash
         return merged.eval()
 
     def _vision_module(self) -> Any:

@@ -66,7 +66,7 @@ import numpy as np
 import torch
 
 from medrobust_lib.hashing import file_sha256
-from medrobust_lib.models.device_preprocess import official_input_device
+from medrobust_lib.models.device_preprocess import longest_side_size, official_input_device
 from medrobust_lib.models.litemedsam_package import (  # noqa: F401 (the pin's names, re-exported)
     CHECKPOINT_NAME,
     CHECKPOINT_SHA256,
@@ -137,10 +137,9 @@ def build_litemedsam(seed: int = 0) -> torch.nn.Module:
 
 # ---- official preprocessing ---------------------------------------------------------------------
 
-def resized_size(h: int, w: int, target: int = IMAGE_SIZE) -> tuple[int, int]:
-    """(new_h, new_w) of the longest-side resize: ``int(side * target / max(h, w) + 0.5)``."""
-    scale = target * 1.0 / max(h, w)
-    return int(h * scale + 0.5), int(w * scale + 0.5)
+resized_size = longest_side_size
+"""(new_h, new_w) of the longest-side resize: ``int(side * target / max(h, w) + 0.5)``
+(:func:`medrobust_lib.models.device_preprocess.longest_side_size`)."""
 
 
 def to_uint8_rgb(image: np.ndarray) -> np.ndarray:
@@ -510,7 +509,7 @@ def load_litemedsam(checkpoint: str | Path | None = None, *, model_id: str = "li
     if runtime in EXPORT_RUNTIMES and precision == "auto":
         arithmetic = "fp32"  # an exported runtime named explicitly: auto takes its fp32
     resolved = resolve_runtime(runtime, device, arithmetic)
-    digest = file_sha256(path)
+    digest = CHECKPOINT_SHA256 if checkpoint is None else file_sha256(path)  # the packaged file is verified
     return LiteMedSamSegmenter(model, "litemedsam", model_id, digest[:CHECKPOINT_HASH_LEN], device,
                                autocast_for(arithmetic, device), engine="reference", mask_selection=mask_selection,
                                preprocess=preprocess, runtime=resolved, source_sha256=digest, cache_dir=cache_dir)

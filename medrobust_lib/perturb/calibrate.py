@@ -221,12 +221,13 @@ def search(spec: PerturbationSpec, band: Band, s0: float, slope: float = DEFAULT
             evals[s] = yield s
         return evals[s]
 
+    s0 = spec.clamp(s0, shape)
     f0 = yield from run(s0)
     if lo <= f0 <= hi:
-        return spec.clamp(s0, shape), True
+        return s0, True
     # The bracket in severity: the weak end (SSIM above the band; the weakest strength, not
     # evaluated, is the initial one) and the strong end (SSIM below the band), as (t, SSIM).
-    t0 = severity(spec, spec.clamp(s0, shape))
+    t0 = severity(spec, s0)
     seen = [(severity(spec, spec.clamp(s, shape)), v) for s, v in known]
     weak, strong = _known_bracket([*seen, (t0, f0)], band)
     # a second known point above the band, weaker than the weak end: the image's own slope (secant)

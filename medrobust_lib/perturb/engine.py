@@ -178,10 +178,11 @@ def _warm_start(chunk: ChunkSpec, spec: PerturbationSpec, samples: Sequence[Samp
     anchor at the previous level, computed here unless given or held in ``lower``; a subset
     image's own subset search)."""
     prev = anchor_chunk(chunk)
-    if prev is not None and anchors is None:
+    if prev is None:
+        anchors = {}
+    elif anchors is None:
         held = (lower or {}).get(prev.level)
         anchors = held if held is not None else anchors_from_rows(run_chunk(prev, samples, lower=lower)[0])
-    anchors = anchors if prev is not None and anchors is not None else {}
     known = {sid: [a] for sid, a in anchors.items()}
     subset = calibration_subset(applicable, chunk.seed, chunk.calibration_subset)
     if not subset:

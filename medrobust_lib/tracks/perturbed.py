@@ -53,8 +53,10 @@ def selected_types(suite: Suite, modality: str, n_channels: int, dataset: str | 
     names = list_perturbations(modality=modality, n_channels=n_channels)
     keep = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in cfg.include)]
     keep = [n for n in keep if not any(fnmatch.fnmatchcase(n, p) for p in cfg.exclude)]
-    only = cfg.types_by_dataset.get(dataset) if dataset is not None and dataset in cfg.types_by_dataset else \
-        (cfg.types_by_modality or {}).get(modality)
+    if dataset is not None and dataset in cfg.types_by_dataset:
+        only: list[str] | None = cfg.types_by_dataset[dataset]
+    else:
+        only = (cfg.types_by_modality or {}).get(modality)
     return keep if only is None else [n for n in keep if any(fnmatch.fnmatchcase(n, p) for p in only)]
 
 

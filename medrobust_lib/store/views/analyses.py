@@ -19,17 +19,20 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from medrobust_lib.store.views.common import (
-    ALL_SUFFIX,
     GENERIC_FAMILIES,
     LEVELS_SQL,
     PERTURBATION_KINDS_SQL,
     View,
+    floor_pair,
     seg_rows_ctes,
 )
 from medrobust_lib.store.views.segmentation import segmentation_top_corruptions
 
 TOP_K: tuple[int, ...] = (5, 10, 15)
 """The k of ``segmentation_modality_share`` (MedFM-Robust reports the top 15)."""
+
+_LEVELS_UNION_SQL = "array_to_string(list_sort(list_distinct(flatten(list(string_split(levels, ','))))), ',')"
+"""The union of the comma-separated ``levels`` strings of a group (each a :data:`LEVELS_SQL`), in the same form."""
 
 
 def segmentation_modality_share(include_floor: bool, include_off_band: bool = False) -> str:
@@ -79,8 +82,7 @@ def segmentation_iou_dice_agreement(include_floor: bool, include_off_band: bool 
             from per_type where iou_drop is not null and dice_drop is not null),
         agg as (
             select model, checkpoint, strategy, count(*) as n_types, corr(iou_rank, dice_rank) as rho,
-                   array_to_string(list_sort(list_distinct(flatten(list(string_split(levels, ','))))), ',')
-                       as levels,
+                   {_LEVELS_UNION_SQL} as levels,
                    arg_max(perturbation, iou_drop) as worst_by_iou, arg_max(perturbation, dice_drop) as worst_by_dice
             from ranked group by model, checkpoint, strategy)
         select model, checkpoint, strategy, n_types,
@@ -147,17 +149,14 @@ def segmentation_mce_summary(include_floor: bool, include_off_band: bool = False
                avg(be_dice) as mce_dice, avg(rbe_dice) as relative_mce_dice, count(*) as n_types,
                count(*) filter (where be_iou is null or rbe_iou is null or be_dice is null or rbe_dice is null)
                    as n_undefined,
-               array_to_string(list_sort(list_distinct(flatten(list(string_split(levels, ','))))), ',') as levels
+               {_LEVELS_UNION_SQL} as levels
         from t group by model, checkpoint, strategy, baseline, baseline_checkpoint, baseline_strategy
         order by model, strategy, checkpoint, baseline, baseline_strategy, baseline_checkpoint"""
 
 
 def _pair(name: str, build: Callable[[bool, bool], str], doc: str) -> list[View]:
-    """``name`` (floor datasets left out) and ``name_all`` (kept); both follow the suite's
-    ``include_off_band``."""
-    return [View(name, lambda include_off_band: build(False, include_off_band), doc),
-            View(name + ALL_SUFFIX, lambda include_off_band: build(True, include_off_band),
-                 f": `{name}` with the floor datasets kept.")]
+    """:func:`~medrobust_lib.store.views.common.floor_pair` with the ``_all`` variant's standard doc."""
+    return floor_pair(name, build, doc, f": `{name}` with the floor datasets kept.")
 
 
 _GENERIC = ", ".join(f"`{f}`" for f in GENERIC_FAMILIES)

@@ -45,7 +45,16 @@ def static(sql: str) -> Callable[[bool], str]:
 ALL_SUFFIX = "_all"
 """Name suffix of the variant of a view that keeps the floor datasets."""
 
-"""Name suffix of the variant of a view that keeps the floor datasets."""
+
+def floor_pair(name: str, build: Callable[..., str], doc: str, doc_all: str, off_band: bool = True) -> list[View]:
+    """``name`` (floor datasets left out) and ``name_all`` (kept); ``off_band``: the view's means
+    follow the suite's ``include_off_band`` (else its SQL ignores it)."""
+    def variant(include_floor: bool) -> Callable[[bool], str]:
+        if off_band:
+            return lambda include_off_band: build(include_floor, include_off_band)
+        return lambda _include_off_band: build(include_floor)
+    return [View(name, variant(False), doc), View(name + ALL_SUFFIX, variant(True), doc_all)]
+
 
 FLOOR_NOTE = "every dataset at the floor: not ranked (the _all view ranks it)"
 """``note`` of a row left out of a default ranking because its clean score is at the floor."""

@@ -15,14 +15,13 @@ The SQL reads only tables (``segmentation_results``, ``segmentation_stats``,
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from medrobust_lib.store.schema import SEG_NO_MASK, SEG_NOT_APPLICABLE, seg_failed_sql
 from medrobust_lib.store.views.common import (
     ALL_SUFFIX,
     BAND_ROWS_SQL,
     LEVELS_SQL,
     View,
+    floor_pair,
     rank_note,
     seg_rows_ctes,
 )
@@ -337,18 +336,8 @@ def segmentation_type_ranks(include_floor: bool) -> str:
         order by model, level, rank, perturbation"""
 
 
-def _floor_pair(name: str, build: Callable[..., str], doc: str, doc_all: str, off_band: bool = True) -> list[View]:
-    """``name`` (floor datasets left out) and ``name_all`` (kept); ``off_band``: the view's means
-    follow the suite's ``include_off_band`` (else its SQL ignores it)."""
-    def variant(include_floor: bool) -> Callable[[bool], str]:
-        if off_band:
-            return lambda include_off_band: build(include_floor, include_off_band)
-        return lambda _include_off_band: build(include_floor)
-    return [View(name, variant(False), doc), View(name + ALL_SUFFIX, variant(True), doc_all)]
-
-
 VIEWS: list[View] = [
-    *_floor_pair("segmentation_by_level", segmentation_by_level,
+    *floor_pair("segmentation_by_level", segmentation_by_level,
                  """: one row per (model, checkpoint, strategy, condition, perturbation,
 level) of the non-clean conditions, floor datasets left out: `n`, `n_failed`, `n_not_applicable`,
 `n_no_mask` (the last two are not failures), mean `iou` / `dice`
@@ -364,14 +353,14 @@ its SSIM band: left out of `n`, the means and the CIs unless the suite sets
 (`--include-floor`: the `_all` one).""",
                  """: `segmentation_by_level` with the floor datasets kept (stats of
 scope `all`)."""),
-    *_floor_pair("segmentation_by_modality", segmentation_by_modality,
+    *floor_pair("segmentation_by_modality", segmentation_by_modality,
                  """: the per-modality breakdown of `segmentation_by_level`, floor
 datasets left out: per (model, checkpoint, strategy, condition, perturbation, level, modality)
 `n`, `n_ok`, mean `iou_drop` / `dice_drop` / `clean_iou` / `clean_dice` over ok rows, `family`,
 `arch`, `real_architecture` (arch is not the demo's `tiny`), `n_datasets`. No CIs: a modality's
 cell is often a handful of images. The report's `real_model_worst_types` table reads it.""",
                  """: `segmentation_by_modality` with the floor datasets kept.""", off_band=False),
-    *_floor_pair("segmentation_summary", segmentation_summary,
+    *floor_pair("segmentation_summary", segmentation_summary,
                  """: the published table in long form, per (model, checkpoint, strategy) one
 row per `row_kind`: `Clean`, `corruption` (one per type, pooled over levels and images),
 `attack` (`fgsm`, `pgd`, pooled over levels), `Avg` (mean over corruption types) and `Delta`
@@ -383,7 +372,7 @@ clean score over types; 0 on Clean; NULL when the clean score is 0), `n` (rows),
 `levels` (the levels the row pools: `0` on Clean, the type's levels, for Avg and Delta those of
 every corruption type), `n_datasets`, `n_floor_excluded`, `floor_effect`; floor datasets left out.""",
                  """: `segmentation_summary` with the floor datasets kept."""),
-    *_floor_pair("segmentation_top_corruptions", segmentation_top_corruptions,
+    *floor_pair("segmentation_top_corruptions", segmentation_top_corruptions,
                  """: one row per (model, strategy, corruption type), ranked by IoU,
 floor datasets left out: mean `iou_drop`, `iou_rel_drop`, `dice_drop`, `dice_rel_drop`,
 `clean_iou`, `clean_dice` over ok rows of every level, `n`, `rank` (1 = largest mean IoU drop
@@ -392,7 +381,7 @@ among the types of the model and strategy with the same `levels`; NULL when `flo
 a row is not ranked, or that its model mixes levels; else NULL).""",
                  """: `segmentation_top_corruptions` with the floor datasets kept,
 every row ranked."""),
-    *_floor_pair("segmentation_model_summary", segmentation_model_summary,
+    *floor_pair("segmentation_model_summary", segmentation_model_summary,
                  """: one row per (model, checkpoint, strategy), the report's summary table:
 `clean_iou`, `corruption_iou_drop` (the mean over corruption types of each type's mean paired drop:
 the project's rule), `corruption_iou_rel_drop`, `corruption_iou_drop_pooled` (the reference's Delta:
@@ -404,13 +393,13 @@ FGSM / PGD at every eps), `attack_iou_rel_drop`, the same six for Dice, `n_corru
 `n_floor_datasets` and `floor_effect`; floor datasets and off-band rows left out of the scores and
 drops. The report's `segmentation_summary` table reads it (`--include-floor`: the `_all` one).""",
                  """: `segmentation_model_summary` with the floor datasets kept."""),
-    *_floor_pair("segmentation_level_means", segmentation_level_means,
+    *floor_pair("segmentation_level_means", segmentation_level_means,
                  """: one row per (model, checkpoint, strategy, condition, perturbation,
 level) of the non-clean ok rows, floor datasets and off-band rows left out: `n` (ok rows), mean
 `iou`, `dice`, `iou_drop`, `dice_drop`, `floor_effect`, `band_miss`. The data of the report's
 robustness curves and heatmaps.""",
                  """: `segmentation_level_means` with the floor datasets kept."""),
-    *_floor_pair("segmentation_type_ranks", segmentation_type_ranks,
+    *floor_pair("segmentation_type_ranks", segmentation_type_ranks,
                  """ (from `segmentation_by_level`): one row per (model, level, corruption type): `n`,
 `iou_drop` with `iou_drop_ci_low` / `iou_drop_ci_high`, `clean_iou`, `iou` and `rank` (1 = the largest
 mean IoU drop among the model's types at that level). The report's `real_model_worst_types` table

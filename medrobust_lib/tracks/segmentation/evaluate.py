@@ -404,10 +404,11 @@ def evaluate_clean(suite: Suite, model_id: str | SegModelConfig, modality: str, 
     m = model_config(suite, model_id)
     sc = suite.segmentation
     model = model or load_model(suite, m)
+    precision = model_precision(model)  # fixed for the run: read once
     summary = EvalSummary()
     ev = eval_samples(suite, modality, sc.split)
     samples = list(ev.samples.values())
-    inputs = clean_inputs(suite, m, model.checkpoint_hash, model_precision(model), samples, ev.unusable)
+    inputs = clean_inputs(suite, m, model.checkpoint_hash, precision, samples, ev.unusable)
     # the sample hash is the clean-prediction cache key; keep it in the chunk
     part = _partition(suite, m, "clean", modality, 0, RESULT_COLUMNS + ("sample_sha256",))
     reused = _reuse(part, {s.dataset for s in samples} | {k[0] for k in ev.unusable}, inputs, t0, reuse)
@@ -424,7 +425,7 @@ def evaluate_clean(suite: Suite, model_id: str | SegModelConfig, modality: str, 
                       strict=True))
     finish(progress, len(with_mask), "clean images")
     for s in samples:
-        r = _base_row(m, model.checkpoint_hash, s, "clean", sc.prompt.protocol, model_precision(model))
+        r = _base_row(m, model.checkpoint_hash, s, "clean", sc.prompt.protocol, precision)
         r["sample_sha256"] = s.content_hash()
         if s.mask is None:
             r.update(status=SEG_NO_MASK, error="sample has no ground-truth mask")
@@ -433,7 +434,7 @@ def evaluate_clean(suite: Suite, model_id: str | SegModelConfig, modality: str, 
             r["clean_iou"], r["clean_dice"] = r["iou"], r["dice"]
             r["iou_drop"] = r["dice_drop"] = 0.0
         rows.append(r)
-    rows += [_error_row(m, model.checkpoint_hash, key, modality, "clean", sc.prompt.protocol, reason, model_precision(model))
+    rows += [_error_row(m, model.checkpoint_hash, key, modality, "clean", sc.prompt.protocol, reason, precision)
              for key, reason in sorted(ev.unusable.items())]
     _write(part, rows, inputs, inst_rows)
     summary.clean_cache_misses = len(samples)
@@ -513,6 +514,7 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
     m = model_config(suite, model_id)
     sc = suite.segmentation
     model = model or load_model(suite, m)
+    precision = model_precision(model)  # fixed for the run: read once
     summary = EvalSummary()
     manifest = read_manifest(suite, modality, level)
     if perturbations is not None and len(manifest):
@@ -534,11 +536,11 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
             reason = ev.reason(key)
             if reason is None:
                 continue  # the manifest covers another split than this evaluation
-            r = _error_row(m, model.checkpoint_hash, key, modality, "perturbation", sc.prompt.protocol, reason, model_precision(model))
+            r = _error_row(m, model.checkpoint_hash, key, modality, "perturbation", sc.prompt.protocol, reason, precision)
             r.update(perturbation=mr["perturbation"], level=level, strength=mr["strength"], ssim=mr["ssim"])
             rows.append(r)
             continue
-        r = _base_row(m, model.checkpoint_hash, s, "perturbation", sc.prompt.protocol, model_precision(model))
+        r = _base_row(m, model.checkpoint_hash, s, "perturbation", sc.prompt.protocol, precision)
         r.update(perturbation=mr["perturbation"], level=level, strength=mr["strength"], ssim=mr["ssim"])
         rows.append(r)
         if mr["status"] == NOT_APPLICABLE:  # the type does not apply to this sample: not a failure
@@ -549,7 +551,7 @@ def evaluate_perturbed(suite: Suite, model_id: str | SegModelConfig, modality: s
             r.update(status=SEG_NO_MASK, error="sample has no ground-truth mask")
         else:
             todo.append((r, mr, s))
-    inputs = perturbed_inputs(suite, m, model.checkpoint_hash, model_precision(model), level, manifest, perturbations,
+    inputs = perturbed_inputs(suite, m, model.checkpoint_hash, precision, level, manifest, perturbations,
                               samples, ev.unusable)
     part = _partition(suite, m, "perturbation", modality, level)
     reused = _reuse(part, {str(r["dataset"]) for r in rows}, inputs, t0, reuse)
@@ -605,13 +607,14 @@ def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str
     m = model_config(suite, model_id)
     sc = suite.segmentation
     model = model or load_model(suite, m)
+    precision = model_precision(model)  # fixed for the run: read once
     summary = EvalSummary()
     device = getattr(model, "device", "cpu")
     samples, capped = attacked_samples(
         suite, m, [s for s in clean_samples(suite, modality, sc.split).values() if s.mask is not None and s.mask.any()])
     unusable = eval_samples(suite, modality, sc.split).unusable if not capped else {}
     run_kinds = [k for k in sc.attacks.kinds if kinds is None or k in kinds]
-    inputs = attack_inputs(suite, m, model.checkpoint_hash, model_precision(model), level, samples, kinds, unusable)
+    inputs = attack_inputs(suite, m, model.checkpoint_hash, precision, level, samples, kinds, unusable)
     part = _partition(suite, m, "attack", modality, level)
     expected = {s.dataset for s in samples} | {k[0] for k in unusable} if run_kinds else set()
     reused = _reuse(part, expected, inputs, t0, reuse)
@@ -641,7 +644,7 @@ def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str
                 items = [(im, t.boxes, np.asarray(s.mask), _targets(t)) for im, t, s in zip(imgs, tgts, batch, strict=True)]
                 scores = _score_items(model, items, summary, m.eval_batch_size, keep_masks=keep_masks)
                 for s, t, x in zip(batch, tgts, scores, strict=True):
-                    r = _base_row(m, model.checkpoint_hash, s, kind, sc.prompt.protocol, model_precision(model))
+                    r = _base_row(m, model.checkpoint_hash, s, kind, sc.prompt.protocol, precision)
                     r.update(perturbation=kind, level=level, epsilon=acfg.epsilon)
                     _fill_scores(r, x, t, suite, inst_rows)
                     _with_clean(r, cache.get(s))
@@ -650,7 +653,7 @@ def evaluate_attacks(suite: Suite, model_id: str | SegModelConfig, modality: str
                 if progress is not None:
                     progress(min(n_attacked, n_attacks - 1), n_attacks, "attacked images")
         for key, reason in sorted(unusable.items()):
-            r = _error_row(m, model.checkpoint_hash, key, modality, kind, sc.prompt.protocol, reason, model_precision(model))
+            r = _error_row(m, model.checkpoint_hash, key, modality, kind, sc.prompt.protocol, reason, precision)
             r.update(level=level, epsilon=acfg.epsilon)
             rows.append(r)
     finish(progress, n_attacks, "attacked images")

@@ -92,13 +92,24 @@ the recipe fingerprint and what the adapter was trained on; removed before the a
 again, so a folder without it holds no finished adapter."""
 
 
-def _recorded_recipe(folder: Path) -> Any:
-    """The recipe settings recorded in an adapter folder's :data:`RECIPE_FILE` (None: none)."""
+def lora_folder(suite: Suite, config_id: str) -> Path:
+    """Where the consistency LoRA of taxonomy configuration ``config_id`` is saved."""
+    return checkpoint_dir(suite, config_id) / "adapter"
+
+
+def recipe_record(folder: Path) -> dict[str, Any] | None:
+    """The record in an adapter folder's :data:`RECIPE_FILE` (None: none, or unreadable)."""
     try:
         rec = json.loads((folder / RECIPE_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    inputs = rec.get("inputs") if isinstance(rec, dict) else None
+    return rec if isinstance(rec, dict) else None
+
+
+def _recorded_recipe(folder: Path) -> Any:
+    """The recipe settings recorded in an adapter folder's :data:`RECIPE_FILE` (None: none)."""
+    rec = recipe_record(folder)
+    inputs = rec.get("inputs") if rec is not None else None
     return inputs.get("recipe") if isinstance(inputs, dict) else None
 
 
@@ -110,7 +121,7 @@ def model_for(suite: Suite, entry: TaxonomyConfigEntry) -> VLMModelConfig:
     if entry.model is not None:
         return vlm_model(suite, entry.model)
     if entry.lora_of is not None:
-        folder = checkpoint_dir(suite, entry.id) / "adapter"
+        folder = lora_folder(suite, entry.id)
         if not (folder / "adapter_config.json").is_file():
             raise MissingUpstream(f"no consistency LoRA for taxonomy config {entry.id!r} at {folder}: materialize "
                                   f"'{entry.id}/taxonomy_model' first", f"{entry.id}/taxonomy_model")
@@ -127,7 +138,7 @@ def model_for(suite: Suite, entry: TaxonomyConfigEntry) -> VLMModelConfig:
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"no trained model for taxonomy config {owner!r} at {folder}: materialize "
                                 f"'{owner}/taxonomy_model' first")
-    adapter = str(checkpoint_dir(suite, entry.id) / "adapter") if entry.base is not None else None
+    adapter = str(lora_folder(suite, entry.id)) if entry.base is not None else None
     return VLMModelConfig(id=entry.id, source=str(folder), adapter=adapter, batch_size=64)
 
 

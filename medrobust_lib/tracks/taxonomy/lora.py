@@ -47,18 +47,18 @@ from medrobust_lib.data.sample import Sample
 from medrobust_lib.hashing import digest, folder_hash
 from medrobust_lib.model_table import model_entry
 from medrobust_lib.models.remote_code import refuse_remote_code
-from medrobust_lib.paths import checkpoint_dir
 from medrobust_lib.taxonomy.paraphrase import variant_targets
-from medrobust_lib.tracks.taxonomy.evaluate import RECIPE_FILE, config_entry, item_variants
+from medrobust_lib.tracks.taxonomy.evaluate import (
+    RECIPE_FILE,
+    config_entry,
+    item_variants,
+    lora_folder,
+    recipe_record,
+)
 from medrobust_lib.tracks.vlm.items import YESNO_SUFFIX, VLMItem, load_items
 from medrobust_lib.training.vlm_train import VLMExample, adapter_train_config
 
 TASK = "vqa_yesno"
-
-
-def lora_folder(suite: Suite, config_id: str) -> Path:
-    """Where the consistency LoRA of taxonomy configuration ``config_id`` is saved."""
-    return checkpoint_dir(suite, config_id) / "adapter"
 
 
 def consistency_examples(pairs: Iterable[tuple[VLMItem, Sequence[tuple[str, int]]]],
@@ -166,14 +166,10 @@ def _stored(folder: Path, fingerprint: str) -> dict[str, Any] | None:
     """The recipe record of an adapter folder trained from ``fingerprint`` whose weights are intact."""
     from medrobust_lib.training.vlm_lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_hash
 
-    p = folder / RECIPE_FILE
-    if not (p.is_file() and (folder / ADAPTER_WEIGHTS).is_file() and (folder / ADAPTER_CONFIG).is_file()):
+    if not ((folder / ADAPTER_WEIGHTS).is_file() and (folder / ADAPTER_CONFIG).is_file()):
         return None
-    try:
-        rec = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(rec, dict) or rec.get("fingerprint") != fingerprint or rec.get("adapter_hash") != adapter_hash(folder):
+    rec = recipe_record(folder)
+    if rec is None or rec.get("fingerprint") != fingerprint or rec.get("adapter_hash") != adapter_hash(folder):
         return None
     return rec
 
