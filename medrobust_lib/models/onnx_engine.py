@@ -38,6 +38,7 @@ them, even when their suites keep their exports in different folders.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import logging
@@ -46,7 +47,7 @@ import shutil
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -276,6 +277,23 @@ def _fsync(path: Path) -> None:
         os.fsync(fh.fileno())
 
 
+@contextlib.contextmanager
+def _eval_mode(module: torch.nn.Module) -> Iterator[None]:
+    """``module`` and every submodule in eval mode inside, each back in its own mode after.
+
+    ``torch.onnx.export`` switches a module to eval and back to *the top module's* flag, which
+    ``train(flag)`` applies to every child: a wrapper built for the export (``training`` True, as
+    every new module) would leave the wrapped model in training mode, and a TinyViT encoder in
+    training mode normalises with batch statistics and overwrites its BatchNorm running stats."""
+    modes = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
 def _export(module: torch.nn.Module, example: Inputs, spec: GraphSpec, path: Path) -> None:
     with warnings.catch_warnings(), torch.no_grad():
         # the TorchScript exporter warns about its deprecation, traced shapes and constant folding
@@ -330,11 +348,12 @@ def _export_into(folder: Path, module: torch.nn.Module, inputs: Callable[[], tup
     try:
         t0 = time.perf_counter()
         example, checks = inputs()
-        _export(module, example, spec, tmp / MODEL_FILE)
+        with _eval_mode(module):
+            _export(module, example, spec, tmp / MODEL_FILE)
         graph = ExportedGraph(tmp / MODEL_FILE, spec, runtime, threads)
         worst = 0.0
         for xs in checks:
-            with torch.no_grad():
+            with torch.no_grad(), _eval_mode(module):
                 ref = module(*xs)
             refs = [r.detach().float().cpu().numpy() for r in (ref if isinstance(ref, tuple | list) else (ref,))]
             got = graph(*(x.detach().float().cpu().numpy() for x in xs))

@@ -39,6 +39,9 @@ def reference() -> LiteMedSamSegmenter:
 def ort_model(exports: Path) -> LiteMedSamSegmenter:
     m = load_litemedsam(runtime="onnxruntime", cache_dir=exports)
     assert m.precision == "fp32-onnxruntime"  # exported (about 5 s) and checked against PyTorch here
+    # the export leaves the model in eval mode: the decoder's export wrapper once put it in training
+    # mode, so the next no-grad call ran PyTorch with BatchNorm on batch statistics
+    assert not any(mod.training for mod in m.sam.modules()) and m.engine_ready()
     return m
 
 

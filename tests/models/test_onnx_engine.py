@@ -77,6 +77,39 @@ def test_exported_once_then_loaded_from_the_cache(tmp_path: Path, runtime: str) 
     assert _folders(tmp_path) == [name]
 
 
+class _Wrapper(torch.nn.Module):
+    """A module built for the export around a model (new modules start in training mode)."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
+
+
+def test_the_export_leaves_every_module_in_its_own_mode(tmp_path: Path) -> None:
+    """torch.onnx.export restores only the top module's flag (to every child): a wrapper in
+    training mode around a model in eval mode must not leave the model training, whose BatchNorm
+    would then normalise with batch statistics and overwrite its running stats."""
+    inner = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Dropout(0.5)).eval()
+    inner[2].train()  # a child in another mode than its parent keeps it too
+    with torch.no_grad():
+        inner[1].running_mean.uniform_(-1.0, 1.0, generator=torch.Generator().manual_seed(4))
+    before = {k: v.clone() for k, v in inner.state_dict().items()}
+    wrapper = _Wrapper(inner)
+    assert wrapper.training
+
+    def inputs() -> tuple[tuple[torch.Tensor, ...], list[tuple[torch.Tensor, ...]]]:
+        x = torch.rand(2, 3, 8, 8, generator=torch.Generator().manual_seed(5))
+        return (x,), [(x,)]  # checked in eval mode: the Dropout (training) would disagree otherwise
+
+    _load(tmp_path, wrapper, inputs=inputs)
+    assert wrapper.training and not inner.training and not inner[1].training and inner[2].training
+    for k, v in inner.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
 def test_the_key_changes_with_the_checkpoint_the_exporter_and_the_versions(monkeypatch: pytest.MonkeyPatch) -> None:
     def folder(**kw: object) -> str:
         doc = oe.export_key(str(kw.get("sha", SHA)), "tiny", str(kw.get("runtime", "onnxruntime")),
