@@ -228,8 +228,12 @@ def load_nifti(cfg: DatasetSpec, ref: SampleRef) -> Sample:
         raise SampleError("mask_size_mismatch", f"image {vol.shape} vs label {lab.shape}")
     if not 0 <= k < vol.shape[axis]:
         raise SampleError("unsupported_nifti", f"slice {k} out of range for shape {vol.shape}")
-    values = nifti_slice_to_image(np.take(vol, k, axis=axis))
-    mask = nifti_slice_to_image(_foreground(np.take(lab, k, axis=axis), opts.label_values))
+    # basic indexing gives views of the cached volumes (nibabel's arrays are Fortran-ordered, so an
+    # axial slice is one contiguous block); np.take copied each slice element by element, about 4 ms
+    # per 512 x 512 slice, and the demo reads its LiTS slices hundreds of times
+    at: tuple[slice | int, ...] = (slice(None),) * axis + (k,)
+    values = nifti_slice_to_image(vol[at])
+    mask = nifti_slice_to_image(_foreground(lab[at], opts.label_values))
     if opts.window_center is not None and opts.window_width is not None:
         lo = opts.window_center - opts.window_width / 2
         hi = opts.window_center + opts.window_width / 2

@@ -109,9 +109,14 @@ def test_demo_full_is_demo_with_the_full_grid() -> None:
     lite = seg["models"][1]
     assert (lite["id"], lite["levels"], lite["max_perturbed_per_dataset"], lite["attacks"]) == \
         ("litemedsam", None, None, True)
-    # the same arithmetic and batch as the fast demo's: precision auto (bf16 only where native), batch 1
+    # batch 1 in both; the full demo's hours are attack and fine-tuning gradients (PyTorch), so it takes
+    # bf16 autocast where the CPU has it (precision auto); the fast demo has no LiteMedSAM gradients and
+    # runs the defaults, fp32 through ONNX Runtime (runtime auto), the official masks on every CPU
     assert (lite["precision"], lite["batch_size"]) == ("auto", 1)
-    assert lite == {**fseg["models"][1], "levels": None, "max_perturbed_per_dataset": None, "attacks": True}
+    fast_lite = load_suite(ROOT / "configs" / "demo.yaml").segmentation.models[1]
+    assert (fseg["models"][1]["precision"], fast_lite.runtime) == ("fp32", "auto")
+    assert lite == {**fseg["models"][1], "levels": None, "max_perturbed_per_dataset": None, "attacks": True,
+                    "precision": "auto"}
     ft, fft = seg["finetune"], fseg["finetune"]
     assert (ft["base"], ft["strategies"], ft["encoder_blocks"]) == ("litemedsam", ["decoder_only", "lora", "full"], 2)
     assert (ft["train"]["max_steps"], ft["train"]["lr"], ft["train"]["batch_size"]) == (40, 1e-4, 4)
