@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
+from medrobust_lib.metrics import stats as stats_module
 from medrobust_lib.metrics.stats import (
     benjamini_hochberg,
     bootstrap_ci,
@@ -83,6 +84,41 @@ def test_wilcoxon_matches_scipy(n: int) -> None:
     b[:2] = a[:2]  # some zero differences
     ref = sps.wilcoxon(a, b, zero_method="wilcox")
     assert wilcoxon_paired(a, b) == (pytest.approx(ref.statistic), pytest.approx(ref.pvalue))
+
+
+def _small_cases() -> list[tuple[np.ndarray, np.ndarray]]:
+    """Pairs of 2-16 scores (below, at and above scipy's permutation cut-off of 13) with zeros,
+    ties, both, or neither among the differences; scores rounded like IoUs of small masks, so ties
+    are common."""
+    rng = np.random.default_rng(7)
+    cases = []
+    for n in range(2, 17):
+        for kind in ("zeros", "ties", "both", "neither", "all_one_sign"):
+            a = np.round(rng.random(n), 3)
+            d = np.round(rng.normal(0.02, 0.05, n), 3) if kind != "neither" else rng.normal(0.02, 0.05, n)
+            if kind == "all_one_sign":
+                d = np.abs(d) + 0.001
+            if kind in ("zeros", "both"):
+                d[: max(1, n // 4)] = 0.0
+            if kind in ("ties", "both") and n >= 3:
+                d[-1] = -d[-2] if d[-2] != 0 else 0.01
+                d[-2] = d[-2] if d[-2] != 0 else -0.01
+            cases.append((a, a - d))
+    return cases
+
+
+def test_wilcoxon_equals_scipy_exactly_on_small_samples_with_zeros_and_ties() -> None:
+    """The vectorised permutation path (n <= 13 with zeros or ties) and every other path give
+    scipy.stats.wilcoxon's statistic and p-value exactly; the permutation path was taken."""
+    permutation = 0
+    for a, b in _small_cases():
+        if not np.any(a - b != 0):
+            continue
+        ref = sps.wilcoxon(a, b, zero_method="wilcox", alternative="two-sided")
+        d = a - b
+        permutation += stats_module._auto_takes_permutation(d)
+        assert wilcoxon_paired(a, b) == (float(ref.statistic), float(ref.pvalue)), (a, b)
+    assert permutation >= 30  # the cases exercise the fast path, not only scipy's own call
 
 
 def test_wilcoxon_edge_cases() -> None:
