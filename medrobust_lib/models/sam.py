@@ -52,6 +52,7 @@ from medrobust_lib.hashing import SHORT_HASH_LEN, short_file_hash
 from medrobust_lib.metrics.segmentation import THRESHOLD, dice_from_counts, iou_from_counts
 from medrobust_lib.model_table import list_models
 from medrobust_lib.models.base import SegmentationModel
+from medrobust_lib.models.instance_counts import box_counts as instance_box_counts
 from medrobust_lib.types import Boxes, FloatImage
 
 if TYPE_CHECKING:
@@ -774,10 +775,7 @@ class SamSegmenter:
                     mine = probs[owner == j] > THRESHOLD  # this item's boxes, in order
                     lab = self._to_device(torch.from_numpy(np.array(inst, np.int32)))
                     tid = self._to_device(torch.as_tensor(np.asarray(ids, np.int32)))
-                    g = lab[None] == tid[:, None, None]
-                    box_counts.append((n + i, torch.stack([(mine & g).sum(dim=(1, 2), dtype=torch.int64),
-                                                           mine.sum(dim=(1, 2), dtype=torch.int64),
-                                                           g.sum(dim=(1, 2), dtype=torch.int64)], dim=1)))
+                    box_counts.append((n + i, instance_box_counts(mine, lab, tid)))
             counts.append(b_counts)
             n += len(batch)
             seconds += time.perf_counter() - t0
