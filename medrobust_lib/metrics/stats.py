@@ -103,8 +103,9 @@ def paired_bootstrap_ci(a: npt.ArrayLike, b: npt.ArrayLike, stat: Stat = np.mean
 
 WILCOXON_PERMUTATION_MAX_N = 13
 """``scipy.stats.wilcoxon(method="auto")`` runs an exact permutation test (all 2^n sign flips) for at
-most this many differences (zeros counted) when some are zero or tied; above it, the normal
-approximation; without zeros and ties, the exact null distribution."""
+most this many differences (zeros counted) when some are zero or tied (above it, the normal
+approximation); without zeros and ties, the exact null distribution up to 50 differences, the
+normal approximation above."""
 
 
 def _auto_takes_permutation(d: npt.NDArray[np.float64]) -> bool:

@@ -347,8 +347,8 @@ def _export_into(folder: Path, module: torch.nn.Module, inputs: Callable[[], tup
         raise ExportError(f"cannot write the export cache {folder.parent} ({_one_line(exc)})") from None
     try:
         t0 = time.perf_counter()
-        example, checks = inputs()
-        with _eval_mode(module):
+        with _eval_mode(module):  # the inputs too: LiteMedSAM's decoder example runs its encoder
+            example, checks = inputs()
             _export(module, example, spec, tmp / MODEL_FILE)
         graph = ExportedGraph(tmp / MODEL_FILE, spec, runtime, threads)
         worst = 0.0
