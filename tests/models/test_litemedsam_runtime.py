@@ -217,3 +217,29 @@ def test_validate_names_a_runtime_that_is_not_installed(tmp_path: Path, monkeypa
     report = validate_suite(tmp_path / "suite.yaml", n_load=1, root=tmp_path)
     assert report.errors == ["segmentation model 'ov': runtime 'openvino' needs openvino (make setup installs them; "
                              "runtime auto or pytorch runs without)"]
+
+
+def test_an_input_encoded_before_reuses_its_embedding(exports: Path, ort_model: LiteMedSamSegmenter) -> None:
+    """The same encoder input (LiTS liver and tumour label the same slices) runs the exported encoder
+    once; the kept embedding is the one it computed, and the caller's copy can be changed freely."""
+    m = load_litemedsam(runtime="onnxruntime", cache_dir=exports)  # its own cache of embeddings
+    assert m.engine_ready() and m._engine is not None
+    runs = []
+    encoder = m._engine.encoder
+
+    def counting(*arrays: np.ndarray) -> list[np.ndarray]:
+        runs.append(1)
+        return encoder(*arrays)
+
+    m._engine.encoder = counting  # type: ignore[assignment]
+    g = torch.Generator().manual_seed(11)
+    a, b = torch.rand(1, 3, 256, 256, generator=g), torch.rand(1, 3, 256, 256, generator=g)
+    with torch.no_grad():
+        first = m.encode(a).clone()
+        m.encode(a).zero_()  # a hit hands out a copy: the kept embedding is not touched
+        both = m.encode(torch.cat([a, b]))
+        again = m.encode(a)
+    assert len(runs) == 2  # a once, b once
+    assert torch.equal(both[:1], first) and torch.equal(again, first)
+    assert torch.equal(both[1:], torch.from_numpy(encoder(b.numpy())[0]))
+    assert m.n_encoder_calls == 5  # calls counted as asked for (encoder runs: 2)
