@@ -52,7 +52,6 @@ The recorded ``precision`` says which ran (``fp32-onnxruntime``, ``fp32-openvino
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import warnings
 from collections.abc import Iterator, Sequence
@@ -66,6 +65,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from medrobust_lib.data.sample import array_hash
 from medrobust_lib.hashing import file_sha256
 from medrobust_lib.lru import LRU
 from medrobust_lib.models.device_preprocess import longest_side_size, official_input_device
@@ -249,9 +249,10 @@ logits (M, 1, 256, 256); M is dynamic."""
 
 EMBEDDING_CACHE = 32
 """Image embeddings each exported-runtime model keeps, keyed by the hash of its exact encoder input
-(4 MiB each, so up to 128 MiB). Datasets that label the same images twice (LiTS liver and tumour:
-the same 16 slices) and deterministic corruptions of one source image give identical inputs; the
-exported encoder runs one image at a time, so a kept embedding is the one it would compute again."""
+(:func:`~medrobust_lib.data.sample.array_hash`; 4 MiB each, so up to 128 MiB). Datasets that
+label the same images twice (LiTS liver and tumour: the same 16 slices) and deterministic
+corruptions of one source image give identical inputs; the exported encoder runs one image at a
+time, so a kept embedding is the one it would compute again."""
 
 DECODER_CHUNK = 4
 """Box prompts per call of the exported decoder. Each prompt decodes on its own (the same numbers in
@@ -326,7 +327,7 @@ class LiteMedSamSegmenter(SamSegmenter):
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self._engine: _Engine | None = None
         self._engine_failed = runtime == "pytorch"
-        self._embeddings: LRU[bytes, np.ndarray] = LRU(max_items=EMBEDDING_CACHE)
+        self._embeddings: LRU[str, np.ndarray] = LRU(max_items=EMBEDDING_CACHE)
         # Under autocast (the fast, measured-agreement mode) the encoder runs channels-last: its stage-0
         # convolutions at 256 x 256 x 256 dominate, and oneDNN (AMX / AVX512-BF16 on the CPU) and cuDNN
         # are faster on NHWC. fp32 keeps the contiguous layout, the one proven equal to the official script.
@@ -412,7 +413,7 @@ class LiteMedSamSegmenter(SamSegmenter):
         """The exported encoder's embedding (1, 256, 64, 64) of one input (1, 3, 256, 256), from
         :data:`EMBEDDING_CACHE` when the same input was encoded before (a copy: the caller owns it)."""
         assert self._engine is not None
-        key = hashlib.blake2b(x1.tobytes(), digest_size=16).digest()
+        key = array_hash(x1)
         kept = self._embeddings.get(key)
         if kept is not None:
             return kept.copy()
