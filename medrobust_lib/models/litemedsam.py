@@ -96,6 +96,7 @@ from medrobust_lib.models.sam import (
     load_into,
     read_state_dict,
 )
+from medrobust_lib.models.sam_decode_export import DecodeLowForExport
 from medrobust_lib.types import FloatImage
 
 if TYPE_CHECKING:
@@ -262,7 +263,8 @@ about 1.2 GB peak RSS and no slower than 16 (2.1 GB) or all 125 at once (5.5 GB,
 
 
 class _DecodeLow(torch.nn.Module):
-    """:meth:`SamSegmenter.decode_low` of ``seg`` (PyTorch, fp32) as a module to export."""
+    """:meth:`SamSegmenter.decode_low` of ``seg`` (PyTorch, fp32) as a module: what the exported
+    decoder (:class:`~medrobust_lib.models.sam_decode_export.DecodeLowForExport`) is checked against."""
 
     def __init__(self, seg: SamSegmenter) -> None:
         super().__init__()
@@ -381,9 +383,11 @@ class LiteMedSamSegmenter(SamSegmenter):
 
         encoder = load_or_export(self.sam.image_encoder, encoder_inputs, ENCODER_GRAPH, source_sha256=self.source_sha256,
                                  runtime=self.runtime, cache_dir=self.cache_dir, settings=settings)
-        decoder = load_or_export(_DecodeLow(self), decoder_inputs, DECODER_GRAPH, source_sha256=self.source_sha256,
-                                 runtime=self.runtime, cache_dir=self.cache_dir,
-                                 settings={**settings, "mask_selection": self.mask_selection})
+        # exported channels last (sam_decode_export), checked against the PyTorch path it stands for
+        decoder = load_or_export(DecodeLowForExport(self), decoder_inputs, DECODER_GRAPH,
+                                 source_sha256=self.source_sha256, runtime=self.runtime, cache_dir=self.cache_dir,
+                                 settings={**settings, "mask_selection": self.mask_selection},
+                                 reference=_DecodeLow(self))
         return _Engine(self.runtime, encoder, decoder)
 
     def _use_engine(self) -> bool:
@@ -420,6 +424,11 @@ class LiteMedSamSegmenter(SamSegmenter):
         emb = self._engine.encoder(x1)[0]
         self._embeddings.put(key, emb.copy())
         return emb
+
+    def clear_embedding_cache(self) -> None:
+        """Forget the kept embeddings (:data:`EMBEDDING_CACHE`): the next call encodes every input
+        (a bench timing what a new image costs)."""
+        self._embeddings.clear()
 
     def decode_low(self, embeddings: torch.Tensor, model_boxes: torch.Tensor) -> torch.Tensor:
         """:meth:`SamSegmenter.decode_low`, through the exported decoder while :meth:`engine_ready`."""

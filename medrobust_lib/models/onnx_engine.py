@@ -69,9 +69,10 @@ AUTO_RUNTIME = "onnxruntime"
 """The runtime ``auto`` takes on the CPU (docs/performance.md: the faster of the two here, and equal
 to PyTorch within 3e-6 on LiteMedSAM's embeddings)."""
 OPSET = 17
-EXPORTER_VERSION = 1
+EXPORTER_VERSION = 2
 """Bumped whenever the export code (wrappers, names, axes, checks) changes: every cached graph is
-then exported again."""
+then exported again (2: LiteMedSAM's decoder exported channels last,
+:mod:`medrobust_lib.models.sam_decode_export`)."""
 CACHE_ENV = "MEDROBUST_EXPORT_CACHE"
 """Overrides :func:`default_cache_dir` (for a model built without a suite)."""
 MODEL_FILE = "model.onnx"
@@ -305,12 +306,13 @@ def _export(module: torch.nn.Module, example: Inputs, spec: GraphSpec, path: Pat
 
 def load_or_export(module: torch.nn.Module, inputs: Callable[[], tuple[Inputs, Sequence[Inputs]]], spec: GraphSpec, *,
                    source_sha256: str, runtime: str, cache_dir: Path | None,
-                   settings: Mapping[str, Any]) -> ExportedGraph:
+                   settings: Mapping[str, Any], reference: torch.nn.Module | None = None) -> ExportedGraph:
     """The graph of ``module`` (in eval mode, fp32, CPU; its weights those of the checkpoint with
     SHA-256 ``source_sha256``) run by ``runtime``: from the cache when a good export is there, else
     exported now and kept. ``inputs()`` (called only to export) gives the example the export traces
-    and the input tuples on which the runtime is checked against ``module``. ``cache_dir``: None for
-    :func:`default_cache_dir`.
+    and the input tuples on which the runtime is checked against ``reference`` (default ``module``
+    itself; a module exported in another layout names the PyTorch path it stands for). ``cache_dir``:
+    None for :func:`default_cache_dir`.
 
     Raises:
         ExportError: the runtime or the exporter is not installed, the export fails, disagrees with
@@ -331,14 +333,15 @@ def load_or_export(module: torch.nn.Module, inputs: Callable[[], tuple[Inputs, S
     if folder.is_dir():  # only ever renamed into place complete: anything wrong with it means broken
         graph = _load_cached(folder, doc, spec, runtime, threads)
     else:
-        graph = _export_into(folder, module, inputs, spec, doc, runtime, threads)
+        graph = _export_into(folder, module, inputs, spec, doc, runtime, threads, reference or module)
     _GRAPHS.put(held_key, graph)
     return graph
 
 
 def _export_into(folder: Path, module: torch.nn.Module, inputs: Callable[[], tuple[Inputs, Sequence[Inputs]]],
-                 spec: GraphSpec, doc: Mapping[str, Any], runtime: str, threads: int) -> ExportedGraph:
-    """Export, check and atomically place a new cache folder (module docstring)."""
+                 spec: GraphSpec, doc: Mapping[str, Any], runtime: str, threads: int,
+                 reference: torch.nn.Module) -> ExportedGraph:
+    """Export, check against ``reference`` and atomically place a new cache folder (module docstring)."""
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
@@ -353,8 +356,8 @@ def _export_into(folder: Path, module: torch.nn.Module, inputs: Callable[[], tup
         graph = ExportedGraph(tmp / MODEL_FILE, spec, runtime, threads)
         worst = 0.0
         for xs in checks:
-            with torch.no_grad(), _eval_mode(module):
-                ref = module(*xs)
+            with torch.no_grad(), _eval_mode(reference):
+                ref = reference(*xs)
             refs = [r.detach().float().cpu().numpy() for r in (ref if isinstance(ref, tuple | list) else (ref,))]
             got = graph(*(x.detach().float().cpu().numpy() for x in xs))
             for g, r in zip(got, refs, strict=True):

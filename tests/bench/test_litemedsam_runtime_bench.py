@@ -21,7 +21,10 @@ class Stand:
     """Takes ``sec`` of :data:`CLOCK` per image; its logits are PyTorch's plus ``offset``."""
 
     def __init__(self, sec: float, offset: float) -> None:
-        self.sec, self.offset, self.calls = sec, offset, 0
+        self.sec, self.offset, self.calls, self.cleared = sec, offset, 0, 0
+
+    def clear_embedding_cache(self) -> None:
+        self.cleared += 1
 
     def predict(self, images: list[np.ndarray], boxes: list[np.ndarray], batch_size: int = 8) -> None:
         self.calls += 1
@@ -43,6 +46,7 @@ def test_rows_pair_every_engine_with_pytorch_fp32(monkeypatch: pytest.MonkeyPatc
                                                      ("end to end (predict)", 2), ("encoder only", 2),
                                                      ("end to end, 5 box prompts on one image", 1)]
     assert all(m.calls == 5 * 4 for m in models.values())  # a warm-up and 3 rounds per case, every engine
+    assert all(m.cleared == m.calls for m in models.values())  # every call encodes as a new image would
     for r in rows:
         if r.engine == "pytorch-fp32":
             assert r.ratio == 1.0 and r.max_abs_diff == 0.0 and r.mask_diff == 0.0

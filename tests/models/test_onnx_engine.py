@@ -175,6 +175,25 @@ def test_an_export_that_disagrees_with_pytorch_is_not_kept(tmp_path: Path, monke
     assert _folders(tmp_path) == []  # nothing kept, no temporary folder left
 
 
+def test_the_runtime_is_checked_against_the_reference_module(tmp_path: Path) -> None:
+    """A module exported in another layout is checked against the PyTorch path it stands for: the
+    same function passes, another one is refused and nothing is kept."""
+    class Scaled(Tiny):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return super().forward(x) * 1.01
+
+    same = oe.load_or_export(Tiny().eval(), _inputs, SPEC, source_sha256=SHA, runtime="onnxruntime", cache_dir=tmp_path,
+                             settings={"what": "tiny"}, reference=Tiny().eval())
+    x = _inputs()[0][0]
+    with torch.no_grad():
+        np.testing.assert_allclose(same(x.numpy())[0], Tiny()(x).numpy(), atol=1e-5)
+    oe._GRAPHS.clear()
+    with pytest.raises(oe.ExportError, match="disagrees with PyTorch"):
+        oe.load_or_export(Tiny().eval(), _inputs, SPEC, source_sha256="cd" * 32, runtime="onnxruntime",
+                          cache_dir=tmp_path, settings={"what": "tiny"}, reference=Scaled().eval())
+    assert len(_folders(tmp_path)) == 1  # only the first export
+
+
 def test_an_exporter_failure_is_an_export_error(tmp_path: Path) -> None:
     class Bad(Tiny):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
