@@ -501,8 +501,10 @@ class SamSegmenter:
     def postprocess(self, low_res: torch.Tensor, h: int, w: int) -> torch.Tensor:
         s = self.image_size
         nh, nw = self._geometry(h, w)
-        x = F.interpolate(low_res, size=(s, s), mode="bilinear", align_corners=False)[..., :nh, :nw]
-        return F.interpolate(x, size=(h, w), mode="bilinear", align_corners=False)
+        x = low_res
+        if tuple(x.shape[-2:]) != (s, s):  # a same-size bilinear resize is the identity: skipped
+            x = F.interpolate(x, size=(s, s), mode="bilinear", align_corners=False)
+        return F.interpolate(x[..., :nh, :nw], size=(h, w), mode="bilinear", align_corners=False)
 
     def probabilities(self, low_res: torch.Tensor, h: int, w: int) -> torch.Tensor:
         """Low-resolution logits (M, 1, 256, 256) -> foreground probabilities (M, H, W) float32:
@@ -642,7 +644,7 @@ class SamSegmenter:
 
         Returns per size group: (indices into ``images``, probabilities (M, H, W) float32 on the
         device for the group's M boxes in order, owner (M,) long: the position within the group
-        of each box's image)."""
+        of each box's image, non-decreasing: each image's boxes are one contiguous run)."""
         groups: dict[tuple[object, ...], list[int]] = {}
         for i, im in enumerate(images):
             groups.setdefault(_shape_key(im), []).append(i)
@@ -756,10 +758,14 @@ class SamSegmenter:
             b_counts = torch.empty((len(batch), 3), dtype=torch.int64, device=self.device)
             for idx, probs, owner in self._bucket_probs([x[0] for x in batch], [x[1] for x in batch]):
                 h, w = probs.shape[1:]
-                fg = torch.zeros((len(idx), h, w), dtype=torch.float32, device=self.device)
-                if len(probs):
-                    fg.index_add_(0, owner, (probs > THRESHOLD).float())
-                pred = fg > 0
+                above = probs > THRESHOLD  # (M, H, W) bool, each box's mask
+                # owner is sorted (_bucket_probs): image j's boxes are the slice ends[j-1]:ends[j]
+                ends = torch.cumsum(torch.bincount(owner, minlength=len(idx)), 0).tolist() if len(owner) else [0] * len(idx)
+                starts = [0, *ends[:-1]]
+                pred = torch.zeros((len(idx), h, w), dtype=torch.bool, device=self.device)
+                for j, (a, e) in enumerate(zip(starts, ends, strict=True)):
+                    if e > a:  # the union; a max over bytes is 5x faster than any() over dim 0 here
+                        pred[j] = above[a:e].view(torch.uint8).amax(dim=0).bool()
                 gt = self._upload_masks([batch[i][2] for i in idx])
                 at = self._to_device(torch.as_tensor(idx))
                 b_counts[at] = torch.stack([(pred & gt).sum(dim=(1, 2), dtype=torch.int64),
@@ -772,7 +778,7 @@ class SamSegmenter:
                     if targets is None or targets[0] is None:
                         continue
                     inst, ids = targets
-                    mine = probs[owner == j] > THRESHOLD  # this item's boxes, in order
+                    mine = above[starts[j] : ends[j]]  # this item's boxes, in order
                     lab = self._to_device(torch.from_numpy(np.array(inst, np.int32)))
                     tid = self._to_device(torch.as_tensor(np.asarray(ids, np.int32)))
                     box_counts.append((n + i, instance_box_counts(mine, lab, tid)))
