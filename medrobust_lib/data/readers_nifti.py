@@ -143,6 +143,10 @@ def _image_shape(path: Path) -> tuple[int, ...]:
 _CACHE: LRU[tuple[Any, ...], Any] = LRU(max_items=2, name="data.nifti_volumes")
 """The most recently used volumes (image and label), so that consecutive slices of one case decode
 the file once; keyed on the file's stamp."""
+_WINDOWS: LRU[tuple[Any, ...], tuple[float, float]] = LRU(max_items=4096, name="data.nifti_windows")
+"""The percentile window of every recently read volume (two floats each, same key as the volume): a
+volume read again after leaving :data:`_CACHE` skips the percentile pass over all its voxels (23 ms
+for a 197 x 233 x 189 volume), which dominated a reload."""
 
 
 def _file_key(path: Path, *parts: Any) -> tuple[Any, ...]:
@@ -163,7 +167,11 @@ def _image_volume(path: Path, opts: NiftiOptions) -> tuple[np.ndarray, float, fl
     elif vol.ndim != 3:
         raise SampleError("unsupported_nifti", f"{path}: shape {vol.shape}, need 3-D or 4-D")
     vol = np.asarray(vol, np.float32)
-    lo, hi = percentile_window(vol, opts.percentiles)
+    window = _WINDOWS.get(key)
+    if window is None:
+        window = percentile_window(vol, opts.percentiles)
+        _WINDOWS.put(key, window)
+    lo, hi = window
     value = (vol, lo, hi)
     _CACHE.put(key, value)
     return value

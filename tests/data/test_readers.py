@@ -485,6 +485,29 @@ def test_nifti_slices_labels_orientation(tmp_path: Path) -> None:
     assert "liver_0_x002" not in sag and sag_bad["liver_0_x002"].reason == "too_small"
 
 
+def test_a_volume_read_again_keeps_its_window_and_its_pixels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A volume that left the two-volume cache is read again without a second percentile pass,
+    with the same pixels; a rewritten file (a new stamp) gets its own window."""
+    from medrobust_lib.data import readers_nifti
+
+    img, _ = _msd(tmp_path)
+    first, _ = run(cfg("msd", "nifti", tmp_path, "ct", size=None))
+    calls: list[int] = []
+    real = readers_nifti.percentile_window
+    monkeypatch.setattr(readers_nifti, "percentile_window", lambda v, p: calls.append(1) or real(v, p))
+    readers_nifti._CACHE.clear()
+    again, _ = run(cfg("msd", "nifti", tmp_path, "ct", size=None))
+    assert calls == [] and sorted(again) == sorted(first)
+    for k in first:
+        np.testing.assert_array_equal(again[k].image, first[k].image)
+    nib.save(nib.Nifti1Image(img * 2 + 5, np.eye(4)), tmp_path / "imagesTr" / "liver_0.nii.gz")
+    readers_nifti._CACHE.clear()
+    changed, _ = run(cfg("msd", "nifti", tmp_path, "ct", size=None))
+    assert len(calls) >= 1
+    assert changed["liver_0_z001"].metadata["intensity"]["low"] == pytest.approx(
+        float(np.percentile(img * 2 + 5, 0.5)), rel=1e-5)
+
+
 def test_nifti_4d_channel(tmp_path: Path) -> None:
     vol = np.zeros((8, 8, 3, 2), np.float32)
     vol[..., 0] = 1.0
