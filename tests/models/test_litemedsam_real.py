@@ -142,6 +142,18 @@ def test_every_real_sample_equals_the_official_script(model: LiteMedSamSegmenter
     _check(model, samples, official, every, scored=set(every), max_boxes=None)
 
 
+@pytest.mark.slow
+def test_every_real_sample_through_onnx_runtime_equals_the_official_script(
+        tmp_path_factory: pytest.TempPathFactory, samples: list[Sample], official: dict[str, np.ndarray]) -> None:
+    """The demo's arithmetic (``runtime: auto`` is ONNX Runtime on the CPU): every box of the four
+    datasets through the exported graphs, masks identical to the official script's (about 1 minute)."""
+    ort = load_litemedsam(precision="fp32", preprocess="exact", runtime="onnxruntime",
+                          cache_dir=tmp_path_factory.mktemp("exports"))
+    assert ort.precision == "fp32-onnxruntime"
+    every = list(range(len(samples)))
+    _check(ort, samples, official, every, scored=set(every), max_boxes=None)
+
+
 def _check(model: LiteMedSamSegmenter, samples: list[Sample], official: dict[str, np.ndarray],
            picked: list[int], *, scored: set[int], max_boxes: int | None) -> None:
     """Per picked sample: each box's mask (``predict``, > 0.5) identical to the official one and its
