@@ -14,7 +14,8 @@ same as the exporter's own graph of ``decode_low``; masks identical on the offic
   last axis; the mask is put back in image order once, on its single channel, instead of moving the
   32-channel 256 x 256 features.
 
-Measured on 2 cores (ONNX Runtime, 4 prompts per call, LiteMedSAM): 20.6 -> about 17 ms per prompt.
+Measured on 2 cores (ONNX Runtime, 4 prompts per call, LiteMedSAM, both graphs interleaved in one
+process): 20.9 -> 17.8 ms per prompt (docs/performance.md, sixth session).
 """
 
 from __future__ import annotations
