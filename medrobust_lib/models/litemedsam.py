@@ -384,7 +384,11 @@ class LiteMedSamSegmenter(SamSegmenter):
         encoder = load_or_export(self.sam.image_encoder, encoder_inputs, ENCODER_GRAPH, source_sha256=self.source_sha256,
                                  runtime=self.runtime, cache_dir=self.cache_dir, settings=settings)
         # exported channels last (sam_decode_export), checked against the PyTorch path it stands for
-        decoder = load_or_export(DecodeLowForExport(self), decoder_inputs, DECODER_GRAPH,
+        try:
+            to_export = DecodeLowForExport(self)
+        except ValueError as exc:  # not segment-anything's decoder: PyTorch runs, after one warning
+            raise ExportError(f"the mask decoder cannot be exported channels last ({exc})") from None
+        decoder = load_or_export(to_export, decoder_inputs, DECODER_GRAPH,
                                  source_sha256=self.source_sha256, runtime=self.runtime, cache_dir=self.cache_dir,
                                  settings={**settings, "mask_selection": self.mask_selection},
                                  reference=_DecodeLow(self))

@@ -333,7 +333,8 @@ def load_or_export(module: torch.nn.Module, inputs: Callable[[], tuple[Inputs, S
     if folder.is_dir():  # only ever renamed into place complete: anything wrong with it means broken
         graph = _load_cached(folder, doc, spec, runtime, threads)
     else:
-        graph = _export_into(folder, module, inputs, spec, doc, runtime, threads, reference or module)
+        graph = _export_into(folder, module, inputs, spec, doc, runtime, threads,
+                             module if reference is None else reference)
     _GRAPHS.put(held_key, graph)
     return graph
 

@@ -756,12 +756,15 @@ class SamSegmenter:
                 break
             t0 = time.perf_counter()
             b_counts = torch.empty((len(batch), 3), dtype=torch.int64, device=self.device)
-            for idx, probs, owner in self._bucket_probs([x[0] for x in batch], [x[1] for x in batch]):
+            for idx, probs, _owner in self._bucket_probs([x[0] for x in batch], [x[1] for x in batch]):
                 h, w = probs.shape[1:]
                 above = probs > THRESHOLD  # (M, H, W) bool, each box's mask
-                # owner is sorted (_bucket_probs): image j's boxes are the slice ends[j-1]:ends[j]
-                ends = torch.cumsum(torch.bincount(owner, minlength=len(idx)), 0).tolist() if len(owner) else [0] * len(idx)
+                # owner is sorted (_bucket_probs): image j's boxes are the slice starts[j]:ends[j],
+                # counted on the host (no wait for the device)
+                ends = np.cumsum([len(np.asarray(batch[i][1]).reshape(-1, 4)) for i in idx]).tolist()
                 starts = [0, *ends[:-1]]
+                if ends[-1] != len(probs):  # shapes only: no device wait
+                    raise RuntimeError(f"{len(probs)} box masks for {ends[-1]} boxes")
                 pred = torch.zeros((len(idx), h, w), dtype=torch.bool, device=self.device)
                 for j, (a, e) in enumerate(zip(starts, ends, strict=True)):
                     if e > a:  # the union; a max over bytes is 5x faster than any() over dim 0 here

@@ -140,6 +140,23 @@ def test_a_broken_cached_export_falls_back_to_pytorch_with_one_warning(
     assert not enc.exists() and any(".broken-" in p.name for p in cache.iterdir())
 
 
+def test_a_decoder_that_cannot_be_laid_out_for_export_runs_pytorch_with_one_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decoder that is not segment-anything's (sam_decode_export refuses it) is an export failure
+    like any other: one warning line, then PyTorch fp32."""
+    from medrobust_lib.models import litemedsam
+
+    def refuse(seg: object) -> None:
+        raise ValueError("not segment-anything's mask upscaling: ['ConvTranspose2d', 'ReLU']")
+
+    monkeypatch.setattr(litemedsam, "DecodeLowForExport", refuse)
+    m = load_litemedsam(runtime="onnxruntime", cache_dir=tmp_path)
+    with caplog.at_level(logging.WARNING):
+        assert not m.engine_ready() and m.precision == "fp32"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "cannot be exported channels last" in warnings[0] and "\n" not in warnings[0]
+
+
 def test_changed_weights_gradients_and_autocast_run_pytorch(exports: Path, ort_model: LiteMedSamSegmenter) -> None:
     m = load_litemedsam(runtime="onnxruntime", cache_dir=exports)  # its graphs are the session's
     assert m.engine_ready()
