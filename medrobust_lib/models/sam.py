@@ -638,13 +638,13 @@ class SamSegmenter:
         return x[:, None].expand(-1, 3, -1, -1) if x.ndim == 3 else x.permute(0, 3, 1, 2)
 
     def _bucket_probs(self, images: Sequence[FloatImage], boxes: Sequence[Boxes], *, logits: bool = False
-                      ) -> list[tuple[list[int], torch.Tensor, torch.Tensor]]:
+                      ) -> list[tuple[list[int], torch.Tensor, list[tuple[int, int]]]]:
         """One encoder batch over images of any sizes (each size group preprocessed on its own,
         all fed to the encoder together) and one decoder batch over all their boxes.
 
         Returns per size group: (indices into ``images``, probabilities (M, H, W) float32 on the
-        device for the group's M boxes in order, owner (M,) long: the position within the group
-        of each box's image, non-decreasing: each image's boxes are one contiguous run)."""
+        device for the group's M boxes in order, spans: per image of the group the (start, end)
+        of its boxes among the M, on the host)."""
         groups: dict[tuple[object, ...], list[int]] = {}
         for i, im in enumerate(images):
             groups.setdefault(_shape_key(im), []).append(i)
@@ -662,25 +662,26 @@ class SamSegmenter:
         emb = self.encode(torch.cat(inputs)) if len(inputs) > 1 else self.encode(inputs[0])
         out = []
         start = 0
-        embs, mboxes, owners, spans = [], [], [], []
+        embs, mboxes, runs, spans = [], [], [], []
         for idx in groups.values():
             h, w = _image_hw(images[idx[0]])
             counts = [len(np.asarray(boxes[i]).reshape(-1, 4)) for i in idx]
-            owner = self._to_device(torch.repeat_interleave(torch.arange(len(idx)), torch.tensor(counts, dtype=torch.long)))
             if sum(counts):
+                owner = torch.repeat_interleave(torch.arange(len(idx)), torch.tensor(counts, dtype=torch.long))
                 bx = np.concatenate([np.asarray(boxes[i], np.float32).reshape(-1, 4) for i in idx])
                 if self.preprocess_mode == "exact":
                     tb = self._to_device(torch.as_tensor(self.exact_model_boxes(bx, h, w), dtype=torch.float))
                 else:
                     tb = self.transform_boxes(self._to_device(torch.from_numpy(bx)), h, w)
-                embs.append(emb[start : start + len(idx)].index_select(0, owner))
+                embs.append(emb[start : start + len(idx)].index_select(0, self._to_device(owner)))
                 mboxes.append(tb)
-            owners.append(owner)
+            ends = np.cumsum(counts).tolist()
+            runs.append(list(zip([0, *ends[:-1]], ends, strict=True)))
             spans.append((idx, h, w, sum(counts)))
             start += len(idx)
         low = self.decode_low(torch.cat(embs), torch.cat(mboxes)) if embs else None
         pos = 0
-        for (idx, h, w, m), owner in zip(spans, owners, strict=True):
+        for (idx, h, w, m), run in zip(spans, runs, strict=True):
             if m and low is not None:
                 if logits:
                     probs = self.postprocess(low[pos : pos + m].float(), h, w)[:, 0]
@@ -688,7 +689,7 @@ class SamSegmenter:
                     probs = self.probabilities(low[pos : pos + m], h, w)
             else:
                 probs = torch.zeros((0, h, w), dtype=torch.float32, device=self.device)
-            out.append((idx, probs, owner))
+            out.append((idx, probs, run))
             pos += m
         return out
 
@@ -715,11 +716,10 @@ class SamSegmenter:
             chunk = list(images[start : start + batch_size])
             chunk_boxes = list(boxes[start : start + batch_size])
             probs: dict[int, np.ndarray] = {}
-            for idx, p, owner in self._bucket_probs(chunk, chunk_boxes, logits=logits):
+            for idx, p, run in self._bucket_probs(chunk, chunk_boxes, logits=logits):
                 host = p.cpu().numpy()
-                own = owner.cpu().numpy()
-                for j, i in enumerate(idx):
-                    probs[i] = np.ascontiguousarray(host[own == j], dtype=np.float32)
+                for i, (a, e) in zip(idx, run, strict=True):
+                    probs[i] = np.ascontiguousarray(host[a:e], dtype=np.float32)
             out.extend(probs[i] for i in range(len(chunk)))
         return out
 
@@ -756,17 +756,11 @@ class SamSegmenter:
                 break
             t0 = time.perf_counter()
             b_counts = torch.empty((len(batch), 3), dtype=torch.int64, device=self.device)
-            for idx, probs, _owner in self._bucket_probs([x[0] for x in batch], [x[1] for x in batch]):
+            for idx, probs, run in self._bucket_probs([x[0] for x in batch], [x[1] for x in batch]):
                 h, w = probs.shape[1:]
                 above = probs > THRESHOLD  # (M, H, W) bool, each box's mask
-                # owner is sorted (_bucket_probs): image j's boxes are the slice starts[j]:ends[j],
-                # counted on the host (no wait for the device)
-                ends = np.cumsum([len(np.asarray(batch[i][1]).reshape(-1, 4)) for i in idx]).tolist()
-                starts = [0, *ends[:-1]]
-                if ends[-1] != len(probs):  # shapes only: no device wait
-                    raise RuntimeError(f"{len(probs)} box masks for {ends[-1]} boxes")
                 pred = torch.zeros((len(idx), h, w), dtype=torch.bool, device=self.device)
-                for j, (a, e) in enumerate(zip(starts, ends, strict=True)):
+                for j, (a, e) in enumerate(run):
                     if e > a:  # the union; a max over bytes is 5x faster than any() over dim 0 here
                         pred[j] = above[a:e].view(torch.uint8).amax(dim=0).bool()
                 gt = self._upload_masks([batch[i][2] for i in idx])
@@ -781,7 +775,7 @@ class SamSegmenter:
                     if targets is None or targets[0] is None:
                         continue
                     inst, ids = targets
-                    mine = above[starts[j] : ends[j]]  # this item's boxes, in order
+                    mine = above[run[j][0] : run[j][1]]  # this item's boxes, in order
                     lab = self._to_device(torch.from_numpy(np.array(inst, np.int32)))
                     tid = self._to_device(torch.as_tensor(np.asarray(ids, np.int32)))
                     box_counts.append((n + i, instance_box_counts(mine, lab, tid)))
