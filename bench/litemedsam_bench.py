@@ -30,6 +30,7 @@ import torch
 from bench.timing import timed
 from medrobust_lib.attacks.linf import pgd, torch_generator_for
 from medrobust_lib.models.litemedsam import IMAGE_SIZE, LiteMedSamSegmenter, exact_inputs, load_litemedsam
+from medrobust_lib.models.precision import native_bf16
 
 
 def encoder_flops(seg: LiteMedSamSegmenter) -> int:
@@ -304,8 +305,10 @@ def runtime_table(rows: list[RuntimeRow], prepare: dict[str, float]) -> list[str
 
     flags = sorted({f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
                     if f in _cpu_flags()})
+    # what the libraries see through cpuid (tools/avx2_only hides features that /proc/cpuinfo lists)
+    seen = f"kernels {torch.backends.cpu.get_cpu_capability()}, native bf16 {native_bf16('cpu')}"
     lines = [f"\n### LiteMedSAM runtimes on the CPU ({torch.get_num_threads()} threads, {platform.processor() or 'cpu'}; "
-             f"flags: {', '.join(flags) or 'unknown'})",
+             f"flags: {', '.join(flags) or 'unknown'}; {seen})",
              "| what | batch | engine | ms/img | img/s | x PyTorch fp32 (paired median) | max abs logit diff | "
              "mask pixels differing |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
