@@ -30,6 +30,7 @@ import torch
 from bench.timing import timed
 from medrobust_lib.attacks.linf import pgd, torch_generator_for
 from medrobust_lib.models.litemedsam import IMAGE_SIZE, LiteMedSamSegmenter, exact_inputs, load_litemedsam
+from medrobust_lib.models.onnx_engine import EXPORTED_RUNTIMES
 from medrobust_lib.models.precision import native_bf16
 
 
@@ -200,7 +201,7 @@ def litemedsam_table(dev: torch.device, bound: float, *, batches: list[int], ite
 
 # ---- runtimes (issue 47): PyTorch fp32, bf16 autocast, ONNX Runtime, OpenVINO ----------------------
 
-RUNTIME_ENGINES: tuple[str, ...] = ("pytorch-fp32", "pytorch-bf16", "onnxruntime", "openvino")
+RUNTIME_ENGINES: tuple[str, ...] = ("pytorch-fp32", "pytorch-bf16", "onnxruntime", "openvino", "openvino+onnxruntime")
 """The engines :func:`runtime_comparison` measures (``pytorch-bf16`` only where the CPU computes bf16
 natively: emulated bf16 is about 10x slower, :mod:`medrobust_lib.models.precision`)."""
 
@@ -231,7 +232,7 @@ def runtime_models(cache_dir: str | None, engines: tuple[str, ...] = RUNTIME_ENG
     prepare: dict[str, float] = {}
     if "pytorch-bf16" in engines and native_bf16("cpu"):
         models["pytorch-bf16"] = load_litemedsam(runtime="pytorch", precision="bf16")
-    for rt in ("onnxruntime", "openvino"):
+    for rt in EXPORTED_RUNTIMES:
         if rt not in engines:
             continue
         m = load_litemedsam(runtime=rt, cache_dir=cache_dir)

@@ -289,14 +289,15 @@ class SegModelConfig(AddedKeys):
                                     "'auto': bf16 where the device computes it natively (CUDA with bf16, a CPU "
                                     "with AVX512-BF16 or AMX), else fp32 (emulated bf16 is ~10x slower); "
                                     "the arithmetic that ran is recorded in every result row")
-    runtime: Literal["auto", "pytorch", "onnxruntime", "openvino"] = Field(
+    runtime: Literal["auto", "pytorch", "onnxruntime", "openvino", "openvino+onnxruntime"] = Field(
         default="auto", description="what runs inference without gradients (clean, perturbed and attacked "
         "predictions): 'onnxruntime' / 'openvino' run the model exported to ONNX once per checkpoint (cached in the "
-        "suite's cache/exports) on the CPU in fp32 (litemedsam only); 'pytorch' runs the PyTorch modules; 'auto': "
-        "ONNX Runtime on the CPU where the precision resolves to fp32 and the family can be exported, else "
-        "PyTorch. Attack gradients, fine-tuning, autocast and CUDA always run PyTorch; an export that cannot be "
-        "made or loaded falls back to PyTorch with a warning. The runtime that ran is recorded in every result "
-        "row's precision (e.g. 'fp32-onnxruntime')")
+        "suite's cache/exports) on the CPU in fp32 (litemedsam only), 'openvino+onnxruntime' the image encoder "
+        "through OpenVINO and the decoder through ONNX Runtime; 'pytorch' runs the PyTorch modules; 'auto': "
+        "openvino+onnxruntime on the CPU where the precision resolves to fp32 and the family can be exported "
+        "(the one runtime installed if only one is), else PyTorch. Attack gradients, fine-tuning, autocast and "
+        "CUDA always run PyTorch; an export that cannot be made or loaded falls back to PyTorch with a warning. "
+        "The runtime that ran is recorded in every result row's precision (e.g. 'fp32-openvino+onnxruntime')")
     levels: list[int] | None = Field(
         default=None, description="perturbation levels this model is evaluated at (None: every level of the suite)")
     max_perturbed_per_modality: int | None = Field(
@@ -332,7 +333,7 @@ class SegModelConfig(AddedKeys):
         if self.checkpoint == PACKAGE_CHECKPOINT and not entry.packaged:
             raise ValueError(f"segmentation model {self.id!r}: checkpoint '{PACKAGE_CHECKPOINT}' exists only for "
                              f"{', '.join(packaged_families())}; family {self.family!r} needs a local file")
-        if self.runtime in ("onnxruntime", "openvino"):
+        if self.runtime not in ("auto", "pytorch"):  # an exported runtime, named explicitly
             if not entry.exportable:
                 exportable = list_models("segmentation", exportable=True)
                 raise ValueError(f"segmentation model {self.id!r}: runtime {self.runtime!r} exists for "

@@ -44,10 +44,12 @@ its logits differ from the official ones by the effect of at most 0.5 / 255 per 
 
 Runtimes (``runtime``, :mod:`medrobust_lib.models.onnx_engine`): on the CPU in fp32, no-grad
 inference (``predict``, ``predict_logits``, ``score``) can run the image encoder and the prompt
-encoder + mask decoder as ONNX graphs through ONNX Runtime or OpenVINO, exported once per
-checkpoint and cached; the official preprocessing, the embedding reuse, the crop, the upsampling
-and the metrics stay as they are. Gradients (attacks, fine-tuning), autocast and CUDA run PyTorch.
-The recorded ``precision`` says which ran (``fp32-onnxruntime``, ``fp32-openvino``).
+encoder + mask decoder as ONNX graphs through ONNX Runtime, OpenVINO, or the encoder through
+OpenVINO and the decoder through ONNX Runtime (``openvino+onnxruntime``, what ``auto`` takes),
+exported once per checkpoint and cached; the official preprocessing, the embedding reuse, the crop,
+the upsampling and the metrics stay as they are. Gradients (attacks, fine-tuning), autocast and
+CUDA run PyTorch. The recorded ``precision`` says which ran (``fp32-onnxruntime``,
+``fp32-openvino``, ``fp32-openvino+onnxruntime``).
 """
 
 from __future__ import annotations
@@ -82,10 +84,11 @@ from medrobust_lib.models.litemedsam_package import (  # noqa: F401 (the pin's n
     verify_packaged_checkpoint,
 )
 from medrobust_lib.models.onnx_engine import (
-    EXPORT_RUNTIMES,
+    EXPORTED_RUNTIMES,
     ExportedGraph,
     ExportError,
     GraphSpec,
+    graph_runtimes,
     load_or_export,
     resolve_runtime,
 )
@@ -307,7 +310,8 @@ class LiteMedSamSegmenter(SamSegmenter):
     encoder and decoder under autocast on the CPU too (recorded as ``precision``), with the encoder
     in channels-last memory format (``channels_last``).
 
-    ``runtime`` (resolved: ``pytorch``, ``onnxruntime`` or ``openvino``; module docstring): with an
+    ``runtime`` (resolved: ``pytorch``, ``onnxruntime``, ``openvino`` or ``openvino+onnxruntime``;
+    module docstring): with an
     exported runtime, no-grad inference in eval mode without autocast on the CPU runs the exported
     graphs of the checkpoint with SHA-256 ``source_sha256``, kept under ``cache_dir`` (None: the
     default, :func:`~medrobust_lib.models.onnx_engine.default_cache_dir`). They are exported or
@@ -320,8 +324,8 @@ class LiteMedSamSegmenter(SamSegmenter):
     def __init__(self, *args: Any, runtime: str = "pytorch", source_sha256: str | None = None,
                  cache_dir: str | Path | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if runtime != "pytorch" and runtime not in EXPORT_RUNTIMES:
-            raise ValueError(f"unknown runtime {runtime!r}; valid: pytorch, {', '.join(EXPORT_RUNTIMES)}")
+        if runtime != "pytorch" and runtime not in EXPORTED_RUNTIMES:
+            raise ValueError(f"unknown runtime {runtime!r}; valid: pytorch, {', '.join(EXPORTED_RUNTIMES)}")
         if runtime != "pytorch" and source_sha256 is None:
             raise ValueError("an exported runtime needs the checkpoint's SHA-256 (source_sha256) for its cache key")
         self.runtime = runtime
@@ -381,15 +385,16 @@ class LiteMedSamSegmenter(SamSegmenter):
             # traced with 2 prompts (a batch of 1 could be specialised), checked with 1 and 3
             return (emb.expand(2, -1, -1, -1), boxes[:2]), [(emb, boxes[:1]), (emb.expand(3, -1, -1, -1), boxes)]
 
+        encoder_runtime, decoder_runtime = graph_runtimes(self.runtime)
         encoder = load_or_export(self.sam.image_encoder, encoder_inputs, ENCODER_GRAPH, source_sha256=self.source_sha256,
-                                 runtime=self.runtime, cache_dir=self.cache_dir, settings=settings)
+                                 runtime=encoder_runtime, cache_dir=self.cache_dir, settings=settings)
         # exported channels last (sam_decode_export), checked against the PyTorch path it stands for
         try:
             to_export = DecodeLowForExport(self)
         except ValueError as exc:  # not segment-anything's decoder: PyTorch runs, after one warning
             raise ExportError(f"the mask decoder cannot be exported channels last ({exc})") from None
         decoder = load_or_export(to_export, decoder_inputs, DECODER_GRAPH,
-                                 source_sha256=self.source_sha256, runtime=self.runtime, cache_dir=self.cache_dir,
+                                 source_sha256=self.source_sha256, runtime=decoder_runtime, cache_dir=self.cache_dir,
                                  settings={**settings, "mask_selection": self.mask_selection},
                                  reference=_DecodeLow(self))
         return _Engine(self.runtime, encoder, decoder)
@@ -400,7 +405,8 @@ class LiteMedSamSegmenter(SamSegmenter):
     @property
     def precision(self) -> str:
         """:attr:`SamSegmenter.precision`, or ``fp32-<runtime>`` (``fp32-onnxruntime``,
-        ``fp32-openvino``) while inference runs the exported graphs (:meth:`engine_ready`)."""
+        ``fp32-openvino``, ``fp32-openvino+onnxruntime``) while inference runs the exported graphs
+        (:meth:`engine_ready`)."""
         if self.engine_ready():
             return f"fp32-{self.runtime}"
         return super().precision
@@ -519,8 +525,9 @@ def load_litemedsam(checkpoint: str | Path | None = None, *, model_id: str = "li
                     cache_dir: str | Path | None = None) -> LiteMedSamSegmenter:
     """LiteMedSAM from ``checkpoint`` (None: the packaged release, SHA-256 checked), loaded strictly.
 
-    ``runtime``: ``pytorch`` (default here: the reference), ``onnxruntime``, ``openvino`` or
-    ``auto`` (:func:`~medrobust_lib.models.onnx_engine.resolve_runtime`: ONNX Runtime on the CPU
+    ``runtime``: ``pytorch`` (default here: the reference), ``onnxruntime``, ``openvino``,
+    ``openvino+onnxruntime`` (encoder, decoder) or ``auto``
+    (:func:`~medrobust_lib.models.onnx_engine.resolve_runtime`: ``openvino+onnxruntime`` on the CPU
     when ``precision`` resolves to fp32; suites default to ``auto``). An exported runtime runs fp32:
     with it, ``precision: auto`` means fp32. ``cache_dir``: where the exported graphs are kept.
 
@@ -541,7 +548,7 @@ def load_litemedsam(checkpoint: str | Path | None = None, *, model_id: str = "li
         insert_adapters(model.get_submodule("image_encoder"), ratio)
     load_into(model, sd, str(path))
     arithmetic = resolve_precision(precision, device)
-    if runtime in EXPORT_RUNTIMES and precision == "auto":
+    if runtime in EXPORTED_RUNTIMES and precision == "auto":
         arithmetic = "fp32"  # an exported runtime named explicitly: auto takes its fp32
     resolved = resolve_runtime(runtime, device, arithmetic)
     digest = CHECKPOINT_SHA256 if checkpoint is None else file_sha256(path)  # the packaged file is verified

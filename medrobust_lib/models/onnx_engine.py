@@ -30,8 +30,10 @@ warning line (:mod:`medrobust_lib.models.litemedsam`).
 **Runtimes.** ``onnxruntime`` (CPU execution provider, all graph optimisations, intra-op threads =
 ``torch.get_num_threads()``, no spin-waiting: the cores are shared with the perturbation feed) and
 ``openvino`` (CPU plugin, ``INFERENCE_PRECISION_HINT f32``: on a CPU with AMX or AVX512-BF16 the
-plugin otherwise runs in bf16 by default, latency hint, the same thread count). ``auto`` takes
-:data:`AUTO_RUNTIME` where it is installed (the choice and the measurements: docs/performance.md).
+plugin otherwise runs in bf16 by default, latency hint, the same thread count), or the two split by
+graph (:data:`SPLIT_RUNTIME`: the image encoder on OpenVINO, the decoder on ONNX Runtime). ``auto``
+takes the first installed of :data:`AUTO_PREFERENCE` (the choice and the measurements:
+docs/performance.md).
 Loaded graphs are kept per process by key (:data:`_GRAPHS`), so the models of one process share
 them, even when their suites keep their exports in different folders.
 """
@@ -61,13 +63,20 @@ from medrobust_lib.lru import LRU
 
 logger = logging.getLogger(__name__)
 
-RUNTIMES: tuple[str, ...] = ("auto", "pytorch", "onnxruntime", "openvino")
-"""What runs a model's no-grad inference (``segmentation.models[].runtime``)."""
 EXPORT_RUNTIMES: tuple[str, ...] = ("onnxruntime", "openvino")
-"""The runtimes that run an exported ONNX graph."""
-AUTO_RUNTIME = "onnxruntime"
-"""The runtime ``auto`` takes on the CPU (docs/performance.md: the faster of the two here, and equal
-to PyTorch within 3e-6 on LiteMedSAM's embeddings)."""
+"""The runtimes that run an exported ONNX graph (one graph: :func:`load_or_export`, :class:`ExportedGraph`)."""
+SPLIT_RUNTIME = "openvino+onnxruntime"
+"""A model's image encoder through OpenVINO and the rest (prompt encoder + mask decoder) through ONNX
+Runtime: each graph on the runtime that ran it fastest on every CPU measured (docs/performance.md)."""
+EXPORTED_RUNTIMES: tuple[str, ...] = (*EXPORT_RUNTIMES, SPLIT_RUNTIME)
+"""The ``runtime`` settings under which a model's inference runs exported graphs
+(:func:`graph_runtimes` says which runtime runs which graph)."""
+RUNTIMES: tuple[str, ...] = ("auto", "pytorch", *EXPORTED_RUNTIMES)
+"""What runs a model's no-grad inference (``segmentation.models[].runtime``)."""
+AUTO_PREFERENCE: tuple[str, ...] = (SPLIT_RUNTIME, "onnxruntime", "openvino")
+"""What ``auto`` takes on the CPU in fp32: the first whose packages are installed (make setup
+installs both). OpenVINO's encoder was 2-25 % faster than ONNX Runtime's and ONNX Runtime's decoder
+1.2-1.7x faster than OpenVINO's on the three CPUs measured (docs/performance.md, seventh session)."""
 OPSET = 17
 EXPORTER_VERSION = 2
 """Bumped whenever the export code (wrappers, names, axes, checks) changes: every cached graph is
@@ -112,16 +121,29 @@ def default_cache_dir() -> Path:
     return Path(base).expanduser() / "medrobust" / "exports"
 
 
+def graph_runtimes(runtime: str) -> tuple[str, str]:
+    """(the image encoder's runtime, the decoder's) under an exported ``runtime`` setting
+    (:data:`EXPORTED_RUNTIMES`): ``onnxruntime`` -> both ONNX Runtime, ``openvino+onnxruntime`` ->
+    (``openvino``, ``onnxruntime``).
+
+    Raises:
+        ValueError: a setting that runs no exported graph."""
+    if runtime not in EXPORTED_RUNTIMES:
+        raise ValueError(f"runtime {runtime!r} runs no exported graph; valid: {', '.join(EXPORTED_RUNTIMES)}")
+    encoder, _, decoder = runtime.partition("+")
+    return encoder, decoder or encoder
+
+
 def runtime_installed(runtime: str) -> bool:
-    """Whether ``runtime`` (``onnxruntime`` / ``openvino``) and the ``onnx`` package that the
-    exporter needs are importable (looked up, not imported)."""
-    return all(importlib.util.find_spec(name) is not None for name in (runtime, "onnx"))
+    """Whether the packages of an exported ``runtime`` setting (``onnxruntime``, ``openvino`` or
+    both) and the ``onnx`` package that the exporter needs are importable (looked up, not imported)."""
+    return all(importlib.util.find_spec(name) is not None for name in (*set(graph_runtimes(runtime)), "onnx"))
 
 
 def resolve_runtime(runtime: str, device: str, precision: str) -> str:
     """The runtime that will run inference: ``pytorch``, ``onnxruntime`` or ``openvino``.
 
-    ``auto``: :data:`AUTO_RUNTIME` on the CPU in fp32 where it is installed, else ``pytorch``
+    ``auto``: the first installed of :data:`AUTO_PREFERENCE` on the CPU in fp32, else ``pytorch``
     (``precision`` is the resolved arithmetic, ``fp32`` or ``bf16``: the exported graphs are fp32,
     so bf16 autocast stays with PyTorch). An explicit runtime is returned as given (one that turns
     out not to load falls back at run time, with a warning).
@@ -133,10 +155,12 @@ def resolve_runtime(runtime: str, device: str, precision: str) -> str:
         raise ValueError(f"unknown runtime {runtime!r}; valid: {', '.join(RUNTIMES)}")
     cpu = torch.device(device).type == "cpu"
     if runtime == "auto":
-        return AUTO_RUNTIME if cpu and precision == "fp32" and runtime_installed(AUTO_RUNTIME) else "pytorch"
-    if runtime in EXPORT_RUNTIMES and not cpu:
+        if not cpu or precision != "fp32":
+            return "pytorch"
+        return next((rt for rt in AUTO_PREFERENCE if runtime_installed(rt)), "pytorch")
+    if runtime in EXPORTED_RUNTIMES and not cpu:
         raise ValueError(f"runtime {runtime!r} runs on the CPU; device {device!r} runs PyTorch (runtime: pytorch or auto)")
-    if runtime in EXPORT_RUNTIMES and precision != "fp32":
+    if runtime in EXPORTED_RUNTIMES and precision != "fp32":
         raise ValueError(f"runtime {runtime!r} runs the exported graph in fp32; precision {precision!r} needs "
                          "runtime: pytorch (or auto)")
     return runtime

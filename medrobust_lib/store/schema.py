@@ -257,8 +257,8 @@ MART_TABLES: list[MartTable] = [
         ("n_prompts", "INTEGER"), ("n_instances", "INTEGER"), ("instance_iou", "DOUBLE"), ("instance_dice", "DOUBLE"),
         ("pred_mask_sha256", "VARCHAR"),
     ), "one row per (model, image, condition): IoU/Dice and signed drops vs clean; precision: the model's "
-       "arithmetic and what ran it (fp32, bf16-autocast: PyTorch; fp32-onnxruntime, fp32-openvino: the exported "
-       "graphs, models.onnx_engine); family / arch: the adapter family and architecture (arch 'tiny': "
+       "arithmetic and what ran it (fp32, bf16-autocast: PyTorch; fp32-onnxruntime, fp32-openvino, "
+       "fp32-openvino+onnxruntime (encoder, decoder): the exported graphs, models.onnx_engine); family / arch: the adapter family and architecture (arch 'tiny': "
        "the demo's from-scratch SAM; every other arch is a real architecture). iou / dice: the union of the "
        "masks of the image's box prompts against its whole mask; n_prompts: the box prompts given (one per "
        "instance for a dataset with instances, else one); for a sample with instances (per_component_boxes or "

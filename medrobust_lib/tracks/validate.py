@@ -175,8 +175,8 @@ def _package_error(model_id: str) -> str | None:
 def _weights_errors(suite: Suite, root: Path) -> list[str]:
     errors = []
     for m in suite.segmentation.models:
-        if m.runtime in ("onnxruntime", "openvino"):  # named explicitly: the run would fall back to PyTorch
-            missing = [p for p in (m.runtime, "onnx") if importlib.util.find_spec(p) is None]
+        if m.runtime not in ("auto", "pytorch"):  # named explicitly: the run would fall back to PyTorch
+            missing = [p for p in (*m.runtime.split("+"), "onnx") if importlib.util.find_spec(p) is None]
             if missing:
                 errors.append(f"segmentation model {m.id!r}: runtime {m.runtime!r} needs {' and '.join(missing)} "
                               "(make setup installs them; runtime auto or pytorch runs without)")

@@ -111,7 +111,7 @@ def test_demo_full_is_demo_with_the_full_grid() -> None:
         ("litemedsam", None, None, True)
     # batch 1 in both; the full demo's hours are attack and fine-tuning gradients (PyTorch), so it takes
     # bf16 autocast where the CPU has it (precision auto); the fast demo has no LiteMedSAM gradients and
-    # runs the defaults, fp32 through ONNX Runtime (runtime auto), the official masks on every CPU
+    # runs the defaults, fp32 through the exported graphs (runtime auto), the official masks on every CPU
     assert (lite["precision"], lite["batch_size"]) == ("auto", 1)
     fast_lite = load_suite(ROOT / "configs" / "demo.yaml").segmentation.models[1]
     assert (fseg["models"][1]["precision"], fast_lite.runtime) == ("fp32", "auto")

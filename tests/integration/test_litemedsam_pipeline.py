@@ -45,8 +45,9 @@ def test_levels_and_caps_of_one_model(lite_suite: Suite) -> None:
     first = sorted(set(zip(man["dataset"], man["sample_id"], strict=True)))[0]
     assert pert.n_rows == int(((man["dataset"] == first[0]) & (man["sample_id"] == first[1])).sum()) == 2
     df = results.read_table(s.results_dir, RESULTS_TABLE)
-    # fp32 on the CPU with runtime auto: ONNX Runtime, exported into the suite's cache (models.onnx_engine)
-    assert set(df["precision"]) == {"fp32-onnxruntime"}
+    # fp32 on the CPU with runtime auto: the encoder through OpenVINO, the decoder through ONNX Runtime,
+    # exported into the suite's cache (models.onnx_engine)
+    assert set(df["precision"]) == {"fp32-openvino+onnxruntime"}
     assert set(df["family"]) == {"litemedsam"} and set(df["arch"]) == {"tinyvit"}
     assert set(df.loc[df["condition"] == "perturbation", "sample_id"]) == {first[1]}
 

@@ -1,4 +1,4 @@
-"""LiteMedSAM through the exported runtimes (``runtime: onnxruntime / openvino``,
+"""LiteMedSAM through the exported runtimes (``runtime: onnxruntime / openvino / openvino+onnxruntime``,
 :mod:`medrobust_lib.models.onnx_engine`): equal to the official script as the PyTorch modules are
 (masks identical, logits within 1e-4), a fine-tuned checkpoint exported under its own key and equal
 to its PyTorch logits, the fallback to PyTorch (one warning line) for a broken export and for
@@ -52,6 +52,25 @@ def ov_model(exports: Path) -> LiteMedSamSegmenter:
     return m
 
 
+@pytest.fixture(scope="session")
+def split_model(exports: Path) -> LiteMedSamSegmenter:
+    """``runtime: auto`` on the CPU: the encoder through OpenVINO, the decoder through ONNX Runtime."""
+    m = load_litemedsam(runtime="auto", cache_dir=exports)
+    assert m.runtime == onnx_engine.SPLIT_RUNTIME and m.precision == "fp32-openvino+onnxruntime"
+    assert m._engine is not None
+    assert (m._engine.encoder.runtime, m._engine.decoder.runtime) == ("openvino", "onnxruntime")
+    return m
+
+
+def test_the_official_fixture_through_the_split_runtime(split_model: LiteMedSamSegmenter, items: list[Item],
+                                                        official: dict[str, np.ndarray]) -> None:
+    """What ``auto`` runs: masks identical, logits within 1e-4 of the official script's, on every
+    other item of the default run's 16 (all 66 in the slow test below)."""
+    picked = _one_per_modality_and_the_odd(items)[::2]
+    _check_official(split_model, items, official, picked)
+    assert split_model.precision == "fp32-openvino+onnxruntime"
+
+
 def test_the_official_fixture_through_onnx_runtime(ort_model: LiteMedSamSegmenter, items: list[Item],
                                                    official: dict[str, np.ndarray]) -> None:
     """Every modality and every odd size (16 items; all 66 in the slow test below): masks identical,
@@ -66,13 +85,13 @@ def test_the_official_fixture_through_onnx_runtime(ort_model: LiteMedSamSegmente
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("runtime", ["onnxruntime", "openvino"])
+@pytest.mark.parametrize("runtime", ["onnxruntime", "openvino", "openvino+onnxruntime"])
 def test_all_66_items_equal_the_official_script(runtime: str, request: pytest.FixtureRequest, items: list[Item],
                                                 official: dict[str, np.ndarray]) -> None:
     """The 54 demo test images and 12 odd sizes, through each runtime (about 40 s each on 2 cores;
     OpenVINO, the alternative runtime, is checked on LiteMedSAM here only: its runner is also in
     ``tests/models/test_onnx_engine.py``)."""
-    model = request.getfixturevalue("ort_model" if runtime == "onnxruntime" else "ov_model")
+    model = request.getfixturevalue({"onnxruntime": "ort_model", "openvino": "ov_model"}.get(runtime, "split_model"))
     _check_official(model, items, official, list(range(len(items))))
 
 
@@ -181,7 +200,7 @@ def test_the_suite_option(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     ckpt = packaged_checkpoint()
     seg = build_segmenter(SegModelConfig(id="lite", family="litemedsam", checkpoint="package"), ckpt,
                           cache_dir=tmp_path)
-    assert (seg.runtime, seg.cache_dir, seg.autocast_dtype) == ("onnxruntime", tmp_path, None)  # auto, fp32
+    assert (seg.runtime, seg.cache_dir, seg.autocast_dtype) == ("openvino+onnxruntime", tmp_path, None)  # auto, fp32
     seg = build_segmenter(SegModelConfig(id="lite", family="litemedsam", checkpoint="package", runtime="openvino",
                                          precision="auto"), ckpt, cache_dir=tmp_path)
     assert (seg.runtime, seg.autocast_dtype) == ("openvino", None)  # an exported runtime takes auto's fp32
@@ -189,7 +208,7 @@ def test_the_suite_option(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     assert (seg.runtime, seg.precision) == ("pytorch", "bf16-autocast")
     monkeypatch.setattr(onnx_engine, "runtime_installed", lambda runtime: False)
     seg = build_segmenter(SegModelConfig(id="lite", family="litemedsam", checkpoint="package"), ckpt)
-    assert seg.runtime == "pytorch"  # auto without ONNX Runtime installed
+    assert seg.runtime == "pytorch"  # auto without ONNX Runtime or OpenVINO installed
 
 
 @pytest.mark.parametrize("model, message", [
@@ -209,8 +228,8 @@ def test_validate_accepts_the_runtimes(tmp_path: Path) -> None:
 
     from medrobust_lib.tracks.validate import validate_suite
 
-    models = [{"id": f"lite-{rt}", "family": "litemedsam", "checkpoint": "package", "runtime": rt}
-              for rt in ("auto", "pytorch", "onnxruntime", "openvino")]
+    models = [{"id": f"lite-{rt.replace('+', '-')}", "family": "litemedsam", "checkpoint": "package", "runtime": rt}
+              for rt in ("auto", "pytorch", "onnxruntime", "openvino", "openvino+onnxruntime")]
     cfg = {"name": "lite", "modalities": ["ct"], "demo": {"enabled": True, "root": str(tmp_path / "demo")},
            "segmentation": {"models": models}}
     (tmp_path / "suite.yaml").write_text(yaml.safe_dump(cfg))
@@ -229,11 +248,16 @@ def test_validate_names_a_runtime_that_is_not_installed(tmp_path: Path, monkeypa
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "openvino" else real(name, *a))
     cfg = {"name": "lite", "modalities": ["ct"], "demo": {"enabled": True, "root": str(tmp_path / "demo")},
            "segmentation": {"models": [{"id": "ov", "family": "litemedsam", "checkpoint": "package",
-                                        "runtime": "openvino"}]}}
+                                        "runtime": "openvino"},
+                                       {"id": "split", "family": "litemedsam", "checkpoint": "package",
+                                        "runtime": "openvino+onnxruntime"},
+                                       {"id": "ort", "family": "litemedsam", "checkpoint": "package",
+                                        "runtime": "onnxruntime"}]}}
     (tmp_path / "suite.yaml").write_text(yaml.safe_dump(cfg))
     report = validate_suite(tmp_path / "suite.yaml", n_load=1, root=tmp_path)
-    assert report.errors == ["segmentation model 'ov': runtime 'openvino' needs openvino (make setup installs them; "
-                             "runtime auto or pytorch runs without)"]
+    assert report.errors == [f"segmentation model {m!r}: runtime {rt!r} needs openvino (make setup installs them; "
+                             "runtime auto or pytorch runs without)"
+                             for m, rt in (("ov", "openvino"), ("split", "openvino+onnxruntime"))]
 
 
 def test_an_input_encoded_before_reuses_its_embedding(exports: Path, ort_model: LiteMedSamSegmenter) -> None:

@@ -213,17 +213,34 @@ def test_a_missing_runtime_is_an_export_error(tmp_path: Path, monkeypatch: pytes
 
 
 def test_the_runtime_choice(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert oe.resolve_runtime("auto", "cpu", "fp32") == oe.AUTO_RUNTIME == "onnxruntime"
+    # auto: the encoder through OpenVINO and the decoder through ONNX Runtime where both are installed
+    assert oe.resolve_runtime("auto", "cpu", "fp32") == oe.SPLIT_RUNTIME == "openvino+onnxruntime"
+    assert oe.graph_runtimes(oe.SPLIT_RUNTIME) == ("openvino", "onnxruntime")
+    assert oe.graph_runtimes("onnxruntime") == ("onnxruntime", "onnxruntime")
+    assert oe.graph_runtimes("openvino") == ("openvino", "openvino")
+    with pytest.raises(ValueError, match="runs no exported graph"):
+        oe.graph_runtimes("pytorch")
+    assert oe.resolve_runtime(oe.SPLIT_RUNTIME, "cpu", "fp32") == oe.SPLIT_RUNTIME
     assert oe.resolve_runtime("auto", "cpu", "bf16") == "pytorch"  # the graphs are fp32: autocast stays in torch
     assert oe.resolve_runtime("auto", "cuda:1", "fp32") == "pytorch"
     assert oe.resolve_runtime("pytorch", "cpu", "fp32") == "pytorch"
     assert oe.resolve_runtime("openvino", "cpu", "fp32") == "openvino"
-    with pytest.raises(ValueError, match="unknown runtime 'tensorrt'; valid: auto, pytorch, onnxruntime, openvino"):
+    with pytest.raises(ValueError, match="unknown runtime 'tensorrt'; valid: auto, pytorch, onnxruntime, openvino, "
+                                         "openvino\\+onnxruntime$"):
         oe.resolve_runtime("tensorrt", "cpu", "fp32")
     with pytest.raises(ValueError, match="runs on the CPU"):
         oe.resolve_runtime("onnxruntime", "cuda", "fp32")
     with pytest.raises(ValueError, match="runs the exported graph in fp32"):
         oe.resolve_runtime("openvino", "cpu", "bf16")
+    with pytest.raises(ValueError, match="runs on the CPU"):
+        oe.resolve_runtime(oe.SPLIT_RUNTIME, "cuda", "fp32")
+    # one runtime installed: auto takes it; none: PyTorch
+    real = oe.importlib.util.find_spec
+    for gone, left in (("openvino", "onnxruntime"), ("onnxruntime", "openvino")):
+        monkeypatch.setattr(oe.importlib.util, "find_spec", lambda name, *a, gone=gone: None if name == gone
+                            else real(name, *a))
+        assert not oe.runtime_installed(oe.SPLIT_RUNTIME) and oe.runtime_installed(left)
+        assert oe.resolve_runtime("auto", "cpu", "fp32") == left
     monkeypatch.setattr(oe, "runtime_installed", lambda runtime: False)
     assert oe.resolve_runtime("auto", "cpu", "fp32") == "pytorch"
 
