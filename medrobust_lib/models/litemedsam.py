@@ -244,11 +244,12 @@ def _checkpointed_blocks(encoder: torch.nn.Module) -> Iterator[None]:
 ENCODER_GRAPH = GraphSpec("image_encoder", ("image",), ("embedding",))
 """The TinyViT at batch 1 (its ``PatchMerging`` reads the batch size with ``len(x)``, which the
 tracer freezes): (1, 3, 256, 256) -> (1, 256, 64, 64); a batch runs one image at a time."""
-DECODER_GRAPH = GraphSpec("mask_decoder", ("embeddings", "boxes"), ("low_res_logits",),
-                          {"embeddings": {0: "prompts"}, "boxes": {0: "prompts"}, "low_res_logits": {0: "prompts"}})
-"""Prompt encoder + mask decoder as :meth:`SamSegmenter.decode_low` runs them: M embeddings
-(M, 256, 64, 64) paired with M model-grid boxes (M, 4) -> the selected mask's low-resolution
-logits (M, 1, 256, 256); M is dynamic."""
+DECODER_GRAPH = GraphSpec("mask_decoder", ("embedding", "boxes"), ("low_res_logits",),
+                          {"boxes": {0: "prompts"}, "low_res_logits": {0: "prompts"}})
+"""Prompt encoder + mask decoder as :meth:`SamSegmenter.decode_low` runs them, for the prompts of
+one image: its embedding (1, 256, 64, 64) and M model-grid boxes (M, 4) -> the selected mask's
+low-resolution logits (M, 1, 256, 256); M is dynamic. The image-side terms of the first two-way
+block are computed once per call (:class:`~medrobust_lib.models.sam_decode_export.DecodeLowForExport`)."""
 
 
 EMBEDDING_CACHE = 32
@@ -259,23 +260,26 @@ corruptions of one source image give identical inputs; the exported encoder runs
 time, so a kept embedding is the one it would compute again."""
 
 DECODER_CHUNK = 4
-"""Box prompts per call of the exported decoder. Each prompt decodes on its own (the same numbers in
-any grouping); small groups bound the memory: the upscaled mask features are 8 MiB per prompt, and
-ONNX Runtime's arena keeps its peak. Measured on 2 cores with 125 prompts of one image: 4 per call
-about 1.2 GB peak RSS and no slower than 16 (2.1 GB) or all 125 at once (5.5 GB, 2x slower)."""
+"""Box prompts of one image per call of the exported decoder. Each prompt decodes on its own (the
+same numbers in any grouping); small groups bound the memory: the upscaled mask features are 8 MiB
+per prompt, and ONNX Runtime's arena keeps its peak. Measured on 2 cores with 125 prompts of one
+image: 4 per call about 1.2 GB peak RSS and no slower than 16 (2.1 GB) or all 125 at once (5.5 GB,
+2x slower); with the first block's image-side terms shared, 4 per call 15 ms per prompt, 8 per call
+19 ms."""
 
 
 class _DecodeLow(torch.nn.Module):
-    """:meth:`SamSegmenter.decode_low` of ``seg`` (PyTorch, fp32) as a module: what the exported
-    decoder (:class:`~medrobust_lib.models.sam_decode_export.DecodeLowForExport`) is checked against."""
+    """:meth:`SamSegmenter.decode_low` of ``seg`` (PyTorch, fp32) as a module, one image's embedding
+    (1, C, e, e) repeated for its M boxes: what the exported decoder
+    (:class:`~medrobust_lib.models.sam_decode_export.DecodeLowForExport`) is checked against."""
 
     def __init__(self, seg: SamSegmenter) -> None:
         super().__init__()
         self.sam = seg.sam  # registered, so the exporter sees the parameters
         self._seg = seg
 
-    def forward(self, embeddings: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
-        return SamSegmenter.decode_low(self._seg, embeddings, boxes)
+    def forward(self, embedding: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+        return SamSegmenter.decode_low(self._seg, embedding.expand(boxes.shape[0], -1, -1, -1), boxes)
 
 
 def _package_versions() -> dict[str, str | None]:
@@ -383,7 +387,7 @@ class LiteMedSamSegmenter(SamSegmenter):
                 emb = self.sam.image_encoder(image())
             boxes = torch.tensor([[40.0, 52.0, 200.0, 180.0], [0.0, 0.0, 255.0, 255.0], [97.0, 12.0, 130.0, 33.0]])
             # traced with 2 prompts (a batch of 1 could be specialised), checked with 1 and 3
-            return (emb.expand(2, -1, -1, -1), boxes[:2]), [(emb, boxes[:1]), (emb.expand(3, -1, -1, -1), boxes)]
+            return (emb, boxes[:2]), [(emb, boxes[:1]), (emb, boxes)]
 
         encoder_runtime, decoder_runtime = graph_runtimes(self.runtime)
         encoder = load_or_export(self.sam.image_encoder, encoder_inputs, ENCODER_GRAPH, source_sha256=self.source_sha256,
@@ -441,15 +445,30 @@ class LiteMedSamSegmenter(SamSegmenter):
         self._embeddings.clear()
 
     def decode_low(self, embeddings: torch.Tensor, model_boxes: torch.Tensor) -> torch.Tensor:
-        """:meth:`SamSegmenter.decode_low`, through the exported decoder while :meth:`engine_ready`."""
+        """:meth:`SamSegmenter.decode_low`, through the exported decoder while :meth:`engine_ready`
+        (one call per prompt: the graph takes one image's embedding; :meth:`decode_images` groups
+        the prompts of an image)."""
         if self._use_engine():
-            assert self._engine is not None
-            emb = embeddings.detach().to("cpu", torch.float32).numpy()
-            bx = model_boxes.detach().to("cpu", torch.float32).numpy()
-            n = DECODER_CHUNK
-            out = [self._engine.decoder(emb[i : i + n], bx[i : i + n])[0] for i in range(0, len(bx), n)]
-            return torch.from_numpy(out[0] if len(out) == 1 else np.concatenate(out))
+            owner = torch.arange(len(model_boxes))
+            return self.decode_images(embeddings, owner, model_boxes)
         return super().decode_low(embeddings, model_boxes)
+
+    def decode_images(self, embeddings: torch.Tensor, owner: torch.Tensor, model_boxes: torch.Tensor) -> torch.Tensor:
+        """:meth:`SamSegmenter.decode_images`; through the exported decoder while :meth:`engine_ready`:
+        each image's prompts in calls of :data:`DECODER_CHUNK`, its embedding given once per call."""
+        if not self._use_engine():
+            return super().decode_images(embeddings, owner, model_boxes)
+        assert self._engine is not None
+        emb = embeddings.detach().to("cpu", torch.float32).numpy()
+        bx = model_boxes.detach().to("cpu", torch.float32).numpy()
+        who = owner.detach().to("cpu").numpy()
+        out = np.empty((len(bx), 1, 4 * emb.shape[2], 4 * emb.shape[3]), np.float32)
+        for image in np.unique(who):
+            rows = np.flatnonzero(who == image)
+            for i in range(0, len(rows), DECODER_CHUNK):
+                chunk = rows[i : i + DECODER_CHUNK]
+                out[chunk] = self._engine.decoder(emb[image : image + 1], bx[chunk])[0]
+        return torch.from_numpy(out)
 
     def _geometry(self, h: int, w: int) -> tuple[int, int]:
         return resized_size(h, w, self.image_size)

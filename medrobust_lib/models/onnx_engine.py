@@ -75,13 +75,15 @@ RUNTIMES: tuple[str, ...] = ("auto", "pytorch", *EXPORTED_RUNTIMES)
 """What runs a model's no-grad inference (``segmentation.models[].runtime``)."""
 AUTO_PREFERENCE: tuple[str, ...] = (SPLIT_RUNTIME, "onnxruntime", "openvino")
 """What ``auto`` takes on the CPU in fp32: the first whose packages are installed (make setup
-installs both). OpenVINO's encoder was 2-25 % faster than ONNX Runtime's and ONNX Runtime's decoder
-1.2-1.7x faster than OpenVINO's on the three CPUs measured (docs/performance.md, seventh session)."""
+installs both). OpenVINO's encoder was 2-25 % faster than ONNX Runtime's on the three CPUs measured,
+and ONNX Runtime's decoder 3-10 % faster than OpenVINO's on the two where both were measured
+(docs/performance.md, seventh session)."""
 OPSET = 17
-EXPORTER_VERSION = 2
+EXPORTER_VERSION = 3
 """Bumped whenever the export code (wrappers, names, axes, checks) changes: every cached graph is
 then exported again (2: LiteMedSAM's decoder exported channels last,
-:mod:`medrobust_lib.models.sam_decode_export`)."""
+:mod:`medrobust_lib.models.sam_decode_export`; 3: the decoder takes one image's embedding for all
+its prompts)."""
 CACHE_ENV = "MEDROBUST_EXPORT_CACHE"
 """Overrides :func:`default_cache_dir` (for a model built without a suite)."""
 MODEL_FILE = "model.onnx"

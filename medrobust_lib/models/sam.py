@@ -609,6 +609,13 @@ class SamSegmenter:
             best = iou.argmax(dim=1)
             return masks[torch.arange(b, device=masks.device), best][:, None]
 
+    def decode_images(self, embeddings: torch.Tensor, owner: torch.Tensor, model_boxes: torch.Tensor) -> torch.Tensor:
+        """:meth:`decode_low` of M boxes (M, 4) in model-grid pixels over E images: ``embeddings``
+        (E, C, e, e), ``owner`` int64 (M,) the index into them of each box's image (on any device)
+        -> low-resolution logits (M, 1, 256, 256). Here the embeddings are repeated per box; an
+        exported decoder (LiteMedSAM) takes each image's once for all its boxes."""
+        return self.decode_low(embeddings.index_select(0, owner.to(embeddings.device)), model_boxes)
+
     def decode_batch(self, embeddings: torch.Tensor, boxes: torch.Tensor, h: int, w: int) -> torch.Tensor:
         """B image embeddings (B, C, e, e) with one box each (B, 4) pixel XYXY of an H x W input
         -> logits (B, 1, H, W) (the selected mask, as ``decode``)."""
@@ -662,24 +669,25 @@ class SamSegmenter:
         emb = self.encode(torch.cat(inputs)) if len(inputs) > 1 else self.encode(inputs[0])
         out = []
         start = 0
-        embs, mboxes, runs, spans = [], [], [], []
+        owners, mboxes, runs, spans = [], [], [], []
         for idx in groups.values():
             h, w = _image_hw(images[idx[0]])
             counts = [len(np.asarray(boxes[i]).reshape(-1, 4)) for i in idx]
             if sum(counts):
-                owner = torch.repeat_interleave(torch.arange(len(idx)), torch.tensor(counts, dtype=torch.long))
+                # each box's image among the encoder batch's (the groups are concatenated in order)
+                owner = torch.repeat_interleave(torch.arange(start, start + len(idx)), torch.tensor(counts, dtype=torch.long))
                 bx = np.concatenate([np.asarray(boxes[i], np.float32).reshape(-1, 4) for i in idx])
                 if self.preprocess_mode == "exact":
                     tb = self._to_device(torch.as_tensor(self.exact_model_boxes(bx, h, w), dtype=torch.float))
                 else:
                     tb = self.transform_boxes(self._to_device(torch.from_numpy(bx)), h, w)
-                embs.append(emb[start : start + len(idx)].index_select(0, self._to_device(owner)))
+                owners.append(owner)
                 mboxes.append(tb)
             ends = np.cumsum(counts).tolist()
             runs.append(list(zip([0, *ends[:-1]], ends, strict=True)))
             spans.append((idx, h, w, sum(counts)))
             start += len(idx)
-        low = self.decode_low(torch.cat(embs), torch.cat(mboxes)) if embs else None
+        low = self.decode_images(emb, torch.cat(owners), torch.cat(mboxes)) if owners else None
         pos = 0
         for (idx, h, w, m), run in zip(spans, runs, strict=True):
             if m and low is not None:

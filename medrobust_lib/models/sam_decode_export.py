@@ -15,7 +15,9 @@ same as the exporter's own graph of ``decode_low``; masks identical on the offic
   32-channel 256 x 256 features.
 
 Measured on 2 cores (ONNX Runtime, 4 prompts per call, LiteMedSAM, both graphs interleaved in one
-process): 20.9 -> 17.8 ms per prompt (docs/performance.md, sixth session).
+process): 20.9 -> 17.8 ms per prompt (docs/performance.md, sixth session); one embedding shared by
+the 4 prompts of a call: 18 -> 15 ms, and on the 125-box image 25 % less end to end with AVX2
+kernels (seventh session).
 """
 
 from __future__ import annotations
@@ -29,11 +31,18 @@ from medrobust_lib.models.sam import SamSegmenter
 
 
 class DecodeLowForExport(torch.nn.Module):
-    """:meth:`SamSegmenter.decode_low` of ``seg`` (fp32, no autocast) for export: M embeddings
-    float32 (M, C, e, e) paired with M boxes float32 (M, 4) XYXY in model-grid pixels -> logits
-    float32 (M, 1, 4e, 4e) of the selected mask (``seg.mask_selection``: ``single`` or
-    ``best_iou``). The decoder's upscaling must be segment-anything's (ConvTranspose2d k=2 s=2,
-    LayerNorm2d, GELU, ConvTranspose2d k=2 s=2, GELU); anything else raises ValueError here."""
+    """:meth:`SamSegmenter.decode_low` of ``seg`` (fp32, no autocast) for export: embeddings
+    float32 (M, C, e, e) paired with M boxes float32 (M, 4) XYXY in model-grid pixels, or one
+    embedding (1, C, e, e) shared by all M boxes -> logits float32 (M, 1, 4e, 4e) of the selected
+    mask (``seg.mask_selection``: ``single`` or ``best_iou``). The decoder's upscaling must be
+    segment-anything's (ConvTranspose2d k=2 s=2, LayerNorm2d, GELU, ConvTranspose2d k=2 s=2, GELU);
+    anything else raises ValueError here.
+
+    One shared embedding is what the exported graph takes (:data:`~medrobust_lib.models.litemedsam.DECODER_GRAPH`):
+    the image-side terms of the first two-way block (the token-to-image keys and values and the
+    image-to-token queries, three 256 -> 128 projections of all e*e image tokens) are computed once
+    and broadcast over the prompts, as segment-anything's own modules do when handed a batch of one;
+    the image tokens become per prompt at the end of that block."""
 
     def __init__(self, seg: SamSegmenter) -> None:
         super().__init__()
@@ -50,12 +59,13 @@ class DecodeLowForExport(torch.nn.Module):
     def forward(self, embeddings: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
         sam: Any = self.sam
         pe, md = sam.prompt_encoder, sam.mask_decoder
-        b, c, eh, ew = embeddings.shape
+        _, c, eh, ew = embeddings.shape
+        b = boxes.shape[0]
         sparse = pe._embed_boxes(boxes)  # what prompt_encoder(boxes=...) embeds, without the dense expand
         out_tokens = torch.cat([md.iou_token.weight, md.mask_tokens.weight], dim=0)
         tokens = torch.cat([out_tokens.unsqueeze(0).expand(b, -1, -1), sparse], dim=1)
         src = embeddings + pe.no_mask_embed.weight.reshape(1, -1, 1, 1)
-        keys = src.flatten(2).permute(0, 2, 1)  # (M, e*e, C)
+        keys = src.flatten(2).permute(0, 2, 1)  # (M or 1, e*e, C): (M, e*e, C) after the first block
         key_pe = pe.get_dense_pe().flatten(2).permute(0, 2, 1)  # (1, e*e, C): a constant of the graph
         tr = md.transformer
         queries = tokens

@@ -1,7 +1,8 @@
 """The decoder module that is exported (:mod:`medrobust_lib.models.sam_decode_export`) computes what
 :meth:`SamSegmenter.decode_low` computes: on the LiteMedSAM release and on the tiny SAM (another width),
-for both mask selections, with M embeddings of different images paired with M boxes; a decoder that
-is not segment-anything's is refused."""
+for both mask selections, with M embeddings of different images paired with M boxes and with one
+image's embedding shared by all its boxes (what the exported graph takes); a decoder that is not
+segment-anything's is refused."""
 
 from __future__ import annotations
 
@@ -40,6 +41,35 @@ def test_the_release_decodes_as_decode_low(selection: str) -> None:
     assert np.abs(ref).max() > (5 if selection == "single" else 0.1)
     np.testing.assert_allclose(got, ref, atol=1e-4, rtol=1e-5)
     assert np.array_equal(got > 0, ref > 0)
+
+
+@pytest.mark.parametrize("selection", ["single", "best_iou"])
+def test_one_embedding_shared_by_all_boxes_decodes_as_decode_low(selection: str) -> None:
+    """What the exported graph takes: one image's embedding (1, C, e, e) for all its boxes, the first
+    block's image-side terms computed once and broadcast; the same logits as the embedding repeated."""
+    seg = load_litemedsam(runtime="pytorch")
+    seg.mask_selection = selection
+    emb = _embeddings(seg, 1)
+    with torch.no_grad():
+        ref = seg.decode_low(emb.expand(len(BOXES), -1, -1, -1), BOXES).numpy()
+        got = DecodeLowForExport(seg)(emb, BOXES).numpy()
+        one = DecodeLowForExport(seg)(emb, BOXES[2:3]).numpy()
+    assert got.shape == ref.shape == (4, 1, 256, 256)
+    np.testing.assert_allclose(got, ref, atol=1e-4, rtol=1e-5)
+    assert np.array_equal(got > 0, ref > 0)
+    np.testing.assert_allclose(one[0], got[2], atol=1e-4, rtol=1e-5)  # a box's logits do not depend on the others
+
+
+def test_decode_images_is_decode_low_of_each_boxs_image() -> None:
+    """:meth:`SamSegmenter.decode_images` (E embeddings, each box's image index) equals
+    ``decode_low`` with the embeddings repeated per box, in the boxes' order."""
+    seg = SamSegmenter(build_sam(arch_for("tiny", "sam"), seed=1), "sam", "tiny", "0")
+    emb = _embeddings(seg, 3)
+    owner = torch.tensor([2, 0, 0, 2])
+    with torch.no_grad():
+        got = seg.decode_images(emb, owner, BOXES).numpy()
+        ref = torch.cat([seg.decode_low(emb[k : k + 1], BOXES[i : i + 1]) for i, k in enumerate(owner.tolist())]).numpy()
+    np.testing.assert_allclose(got, ref, atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.parametrize("selection", ["single", "best_iou"])
