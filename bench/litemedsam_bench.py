@@ -199,7 +199,7 @@ def litemedsam_table(dev: torch.device, bound: float, *, batches: list[int], ite
     return lines, rows, flops
 
 
-# ---- runtimes (issue 47): PyTorch fp32, bf16 autocast, ONNX Runtime, OpenVINO ----------------------
+# ---- runtimes (issue 47): PyTorch fp32, bf16 autocast, ONNX Runtime, OpenVINO, the split ----------
 
 RUNTIME_ENGINES: tuple[str, ...] = ("pytorch-fp32", "pytorch-bf16", "onnxruntime", "openvino", "openvino+onnxruntime")
 """The engines :func:`runtime_comparison` measures (``pytorch-bf16`` only where the CPU computes bf16
@@ -316,7 +316,8 @@ def runtime_table(rows: list[RuntimeRow], prepare: dict[str, float]) -> list[str
         lines.append(f"| {r.what} | {r.batch} | {r.engine} | {r.sec_per_img * 1e3:.0f} | {1 / r.sec_per_img:.2f} | "
                      f"{r.ratio:.2f} | {r.max_abs_diff:.2g} | {r.mask_diff:.4%} |")
     for rt, sec in prepare.items():
-        lines.append(f"\n{rt}: first preparation {sec:.1f} s (export + check when the cache was empty, else loading)")
+        lines.append(f"\n{rt}: first preparation {sec:.1f} s (export + check when the cache was empty, else loading; "
+                     "a graph this process loaded for an engine above is shared, not loaded again)")
     return lines
 
 
@@ -339,7 +340,8 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
     import tempfile
 
-    ap = argparse.ArgumentParser(description="LiteMedSAM: PyTorch fp32 / bf16 autocast / ONNX Runtime / OpenVINO")
+    ap = argparse.ArgumentParser(description="LiteMedSAM: PyTorch fp32 / bf16 autocast / ONNX Runtime / OpenVINO / "
+                                             "OpenVINO encoder + ONNX Runtime decoder")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--engines", default=",".join(RUNTIME_ENGINES))

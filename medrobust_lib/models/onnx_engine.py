@@ -143,7 +143,8 @@ def runtime_installed(runtime: str) -> bool:
 
 
 def resolve_runtime(runtime: str, device: str, precision: str) -> str:
-    """The runtime that will run inference: ``pytorch``, ``onnxruntime`` or ``openvino``.
+    """The runtime that will run inference: ``pytorch`` or one of :data:`EXPORTED_RUNTIMES`
+    (``onnxruntime``, ``openvino``, ``openvino+onnxruntime``).
 
     ``auto``: the first installed of :data:`AUTO_PREFERENCE` on the CPU in fp32, else ``pytorch``
     (``precision`` is the resolved arithmetic, ``fp32`` or ``bf16``: the exported graphs are fp32,

@@ -614,7 +614,8 @@ class SamSegmenter:
         (E, C, e, e), ``owner`` int64 (M,) the index into them of each box's image (on any device)
         -> low-resolution logits (M, 1, 256, 256). Here the embeddings are repeated per box; an
         exported decoder (LiteMedSAM) takes each image's once for all its boxes."""
-        return self.decode_low(embeddings.index_select(0, owner.to(embeddings.device)), model_boxes)
+        where = owner if owner.device == embeddings.device else self._to_device(owner, embeddings.device)
+        return self.decode_low(embeddings.index_select(0, where), model_boxes)
 
     def decode_batch(self, embeddings: torch.Tensor, boxes: torch.Tensor, h: int, w: int) -> torch.Tensor:
         """B image embeddings (B, C, e, e) with one box each (B, 4) pixel XYXY of an H x W input

@@ -143,15 +143,18 @@ def test_every_real_sample_equals_the_official_script(model: LiteMedSamSegmenter
 
 
 @pytest.mark.slow
-def test_every_real_sample_through_onnx_runtime_equals_the_official_script(
-        tmp_path_factory: pytest.TempPathFactory, samples: list[Sample], official: dict[str, np.ndarray]) -> None:
-    """The demo's arithmetic (``runtime: auto`` is ONNX Runtime on the CPU): every box of the four
-    datasets through the exported graphs, masks identical to the official script's (about 1 minute)."""
-    ort = load_litemedsam(precision="fp32", preprocess="exact", runtime="onnxruntime",
-                          cache_dir=tmp_path_factory.mktemp("exports"))
-    assert ort.precision == "fp32-onnxruntime"
+@pytest.mark.parametrize("runtime", ["openvino+onnxruntime", "onnxruntime"])
+def test_every_real_sample_through_the_exported_runtimes_equals_the_official_script(
+        runtime: str, tmp_path_factory: pytest.TempPathFactory, samples: list[Sample],
+        official: dict[str, np.ndarray]) -> None:
+    """The demo's arithmetic (``runtime: auto`` on the CPU is the encoder through OpenVINO and the
+    decoder through ONNX Runtime) and ONNX Runtime alone: every box of the four datasets through the
+    exported graphs, masks identical to the official script's (about 1 minute each)."""
+    exported = load_litemedsam(precision="fp32", preprocess="exact", runtime=runtime,
+                               cache_dir=tmp_path_factory.mktemp("exports"))
+    assert exported.precision == f"fp32-{runtime}"
     every = list(range(len(samples)))
-    _check(ort, samples, official, every, scored=set(every), max_boxes=None)
+    _check(exported, samples, official, every, scored=set(every), max_boxes=None)
 
 
 def _check(model: LiteMedSamSegmenter, samples: list[Sample], official: dict[str, np.ndarray],

@@ -71,6 +71,29 @@ def test_the_official_fixture_through_the_split_runtime(split_model: LiteMedSamS
     assert split_model.precision == "fp32-openvino+onnxruntime"
 
 
+def test_the_exported_decoder_groups_each_images_boxes(ort_model: LiteMedSamSegmenter,
+                                                       reference: LiteMedSamSegmenter) -> None:
+    """``decode_images`` through the exported graph (one embedding per call, 4 boxes per call) equals
+    the PyTorch path box for box: boxes of three images interleaved, one image with 6 boxes (two
+    calls), one with none; each box's logits in its own place."""
+    x = torch.rand(3, 3, 256, 256, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        emb = reference.sam.image_encoder(x)
+    g = torch.Generator().manual_seed(6)
+    xy = torch.rand(8, 2, generator=g) * 180
+    boxes = torch.cat([xy, xy + 8 + torch.rand(8, 2, generator=g) * 60], dim=1)
+    owner = torch.tensor([2, 0, 0, 2, 0, 0, 0, 0])
+    with torch.no_grad():
+        ref = reference.decode_images(emb, owner, boxes).numpy()
+        got = ort_model.decode_images(emb, owner, boxes).numpy()
+        paired = ort_model.decode_low(emb[owner], boxes).numpy()  # one box per call
+    assert ort_model.engine_ready() and got.shape == ref.shape == (8, 1, 256, 256)
+    assert np.abs(ref).max() > 5  # real logits
+    np.testing.assert_allclose(got, ref, atol=1e-4, rtol=1e-5)
+    np.testing.assert_allclose(paired, ref, atol=1e-4, rtol=1e-5)
+    assert np.array_equal(got > 0, ref > 0)
+
+
 def test_the_official_fixture_through_onnx_runtime(ort_model: LiteMedSamSegmenter, items: list[Item],
                                                    official: dict[str, np.ndarray]) -> None:
     """Every modality and every odd size (16 items; all 66 in the slow test below): masks identical,

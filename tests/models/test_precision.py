@@ -51,5 +51,5 @@ def test_the_model_records_the_arithmetic_auto_chose(monkeypatch: pytest.MonkeyP
     assert seg.channels_last is native  # the channels-last encoder comes with autocast only
     # runtime auto (the default): fp32 goes to the exported graphs on the CPU, bf16 autocast stays in PyTorch
     seg = build_segmenter(m.model_copy(update={"runtime": "auto"}), packaged_checkpoint())
-    assert seg.runtime == ("pytorch" if native else "onnxruntime")
+    assert seg.runtime == ("pytorch" if native else "openvino+onnxruntime")
     assert seg.autocast_dtype == (torch.bfloat16 if native else None)

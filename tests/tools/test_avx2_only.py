@@ -46,14 +46,33 @@ def test_libraries_choose_avx2_kernels() -> None:
     assert (avx2, avx512f, skx, bf16) == ("True", "False", "False", "False")
 
 
-def test_real_faults_still_reach_the_programs_handler() -> None:
-    code = "import ctypes, faulthandler; faulthandler.enable(); ctypes.string_at(0)"
+def test_cpuid_after_the_program_took_sigsegv_and_real_faults_still_reach_its_handler() -> None:
+    """faulthandler installs its own SIGSEGV handler and the main thread blocks SIGSEGV (inherited by
+    new threads); a thread's cpuid (NumPy's feature probe at import) is still answered, masked, and a
+    real fault afterwards still reaches faulthandler."""
+    code = ("import faulthandler, signal, threading, ctypes\n"
+            "faulthandler.enable()\n"
+            "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGSEGV})\n"
+            "seen = {}\n"
+            "def probe():\n"
+            "    from numpy._core._multiarray_umath import __cpu_features__ as f\n"
+            "    seen['avx512f'] = f['AVX512F']\n"
+            "t = threading.Thread(target=probe); t.start(); t.join()\n"
+            "print(seen['avx512f'], flush=True)\n"
+            "ctypes.string_at(0)\n")
     out = _run(code)
+    assert out.stdout.split() == ["False"]
     assert out.returncode == -11
     assert "Fatal Python error: Segmentation fault" in out.stderr
-    assert "line 1" in out.stderr  # faulthandler's traceback of the faulting line
+    assert "line 10" in out.stderr  # faulthandler's traceback of the faulting line
 
 
-def test_a_process_without_a_handler_dies_of_its_fault() -> None:
-    out = _run("import ctypes; ctypes.string_at(0)")
-    assert out.returncode == -11
+def test_a_process_without_a_handler_dies_of_its_fault_or_a_sent_sigsegv() -> None:
+    out = _run("import numpy, ctypes; print(numpy._core._multiarray_umath.__cpu_features__['AVX512F']); "
+               "ctypes.string_at(0)")
+    assert (out.stdout.split(), out.returncode) == (["False"], -11)
+    out = _run("import os, signal; os.kill(os.getpid(), signal.SIGSEGV); print('survived')")
+    assert (out.stdout, out.returncode) == ("", -11)
+    out = _run("import os, signal; signal.signal(signal.SIGSEGV, signal.SIG_IGN); os.kill(os.getpid(), signal.SIGSEGV); "
+               "import numpy; print(numpy._core._multiarray_umath.__cpu_features__['AVX512F'])")
+    assert (out.stdout.split(), out.returncode) == (["False"], 0)  # ignored, and cpuid still masked

@@ -12,7 +12,10 @@
  *
  * Other SIGSEGV handlers (Python's faulthandler, the JVM's) keep working: sigaction() and signal()
  * for SIGSEGV are interposed, the program's handler is stored, and every fault that is not a
- * `cpuid` is passed to it (or to the default action).
+ * `cpuid` is passed to it (or to the default action). sigprocmask() and pthread_sigmask() never
+ * block SIGSEGV (a blocked SIGSEGV from `cpuid` would kill the process); the program's own view of
+ * its mask is not kept. Not interposed: handlers installed by raw rt_sigaction system calls (the Go
+ * runtime) or glibc's internal sysv_signal/sigset; none of this project's libraries does that.
  *
  * The setting is per thread, inherited by new threads and fork(); execve() clears it and the
  * constructor of the re-loaded shim sets it again (LD_PRELOAD is inherited). Set
@@ -32,6 +35,7 @@
 #include <unistd.h>
 
 typedef int (*sigaction_fn)(int, const struct sigaction *, struct sigaction *);
+typedef int (*sigmask_fn)(int, const sigset_t *, sigset_t *);
 
 static sigaction_fn real_sigaction;
 static struct sigaction program_handler; /* what the program asked for SIGSEGV; SIG_DFL at first */
@@ -75,9 +79,13 @@ static void on_segv(int sig, siginfo_t *info, void *context) {
         uint32_t leaf = (uint32_t)uc->uc_mcontext.gregs[REG_RAX];
         uint32_t sub = (uint32_t)uc->uc_mcontext.gregs[REG_RCX];
         uint32_t r[4];
+        sigset_t all, old;
+        sigfillset(&all);
+        syscall(SYS_rt_sigprocmask, SIG_BLOCK, &all, &old, _NSIG / 8); /* no handler sees the real cpuid */
         set_cpuid_enabled(1);
         __cpuid_count(leaf, sub, r[0], r[1], r[2], r[3]);
         set_cpuid_enabled(0);
+        syscall(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, _NSIG / 8);
         mask_leaf(leaf, sub, r);
         uc->uc_mcontext.gregs[REG_RAX] = r[0];
         uc->uc_mcontext.gregs[REG_RBX] = r[1];
@@ -92,13 +100,16 @@ static void on_segv(int sig, siginfo_t *info, void *context) {
         h.sa_sigaction(sig, info, context);
     } else if (h.sa_handler != SIG_DFL && h.sa_handler != SIG_IGN) {
         h.sa_handler(sig);
+    } else if (h.sa_handler == SIG_IGN && info->si_code <= 0) {
+        return; /* an ignored SIGSEGV sent by kill()/raise(): ignored, as without the shim */
     } else {
-        /* a real fault and no handler: restore the default action; the instruction faults again */
+        /* no handler: the default action. A fault re-executes its instruction and faults again; a
+         * signal sent by kill()/raise() is raised again. Either way the process ends as it would. */
         struct sigaction dfl;
         memset(&dfl, 0, sizeof dfl);
         dfl.sa_handler = SIG_DFL;
         real_sigaction(SIGSEGV, &dfl, NULL);
-        set_cpuid_enabled(1);
+        if (info->si_code <= 0) raise(sig);
     }
 }
 
@@ -114,6 +125,27 @@ int sigaction(int sig, const struct sigaction *act, struct sigaction *old) {
         return 0;
     }
     return get_real_sigaction()(sig, act, old);
+}
+
+static sigset_t *without_segv(const sigset_t *set, sigset_t *copy) {
+    if (!set || !active) return (sigset_t *)set;
+    *copy = *set;
+    sigdelset(copy, SIGSEGV);
+    return copy;
+}
+
+int sigprocmask(int how, const sigset_t *set, sigset_t *old) {
+    static sigmask_fn real;
+    if (!real) real = (sigmask_fn)dlsym(RTLD_NEXT, "sigprocmask");
+    sigset_t copy;
+    return real(how, how == SIG_UNBLOCK ? set : without_segv(set, &copy), old);
+}
+
+int pthread_sigmask(int how, const sigset_t *set, sigset_t *old) {
+    static sigmask_fn real;
+    if (!real) real = (sigmask_fn)dlsym(RTLD_NEXT, "pthread_sigmask");
+    sigset_t copy;
+    return real(how, how == SIG_UNBLOCK ? set : without_segv(set, &copy), old);
 }
 
 sighandler_t signal(int sig, sighandler_t handler) {
@@ -138,7 +170,8 @@ __attribute__((constructor)) static void install(void) {
     sigemptyset(&act.sa_mask);
     memset(&program_handler, 0, sizeof program_handler);
     program_handler.sa_handler = SIG_DFL;
-    if (get_real_sigaction()(SIGSEGV, &act, NULL) != 0) {
+    /* keep what was there (a handler from an earlier constructor, or SIG_IGN inherited over exec) */
+    if (get_real_sigaction()(SIGSEGV, &act, &program_handler) != 0) {
         perror("cpuid_mask: sigaction");
         return;
     }

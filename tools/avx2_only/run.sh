@@ -9,15 +9,21 @@
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 grep -qw cpuid_fault /proc/cpuinfo || { echo "tools/avx2_only: this CPU has no cpuid_fault flag; cannot hide its features" >&2; exit 2; }
+# one build per source version (its hash names the file), written under a temporary name and
+# renamed into place, so concurrent first runs never preload a half-written library
+sum=$(sha256sum "$here/cpuid_mask.c" | cut -c1-16)
 out="${TMPDIR:-/tmp}/medrobust-avx2-only"
 mkdir -p "$out"
-so="$out/cpuid_mask.so"
-if [ ! -f "$so" ] || [ "$here/cpuid_mask.c" -nt "$so" ]; then
-    gcc -O2 -Wall -shared -fPIC -o "$so.tmp" "$here/cpuid_mask.c" -ldl
-    mv "$so.tmp" "$so"
+so="$out/cpuid_mask-$sum.so"
+if [ ! -f "$so" ]; then
+    tmp=$(mktemp "$out/build.XXXXXX")
+    gcc -O2 -Wall -shared -fPIC -o "$tmp" "$here/cpuid_mask.c" -ldl
+    mv -f "$tmp" "$so"
 fi
-# glibc picks its string functions before the shim loads: tell it the same.
-GLIBC_TUNABLES="glibc.cpu.hwcaps=-AVX512F,-AVX512CD,-AVX512BW,-AVX512DQ,-AVX512VL,-AVX512_VNNI,-AVX512_BF16,-AVX512_FP16,-AVX_VNNI,-AMX_BF16,-AMX_TILE,-AMX_INT8"
+# glibc picks its string functions before the shim loads: tell it the same (AVX-512 off; glibc
+# 2.36 knows no names for the AMX and VNNI bits, and uses none of them).
+hwcaps="glibc.cpu.hwcaps=-AVX512F,-AVX512CD,-AVX512BW,-AVX512DQ,-AVX512VL"
+GLIBC_TUNABLES="${GLIBC_TUNABLES:+$GLIBC_TUNABLES:}$hwcaps"
 export GLIBC_TUNABLES
 LD_PRELOAD="$so${LD_PRELOAD:+:$LD_PRELOAD}"
 export LD_PRELOAD
