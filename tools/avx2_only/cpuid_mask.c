@@ -17,6 +17,12 @@
  * its mask is not kept. Not interposed: handlers installed by raw rt_sigaction system calls (the Go
  * runtime) or glibc's internal sysv_signal/sigset; none of this project's libraries does that.
  *
+ * The handler runs on the interrupted thread's own stack, never on an alternate signal stack: with
+ * SA_ONSTACK, a cpuid in a library constructor after OpenVINO and ONNX Runtime had run in the same
+ * process killed it (the frame did not fit faulthandler's alternate stack). A cpuid never runs on an
+ * overflowed stack, so its emulation needs none; a program's own handler for a stack overflow is
+ * the one case this changes.
+ *
  * The setting is per thread, inherited by new threads and fork(); execve() clears it and the
  * constructor of the re-loaded shim sets it again (LD_PRELOAD is inherited). Set
  * CPUID_MASK_REPORT=1 to print, at exit, how many `cpuid` instructions were emulated.
@@ -166,7 +172,7 @@ __attribute__((constructor)) static void install(void) {
     struct sigaction act;
     memset(&act, 0, sizeof act);
     act.sa_sigaction = on_segv;
-    act.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART | SA_NODEFER;
+    act.sa_flags = SA_SIGINFO | SA_RESTART | SA_NODEFER;
     sigemptyset(&act.sa_mask);
     memset(&program_handler, 0, sizeof program_handler);
     program_handler.sa_handler = SIG_DFL;
