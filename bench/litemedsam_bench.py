@@ -29,8 +29,8 @@ import torch
 
 from bench.timing import timed
 from medrobust_lib.attacks.linf import pgd, torch_generator_for
+from medrobust_lib.config.runtimes import EXPORTED_RUNTIMES
 from medrobust_lib.models.litemedsam import IMAGE_SIZE, LiteMedSamSegmenter, exact_inputs, load_litemedsam
-from medrobust_lib.models.onnx_engine import EXPORTED_RUNTIMES
 from medrobust_lib.models.precision import native_bf16
 
 

@@ -29,6 +29,7 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from medrobust_lib.config.common import AddedKeys, LoraSettings, TrainBudget
+from medrobust_lib.config.runtimes import EXPORTED_RUNTIMES
 from medrobust_lib.model_table import list_models, model_entry
 from medrobust_lib.types import ATTACK_EPSILONS, ATTACK_KINDS, DEFAULT_STEP_SIZE_FACTOR, AttackKind
 
@@ -333,7 +334,7 @@ class SegModelConfig(AddedKeys):
         if self.checkpoint == PACKAGE_CHECKPOINT and not entry.packaged:
             raise ValueError(f"segmentation model {self.id!r}: checkpoint '{PACKAGE_CHECKPOINT}' exists only for "
                              f"{', '.join(packaged_families())}; family {self.family!r} needs a local file")
-        if self.runtime not in ("auto", "pytorch"):  # an exported runtime, named explicitly
+        if self.runtime in EXPORTED_RUNTIMES:  # named explicitly
             if not entry.exportable:
                 exportable = list_models("segmentation", exportable=True)
                 raise ValueError(f"segmentation model {self.id!r}: runtime {self.runtime!r} exists for "

@@ -67,6 +67,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from medrobust_lib.config.runtimes import EXPORTED_RUNTIMES, graph_runtimes
 from medrobust_lib.data.sample import array_hash
 from medrobust_lib.hashing import file_sha256
 from medrobust_lib.lru import LRU
@@ -84,11 +85,9 @@ from medrobust_lib.models.litemedsam_package import (  # noqa: F401 (the pin's n
     verify_packaged_checkpoint,
 )
 from medrobust_lib.models.onnx_engine import (
-    EXPORTED_RUNTIMES,
     ExportedGraph,
     ExportError,
     GraphSpec,
-    graph_runtimes,
     load_or_export,
     resolve_runtime,
 )

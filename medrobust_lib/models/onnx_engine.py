@@ -58,21 +58,19 @@ from typing import Any
 import numpy as np
 import torch
 
+from medrobust_lib.config.runtimes import (  # noqa: F401 (SPLIT_RUNTIME, graph_runtimes: re-exported)
+    EXPORT_RUNTIMES,
+    EXPORTED_RUNTIMES,
+    RUNTIMES,
+    SPLIT_RUNTIME,
+    graph_runtimes,
+    runtime_packages,
+)
 from medrobust_lib.hashing import canonical_json, digest, file_sha256
 from medrobust_lib.lru import LRU
 
 logger = logging.getLogger(__name__)
 
-EXPORT_RUNTIMES: tuple[str, ...] = ("onnxruntime", "openvino")
-"""The runtimes that run an exported ONNX graph (one graph: :func:`load_or_export`, :class:`ExportedGraph`)."""
-SPLIT_RUNTIME = "openvino+onnxruntime"
-"""A model's image encoder through OpenVINO and the rest (prompt encoder + mask decoder) through ONNX
-Runtime: each graph on the runtime that ran it fastest on every CPU measured (docs/performance.md)."""
-EXPORTED_RUNTIMES: tuple[str, ...] = (*EXPORT_RUNTIMES, SPLIT_RUNTIME)
-"""The ``runtime`` settings under which a model's inference runs exported graphs
-(:func:`graph_runtimes` says which runtime runs which graph)."""
-RUNTIMES: tuple[str, ...] = ("auto", "pytorch", *EXPORTED_RUNTIMES)
-"""What runs a model's no-grad inference (``segmentation.models[].runtime``)."""
 AUTO_PREFERENCE: tuple[str, ...] = (SPLIT_RUNTIME, "onnxruntime", "openvino")
 """What ``auto`` takes on the CPU in fp32: the first whose packages are installed (make setup
 installs both). OpenVINO's encoder was 2-25 % faster than ONNX Runtime's on the three CPUs measured,
@@ -123,23 +121,10 @@ def default_cache_dir() -> Path:
     return Path(base).expanduser() / "medrobust" / "exports"
 
 
-def graph_runtimes(runtime: str) -> tuple[str, str]:
-    """(the image encoder's runtime, the decoder's) under an exported ``runtime`` setting
-    (:data:`EXPORTED_RUNTIMES`): ``onnxruntime`` -> both ONNX Runtime, ``openvino+onnxruntime`` ->
-    (``openvino``, ``onnxruntime``).
-
-    Raises:
-        ValueError: a setting that runs no exported graph."""
-    if runtime not in EXPORTED_RUNTIMES:
-        raise ValueError(f"runtime {runtime!r} runs no exported graph; valid: {', '.join(EXPORTED_RUNTIMES)}")
-    encoder, _, decoder = runtime.partition("+")
-    return encoder, decoder or encoder
-
-
 def runtime_installed(runtime: str) -> bool:
     """Whether the packages of an exported ``runtime`` setting (``onnxruntime``, ``openvino`` or
     both) and the ``onnx`` package that the exporter needs are importable (looked up, not imported)."""
-    return all(importlib.util.find_spec(name) is not None for name in (*set(graph_runtimes(runtime)), "onnx"))
+    return all(importlib.util.find_spec(name) is not None for name in runtime_packages(runtime))
 
 
 def resolve_runtime(runtime: str, device: str, precision: str) -> str:

@@ -27,6 +27,7 @@ import yaml
 
 from medrobust_lib.config import Suite, load_suite
 from medrobust_lib.config.isolation import check_isolation
+from medrobust_lib.config.runtimes import EXPORTED_RUNTIMES, runtime_packages
 from medrobust_lib.config.safe_yaml import read_yaml_file
 from medrobust_lib.config.segmentation import PACKAGE_CHECKPOINT
 from medrobust_lib.config.suite import DEMO_TRAINED
@@ -175,8 +176,8 @@ def _package_error(model_id: str) -> str | None:
 def _weights_errors(suite: Suite, root: Path) -> list[str]:
     errors = []
     for m in suite.segmentation.models:
-        if m.runtime not in ("auto", "pytorch"):  # named explicitly: the run would fall back to PyTorch
-            missing = [p for p in (*m.runtime.split("+"), "onnx") if importlib.util.find_spec(p) is None]
+        if m.runtime in EXPORTED_RUNTIMES:  # named explicitly: the run would fall back to PyTorch
+            missing = [p for p in runtime_packages(m.runtime) if importlib.util.find_spec(p) is None]
             if missing:
                 errors.append(f"segmentation model {m.id!r}: runtime {m.runtime!r} needs {' and '.join(missing)} "
                               "(make setup installs them; runtime auto or pytorch runs without)")

@@ -251,3 +251,16 @@ def test_the_default_cache_folder(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     monkeypatch.delenv(oe.CACHE_ENV)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert oe.default_cache_dir() == tmp_path / "xdg" / "medrobust" / "exports"
+
+
+def test_the_suite_key_names_every_runtime() -> None:
+    """``segmentation.models[].runtime``'s allowed values are the runtime names the engine knows, and
+    each exported setting names the packages it imports."""
+    from typing import get_args
+
+    from medrobust_lib.config.runtimes import runtime_packages
+    from medrobust_lib.config.segmentation import SegModelConfig
+
+    assert get_args(SegModelConfig.model_fields["runtime"].annotation) == oe.RUNTIMES
+    assert runtime_packages(oe.SPLIT_RUNTIME) == ("openvino", "onnxruntime", "onnx")
+    assert runtime_packages("onnxruntime") == ("onnxruntime", "onnx")
