@@ -305,7 +305,7 @@ def runtime_table(rows: list[RuntimeRow], prepare: dict[str, float]) -> list[str
     import platform
 
     flags = sorted({f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
-                    if f in _cpu_flags()})
+                    if f in cpu_flags()})
     # what the libraries see through cpuid (tools/avx2_only hides features that /proc/cpuinfo lists)
     seen = f"kernels {torch.backends.cpu.get_cpu_capability()}, native bf16 {native_bf16('cpu')}"
     lines = [f"\n### LiteMedSAM runtimes on the CPU ({torch.get_num_threads()} threads, {platform.processor() or 'cpu'}; "
@@ -321,7 +321,9 @@ def runtime_table(rows: list[RuntimeRow], prepare: dict[str, float]) -> list[str
     return lines
 
 
-def _cpu_flags() -> set[str]:
+def cpu_flags() -> set[str]:
+    """The flags /proc/cpuinfo lists for the first CPU (empty where there is no such file); what the
+    kernel reports, not what ``tools/avx2_only`` lets libraries see."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
             for line in fh:

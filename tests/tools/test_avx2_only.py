@@ -11,22 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from bench.litemedsam_bench import cpu_flags
+
 RUN = Path(__file__).resolve().parents[2] / "tools" / "avx2_only" / "run.sh"
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8")
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
 pytestmark = pytest.mark.skipif(
-    platform.machine() != "x86_64" or shutil.which("gcc") is None or "cpuid_fault" not in _cpu_flags(),
+    platform.machine() != "x86_64" or shutil.which("gcc") is None or "cpuid_fault" not in cpu_flags(),
     reason="needs x86-64 Linux with the cpuid_fault flag and gcc")
 
 
