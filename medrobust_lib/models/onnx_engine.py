@@ -46,6 +46,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
 import warnings
@@ -230,9 +231,23 @@ def _onnxruntime_runner(path: Path, spec: GraphSpec, threads: int) -> Callable[[
     return run
 
 
-def _openvino_runner(path: Path, threads: int) -> Callable[[Sequence[np.ndarray]], list[np.ndarray]]:
-    import openvino as ov
+def import_openvino() -> Any:
+    """The ``openvino`` module, imported without its telemetry (the only place this project imports it).
 
+    ``import openvino`` imports ``openvino.tools.ovc``, which starts ``openvino_telemetry``: with no
+    consent file under ``~/intel`` it counts every import in ``~/intel/stats`` and sends an event to
+    Google Analytics from a background thread. Nothing may reach the internet at run time, so the
+    telemetry package is hidden before the first import (``sys.modules["openvino_telemetry"] =
+    None``: ovc then takes its own no-op stub). A process that imported ``openvino`` before this
+    call has already started its telemetry; this cannot undo that."""
+    sys.modules.setdefault("openvino_telemetry", None)  # type: ignore[arg-type]
+    import openvino
+
+    return openvino
+
+
+def _openvino_runner(path: Path, threads: int) -> Callable[[Sequence[np.ndarray]], list[np.ndarray]]:
+    ov = import_openvino()
     core = ov.Core()
     compiled = core.compile_model(core.read_model(str(path)), "CPU", {
         "INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads})

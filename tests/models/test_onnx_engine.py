@@ -264,3 +264,33 @@ def test_the_suite_key_names_every_runtime() -> None:
     assert get_args(SegModelConfig.model_fields["runtime"].annotation) == oe.RUNTIMES
     assert runtime_packages(oe.SPLIT_RUNTIME) == ("openvino", "onnxruntime", "onnx")
     assert runtime_packages("onnxruntime") == ("onnxruntime", "onnx")
+
+
+def test_openvino_is_imported_without_its_telemetry(tmp_path: Path) -> None:
+    """A plain ``import openvino`` starts its telemetry (it writes ``~/intel/stats`` and would send an
+    event; the proxy below keeps that request on this machine); through ``import_openvino`` nothing
+    is written under the home folder and the telemetry package stays hidden while OpenVINO works."""
+    import os
+    import subprocess
+    import sys
+
+    ours = ("import sys; from medrobust_lib.models.onnx_engine import import_openvino; ov = import_openvino(); "
+            "assert ov.Core().available_devices; assert sys.modules['openvino_telemetry'] is None")
+    for name, code in (("plain", "import openvino"), ("ours", ours)):
+        home = tmp_path / name
+        home.mkdir()
+        env = {**os.environ, "HOME": str(home), "https_proxy": "http://127.0.0.1:9", "http_proxy": "http://127.0.0.1:9"}
+        env.pop("CI", None)  # openvino_telemetry stays quiet under CI=true: the control must not
+        subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120, cwd=Path(__file__).parents[2])
+    assert (tmp_path / "plain" / "intel" / "stats").is_file()
+    assert not (tmp_path / "ours" / "intel").exists()
+
+
+def test_openvino_is_imported_only_through_import_openvino() -> None:
+    import re
+
+    root = Path(__file__).parents[2]
+    found = [str(p.relative_to(root)) for d in ("medrobust_lib", "medrobust_assets", "bench", "tools", "tests")
+             for p in (root / d).rglob("*.py")
+             if re.search(r"^\s*(import openvino\b|from openvino\b)", p.read_text(encoding="utf-8"), re.M)]
+    assert found == ["medrobust_lib/models/onnx_engine.py"], found
