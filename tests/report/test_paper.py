@@ -173,6 +173,17 @@ def make_mart(path: Path, with_strategy: bool = True) -> Path:
     return path
 
 
+@pytest.fixture
+def png_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Figures as PNG only, for the tests that check tables, pages, filters and logging: drawing the
+    PDF and SVG twins is about two thirds of a report's time (PDF font subsetting alone a third).
+    The twins are checked on the module's report (test_html_shows_every_table_and_figure,
+    test_figures_are_deterministic)."""
+    from medrobust_lib.report.figures import style
+
+    monkeypatch.setattr(style, "FORMATS", ("png",))
+
+
 @pytest.fixture(scope="module")
 def mart(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_mart(tmp_path_factory.mktemp("mart") / "marts.duckdb")
@@ -462,6 +473,7 @@ def test_html_shows_every_table_and_figure(report: ReportSummary, mart: Path) ->
     assert page.count("<li><b>") == 2 and "<li><b>real_labels</b>" in page and "<li><b>mce</b>" in page
 
 
+@pytest.mark.usefixtures("png_only")
 def test_models_filter_every_table_and_figure(mart: Path, tmp_path: Path) -> None:
     out = tmp_path / "rep"
     full = build_report(mart, out, log_mlflow=False)
@@ -496,6 +508,7 @@ def test_models_filter_every_table_and_figure(mart: Path, tmp_path: Path) -> Non
     assert "nope" in str(err.value) and not (tmp_path / "bad").exists()
 
 
+@pytest.mark.usefixtures("png_only")
 def test_strategy_table_missing(tmp_path: Path) -> None:
     mart = make_mart(tmp_path / "nostrat.duckdb", with_strategy=False)
     rep = build_report(mart, tmp_path / "out", log_mlflow=False)
@@ -520,6 +533,7 @@ def test_strategy_table_present_equals_the_view(report: ReportSummary, mart: Pat
     assert "| sam_a | attack | 1 | lora | 1000 | 0.600 | 0.750 | 0.030 [0.025, 0.035] | 0.050 |" in md
 
 
+@pytest.mark.usefixtures("png_only")
 def test_empty_strategy_view_is_skipped(tmp_path: Path) -> None:
     mart = make_mart(tmp_path / "m.duckdb", with_strategy=False)
     con = duckdb.connect(str(mart))
@@ -546,6 +560,7 @@ def test_figures_are_deterministic(mart: Path, report: ReportSummary, tmp_path: 
                     == (report.out_dir / "tables" / f"{name}.{ext}").read_text())
 
 
+@pytest.mark.usefixtures("png_only")
 def test_logs_one_mlflow_run_with_every_file(mart: Path, tmp_path: Path) -> None:
     rep = build_report(mart, tmp_path / "out", ["sam_a"], mlruns_dir=tmp_path / "mlruns")
     assert rep.mlflow_run_id
@@ -561,6 +576,7 @@ def test_logs_one_mlflow_run_with_every_file(mart: Path, tmp_path: Path) -> None
     assert (tmp_path / "mlruns" / "mlflow.db").is_file()
 
 
+@pytest.mark.usefixtures("png_only")
 def test_logs_into_the_given_experiment(mart: Path, tmp_path: Path) -> None:
     """The CLI passes the suite's experiment (``<suite>/reports``)."""
     rep = build_report(mart, tmp_path / "out", ["sam_a"], mlruns_dir=tmp_path / "mlruns", experiment="alpha/reports")
@@ -598,6 +614,7 @@ def test_registry_evaluations_are_left_out_unless_named() -> None:
     assert select_models({k: [m for m in v if "-v" not in m] for k, v in available.items()}, None)["segmentation"] is None
 
 
+@pytest.mark.usefixtures("png_only")
 def test_page_names_the_partitions_left_out(tmp_path: Path) -> None:
     from medrobust_lib.store.completeness import COMPLETENESS_COLUMNS
 
@@ -612,6 +629,7 @@ def test_page_names_the_partitions_left_out(tmp_path: Path) -> None:
     assert "vlm_results: vlm_a/ct/L2 (10.0% errors)" in html and "vlm_a/ct/L1" not in html
 
 
+@pytest.mark.usefixtures("png_only")
 def test_floor_datasets_are_left_out_and_flagged(tmp_path: Path) -> None:
     """A dataset whose clean IoU is ~0 (every drop 0) would make a model look robust: it is left out of
     the summary's means and the figures' data unless asked, counted, and a model entirely at the floor
@@ -672,6 +690,7 @@ def test_summary_rows_say_their_coverage(report: ReportSummary) -> None:
     assert list(data["levels"].astype(str)) == ["1,2", "1,2"] and list(data["n_conditions"]) == [6, 6]
 
 
+@pytest.mark.usefixtures("png_only")
 def test_vlm_floor_uses_the_chance_the_view_derives(tmp_path: Path) -> None:
     """A view with ``chance`` decides the flag: vlm_a's clean accuracy 0.7 is above a fixed 0.25 but at
     or below the chance 0.75 its items would give (4/3-option mix made up here)."""
@@ -731,6 +750,7 @@ def _floor_mart(path: Path) -> Path:
     return mart
 
 
+@pytest.mark.usefixtures("png_only")
 def test_report_reads_the_floor_views(tmp_path: Path) -> None:
     """By level and strategy ranking: the floor-free views (with CIs of their own rows), the ``_all``
     views with ``include_floor``, the ranking view's notes under the table."""
@@ -772,6 +792,7 @@ def test_taxonomy_screening_is_the_clean_rows_of_the_view(report: ReportSummary,
     assert list(got["signal"][:3]) == ["max_p", "margin", "entropy"]
 
 
+@pytest.mark.usefixtures("png_only")
 def test_strategy_models_get_the_comparison_figure_not_their_own(tmp_path: Path) -> None:
     """A fine-tuned strategy's model (``evaluated_as`` in the strategy ranking) is compared in the
     strategy figure; its own curves and heatmaps are drawn only when ``--models`` names it."""
@@ -790,6 +811,7 @@ def test_strategy_models_get_the_comparison_figure_not_their_own(tmp_path: Path)
     assert "sam_b_iou_curves.png" in {p.name for p in named.figures}
 
 
+@pytest.mark.usefixtures("png_only")
 def test_a_full_disk_while_logging_to_mlflow_is_one_line_and_keeps_the_report(
         mart: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 44, finding 12: a tracking store that fails mid-way (disk full) used to print two chained
