@@ -14,6 +14,7 @@ from bench import gpu_seg_bench
 from bench.litemedsam_bench import demo_items, litemedsam_table
 
 
+@pytest.mark.slow  # about 10 passes of the real LiteMedSAM (11-14 s under make test); .ci/run runs it
 def test_litemedsam_cpu_rows() -> None:
     lines, rows, flops = litemedsam_table(torch.device("cpu"), 1e12, batches=[1], iters=1, variants=["default"],
                                           threads=[torch.get_num_threads()], e2e=True, pgd_batch=1, pgd_steps=1,
