@@ -974,6 +974,7 @@ def convert_llava_cmd(
 
 def main() -> Any:  # pragma: no cover
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")  # also set where ONNX Runtime is imported (models.onnx_engine)
     if "--debug" not in sys.argv[1:2] and os.environ.get("MEDROBUST_DEBUG", "") in ("", "0"):
         os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # no "creating tables" lines around an error
     return app()

@@ -212,8 +212,23 @@ class ExportedGraph:
         return self._run([np.ascontiguousarray(a, dtype=np.float32) for a in arrays])
 
 
+def import_onnxruntime() -> Any:
+    """The ``onnxruntime`` module with its telemetry off (the only place this project imports it).
+
+    ONNX Runtime on Linux carries Microsoft's 1DS telemetry (since 1.25): importing it creates its
+    environment, which writes a persistent device id and an offline event store under
+    ``~/.cache/Microsoft/DeveloperTools/.onnxruntime`` and starts an uploader. Nothing may reach the
+    internet at run time, so ``ORT_DISABLE_TELEMETRY=1`` (ONNX Runtime's own full opt-out, read once
+    when that environment is created) is set first unless the caller's environment sets it. A process
+    that imported ``onnxruntime`` before this call has already started its telemetry."""
+    os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+    import onnxruntime
+
+    return onnxruntime
+
+
 def _onnxruntime_runner(path: Path, spec: GraphSpec, threads: int) -> Callable[[Sequence[np.ndarray]], list[np.ndarray]]:
-    import onnxruntime as ort
+    ort = import_onnxruntime()
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
