@@ -215,8 +215,8 @@ class ExportedGraph:
 def import_onnxruntime() -> Any:
     """The ``onnxruntime`` module with its telemetry off (the only place this project imports it).
 
-    ONNX Runtime on Linux carries Microsoft's 1DS telemetry (since 1.25): importing it creates its
-    environment, which writes a persistent device id and an offline event store under
+    ONNX Runtime's Linux wheels carry Microsoft's 1DS telemetry (the pinned 1.32.0 does): importing
+    it creates its environment, which writes a persistent device id and an offline event store under
     ``~/.cache/Microsoft/DeveloperTools/.onnxruntime`` and starts an uploader. Nothing may reach the
     internet at run time, so ``ORT_DISABLE_TELEMETRY=1`` (ONNX Runtime's own full opt-out, read once
     when that environment is created) is set first unless the caller's environment sets it. A process
