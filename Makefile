@@ -7,7 +7,6 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export MLFLOW_DISABLE_TELEMETRY := true
-export ORT_DISABLE_TELEMETRY := 1
 export DAGSTER_HOME := $(CURDIR)
 export PYTHONDONTWRITEBYTECODE := 1
 

@@ -266,7 +266,6 @@ def test_the_suite_key_names_every_runtime() -> None:
     assert runtime_packages("onnxruntime") == ("onnxruntime", "onnx")
 
 
-
 _RELU = ("import numpy as np, onnx; from onnx import helper, TensorProto; "
          "g = helper.make_graph([helper.make_node('Relu', ['x'], ['y'])], 'g', "
          "[helper.make_tensor_value_info('x', TensorProto.FLOAT, [1])], [helper.make_tensor_value_info('y', TensorProto.FLOAT, [1])]); "

@@ -112,10 +112,8 @@ def test_mce_baseline_must_name_a_model_of_the_suite() -> None:
         SegmentationConfig.model_validate({"models": models, "mce_baseline": "b"})
 
 
-def test_cli_mce_baseline_option_and_suite_default(mart: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from medrobust_lib.report.figures import style
-
-    monkeypatch.setattr(style, "FORMATS", ("png",))  # two whole reports: their PDF / SVG twins are not the point
+@pytest.mark.usefixtures("png_only")  # two whole reports: their PDF / SVG twins are not the point
+def test_cli_mce_baseline_option_and_suite_default(mart: Path, tmp_path: Path) -> None:
     out = tmp_path / "r1"
     res = runner.invoke(app, ["report", "--mart", str(mart), "--out", str(out), "--no-mlflow",
                               "--mce-baseline", "sam_b"])

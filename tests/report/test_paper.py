@@ -173,17 +173,6 @@ def make_mart(path: Path, with_strategy: bool = True) -> Path:
     return path
 
 
-@pytest.fixture
-def png_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Figures as PNG only, for the tests that check tables, pages, filters and logging: drawing the
-    PDF and SVG twins is about two thirds of a report's time (PDF font subsetting alone a third).
-    The twins are checked on the module's report (test_html_shows_every_table_and_figure,
-    test_figures_are_deterministic)."""
-    from medrobust_lib.report.figures import style
-
-    monkeypatch.setattr(style, "FORMATS", ("png",))
-
-
 @pytest.fixture(scope="module")
 def mart(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_mart(tmp_path_factory.mktemp("mart") / "marts.duckdb")
