@@ -78,11 +78,11 @@ installs both). OpenVINO's encoder was 2-25 % faster than ONNX Runtime's on the 
 and ONNX Runtime's decoder 3-10 % faster than OpenVINO's on the two where both were measured
 (docs/performance.md, seventh session)."""
 OPSET = 17
-EXPORTER_VERSION = 3
+EXPORTER_VERSION = 4
 """Bumped whenever the export code (wrappers, names, axes, checks) changes: every cached graph is
 then exported again (2: LiteMedSAM's decoder exported channels last,
 :mod:`medrobust_lib.models.sam_decode_export`; 3: the decoder takes one image's embedding for all
-its prompts)."""
+its prompts; 4: the per-prompt attention projections applied to the prompt tokens)."""
 CACHE_ENV = "MEDROBUST_EXPORT_CACHE"
 """Overrides :func:`default_cache_dir` (for a model built without a suite)."""
 MODEL_FILE = "model.onnx"

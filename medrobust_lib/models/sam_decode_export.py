@@ -14,14 +14,26 @@ same as the exporter's own graph of ``decode_low``; masks identical on the offic
   last axis; the mask is put back in image order once, on its single channel, instead of moving the
   32-channel 256 x 256 features.
 
+* where the image side is per prompt (after the first two-way block's update), the attention
+  layers apply three of their 256 -> 128 projections of the e*e image tokens to the few prompt
+  tokens instead, by associativity (:func:`tokens_to_image`, :func:`image_to_tokens`): a
+  token-to-image score ``q_h . (W_k x + b_k)_h`` is ``(W_k_h^T q_h) . x + q_h . b_k_h``; an
+  image-to-token score ``(W_q x + b_q)_h . k_h`` is ``x . (W_q_h^T k_h) + b_q_h . k_h``; and the
+  image-to-token output projection is applied to the tokens' values before the attention weights
+  (its bias split over the heads, whose weights each sum to 1). For LiteMedSAM (e*e = 4,096 image
+  tokens, 7 prompt tokens, 8 heads) that takes a prompt's decoder from about 2.7 to 1.9 GFLOP; the
+  output upscaling (0.8 GFLOP) is unchanged.
+
 Measured on 2 cores (ONNX Runtime, 4 prompts per call, LiteMedSAM, both graphs interleaved in one
 process): 20.9 -> 17.8 ms per prompt (docs/performance.md, sixth session); one embedding shared by
 the 4 prompts of a call: 18 -> 15 ms, and on the 125-box image 25 % less end to end with AVX2
-kernels (seventh session).
+kernels (seventh session); the projections on the tokens: 31.2 -> 25.8 ms with AVX2 kernels,
+21.4 -> 18.8 ms with this machine's own (ninth session).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -70,8 +82,9 @@ class DecodeLowForExport(torch.nn.Module):
         tr = md.transformer
         queries = tokens
         for layer in tr.layers:  # TwoWayTransformer.forward, with the broadcast positional encoding
-            queries, keys = layer(queries=queries, keys=keys, query_pe=tokens, key_pe=key_pe)
-        attn = tr.final_attn_token_to_image(q=queries + tokens, k=keys + key_pe, v=keys)
+            # the image side is one embedding for every prompt only before the first block's update
+            queries, keys = _two_way_block(layer, queries, keys, tokens, key_pe, shared=keys.shape[0] == 1)
+        attn = tokens_to_image(tr.final_attn_token_to_image, queries + tokens, keys + key_pe, keys)
         hs = tr.norm_final_attn(queries + attn)
         up = self._upscale(keys)  # (M, e*e*16, C/8), rows (y, x, i1, j1, i2, j2)
         if self.mask_selection == "single":
@@ -99,3 +112,79 @@ class DecodeLowForExport(torch.nn.Module):
         y = F.gelu(ln.weight * ((y - u) / torch.sqrt(s + ln.eps)) + ln.bias)
         w2 = ct2.weight.permute(0, 2, 3, 1).reshape(c1, 4 * c2)
         return F.gelu(y @ w2 + ct2.bias.repeat(4)).reshape(b, -1, c2)
+
+
+def _two_way_block(layer: Any, queries: torch.Tensor, keys: torch.Tensor, query_pe: torch.Tensor,
+                   key_pe: torch.Tensor, shared: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """segment-anything's ``TwoWayAttentionBlock.forward``: prompt tokens ``queries`` (M, T, C) and
+    image tokens ``keys`` (M, N, C), or (1, N, C) one image's tokens for all M prompts when
+    ``shared``, whose image-side projections are then computed once (segment-anything's own
+    broadcasting); otherwise they move onto the tokens (:func:`tokens_to_image`,
+    :func:`image_to_tokens`). Returns the new queries (M, T, C) and keys (M, N, C)."""
+    if layer.skip_first_layer_pe:
+        queries = layer.self_attn(q=queries, k=queries, v=queries)
+    else:
+        q = queries + query_pe
+        queries = queries + layer.self_attn(q=q, k=q, v=queries)
+    queries = layer.norm1(queries)
+    k = keys + key_pe  # the same sum for both cross attentions: the keys change only after them
+    q = queries + query_pe
+    if shared:
+        attn_out = layer.cross_attn_token_to_image(q=q, k=k, v=keys)
+    else:
+        attn_out = tokens_to_image(layer.cross_attn_token_to_image, q, k, keys)
+    queries = layer.norm2(queries + attn_out)
+    queries = layer.norm3(queries + layer.mlp(queries))
+    q = queries + query_pe
+    attn_out = image_to_tokens(layer.cross_attn_image_to_token, k, q, queries, shared)
+    return queries, layer.norm4(keys + attn_out)
+
+
+def _heads(attn: Any) -> tuple[int, int]:
+    """(heads, channels per head) of a segment-anything ``Attention``."""
+    return attn.num_heads, attn.internal_dim // attn.num_heads
+
+
+def tokens_to_image(attn: Any, q_in: torch.Tensor, k_in: torch.Tensor, v_in: torch.Tensor) -> torch.Tensor:
+    """segment-anything's ``Attention(q=q_in, k=k_in, v=v_in)`` with few queries (prompt tokens,
+    (M, T, C)) over many keys (image tokens, (M, N, C) or (1, N, C)), the key projection applied on
+    the query side: per head h, scores ``(q_h W_k_h) x^T + q_h . b_k_h`` over sqrt(channels per
+    head), softmax over the N keys, then the values' own projection and the output projection.
+    (M, T, C) float32.
+
+    The values keep their projection: moving it onto the attention-weighted image tokens
+    (``(p_h x) W_v_h^T``) is as many FLOP fewer again, but on the official fixture it moved the
+    exported graph's logits further from the official script's (xray_0009: 0.80 -> 1.03 of the
+    tolerance, ninth session)."""
+    m, t, c = q_in.shape
+    h, d = _heads(attn)
+    q = attn.q_proj(q_in).reshape(m, t, h, d).transpose(1, 2)  # (M, H, T, d)
+    qk = torch.einsum("mhtd,hdc->mhtc", q, attn.k_proj.weight.reshape(h, d, c)).reshape(m, h * t, c)
+    qb = torch.einsum("mhtd,hd->mht", q, attn.k_proj.bias.reshape(h, d)).reshape(m, h * t, 1)
+    p = torch.softmax((qk @ k_in.transpose(1, 2) + qb) / math.sqrt(d), dim=-1)  # (M, H*T, N)
+    v = attn.v_proj(v_in).reshape(v_in.shape[0], -1, h, d).transpose(1, 2)  # (M or 1, H, N, d)
+    out = p.reshape(m, h, t, -1) @ v  # (M, H, T, d)
+    return attn.out_proj(out.transpose(1, 2).reshape(m, t, h * d))
+
+
+def image_to_tokens(attn: Any, q_in: torch.Tensor, k_in: torch.Tensor, v_in: torch.Tensor, shared: bool) -> torch.Tensor:
+    """segment-anything's ``Attention(q=q_in, k=k_in, v=v_in)`` with many queries (image tokens,
+    (M, N, C), or (1, N, C) for all M prompts when ``shared``) over few keys (prompt tokens,
+    (M, T, C)): the output projection is applied to each head's values, ``v_h W_o_h^T`` plus the
+    output bias over the H heads (each head's weights sum to 1), before the attention weights;
+    unless ``shared``, the query projection moves onto the keys too (scores ``x (W_q_h^T k_h^T) +
+    b_q_h . k_h``). (M, N, C) float32."""
+    m, t, c = k_in.shape
+    n = q_in.shape[1]
+    h, d = _heads(attn)
+    k = attn.k_proj(k_in).reshape(m, t, h, d).transpose(1, 2)  # (M, H, T, d)
+    v = attn.v_proj(v_in).reshape(m, t, h, d).transpose(1, 2)
+    if shared:  # one projection of the image tokens for all prompts, as segment-anything broadcasts it
+        q = attn.q_proj(q_in).reshape(1, n, h, d).transpose(1, 2)  # (1, H, N, d)
+        p = torch.softmax((q @ k.transpose(2, 3)) / math.sqrt(d), dim=-1).transpose(1, 2)  # (M, N, H, T)
+    else:
+        g = torch.einsum("hdc,mhtd->mcht", attn.q_proj.weight.reshape(h, d, c), k).reshape(m, c, h * t)
+        qb = torch.einsum("hd,mhtd->mht", attn.q_proj.bias.reshape(h, d), k).reshape(m, 1, h * t)
+        p = torch.softmax(((q_in @ g + qb) / math.sqrt(d)).reshape(m, n, h, t), dim=-1)
+    vw = torch.einsum("mhtd,chd->mhtc", v, attn.out_proj.weight.reshape(c, h, d)) + attn.out_proj.bias / h
+    return p.reshape(m, n, h * t) @ vw.reshape(m, h * t, c)

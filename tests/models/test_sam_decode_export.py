@@ -1,7 +1,8 @@
 """The decoder module that is exported (:mod:`medrobust_lib.models.sam_decode_export`) computes what
 :meth:`SamSegmenter.decode_low` computes: on the LiteMedSAM release and on the tiny SAM (another width),
 for both mask selections, with M embeddings of different images paired with M boxes and with one
-image's embedding shared by all its boxes (what the exported graph takes); a decoder that is not
+image's embedding shared by all its boxes (what the exported graph takes); its attentions with the
+per-prompt projections moved onto the prompt tokens equal segment-anything's; a decoder that is not
 segment-anything's is refused."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch
 
 from medrobust_lib.models.litemedsam import load_litemedsam
 from medrobust_lib.models.sam import SamSegmenter, arch_for, build_sam
-from medrobust_lib.models.sam_decode_export import DecodeLowForExport
+from medrobust_lib.models.sam_decode_export import DecodeLowForExport, image_to_tokens, tokens_to_image
 
 BOXES = torch.tensor([[40.0, 52.0, 200.0, 180.0], [0.0, 0.0, 255.0, 255.0], [97.0, 12.0, 130.0, 33.0],
                       [3.0, 150.0, 12.0, 161.0]])
@@ -79,6 +80,30 @@ def test_the_tiny_sam_decodes_as_decode_low(selection: str) -> None:
     emb = _embeddings(seg, 3)
     ref, got = _both(seg, emb, BOXES[:3])
     np.testing.assert_allclose(got, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("image_batch", [3, 1])
+def test_the_attentions_with_projections_on_the_tokens_are_segment_anythings(image_batch: int) -> None:
+    """:func:`tokens_to_image` and :func:`image_to_tokens` compute segment-anything's ``Attention``
+    (the release's own layers, random inputs at its sizes: 3 prompts of 7 tokens, 4,096 image tokens
+    of 256 channels): image tokens per prompt, or one image's tokens for all prompts (``shared``)."""
+    seg = load_litemedsam(runtime="pytorch")
+    layer = seg.sam.mask_decoder.transformer.layers[1]
+    g = torch.Generator().manual_seed(5)
+    tokens = torch.randn(3, 7, 256, generator=g)
+    image = torch.randn(image_batch, 4096, 256, generator=g)
+    key_pe = torch.randn(1, 4096, 256, generator=g)
+    with torch.no_grad():
+        t2i = layer.cross_attn_token_to_image
+        ref = t2i(q=tokens, k=image + key_pe, v=image)
+        got = tokens_to_image(t2i, tokens, image + key_pe, image)
+        np.testing.assert_allclose(got.numpy(), ref.numpy(), atol=2e-5, rtol=1e-5)
+        i2t = layer.cross_attn_image_to_token
+        ref = i2t(q=image + key_pe, k=tokens, v=tokens)
+        assert ref.shape == (3, 4096, 256)
+        for shared in ([False, True] if image_batch == 1 else [False]):
+            got = image_to_tokens(i2t, image + key_pe, tokens, tokens, shared)
+            np.testing.assert_allclose(got.numpy(), ref.numpy(), atol=2e-5, rtol=1e-5)
 
 
 def test_a_decoder_that_is_not_segment_anythings_is_refused() -> None:
