@@ -54,12 +54,17 @@ class DecodeLowForExport(torch.nn.Module):
     the image-side terms of the first two-way block (the token-to-image keys and values and the
     image-to-token queries, three 256 -> 128 projections of all e*e image tokens) are computed once
     and broadcast over the prompts, as segment-anything's own modules do when handed a batch of one;
-    the image tokens become per prompt at the end of that block."""
+    the image tokens become per prompt at the end of that block.
 
-    def __init__(self, seg: SamSegmenter) -> None:
+    ``projections_on_tokens`` False runs segment-anything's own attention modules after that block
+    too (the eighth session's graph): what ``bench/decoder_layout_bench.py`` measures the default
+    against."""
+
+    def __init__(self, seg: SamSegmenter, projections_on_tokens: bool = True) -> None:
         super().__init__()
         self.sam = seg.sam  # registered, so the exporter sees the parameters
         self.mask_selection = seg.mask_selection
+        self.projections_on_tokens = projections_on_tokens
         ups = list(self.sam.mask_decoder.output_upscaling)
         kinds = [type(m).__name__ for m in ups]
         if kinds != ["ConvTranspose2d", "LayerNorm2d", "GELU", "ConvTranspose2d", "GELU"] or any(
@@ -82,9 +87,16 @@ class DecodeLowForExport(torch.nn.Module):
         tr = md.transformer
         queries = tokens
         for layer in tr.layers:  # TwoWayTransformer.forward, with the broadcast positional encoding
-            # the image side is one embedding for every prompt only before the first block's update
-            queries, keys = _two_way_block(layer, queries, keys, tokens, key_pe, shared=keys.shape[0] == 1)
-        attn = tokens_to_image(tr.final_attn_token_to_image, queries + tokens, keys + key_pe, keys)
+            if self.projections_on_tokens:
+                # the image side is one embedding for every prompt only before the first block's update
+                queries, keys = _two_way_block(layer, queries, keys, tokens, key_pe, shared=keys.shape[0] == 1)
+            else:
+                queries, keys = layer(queries=queries, keys=keys, query_pe=tokens, key_pe=key_pe)
+        final = tr.final_attn_token_to_image
+        if self.projections_on_tokens:
+            attn = tokens_to_image(final, queries + tokens, keys + key_pe, keys)
+        else:
+            attn = final(q=queries + tokens, k=keys + key_pe, v=keys)
         hs = tr.norm_final_attn(queries + attn)
         up = self._upscale(keys)  # (M, e*e*16, C/8), rows (y, x, i1, j1, i2, j2)
         if self.mask_selection == "single":

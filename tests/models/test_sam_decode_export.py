@@ -74,12 +74,20 @@ def test_decode_images_is_decode_low_of_each_boxs_image() -> None:
 
 
 @pytest.mark.parametrize("selection", ["single", "best_iou"])
-def test_the_tiny_sam_decodes_as_decode_low(selection: str) -> None:
-    """A 64-wide decoder (upscaling 64 -> 16 -> 8 channels) with random weights."""
+@pytest.mark.parametrize("on_tokens", [True, False])
+def test_the_tiny_sam_decodes_as_decode_low(selection: str, on_tokens: bool) -> None:
+    """A 64-wide decoder (upscaling 64 -> 16 -> 8 channels) with random weights, in both layouts
+    (``projections_on_tokens`` False: segment-anything's attention modules, the bench's reference),
+    with paired embeddings and with one shared by the boxes."""
     seg = SamSegmenter(build_sam(arch_for("tiny", "sam"), seed=1), "sam", "tiny", "0", mask_selection=selection)
     emb = _embeddings(seg, 3)
-    ref, got = _both(seg, emb, BOXES[:3])
+    with torch.no_grad():
+        ref = seg.decode_low(emb, BOXES[:3]).numpy()
+        got = DecodeLowForExport(seg, projections_on_tokens=on_tokens)(emb, BOXES[:3]).numpy()
+        ref1 = seg.decode_low(emb[:1].expand(3, -1, -1, -1), BOXES[:3]).numpy()
+        got1 = DecodeLowForExport(seg, projections_on_tokens=on_tokens)(emb[:1], BOXES[:3]).numpy()
     np.testing.assert_allclose(got, ref, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(got1, ref1, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("image_batch", [3, 1])
