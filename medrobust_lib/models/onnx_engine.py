@@ -337,7 +337,9 @@ def _eval_mode(module: torch.nn.Module) -> Iterator[None]:
             m.training = training
 
 
-def _export(module: torch.nn.Module, example: Inputs, spec: GraphSpec, path: Path) -> None:
+def export_graph(module: torch.nn.Module, example: Inputs, spec: GraphSpec, path: Path) -> None:
+    """``module`` traced on ``example`` and written to ``path`` as ONNX the way every cached graph
+    is (TorchScript exporter, :data:`OPSET`, constant folding, ``spec``'s names and dynamic axes)."""
     with warnings.catch_warnings(), torch.no_grad():
         # the TorchScript exporter warns about its deprecation, traced shapes and constant folding
         warnings.simplefilter("ignore")
@@ -395,7 +397,7 @@ def _export_into(folder: Path, module: torch.nn.Module, inputs: Callable[[], tup
         t0 = time.perf_counter()
         with _eval_mode(module):  # the inputs too: LiteMedSAM's decoder example runs its encoder
             example, checks = inputs()
-            _export(module, example, spec, tmp / MODEL_FILE)
+            export_graph(module, example, spec, tmp / MODEL_FILE)
         graph = ExportedGraph(tmp / MODEL_FILE, spec, runtime, threads)
         worst = 0.0
         for xs in checks:

@@ -1,10 +1,12 @@
 """The SAM mask decoder's arithmetic in the layout an exported graph runs fastest: the module that
 :mod:`medrobust_lib.models.onnx_engine` exports for :meth:`SamSegmenter.decode_low`.
 
-It computes what ``decode_low`` computes, term for term, with segment-anything's own weights and
-modules (prompt encoder, two-way transformer blocks, hypernetwork MLPs, IoU head); only the layout
-differs, which changes nothing but the order of the fp32 sums (about 3e-5 at logits of 40, the
-same as the exporter's own graph of ``decode_low``; masks identical on the official fixtures):
+It computes what ``decode_low`` computes with segment-anything's own weights and modules (prompt
+encoder, attention layers, MLPs and norms of the two-way transformer, hypernetwork MLPs, IoU head);
+the two-way blocks' forward is written out (:func:`_two_way_block`, segment-anything's
+``TwoWayAttentionBlock.forward`` step for step) so that the layout and the order of the products can
+differ, which changes nothing but fp32 rounding (about 3e-5 at logits of 40, the same as the
+exporter's own graph of ``decode_low``; masks identical on the official fixtures):
 
 * the positional encoding is a constant in token layout (1, e*e, C), added by broadcasting, and the
   no-mask dense embedding is a (1, C, 1, 1) broadcast: no per-prompt copies of either;
@@ -14,21 +16,24 @@ same as the exporter's own graph of ``decode_low``; masks identical on the offic
   last axis; the mask is put back in image order once, on its single channel, instead of moving the
   32-channel 256 x 256 features.
 
-* where the image side is per prompt (after the first two-way block's update), the attention
-  layers apply three of their 256 -> 128 projections of the e*e image tokens to the few prompt
-  tokens instead, by associativity (:func:`tokens_to_image`, :func:`image_to_tokens`): a
-  token-to-image score ``q_h . (W_k x + b_k)_h`` is ``(W_k_h^T q_h) . x + q_h . b_k_h``; an
-  image-to-token score ``(W_q x + b_q)_h . k_h`` is ``x . (W_q_h^T k_h) + b_q_h . k_h``; and the
-  image-to-token output projection is applied to the tokens' values before the attention weights
-  (its bias split over the heads, whose weights each sum to 1). For LiteMedSAM (e*e = 4,096 image
-  tokens, 7 prompt tokens, 8 heads) that takes a prompt's decoder from about 2.7 to 1.9 GFLOP; the
-  output upscaling (0.8 GFLOP) is unchanged.
+* five per-prompt projections of the e*e image tokens are applied to the few prompt tokens
+  instead, by associativity (:func:`tokens_to_image`, :func:`image_to_tokens`): every
+  image-to-token output projection (128 -> 256, applied to the tokens' values before the attention
+  weights, its bias split over the heads, whose weights each sum to 1), and where the image tokens
+  are per prompt (after the first block's update) the token-to-image key projections (256 -> 128;
+  a score ``q_h . (W_k x + b_k)_h`` is ``(W_k_h^T q_h) . x + q_h . b_k_h``) and the image-to-token
+  query projection (an image-to-token score ``(W_q x + b_q)_h . k_h`` is ``x . (W_q_h^T k_h) +
+  b_q_h . k_h``). Each (e*e x 256) x (256 x 128) product becomes an (e*e x 256) x (256 x H*T) one:
+  for LiteMedSAM (4,096 image tokens, T = 7 prompt tokens, H = 8 heads) 0.27 -> 0.12 GFLOP, so a
+  prompt's decoder goes from about 2.7 to 1.9 GFLOP (the first block's shared projections, 0.8
+  GFLOP a call, not counted); the output upscaling (0.8 GFLOP) is unchanged. The token-to-image
+  value projections stay on the image tokens (see :func:`tokens_to_image`).
 
 Measured on 2 cores (ONNX Runtime, 4 prompts per call, LiteMedSAM, both graphs interleaved in one
 process): 20.9 -> 17.8 ms per prompt (docs/performance.md, sixth session); one embedding shared by
 the 4 prompts of a call: 18 -> 15 ms, and on the 125-box image 25 % less end to end with AVX2
-kernels (seventh session); the projections on the tokens: 31.2 -> 25.8 ms with AVX2 kernels,
-21.4 -> 18.8 ms with this machine's own (ninth session).
+kernels (seventh session); the projections on the tokens (``python -m bench.decoder_layout_bench``):
+21.9 -> 17.8 ms with AVX2 kernels, 15.3 -> 12.9 ms with this machine's own (ninth session).
 """
 
 from __future__ import annotations
@@ -54,7 +59,8 @@ class DecodeLowForExport(torch.nn.Module):
     the image-side terms of the first two-way block (the token-to-image keys and values and the
     image-to-token queries, three 256 -> 128 projections of all e*e image tokens) are computed once
     and broadcast over the prompts, as segment-anything's own modules do when handed a batch of one;
-    the image tokens become per prompt at the end of that block.
+    the image tokens become per prompt at the end of that block. After it, and for that block's
+    image-to-token output, the per-prompt projections act on the prompt tokens (module docstring).
 
     ``projections_on_tokens`` False runs segment-anything's own attention modules after that block
     too (the eighth session's graph): what ``bench/decoder_layout_bench.py`` measures the default
@@ -86,10 +92,12 @@ class DecodeLowForExport(torch.nn.Module):
         key_pe = pe.get_dense_pe().flatten(2).permute(0, 2, 1)  # (1, e*e, C): a constant of the graph
         tr = md.transformer
         queries = tokens
-        for layer in tr.layers:  # TwoWayTransformer.forward, with the broadcast positional encoding
+        for i, layer in enumerate(tr.layers):  # TwoWayTransformer.forward, broadcast positional encoding
             if self.projections_on_tokens:
-                # the image side is one embedding for every prompt only before the first block's update
-                queries, keys = _two_way_block(layer, queries, keys, tokens, key_pe, shared=keys.shape[0] == 1)
+                # one image's tokens serve every prompt only in the first block (decided by structure,
+                # not by the keys' batch: a graph traced with one prompt must still be right for many)
+                shared = i == 0 and embeddings.shape[0] == 1
+                queries, keys = _two_way_block(layer, queries, keys, tokens, key_pe, shared=shared)
             else:
                 queries, keys = layer(queries=queries, keys=keys, query_pe=tokens, key_pe=key_pe)
         final = tr.final_attn_token_to_image

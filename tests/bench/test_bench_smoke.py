@@ -107,10 +107,11 @@ def test_perturb_bench_tiny_from_a_fresh_root(tmp_path: Path) -> None:
 @pytest.mark.slow  # exports LiteMedSAM's decoder twice (about 10 s); .ci/run runs it
 def test_decoder_layout_bench_tiny() -> None:
     out = run_script("decoder_layout_bench.py", "--rounds", "1", "--prompts", "2", "--runtimes", "onnxruntime").stdout
-    rows = [ln.split("|")[1:-1] for ln in out.splitlines() if ln.startswith("| onnxruntime |")]
-    assert [r[1].strip() for r in rows] == ["reference", "tokens"], out
-    diffs = [float(r[5]) for r in rows]
-    assert diffs[0] == 0.0 and 0.0 < diffs[1] < 1e-4, out  # the layouts differ only in fp32 rounding
+    rows = [[c.strip() for c in ln.split("|")[1:-1]] for ln in out.splitlines() if ln.startswith("| onnxruntime |")]
+    assert [r[1] for r in rows] == ["reference", "tokens"], out
+    for r in rows:  # both graphs within the product's export check of PyTorch's decode_low
+        assert float(r[5]) <= 1e-4 + 1e-5 * float(r[6]) and float(r[6]) > 1, out
+    assert int(rows[0][7]) != int(rows[1][7]), out  # two different graphs, not one exported twice
 
 
 def test_decoder_layout_bench_arguments_are_checked() -> None:
