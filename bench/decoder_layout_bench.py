@@ -28,6 +28,7 @@ import numpy as np
 import onnx
 import torch
 
+from medrobust_lib.config.runtimes import EXPORT_RUNTIMES
 from medrobust_lib.models.litemedsam import DECODER_GRAPH, IMAGE_SIZE, LiteMedSamSegmenter, load_litemedsam
 from medrobust_lib.models.onnx_engine import ExportedGraph, export_graph
 from medrobust_lib.models.sam_decode_export import DecodeLowForExport
@@ -65,15 +66,24 @@ def runner(runtime: str, path: Path, threads: int) -> Callable[[dict[str, np.nda
     return lambda feeds: graph(*(feeds[name] for name in DECODER_GRAPH.inputs))[0]
 
 
+def check_arguments(runtimes: list[str], rounds: int, prompts: int) -> None:
+    """ValueError naming the first bad argument: a runtime that runs no exported graph, fewer than
+    one round, or a prompt count outside 1-len(BOXES)."""
+    unknown = sorted(set(runtimes) - set(EXPORT_RUNTIMES))
+    if unknown:
+        raise ValueError(f"--runtimes: {', '.join(unknown)} runs no exported graph; valid: {', '.join(EXPORT_RUNTIMES)}")
+    if rounds < 1:
+        raise ValueError(f"--rounds must be >= 1, got {rounds}")
+    if not 1 <= prompts <= len(BOXES):
+        raise ValueError(f"--prompts must be 1-{len(BOXES)}, got {prompts}")
+
+
 def compare(runtimes: list[str], rounds: int, prompts: int) -> list[str]:
     """Markdown lines: per runtime and layout, ms per prompt, x the first runtime's reference
     layout and x the same runtime's reference layout (paired medians: every graph of every runtime
     is timed once per round), the largest logit difference from PyTorch's ``decode_low`` (the
     product's export check allows 1e-4 + 1e-5 x the largest logit) and the graph's node count."""
-    if not 1 <= prompts <= len(BOXES):
-        raise ValueError(f"--prompts must be 1-{len(BOXES)}, got {prompts}")
-    if rounds < 1:
-        raise ValueError(f"--rounds must be >= 1, got {rounds}")
+    check_arguments(runtimes, rounds, prompts)
     threads = max(1, torch.get_num_threads())
     base = (runtimes[0], "reference")
     lines = [f"\n### LiteMedSAM decoder layouts ({threads} threads, {prompts} prompts a call, "
@@ -118,10 +128,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--runtimes", default="onnxruntime,openvino")
     args = ap.parse_args(argv)
     runtimes = args.runtimes.split(",")
-    unknown = sorted(set(runtimes) - {"onnxruntime", "openvino"})
-    if unknown or args.rounds < 1 or not 1 <= args.prompts <= len(BOXES):
-        ap.error(f"--runtimes: onnxruntime and/or openvino (got {', '.join(unknown)})" if unknown else
-                 f"--rounds must be >= 1 and --prompts 1-{len(BOXES)}")
+    try:
+        check_arguments(runtimes, args.rounds, args.prompts)
+    except ValueError as exc:
+        ap.error(str(exc))
     print("\n".join(compare(runtimes, args.rounds, args.prompts)))
 
 

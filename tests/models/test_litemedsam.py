@@ -14,6 +14,7 @@ from safetensors.torch import save_file
 
 from medrobust_lib.config import load_suite
 from medrobust_lib.config.segmentation import SegModelConfig
+from medrobust_lib.data.sample import array_hash
 from medrobust_lib.models.factory import build_segmenter
 from medrobust_lib.models.litemedsam import (
     CHECKPOINT_SHA256,
@@ -42,13 +43,12 @@ def model() -> LiteMedSamSegmenter:
     Calls with gradients (the differentiable path) always run the encoder."""
     m = load_litemedsam()
     encode = m.encode
-    kept: dict[bytes, torch.Tensor] = {}
+    kept: dict[str, torch.Tensor] = {}
 
     def encode_once(model_input: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled():
             return encode(model_input)
-        x = model_input.detach().to("cpu").contiguous()
-        key = hashlib.sha256(x.numpy().tobytes()).digest() + repr((tuple(x.shape), x.dtype)).encode()
+        key = array_hash(model_input.detach().cpu().numpy())  # dtype, shape and bytes, as the exported path keys them
         if key not in kept:
             kept[key] = encode(model_input)
         return kept[key].clone()
